@@ -1,0 +1,204 @@
+#include "common/config.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+#include <cmath>
+
+#include "absl/strings/match.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace shardps {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::EnumDescriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+// Collects the parser's messages instead of printing them to stderr.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    errors_.push_back(absl::StrCat("line ", line + 1, ":", column + 1, ": ", message));
+  }
+  std::string Joined() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+std::string AllowedValues(const EnumDescriptor* e) {
+  std::vector<std::string> names;
+  for (int i = 0; i < e->value_count(); ++i) {
+    if (e->value(i)->number() == 0 && absl::StrContains(e->value(i)->name(), "UNSPECIFIED")) continue;
+    names.push_back(absl::AsciiStrToLower(e->value(i)->name()));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+absl::Status Invalid(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("config field '", field, "' ", problem));
+}
+
+absl::Status CheckPositiveFinite(absl::string_view field, float v) {
+  if (!(v > 0) || !std::isfinite(v)) return Invalid(field, absl::StrCat("must be > 0, got ", v));
+  return absl::OkStatus();
+}
+
+absl::Status CheckUnit(absl::string_view field, float v, bool inclusive_low) {
+  bool ok = inclusive_low ? (v >= 0 && v < 1) : (v > 0 && v < 1);
+  if (!ok) return Invalid(field, absl::StrCat("must be in ", inclusive_low ? "[0" : "(0", ", 1), got ", v));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const OptimizerConfig& o) {
+  if (!OptimizerConfig::Kind_IsValid(o.kind())) {
+    return Invalid("optimizer.kind", absl::StrCat("allowed: ", AllowedValues(OptimizerConfig::Kind_descriptor())));
+  }
+  if (absl::Status s = CheckPositiveFinite("optimizer.learning_rate", o.learning_rate()); !s.ok()) return s;
+  if (absl::Status s = CheckUnit("optimizer.momentum", o.momentum(), true); !s.ok()) return s;
+  if (absl::Status s = CheckUnit("optimizer.beta1", o.beta1(), true); !s.ok()) return s;
+  if (absl::Status s = CheckUnit("optimizer.beta2", o.beta2(), true); !s.ok()) return s;
+  if (absl::Status s = CheckPositiveFinite("optimizer.epsilon", o.epsilon()); !s.ok()) return s;
+  if (!(o.weight_decay() >= 0) || !std::isfinite(o.weight_decay())) {
+    return Invalid("optimizer.weight_decay", absl::StrCat("must be >= 0, got ", o.weight_decay()));
+  }
+  const LearningRateSchedule& s = o.schedule();
+  if (s.kind() == LearningRateSchedule::STEP) {
+    if (s.step_size() == 0) return Invalid("optimizer.schedule.step_size", "must be > 0 for a step schedule");
+    if (absl::Status st = CheckUnit("optimizer.schedule.gamma", s.gamma(), false); !st.ok()) return st;
+  }
+  if (s.kind() == LearningRateSchedule::COSINE && s.total_steps() == 0) {
+    return Invalid("optimizer.schedule.total_steps", "must be > 0 for a cosine schedule");
+  }
+  if (!(s.min_lr() >= 0) || s.min_lr() > o.learning_rate()) {
+    return Invalid("optimizer.schedule.min_lr", "must be in [0, optimizer.learning_rate]");
+  }
+  return absl::OkStatus();
+}
+
+// Walks "a.b.c" to the message holding the last field.
+absl::StatusOr<std::pair<Message*, const FieldDescriptor*>> Resolve(Message* root, absl::string_view path) {
+  std::vector<std::string> parts = absl::StrSplit(path, '.');
+  Message* msg = root;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(parts[i]);
+    if (f == nullptr || f->is_repeated()) {
+      std::vector<std::string> names;
+      for (int j = 0; j < msg->GetDescriptor()->field_count(); ++j) names.push_back(msg->GetDescriptor()->field(j)->name());
+      return absl::InvalidArgumentError(absl::StrCat("unknown config field '", path, "' (in ",
+                                                     msg->GetDescriptor()->name(), ": ", absl::StrJoin(names, ", "), ")"));
+    }
+    if (i + 1 == parts.size()) return std::make_pair(msg, f);
+    if (f->type() != FieldDescriptor::TYPE_MESSAGE) {
+      return absl::InvalidArgumentError(absl::StrCat("config field '", parts[i], "' in '", path, "' is not a message"));
+    }
+    msg = msg->GetReflection()->MutableMessage(msg, f);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("empty config field path in '", path, "'"));
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterConfig> ParseConfigText(absl::string_view text, absl::string_view origin) {
+  ClusterConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot parse config ", origin, ": ", errors.Joined()));
+  }
+  return config;
+}
+
+absl::StatusOr<ClusterConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return ParseConfigText(buf.str(), path);
+}
+
+absl::Status ValidateConfig(const ClusterConfig& c) {
+  if (c.consistency() == CONSISTENCY_UNSPECIFIED || !Consistency_IsValid(c.consistency())) {
+    return Invalid("consistency", absl::StrCat("allowed: ", AllowedValues(Consistency_descriptor())));
+  }
+  if (c.num_servers() < 1 || c.num_servers() > 1024) return Invalid("num_servers", "must be in [1, 1024]");
+  if (c.num_workers() < 1 || c.num_workers() > 65536) return Invalid("num_workers", "must be in [1, 65536]");
+  if (c.partition_bytes() < 4 || c.partition_bytes() > (1ull << 30) || c.partition_bytes() % 4 != 0) {
+    return Invalid("partition_bytes", "must be a multiple of 4 in [4, 1 GiB]");
+  }
+  if (c.deterministic() && c.consistency() != SYNC) {
+    return Invalid("deterministic", "applies only to consistency: sync");
+  }
+  if (c.rendezvous_timeout_ms() == 0) return Invalid("rendezvous_timeout_ms", "must be > 0");
+  if (c.request_timeout_ms() == 0) return Invalid("request_timeout_ms", "must be > 0");
+  if (c.heartbeat_interval_ms() == 0) return Invalid("heartbeat_interval_ms", "must be > 0");
+  if (c.heartbeat_timeout_ms() <= c.heartbeat_interval_ms()) {
+    return Invalid("heartbeat_timeout_ms", "must be greater than heartbeat_interval_ms");
+  }
+  return ValidateOptimizer(c.optimizer());
+}
+
+absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment) {
+  std::vector<std::string> kv = absl::StrSplit(assignment, absl::MaxSplits('=', 1));
+  if (kv.size() != 2 || kv[0].empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("config override '", assignment, "' is not field=value"));
+  }
+  auto resolved = Resolve(config, kv[0]);
+  if (!resolved.ok()) return resolved.status();
+  auto [msg, field] = *resolved;
+  const Reflection* r = msg->GetReflection();
+  const std::string& v = kv[1];
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("config field '", kv[0], "': '", v, "' is not ", what));
+  };
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_BOOL: {
+      bool b;
+      if (!absl::SimpleAtob(v, &b)) return bad("a boolean");
+      r->SetBool(msg, field, b);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_UINT32: {
+      uint32_t x;
+      if (!absl::SimpleAtoi(v, &x)) return bad("an unsigned integer");
+      r->SetUInt32(msg, field, x);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_UINT64: {
+      uint64_t x;
+      if (!absl::SimpleAtoi(v, &x)) return bad("an unsigned integer");
+      r->SetUInt64(msg, field, x);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      float x;
+      if (!absl::SimpleAtof(v, &x)) return bad("a number");
+      r->SetFloat(msg, field, x);
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const auto* value = field->enum_type()->FindValueByName(absl::AsciiStrToUpper(v));
+      if (value == nullptr) return bad(absl::StrCat("one of: ", AllowedValues(field->enum_type())));
+      r->SetEnum(msg, field, value);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("config field '", kv[0], "' cannot be set from a flag"));
+  }
+}
+
+std::string ConsistencyName(Consistency c) { return absl::AsciiStrToLower(Consistency_Name(c)); }
+
+}  // namespace shardps

@@ -1,0 +1,31 @@
+// Loading and validating the cluster configuration (proto/config.proto).
+// The scheduler loads it once; every other node receives it at registration.
+#ifndef SHARDPS_COMMON_CONFIG_H_
+#define SHARDPS_COMMON_CONFIG_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace shardps {
+
+// Parses protobuf text format. Errors name the file, line and field.
+absl::StatusOr<ClusterConfig> ParseConfigText(absl::string_view text, absl::string_view origin);
+absl::StatusOr<ClusterConfig> LoadConfigFile(const std::string& path);
+
+// Checks every field's range; the error names the field and the allowed values.
+absl::Status ValidateConfig(const ClusterConfig& config);
+
+// Sets one field from "path=value", e.g. "optimizer.learning_rate=0.1" or
+// "consistency=async" (enum values are case-insensitive).
+absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment);
+
+// Lowercase name of an enum value, e.g. "sync".
+std::string ConsistencyName(Consistency c);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_COMMON_CONFIG_H_

@@ -1,0 +1,78 @@
+#include "common/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ConfigTest, DefaultsAreValid) { EXPECT_TRUE(ValidateConfig(ClusterConfig()).ok()); }
+
+TEST(ConfigTest, SwitchingToAsyncIsOneWord) {
+  auto config = ParseConfigText("consistency: ASYNC num_workers: 4", "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->consistency(), ASYNC);
+  EXPECT_TRUE(ValidateConfig(*config).ok());
+}
+
+TEST(ConfigTest, UnknownEnumNamesTheFieldAndLine) {
+  auto config = ParseConfigText("num_workers: 2\nconsistency: BSP", "cluster.pbtxt");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("cluster.pbtxt"));
+  EXPECT_THAT(config.status().message(), HasSubstr("line 2"));
+  EXPECT_THAT(config.status().message(), HasSubstr("BSP"));
+}
+
+TEST(ConfigTest, OverrideRejectsBadEnumListingAllowedValues) {
+  ClusterConfig config;
+  absl::Status s = SetConfigField(&config, "consistency=bsp");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("consistency"));
+  EXPECT_THAT(s.message(), HasSubstr("sync, async"));
+}
+
+TEST(ConfigTest, OverrideSetsNestedFields) {
+  ClusterConfig config;
+  ASSERT_TRUE(SetConfigField(&config, "optimizer.learning_rate=0.25").ok());
+  ASSERT_TRUE(SetConfigField(&config, "optimizer.kind=adam").ok());
+  ASSERT_TRUE(SetConfigField(&config, "consistency=async").ok());
+  EXPECT_FLOAT_EQ(config.optimizer().learning_rate(), 0.25f);
+  EXPECT_EQ(config.optimizer().kind(), OptimizerConfig::ADAM);
+  EXPECT_EQ(config.consistency(), ASYNC);
+}
+
+TEST(ConfigTest, OverrideRejectsUnknownFieldAndBadNumber) {
+  ClusterConfig config;
+  EXPECT_THAT(SetConfigField(&config, "optimiser.lr=1").message(), HasSubstr("unknown config field"));
+  EXPECT_THAT(SetConfigField(&config, "num_workers=two").message(), HasSubstr("not an unsigned integer"));
+  EXPECT_THAT(SetConfigField(&config, "num_workers").message(), HasSubstr("field=value"));
+}
+
+TEST(ConfigTest, ValidationNamesTheField) {
+  ClusterConfig config;
+  config.mutable_optimizer()->set_learning_rate(-1);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("optimizer.learning_rate"));
+  config = ClusterConfig();
+  config.set_partition_bytes(6);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("partition_bytes"));
+  config = ClusterConfig();
+  config.set_num_servers(0);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("num_servers"));
+  config = ClusterConfig();
+  config.set_consistency(ASYNC);
+  config.set_deterministic(true);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("deterministic"));
+  config = ClusterConfig();
+  config.mutable_optimizer()->mutable_schedule()->set_kind(LearningRateSchedule::STEP);
+  config.mutable_optimizer()->mutable_schedule()->set_gamma(1.5);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("gamma"));
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadConfigFile("/nonexistent/cluster.pbtxt").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace shardps

@@ -1,0 +1,57 @@
+#include "common/data_message.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/protocol.h"
+
+namespace shardps {
+
+absl::Status ParseDataHeaderInto(const void* data, size_t size, DataHeader* header) {
+  if (size == 0) return absl::InvalidArgumentError("empty header frame");
+  if (size > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header frame of ", size, " bytes exceeds the limit of ", kMaxHeaderBytes));
+  }
+  if (!header->ParseFromArray(data, static_cast<int>(size))) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed header frame (", size, " bytes)"));
+  }
+  if (header->protocol_version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("protocol version ", header->protocol_version(),
+                                                      " is not supported (this node speaks ",
+                                                      kProtocolVersion, ")"));
+  }
+  if (header->op() == OP_UNSPECIFIED || !Op_IsValid(header->op())) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown op ", static_cast<int>(header->op())));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataHeader> ParseDataHeader(const zmq::message_t& frame) {
+  DataHeader header;
+  absl::Status s = ParseDataHeaderInto(frame.data(), frame.size(), &header);
+  if (!s.ok()) return s;
+  return header;
+}
+
+zmq::message_t HeaderFrame(DataHeader& header) {
+  header.set_protocol_version(kProtocolVersion);
+  zmq::message_t frame(header.ByteSizeLong());
+  header.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(frame.data()));
+  return frame;
+}
+
+zmq::message_t BorrowedFrame(const void* data, size_t bytes) {
+  // ZeroMQ does not free memory when the free function is null.
+  return zmq::message_t(const_cast<void*>(data), bytes, nullptr, nullptr);
+}
+
+absl::Status ResponseStatus(const DataHeader& header) {
+  if (header.status_code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(header.status_code()), header.error());
+}
+
+void SetResponseStatus(const absl::Status& status, DataHeader* header) {
+  header->set_status_code(static_cast<int32_t>(status.code()));
+  header->set_error(std::string(status.message()));
+}
+
+}  // namespace shardps

@@ -1,0 +1,37 @@
+// Framing of data-plane messages: [header frame][payload frame?].
+// The header is a DataHeader protobuf of at most kMaxHeaderBytes; the payload
+// is raw little-endian fp32. Parsing validates before anything is trusted.
+#ifndef SHARDPS_COMMON_DATA_MESSAGE_H_
+#define SHARDPS_COMMON_DATA_MESSAGE_H_
+
+#include <cstddef>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/data.pb.h"
+
+namespace shardps {
+
+// Parses and checks a header frame: size bound, protobuf well-formed,
+// protocol version, known op. Errors say which check failed.
+absl::StatusOr<DataHeader> ParseDataHeader(const zmq::message_t& frame);
+absl::Status ParseDataHeaderInto(const void* data, size_t size, DataHeader* header);
+
+// Serialises `header` (stamping the protocol version) into a frame.
+zmq::message_t HeaderFrame(DataHeader& header);
+
+// A frame that points at caller memory without copying. The memory must stay
+// valid until the message is sent (the caller waits for the answer).
+zmq::message_t BorrowedFrame(const void* data, size_t bytes);
+
+// The status carried by a response header.
+absl::Status ResponseStatus(const DataHeader& header);
+// Fills the status fields of a response header.
+void SetResponseStatus(const absl::Status& status, DataHeader* header);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_COMMON_DATA_MESSAGE_H_

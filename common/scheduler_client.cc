@@ -1,0 +1,140 @@
+#include "common/scheduler_client.h"
+
+#include <atomic>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/cluster.grpc.pb.h"
+
+namespace shardps {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  auto code = static_cast<absl::StatusCode>(s.error_code());
+  std::string detail = s.error_message();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    detail = absl::StrCat("cannot reach the scheduler (", detail, ")");
+  } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && detail == "Deadline Exceeded") {
+    detail = "no answer before the deadline";
+  }
+  return absl::Status(code, absl::StrCat("scheduler ", address, ": ", what, ": ", detail));
+}
+
+class GrpcSchedulerClient : public SchedulerClient {
+ public:
+  explicit GrpcSchedulerClient(const std::string& address)
+      : SchedulerClient(address),
+        stub_(shardps::Scheduler::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request,
+                                            absl::Duration timeout) override {
+    RegisterResponse response;
+    auto ctx = Context(timeout);
+    ctx->set_wait_for_ready(true);  // keep trying to connect until the deadline
+    std::string what = request.role() == SERVER
+                           ? absl::StrCat("registering server ", request.data_address())
+                           : absl::StrCat("registering worker rank ", request.rank());
+    absl::Status s = FromGrpc(stub_->Register(ctx.get(), request, &response), address(),
+                              absl::StrCat(what, " (waited up to ", absl::FormatDuration(timeout), ")"));
+    if (!s.ok()) return s;
+    return response;
+  }
+
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request,
+                                              absl::Duration timeout) override {
+    HeartbeatResponse response;
+    auto ctx = Context(timeout);
+    absl::Status s = FromGrpc(stub_->Heartbeat(ctx.get(), request, &response), address(), "heartbeat");
+    if (!s.ok()) return s;
+    return response;
+  }
+
+  absl::StatusOr<ShardMap> DefineTensors(const DefineTensorsRequest& request,
+                                         absl::Duration timeout) override {
+    ShardMap response;
+    auto ctx = Context(timeout);
+    absl::Status s = FromGrpc(stub_->DefineTensors(ctx.get(), request, &response), address(),
+                              "defining tensors");
+    if (!s.ok()) return s;
+    return response;
+  }
+
+  absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout) override {
+    BarrierResponse response;
+    auto ctx = Context(timeout);
+    return FromGrpc(stub_->Barrier(ctx.get(), request, &response), address(),
+                    absl::StrCat("barrier '", request.name(), "'"));
+  }
+
+  absl::StatusOr<StatusResponse> Status(absl::Duration timeout) override {
+    StatusResponse response;
+    auto ctx = Context(timeout);
+    absl::Status s = FromGrpc(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
+                              "cluster status");
+    if (!s.ok()) return s;
+    return response;
+  }
+
+  std::unique_ptr<Watch> WatchShardMap(uint64_t node_id, std::function<void(const ShardMap&)> on_map,
+                                       std::function<void(const absl::Status&)> on_error) override {
+    return std::make_unique<StreamWatch>(stub_.get(), address(), node_id, std::move(on_map),
+                                         std::move(on_error));
+  }
+
+ private:
+  class StreamWatch : public Watch {
+   public:
+    StreamWatch(shardps::Scheduler::Stub* stub, std::string address, uint64_t node_id,
+                std::function<void(const ShardMap&)> on_map,
+                std::function<void(const absl::Status&)> on_error) {
+      thread_ = std::thread([this, stub, address, node_id, on_map = std::move(on_map),
+                             on_error = std::move(on_error)] {
+        WatchShardMapRequest request;
+        request.set_node_id(node_id);
+        auto reader = stub->WatchShardMap(&ctx_, request);
+        ShardMap map;
+        while (reader->Read(&map)) on_map(map);
+        grpc::Status s = reader->Finish();
+        if (!cancelled_.load()) {
+          absl::Status st = FromGrpc(s, address, "watching the shard map");
+          if (st.ok()) st = absl::UnavailableError(absl::StrCat("scheduler ", address, " closed the shard-map stream"));
+          on_error(st);
+        }
+      });
+    }
+    ~StreamWatch() override {
+      cancelled_.store(true);
+      ctx_.TryCancel();
+      thread_.join();
+    }
+
+   private:
+    grpc::ClientContext ctx_;
+    std::atomic<bool> cancelled_{false};
+    std::thread thread_;
+  };
+
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return ctx;
+  }
+
+  std::unique_ptr<shardps::Scheduler::Stub> stub_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address) {
+  if (address.empty() || address.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler address '", address, "' is not host:port"));
+  }
+  return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address));
+}
+
+}  // namespace shardps

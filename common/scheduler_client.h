@@ -1,0 +1,58 @@
+// Client of the scheduler's gRPC service, used by servers, workers and tools.
+//
+// Every call has a deadline; errors name the scheduler address and what the
+// caller was waiting for. gRPC headers stay behind this interface.
+// Thread-safe: calls may be made from several threads at once.
+#ifndef SHARDPS_COMMON_SCHEDULER_CLIENT_H_
+#define SHARDPS_COMMON_SCHEDULER_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/cluster.pb.h"
+
+namespace shardps {
+
+class SchedulerClient {
+ public:
+  // `address` is host:port. Creating does not connect; the first call does.
+  static absl::StatusOr<std::unique_ptr<SchedulerClient>> Create(const std::string& address);
+  virtual ~SchedulerClient() = default;
+
+  const std::string& address() const { return address_; }
+
+  // Workers block here until the whole cluster has registered (rendezvous).
+  virtual absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request,
+                                                    absl::Duration timeout) = 0;
+  virtual absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request,
+                                                      absl::Duration timeout) = 0;
+  virtual absl::StatusOr<ShardMap> DefineTensors(const DefineTensorsRequest& request,
+                                                 absl::Duration timeout) = 0;
+  virtual absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<StatusResponse> Status(absl::Duration timeout) = 0;
+
+  // Streams shard maps to `on_map` from a background thread until the
+  // returned handle is destroyed. `on_error` is called once if the stream ends
+  // for any reason other than the handle's destruction.
+  class Watch {
+   public:
+    virtual ~Watch() = default;
+  };
+  virtual std::unique_ptr<Watch> WatchShardMap(
+      uint64_t node_id, std::function<void(const ShardMap&)> on_map,
+      std::function<void(const absl::Status&)> on_error) = 0;
+
+ protected:
+  explicit SchedulerClient(std::string address) : address_(std::move(address)) {}
+
+ private:
+  std::string address_;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_COMMON_SCHEDULER_CLIENT_H_
