@@ -1,0 +1,39 @@
+// The scheduler daemon: serves the Scheduler gRPC service (proto/cluster.proto)
+// over the cluster state. Owns its gRPC server and the state.
+//
+//   auto scheduler = SchedulerDaemon::Create({.listen_address = "0.0.0.0:7000", .config = c});
+//   (*scheduler)->Wait();   // until Shutdown() from another thread
+#ifndef SHARDPS_SCHEDULER_SCHEDULER_H_
+#define SHARDPS_SCHEDULER_SCHEDULER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace shardps {
+
+struct SchedulerOptions {
+  // host:port; port 0 picks a free port (see SchedulerDaemon::address()).
+  std::string listen_address = "0.0.0.0:7000";
+  ClusterConfig config;  // validated by Create()
+};
+
+class SchedulerDaemon {
+ public:
+  // Validates the config, binds and starts serving.
+  static absl::StatusOr<std::unique_ptr<SchedulerDaemon>> Create(const SchedulerOptions& options);
+  virtual ~SchedulerDaemon() = default;
+
+  // host:port actually bound.
+  virtual std::string address() const = 0;
+  // Blocks until Shutdown().
+  virtual void Wait() = 0;
+  // Ends open calls and streams and stops serving. Thread-safe, idempotent.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_SCHEDULER_SCHEDULER_H_

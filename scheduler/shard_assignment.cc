@@ -1,0 +1,77 @@
+#include "scheduler/shard_assignment.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardps {
+
+uint64_t ElementCount(const TensorSpec& tensor) {
+  uint64_t n = 1;
+  for (int64_t d : tensor.shape()) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+absl::Status ValidateTensorSpecs(const std::vector<TensorSpec>& tensors) {
+  if (tensors.empty()) return absl::InvalidArgumentError("no tensors declared");
+  absl::flat_hash_set<std::string> names;
+  for (const TensorSpec& t : tensors) {
+    if (t.name().empty()) return absl::InvalidArgumentError("a tensor has an empty name");
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' is declared twice"));
+    }
+    if (t.dtype() != FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': dtype must be float32"));
+    }
+    if (t.shape().empty()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has no shape"));
+    for (int64_t d : t.shape()) {
+      if (d <= 0 || d > (int64_t{1} << 40)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has dimension ", d));
+      }
+    }
+    if (ElementCount(t) > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' is too large"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardMap> BuildShardMap(const std::vector<TensorSpec>& tensors,
+                                       const std::vector<ServerInfo>& servers,
+                                       uint64_t partition_bytes, uint64_t epoch) {
+  if (absl::Status s = ValidateTensorSpecs(tensors); !s.ok()) return s;
+  if (servers.empty()) return absl::FailedPreconditionError("no servers to place partitions on");
+  const uint64_t max_elems = std::max<uint64_t>(1, partition_bytes / sizeof(float));
+  ShardMap map;
+  map.set_epoch(epoch);
+  for (const ServerInfo& s : servers) *map.add_servers() = s;
+  for (uint32_t t = 0; t < tensors.size(); ++t) {
+    *map.add_tensors() = tensors[t];
+    const uint64_t n = ElementCount(tensors[t]);
+    const uint64_t parts = (n + max_elems - 1) / max_elems;
+    for (uint64_t p = 0; p < parts; ++p) {
+      PartitionInfo* info = map.add_partitions();
+      info->set_id(map.partitions_size() - 1);
+      info->set_tensor(t);
+      info->set_offset(n * p / parts);
+      info->set_num_elements(n * (p + 1) / parts - n * p / parts);
+    }
+  }
+  // Largest first onto the least-loaded server.
+  std::vector<int> order(map.partitions_size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return map.partitions(a).num_elements() > map.partitions(b).num_elements();
+  });
+  std::vector<uint64_t> load(servers.size(), 0);
+  for (int i : order) {
+    size_t best = std::min_element(load.begin(), load.end()) - load.begin();
+    map.mutable_partitions(i)->set_server(servers[best].index());
+    load[best] += map.partitions(i).num_elements();
+  }
+  return map;
+}
+
+}  // namespace shardps
