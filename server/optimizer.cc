@@ -1,0 +1,109 @@
+#include "server/optimizer.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "common/config.h"
+
+namespace shardps {
+namespace {
+
+int SlotsFor(OptimizerConfig::Kind kind) {
+  switch (kind) {
+    case OptimizerConfig::SGD: return 0;
+    case OptimizerConfig::MOMENTUM:
+    case OptimizerConfig::ADAGRAD: return 1;
+    case OptimizerConfig::ADAM: return 2;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const OptimizerConfig& config) : config_(config), state_slots_(SlotsFor(config.kind())) {}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config) {
+  ClusterConfig wrapper;
+  *wrapper.mutable_optimizer() = config;
+  if (absl::Status s = ValidateConfig(wrapper); !s.ok()) return s;
+  return std::unique_ptr<Optimizer>(new Optimizer(config));
+}
+
+float Optimizer::LearningRate(uint64_t step) const {
+  const float lr = config_.learning_rate();
+  const LearningRateSchedule& s = config_.schedule();
+  switch (s.kind()) {
+    case LearningRateSchedule::STEP:
+      return lr * std::pow(s.gamma(), static_cast<float>(step / s.step_size()));
+    case LearningRateSchedule::COSINE: {
+      double t = static_cast<double>(std::min(step, s.total_steps())) / s.total_steps();
+      return static_cast<float>(s.min_lr() + (lr - s.min_lr()) * 0.5 * (1.0 + std::cos(std::numbers::pi * t)));
+    }
+    default:
+      return lr;
+  }
+}
+
+void Optimizer::Apply(uint64_t step, float grad_scale, const float* __restrict grad,
+                      float* __restrict w, float* __restrict state, size_t n) const {
+  const float lr = LearningRate(step);
+  const float wd = config_.weight_decay();
+  switch (config_.kind()) {
+    case OptimizerConfig::SGD:
+      for (size_t i = 0; i < n; ++i) {
+        float g = grad[i] * grad_scale + wd * w[i];
+        w[i] -= lr * g;
+      }
+      break;
+    case OptimizerConfig::MOMENTUM: {
+      const float mu = config_.momentum();
+      float* __restrict v = state;
+      if (config_.nesterov()) {
+        for (size_t i = 0; i < n; ++i) {
+          float g = grad[i] * grad_scale + wd * w[i];
+          v[i] = mu * v[i] + g;
+          w[i] -= lr * (g + mu * v[i]);
+        }
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          float g = grad[i] * grad_scale + wd * w[i];
+          v[i] = mu * v[i] + g;
+          w[i] -= lr * v[i];
+        }
+      }
+      break;
+    }
+    case OptimizerConfig::ADAGRAD: {
+      const float eps = config_.epsilon();
+      float* __restrict acc = state;
+      for (size_t i = 0; i < n; ++i) {
+        float g = grad[i] * grad_scale + wd * w[i];
+        acc[i] += g * g;
+        w[i] -= lr * g / (std::sqrt(acc[i]) + eps);
+      }
+      break;
+    }
+    case OptimizerConfig::ADAM: {
+      const float b1 = config_.beta1(), b2 = config_.beta2(), eps = config_.epsilon();
+      const float t = static_cast<float>(step + 1);
+      const float c1 = 1.0f - std::pow(b1, t), c2 = 1.0f - std::pow(b2, t);
+      float* __restrict m = state;
+      float* __restrict v = state + n;
+      for (size_t i = 0; i < n; ++i) {
+        float g = grad[i] * grad_scale + wd * w[i];
+        m[i] = b1 * m[i] + (1.0f - b1) * g;
+        v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+        w[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void AddInto(float* __restrict acc, const float* __restrict g, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+}
+
+}  // namespace shardps

@@ -1,0 +1,46 @@
+// Optimizers applied by a server to one partition in a single fused pass.
+//
+// The update also defines the float operations the sync oracle reproduces:
+// for each element, g = grad[i] * grad_scale (+ weight_decay * w[i]), then the
+// rule of the configured kind. SumInRankOrder gives the aggregation order.
+// Stateless apart from its config: thread-safe, state arrays belong to callers.
+#ifndef SHARDPS_SERVER_OPTIMIZER_H_
+#define SHARDPS_SERVER_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+
+namespace shardps {
+
+class Optimizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config);
+
+  // Floats of optimizer state per weight: 0 (SGD), 1 (momentum, AdaGrad), 2 (Adam).
+  int state_slots() const { return state_slots_; }
+
+  // Learning rate at `step` (the number of updates applied before this one).
+  float LearningRate(uint64_t step) const;
+
+  // One update of `n` weights. `state` holds state_slots() * n floats laid
+  // out slot by slot (slot k at state + k * n), zero before the first step.
+  void Apply(uint64_t step, float grad_scale, const float* grad, float* weights, float* state,
+             size_t n) const;
+
+ private:
+  explicit Optimizer(const OptimizerConfig& config);
+  const OptimizerConfig config_;
+  const int state_slots_;
+};
+
+// acc[i] += g[i]. The aggregate of W gradients is g_0, then += g_1, ..., in
+// worker-rank order in deterministic mode.
+void AddInto(float* acc, const float* g, size_t n);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_SERVER_OPTIMIZER_H_

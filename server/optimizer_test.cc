@@ -1,0 +1,105 @@
+#include "server/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace shardps {
+namespace {
+
+std::unique_ptr<Optimizer> Make(OptimizerConfig c) {
+  auto o = Optimizer::Create(c);
+  EXPECT_TRUE(o.ok()) << o.status();
+  return *std::move(o);
+}
+
+OptimizerConfig Kind(OptimizerConfig::Kind kind, float lr) {
+  OptimizerConfig c;
+  c.set_kind(kind);
+  c.set_learning_rate(lr);
+  return c;
+}
+
+TEST(OptimizerTest, SgdWithWeightDecayAndGradScale) {
+  OptimizerConfig c = Kind(OptimizerConfig::SGD, 0.1f);
+  c.set_weight_decay(0.5f);
+  auto opt = Make(c);
+  float w[2] = {1.0f, -2.0f}, g[2] = {4.0f, 2.0f};
+  opt->Apply(0, 0.5f, g, w, nullptr, 2);
+  // g' = g*0.5 + 0.5*w = {2.5, 0}; w -= 0.1*g'
+  EXPECT_FLOAT_EQ(w[0], 0.75f);
+  EXPECT_FLOAT_EQ(w[1], -2.0f);
+}
+
+TEST(OptimizerTest, MomentumAccumulatesVelocity) {
+  OptimizerConfig c = Kind(OptimizerConfig::MOMENTUM, 0.1f);
+  c.set_momentum(0.9f);
+  auto opt = Make(c);
+  float w = 1.0f, g = 1.0f, v = 0.0f;
+  opt->Apply(0, 1.0f, &g, &w, &v, 1);  // v=1, w=0.9
+  opt->Apply(1, 1.0f, &g, &w, &v, 1);  // v=1.9, w=0.71
+  EXPECT_FLOAT_EQ(v, 1.9f);
+  EXPECT_FLOAT_EQ(w, 0.71f);
+}
+
+TEST(OptimizerTest, NesterovLooksAhead) {
+  OptimizerConfig c = Kind(OptimizerConfig::MOMENTUM, 0.1f);
+  c.set_momentum(0.9f);
+  c.set_nesterov(true);
+  auto opt = Make(c);
+  float w = 1.0f, g = 1.0f, v = 0.0f;
+  opt->Apply(0, 1.0f, &g, &w, &v, 1);  // v=1, w = 1 - 0.1*(1+0.9) = 0.81
+  EXPECT_FLOAT_EQ(w, 0.81f);
+}
+
+TEST(OptimizerTest, AdamFirstStepMovesByLearningRate) {
+  auto opt = Make(Kind(OptimizerConfig::ADAM, 0.01f));
+  EXPECT_EQ(opt->state_slots(), 2);
+  float w = 1.0f, g = 3.0f, state[2] = {0, 0};
+  opt->Apply(0, 1.0f, &g, &w, state, 1);
+  // m=0.3, v=0.009; mhat=3, vhat=9 -> step = 0.01*3/(3+1e-8)
+  EXPECT_NEAR(w, 0.99f, 1e-6);
+  EXPECT_FLOAT_EQ(state[0], 0.3f);
+  EXPECT_NEAR(state[1], 0.009f, 1e-6);  // (1 - 0.999f) rounds in float
+}
+
+TEST(OptimizerTest, AdagradScalesByAccumulatedSquares) {
+  OptimizerConfig c = Kind(OptimizerConfig::ADAGRAD, 0.5f);
+  c.set_epsilon(1e-10f);
+  auto opt = Make(c);
+  float w = 0.0f, g = 2.0f, acc = 0.0f;
+  opt->Apply(0, 1.0f, &g, &w, &acc, 1);  // acc=4, w=-0.5*2/2
+  EXPECT_FLOAT_EQ(acc, 4.0f);
+  EXPECT_FLOAT_EQ(w, -0.5f);
+  opt->Apply(1, 1.0f, &g, &w, &acc, 1);  // acc=8, w -= 0.5*2/sqrt(8)
+  EXPECT_NEAR(w, -0.5f - 1.0f / std::sqrt(8.0f), 1e-6);
+}
+
+TEST(OptimizerTest, StepAndCosineSchedules) {
+  OptimizerConfig c = Kind(OptimizerConfig::SGD, 1.0f);
+  c.mutable_schedule()->set_kind(LearningRateSchedule::STEP);
+  c.mutable_schedule()->set_step_size(10);
+  c.mutable_schedule()->set_gamma(0.5f);
+  auto step = Make(c);
+  EXPECT_FLOAT_EQ(step->LearningRate(9), 1.0f);
+  EXPECT_FLOAT_EQ(step->LearningRate(10), 0.5f);
+  EXPECT_FLOAT_EQ(step->LearningRate(25), 0.25f);
+  c.mutable_schedule()->set_kind(LearningRateSchedule::COSINE);
+  c.mutable_schedule()->set_total_steps(100);
+  c.mutable_schedule()->set_min_lr(0.0f);
+  auto cosine = Make(c);
+  EXPECT_FLOAT_EQ(cosine->LearningRate(0), 1.0f);
+  EXPECT_NEAR(cosine->LearningRate(50), 0.5f, 1e-6);
+  EXPECT_NEAR(cosine->LearningRate(100), 0.0f, 1e-6);
+  EXPECT_NEAR(cosine->LearningRate(500), 0.0f, 1e-6);
+}
+
+TEST(OptimizerTest, RejectsInvalidConfig) {
+  EXPECT_FALSE(Optimizer::Create(Kind(OptimizerConfig::SGD, 0.0f)).ok());
+  OptimizerConfig c = Kind(OptimizerConfig::ADAM, 0.1f);
+  c.set_beta2(1.0f);
+  EXPECT_FALSE(Optimizer::Create(c).ok());
+}
+
+}  // namespace
+}  // namespace shardps

@@ -1,0 +1,291 @@
+#include "server/partition_engine.h"
+
+#include <cstring>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/data_message.h"
+
+namespace shardps {
+namespace {
+
+// How many rounds a worker may run ahead of a partition's completed round
+// before its pushes or pulls are refused (bounds parked memory).
+constexpr uint64_t kMaxRoundsAhead = 4;
+
+bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PartitionEngine>> PartitionEngine::Create(const ClusterConfig& config,
+                                                                         ReplySink sink) {
+  auto optimizer = Optimizer::Create(config.optimizer());
+  if (!optimizer.ok()) return optimizer.status();
+  return std::unique_ptr<PartitionEngine>(new PartitionEngine(config, *std::move(optimizer), std::move(sink)));
+}
+
+PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer,
+                                 ReplySink sink)
+    : config_(config), optimizer_(std::move(optimizer)), sink_(std::move(sink)) {}
+
+void PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
+  server_index_ = server_index;
+  const uint32_t workers = config_.num_workers();
+  for (const PartitionInfo& info : map.partitions()) {
+    if (info.server() != server_index || partitions_.contains(info.id())) continue;
+    auto p = std::make_unique<Partition>();
+    p->id = info.id();
+    p->n = info.num_elements();
+    p->weights.reset(SharedBuffer::Create(p->n));
+    p->state.assign(static_cast<size_t>(optimizer_->state_slots()) * p->n, 0.0f);
+    p->next_round.assign(workers, 0);
+    p->last_request.assign(workers, 0);
+    if (config_.consistency() == SYNC) {
+      p->acc.assign(p->n, 0.0f);
+      if (config_.deterministic()) p->held.resize(workers);
+    }
+    partitions_.emplace(info.id(), std::move(p));
+  }
+  epoch_ = map.epoch();
+}
+
+const float* PartitionEngine::weights(uint64_t partition_id) const {
+  auto it = partitions_.find(partition_id);
+  return it == partitions_.end() ? nullptr : it->second->weights->data();
+}
+
+absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out) {
+  if (h.op() == RESPONSE) return absl::InvalidArgumentError("a server does not accept responses");
+  if (h.epoch() != epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat("wrong epoch: request routed with shard map epoch ",
+                                                      h.epoch(), ", server ", server_index_, " serves epoch ",
+                                                      epoch_));
+  }
+  auto it = partitions_.find(h.partition_id());
+  if (it == partitions_.end()) {
+    return absl::NotFoundError(absl::StrCat("partition ", h.partition_id(), " is not served by server ",
+                                            server_index_, " (epoch ", epoch_, ")"));
+  }
+  Partition& p = *it->second;
+  if (h.worker_rank() >= config_.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker rank ", h.worker_rank(), " is outside [0, ",
+                                                   config_.num_workers(), ")"));
+  }
+  if (CarriesGradient(h.op())) {
+    if (payload == nullptr) return absl::InvalidArgumentError("request has no payload frame");
+    if (h.dtype() != FLOAT32) return absl::InvalidArgumentError(absl::StrCat("dtype ", h.dtype(), " is not float32"));
+    if (h.num_elements() != p.n) {
+      return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, " has ", p.n, " elements, request says ",
+                                                     h.num_elements()));
+    }
+    if (payload->size() != p.n * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat("payload of ", payload->size(), " bytes for partition ", p.id,
+                                                     " (expected ", p.n * sizeof(float), ")"));
+    }
+  } else if (payload != nullptr) {
+    return absl::InvalidArgumentError("pull request carries a payload frame");
+  }
+  *out = &p;
+  return absl::OkStatus();
+}
+
+void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload) {
+  ++stats_.requests;
+  if (payload != nullptr) stats_.bytes_in += payload->size();
+  Partition* p = nullptr;
+  if (absl::Status s = Validate(h, payload, &p); !s.ok()) {
+    Answer(peer, h, s);
+    return;
+  }
+  switch (h.op()) {
+    case INIT:
+      Init(*p, peer, h, *payload);
+      break;
+    case PUSH:
+    case PUSH_PULL:
+      if (config_.consistency() == SYNC) {
+        PushSync(*p, peer, h, payload);
+      } else {
+        PushAsync(*p, peer, h, *payload);
+      }
+      break;
+    case PULL:
+      PullOrWait(*p, peer, h, h.round());
+      break;
+    default:
+      Answer(peer, h, absl::InvalidArgumentError("unsupported op"));
+  }
+}
+
+void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataHeader& h,
+                           const zmq::message_t& payload) {
+  // First INIT wins, and only before any update, so a retried or concurrent
+  // INIT never rewinds training.
+  if (!p.initialized && p.completed == 0) {
+    std::memcpy(WritableWeights(p), payload.data(), payload.size());
+    p.initialized = true;
+  }
+  Answer(peer, h, absl::OkStatus());
+}
+
+void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
+                               zmq::message_t* payload) {
+  const uint32_t w = h.worker_rank();
+  const uint64_t round = h.round();
+  if (round < p.next_round[w]) {
+    // A retry of a push already counted: do not apply it twice.
+    if (h.op() == PUSH_PULL) {
+      PullOrWait(p, peer, h, round + 1);
+    } else {
+      Answer(peer, h, absl::OkStatus());
+    }
+    return;
+  }
+  if (round > p.next_round[w]) {
+    Answer(peer, h, absl::InvalidArgumentError(absl::StrCat("worker ", w, " pushed round ", round, " of partition ",
+                                                            p.id, " but owes round ", p.next_round[w])));
+    return;
+  }
+  if (round > p.completed) {
+    if (round > p.completed + kMaxRoundsAhead) {
+      Answer(peer, h, absl::ResourceExhaustedError(absl::StrCat("worker ", w, " is more than ", kMaxRoundsAhead,
+                                                                " rounds ahead on partition ", p.id)));
+      return;
+    }
+    p.ahead.push_back(ParkedPush{zmq::message_t(peer.data(), peer.size()), h, std::move(*payload)});
+    p.next_round[w] = round + 1;
+    return;
+  }
+  p.next_round[w] = round + 1;
+  const float* g = payload->data<float>();
+  if (config_.deterministic()) {
+    p.held[w] = std::move(*payload);
+  } else if (p.arrivals == 0) {
+    std::memcpy(p.acc.data(), g, p.n * sizeof(float));
+  } else {
+    AddInto(p.acc.data(), g, p.n);
+  }
+  ++p.arrivals;
+  if (h.op() == PUSH_PULL) {
+    p.waiting.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
+    p.waiting.back().header.set_round(round + 1);
+  } else {
+    Answer(peer, h, absl::OkStatus());
+  }
+  if (p.arrivals == config_.num_workers()) CompleteRound(p);
+}
+
+void PartitionEngine::CompleteRound(Partition& p) {
+  const uint32_t workers = config_.num_workers();
+  if (config_.deterministic()) {
+    std::memcpy(p.acc.data(), p.held[0].data(), p.n * sizeof(float));
+    for (uint32_t w = 1; w < workers; ++w) AddInto(p.acc.data(), p.held[w].data<float>(), p.n);
+    for (auto& m : p.held) m.rebuild();  // release the gradients
+  }
+  optimizer_->Apply(p.completed, 1.0f / static_cast<float>(workers), p.acc.data(), WritableWeights(p),
+                    p.state.data(), p.n);
+  ++stats_.updates;
+  ++p.completed;
+  p.arrivals = 0;
+  // Answer the pulls this round satisfies; keep the rest in order.
+  std::vector<Waiter> still;
+  for (Waiter& waiter : p.waiting) {
+    if (waiter.header.round() <= p.completed) {
+      AnswerWeights(p, waiter.peer, waiter.header);
+    } else {
+      still.push_back(std::move(waiter));
+    }
+  }
+  p.waiting = std::move(still);
+  // Replay pushes that were ahead by one round.
+  std::vector<ParkedPush> ahead = std::move(p.ahead);
+  p.ahead.clear();
+  for (ParkedPush& push : ahead) {
+    if (push.header.round() == p.completed) {
+      p.next_round[push.header.worker_rank()] = push.header.round();
+      PushSync(p, push.peer, push.header, &push.payload);
+    } else {
+      p.ahead.push_back(std::move(push));
+    }
+  }
+}
+
+void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
+                                const zmq::message_t& payload) {
+  const uint32_t w = h.worker_rank();
+  if (h.request_id() > p.last_request[w]) {
+    optimizer_->Apply(p.completed, 1.0f, payload.data<float>(), WritableWeights(p), p.state.data(), p.n);
+    p.last_request[w] = h.request_id();
+    ++p.completed;
+    ++stats_.updates;
+  }  // else: a retry of an applied push; answer without applying twice.
+  if (h.op() == PUSH_PULL) {
+    AnswerWeights(p, peer, h);
+  } else {
+    Answer(peer, h, absl::OkStatus());
+  }
+}
+
+void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
+  if (config_.consistency() == ASYNC || round <= p.completed) {
+    AnswerWeights(p, peer, h);
+    return;
+  }
+  if (round > p.completed + kMaxRoundsAhead) {
+    Answer(peer, h, absl::InvalidArgumentError(absl::StrCat("pull waits for round ", round, " of partition ", p.id,
+                                                            " which has completed ", p.completed)));
+    return;
+  }
+  p.waiting.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
+  p.waiting.back().header.set_round(round);
+}
+
+float* PartitionEngine::WritableWeights(Partition& p) {
+  // Copy on write: an earlier answer may still be on the wire (zero-copy).
+  if (!p.weights->unique()) {
+    SharedBufferPtr fresh(SharedBuffer::Create(p.n));
+    std::memcpy(fresh->data(), p.weights->data(), p.weights->bytes());
+    p.weights = std::move(fresh);
+  }
+  return p.weights->data();
+}
+
+void PartitionEngine::Answer(const zmq::message_t& peer, const DataHeader& request, const absl::Status& status) {
+  if (!status.ok()) {
+    ++stats_.errors;
+    VLOG(1) << "request " << request.request_id() << " from worker " << request.worker_rank() << ": " << status;
+  }
+  DataHeader reply;
+  reply.set_op(RESPONSE);
+  reply.set_request_id(request.request_id());
+  reply.set_partition_id(request.partition_id());
+  reply.set_server_epoch(epoch_);
+  SetResponseStatus(status, &reply);
+  sink_(peer, reply, nullptr);
+}
+
+void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, const DataHeader& request) {
+  DataHeader reply;
+  reply.set_op(RESPONSE);
+  reply.set_request_id(request.request_id());
+  reply.set_partition_id(p.id);
+  reply.set_server_epoch(epoch_);
+  reply.set_completed_rounds(p.completed);
+  reply.set_num_elements(p.n);
+  reply.set_dtype(FLOAT32);
+  zmq::message_t payload = p.weights->ZeroCopyMessage();
+  stats_.bytes_out += payload.size();
+  sink_(peer, reply, &payload);
+}
+
+void PartitionEngine::FailWaiting(const absl::Status& status) {
+  for (auto& [id, p] : partitions_) {
+    for (Waiter& waiter : p->waiting) Answer(waiter.peer, waiter.header, status);
+    for (ParkedPush& push : p->ahead) Answer(push.peer, push.header, status);
+    p->waiting.clear();
+    p->ahead.clear();
+  }
+}
+
+}  // namespace shardps

@@ -1,0 +1,109 @@
+// The partitions one server owns and the rules that update them: validation
+// of every request, round accumulation (sync), apply-on-arrival (async),
+// pulls that wait for a round, idempotent retries.
+//
+// Transport-free: requests come in as (peer identity, header, payload) and
+// answers leave through the ReplySink, so the engine is tested without
+// sockets. Owned and driven by one thread (the server's engine thread); not
+// thread-safe, and needs no lock on the hot path.
+#ifndef SHARDPS_SERVER_PARTITION_ENGINE_H_
+#define SHARDPS_SERVER_PARTITION_ENGINE_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/shared_buffer.h"
+#include "proto/cluster.pb.h"
+#include "proto/data.pb.h"
+#include "server/optimizer.h"
+
+namespace shardps {
+
+struct EngineStats {
+  uint64_t requests = 0;
+  uint64_t errors = 0;
+  uint64_t bytes_in = 0;   // payload bytes received
+  uint64_t bytes_out = 0;  // payload bytes sent
+  uint64_t updates = 0;    // optimizer steps applied
+};
+
+class PartitionEngine {
+ public:
+  // Sends one answer to `peer`. `payload` may be null (errors, acks).
+  using ReplySink = std::function<void(const zmq::message_t& peer, DataHeader& header, zmq::message_t* payload)>;
+
+  static absl::StatusOr<std::unique_ptr<PartitionEngine>> Create(const ClusterConfig& config, ReplySink sink);
+
+  // Adopts shard map `map` for server `server_index`: creates the partitions
+  // it now owns (zero weights) and keeps those it already had.
+  void InstallShardMap(const ShardMap& map, uint32_t server_index);
+  uint64_t epoch() const { return epoch_; }
+
+  // Handles one request. `payload` is null when the message had no payload
+  // frame. Every outcome, including bad input, is answered through the sink
+  // or parked until it can be (a pull waiting for its round).
+  void Handle(const zmq::message_t& peer, const DataHeader& header, zmq::message_t* payload);
+
+  // Answers every parked request with `status` (shutdown).
+  void FailWaiting(const absl::Status& status);
+
+  const EngineStats& stats() const { return stats_; }
+  // Current weights of a partition, for tests; null if not owned.
+  const float* weights(uint64_t partition_id) const;
+
+ private:
+  struct Waiter {
+    zmq::message_t peer;
+    DataHeader header;
+  };
+  struct ParkedPush {
+    zmq::message_t peer;
+    DataHeader header;
+    zmq::message_t payload;
+  };
+  struct Partition {
+    uint64_t id = 0;
+    size_t n = 0;
+    SharedBufferPtr weights;
+    std::vector<float> state;
+    uint64_t completed = 0;  // sync: rounds applied; async: pushes applied
+    bool initialized = false;
+    std::vector<float> acc;                // sync: this round's sum
+    uint32_t arrivals = 0;                 // sync: pushes in for this round
+    std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
+    std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
+    std::vector<uint64_t> last_request;    // async: per worker, last applied request id
+    std::vector<Waiter> waiting;           // pulls waiting for `completed`
+    std::vector<ParkedPush> ahead;         // pushes for a later round
+  };
+
+  PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer, ReplySink sink);
+
+  absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
+  void Init(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
+  void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload);
+  void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
+  void PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
+  void CompleteRound(Partition& p);
+  float* WritableWeights(Partition& p);
+  void Answer(const zmq::message_t& peer, const DataHeader& request, const absl::Status& status);
+  void AnswerWeights(Partition& p, const zmq::message_t& peer, const DataHeader& request);
+
+  const ClusterConfig config_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  const ReplySink sink_;
+  uint64_t epoch_ = 0;
+  uint32_t server_index_ = 0;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;
+  EngineStats stats_;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_SERVER_PARTITION_ENGINE_H_

@@ -1,0 +1,226 @@
+#include "server/server.h"
+
+#include <atomic>
+#include <thread>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/data_message.h"
+#include "common/protocol.h"
+#include "common/scheduler_client.h"
+
+namespace shardps {
+namespace {
+
+class ParameterServerImpl : public ParameterServer {
+ public:
+  ParameterServerImpl(std::unique_ptr<SchedulerClient> scheduler, zmq::context_t context, zmq::socket_t socket,
+                      std::string data_address)
+      : scheduler_(std::move(scheduler)),
+        context_(std::move(context)),
+        socket_(std::move(socket)),
+        data_address_(std::move(data_address)) {}
+
+  ~ParameterServerImpl() override {
+    RequestStop();
+    watch_.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      heartbeat_stop_ = true;
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  absl::Status Start(const ServerOptions& options) {
+    RegisterRequest request;
+    request.set_protocol_version(kProtocolVersion);
+    request.set_role(SERVER);
+    request.set_data_address(data_address_);
+    request.set_host(options.advertise_host);
+    auto registered = scheduler_->Register(request, options.register_timeout);
+    if (!registered.ok()) return registered.status();
+    node_id_ = registered->node_id();
+    index_ = registered->server_index();
+    config_ = registered->config();
+    auto engine = PartitionEngine::Create(config_, [this](const zmq::message_t& peer, DataHeader& h,
+                                                          zmq::message_t* payload) { Send(peer, h, payload); });
+    if (!engine.ok()) return engine.status();
+    engine_ = *std::move(engine);
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    watch_ = scheduler_->WatchShardMap(
+        node_id_,
+        [this](const ShardMap& map) {
+          absl::MutexLock lock(&mu_);
+          pending_map_ = map;
+        },
+        [this](const absl::Status& s) {
+          absl::MutexLock lock(&mu_);
+          watch_error_ = s;
+        });
+    LOG(INFO) << "server " << index_ << " serving on " << data_address_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Run() override {
+    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+    absl::Status result;
+    while (!stop_.load(std::memory_order_relaxed)) {
+      InstallPendingMap();
+      if (absl::Status s = WatchError(); !s.ok()) {
+        result = s;
+        break;
+      }
+      zmq::poll(items, 1, std::chrono::milliseconds(20));
+      // Drain what is queued before polling again.
+      for (int i = 0; i < 1024 && ReceiveOne(); ++i) {
+      }
+    }
+    // Drain: finish what already arrived, refuse what cannot complete.
+    while (ReceiveOne()) {
+    }
+    engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
+    socket_.set(zmq::sockopt::linger, 2000);
+    socket_.close();
+    const EngineStats& s = engine_->stats();
+    LOG(INFO) << "server " << index_ << " stopped: " << s.requests << " requests, " << s.errors << " errors, "
+              << s.updates << " updates, " << s.bytes_in << " bytes in, " << s.bytes_out << " bytes out";
+    return result;
+  }
+
+  void RequestStop() override { stop_.store(true); }
+  std::string data_address() const override { return data_address_; }
+  uint32_t index() const override { return index_; }
+
+ private:
+  // Receives and handles one message without blocking; false if none queued.
+  bool ReceiveOne() {
+    zmq::message_t peer;
+    if (!socket_.recv(peer, zmq::recv_flags::dontwait)) return false;
+    zmq::message_t header_frame, payload;
+    int frames = 1;
+    bool more = peer.more();
+    if (more) {
+      (void)socket_.recv(header_frame);
+      ++frames;
+      more = header_frame.more();
+    }
+    if (more) {
+      (void)socket_.recv(payload);
+      ++frames;
+      more = payload.more();
+    }
+    while (more) {  // discard frames beyond the protocol's three
+      zmq::message_t extra;
+      (void)socket_.recv(extra);
+      ++frames;
+      more = extra.more();
+    }
+    header_.Clear();
+    absl::Status s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
+    if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
+    if (!s.ok()) {
+      DataHeader reply;
+      reply.set_op(RESPONSE);
+      reply.set_request_id(header_.request_id());
+      SetResponseStatus(s, &reply);
+      Send(peer, reply, nullptr);
+      return true;
+    }
+    engine_->Handle(peer, header_, frames == 3 ? &payload : nullptr);
+    return true;
+  }
+
+  void Send(const zmq::message_t& peer, DataHeader& header, zmq::message_t* payload) {
+    zmq::message_t id(peer.data(), peer.size());
+    zmq::message_t head = HeaderFrame(header);
+    // A vanished peer is not an error for the server: its answer is dropped.
+    (void)socket_.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    (void)socket_.send(head, payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    if (payload != nullptr) (void)socket_.send(*payload, zmq::send_flags::none);
+  }
+
+  void InstallPendingMap() {
+    std::optional<ShardMap> map;
+    {
+      absl::MutexLock lock(&mu_);
+      map.swap(pending_map_);
+    }
+    if (!map || map->epoch() <= engine_->epoch()) return;
+    engine_->InstallShardMap(*map, index_);
+    LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
+    absl::MutexLock lock(&mu_);
+    applied_epoch_ = map->epoch();
+    heartbeat_now_ = true;
+  }
+
+  absl::Status WatchError() {
+    absl::MutexLock lock(&mu_);
+    return watch_error_;
+  }
+
+  void HeartbeatLoop() {
+    const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+    absl::MutexLock lock(&mu_);
+    while (!heartbeat_stop_) {
+      HeartbeatRequest request;
+      request.set_node_id(node_id_);
+      request.set_applied_epoch(applied_epoch_);
+      heartbeat_now_ = false;
+      mu_.Unlock();
+      auto r = scheduler_->Heartbeat(request, absl::Milliseconds(config_.request_timeout_ms()));
+      if (!r.ok()) LOG(WARNING) << "server " << index_ << ": " << r.status();
+      mu_.Lock();
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeat_now_ || heartbeat_stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
+    }
+  }
+
+  std::unique_ptr<SchedulerClient> scheduler_;
+  zmq::context_t context_;
+  zmq::socket_t socket_;
+  const std::string data_address_;
+  uint64_t node_id_ = 0;
+  uint32_t index_ = 0;
+  ClusterConfig config_;
+  std::unique_ptr<PartitionEngine> engine_;
+  DataHeader header_;  // reused per request
+  std::atomic<bool> stop_{false};
+
+  absl::Mutex mu_;
+  std::optional<ShardMap> pending_map_ ABSL_GUARDED_BY(mu_);
+  absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
+  uint64_t applied_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
+  bool heartbeat_stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread heartbeat_;
+  std::unique_ptr<SchedulerClient::Watch> watch_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const ServerOptions& options) {
+  auto scheduler = SchedulerClient::Create(options.scheduler_address);
+  if (!scheduler.ok()) return scheduler.status();
+  zmq::context_t context(1);
+  zmq::socket_t socket(context, zmq::socket_type::router);
+  socket.set(zmq::sockopt::sndhwm, 0);  // never drop an answer for a slow reader
+  socket.set(zmq::sockopt::rcvhwm, 0);
+  std::string bind = options.bind_address;
+  if (bind.size() > 2 && bind.substr(bind.size() - 2) == ":0") bind = bind.substr(0, bind.size() - 1) + "*";
+  try {
+    socket.bind(bind);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(absl::StrCat("server cannot bind ", options.bind_address, ": ", e.what()));
+  }
+  std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
+  std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+  std::string address = absl::StrCat("tcp://", options.advertise_host, ":", port);
+  auto server = std::make_unique<ParameterServerImpl>(*std::move(scheduler), std::move(context), std::move(socket),
+                                                      address);
+  if (absl::Status s = server->Start(options); !s.ok()) return s;
+  return std::unique_ptr<ParameterServer>(std::move(server));
+}
+
+}  // namespace shardps

@@ -1,0 +1,45 @@
+// A parameter-server daemon: registers with the scheduler, follows its shard
+// map, and serves the partitions it owns on a ZeroMQ ROUTER socket.
+//
+// Threads: the engine thread (Run) owns the socket and every partition; a
+// heartbeat thread reports liveness and the epoch served; the shard-map watch
+// runs on its own thread and hands maps to the engine thread.
+#ifndef SHARDPS_SERVER_SERVER_H_
+#define SHARDPS_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/partition_engine.h"
+
+namespace shardps {
+
+struct ServerOptions {
+  std::string scheduler_address;              // host:port of the scheduler
+  std::string bind_address = "tcp://*:0";     // ZeroMQ endpoint; port 0 = any free port
+  std::string advertise_host = "127.0.0.1";   // host workers use to reach this server
+  absl::Duration register_timeout = absl::Seconds(30);
+};
+
+class ParameterServer {
+ public:
+  // Binds, registers and starts following the shard map.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(const ServerOptions& options);
+  virtual ~ParameterServer() = default;
+
+  // Serves until RequestStop(), then drains: handles what was already
+  // received, answers waiting pulls with UNAVAILABLE, flushes and returns.
+  // Returns an error if the scheduler stream failed.
+  virtual absl::Status Run() = 0;
+  // Async-signal-safe: only sets a flag that Run() polls.
+  virtual void RequestStop() = 0;
+
+  virtual std::string data_address() const = 0;
+  virtual uint32_t index() const = 0;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_SERVER_SERVER_H_
