@@ -1,5 +1,7 @@
 #include "common/data_message.h"
 
+#include <cerrno>
+
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 
@@ -42,6 +44,15 @@ zmq::message_t HeaderFrame(DataHeader& header) {
 zmq::message_t BorrowedFrame(const void* data, size_t bytes) {
   // ZeroMQ does not free memory when the free function is null.
   return zmq::message_t(const_cast<void*>(data), bytes, nullptr, nullptr);
+}
+
+int PollOrInterrupted(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout) {
+  try {
+    return zmq::poll(items, count, timeout);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return 0;
+    throw;
+  }
 }
 
 absl::Status ResponseStatus(const DataHeader& header) {

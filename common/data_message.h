@@ -4,6 +4,7 @@
 #ifndef SHARDPS_COMMON_DATA_MESSAGE_H_
 #define SHARDPS_COMMON_DATA_MESSAGE_H_
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -26,6 +27,10 @@ zmq::message_t HeaderFrame(DataHeader& header);
 // A frame that points at caller memory without copying. The memory must stay
 // valid until the message is sent (the caller waits for the answer).
 zmq::message_t BorrowedFrame(const void* data, size_t bytes);
+
+// zmq::poll that treats a signal's interruption (EINTR) as "nothing ready"
+// instead of throwing; daemons poll while SIGTERM may arrive.
+int PollOrInterrupted(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout);
 
 // The status carried by a response header.
 absl::Status ResponseStatus(const DataHeader& header);

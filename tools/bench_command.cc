@@ -1,0 +1,324 @@
+// `shardps bench`: push/pull round trips of one tensor against real server
+// processes, next to a raw ZeroMQ DEALER/ROUTER echo of the same messages to
+// the same number of echo processes, measured in the same run.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <unistd.h>
+#include <zmq.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/data_message.h"
+#include "common/logging.h"
+#include "scheduler/shard_assignment.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+#include "tools/process.h"
+#include "worker/worker.h"
+
+namespace shardps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  int64_t servers = 1, workers = 1, bytes = 4 << 20, iters = 200, warmup = 20, partition_bytes = 1 << 20;
+  std::string op = "pushpull", consistency = "sync";
+  bool json = false;
+};
+
+struct Measured {
+  std::vector<double> latencies_us;  // one per round trip, all clients
+  double seconds = 0;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+// Runs `clients` threads of `iters` round trips each; `round_trip(client)`
+// performs one and returns its status.
+template <typename F>
+absl::StatusOr<Measured> RunClients(int clients, int64_t iters, int64_t warmup, F round_trip) {
+  Measured m;
+  std::vector<std::vector<double>> lat(clients);
+  std::vector<absl::Status> status(clients);
+  auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      for (int64_t i = 0; i < warmup + iters && status[c].ok(); ++i) {
+        auto t0 = Clock::now();
+        status[c] = round_trip(c);
+        if (i >= warmup) lat[c].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        if (i + 1 == warmup && c == 0) start = Clock::now();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  m.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (int c = 0; c < clients; ++c) {
+    if (!status[c].ok()) return status[c];
+    m.latencies_us.insert(m.latencies_us.end(), lat[c].begin(), lat[c].end());
+  }
+  return m;
+}
+
+// The limit: each round trip sends every partition to its echo process and
+// copies every echoed partition into an output buffer, as a worker does.
+absl::StatusOr<Measured> RawEcho(const BenchOptions& o, const ShardMap& map, const std::vector<std::string>& echo) {
+  zmq::context_t ctx(1);
+  const size_t n = o.bytes / 4;
+  std::vector<std::vector<zmq::socket_t>> sockets(o.workers);
+  for (auto& per_client : sockets) {
+    for (const std::string& address : echo) {
+      per_client.emplace_back(ctx, zmq::socket_type::dealer);
+      per_client.back().connect(address);
+    }
+  }
+  std::vector<std::vector<float>> in(o.workers, std::vector<float>(n, 1.0f)), out(o.workers, std::vector<float>(n));
+  return RunClients(o.workers, o.iters, o.warmup, [&](int c) -> absl::Status {
+    for (const PartitionInfo& p : map.partitions()) {
+      // A 16-byte header (offset, count) stands in for our protobuf header.
+      const uint64_t where[2] = {p.offset(), p.num_elements()};
+      zmq::message_t header(where, sizeof(where));
+      sockets[c][p.server()].send(header, zmq::send_flags::sndmore);
+      sockets[c][p.server()].send(zmq::message_t(in[c].data() + p.offset(), p.num_elements() * 4, nullptr, nullptr),
+                                  zmq::send_flags::none);
+    }
+    std::vector<zmq::pollitem_t> items;
+    for (auto& s : sockets[c]) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+    for (int left = map.partitions_size(); left > 0;) {
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(10000));
+      for (size_t s = 0; s < items.size(); ++s) {
+        zmq::message_t header, payload;
+        while (sockets[c][s].recv(header, zmq::recv_flags::dontwait)) {
+          (void)sockets[c][s].recv(payload);
+          uint64_t where[2];
+          std::memcpy(where, header.data(), sizeof(where));
+          std::memcpy(out[c].data() + where[0], payload.data(), where[1] * 4);
+          --left;
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<Measured> Ours(const BenchOptions& o, const std::string& scheduler) {
+  const size_t n = o.bytes / 4;
+  std::vector<std::unique_ptr<Worker>> workers(o.workers);
+  std::vector<absl::Status> created(o.workers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < o.workers; ++r) {
+    threads.emplace_back([&, r] {
+      auto w = Worker::Create({.scheduler_address = scheduler, .rank = static_cast<uint32_t>(r)});
+      if (!w.ok()) {
+        created[r] = w.status();
+        return;
+      }
+      TensorSpec spec;
+      spec.set_name("bench");
+      spec.add_shape(n);
+      spec.set_dtype(FLOAT32);
+      created[r] = (*w)->DefineTensors({spec});
+      workers[r] = *std::move(w);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : created) {
+    if (!s.ok()) return s;
+  }
+  std::vector<std::vector<float>> grad(o.workers, std::vector<float>(n, 1e-6f)), weights(o.workers, std::vector<float>(n));
+  const absl::Duration timeout = absl::Seconds(60);
+  return RunClients(o.workers, o.iters, o.warmup, [&](int c) -> absl::Status {
+    Worker& w = *workers[c];
+    if (o.op == "pushpull") {
+      auto h = w.PushPull("bench", grad[c], absl::MakeSpan(weights[c]));
+      if (!h.ok()) return h.status();
+      return w.Wait(*h, timeout);
+    }
+    auto push = w.Push("bench", grad[c]);
+    if (!push.ok()) return push.status();
+    if (absl::Status s = w.Wait(*push, timeout); !s.ok()) return s;
+    auto pull = w.Pull("bench", absl::MakeSpan(weights[c]));
+    if (!pull.ok()) return pull.status();
+    return w.Wait(*pull, timeout);
+  });
+}
+
+absl::StatusOr<std::string> ReadLineWhenReady(const std::string& path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    std::string line;
+    if (in && std::getline(in, line) && !line.empty()) return line;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no address written to ", path, " within ",
+                                                  absl::FormatDuration(timeout)));
+}
+
+absl::Status RunBench(const BenchOptions& o) {
+  if (o.op != "pushpull" && o.op != "push-then-pull") {
+    return absl::InvalidArgumentError(absl::StrCat("--op '", o.op, "': allowed: pushpull, push-then-pull"));
+  }
+  if (o.bytes < 4 || o.bytes % 4 != 0) return absl::InvalidArgumentError("--bytes must be a positive multiple of 4");
+  if (o.servers < 1 || o.workers < 1 || o.iters < 1) return absl::InvalidArgumentError("--servers, --workers, --iters must be >= 1");
+  ClusterConfig config;
+  config.set_num_servers(o.servers);
+  config.set_num_workers(o.workers);
+  config.set_partition_bytes(o.partition_bytes);
+  if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) return s;
+  config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  config.mutable_optimizer()->set_learning_rate(1e-3f);
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+
+  const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-bench-", getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
+  const std::string self = SelfExecutable();
+  std::vector<ChildProcess> children;
+  struct Cleanup {
+    std::vector<ChildProcess>& children;
+    std::string dir;
+    ~Cleanup() {
+      for (size_t i = children.size(); i-- > 0;) Stop(children[i], absl::Seconds(5));
+      std::filesystem::remove_all(dir);
+    }
+  } cleanup{children, dir};
+  auto spawn = [&](const std::string& name, std::vector<std::string> argv) -> absl::Status {
+    auto child = Spawn(name, argv, true);
+    if (!child.ok()) return child.status();
+    children.push_back(*child);
+    return absl::OkStatus();
+  };
+  // Raw echo processes first, measured before the cluster exists.
+  std::vector<std::string> echo;
+  for (int i = 0; i < o.servers; ++i) {
+    std::string file = absl::StrCat(dir, "/echo.", i);
+    if (absl::Status s = spawn(absl::StrCat("echo ", i), {self, "echo-server", "--port-file", file}); !s.ok()) return s;
+    auto address = ReadLineWhenReady(file, absl::Seconds(30));
+    if (!address.ok()) return address.status();
+    echo.push_back(*address);
+  }
+  std::vector<ServerInfo> servers(o.servers);
+  for (int i = 0; i < o.servers; ++i) servers[i].set_index(i);
+  TensorSpec spec;
+  spec.set_name("bench");
+  spec.add_shape(o.bytes / 4);
+  spec.set_dtype(FLOAT32);
+  auto map = BuildShardMap({spec}, servers, o.partition_bytes, 1);
+  if (!map.ok()) return map.status();
+  auto raw = RawEcho(o, *map, echo);
+  if (!raw.ok()) return raw.status();
+
+  if (absl::Status s = spawn("scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config",
+                                           dir + "/cluster.pbtxt", "--port-file", dir + "/scheduler.addr"});
+      !s.ok()) {
+    return s;
+  }
+  auto scheduler = ReadLineWhenReady(dir + "/scheduler.addr", absl::Seconds(30));
+  if (!scheduler.ok()) return scheduler.status();
+  for (int i = 0; i < o.servers; ++i) {
+    if (absl::Status s = spawn(absl::StrCat("server ", i), {self, "server", "--scheduler", *scheduler, "--listen",
+                                                            "tcp://127.0.0.1:0"});
+        !s.ok()) {
+      return s;
+    }
+  }
+  auto ours = Ours(o, *scheduler);
+  if (!ours.ok()) return ours.status();
+
+  const double trips = static_cast<double>(ours->latencies_us.size());
+  const double raw_trips = static_cast<double>(raw->latencies_us.size());
+  const double rt_s = trips / ours->seconds, raw_rt_s = raw_trips / raw->seconds;
+  const double gbps = rt_s * o.bytes / 1e9, raw_gbps = raw_rt_s * o.bytes / 1e9;
+  const double p50 = Percentile(ours->latencies_us, 0.5), p99 = Percentile(ours->latencies_us, 0.99);
+  const double raw_p50 = Percentile(raw->latencies_us, 0.5);
+  std::cout << absl::StrFormat(
+      "bench %s: %d bytes, %d servers, %d workers, %d round trips each\n"
+      "  shardps : %8.3f GB/s pushed, %8.3f GB/s pulled, %9.0f round trips/s, p50 %8.1f us, p99 %8.1f us\n"
+      "  raw zmq : %8.3f GB/s each way,              %9.0f round trips/s, p50 %8.1f us\n"
+      "  ratio   : goodput %.3f, latency %.3f\n",
+      o.op, o.bytes, o.servers, o.workers, o.iters, gbps, gbps, rt_s, p50, p99, raw_gbps, raw_rt_s, raw_p50,
+      rt_s / raw_rt_s, p50 / raw_p50);
+  if (o.json) {
+    std::cout << absl::StrFormat(
+        "{\"op\": \"%s\", \"bytes\": %d, \"servers\": %d, \"workers\": %d, \"iters\": %d, \"push_gbps\": %.4f, "
+        "\"pull_gbps\": %.4f, \"round_trips_per_s\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f, \"raw_gbps\": %.4f, "
+        "\"raw_round_trips_per_s\": %.1f, \"raw_p50_us\": %.1f, \"goodput_ratio\": %.4f, \"latency_ratio\": %.4f}\n",
+        o.op, o.bytes, o.servers, o.workers, o.iters, gbps, gbps, rt_s, p50, p99, raw_gbps, raw_rt_s, raw_p50,
+        rt_s / raw_rt_s, p50 / raw_p50);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int BenchCommand(const Args& args) {
+  BenchOptions o;
+  CliFlags flags("bench");
+  flags.Int("servers", &o.servers, "server processes");
+  flags.Int("workers", &o.workers, "worker clients (threads of this process)");
+  flags.Int("bytes", &o.bytes, "tensor size in bytes");
+  flags.Int("iters", &o.iters, "measured round trips per worker");
+  flags.Int("warmup", &o.warmup, "round trips per worker before measuring");
+  flags.Int("partition-bytes", &o.partition_bytes, "partition size");
+  flags.String("op", &o.op, "pushpull (one request) or push-then-pull");
+  flags.String("consistency", &o.consistency, "sync or async");
+  flags.Bool("json", &o.json, "print one JSON object as the last line");
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
+    std::cerr << "shardps bench: " << s.message() << "\n";
+    return 2;
+  }
+  if (flags.help()) return 0;
+  InitLogging("shardps-bench", false);
+  if (absl::Status s = RunBench(o); !s.ok()) {
+    std::cerr << "shardps bench: " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+// Hidden helper of `bench`: a ROUTER that sends every message back unchanged.
+int EchoServerCommand(const Args& args) {
+  std::string port_file;
+  CliFlags flags("echo-server");
+  flags.String("port-file", &port_file, "write the bound endpoint here");
+  if (absl::Status s = flags.Parse(args); !s.ok()) return 2;
+  InstallStopSignals();
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::sndhwm, 0);
+  router.bind("tcp://127.0.0.1:*");
+  {
+    std::ofstream out(port_file + ".tmp");
+    out << router.get(zmq::sockopt::last_endpoint);
+  }
+  std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+  while (!StopRequested()) {
+    PollOrInterrupted(&item, 1, std::chrono::milliseconds(50));
+    zmq::message_t frame;
+    while (router.recv(frame, zmq::recv_flags::dontwait)) {
+      bool more = frame.more();
+      router.send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      while (more) {
+        (void)router.recv(frame);
+        more = frame.more();
+        router.send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace shardps

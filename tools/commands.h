@@ -1,0 +1,29 @@
+// The subcommands of the `shardps` tool. Each takes its arguments (after the
+// command name) and returns the process exit code; errors are printed to
+// stderr saying what failed and where.
+#ifndef SHARDPS_TOOLS_COMMANDS_H_
+#define SHARDPS_TOOLS_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+namespace shardps {
+
+using Args = std::vector<std::string>;
+
+int SchedulerCommand(const Args& args);
+int ServerCommand(const Args& args);
+int TrainCommand(const Args& args);
+int StatusCommand(const Args& args);
+int LocalCommand(const Args& args);
+int BenchCommand(const Args& args);
+int BenchCodecCommand(const Args& args);
+int BenchLocalCommand(const Args& args);
+
+// Set by SIGTERM/SIGINT once InstallStopSignals() ran.
+bool StopRequested();
+void InstallStopSignals();
+
+}  // namespace shardps
+
+#endif  // SHARDPS_TOOLS_COMMANDS_H_

@@ -1,0 +1,204 @@
+// `shardps scheduler`, `server`, `train` and `status`.
+#include <signal.h>
+
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/scheduler_client.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+#include "tools/train_job.h"
+#include "worker/worker.h"
+
+namespace shardps {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnStopSignal(int) { g_stop.store(true); }
+
+int Fail(const std::string& command, const absl::Status& s) {
+  std::cerr << "shardps " << command << ": " << s.message() << "\n";
+  return 1;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << contents;
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename ", tmp));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool StopRequested() { return g_stop.load(); }
+
+void InstallStopSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+int SchedulerCommand(const Args& args) {
+  std::string listen = "0.0.0.0:7000", config_path, port_file;
+  std::vector<std::string> sets;
+  bool verbose = false;
+  CliFlags flags("scheduler");
+  flags.String("listen", &listen, "host:port to serve the scheduler on (port 0 = any free port)");
+  flags.String("config", &config_path, "cluster configuration file (protobuf text, proto/config.proto)");
+  flags.Repeated("set", &sets, "override one config field, e.g. --set consistency=async");
+  flags.String("port-file", &port_file, "write the bound host:port to this file once serving");
+  flags.Bool("verbose", &verbose, "log INFO messages");
+  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("scheduler", s);
+  if (flags.help()) return 0;
+  InitLogging("shardps-scheduler", verbose);
+  ClusterConfig config;
+  if (!config_path.empty()) {
+    auto loaded = LoadConfigFile(config_path);
+    if (!loaded.ok()) return Fail("scheduler", loaded.status());
+    config = *loaded;
+  }
+  for (const std::string& s : sets) {
+    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return Fail("scheduler", st);
+  }
+  InstallStopSignals();
+  auto scheduler = SchedulerDaemon::Create({listen, config});
+  if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
+  std::cerr << "shardps scheduler: serving on " << (*scheduler)->address() << " ("
+            << ConsistencyName(config.consistency()) << ", " << config.num_servers() << " servers, "
+            << config.num_workers() << " workers)\n";
+  if (!port_file.empty()) {
+    if (absl::Status s = WriteFileAtomically(port_file, (*scheduler)->address()); !s.ok()) return Fail("scheduler", s);
+  }
+  std::thread stopper([&] {
+    while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (*scheduler)->Shutdown();
+  });
+  (*scheduler)->Wait();
+  stopper.join();
+  return 0;
+}
+
+int ServerCommand(const Args& args) {
+  ServerOptions options;
+  double register_timeout_s = 30;
+  bool verbose = false;
+  CliFlags flags("server");
+  flags.String("scheduler", &options.scheduler_address, "scheduler host:port");
+  flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
+  flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
+  flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
+  flags.Bool("verbose", &verbose, "log INFO messages");
+  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
+  if (flags.help()) return 0;
+  InitLogging("shardps-server", verbose);
+  options.register_timeout = absl::Seconds(register_timeout_s);
+  InstallStopSignals();
+  auto server = ParameterServer::Create(options);
+  if (!server.ok()) return Fail("server", server.status());
+  std::thread stopper([&] {
+    while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    (*server)->RequestStop();
+  });
+  absl::Status s = (*server)->Run();
+  g_stop.store(true);
+  stopper.join();
+  if (!s.ok()) return Fail("server", s);
+  return 0;
+}
+
+int TrainCommand(const Args& args) {
+  WorkerOptions worker_options;
+  TrainOptions train;
+  int64_t rank = 0, epochs = train.epochs, batch = train.batch_size, seed = train.seed, train_limit = 0,
+          test_limit = 0, max_steps = 0, log_every = train.log_every;
+  double rendezvous_s = 60;
+  std::string result_file;
+  bool verbose = false;
+  CliFlags flags("train");
+  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port");
+  flags.Int("rank", &rank, "this worker's rank");
+  flags.Int("epochs", &epochs, "training epochs");
+  flags.Int("batch-size", &batch, "images per step per worker");
+  flags.Int("seed", &seed, "seed of initial weights and data order");
+  flags.Int("train-limit", &train_limit, "use only the first N training images (0 = all)");
+  flags.Int("test-limit", &test_limit, "use only the first N test images (0 = all)");
+  flags.Int("max-steps", &max_steps, "stop after N steps (0 = no limit)");
+  flags.Int("log-every", &log_every, "progress line every N steps (0 = none)");
+  flags.String("data-dir", &train.data_dir, "directory of the Fashion-MNIST .gz files");
+  flags.Double("rendezvous-timeout", &rendezvous_s, "seconds to wait for the cluster");
+  flags.String("result-file", &result_file, "write the result (key value lines) here");
+  flags.Bool("verbose", &verbose, "log INFO messages");
+  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
+  if (flags.help()) return 0;
+  InitLogging("shardps-train", verbose);
+  worker_options.rank = static_cast<uint32_t>(rank);
+  worker_options.rendezvous_timeout = absl::Seconds(rendezvous_s);
+  train.epochs = epochs;
+  train.batch_size = batch;
+  train.seed = seed;
+  train.train_limit = train_limit;
+  train.test_limit = test_limit;
+  train.max_steps = max_steps;
+  train.log_every = log_every;
+  auto worker = Worker::Create(worker_options);
+  if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
+  auto result = RunTrainingWorker(**worker, train, std::cerr);
+  if (!result.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
+  std::string text = absl::StrFormat(
+      "test_accuracy %.6f\nfinal_loss %.6f\nsteps %d\nsamples %d\nwall_seconds %.6f\nbytes_pushed %d\n"
+      "bytes_pulled %d\n",
+      result->test_accuracy, result->final_loss, result->steps, result->samples, result->wall_seconds,
+      result->bytes_pushed, result->bytes_pulled);
+  if (!result_file.empty()) {
+    if (absl::Status s = WriteFileAtomically(result_file, text); !s.ok()) return Fail("train", s);
+  } else {
+    std::cout << text;
+  }
+  return 0;
+}
+
+int StatusCommand(const Args& args) {
+  std::string address = "127.0.0.1:7000";
+  double timeout_s = 5;
+  CliFlags flags("status");
+  flags.String("scheduler", &address, "scheduler host:port");
+  flags.Double("timeout", &timeout_s, "seconds to wait for an answer");
+  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("status", s);
+  if (flags.help()) return 0;
+  auto client = SchedulerClient::Create(address);
+  if (!client.ok()) return Fail("status", client.status());
+  auto status = (*client)->Status(absl::Seconds(timeout_s));
+  if (!status.ok()) return Fail("status", status.status());
+  const ClusterConfig& c = status->config();
+  std::cout << absl::StrFormat("cluster: %s, %d servers, %d workers, shard map epoch %d, %d partitions\n",
+                               ConsistencyName(c.consistency()), c.num_servers(), c.num_workers(),
+                               status->shard_map().epoch(), status->shard_map().partitions_size());
+  std::vector<uint64_t> bytes(c.num_servers(), 0);
+  for (const PartitionInfo& p : status->shard_map().partitions()) {
+    if (p.server() < bytes.size()) bytes[p.server()] += p.num_elements() * 4;
+  }
+  for (const NodeStatus& n : status->nodes()) {
+    std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
+                                                            n.address(), bytes[n.rank()], n.applied_epoch())
+                                          : absl::StrFormat("worker %d  %s", n.rank(), n.host());
+    std::cout << absl::StrFormat("  %-60s %s (heartbeat %d ms ago)\n", what, n.alive() ? "alive" : "SILENT",
+                                 n.ms_since_heartbeat());
+  }
+  return 0;
+}
+
+}  // namespace shardps

@@ -1,0 +1,249 @@
+// `shardps local`: a scheduler, S servers and W training workers as separate
+// processes on loopback, or (--reference) the same job in one process.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+#include "tools/process.h"
+#include "tools/train_job.h"
+
+namespace shardps {
+namespace {
+
+struct LocalOptions {
+  int64_t servers = 2, workers = 2, epochs = 3, batch = 64, seed = 1, train_limit = 0, test_limit = 0,
+          max_steps = 0, log_every = 100;
+  std::string consistency, config_path;
+  std::vector<std::string> sets;
+  bool json = false, reference = false, deterministic = false, verbose = false;
+  double timeout_s = 3600;
+};
+
+absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
+  ClusterConfig config;
+  if (!o.config_path.empty()) {
+    auto loaded = LoadConfigFile(o.config_path);
+    if (!loaded.ok()) return loaded.status();
+    config = *loaded;
+  }
+  config.set_num_servers(o.servers);
+  config.set_num_workers(o.workers);
+  if (!o.consistency.empty()) {
+    if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) return s;
+  }
+  if (o.deterministic) config.set_deterministic(true);
+  for (const std::string& s : o.sets) {
+    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
+  }
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  return config;
+}
+
+std::map<std::string, double> ReadResult(const std::string& path) {
+  std::map<std::string, double> out;
+  std::ifstream in(path);
+  std::string key;
+  double value;
+  while (in >> key >> value) out[key] = value;
+  return out;
+}
+
+absl::StatusOr<std::string> WaitForFile(const std::string& path, std::vector<ChildProcess>& children,
+                                        absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    std::string contents;
+    if (in && std::getline(in, contents) && !contents.empty()) return contents;
+    int code;
+    auto exited = WaitAny(children, absl::Now(), &code);
+    if (exited.ok()) {
+      return absl::UnavailableError(absl::StrCat(children[*exited].name, " ", DescribeExit(code), " at start"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("scheduler did not report its address in ", path));
+}
+
+struct Outcome {
+  std::map<std::string, double> rank0;
+  uint64_t bytes_pushed = 0, bytes_pulled = 0;
+  int64_t samples = 0;
+  double wall_seconds = 0;
+};
+
+// Runs the cluster; every child is stopped before returning, success or not.
+absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& config) {
+  std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-local-", getpid());
+  std::filesystem::create_directories(dir);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup{dir};
+  {
+    std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
+  }
+  const std::string self = SelfExecutable();
+  const std::string verbose = o.verbose ? "--verbose" : "--verbose=false";
+  std::vector<ChildProcess> daemons, workers;
+  auto stop_all = [&] {
+    for (auto& c : workers) Stop(c, absl::Seconds(2));
+    for (size_t i = daemons.size(); i-- > 0;) Stop(daemons[i], absl::Seconds(5));
+  };
+  auto fail = [&](absl::Status s) {
+    stop_all();
+    return s;
+  };
+  auto scheduler = Spawn("scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config", dir + "/cluster.pbtxt",
+                                       "--port-file", dir + "/scheduler.addr", verbose}, true);
+  if (!scheduler.ok()) return scheduler.status();
+  daemons.push_back(*scheduler);
+  auto address = WaitForFile(dir + "/scheduler.addr", daemons, absl::Now() + absl::Seconds(30));
+  if (!address.ok()) return fail(address.status());
+  for (int i = 0; i < o.servers; ++i) {
+    auto server = Spawn(absl::StrCat("server ", i),
+                        {self, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0", verbose}, true);
+    if (!server.ok()) return fail(server.status());
+    daemons.push_back(*server);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < o.workers; ++r) {
+    auto worker = Spawn(absl::StrCat("worker ", r),
+                        {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
+                         absl::StrCat(o.epochs), "--batch-size", absl::StrCat(o.batch), "--seed", absl::StrCat(o.seed),
+                         "--train-limit", absl::StrCat(o.train_limit), "--test-limit", absl::StrCat(o.test_limit),
+                         "--max-steps", absl::StrCat(o.max_steps), "--log-every",
+                         absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
+                         verbose},
+                        true);
+    if (!worker.ok()) return fail(worker.status());
+    workers.push_back(*worker);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
+  for (int done = 0; done < o.workers;) {
+    int code;
+    std::vector<ChildProcess*> all;
+    auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(100), &code);
+    if (w.ok()) {
+      if (code != 0) return fail(absl::InternalError(absl::StrCat(workers[*w].name, " ", DescribeExit(code))));
+      ++done;
+      continue;
+    }
+    auto d = WaitAny(daemons, absl::Now(), &code);
+    if (d.ok()) return fail(absl::InternalError(absl::StrCat(daemons[*d].name, " ", DescribeExit(code),
+                                                             " while workers were training")));
+    if (absl::Now() > deadline) return fail(absl::DeadlineExceededError("training did not finish within --timeout"));
+    if (StopRequested()) return fail(absl::CancelledError("interrupted"));
+  }
+  Outcome out;
+  out.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r = 0; r < o.workers; ++r) {
+    auto result = ReadResult(absl::StrCat(dir, "/result.", r));
+    out.bytes_pushed += result["bytes_pushed"];
+    out.bytes_pulled += result["bytes_pulled"];
+    out.samples += result["samples"];
+    if (r == 0) out.rank0 = result;
+  }
+  for (size_t i = daemons.size(); i-- > 0;) {
+    int code = Stop(daemons[i], absl::Seconds(10));
+    if (code != 0) return fail(absl::InternalError(absl::StrCat(daemons[i].name, " ", DescribeExit(code),
+                                                                " on SIGTERM (expected a clean exit)")));
+  }
+  return out;
+}
+
+}  // namespace
+
+int LocalCommand(const Args& args) {
+  LocalOptions o;
+  CliFlags flags("local");
+  flags.Int("servers", &o.servers, "server processes");
+  flags.Int("workers", &o.workers, "worker (training) processes");
+  flags.String("consistency", &o.consistency, "sync or async (overrides the config file)");
+  flags.Int("epochs", &o.epochs, "training epochs");
+  flags.String("config", &o.config_path, "cluster configuration file (protobuf text)");
+  flags.Repeated("set", &o.sets, "override one config field, e.g. --set optimizer.learning_rate=0.1");
+  flags.Bool("json", &o.json, "print one JSON object as the last line of stdout");
+  flags.Bool("reference", &o.reference, "run the same job in one process, without servers");
+  flags.Bool("deterministic", &o.deterministic, "sync: sum gradients in rank order (bitwise reproducible)");
+  flags.Int("batch-size", &o.batch, "images per step per worker");
+  flags.Int("seed", &o.seed, "seed of initial weights and data order");
+  flags.Int("train-limit", &o.train_limit, "use only the first N training images (0 = all)");
+  flags.Int("test-limit", &o.test_limit, "use only the first N test images (0 = all)");
+  flags.Int("max-steps", &o.max_steps, "stop after N steps per worker (0 = no limit)");
+  flags.Int("log-every", &o.log_every, "progress line every N steps");
+  flags.Double("timeout", &o.timeout_s, "seconds before the run is abandoned");
+  flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
+    std::cerr << "shardps local: " << s.message() << "\n";
+    return 2;
+  }
+  if (flags.help()) return 0;
+  InitLogging("shardps-local", o.verbose);
+  InstallStopSignals();
+  auto config = BuildConfig(o);
+  if (!config.ok()) {
+    std::cerr << "shardps local: " << config.status().message() << "\n";
+    return 2;
+  }
+  std::map<std::string, double> result;
+  uint64_t pushed = 0, pulled = 0;
+  int64_t samples = 0;
+  double wall = 0;
+  if (o.reference) {
+    TrainOptions t;
+    t.epochs = o.epochs;
+    t.batch_size = o.batch;
+    t.seed = o.seed;
+    t.train_limit = o.train_limit;
+    t.test_limit = o.test_limit;
+    t.max_steps = o.max_steps;
+    t.log_every = o.log_every;
+    auto r = RunReference(*config, t, std::cerr);
+    if (!r.ok()) {
+      std::cerr << "shardps local --reference: " << r.status().message() << "\n";
+      return 1;
+    }
+    result = {{"test_accuracy", r->test_accuracy}, {"steps", double(r->steps)}, {"final_loss", r->final_loss}};
+    samples = r->samples;
+    wall = r->wall_seconds;
+  } else {
+    auto outcome = RunCluster(o, *config);
+    if (!outcome.ok()) {
+      std::cerr << "shardps local: " << outcome.status().message() << "\n";
+      return 1;
+    }
+    result = outcome->rank0;
+    pushed = outcome->bytes_pushed;
+    pulled = outcome->bytes_pulled;
+    samples = outcome->samples;
+    wall = outcome->wall_seconds;
+  }
+  const std::string consistency = o.reference ? "reference" : ConsistencyName(config->consistency());
+  std::cout << absl::StrFormat("test accuracy %.4f after %d epochs (%s, %d servers x %d workers) in %.1f s\n",
+                               result["test_accuracy"], o.epochs, consistency, o.reference ? 0 : o.servers,
+                               o.workers, wall);
+  if (o.json) {
+    std::cout << absl::StrFormat(
+        "{\"test_accuracy\": %.6f, \"consistency\": \"%s\", \"servers\": %d, \"workers\": %d, \"epochs\": %d, "
+        "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
+        "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s}\n",
+        result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
+        static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
+        result["final_loss"], config->deterministic() ? "true" : "false");
+  }
+  return 0;
+}
+
+}  // namespace shardps

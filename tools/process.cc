@@ -1,0 +1,93 @@
+#include "tools/process.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace shardps {
+namespace {
+
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+std::string SelfExecutable() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "shardps";
+  return std::string(buf, n);
+}
+
+absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
+                                   bool stdout_to_stderr) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (stdout_to_stderr) posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
+  pid_t pid;
+  int err = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) return absl::InternalError(absl::StrCat("cannot start ", name, " (", argv[0], "): ", strerror(err)));
+  return ChildProcess{name, pid};
+}
+
+absl::StatusOr<size_t> WaitAny(std::vector<ChildProcess>& children, absl::Time deadline, int* exit_code) {
+  while (true) {
+    bool any = false;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (!children[i].running()) continue;
+      any = true;
+      int status;
+      pid_t r = waitpid(children[i].pid, &status, WNOHANG);
+      if (r == children[i].pid) {
+        children[i].pid = -1;
+        *exit_code = ExitCode(status);
+        return i;
+      }
+    }
+    if (!any) return absl::NotFoundError("no child process is running");
+    if (absl::Now() >= deadline) return absl::DeadlineExceededError("child processes still running at the deadline");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int Stop(ChildProcess& child, absl::Duration grace) {
+  if (!child.running()) return 0;
+  kill(child.pid, SIGTERM);
+  const absl::Time deadline = absl::Now() + grace;
+  int status = 0;
+  while (true) {
+    pid_t r = waitpid(child.pid, &status, WNOHANG);
+    if (r == child.pid) break;
+    if (absl::Now() >= deadline) {
+      kill(child.pid, SIGKILL);
+      waitpid(child.pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  child.pid = -1;
+  return ExitCode(status);
+}
+
+std::string DescribeExit(int code) {
+  if (code > 128) return absl::StrCat("was killed by signal ", code - 128);
+  return absl::StrCat("exited with status ", code);
+}
+
+}  // namespace shardps

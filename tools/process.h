@@ -1,0 +1,43 @@
+// Child processes for `shardps local` and the multi-process tests: spawn the
+// same binary with other arguments, wait with a deadline, stop them.
+#ifndef SHARDPS_TOOLS_PROCESS_H_
+#define SHARDPS_TOOLS_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace shardps {
+
+struct ChildProcess {
+  std::string name;  // e.g. "server 1", for messages
+  pid_t pid = -1;
+  bool running() const { return pid > 0; }
+};
+
+// Path of the running executable.
+std::string SelfExecutable();
+
+// Starts `argv` (argv[0] is the program path). When `stdout_to_stderr`, the
+// child's stdout is redirected to our stderr (keeps our stdout for results).
+absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
+                                   bool stdout_to_stderr);
+
+// Waits for any of `children` to exit, up to `deadline`. Returns its index
+// and sets `exit_code` (128+signal for a signal). NotFound if none is
+// running; DeadlineExceeded at the deadline.
+absl::StatusOr<size_t> WaitAny(std::vector<ChildProcess>& children, absl::Time deadline, int* exit_code);
+
+// SIGTERM, then SIGKILL after `grace`; returns the exit code.
+int Stop(ChildProcess& child, absl::Duration grace);
+
+// Describes an exit code: "exited with 3" / "killed by signal 9".
+std::string DescribeExit(int code);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_TOOLS_PROCESS_H_

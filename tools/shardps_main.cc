@@ -1,0 +1,49 @@
+// The `shardps` command: daemons, the local cluster, status and benchmarks.
+#include <iostream>
+#include <map>
+
+#include "tools/commands.h"
+
+namespace shardps {
+int EchoServerCommand(const Args& args);
+}
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: shardps COMMAND [flags]   (shardps COMMAND --help for its flags)
+
+daemons:
+  scheduler     serve the scheduler (membership, shard map, barriers)
+  server        serve partitions of the weights
+  train         the example training job: one worker embedding the client library
+operations:
+  status        show the cluster as the scheduler sees it
+  local         scheduler + servers + workers as processes on this machine, training Fashion-MNIST
+benchmarks:
+  bench         push/pull round trips against real servers vs raw ZeroMQ
+  bench-codec   compression codecs vs memcpy
+  bench-local   local-tier merge/broadcast vs memcpy
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using shardps::Args;
+  const std::map<std::string, int (*)(const Args&)> commands = {
+      {"scheduler", shardps::SchedulerCommand},   {"server", shardps::ServerCommand},
+      {"train", shardps::TrainCommand},           {"status", shardps::StatusCommand},
+      {"local", shardps::LocalCommand},           {"bench", shardps::BenchCommand},
+      {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
+      {"echo-server", shardps::EchoServerCommand},
+  };
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  auto it = commands.find(argv[1]);
+  if (it == commands.end()) {
+    std::cerr << "shardps: unknown command '" << argv[1] << "'\n" << kUsage;
+    return 2;
+  }
+  return it->second(Args(argv + 2, argv + argc));
+}

@@ -1,0 +1,52 @@
+// The example training job: an MLP on Fashion-MNIST, trained data-parallel
+// through the worker library, or in one process as the reference.
+#ifndef SHARDPS_TOOLS_TRAIN_JOB_H_
+#define SHARDPS_TOOLS_TRAIN_JOB_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "worker/worker.h"
+
+namespace shardps {
+
+struct TrainOptions {
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int epochs = 3;
+  int batch_size = 64;       // per worker
+  uint64_t seed = 1;
+  size_t train_limit = 0;    // first N training images only (0 = all 60k)
+  size_t test_limit = 0;     // first N test images only (0 = all 10k)
+  int max_steps = 0;         // stop after this many steps in total (0 = no limit)
+  int log_every = 100;       // progress line every N steps (0 = none)
+  std::vector<int> layers = {784, 256, 128, 10};
+  absl::Duration step_timeout = absl::Seconds(60);
+};
+
+struct TrainResult {
+  double test_accuracy = 0;
+  double final_loss = 0;
+  int64_t steps = 0;          // optimizer rounds this worker took part in
+  int64_t samples = 0;        // training samples this worker processed
+  double wall_seconds = 0;
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
+  std::vector<std::vector<float>> params;  // final weights
+};
+
+// Runs one worker of the job. Rank 0 initialises the weights.
+absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& options, std::ostream& log);
+
+// The same job in one process: each step averages the gradients of the
+// `config.num_workers()` data shards in rank order and applies the configured
+// optimizer, i.e. what a deterministic sync cluster computes.
+absl::StatusOr<TrainResult> RunReference(const ClusterConfig& config, const TrainOptions& options,
+                                         std::ostream& log);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_TOOLS_TRAIN_JOB_H_

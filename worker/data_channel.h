@@ -1,0 +1,104 @@
+// The worker's data plane: one DEALER socket per server, driven by a single
+// I/O thread, and the table of requests waiting for answers.
+//
+// Callers on any thread Submit() requests; the I/O thread forwards them to
+// the right server (payloads stay zero-copy from the caller's buffer) and
+// matches answers to requests by id, copying pulled weights straight into
+// the caller's output buffer. Thread-safe.
+#ifndef SHARDPS_WORKER_DATA_CHANNEL_H_
+#define SHARDPS_WORKER_DATA_CHANNEL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/data.pb.h"
+
+namespace shardps {
+
+class DataChannel {
+ public:
+  // One data request: where it goes and, for answers with weights, where the
+  // weights land. `payload` (may be null) is borrowed until the handle is done.
+  struct Request {
+    uint32_t server = 0;
+    DataHeader header;  // op, partition, round, epoch, num_elements set by the caller
+    const float* payload = nullptr;
+    float* out = nullptr;  // non-null: the answer must carry num_elements floats
+  };
+
+  // Connects to `server_addresses` (index = server index) and starts the I/O thread.
+  static absl::StatusOr<std::unique_ptr<DataChannel>> Create(const std::vector<std::string>& server_addresses,
+                                                             uint32_t worker_rank);
+  ~DataChannel();
+
+  // Sends all `requests` as one handle. `what` names the operation in errors
+  // (e.g. "PushPull of 'fc1.weight' round 3").
+  uint64_t Submit(std::vector<Request> requests, std::string what);
+
+  // Waits until every request of `handle` is answered; releases the handle.
+  absl::Status Wait(uint64_t handle, absl::Duration timeout);
+
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Pending {
+    uint64_t handle;
+    uint32_t server;
+    uint64_t partition;
+    uint64_t num_elements;
+    float* out;
+  };
+  struct HandleState {
+    std::string what;
+    size_t remaining = 0;
+    absl::Status status;
+    std::vector<uint64_t> request_ids;
+  };
+
+  DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank);
+  void Loop();
+  void Forward(uint32_t server);
+  void Receive(size_t server);
+  void Complete(uint64_t request_id, const absl::Status& status);
+  std::string Outstanding(const HandleState& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  zmq::context_t context_;
+  const std::vector<std::string> addresses_;
+  const uint32_t rank_;
+  std::string inproc_endpoint_;
+
+  absl::Mutex submit_mu_;
+  zmq::socket_t submit_ ABSL_GUARDED_BY(submit_mu_);  // inproc PUSH to the I/O thread
+
+  absl::Mutex mu_;
+  uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, HandleState> handles_ ABSL_GUARDED_BY(mu_);
+
+  // Owned by the I/O thread.
+  zmq::socket_t commands_;
+  std::vector<zmq::socket_t> servers_;
+  DataHeader response_;
+
+  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};
+  std::thread io_thread_;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_WORKER_DATA_CHANNEL_H_

@@ -1,0 +1,91 @@
+// The worker client library: what a training job embeds to push gradients to
+// and pull weights from the parameter servers.
+//
+//   WorkerOptions options{.scheduler_address = "10.0.0.1:7000", .rank = 0};
+//   auto worker = Worker::Create(options);           // registers, waits for the cluster
+//   (*worker)->DefineTensors({...});                   // same list on every worker
+//   if (rank == 0) (*worker)->InitTensor("fc1.weight", initial);
+//   (*worker)->Barrier("init");
+//   auto h = (*worker)->PushPull("fc1.weight", grad, weights);
+//   absl::Status s = (*worker)->Wait(*h, absl::Seconds(30));
+//
+// Tensors are split by the scheduler's shard map; the partitions of one call
+// go to their servers concurrently and are reassembled. Buffers passed to
+// Push/Pull/PushPull are borrowed, not copied: they must stay valid and
+// unmodified until Wait() returns for that handle. Every handle must be
+// waited on once. Thread-safe: any thread may call any method.
+#ifndef SHARDPS_WORKER_WORKER_H_
+#define SHARDPS_WORKER_WORKER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/cluster.pb.h"
+
+namespace shardps {
+
+struct WorkerOptions {
+  std::string scheduler_address;  // host:port
+  uint32_t rank = 0;              // in [0, num_workers)
+  std::string host = "localhost"; // shown in status and errors
+  // How long Create() waits for the scheduler and the whole cluster.
+  absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // Deadline of control-plane calls after registration (define, barrier).
+  absl::Duration control_timeout = absl::Seconds(60);
+};
+
+struct WorkerStats {
+  uint64_t bytes_pushed = 0;  // payload bytes sent (gradients and INIT)
+  uint64_t bytes_pulled = 0;  // payload bytes received (weights)
+  uint64_t requests = 0;      // data-plane requests sent
+};
+
+class Worker {
+ public:
+  using Handle = uint64_t;
+
+  // Registers with the scheduler and returns once the whole cluster has
+  // registered; fails naming the scheduler and who is missing otherwise.
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options);
+  virtual ~Worker() = default;
+
+  // The cluster configuration handed out by the scheduler.
+  virtual const ClusterConfig& config() const = 0;
+  virtual uint32_t rank() const = 0;
+
+  // Declares the job's tensors (float32). Every worker declares the same
+  // list; returns once the servers serve the resulting shard map.
+  virtual absl::Status DefineTensors(const std::vector<TensorSpec>& tensors) = 0;
+
+  // Sets a tensor's initial weights (the first INIT of a partition wins).
+  virtual absl::Status InitTensor(const std::string& name, absl::Span<const float> values,
+                                  absl::Duration timeout) = 0;
+
+  // Returns once every worker has entered the barrier `name`.
+  virtual absl::Status Barrier(const std::string& name) = 0;
+
+  // Sends this worker's gradient for its next round of `name`.
+  virtual absl::StatusOr<Handle> Push(const std::string& name, absl::Span<const float> gradient) = 0;
+  // Fills `weights` once every round this worker pushed is applied (sync), or
+  // with the latest weights (async).
+  virtual absl::StatusOr<Handle> Pull(const std::string& name, absl::Span<float> weights) = 0;
+  // Push and pull in one request per partition: the answer carries the
+  // weights that include this push's round.
+  virtual absl::StatusOr<Handle> PushPull(const std::string& name, absl::Span<const float> gradient,
+                                          absl::Span<float> weights) = 0;
+
+  // Waits for a handle. On timeout the error names the tensor, the servers
+  // still owing an answer and the round; the handle is then released.
+  virtual absl::Status Wait(Handle handle, absl::Duration timeout) = 0;
+
+  virtual WorkerStats stats() const = 0;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_WORKER_WORKER_H_
