@@ -1,0 +1,127 @@
+// OneBitCodec ("onebit", signSGD with a scale): v < 0 becomes -s, anything else
+// +s, where s = mean |v| over the message (summed in the fixed order of
+// math::kSumBlock so threads and the GPU agree bitwise). Payload: float32 s,
+// then ceil(n/32) uint32 words; bit i%32 of word i/32 set means negative.
+// Decode rejects a NaN/Inf/negative s and non-zero padding bits.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "compression/codec_factories.h"
+#include "compression/codec_math.h"
+#include "compression/kernel_util.h"
+
+namespace shardps::compression {
+namespace {
+
+constexpr size_t kPerWord = 32;
+
+// 32 strided lanes summed in double, then folded like a warp shuffle-down.
+template <typename T>
+double LaneAbsSum(const T* x, size_t len) {
+  double lanes[math::kSumLanes] = {};
+  size_t i = 0;
+  for (; i + math::kSumLanes <= len; i += math::kSumLanes) {
+    for (size_t l = 0; l < math::kSumLanes; ++l) lanes[l] += std::fabs(static_cast<double>(x[i + l]));
+  }
+  for (size_t l = 0; i + l < len; ++l) lanes[l] += std::fabs(static_cast<double>(x[i + l]));
+  for (size_t off = math::kSumLanes / 2; off > 0; off /= 2) {
+    for (size_t l = 0; l < off; ++l) lanes[l] += lanes[l + off];
+  }
+  return lanes[0];
+}
+
+// Same tile shape as the 2bit encoder, so the loop vectorises.
+void PackSigns(const float* in, size_t n, uint8_t* words) {
+  constexpr size_t kTile = 256;
+  alignas(64) uint32_t shifted[kTile];
+  alignas(64) uint32_t tile_words[kTile / kPerWord];
+  for (size_t base = 0; base < n; base += kTile) {
+    const size_t len = n - base < kTile ? n - base : kTile;
+    for (size_t i = 0; i < len; ++i) {
+      shifted[i] = static_cast<uint32_t>(in[base + i] < 0.0f) << (i % kPerWord);
+    }
+    for (size_t i = len; i < kTile; ++i) shifted[i] = 0;
+    for (size_t w = 0; w < kTile / kPerWord; ++w) {
+      uint32_t word = 0;
+      for (size_t i = 0; i < kPerWord; ++i) word |= shifted[w * kPerWord + i];
+      tile_words[w] = word;
+    }
+    std::memcpy(words + base / kPerWord * 4, tile_words, (len + kPerWord - 1) / kPerWord * 4);
+  }
+}
+
+void UnpackSigns(const uint8_t* words, size_t n, float s, float* out, bool accumulate) {
+  for (size_t base = 0; base < n; base += kPerWord) {
+    const uint32_t word = LoadU32(words + base / kPerWord * 4);
+    const size_t len = n - base < kPerWord ? n - base : kPerWord;
+    for (size_t i = 0; i < len; ++i) {
+      const float v = ((word >> i) & 1u) ? -s : s;
+      out[base + i] = accumulate ? out[base + i] + v : v;
+    }
+  }
+}
+
+class OneBitCodec final : public Codec {
+ public:
+  explicit OneBitCodec(const CodecParams& params) : Codec(params) {}
+
+  size_t EncodedBytes(size_t n) const override { return 4 + (n + kPerWord - 1) / kPerWord * 4; }
+  size_t min_elements() const override { return 1024; }
+
+  absl::StatusOr<size_t> Encode(absl::Span<const float> in, uint64_t /*seed*/,
+                                absl::Span<uint8_t> out) const override {
+    if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
+    const float scale = MeanAbs(in);
+    StoreF32(out.data(), scale);
+    ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
+      PackSigns(in.data() + b, e - b, out.data() + 4 + b / kPerWord * 4);
+    });
+    return EncodedBytes(in.size());
+  }
+
+ protected:
+  absl::Status DecodeInto(absl::Span<const uint8_t> in, uint64_t /*seed*/, absl::Span<float> out,
+                          bool accumulate) const override {
+    const size_t n = out.size();
+    if (in.size() != EncodedBytes(n)) return PayloadSizeError(name(), in.size(), EncodedBytes(n), n);
+    const float s = LoadF32(in.data());
+    if (!(std::isfinite(s) && s >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("onebit payload scale must be finite and >= 0, got ", s));
+    }
+    if (n % kPerWord != 0 && (LoadU32(in.data() + in.size() - 4) >> (n % kPerWord)) != 0) {
+      return absl::InvalidArgumentError("onebit payload has non-zero padding bits");
+    }
+    ForEachChunk(n, kChunkElements, params().num_threads, [&](size_t b, size_t e) {
+      UnpackSigns(in.data() + 4 + b / kPerWord * 4, e - b, s, out.data() + b, accumulate);
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  float MeanAbs(absl::Span<const float> in) const {
+    if (in.empty()) return 0.0f;
+    thread_local std::vector<double> block_sums;
+    const size_t num_blocks = (in.size() + math::kSumBlock - 1) / math::kSumBlock;
+    block_sums.resize(num_blocks);
+    double* sums = block_sums.data();  // Lambdas must not name the thread_local.
+    ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; i += math::kSumBlock) {
+        const size_t len = e - i < math::kSumBlock ? e - i : math::kSumBlock;
+        sums[i / math::kSumBlock] = LaneAbsSum(in.data() + i, len);
+      }
+    });
+    return static_cast<float>(LaneAbsSum(sums, num_blocks) /
+                              static_cast<double>(in.size()));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> NewOneBitCodec(const CodecParams& params) {
+  return std::make_unique<OneBitCodec>(params);
+}
+
+}  // namespace shardps::compression

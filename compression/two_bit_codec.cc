@@ -1,0 +1,112 @@
+// TwoBitCodec ("2bit", as in MXNet): with threshold t, a value v >= t becomes
+// +t, v <= -t becomes -t, anything else 0. Payload: float32 t, then
+// ceil(n/16) uint32 words; value i sits in bits [2*(i%16), 2*(i%16)+2) of
+// word i/16 with codes 0 = zero, 1 = +t, 2 = -t (3 and non-zero padding are
+// rejected).
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "compression/codec_factories.h"
+#include "compression/codec_math.h"
+#include "compression/kernel_util.h"
+
+namespace shardps::compression {
+namespace {
+
+constexpr size_t kPerWord = 16;
+
+// Codes are shifted into place in an aligned tile and OR-ed per word: this
+// shape vectorises (a per-word loop does not), ~4x faster.
+void EncodeWords(const float* in, size_t n, float t, uint8_t* words) {
+  constexpr size_t kTile = 256;
+  alignas(64) uint32_t shifted[kTile];
+  alignas(64) uint32_t tile_words[kTile / kPerWord];
+  for (size_t base = 0; base < n; base += kTile) {
+    const size_t len = n - base < kTile ? n - base : kTile;
+    for (size_t i = 0; i < len; ++i) {
+      shifted[i] = math::TwoBitCode(in[base + i], t) << (2 * (i % kPerWord));
+    }
+    for (size_t i = len; i < kTile; ++i) shifted[i] = 0;
+    for (size_t w = 0; w < kTile / kPerWord; ++w) {
+      uint32_t word = 0;
+      for (size_t i = 0; i < kPerWord; ++i) word |= shifted[w * kPerWord + i];
+      tile_words[w] = word;
+    }
+    std::memcpy(words + base / kPerWord * 4, tile_words, (len + kPerWord - 1) / kPerWord * 4);
+  }
+}
+
+void DecodeWords(const uint8_t* words, size_t n, float t, float* out, bool accumulate) {
+  for (size_t base = 0; base < n; base += kPerWord) {
+    const uint32_t word = LoadU32(words + base / kPerWord * 4);
+    const size_t len = n - base < kPerWord ? n - base : kPerWord;
+    for (size_t i = 0; i < len; ++i) {
+      const float v = math::TwoBitValue((word >> (2 * i)) & 3u, t);
+      out[base + i] = accumulate ? out[base + i] + v : v;
+    }
+  }
+}
+
+class TwoBitCodec final : public Codec {
+ public:
+  explicit TwoBitCodec(const CodecParams& params) : Codec(params) {}
+
+  size_t EncodedBytes(size_t n) const override { return 4 + (n + kPerWord - 1) / kPerWord * 4; }
+  size_t min_elements() const override { return 1024; }
+
+  absl::StatusOr<size_t> Encode(absl::Span<const float> in, uint64_t /*seed*/,
+                                absl::Span<uint8_t> out) const override {
+    if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
+    const float t = params().threshold;
+    StoreF32(out.data(), t);
+    ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
+      EncodeWords(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
+    });
+    return EncodedBytes(in.size());
+  }
+
+ protected:
+  absl::Status DecodeInto(absl::Span<const uint8_t> in, uint64_t /*seed*/, absl::Span<float> out,
+                          bool accumulate) const override {
+    const size_t n = out.size();
+    if (absl::Status s = Validate(in, n); !s.ok()) return s;
+    const float t = LoadF32(in.data());
+    ForEachChunk(n, kChunkElements, params().num_threads, [&](size_t b, size_t e) {
+      DecodeWords(in.data() + 4 + b / kPerWord * 4, e - b, t, out.data() + b, accumulate);
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Validate(absl::Span<const uint8_t> in, size_t n) const {
+    if (in.size() != EncodedBytes(n)) return PayloadSizeError(name(), in.size(), EncodedBytes(n), n);
+    const float t = LoadF32(in.data());
+    if (!(std::isfinite(t) && t > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("2bit payload threshold must be finite and > 0, got ", t));
+    }
+    const size_t num_words = (n + kPerWord - 1) / kPerWord;
+    uint32_t bad = 0;
+    for (size_t w = 0; w < num_words; ++w) {
+      const uint32_t word = LoadU32(in.data() + 4 + w * 4);
+      bad |= word & (word >> 1) & math::kLowBits;
+    }
+    if (bad != 0) return absl::InvalidArgumentError("2bit payload holds the invalid code 3");
+    if (n % kPerWord != 0) {
+      const uint32_t last = LoadU32(in.data() + 4 + (num_words - 1) * 4);
+      if ((last >> (2 * (n % kPerWord))) != 0) {
+        return absl::InvalidArgumentError("2bit payload has non-zero padding bits");
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> NewTwoBitCodec(const CodecParams& params) {
+  return std::make_unique<TwoBitCodec>(params);
+}
+
+}  // namespace shardps::compression
