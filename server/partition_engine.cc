@@ -16,11 +16,27 @@ constexpr uint64_t kMaxRoundsAhead = 4;
 
 bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL; }
 
+// In async mode each push is one worker's share of what a sync round does
+// with all W gradients, so it is applied with learning rate lr / W, and the
+// schedule counts W pushes as one round. The same config then trains at the
+// same pace in either mode.
+OptimizerConfig AsyncAdjusted(const ClusterConfig& config) {
+  OptimizerConfig o = config.optimizer();
+  if (config.consistency() != ASYNC || config.num_workers() <= 1) return o;
+  const uint32_t w = config.num_workers();
+  o.set_learning_rate(o.learning_rate() / w);
+  LearningRateSchedule* s = o.mutable_schedule();
+  s->set_min_lr(s->min_lr() / w);
+  s->set_step_size(s->step_size() * w);
+  s->set_total_steps(s->total_steps() * w);
+  return o;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PartitionEngine>> PartitionEngine::Create(const ClusterConfig& config,
                                                                          ReplySink sink) {
-  auto optimizer = Optimizer::Create(config.optimizer());
+  auto optimizer = Optimizer::Create(AsyncAdjusted(config));
   if (!optimizer.ok()) return optimizer.status();
   return std::unique_ptr<PartitionEngine>(new PartitionEngine(config, *std::move(optimizer), std::move(sink)));
 }

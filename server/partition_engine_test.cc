@@ -107,12 +107,12 @@ TEST_F(EngineTest, PushAheadOfTheRoundIsParkedThenApplied) {
   EXPECT_EQ(Weights(), (std::vector<float>{-2, 0}));
 }
 
-TEST_F(EngineTest, AsyncAppliesEachPushOnArrival) {
+TEST_F(EngineTest, AsyncAppliesEachPushOnArrivalWithItsShareOfTheLearningRate) {
   Make(ASYNC, false, 2);
-  Send(PUSH, 0, 0, {1, 2});
-  EXPECT_EQ(Weights(), (std::vector<float>{-1, -2}));
+  Send(PUSH, 0, 0, {1, 2});  // lr 1 over 2 workers: each push moves by 0.5 * g
+  EXPECT_EQ(Weights(), (std::vector<float>{-0.5f, -1}));
   Send(PUSH_PULL, 1, 0, {1, 0});
-  EXPECT_EQ(sent_.back().payload, (std::vector<float>{-2, -2}));
+  EXPECT_EQ(sent_.back().payload, (std::vector<float>{-1, -1}));
 }
 
 TEST_F(EngineTest, FirstInitWins) {

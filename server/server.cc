@@ -72,7 +72,7 @@ class ParameterServerImpl : public ParameterServer {
         result = s;
         break;
       }
-      zmq::poll(items, 1, std::chrono::milliseconds(20));
+      PollOrInterrupted(items, 1, std::chrono::milliseconds(20));
       // Drain what is queued before polling again.
       for (int i = 0; i < 1024 && ReceiveOne(); ++i) {
       }

@@ -23,7 +23,7 @@ namespace shardps {
 namespace {
 
 struct LocalOptions {
-  int64_t servers = 2, workers = 2, epochs = 3, batch = 64, seed = 1, train_limit = 0, test_limit = 0,
+  int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
           max_steps = 0, log_every = 100;
   std::string consistency, config_path;
   std::vector<std::string> sets;

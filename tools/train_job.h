@@ -17,7 +17,7 @@ namespace shardps {
 struct TrainOptions {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int epochs = 3;
-  int batch_size = 64;       // per worker
+  int batch_size = 32;       // per worker
   uint64_t seed = 1;
   size_t train_limit = 0;    // first N training images only (0 = all 60k)
   size_t test_limit = 0;     // first N test images only (0 = all 10k)

@@ -1,0 +1,152 @@
+// Multi-process tests: real scheduler and server processes on loopback, the
+// worker library in the test.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/test_cluster.h"
+#include "worker/c_api.h"
+#include "worker/worker.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+
+ClusterConfig Config(int servers, int workers, Consistency consistency = SYNC) {
+  ClusterConfig c;
+  c.set_num_servers(servers);
+  c.set_num_workers(workers);
+  c.set_consistency(consistency);
+  c.set_partition_bytes(1024);  // small, so tensors span both servers
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_learning_rate(0.5f);
+  c.set_rendezvous_timeout_ms(20000);
+  return c;
+}
+
+TensorSpec Tensor(const std::string& name, int64_t n) {
+  TensorSpec t;
+  t.set_name(name);
+  t.add_shape(n);
+  t.set_dtype(FLOAT32);
+  return t;
+}
+
+std::unique_ptr<Worker> Connect(const TestCluster& cluster, uint32_t rank) {
+  auto w = Worker::Create({.scheduler_address = cluster.scheduler_address(), .rank = rank});
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *std::move(w) : nullptr;
+}
+
+TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
+  auto cluster = TestCluster::Start(Config(2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
+  const int n = 1001;  // 4 partitions of ~1 KiB over 2 servers, odd size
+  ASSERT_TRUE(worker->DefineTensors({Tensor("w", n), Tensor("b", 3)}).ok());
+  std::vector<float> init(n), grad(n), out(n);
+  for (int i = 0; i < n; ++i) {
+    init[i] = i;
+    grad[i] = 2.0f * i;
+  }
+  ASSERT_TRUE(worker->InitTensor("w", init, absl::Seconds(10)).ok());
+  auto h = worker->PushPull("w", grad, absl::MakeSpan(out));
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(worker->Wait(*h, absl::Seconds(10)).ok());
+  for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], init[i] - 0.5f * grad[i]) << i;  // w - lr * g
+  EXPECT_EQ(worker->stats().bytes_pulled, n * 4u);
+}
+
+TEST(ClusterTest, SyncRoundWaitsForEveryWorker) {
+  auto cluster = TestCluster::Start(Config(2, 2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<Worker> w0, w1;
+  std::thread t([&] { w1 = Connect(**cluster, 1); });
+  w0 = Connect(**cluster, 0);
+  t.join();
+  ASSERT_TRUE(w0 && w1);
+  std::thread d([&] { ASSERT_TRUE(w1->DefineTensors({Tensor("w", 600)}).ok()); });
+  ASSERT_TRUE(w0->DefineTensors({Tensor("w", 600)}).ok());
+  d.join();
+  std::vector<float> g0(600, 1.0f), g1(600, 3.0f), out0(600), out1(600);
+  auto h0 = w0->PushPull("w", g0, absl::MakeSpan(out0));
+  ASSERT_TRUE(h0.ok());
+  // Worker 1 has not pushed: the round cannot complete.
+  EXPECT_EQ(w0->Wait(*h0, absl::Milliseconds(300)).code(), absl::StatusCode::kDeadlineExceeded);
+  auto h0b = w0->Pull("w", absl::MakeSpan(out0));
+  auto h1 = w1->PushPull("w", g1, absl::MakeSpan(out1));
+  ASSERT_TRUE(h0b.ok() && h1.ok());
+  ASSERT_TRUE(w1->Wait(*h1, absl::Seconds(10)).ok());
+  ASSERT_TRUE(w0->Wait(*h0b, absl::Seconds(10)).ok());
+  EXPECT_EQ(out1[0], -0.5f * 2.0f);  // mean gradient 2, lr 0.5
+  EXPECT_EQ(out0, out1);
+}
+
+TEST(ClusterTest, ErrorsNameTheTensorAndSizes) {
+  auto cluster = TestCluster::Start(Config(1, 1));
+  ASSERT_TRUE(cluster.ok());
+  auto worker = Connect(**cluster, 0);
+  ASSERT_TRUE(worker->DefineTensors({Tensor("w", 10)}).ok());
+  std::vector<float> wrong(11);
+  EXPECT_THAT(worker->Push("w", wrong).status().message(), HasSubstr("gradient has 11 elements, tensor has 10"));
+  EXPECT_THAT(worker->Push("nope", wrong).status().message(), HasSubstr("unknown tensor 'nope'"));
+  EXPECT_EQ(worker->Wait(12345, absl::Seconds(1)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ClusterTest, WorkerWithNoSchedulerFailsWithinItsDeadline) {
+  const absl::Time start = absl::Now();
+  auto w = Worker::Create({.scheduler_address = "127.0.0.1:1", .rank = 0, .rendezvous_timeout = absl::Seconds(1)});
+  ASSERT_FALSE(w.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(w.status().message(), HasSubstr("scheduler 127.0.0.1:1"));
+  EXPECT_THAT(w.status().message(), HasSubstr("registering worker rank 0"));
+}
+
+TEST(ClusterTest, RendezvousTimeoutNamesTheMissingRank) {
+  ClusterConfig config = Config(1, 2);
+  config.set_rendezvous_timeout_ms(1000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok());
+  auto w = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0,
+                           .rendezvous_timeout = absl::Seconds(10)});
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(w.status().message(), HasSubstr("missing worker ranks: 1"));
+}
+
+TEST(ClusterTest, ServerDrainsAndExitsCleanlyOnSigterm) {
+  auto cluster = TestCluster::Start(Config(1, 1));
+  ASSERT_TRUE(cluster.ok());
+  auto worker = Connect(**cluster, 0);
+  ASSERT_TRUE(worker->DefineTensors({Tensor("w", 100)}).ok());
+  std::vector<float> g(100, 1.0f), out(100);
+  auto h = worker->PushPull("w", g, absl::MakeSpan(out));
+  ASSERT_TRUE(worker->Wait(*h, absl::Seconds(10)).ok());
+  EXPECT_EQ((*cluster)->StopServer(0), 0);
+}
+
+TEST(ClusterTest, CApiTrainsAStep) {
+  auto cluster = TestCluster::Start(Config(1, 1));
+  ASSERT_TRUE(cluster.ok());
+  shardps_worker* w = nullptr;
+  char err[256] = "";
+  ASSERT_EQ(shardps_worker_create((*cluster)->scheduler_address().c_str(), 0, 10.0, &w, err, sizeof(err)), 0) << err;
+  const int64_t shape[] = {2, 3};
+  ASSERT_EQ(shardps_declare_tensor(w, "w", shape, 2, err, sizeof(err)), 0);
+  ASSERT_EQ(shardps_define_done(w, err, sizeof(err)), 0) << err;
+  float grad[6] = {1, 1, 1, 1, 1, 1}, out[6];
+  uint64_t h;
+  ASSERT_EQ(shardps_push_pull(w, "w", grad, out, 6, &h, err, sizeof(err)), 0) << err;
+  ASSERT_EQ(shardps_wait(w, h, 10.0, err, sizeof(err)), 0) << err;
+  EXPECT_EQ(out[5], -0.5f);
+  EXPECT_NE(shardps_push(w, "w", grad, 5, &h, err, sizeof(err)), 0);
+  EXPECT_THAT(std::string(err), HasSubstr("has 5 elements"));
+  EXPECT_NE(shardps_pull(w, nullptr, out, 6, &h, err, sizeof(err)), 0);
+  shardps_worker_destroy(w);
+}
+
+}  // namespace
+}  // namespace shardps

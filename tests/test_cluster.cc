@@ -1,0 +1,73 @@
+#include "tests/test_cluster.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/scheduler_client.h"
+
+namespace shardps {
+
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterConfig& config) {
+  static std::atomic<int> counter{0};
+  auto cluster = std::unique_ptr<TestCluster>(new TestCluster());
+  cluster->dir_ = std::filesystem::temp_directory_path() / absl::StrCat("shardps-test-", getpid(), "-", counter++);
+  std::filesystem::create_directories(cluster->dir_);
+  const std::string config_file = cluster->dir_ + "/cluster.pbtxt";
+  std::ofstream(config_file) << config.DebugString();
+  const std::string port_file = cluster->dir_ + "/scheduler.addr";
+  auto scheduler = Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", "127.0.0.1:0", "--config",
+                                       config_file, "--port-file", port_file}, true);
+  if (!scheduler.ok()) return scheduler.status();
+  cluster->scheduler_ = *scheduler;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (cluster->scheduler_address_.empty()) {
+    std::ifstream in(port_file);
+    std::getline(in, cluster->scheduler_address_);
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("scheduler did not start");
+    if (cluster->scheduler_address_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (uint32_t i = 0; i < config.num_servers(); ++i) {
+    auto server = Spawn(absl::StrCat("server ", i), {SHARDPS_BINARY, "server", "--scheduler",
+                                                     cluster->scheduler_address_, "--listen", "tcp://127.0.0.1:0"},
+                        true);
+    if (!server.ok()) return server.status();
+    cluster->servers_.push_back(*server);
+  }
+  return cluster;
+}
+
+TestCluster::~TestCluster() {
+  for (auto& s : servers_) Stop(s, absl::Seconds(5));
+  Stop(scheduler_, absl::Seconds(5));
+  std::filesystem::remove_all(dir_);
+}
+
+absl::StatusOr<std::vector<std::string>> TestCluster::ServerAddresses() {
+  auto client = SchedulerClient::Create(scheduler_address_);
+  if (!client.ok()) return client.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    auto status = (*client)->Status(absl::Seconds(5));
+    if (!status.ok()) return status.status();
+    std::vector<std::string> addresses(servers_.size());
+    size_t found = 0;
+    for (const NodeStatus& n : status->nodes()) {
+      if (n.role() == SERVER && n.rank() < addresses.size()) {
+        addresses[n.rank()] = n.address();
+        ++found;
+      }
+    }
+    if (found == servers_.size()) return addresses;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError("servers did not register");
+}
+
+int TestCluster::StopServer(size_t i) { return Stop(servers_[i], absl::Seconds(10)); }
+
+}  // namespace shardps

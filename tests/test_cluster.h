@@ -1,0 +1,37 @@
+// A real cluster for tests: the `shardps` binary started as a scheduler and S
+// server processes on loopback. Workers are the library, in the test.
+// Everything is stopped (SIGTERM, then SIGKILL) when the object goes away.
+#ifndef SHARDPS_TESTS_TEST_CLUSTER_H_
+#define SHARDPS_TESTS_TEST_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "tools/process.h"
+
+namespace shardps {
+
+class TestCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const ClusterConfig& config);
+  ~TestCluster();
+
+  const std::string& scheduler_address() const { return scheduler_address_; }
+  // Data addresses of the servers, by index (from the scheduler's status).
+  absl::StatusOr<std::vector<std::string>> ServerAddresses();
+  // SIGTERM to server `i`; returns its exit code.
+  int StopServer(size_t i);
+
+ private:
+  std::string dir_;
+  std::string scheduler_address_;
+  std::vector<ChildProcess> servers_;
+  ChildProcess scheduler_;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_TESTS_TEST_CLUSTER_H_
