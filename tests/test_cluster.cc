@@ -24,13 +24,10 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterCon
                                        config_file, "--port-file", port_file}, true);
   if (!scheduler.ok()) return scheduler.status();
   cluster->scheduler_ = *scheduler;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (cluster->scheduler_address_.empty()) {
-    std::ifstream in(port_file);
-    std::getline(in, cluster->scheduler_address_);
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("scheduler did not start");
-    if (cluster->scheduler_address_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  std::vector<ChildProcess> watch = {cluster->scheduler_};
+  auto address = WaitForAddressFile(port_file, watch, absl::Now() + absl::Seconds(30));
+  if (!address.ok()) return address.status();
+  cluster->scheduler_address_ = *address;
   for (uint32_t i = 0; i < config.num_servers(); ++i) {
     auto server = Spawn(absl::StrCat("server ", i), {SHARDPS_BINARY, "server", "--scheduler",
                                                      cluster->scheduler_address_, "--listen", "tcp://127.0.0.1:0"},

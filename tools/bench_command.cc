@@ -154,18 +154,6 @@ absl::StatusOr<Measured> Ours(const BenchOptions& o, const std::string& schedule
   });
 }
 
-absl::StatusOr<std::string> ReadLineWhenReady(const std::string& path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::ifstream in(path);
-    std::string line;
-    if (in && std::getline(in, line) && !line.empty()) return line;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("no address written to ", path, " within ",
-                                                  absl::FormatDuration(timeout)));
-}
-
 absl::Status RunBench(const BenchOptions& o) {
   if (o.op != "pushpull" && o.op != "push-then-pull") {
     return absl::InvalidArgumentError(absl::StrCat("--op '", o.op, "': allowed: pushpull, push-then-pull"));
@@ -205,7 +193,7 @@ absl::Status RunBench(const BenchOptions& o) {
   for (int i = 0; i < o.servers; ++i) {
     std::string file = absl::StrCat(dir, "/echo.", i);
     if (absl::Status s = spawn(absl::StrCat("echo ", i), {self, "echo-server", "--port-file", file}); !s.ok()) return s;
-    auto address = ReadLineWhenReady(file, absl::Seconds(30));
+    auto address = WaitForAddressFile(file, children, absl::Now() + absl::Seconds(30));
     if (!address.ok()) return address.status();
     echo.push_back(*address);
   }
@@ -225,7 +213,7 @@ absl::Status RunBench(const BenchOptions& o) {
       !s.ok()) {
     return s;
   }
-  auto scheduler = ReadLineWhenReady(dir + "/scheduler.addr", absl::Seconds(30));
+  auto scheduler = WaitForAddressFile(dir + "/scheduler.addr", children, absl::Now() + absl::Seconds(30));
   if (!scheduler.ok()) return scheduler.status();
   for (int i = 0; i < o.servers; ++i) {
     if (absl::Status s = spawn(absl::StrCat("server ", i), {self, "server", "--scheduler", *scheduler, "--listen",
@@ -299,11 +287,7 @@ int EchoServerCommand(const Args& args) {
   zmq::socket_t router(ctx, zmq::socket_type::router);
   router.set(zmq::sockopt::sndhwm, 0);
   router.bind("tcp://127.0.0.1:*");
-  {
-    std::ofstream out(port_file + ".tmp");
-    out << router.get(zmq::sockopt::last_endpoint);
-  }
-  std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  if (!WriteFileAtomically(port_file, router.get(zmq::sockopt::last_endpoint)).ok()) return 1;
   zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
   while (!StopRequested()) {
     PollOrInterrupted(&item, 1, std::chrono::milliseconds(50));

@@ -15,6 +15,7 @@
 #include "server/server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/process.h"
 #include "tools/train_job.h"
 #include "worker/worker.h"
 
@@ -27,17 +28,6 @@ void OnStopSignal(int) { g_stop.store(true); }
 int Fail(const std::string& command, const absl::Status& s) {
   std::cerr << "shardps " << command << ": " << s.message() << "\n";
   return 1;
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << contents;
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename ", tmp));
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -192,8 +182,9 @@ int StatusCommand(const Args& args) {
     if (p.server() < bytes.size()) bytes[p.server()] += p.num_elements() * 4;
   }
   for (const NodeStatus& n : status->nodes()) {
+    const uint64_t served = n.rank() < bytes.size() ? bytes[n.rank()] : 0;
     std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
-                                                            n.address(), bytes[n.rank()], n.applied_epoch())
+                                                            n.address(), served, n.applied_epoch())
                                           : absl::StrFormat("worker %d  %s", n.rank(), n.host());
     std::cout << absl::StrFormat("  %-60s %s (heartbeat %d ms ago)\n", what, n.alive() ? "alive" : "SILENT",
                                  n.ms_since_heartbeat());

@@ -60,22 +60,6 @@ std::map<std::string, double> ReadResult(const std::string& path) {
   return out;
 }
 
-absl::StatusOr<std::string> WaitForFile(const std::string& path, std::vector<ChildProcess>& children,
-                                        absl::Time deadline) {
-  while (absl::Now() < deadline) {
-    std::ifstream in(path);
-    std::string contents;
-    if (in && std::getline(in, contents) && !contents.empty()) return contents;
-    int code;
-    auto exited = WaitAny(children, absl::Now(), &code);
-    if (exited.ok()) {
-      return absl::UnavailableError(absl::StrCat(children[*exited].name, " ", DescribeExit(code), " at start"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("scheduler did not report its address in ", path));
-}
-
 struct Outcome {
   std::map<std::string, double> rank0;
   uint64_t bytes_pushed = 0, bytes_pulled = 0;
@@ -109,7 +93,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                                        "--port-file", dir + "/scheduler.addr", verbose}, true);
   if (!scheduler.ok()) return scheduler.status();
   daemons.push_back(*scheduler);
-  auto address = WaitForFile(dir + "/scheduler.addr", daemons, absl::Now() + absl::Seconds(30));
+  auto address = WaitForAddressFile(dir + "/scheduler.addr", daemons, absl::Now() + absl::Seconds(30));
   if (!address.ok()) return fail(address.status());
   for (int i = 0; i < o.servers; ++i) {
     auto server = Spawn(absl::StrCat("server ", i),

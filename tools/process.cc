@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +84,35 @@ int Stop(ChildProcess& child, absl::Duration grace) {
   }
   child.pid = -1;
   return ExitCode(status);
+}
+
+absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vector<ChildProcess>& watch,
+                                               absl::Time deadline) {
+  while (true) {
+    std::ifstream in(path);
+    std::string line;
+    if (in && std::getline(in, line) && !line.empty()) return line;
+    int code;
+    auto exited = WaitAny(watch, absl::Now(), &code);
+    if (exited.ok()) {
+      return absl::UnavailableError(absl::StrCat(watch[*exited].name, " ", DescribeExit(code), " at start"));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("no address written to ", path, " in time"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << contents;
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename ", tmp));
+  return absl::OkStatus();
 }
 
 std::string DescribeExit(int code) {

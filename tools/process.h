@@ -35,6 +35,16 @@ absl::StatusOr<size_t> WaitAny(std::vector<ChildProcess>& children, absl::Time d
 // SIGTERM, then SIGKILL after `grace`; returns the exit code.
 int Stop(ChildProcess& child, absl::Duration grace);
 
+// Waits until `path` holds a non-empty first line (a daemon writes its bound
+// address there once serving) and returns it. Fails early, naming the child,
+// if one of `watch` exits; DeadlineExceeded at the deadline.
+absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vector<ChildProcess>& watch,
+                                               absl::Time deadline);
+
+// Writes `contents` to a temporary file and renames it into place, so a
+// reader never sees half of it.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
 // Describes an exit code: "exited with 3" / "killed by signal 9".
 std::string DescribeExit(int code);
 

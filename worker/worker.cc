@@ -1,5 +1,7 @@
 #include "worker/worker.h"
 
+#include <thread>
+
 #include <glog/logging.h>
 
 #include "absl/container/flat_hash_map.h"
@@ -22,7 +24,17 @@ struct TensorRoute {
 class WorkerImpl : public Worker {
  public:
   WorkerImpl(std::unique_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg)
-      : scheduler_(std::move(scheduler)), options_(options), node_id_(reg.node_id()), config_(reg.config()) {}
+      : scheduler_(std::move(scheduler)), options_(options), node_id_(reg.node_id()), config_(reg.config()) {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  }
+
+  ~WorkerImpl() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    heartbeat_.join();
+  }
 
   const ClusterConfig& config() const override { return config_; }
   uint32_t rank() const override { return options_.rank; }
@@ -145,6 +157,23 @@ class WorkerImpl : public Worker {
     return channel_->Submit(std::move(requests), std::move(what));
   }
 
+  // Tells the scheduler this worker is alive (shown by `shardps status`).
+  void HeartbeatLoop() {
+    const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+    absl::MutexLock lock(&mu_);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), interval)) {
+      HeartbeatRequest request;
+      request.set_node_id(node_id_);
+      mu_.Unlock();
+      auto r = scheduler_->Heartbeat(request, interval);
+      if (!r.ok()) {
+        LOG_EVERY_N(WARNING, 10) << "worker " << options_.rank << ": " << r.status();
+      }
+      mu_.Lock();
+    }
+  }
+
   const std::unique_ptr<SchedulerClient> scheduler_;
   const WorkerOptions options_;
   const uint64_t node_id_;
@@ -153,6 +182,8 @@ class WorkerImpl : public Worker {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, TensorRoute> routes_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DataChannel> channel_;  // set once under mu_, then read-only
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread heartbeat_;
 };
 
 }  // namespace
