@@ -60,6 +60,34 @@ TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
   EXPECT_EQ(worker->stats().bytes_pulled, n * 4u);
 }
 
+TEST(ClusterTest, PerPartitionPushPullMatchesWholeTensor) {
+  auto cluster = TestCluster::Start(Config(2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Connect(**cluster, 0);
+  ASSERT_TRUE(worker->DefineTensors({Tensor("w", 700)}).ok());
+  auto parts = worker->Partitions("w");
+  ASSERT_TRUE(parts.ok());
+  ASSERT_GT(parts->size(), 1u);
+  std::vector<float> grad(700, 1.0f), out(700, 0.0f);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Worker::Handle> handles;
+    for (size_t i = 0; i < parts->size(); ++i) {
+      const auto& e = (*parts)[i];
+      auto h = worker->PushPullPartition("w", i, absl::MakeConstSpan(grad).subspan(e.offset, e.num_elements),
+                                         absl::MakeSpan(out).subspan(e.offset, e.num_elements));
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles.push_back(*h);
+    }
+    for (auto h : handles) ASSERT_TRUE(worker->Wait(h, absl::Seconds(10)).ok());
+  }
+  // Then a whole-tensor call continues at round 2 on every partition.
+  auto h = worker->PushPull("w", grad, absl::MakeSpan(out));
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(worker->Wait(*h, absl::Seconds(10)).ok());
+  EXPECT_EQ(out, std::vector<float>(700, -1.5f));  // three SGD steps of 0.5
+  EXPECT_FALSE(worker->PushPullPartition("w", parts->size(), grad, absl::MakeSpan(out)).ok());
+}
+
 TEST(ClusterTest, SyncRoundWaitsForEveryWorker) {
   auto cluster = TestCluster::Start(Config(2, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -91,7 +119,7 @@ TEST(ClusterTest, ErrorsNameTheTensorAndSizes) {
   auto worker = Connect(**cluster, 0);
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", 10)}).ok());
   std::vector<float> wrong(11);
-  EXPECT_THAT(worker->Push("w", wrong).status().message(), HasSubstr("gradient has 11 elements, tensor has 10"));
+  EXPECT_THAT(worker->Push("w", wrong).status().message(), HasSubstr("gradient has 11 elements, expected 10"));
   EXPECT_THAT(worker->Push("nope", wrong).status().message(), HasSubstr("unknown tensor 'nope'"));
   EXPECT_EQ(worker->Wait(12345, absl::Seconds(1)).code(), absl::StatusCode::kInvalidArgument);
 }

@@ -129,6 +129,8 @@ int TrainCommand(const Args& args) {
   flags.Int("max-steps", &max_steps, "stop after N steps (0 = no limit)");
   flags.Int("log-every", &log_every, "progress line every N steps (0 = none)");
   flags.String("data-dir", &train.data_dir, "directory of the Fashion-MNIST .gz files");
+  std::string hidden = "256,128";
+  flags.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   flags.Double("rendezvous-timeout", &rendezvous_s, "seconds to wait for the cluster");
   flags.String("result-file", &result_file, "write the result (key value lines) here");
   flags.Bool("verbose", &verbose, "log INFO messages");
@@ -144,6 +146,9 @@ int TrainCommand(const Args& args) {
   train.test_limit = test_limit;
   train.max_steps = max_steps;
   train.log_every = log_every;
+  auto layers = ParseLayers(hidden);
+  if (!layers.ok()) return Fail("train", layers.status());
+  train.layers = *layers;
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   auto result = RunTrainingWorker(**worker, train, std::cerr);

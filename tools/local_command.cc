@@ -25,7 +25,7 @@ namespace {
 struct LocalOptions {
   int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
           max_steps = 0, log_every = 100;
-  std::string consistency, config_path;
+  std::string consistency, config_path, compression, hidden = "256,128";
   std::vector<std::string> sets;
   bool json = false, reference = false, deterministic = false, verbose = false;
   double timeout_s = 3600;
@@ -44,6 +44,7 @@ absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
     if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) return s;
   }
   if (o.deterministic) config.set_deterministic(true);
+  if (!o.compression.empty()) config.mutable_compression()->set_codec(o.compression);
   for (const std::string& s : o.sets) {
     if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
   }
@@ -107,7 +108,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                         {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
                          absl::StrCat(o.epochs), "--batch-size", absl::StrCat(o.batch), "--seed", absl::StrCat(o.seed),
                          "--train-limit", absl::StrCat(o.train_limit), "--test-limit", absl::StrCat(o.test_limit),
-                         "--max-steps", absl::StrCat(o.max_steps), "--log-every",
+                         "--max-steps", absl::StrCat(o.max_steps), "--hidden", o.hidden, "--log-every",
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
                          verbose},
                         true);
@@ -159,6 +160,8 @@ int LocalCommand(const Args& args) {
   flags.String("config", &o.config_path, "cluster configuration file (protobuf text)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set optimizer.learning_rate=0.1");
   flags.Bool("json", &o.json, "print one JSON object as the last line of stdout");
+  flags.String("compression", &o.compression, "codec of pushed gradients, e.g. 2bit, topk:ratio=0.01");
+  flags.String("hidden", &o.hidden, "hidden layer widths of the MLP, comma-separated");
   flags.Bool("reference", &o.reference, "run the same job in one process, without servers");
   flags.Bool("deterministic", &o.deterministic, "sync: sum gradients in rank order (bitwise reproducible)");
   flags.Int("batch-size", &o.batch, "images per step per worker");
@@ -181,6 +184,10 @@ int LocalCommand(const Args& args) {
     std::cerr << "shardps local: " << config.status().message() << "\n";
     return 2;
   }
+  if (auto layers = ParseLayers(o.hidden); !layers.ok()) {
+    std::cerr << "shardps local: --hidden: " << layers.status().message() << "\n";
+    return 2;
+  }
   std::map<std::string, double> result;
   uint64_t pushed = 0, pulled = 0;
   int64_t samples = 0;
@@ -194,6 +201,12 @@ int LocalCommand(const Args& args) {
     t.test_limit = o.test_limit;
     t.max_steps = o.max_steps;
     t.log_every = o.log_every;
+    auto layers = ParseLayers(o.hidden);
+    if (!layers.ok()) {
+      std::cerr << "shardps local: " << layers.status().message() << "\n";
+      return 2;
+    }
+    t.layers = *layers;
     auto r = RunReference(*config, t, std::cerr);
     if (!r.ok()) {
       std::cerr << "shardps local --reference: " << r.status().message() << "\n";

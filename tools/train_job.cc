@@ -3,7 +3,9 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "scheduler/shard_assignment.h"
 #include "server/optimizer.h"
@@ -76,6 +78,20 @@ absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<f
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
+  std::vector<int> layers = {train::kImagePixels};
+  for (absl::string_view part : absl::StrSplit(hidden, ',', absl::SkipEmpty())) {
+    int width;
+    if (!absl::SimpleAtoi(part, &width) || width <= 0 || width > 65536) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden layer width '", std::string(part),
+                                                     "' is not an integer in [1, 65536]"));
+    }
+    layers.push_back(width);
+  }
+  layers.push_back(train::kNumClasses);
+  return layers;
+}
 
 absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& o, std::ostream& log) {
   SHARDPS_ASSIGN_OR_RETURN(Data data, LoadData(o));

@@ -38,6 +38,9 @@ struct TrainResult {
   std::vector<std::vector<float>> params;  // final weights
 };
 
+// MLP layer widths from "256,128" (hidden layers): {784, 256, 128, 10}.
+absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden);
+
 // Runs one worker of the job. Rank 0 initialises the weights.
 absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& options, std::ostream& log);
 

@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include <optional>
 #include <thread>
 
 #include <glog/logging.h>
@@ -18,7 +19,7 @@ namespace {
 struct TensorRoute {
   uint64_t num_elements = 0;
   std::vector<PartitionInfo> partitions;
-  uint64_t rounds_pushed = 0;  // guarded by WorkerImpl::mu_
+  std::vector<uint64_t> rounds_pushed;  // per partition; guarded by WorkerImpl::mu_
 };
 
 class WorkerImpl : public Worker {
@@ -64,6 +65,7 @@ class WorkerImpl : public Worker {
       TensorRoute& route = routes_[t.name()];
       route.num_elements += p.num_elements();
       route.partitions.push_back(p);
+      route.rounds_pushed.push_back(0);
     }
     return absl::OkStatus();
   }
@@ -94,6 +96,21 @@ class WorkerImpl : public Worker {
     return Start(PUSH_PULL, name, gradient.data(), gradient.size(), weights.data(), weights.size(), "PushPull");
   }
 
+  absl::StatusOr<std::vector<PartitionExtent>> Partitions(const std::string& name) const override {
+    absl::MutexLock lock(&mu_);
+    auto it = routes_.find(name);
+    if (it == routes_.end()) return absl::NotFoundError(absl::StrCat("Partitions: unknown tensor '", name, "'"));
+    std::vector<PartitionExtent> out;
+    for (const PartitionInfo& p : it->second.partitions) out.push_back({p.offset(), p.num_elements(), p.server()});
+    return out;
+  }
+
+  absl::StatusOr<Handle> PushPullPartition(const std::string& name, size_t index, absl::Span<const float> gradient,
+                                           absl::Span<float> weights) override {
+    return Start(PUSH_PULL, name, gradient.data(), gradient.size(), weights.data(), weights.size(),
+                 "PushPullPartition", index);
+  }
+
   absl::Status Wait(Handle handle, absl::Duration timeout) override {
     DataChannel* channel;
     {
@@ -116,8 +133,10 @@ class WorkerImpl : public Worker {
   }
 
  private:
+  // Builds and submits one request per partition (or only partition
+  // `only`, whose extent the spans then cover).
   absl::StatusOr<Handle> Start(Op op, const std::string& name, const float* in, size_t in_n, float* out,
-                               size_t out_n, absl::string_view verb) {
+                               size_t out_n, absl::string_view verb, std::optional<size_t> only = std::nullopt) {
     std::vector<DataChannel::Request> requests;
     std::string what;
     {
@@ -126,31 +145,43 @@ class WorkerImpl : public Worker {
       auto it = routes_.find(name);
       if (it == routes_.end()) return absl::NotFoundError(absl::StrCat(verb, ": unknown tensor '", name, "'"));
       TensorRoute& route = it->second;
+      size_t first = 0, last = route.partitions.size();
+      uint64_t expected = route.num_elements, base = 0;
+      if (only) {
+        if (*only >= route.partitions.size()) {
+          return absl::OutOfRangeError(absl::StrCat(verb, " of '", name, "': partition ", *only, " of ",
+                                                    route.partitions.size()));
+        }
+        first = *only;
+        last = first + 1;
+        expected = route.partitions[first].num_elements();
+        base = route.partitions[first].offset();
+      }
       const bool sends = in != nullptr || op == INIT;
       const bool receives = op == PULL || op == PUSH_PULL;
-      if (sends && in_n != route.num_elements) {
+      if (sends && in_n != expected) {
         return absl::InvalidArgumentError(absl::StrCat(verb, " of '", name, "': gradient has ", in_n,
-                                                       " elements, tensor has ", route.num_elements));
+                                                       " elements, expected ", expected));
       }
-      if (receives && out_n != route.num_elements) {
+      if (receives && out_n != expected) {
         return absl::InvalidArgumentError(absl::StrCat(verb, " of '", name, "': output has ", out_n,
-                                                       " elements, tensor has ", route.num_elements));
+                                                       " elements, expected ", expected));
       }
-      const uint64_t round = route.rounds_pushed;
-      if (op == PUSH || op == PUSH_PULL) ++route.rounds_pushed;
-      what = absl::StrCat(verb, " of '", name, "' (round ", round, ")");
-      requests.reserve(route.partitions.size());
-      for (const PartitionInfo& p : route.partitions) {
+      what = absl::StrCat(verb, " of '", name, "' (round ", route.rounds_pushed[first], ")");
+      requests.reserve(last - first);
+      for (size_t i = first; i < last; ++i) {
+        const PartitionInfo& p = route.partitions[i];
         DataChannel::Request r;
         r.server = p.server();
         r.header.set_op(op);
         r.header.set_partition_id(p.id());
-        r.header.set_round(round);
+        r.header.set_round(route.rounds_pushed[i]);
+        if (op == PUSH || op == PUSH_PULL) ++route.rounds_pushed[i];
         r.header.set_epoch(epoch_);
         r.header.set_dtype(FLOAT32);
         r.header.set_num_elements(p.num_elements());
-        if (sends) r.payload = in + p.offset();
-        if (receives) r.out = out + p.offset();
+        if (sends) r.payload = in + (p.offset() - base);
+        if (receives) r.out = out + (p.offset() - base);
         requests.push_back(std::move(r));
       }
     }

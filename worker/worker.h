@@ -79,6 +79,21 @@ class Worker {
   virtual absl::StatusOr<Handle> PushPull(const std::string& name, absl::Span<const float> gradient,
                                           absl::Span<float> weights) = 0;
 
+  // Where each partition of `name` lies within the tensor, in shard-map
+  // order. Lets a caller pipeline per partition (e.g. merge partition k+1
+  // from local devices while partition k is on the wire).
+  struct PartitionExtent {
+    size_t offset = 0;
+    size_t num_elements = 0;
+    uint32_t server = 0;
+  };
+  virtual absl::StatusOr<std::vector<PartitionExtent>> Partitions(const std::string& name) const = 0;
+  // PushPull of one partition: `gradient` and `weights` cover just that
+  // partition. Rounds are counted per partition, so mixing whole-tensor and
+  // per-partition calls stays consistent.
+  virtual absl::StatusOr<Handle> PushPullPartition(const std::string& name, size_t index,
+                                                   absl::Span<const float> gradient, absl::Span<float> weights) = 0;
+
   // Waits for a handle. On timeout the error names the tensor, the servers
   // still owing an answer and the round; the handle is then released.
   virtual absl::Status Wait(Handle handle, absl::Duration timeout) = 0;
