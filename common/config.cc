@@ -141,6 +141,9 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
   if (c.deterministic() && c.consistency() != SYNC) {
     return Invalid("deterministic", "applies only to consistency: sync");
   }
+  if (c.update_mode() == SUM_ONLY && c.consistency() != SYNC) {
+    return Invalid("update_mode", "sum_only applies only to consistency: sync");
+  }
   if (c.rendezvous_timeout_ms() == 0) return Invalid("rendezvous_timeout_ms", "must be > 0");
   if (c.request_timeout_ms() == 0) return Invalid("request_timeout_ms", "must be > 0");
   if (c.heartbeat_interval_ms() == 0) return Invalid("heartbeat_interval_ms", "must be > 0");
@@ -194,6 +197,9 @@ absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment)
       r->SetEnum(msg, field, value);
       return absl::OkStatus();
     }
+    case FieldDescriptor::CPPTYPE_STRING:
+      r->SetString(msg, field, v);
+      return absl::OkStatus();
     default:
       return absl::InvalidArgumentError(absl::StrCat("config field '", kv[0], "' cannot be set from a flag"));
   }

@@ -25,10 +25,10 @@ void SharedBuffer::Unref(SharedBuffer* b) {
   }
 }
 
-zmq::message_t SharedBuffer::ZeroCopyMessage() {
+zmq::message_t SharedBuffer::ZeroCopyMessage(size_t bytes) {
   Ref(this);
   return zmq::message_t(
-      data_, bytes(), [](void*, void* hint) { Unref(static_cast<SharedBuffer*>(hint)); }, this);
+      data_, bytes, [](void*, void* hint) { Unref(static_cast<SharedBuffer*>(hint)); }, this);
 }
 
 }  // namespace shardps

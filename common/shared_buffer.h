@@ -31,7 +31,11 @@ class SharedBuffer {
 
   // A message whose payload is this buffer, without a copy; holds a reference
   // until ZeroMQ has sent it.
-  zmq::message_t ZeroCopyMessage();
+  zmq::message_t ZeroCopyMessage() { return ZeroCopyMessage(bytes()); }
+  // The same for the first `bytes` bytes (encoded payloads stored here).
+  // REQUIRES: bytes <= this->bytes().
+  zmq::message_t ZeroCopyMessage(size_t bytes);
+  uint8_t* byte_data() { return reinterpret_cast<uint8_t*>(data_); }
 
  private:
   SharedBuffer() = default;

@@ -38,14 +38,18 @@ absl::StatusOr<std::unique_ptr<PartitionEngine>> PartitionEngine::Create(const C
                                                                          ReplySink sink) {
   auto optimizer = Optimizer::Create(AsyncAdjusted(config));
   if (!optimizer.ok()) return optimizer.status();
+  if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return s;
   return std::unique_ptr<PartitionEngine>(new PartitionEngine(config, *std::move(optimizer), std::move(sink)));
 }
 
 PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer,
                                  ReplySink sink)
-    : config_(config), optimizer_(std::move(optimizer)), sink_(std::move(sink)) {}
+    : config_(config),
+      optimizer_(std::move(optimizer)),
+      sum_only_(config.update_mode() == SUM_ONLY),
+      sink_(std::move(sink)) {}
 
-void PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
+absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
   const uint32_t workers = config_.num_workers();
   for (const PartitionInfo& info : map.partitions()) {
@@ -53,17 +57,38 @@ void PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index
     auto p = std::make_unique<Partition>();
     p->id = info.id();
     p->n = info.num_elements();
+    const std::string& tensor = map.tensors(info.tensor()).name();
+    auto codecs = compression::CodecsForPartition(config_, tensor, p->n);
+    if (!codecs.ok()) return codecs.status();
+    p->codecs = *std::move(codecs);
+    if (p->codecs.pull != nullptr && sum_only_ && !pull_feedback_.contains(p->codecs.pull_spec)) {
+      auto params = compression::ParseCodecSpec(p->codecs.pull_spec);
+      if (!params.ok()) return params.status();
+      auto feedback = compression::ErrorFeedback::Create(*params);
+      if (!feedback.ok()) return feedback.status();
+      pull_feedback_[p->codecs.pull_spec] = *std::move(feedback);
+    }
     p->weights.reset(SharedBuffer::Create(p->n));
+    if (sum_only_) p->aggregate.reset(SharedBuffer::Create(p->n));
     p->state.assign(static_cast<size_t>(optimizer_->state_slots()) * p->n, 0.0f);
     p->next_round.assign(workers, 0);
     p->last_request.assign(workers, 0);
+    const compression::Codec* push = p->codecs.push.get();
     if (config_.consistency() == SYNC) {
       p->acc.assign(p->n, 0.0f);
-      if (config_.deterministic()) p->held.resize(workers);
+      if (config_.deterministic()) {
+        p->held.resize(workers);
+        if (push != nullptr) p->decoded.assign(workers, std::vector<float>(p->n));
+      } else if (push != nullptr && push->server_can_aggregate()) {
+        p->acc_encoded.assign(push->EncodedBytes(p->n) / sizeof(float), 0.0f);
+      }
+    } else if (push != nullptr) {
+      p->scratch.assign(p->n, 0.0f);
     }
     partitions_.emplace(info.id(), std::move(p));
   }
   epoch_ = map.epoch();
+  return absl::OkStatus();
 }
 
 const float* PartitionEngine::weights(uint64_t partition_id) const {
@@ -95,7 +120,19 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
       return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, " has ", p.n, " elements, request says ",
                                                      h.num_elements()));
     }
-    if (payload->size() != p.n * sizeof(float)) {
+    const std::string& expected = h.op() == INIT ? std::string() : p.codecs.push_spec;
+    if (h.codec() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat("payload codec '", h.codec(), "' does not match the codec '",
+                                                     expected, "' configured for partition ", p.id));
+    }
+    if (!expected.empty()) {
+      // Size, parameters and indices are checked by the decoder, before it
+      // writes anything; here only an absurd size is turned away.
+      if (payload->size() == 0 || payload->size() > p.n * 8 + 64) {
+        return absl::InvalidArgumentError(absl::StrCat("compressed payload of ", payload->size(),
+                                                       " bytes for partition ", p.id, " of ", p.n, " elements"));
+      }
+    } else if (payload->size() != p.n * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat("payload of ", payload->size(), " bytes for partition ", p.id,
                                                      " (expected ", p.n * sizeof(float), ")"));
     }
@@ -141,6 +178,7 @@ void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataH
   if (!p.initialized && p.completed == 0) {
     std::memcpy(WritableWeights(p), payload.data(), payload.size());
     p.initialized = true;
+    p.encoded_round = -1;  // a cached encoding of the old weights is stale
   }
   Answer(peer, h, absl::OkStatus());
 }
@@ -173,15 +211,11 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
     p.next_round[w] = round + 1;
     return;
   }
-  p.next_round[w] = round + 1;
-  const float* g = payload->data<float>();
-  if (config_.deterministic()) {
-    p.held[w] = std::move(*payload);
-  } else if (p.arrivals == 0) {
-    std::memcpy(p.acc.data(), g, p.n * sizeof(float));
-  } else {
-    AddInto(p.acc.data(), g, p.n);
+  if (absl::Status s = Accumulate(p, w, round, payload); !s.ok()) {
+    Answer(peer, h, s);  // not counted: the worker may send it again
+    return;
   }
+  p.next_round[w] = round + 1;
   ++p.arrivals;
   if (h.op() == PUSH_PULL) {
     p.waiting.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
@@ -192,15 +226,68 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   if (p.arrivals == config_.num_workers()) CompleteRound(p);
 }
 
-void PartitionEngine::CompleteRound(Partition& p) {
+absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
+  const compression::Codec* codec = p.codecs.push.get();
+  const float* g = payload->data<float>();
+  if (codec == nullptr) {
+    if (config_.deterministic()) {
+      p.held[w] = std::move(*payload);  // kept as received: no copy
+    } else if (p.arrivals == 0) {
+      std::memcpy(p.acc.data(), g, p.n * sizeof(float));
+    } else {
+      AddInto(p.acc.data(), g, p.n);
+    }
+    return absl::OkStatus();
+  }
+  const uint64_t seed = compression::CodecSeed(p.id, round);
+  auto bytes = absl::MakeConstSpan(payload->data<uint8_t>(), payload->size());
+  if (config_.deterministic()) return codec->Decode(bytes, seed, absl::MakeSpan(p.decoded[w]));
+  if (!p.acc_encoded.empty()) {
+    // Summable codec: aggregate in the compressed domain, decode once.
+    if (payload->size() != p.acc_encoded.size() * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat("compressed payload of ", payload->size(), " bytes, expected ",
+                                                     p.acc_encoded.size() * sizeof(float)));
+    }
+    if (p.arrivals == 0) {
+      std::memcpy(p.acc_encoded.data(), g, payload->size());
+    } else {
+      AddInto(p.acc_encoded.data(), g, p.acc_encoded.size());
+    }
+    return absl::OkStatus();
+  }
+  return p.arrivals == 0 ? codec->Decode(bytes, seed, absl::MakeSpan(p.acc))
+                         : codec->DecodeAdd(bytes, seed, absl::MakeSpan(p.acc));
+}
+
+// Leaves the round's gradient sum in p.acc, in rank order when deterministic.
+void PartitionEngine::SumRound(Partition& p) {
   const uint32_t workers = config_.num_workers();
   if (config_.deterministic()) {
-    std::memcpy(p.acc.data(), p.held[0].data(), p.n * sizeof(float));
-    for (uint32_t w = 1; w < workers; ++w) AddInto(p.acc.data(), p.held[w].data<float>(), p.n);
+    auto rank = [&](uint32_t w) {
+      return p.codecs.push != nullptr ? p.decoded[w].data() : p.held[w].data<float>();
+    };
+    std::memcpy(p.acc.data(), rank(0), p.n * sizeof(float));
+    for (uint32_t w = 1; w < workers; ++w) AddInto(p.acc.data(), rank(w), p.n);
     for (auto& m : p.held) m.rebuild();  // release the gradients
+  } else if (!p.acc_encoded.empty()) {
+    auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(p.acc_encoded.data()),
+                                     p.acc_encoded.size() * sizeof(float));
+    absl::Status s = p.codecs.push->Decode(bytes, compression::CodecSeed(p.id, p.completed), absl::MakeSpan(p.acc));
+    if (!s.ok()) LOG(ERROR) << "partition " << p.id << ": decoding the summed payloads: " << s;
   }
-  optimizer_->Apply(p.completed, 1.0f / static_cast<float>(workers), p.acc.data(), WritableWeights(p),
-                    p.state.data(), p.n);
+}
+
+void PartitionEngine::CompleteRound(Partition& p) {
+  const uint32_t workers = config_.num_workers();
+  SumRound(p);
+  if (sum_only_) {
+    // Workers run the optimizer; the server keeps the sum for their pulls.
+    if (!p.aggregate->unique()) p.aggregate.reset(SharedBuffer::Create(p.n));
+    std::memcpy(p.aggregate->data(), p.acc.data(), p.n * sizeof(float));
+  } else {
+    optimizer_->Apply(p.completed, 1.0f / static_cast<float>(workers), p.acc.data(), WritableWeights(p),
+                      p.state.data(), p.n);
+  }
   ++stats_.updates;
   ++p.completed;
   p.arrivals = 0;
@@ -231,7 +318,17 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
                                 const zmq::message_t& payload) {
   const uint32_t w = h.worker_rank();
   if (h.request_id() > p.last_request[w]) {
-    optimizer_->Apply(p.completed, 1.0f, payload.data<float>(), WritableWeights(p), p.state.data(), p.n);
+    const float* g = payload.data<float>();
+    if (p.codecs.push != nullptr) {
+      absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
+                                             compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
+      if (!s.ok()) {
+        Answer(peer, h, s);
+        return;
+      }
+      g = p.scratch.data();
+    }
+    optimizer_->Apply(p.completed, 1.0f, g, WritableWeights(p), p.state.data(), p.n);
     p.last_request[w] = h.request_id();
     ++p.completed;
     ++stats_.updates;
@@ -290,9 +387,42 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
   reply.set_completed_rounds(p.completed);
   reply.set_num_elements(p.n);
   reply.set_dtype(FLOAT32);
-  zmq::message_t payload = p.weights->ZeroCopyMessage();
+  // Sum only: a plain PULL returns the weights the server holds (the initial
+  // ones); a PUSH_PULL returns the aggregate of the round it completed.
+  if (sum_only_ && request.op() == PULL) {
+    zmq::message_t payload = p.weights->ZeroCopyMessage();
+    stats_.bytes_out += payload.size();
+    sink_(peer, reply, &payload);
+    return;
+  }
+  zmq::message_t payload = AnswerPayload(p, &reply);
   stats_.bytes_out += payload.size();
   sink_(peer, reply, &payload);
+}
+
+zmq::message_t PartitionEngine::AnswerPayload(Partition& p, DataHeader* reply) {
+  SharedBuffer& source = sum_only_ ? *p.aggregate : *p.weights;
+  const compression::Codec* codec = p.codecs.pull.get();
+  if (codec == nullptr) return source.ZeroCopyMessage();
+  reply->set_codec(p.codecs.pull_spec);
+  // Every worker pulls the same round: encode once per round, send the same bytes.
+  if (p.encoded_round != static_cast<int64_t>(p.completed) || config_.consistency() == ASYNC) {
+    auto feedback = pull_feedback_.find(p.codecs.pull_spec);
+    const size_t max_bytes = feedback != pull_feedback_.end() ? feedback->second->MaxEncodedBytes(p.n)
+                                                              : codec->EncodedBytes(p.n);
+    if (!p.encoded || !p.encoded->unique() || p.encoded->bytes() < max_bytes) {
+      p.encoded.reset(SharedBuffer::Create((max_bytes + sizeof(float) - 1) / sizeof(float)));
+    }
+    const uint64_t seed = compression::CodecSeed(p.id, p.completed);
+    auto in = absl::MakeConstSpan(source.data(), p.n);
+    auto out = absl::MakeSpan(p.encoded->byte_data(), max_bytes);
+    auto written = feedback != pull_feedback_.end() ? feedback->second->Encode(p.id, in, seed, out)
+                                                    : codec->Encode(in, seed, out);
+    CHECK(written.ok()) << "encoding partition " << p.id << ": " << written.status();
+    p.encoded_bytes = *written;
+    p.encoded_round = static_cast<int64_t>(p.completed);
+  }
+  return p.encoded->ZeroCopyMessage(p.encoded_bytes);
 }
 
 void PartitionEngine::FailWaiting(const absl::Status& status) {

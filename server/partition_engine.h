@@ -18,10 +18,13 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/optimizer.h"
 #include "common/shared_buffer.h"
+#include "compression/codec_policy.h"
+#include "compression/error_feedback.h"
 #include "proto/cluster.pb.h"
 #include "proto/data.pb.h"
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 
 namespace shardps {
 
@@ -42,7 +45,8 @@ class PartitionEngine {
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
   // it now owns (zero weights) and keeps those it already had.
-  void InstallShardMap(const ShardMap& map, uint32_t server_index);
+  // Fails if the config names a codec that cannot be created.
+  absl::Status InstallShardMap(const ShardMap& map, uint32_t server_index);
   uint64_t epoch() const { return epoch_; }
 
   // Handles one request. `payload` is null when the message had no payload
@@ -70,7 +74,17 @@ class PartitionEngine {
   struct Partition {
     uint64_t id = 0;
     size_t n = 0;
+    compression::PartitionCodecs codecs;  // null codec: raw fp32
     SharedBufferPtr weights;
+    // Sum only: the last completed round's gradient sum, and its encoding.
+    SharedBufferPtr aggregate;
+    // Cached encoded answer (compressed pull) and the round it encodes.
+    SharedBufferPtr encoded;
+    size_t encoded_bytes = 0;
+    int64_t encoded_round = -1;
+    std::vector<float> acc_encoded;            // sync, summable codecs: sum of payloads
+    std::vector<std::vector<float>> decoded;   // deterministic + codec: per-rank gradients
+    std::vector<float> scratch;                // async + codec: one decoded gradient
     std::vector<float> state;
     uint64_t completed = 0;  // sync: rounds applied; async: pushes applied
     bool initialized = false;
@@ -91,12 +105,20 @@ class PartitionEngine {
   void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
   void PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
   void CompleteRound(Partition& p);
+  absl::Status Accumulate(Partition& p, uint32_t worker, uint64_t round, zmq::message_t* payload);
+  void SumRound(Partition& p);
+  // The answer payload for a pull: weights (raw or fp16/bf16) or, in sum-only
+  // mode after a round, the aggregate (raw or compressed with error feedback).
+  zmq::message_t AnswerPayload(Partition& p, DataHeader* reply);
   float* WritableWeights(Partition& p);
   void Answer(const zmq::message_t& peer, const DataHeader& request, const absl::Status& status);
   void AnswerWeights(Partition& p, const zmq::message_t& peer, const DataHeader& request);
 
   const ClusterConfig config_;
   const std::unique_ptr<Optimizer> optimizer_;
+  const bool sum_only_;
+  // Server-side error feedback of compressed aggregates, per pull codec spec.
+  absl::flat_hash_map<std::string, std::unique_ptr<compression::ErrorFeedback>> pull_feedback_;
   const ReplySink sink_;
   uint64_t epoch_ = 0;
   uint32_t server_index_ = 0;

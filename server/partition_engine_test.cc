@@ -3,6 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
+#include "compression/codec_policy.h"
+
 namespace shardps {
 namespace {
 
@@ -16,8 +21,11 @@ struct Sent {
 
 class EngineTest : public ::testing::Test {
  protected:
-  void Make(Consistency consistency, bool deterministic, int workers) {
+  void Make(Consistency consistency, bool deterministic, int workers, const std::string& codec = "none",
+            UpdateMode mode = UPDATE_ON_SERVER, int n = 2) {
     ClusterConfig c;
+    c.mutable_compression()->set_codec(codec);
+    c.set_update_mode(mode);
     c.set_consistency(consistency);
     c.set_deterministic(deterministic);
     c.set_num_workers(workers);
@@ -34,9 +42,28 @@ class EngineTest : public ::testing::Test {
     map.set_epoch(3);
     PartitionInfo* p = map.add_partitions();
     p->set_id(5);
-    p->set_num_elements(2);
+    p->set_num_elements(n);
     p->set_server(0);
-    engine_->InstallShardMap(map, 0);
+    map.add_tensors()->set_name("t");
+    ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  }
+
+  // Sends raw bytes as a payload encoded with `codec`.
+  void SendEncoded(Op op, uint32_t rank, uint64_t round, const std::string& codec, const std::string& bytes,
+                   uint64_t n) {
+    DataHeader h;
+    h.set_op(op);
+    h.set_worker_rank(rank);
+    h.set_round(round);
+    h.set_epoch(3);
+    h.set_partition_id(5);
+    h.set_request_id(++next_id_);
+    h.set_dtype(FLOAT32);
+    h.set_num_elements(n);
+    h.set_codec(codec);
+    zmq::message_t peer(std::string("w") + std::to_string(rank));
+    zmq::message_t payload(bytes.data(), bytes.size());
+    engine_->Handle(peer, h, &payload);
   }
 
   void Send(Op op, uint32_t rank, uint64_t round, std::vector<float> values, uint64_t id = 0) {
@@ -54,7 +81,7 @@ class EngineTest : public ::testing::Test {
     engine_->Handle(peer, h, op == PULL ? nullptr : &payload);
   }
 
-  std::vector<float> Weights() { return {engine_->weights(5)[0], engine_->weights(5)[1]}; }
+  std::vector<float> Weights(int n = 2) { return std::vector<float>(engine_->weights(5), engine_->weights(5) + n); }
 
   std::unique_ptr<PartitionEngine> engine_;
   std::vector<Sent> sent_;
@@ -153,6 +180,137 @@ TEST_F(EngineTest, BadRequestsGetErrorsAndChangeNothing) {
   EXPECT_THAT(sent_[5].header.error(), HasSubstr("no payload"));
   EXPECT_EQ(Weights(), (std::vector<float>{7, 8}));
   EXPECT_EQ(engine_->stats().errors, 6u);
+}
+
+std::string Encode(const std::string& spec, const std::vector<float>& values, uint64_t partition, uint64_t round) {
+  auto codec = compression::CreateCodec(spec);
+  EXPECT_TRUE(codec.ok());
+  std::string out((*codec)->EncodedBytes(values.size()), '\0');
+  auto n = (*codec)->Encode(values, compression::CodecSeed(partition, round),
+                            absl::MakeSpan(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+  EXPECT_TRUE(n.ok());
+  out.resize(*n);
+  return out;
+}
+
+TEST_F(EngineTest, CompressedPushesAreDecodedAndSummed) {
+  const int n = 4096;  // above the 2bit minimum size
+  Make(SYNC, false, 2, "2bit:threshold=0.25", UPDATE_ON_SERVER, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  std::vector<float> g(n, 1.0f);
+  SendEncoded(PUSH, 0, 0, spec, Encode(spec, g, 5, 0), n);
+  SendEncoded(PUSH, 1, 0, spec, Encode(spec, g, 5, 0), n);
+  // Each worker's 2bit gradient decodes to +0.25: mean 0.25, lr 1.
+  EXPECT_EQ(Weights(n), std::vector<float>(n, -0.25f));
+}
+
+TEST_F(EngineTest, SummableCodecIsAggregatedWithoutDecodingEachPush) {
+  const int n = 4096;
+  Make(SYNC, false, 2, "randomk:ratio=0.5", UPDATE_ON_SERVER, n);
+  const std::string spec = compression::ParseCodecSpec("randomk:ratio=0.5")->ToString();
+  std::vector<float> a(n), b(n);
+  for (int i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i % 7);
+    b[i] = 1.0f;
+  }
+  SendEncoded(PUSH, 0, 0, spec, Encode(spec, a, 5, 0), n);
+  SendEncoded(PUSH, 1, 0, spec, Encode(spec, b, 5, 0), n);
+  // Decoding the summed payloads equals summing the decoded payloads.
+  auto codec = compression::CreateCodec(spec);
+  std::vector<float> da(n), db(n);
+  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(Encode(spec, a, 5, 0).data()),
+                                                   Encode(spec, a, 5, 0).size()),
+                               compression::CodecSeed(5, 0), absl::MakeSpan(da)).ok());
+  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(Encode(spec, b, 5, 0).data()),
+                                                   Encode(spec, b, 5, 0).size()),
+                               compression::CodecSeed(5, 0), absl::MakeSpan(db)).ok());
+  std::vector<float> w = Weights(n);
+  for (int i = 0; i < n; ++i) ASSERT_FLOAT_EQ(w[i], -0.5f * (da[i] + db[i])) << i;
+}
+
+TEST_F(EngineTest, MalformedCompressedPayloadsAreRejectedAndNotCounted) {
+  const int n = 4096;
+  Make(SYNC, false, 1, "2bit", UPDATE_ON_SERVER, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  std::string good = Encode(spec, std::vector<float>(n, 1.0f), 5, 0);
+  std::string truncated = good.substr(0, good.size() - 8);
+  std::string bad_threshold = good;
+  const float nan = std::nanf("");
+  std::memcpy(bad_threshold.data(), &nan, sizeof(nan));  // 2bit payload starts with its threshold
+  std::string bad_code = good;
+  bad_code[8] = static_cast<char>(0xff);  // code 3 is not a 2bit value
+  SendEncoded(PUSH, 0, 0, spec, truncated, n);
+  SendEncoded(PUSH, 0, 0, spec, bad_threshold, n);
+  SendEncoded(PUSH, 0, 0, spec, bad_code, n);
+  SendEncoded(PUSH, 0, 0, "fp16", good, n);  // not the configured codec
+  Send(PUSH, 0, 0, std::vector<float>(n, 1.0f));  // raw where 2bit is configured
+  ASSERT_EQ(sent_.size(), 5u);
+  for (const Sent& s : sent_) EXPECT_EQ(s.header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << s.header.error();
+  EXPECT_THAT(sent_[3].header.error(), HasSubstr("does not match"));
+  EXPECT_EQ(Weights(n), std::vector<float>(n, 0.0f));
+  // The round was not counted: a good push still completes it.
+  SendEncoded(PUSH, 0, 0, spec, good, n);
+  EXPECT_EQ(sent_.back().header.status_code(), 0);
+  EXPECT_EQ(Weights(n)[0], -0.5f);
+}
+
+TEST_F(EngineTest, SumOnlyAnswersTheRoundSumAndKeepsWeights) {
+  Make(SYNC, false, 2, "none", SUM_ONLY);
+  Send(INIT, 0, 0, {7, 8});
+  Send(PUSH_PULL, 0, 0, {1, 2});
+  Send(PUSH_PULL, 1, 0, {3, 4});
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[1].payload, (std::vector<float>{4, 6}));  // the sum; workers apply the optimizer
+  EXPECT_EQ(sent_[2].header.completed_rounds(), 1u);
+  EXPECT_EQ(Weights(), (std::vector<float>{7, 8}));
+}
+
+TEST_F(EngineTest, SumOnlyCompressedAggregateLosesNothingOverRounds) {
+  const int n = 4096;
+  // A compressed pull (the fixture's Make sets only the push codec).
+  ClusterConfig c;
+  c.set_consistency(SYNC);
+  c.set_num_workers(2);
+  c.set_update_mode(SUM_ONLY);
+  c.mutable_compression()->set_pull_codec("2bit:threshold=0.01");
+  auto engine = PartitionEngine::Create(c, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
+    Sent s{peer.to_string(), h, {}};
+    if (p) s.payload.assign(p->data<float>(), p->data<float>() + p->size() / 4);
+    if (p) s.header.set_error(std::string(p->data<char>(), p->size()));  // keep the raw bytes
+    sent_.push_back(s);
+  });
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  engine_ = *std::move(engine);
+  ShardMap map;
+  map.set_epoch(3);
+  map.add_tensors()->set_name("t");
+  PartitionInfo* info = map.add_partitions();
+  info->set_id(5);
+  info->set_num_elements(n);
+  ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  auto codec = compression::CreateCodec("2bit:threshold=0.01");
+  std::vector<double> decoded_total(n, 0.0), true_total(n, 0.0);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<float> g0(n), g1(n);
+    for (int i = 0; i < n; ++i) {
+      g0[i] = 0.001f * static_cast<float>((i * 7 + round) % 11) - 0.004f;
+      g1[i] = 0.0005f * static_cast<float>((i * 3 + round) % 5);
+      true_total[i] += static_cast<double>(g0[i]) + g1[i];
+    }
+    sent_.clear();
+    Send(PUSH_PULL, 0, round, g0);
+    Send(PUSH_PULL, 1, round, g1);
+    ASSERT_EQ(sent_.size(), 2u);
+    const std::string& bytes = sent_[0].header.error();
+    EXPECT_EQ(sent_[0].header.codec(), compression::ParseCodecSpec("2bit:threshold=0.01")->ToString());
+    EXPECT_EQ(bytes, sent_[1].header.error()) << "both workers get the same bytes";
+    std::vector<float> agg(n);
+    ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                                 0, absl::MakeSpan(agg)).ok());
+    for (int i = 0; i < n; ++i) decoded_total[i] += agg[i];
+  }
+  // Error feedback: what was sent trails the true sum by less than one threshold.
+  for (int i = 0; i < n; ++i) ASSERT_NEAR(decoded_total[i], true_total[i], 0.0101) << i;
 }
 
 TEST_F(EngineTest, ShutdownAnswersWaitingPulls) {

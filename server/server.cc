@@ -148,7 +148,12 @@ class ParameterServerImpl : public ParameterServer {
       map.swap(pending_map_);
     }
     if (!map || map->epoch() <= engine_->epoch()) return;
-    engine_->InstallShardMap(*map, index_);
+    if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
+      LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;
+      absl::MutexLock lock(&mu_);
+      watch_error_ = s;
+      return;
+    }
     LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
     absl::MutexLock lock(&mu_);
     applied_epoch_ = map->epoch();

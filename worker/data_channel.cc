@@ -72,7 +72,8 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
     for (size_t i = 0; i < requests.size(); ++i) {
       ids[i] = next_request_id_++;
       const Request& r = requests[i];
-      pending_[ids[i]] = Pending{handle, r.server, r.header.partition_id(), r.header.num_elements(), r.out};
+      pending_[ids[i]] = Pending{handle, r.server, r.header.partition_id(), r.header.num_elements(), r.out,
+                                 std::move(requests[i].on_answer)};
       h.request_ids.push_back(ids[i]);
     }
   }
@@ -82,14 +83,15 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
     r.header.set_request_id(ids[i]);
     r.header.set_worker_rank(rank_);
     zmq::message_t head = HeaderFrame(r.header);
-    const bool has_payload = r.payload != nullptr;
+    const bool has_payload = r.payload != nullptr || r.encoded.size() > 0;
     submit_.send(zmq::buffer(&r.server, sizeof(r.server)), zmq::send_flags::sndmore);
     submit_.send(head, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
     if (has_payload) {
-      const size_t bytes = r.header.num_elements() * sizeof(float);
-      zmq::message_t payload = BorrowedFrame(r.payload, bytes);
+      zmq::message_t payload = r.encoded.size() > 0
+                                   ? std::move(r.encoded)
+                                   : BorrowedFrame(r.payload, r.header.num_elements() * sizeof(float));
+      bytes_sent_.fetch_add(payload.size(), std::memory_order_relaxed);
       submit_.send(payload, zmq::send_flags::none);
-      bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
     }
   }
   requests_sent_.fetch_add(requests.size(), std::memory_order_relaxed);
@@ -158,14 +160,18 @@ void DataChannel::Receive(size_t server) {
   if (it == pending_.end()) return;  // its handle timed out; nothing waits for it
   const Pending& p = it->second;
   s = ResponseStatus(response_);
-  if (s.ok() && p.out != nullptr) {
+  if (has_payload) bytes_received_.fetch_add(payload.size(), std::memory_order_relaxed);
+  if (s.ok() && p.on_answer) {
+    s = has_payload ? p.on_answer(response_, payload)
+                    : absl::DataLossError(absl::StrCat("answer for partition ", p.partition, " has no payload"));
+  } else if (s.ok() && p.out != nullptr) {
     const size_t bytes = p.num_elements * sizeof(float);
-    if (!has_payload || response_.num_elements() != p.num_elements || payload.size() != bytes) {
+    if (!has_payload || !response_.codec().empty() || response_.num_elements() != p.num_elements ||
+        payload.size() != bytes) {
       s = absl::DataLossError(absl::StrCat("answer for partition ", p.partition, " carries ",
                                            has_payload ? payload.size() : 0, " bytes, expected ", bytes));
     } else {
       std::memcpy(p.out, payload.data(), bytes);
-      bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
     }
   }
   Complete(response_.request_id(), s);

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,11 +32,20 @@ class DataChannel {
  public:
   // One data request: where it goes and, for answers with weights, where the
   // weights land. `payload` (may be null) is borrowed until the handle is done.
+  // Handles an answer's payload (on the I/O thread); the status fails the request.
+  using AnswerHandler = std::function<absl::Status(const DataHeader& answer, const zmq::message_t& payload)>;
+
   struct Request {
     uint32_t server = 0;
     DataHeader header;  // op, partition, round, epoch, num_elements set by the caller
+    // The payload: raw fp32 borrowed from the caller (num_elements floats), or
+    // an owned encoded frame when `encoded` is non-empty.
     const float* payload = nullptr;
-    float* out = nullptr;  // non-null: the answer must carry num_elements floats
+    zmq::message_t encoded;
+    // The answer: raw fp32 copied to `out` (num_elements floats), or passed to
+    // `on_answer` when set (decoding, optimizer steps).
+    float* out = nullptr;
+    AnswerHandler on_answer;
   };
 
   // Connects to `server_addresses` (index = server index) and starts the I/O thread.
@@ -61,6 +71,7 @@ class DataChannel {
     uint64_t partition;
     uint64_t num_elements;
     float* out;
+    AnswerHandler on_answer;
   };
   struct HandleState {
     std::string what;

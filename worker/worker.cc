@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -8,18 +9,32 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/optimizer.h"
 #include "common/protocol.h"
+#include "compression/codec_policy.h"
+#include "compression/error_feedback.h"
 #include "common/scheduler_client.h"
 #include "worker/data_channel.h"
 
 namespace shardps {
 namespace {
 
+// Per-partition state of the worker: codecs and, in sum-only mode, the
+// pulled aggregate and the optimizer state. Touched by the caller building a
+// request and by the I/O thread answering it, never both at once (one
+// request per partition in flight).
+struct PartitionState {
+  compression::PartitionCodecs codecs;
+  std::vector<float> aggregate;
+  std::vector<float> optimizer_state;
+};
+
 // How a tensor is cut and where its pieces live (from the shard map).
 struct TensorRoute {
   uint64_t num_elements = 0;
   std::vector<PartitionInfo> partitions;
   std::vector<uint64_t> rounds_pushed;  // per partition; guarded by WorkerImpl::mu_
+  std::vector<std::unique_ptr<PartitionState>> states;
 };
 
 class WorkerImpl : public Worker {
@@ -56,17 +71,27 @@ class WorkerImpl : public Worker {
       if (s.index() >= addresses.size()) return absl::InternalError("shard map has a bad server index");
       addresses[s.index()] = s.data_address();
     }
-    auto channel = DataChannel::Create(addresses, options_.rank);
-    if (!channel.ok()) return channel.status();
-    channel_ = *std::move(channel);
-    epoch_ = map->epoch();
+    if (absl::Status s = SetUpCompression(); !s.ok()) return s;
     for (const PartitionInfo& p : map->partitions()) {
       const TensorSpec& t = map->tensors(p.tensor());
       TensorRoute& route = routes_[t.name()];
       route.num_elements += p.num_elements();
       route.partitions.push_back(p);
       route.rounds_pushed.push_back(0);
+      auto state = std::make_unique<PartitionState>();
+      auto codecs = compression::CodecsForPartition(config_, t.name(), p.num_elements());
+      if (!codecs.ok()) return codecs.status();
+      state->codecs = *std::move(codecs);
+      if (sum_only()) {
+        state->aggregate.resize(p.num_elements());
+        state->optimizer_state.resize(optimizer_->state_slots() * p.num_elements());
+      }
+      route.states.push_back(std::move(state));
     }
+    auto channel = DataChannel::Create(addresses, options_.rank);
+    if (!channel.ok()) return channel.status();
+    channel_ = *std::move(channel);
+    epoch_ = map->epoch();
     return absl::OkStatus();
   }
 
@@ -180,12 +205,110 @@ class WorkerImpl : public Worker {
         r.header.set_epoch(epoch_);
         r.header.set_dtype(FLOAT32);
         r.header.set_num_elements(p.num_elements());
-        if (sends) r.payload = in + (p.offset() - base);
-        if (receives) r.out = out + (p.offset() - base);
+        PartitionState& state = *route.states[i];
+        if (sends) {
+          const float* grad = in + (p.offset() - base);
+          if (op != INIT && state.codecs.push != nullptr) {
+            absl::Status s = Encode(state, p, r.header.round(), grad, &r);
+            if (!s.ok()) return s;
+          } else {
+            r.payload = grad;
+          }
+        }
+        if (receives) SetAnswer(state, op, out + (p.offset() - base), p.num_elements(), &r);
         requests.push_back(std::move(r));
       }
     }
     return channel_->Submit(std::move(requests), std::move(what));
+  }
+
+  bool sum_only() const { return config_.update_mode() == SUM_ONLY; }
+
+  absl::Status SetUpCompression() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (absl::Status s = compression::ValidateCompressionConfig(config_); !s.ok()) return s;
+    if (sum_only()) {
+      auto optimizer = Optimizer::Create(config_.optimizer());
+      if (!optimizer.ok()) return optimizer.status();
+      optimizer_ = *std::move(optimizer);
+    }
+    return absl::OkStatus();
+  }
+
+  // The error-feedback wrapper of a push codec spec (one per spec; each keeps
+  // one residual per partition).
+  absl::StatusOr<compression::ErrorFeedback*> Feedback(const std::string& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = feedback_.find(spec);
+    if (it != feedback_.end()) return it->second.get();
+    auto params = compression::ParseCodecSpec(spec);
+    if (!params.ok()) return params.status();
+    compression::ErrorFeedbackOptions options;
+    if (params->name == "topk") {
+      options.momentum = config_.compression().momentum();
+      options.warmup_calls = static_cast<int>(config_.compression().warmup_steps());
+    }
+    auto feedback = compression::ErrorFeedback::Create(*params, options);
+    if (!feedback.ok()) return feedback.status();
+    return (feedback_[spec] = *std::move(feedback)).get();
+  }
+
+  // Compresses one partition's gradient into an owned frame of `r`.
+  absl::Status Encode(PartitionState& state, const PartitionInfo& p, uint64_t round, const float* grad,
+                      DataChannel::Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t n = p.num_elements();
+    const uint64_t seed = compression::CodecSeed(p.id(), round);
+    auto in = absl::MakeConstSpan(grad, n);
+    compression::ErrorFeedback* feedback = nullptr;
+    size_t max_bytes = state.codecs.push->EncodedBytes(n);
+    if (config_.compression().error_feedback()) {
+      auto f = Feedback(state.codecs.push_spec);
+      if (!f.ok()) return f.status();
+      feedback = *f;
+      max_bytes = feedback->MaxEncodedBytes(n);
+    }
+    zmq::message_t frame(max_bytes);
+    auto out = absl::MakeSpan(frame.data<uint8_t>(), max_bytes);
+    auto written = feedback ? feedback->Encode(p.id(), in, seed, out) : state.codecs.push->Encode(in, seed, out);
+    if (!written.ok()) return written.status();
+    r->encoded = *written == max_bytes ? std::move(frame) : zmq::message_t(frame.data(), *written);
+    r->header.set_codec(state.codecs.push_spec);
+    return absl::OkStatus();
+  }
+
+  // How an answer's payload reaches `out` (n floats): copied (raw weights),
+  // decoded (compressed weights), or, in sum-only mode, decoded into the
+  // aggregate and applied to `out` by this worker's optimizer.
+  void SetAnswer(PartitionState& state, Op op, float* out, size_t n, DataChannel::Request* r) {
+    const bool aggregate = sum_only() && op == PUSH_PULL;
+    if (!aggregate && (state.codecs.pull == nullptr || sum_only())) {
+      r->out = out;
+      return;
+    }
+    const float scale = 1.0f / static_cast<float>(config_.num_workers());
+    r->on_answer = [this, &state, out, n, aggregate, scale](const DataHeader& answer,
+                                                           const zmq::message_t& payload) -> absl::Status {
+      if (answer.codec() != state.codecs.pull_spec || answer.num_elements() != n) {
+        return absl::DataLossError(absl::StrCat("answer encoded as '", answer.codec(), "' with ",
+                                                answer.num_elements(), " elements; expected '",
+                                                state.codecs.pull_spec, "' with ", n));
+      }
+      float* target = aggregate ? state.aggregate.data() : out;
+      if (state.codecs.pull == nullptr) {
+        if (payload.size() != n * sizeof(float)) return absl::DataLossError("answer payload has the wrong size");
+        std::memcpy(target, payload.data(), payload.size());
+      } else {
+        // The server encodes with the seed of the rounds completed when it answers.
+        absl::Status s = state.codecs.pull->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
+                                                   compression::CodecSeed(answer.partition_id(), answer.completed_rounds()),
+                                                   absl::MakeSpan(target, n));
+        if (!s.ok()) return s;
+      }
+      if (aggregate) {
+        if (answer.completed_rounds() == 0) return absl::DataLossError("aggregate answer before any round");
+        optimizer_->Apply(answer.completed_rounds() - 1, scale, state.aggregate.data(), out,
+                          state.optimizer_state.data(), n);
+      }
+      return absl::OkStatus();
+    };
   }
 
   // Tells the scheduler this worker is alive (shown by `shardps status`).
@@ -213,6 +336,8 @@ class WorkerImpl : public Worker {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, TensorRoute> routes_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DataChannel> channel_;  // set once under mu_, then read-only
+  std::unique_ptr<Optimizer> optimizer_;  // sum-only mode; set once with channel_
+  absl::flat_hash_map<std::string, std::unique_ptr<compression::ErrorFeedback>> feedback_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;
 };

@@ -75,7 +75,9 @@ class Worker {
   // with the latest weights (async).
   virtual absl::StatusOr<Handle> Pull(const std::string& name, absl::Span<float> weights) = 0;
   // Push and pull in one request per partition: the answer carries the
-  // weights that include this push's round.
+  // weights that include this push's round. With update_mode SUM_ONLY the
+  // answer is the round's gradient sum and this worker applies the optimizer
+  // to `weights`, which must hold the current weights (updated in place).
   virtual absl::StatusOr<Handle> PushPull(const std::string& name, absl::Span<const float> gradient,
                                           absl::Span<float> weights) = 0;
 

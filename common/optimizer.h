@@ -4,8 +4,8 @@
 // for each element, g = grad[i] * grad_scale (+ weight_decay * w[i]), then the
 // rule of the configured kind. SumInRankOrder gives the aggregation order.
 // Stateless apart from its config: thread-safe, state arrays belong to callers.
-#ifndef SHARDPS_SERVER_OPTIMIZER_H_
-#define SHARDPS_SERVER_OPTIMIZER_H_
+#ifndef SHARDPS_COMMON_OPTIMIZER_H_
+#define SHARDPS_COMMON_OPTIMIZER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -43,4 +43,4 @@ void AddInto(float* acc, const float* g, size_t n);
 
 }  // namespace shardps
 
-#endif  // SHARDPS_SERVER_OPTIMIZER_H_
+#endif  // SHARDPS_COMMON_OPTIMIZER_H_

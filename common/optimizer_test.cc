@@ -1,4 +1,4 @@
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,69 @@
+#include "compression/codec_policy.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardps::compression {
+namespace {
+
+// The codec for `spec` with `n` values, or null for raw fp32.
+absl::Status Resolve(const std::string& spec, uint64_t n, std::unique_ptr<Codec>* codec, std::string* canonical) {
+  auto params = ParseCodecSpec(spec);
+  if (!params.ok()) return params.status();
+  if (params->name == "none") return absl::OkStatus();
+  auto c = CreateCodec(*params);
+  if (!c.ok()) return c.status();
+  if (n < (*c)->min_elements()) return absl::OkStatus();
+  *canonical = params->ToString();
+  *codec = *std::move(c);
+  return absl::OkStatus();
+}
+
+absl::Status Named(absl::Status s, const std::string& field) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("config field '", field, "': ", s.message()));
+}
+
+}  // namespace
+
+absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
+  const CompressionConfig& c = config.compression();
+  if (absl::Status s = ParseCodecSpec(c.codec()).status(); !s.ok()) return Named(s, "compression.codec");
+  for (const auto& [tensor, spec] : c.tensor_codecs()) {
+    if (absl::Status s = ParseCodecSpec(spec).status(); !s.ok()) {
+      return Named(s, absl::StrCat("compression.tensor_codecs[", tensor, "]"));
+    }
+  }
+  auto pull = ParseCodecSpec(c.pull_codec());
+  if (!pull.ok()) return Named(pull.status(), "compression.pull_codec");
+  if (config.update_mode() == UPDATE_ON_SERVER && pull->name != "none" && pull->name != "fp16" &&
+      pull->name != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field 'compression.pull_codec': '", c.pull_codec(),
+        "' cannot carry weights; allowed with update_mode update_on_server: none, fp16, bf16 "
+        "(use update_mode: SUM_ONLY to compress the pulled aggregate)"));
+  }
+  if (!(c.momentum() >= 0 && c.momentum() < 1)) {
+    return absl::InvalidArgumentError("config field 'compression.momentum' must be in [0, 1)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,
+                                                   uint64_t num_elements) {
+  const CompressionConfig& c = config.compression();
+  auto it = c.tensor_codecs().find(tensor);
+  const std::string& push_spec = it != c.tensor_codecs().end() ? it->second : c.codec();
+  PartitionCodecs codecs;
+  if (absl::Status s = Resolve(push_spec, num_elements, &codecs.push, &codecs.push_spec); !s.ok()) return s;
+  if (absl::Status s = Resolve(c.pull_codec(), num_elements, &codecs.pull, &codecs.pull_spec); !s.ok()) return s;
+  return codecs;
+}
+
+uint64_t CodecSeed(uint64_t partition_id, uint64_t round) {
+  uint64_t z = partition_id * 0x9E3779B97F4A7C15ull + round + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace shardps::compression

@@ -1,0 +1,41 @@
+// Which codec each partition uses on the wire under a cluster configuration.
+// Workers and servers both call this, so they agree on every partition
+// without negotiating; the chosen spec also travels in each data header and
+// is checked by the receiver.
+#ifndef SHARDPS_COMPRESSION_CODEC_POLICY_H_
+#define SHARDPS_COMPRESSION_CODEC_POLICY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "compression/codec.h"
+#include "proto/config.pb.h"
+
+namespace shardps::compression {
+
+// The codecs of one partition. A null codec means raw fp32 (codec "none",
+// or a partition smaller than the codec's minimum size).
+struct PartitionCodecs {
+  std::unique_ptr<Codec> push;  // gradients, worker -> server
+  std::unique_ptr<Codec> pull;  // answers, server -> worker
+  std::string push_spec;        // canonical spec of `push`; empty when raw
+  std::string pull_spec;        // canonical spec of `pull`; empty when raw
+};
+
+// Checks every codec spec of `config.compression()` and the combinations:
+// pulled weights (update on server) may only be none, fp16 or bf16.
+absl::Status ValidateCompressionConfig(const ClusterConfig& config);
+
+// The codecs for a partition of `tensor` with `num_elements` values.
+absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,
+                                                   uint64_t num_elements);
+
+// Seed shared by every worker and the server for (partition, round), so
+// randomk picks the same indices everywhere and servers can sum payloads.
+uint64_t CodecSeed(uint64_t partition_id, uint64_t round);
+
+}  // namespace shardps::compression
+
+#endif  // SHARDPS_COMPRESSION_CODEC_POLICY_H_
