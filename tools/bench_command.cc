@@ -2,6 +2,8 @@
 // processes, next to a raw ZeroMQ DEALER/ROUTER echo of the same messages to
 // the same number of echo processes, measured in the same run.
 #include <algorithm>
+#include <functional>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -71,48 +73,64 @@ absl::StatusOr<Measured> RunClients(int clients, int64_t iters, int64_t warmup, 
   return m;
 }
 
+// Measures `iters` round trips per client after `warmup` unmeasured ones.
+using MeasureFn = std::function<absl::StatusOr<Measured>(int64_t iters, int64_t warmup)>;
+
 // The limit: each round trip sends every partition to its echo process and
 // copies every echoed partition into an output buffer, as a worker does.
-absl::StatusOr<Measured> RawEcho(const BenchOptions& o, const ShardMap& map, const std::vector<std::string>& echo) {
-  zmq::context_t ctx(1);
+MeasureFn RawEcho(const BenchOptions& o, const ShardMap& map, const std::vector<std::string>& echo) {
+  struct State {
+    zmq::context_t ctx{1};
+    std::vector<std::vector<zmq::socket_t>> sockets;
+    std::vector<std::vector<float>> in, out;
+  };
+  auto st = std::make_shared<State>();
   const size_t n = o.bytes / 4;
-  std::vector<std::vector<zmq::socket_t>> sockets(o.workers);
-  for (auto& per_client : sockets) {
+  st->sockets.resize(o.workers);
+  for (auto& per_client : st->sockets) {
     for (const std::string& address : echo) {
-      per_client.emplace_back(ctx, zmq::socket_type::dealer);
+      per_client.emplace_back(st->ctx, zmq::socket_type::dealer);
       per_client.back().connect(address);
     }
   }
-  std::vector<std::vector<float>> in(o.workers, std::vector<float>(n, 1.0f)), out(o.workers, std::vector<float>(n));
-  return RunClients(o.workers, o.iters, o.warmup, [&](int c) -> absl::Status {
-    for (const PartitionInfo& p : map.partitions()) {
-      // A 16-byte header (offset, count) stands in for our protobuf header.
-      const uint64_t where[2] = {p.offset(), p.num_elements()};
-      zmq::message_t header(where, sizeof(where));
-      sockets[c][p.server()].send(header, zmq::send_flags::sndmore);
-      sockets[c][p.server()].send(zmq::message_t(in[c].data() + p.offset(), p.num_elements() * 4, nullptr, nullptr),
-                                  zmq::send_flags::none);
-    }
-    std::vector<zmq::pollitem_t> items;
-    for (auto& s : sockets[c]) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
-    for (int left = map.partitions_size(); left > 0;) {
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(10000));
-      for (size_t s = 0; s < items.size(); ++s) {
-        zmq::message_t header, payload;
-        while (sockets[c][s].recv(header, zmq::recv_flags::dontwait)) {
-          (void)sockets[c][s].recv(payload);
-          uint64_t where[2];
-          std::memcpy(where, header.data(), sizeof(where));
-          std::memcpy(out[c].data() + where[0], payload.data(), where[1] * 4);
-          --left;
+  st->in.assign(o.workers, std::vector<float>(n, 1.0f));
+  st->out.assign(o.workers, std::vector<float>(n));
+  const int clients = o.workers;
+  return [st, map, clients](int64_t iters, int64_t warmup) {
+    return RunClients(clients, iters, warmup, [&](int c) -> absl::Status {
+      auto& sockets = st->sockets[c];
+      for (const PartitionInfo& p : map.partitions()) {
+        // A 16-byte header (offset, count) stands in for our protobuf header.
+        const uint64_t where[2] = {p.offset(), p.num_elements()};
+        zmq::message_t header(where, sizeof(where));
+        sockets[p.server()].send(header, zmq::send_flags::sndmore);
+        sockets[p.server()].send(
+            zmq::message_t(st->in[c].data() + p.offset(), p.num_elements() * 4, nullptr, nullptr),
+            zmq::send_flags::none);
+      }
+      std::vector<zmq::pollitem_t> items;
+      for (auto& s : sockets) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+      for (int left = map.partitions_size(); left > 0;) {
+        if (zmq::poll(items.data(), items.size(), std::chrono::milliseconds(10000)) == 0) {
+          return absl::DeadlineExceededError("raw echo: no answer within 10 s");
+        }
+        for (size_t s = 0; s < items.size(); ++s) {
+          zmq::message_t header, payload;
+          while (sockets[s].recv(header, zmq::recv_flags::dontwait)) {
+            (void)sockets[s].recv(payload);
+            uint64_t where[2];
+            std::memcpy(where, header.data(), sizeof(where));
+            std::memcpy(st->out[c].data() + where[0], payload.data(), where[1] * 4);
+            --left;
+          }
         }
       }
-    }
-    return absl::OkStatus();
-  });
+      return absl::OkStatus();
+    });
+  };
 }
 
-absl::StatusOr<Measured> Ours(const BenchOptions& o, const std::string& scheduler) {
+absl::StatusOr<MeasureFn> Ours(const BenchOptions& o, const std::string& scheduler) {
   const size_t n = o.bytes / 4;
   std::vector<std::unique_ptr<Worker>> workers(o.workers);
   std::vector<absl::Status> created(o.workers);
@@ -136,22 +154,51 @@ absl::StatusOr<Measured> Ours(const BenchOptions& o, const std::string& schedule
   for (const absl::Status& s : created) {
     if (!s.ok()) return s;
   }
-  std::vector<std::vector<float>> grad(o.workers, std::vector<float>(n, 1e-6f)), weights(o.workers, std::vector<float>(n));
-  const absl::Duration timeout = absl::Seconds(60);
-  return RunClients(o.workers, o.iters, o.warmup, [&](int c) -> absl::Status {
-    Worker& w = *workers[c];
-    if (o.op == "pushpull") {
-      auto h = w.PushPull("bench", grad[c], absl::MakeSpan(weights[c]));
-      if (!h.ok()) return h.status();
-      return w.Wait(*h, timeout);
-    }
-    auto push = w.Push("bench", grad[c]);
-    if (!push.ok()) return push.status();
-    if (absl::Status s = w.Wait(*push, timeout); !s.ok()) return s;
-    auto pull = w.Pull("bench", absl::MakeSpan(weights[c]));
-    if (!pull.ok()) return pull.status();
-    return w.Wait(*pull, timeout);
+  struct State {
+    std::vector<std::unique_ptr<Worker>> workers;
+    std::vector<std::vector<float>> grad, weights;
+  };
+  auto st = std::make_shared<State>();
+  st->workers = std::move(workers);
+  st->grad.assign(o.workers, std::vector<float>(n, 1e-6f));
+  st->weights.assign(o.workers, std::vector<float>(n));
+  const bool pushpull = o.op == "pushpull";
+  const int clients = o.workers;
+  return MeasureFn([st, pushpull, clients](int64_t iters, int64_t warmup) {
+    const absl::Duration timeout = absl::Seconds(60);
+    return RunClients(clients, iters, warmup, [&](int c) -> absl::Status {
+      Worker& w = *st->workers[c];
+      if (pushpull) {
+        auto h = w.PushPull("bench", st->grad[c], absl::MakeSpan(st->weights[c]));
+        if (!h.ok()) return h.status();
+        return w.Wait(*h, timeout);
+      }
+      auto push = w.Push("bench", st->grad[c]);
+      if (!push.ok()) return push.status();
+      if (absl::Status s = w.Wait(*push, timeout); !s.ok()) return s;
+      auto pull = w.Pull("bench", absl::MakeSpan(st->weights[c]));
+      if (!pull.ok()) return pull.status();
+      return w.Wait(*pull, timeout);
+    });
   });
+}
+
+// Alternates blocks of the two measurements so that load changes on a shared
+// machine hit both alike; returns {ours, raw} over all blocks.
+absl::StatusOr<std::pair<Measured, Measured>> Interleaved(const BenchOptions& o, MeasureFn& ours, MeasureFn& raw) {
+  constexpr int kBlocks = 5;
+  std::pair<Measured, Measured> total;
+  for (int b = 0; b < kBlocks; ++b) {
+    const int64_t iters = (o.iters + kBlocks - 1) / kBlocks;
+    const int64_t warmup = b == 0 ? o.warmup : 0;
+    for (auto [fn, into] : {std::pair{&ours, &total.first}, std::pair{&raw, &total.second}}) {
+      auto m = (*fn)(iters, warmup);
+      if (!m.ok()) return m.status();
+      into->seconds += m->seconds;
+      into->latencies_us.insert(into->latencies_us.end(), m->latencies_us.begin(), m->latencies_us.end());
+    }
+  }
+  return total;
 }
 
 absl::Status RunBench(const BenchOptions& o) {
@@ -205,8 +252,7 @@ absl::Status RunBench(const BenchOptions& o) {
   spec.set_dtype(FLOAT32);
   auto map = BuildShardMap({spec}, servers, o.partition_bytes, 1);
   if (!map.ok()) return map.status();
-  auto raw = RawEcho(o, *map, echo);
-  if (!raw.ok()) return raw.status();
+  MeasureFn raw = RawEcho(o, *map, echo);
 
   if (absl::Status s = spawn("scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config",
                                            dir + "/cluster.pbtxt", "--port-file", dir + "/scheduler.addr"});
@@ -222,15 +268,19 @@ absl::Status RunBench(const BenchOptions& o) {
       return s;
     }
   }
-  auto ours = Ours(o, *scheduler);
-  if (!ours.ok()) return ours.status();
+  auto ours_fn = Ours(o, *scheduler);
+  if (!ours_fn.ok()) return ours_fn.status();
+  auto measured = Interleaved(o, *ours_fn, raw);
+  if (!measured.ok()) return measured.status();
+  const Measured* ours = &measured->first;
+  const Measured* raw_m = &measured->second;
 
   const double trips = static_cast<double>(ours->latencies_us.size());
-  const double raw_trips = static_cast<double>(raw->latencies_us.size());
-  const double rt_s = trips / ours->seconds, raw_rt_s = raw_trips / raw->seconds;
+  const double raw_trips = static_cast<double>(raw_m->latencies_us.size());
+  const double rt_s = trips / ours->seconds, raw_rt_s = raw_trips / raw_m->seconds;
   const double gbps = rt_s * o.bytes / 1e9, raw_gbps = raw_rt_s * o.bytes / 1e9;
   const double p50 = Percentile(ours->latencies_us, 0.5), p99 = Percentile(ours->latencies_us, 0.99);
-  const double raw_p50 = Percentile(raw->latencies_us, 0.5);
+  const double raw_p50 = Percentile(raw_m->latencies_us, 0.5);
   std::cout << absl::StrFormat(
       "bench %s: %d bytes, %d servers, %d workers, %d round trips each\n"
       "  shardps : %8.3f GB/s pushed, %8.3f GB/s pulled, %9.0f round trips/s, p50 %8.1f us, p99 %8.1f us\n"
