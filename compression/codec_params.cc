@@ -14,7 +14,7 @@ namespace {
 
 // Keys accepted per codec, besides the universal "threads".
 std::vector<std::string> KeysFor(const std::string& name) {
-  if (name == "2bit") return {"threshold", "threads"};
+  if (name == "2bit") return {"threshold", "scale", "threads"};
   if (name == "topk") return {"ratio", "threads"};
   if (name == "randomk") return {"ratio", "unbiased", "threads"};
   return {"threads"};
@@ -40,6 +40,8 @@ absl::Status ApplyKey(std::string_view spec, std::string_view part, std::string_
   const absl::string_view v(value.data(), value.size());
   if (key == "threshold") {
     if (!absl::SimpleAtof(v, &p.threshold)) return BadValue(spec, part, "a number");
+  } else if (key == "scale") {
+    if (!absl::SimpleAtof(v, &p.scale)) return BadValue(spec, part, "a number");
   } else if (key == "ratio") {
     if (!absl::SimpleAtof(v, &p.ratio)) return BadValue(spec, part, "a number");
   } else if (key == "unbiased") {
@@ -79,7 +81,9 @@ const std::vector<std::string>& CodecNames() {
 
 std::string CodecParams::ToString() const {
   std::string s = name;
-  if (name == "2bit") absl::StrAppend(&s, ":threshold=", threshold);
+  if (name == "2bit") {
+    absl::StrAppend(&s, scale > 0 ? absl::StrCat(":scale=", scale) : absl::StrCat(":threshold=", threshold));
+  }
   if (name == "topk" || name == "randomk") absl::StrAppend(&s, ":ratio=", ratio);
   if (name == "randomk") absl::StrAppend(&s, ",unbiased=", unbiased ? 1 : 0);
   if (num_threads != 0) {
@@ -97,6 +101,9 @@ absl::Status ValidateCodecParams(const CodecParams& p) {
   if (p.name == "2bit" && !(std::isfinite(p.threshold) && p.threshold > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("2bit threshold must be finite and > 0, got ", p.threshold));
+  }
+  if (p.name == "2bit" && !(std::isfinite(p.scale) && p.scale >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("2bit scale must be finite and >= 0, got ", p.scale));
   }
   if ((p.name == "topk" || p.name == "randomk") && !(p.ratio > 0 && p.ratio <= 1)) {
     return absl::InvalidArgumentError(

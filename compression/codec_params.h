@@ -21,7 +21,10 @@ namespace shardps::compression {
 
 struct CodecParams {
   std::string name = "none";
-  float threshold = 0.5f;  // 2bit only.
+  float threshold = 0.5f;  // 2bit only: fixed threshold t (MXNet's 2-bit).
+  // 2bit only: when > 0, each message's threshold is scale * mean |x| of that
+  // message (t still travels in the payload), instead of the fixed one.
+  float scale = 0.0f;
   float ratio = 0.01f;     // topk, randomk.
   bool unbiased = true;    // randomk only.
   int num_threads = 0;     // CPU threads for large inputs; 0 = all cores.

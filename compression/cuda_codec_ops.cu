@@ -376,6 +376,9 @@ absl::Status DenseEncode(const CodecParams& p, const float* in, float* residual,
   } else if (p.name == "bf16") {
     HalfEncodeKernel<true><<<GridFor(n), kThreads, 0, s>>>(in, residual, n, reinterpret_cast<uint16_t*>(out));
   } else if (p.name == "2bit") {
+    if (p.scale > 0) {
+      return absl::UnimplementedError("2bit with an adaptive threshold (scale) has no CUDA kernel yet");
+    }
     TwoBitEncodeKernel<<<GridFor((n + 15) / 16), kThreads, 0, s>>>(in, residual, n, p.threshold,
                                                                   reinterpret_cast<uint32_t*>(out));
   } else if (p.name == "onebit") {

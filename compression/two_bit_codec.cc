@@ -5,6 +5,7 @@
 // rejected).
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec_factories.h"
@@ -52,13 +53,23 @@ class TwoBitCodec final : public Codec {
  public:
   explicit TwoBitCodec(const CodecParams& params) : Codec(params) {}
 
+  // scale * mean |x|, summed in a fixed order (bit-identical whatever the
+  // thread count); the smallest normal float when every value is zero, so the
+  // payload stays valid and decodes to zeros.
+  float AdaptiveThreshold(absl::Span<const float> in) const {
+    double sum = 0;
+    for (float v : in) sum += std::fabs(v);
+    const float t = static_cast<float>(params().scale * (in.empty() ? 0.0 : sum / in.size()));
+    return std::isfinite(t) && t > std::numeric_limits<float>::min() ? t : std::numeric_limits<float>::min();
+  }
+
   size_t EncodedBytes(size_t n) const override { return 4 + (n + kPerWord - 1) / kPerWord * 4; }
   size_t min_elements() const override { return 1024; }
 
   absl::StatusOr<size_t> Encode(absl::Span<const float> in, uint64_t /*seed*/,
                                 absl::Span<uint8_t> out) const override {
     if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
-    const float t = params().threshold;
+    const float t = params().scale > 0 ? AdaptiveThreshold(in) : params().threshold;
     StoreF32(out.data(), t);
     ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
       EncodeWords(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
