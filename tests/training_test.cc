@@ -105,8 +105,8 @@ TEST(TrainingTest, AsyncTrainsToTheReferenceAccuracyBand) {
     ASSERT_TRUE(results[r].ok()) << results[r].status();
     // Async order varies run to run; the band is wide enough for that and
     // far above what an optimizer that lost or doubled pushes reaches.
-    EXPECT_GT(results[r]->test_accuracy, 0.74);
-    EXPECT_NEAR(results[r]->test_accuracy, reference->test_accuracy, 0.04);
+    EXPECT_GT(results[r]->test_accuracy, 0.72);
+    EXPECT_NEAR(results[r]->test_accuracy, reference->test_accuracy, 0.06);
   }
 }
 

@@ -1,6 +1,7 @@
 // `shardps scheduler`, `server`, `train` and `status`.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <iostream>
@@ -114,7 +115,7 @@ int TrainCommand(const Args& args) {
   WorkerOptions worker_options;
   TrainOptions train;
   int64_t rank = 0, epochs = train.epochs, batch = train.batch_size, seed = train.seed, train_limit = 0,
-          test_limit = 0, max_steps = 0, log_every = train.log_every;
+          test_limit = 0, max_steps = 0, log_every = train.log_every, devices_per_worker = 1;
   double rendezvous_s = 60;
   std::string result_file;
   bool verbose = false;
@@ -123,6 +124,8 @@ int TrainCommand(const Args& args) {
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");
   flags.Int("batch-size", &batch, "images per step per worker");
+  flags.Int("devices-per-worker", &devices_per_worker,
+            "CPU devices (model replicas) per worker, each on batch-size / D images; gradients merged locally");
   flags.Int("seed", &seed, "seed of initial weights and data order");
   flags.Int("train-limit", &train_limit, "use only the first N training images (0 = all)");
   flags.Int("test-limit", &test_limit, "use only the first N test images (0 = all)");
@@ -141,6 +144,7 @@ int TrainCommand(const Args& args) {
   worker_options.rendezvous_timeout = absl::Seconds(rendezvous_s);
   train.epochs = epochs;
   train.batch_size = batch;
+  train.devices_per_worker = static_cast<int>(std::clamp<int64_t>(devices_per_worker, 0, 1025));  // validated below
   train.seed = seed;
   train.train_limit = train_limit;
   train.test_limit = test_limit;
@@ -149,6 +153,7 @@ int TrainCommand(const Args& args) {
   auto layers = ParseLayers(hidden);
   if (!layers.ok()) return Fail("train", layers.status());
   train.layers = *layers;
+  if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return Fail("train", s);
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   auto result = RunTrainingWorker(**worker, train, std::cerr);

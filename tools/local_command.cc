@@ -2,6 +2,7 @@
 // processes on loopback, or (--reference) the same job in one process.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +25,7 @@ namespace {
 
 struct LocalOptions {
   int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
-          max_steps = 0, log_every = 100;
+          max_steps = 0, log_every = 100, devices_per_worker = 1;
   std::string consistency, config_path, compression, hidden = "256,128";
   std::vector<std::string> sets;
   bool json = false, reference = false, deterministic = false, verbose = false;
@@ -108,7 +109,8 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                         {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
                          absl::StrCat(o.epochs), "--batch-size", absl::StrCat(o.batch), "--seed", absl::StrCat(o.seed),
                          "--train-limit", absl::StrCat(o.train_limit), "--test-limit", absl::StrCat(o.test_limit),
-                         "--max-steps", absl::StrCat(o.max_steps), "--hidden", o.hidden, "--log-every",
+                         "--max-steps", absl::StrCat(o.max_steps), "--hidden", o.hidden, "--devices-per-worker",
+                         absl::StrCat(o.devices_per_worker), "--log-every",
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
                          verbose},
                         true);
@@ -165,6 +167,8 @@ int LocalCommand(const Args& args) {
   flags.Bool("reference", &o.reference, "run the same job in one process, without servers");
   flags.Bool("deterministic", &o.deterministic, "sync: sum gradients in rank order (bitwise reproducible)");
   flags.Int("batch-size", &o.batch, "images per step per worker");
+  flags.Int("devices-per-worker", &o.devices_per_worker,
+            "CPU devices (model replicas) per worker, each on batch-size / D images; gradients merged locally");
   flags.Int("seed", &o.seed, "seed of initial weights and data order");
   flags.Int("train-limit", &o.train_limit, "use only the first N training images (0 = all)");
   flags.Int("test-limit", &o.test_limit, "use only the first N test images (0 = all)");
@@ -188,6 +192,15 @@ int LocalCommand(const Args& args) {
     std::cerr << "shardps local: --hidden: " << layers.status().message() << "\n";
     return 2;
   }
+  {
+    TrainOptions check;
+    check.batch_size = static_cast<int>(std::clamp<int64_t>(o.batch, 0, 1 << 30));
+    check.devices_per_worker = static_cast<int>(std::clamp<int64_t>(o.devices_per_worker, 0, 1025));
+    if (absl::Status s = ValidateTrainOptions(check); !s.ok()) {
+      std::cerr << "shardps local: " << s.message() << "\n";
+      return 2;
+    }
+  }
   std::map<std::string, double> result;
   uint64_t pushed = 0, pulled = 0;
   int64_t samples = 0;
@@ -196,6 +209,7 @@ int LocalCommand(const Args& args) {
     TrainOptions t;
     t.epochs = o.epochs;
     t.batch_size = o.batch;
+    t.devices_per_worker = static_cast<int>(o.devices_per_worker);
     t.seed = o.seed;
     t.train_limit = o.train_limit;
     t.test_limit = o.test_limit;
@@ -228,17 +242,18 @@ int LocalCommand(const Args& args) {
     wall = outcome->wall_seconds;
   }
   const std::string consistency = o.reference ? "reference" : ConsistencyName(config->consistency());
-  std::cout << absl::StrFormat("test accuracy %.4f after %d epochs (%s, %d servers x %d workers) in %.1f s\n",
-                               result["test_accuracy"], o.epochs, consistency, o.reference ? 0 : o.servers,
-                               o.workers, wall);
+  std::cout << absl::StrFormat(
+      "test accuracy %.4f after %d epochs (%s, %d servers x %d workers x %d devices) in %.1f s\n",
+      result["test_accuracy"], o.epochs, consistency, o.reference ? 0 : o.servers, o.workers, o.devices_per_worker,
+      wall);
   if (o.json) {
     std::cout << absl::StrFormat(
         "{\"test_accuracy\": %.6f, \"consistency\": \"%s\", \"servers\": %d, \"workers\": %d, \"epochs\": %d, "
         "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
-        "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s}\n",
+        "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d}\n",
         result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
-        result["final_loss"], config->deterministic() ? "true" : "false");
+        result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker);
   }
   return 0;
 }

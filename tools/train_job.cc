@@ -1,16 +1,20 @@
 #include "tools/train_job.h"
 
 #include <chrono>
+#include <future>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "scheduler/shard_assignment.h"
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train/mlp.h"
+#include "worker/device.h"
+#include "worker/device_group.h"
 
 namespace shardps {
 namespace {
@@ -56,6 +60,47 @@ std::vector<TensorSpec> Specs(const Mlp& model) {
   return specs;
 }
 
+// Declares the model's tensors, lets rank 0 set the initial weights and waits
+// for every worker.
+absl::Status JoinJob(Worker& worker, Mlp& model, const TrainOptions& o) {
+  SHARDPS_RETURN_IF_ERROR(worker.DefineTensors(Specs(model)));
+  if (worker.rank() == 0) {
+    model.InitParams(o.seed);
+    for (size_t t = 0; t < model.params().size(); ++t) {
+      SHARDPS_RETURN_IF_ERROR(worker.InitTensor(model.tensors()[t].name, model.params()[t], o.step_timeout));
+    }
+  }
+  return worker.Barrier("init");
+}
+
+// Trains one batch: images (batch_size x kImagePixels) and labels in, the
+// batch's mean loss out.
+using BatchStep = absl::FunctionRef<absl::StatusOr<float>(const float* images, const uint8_t* labels)>;
+
+// Runs every epoch of one worker's shard through `step`.
+absl::Status TrainEpochs(const Data& data, const TrainOptions& o, uint32_t rank, int world, BatchStep step,
+                         std::ostream& log, TrainResult& result) {
+  const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
+  if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
+  std::vector<float> images;
+  std::vector<uint8_t> labels;
+  const auto start = std::chrono::steady_clock::now();
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
+    for (int s = 0; s < steps_per_epoch; ++s) {
+      if (o.max_steps > 0 && result.steps >= o.max_steps) break;
+      train::GatherBatch(data.train, absl::MakeConstSpan(order).subspan(s * o.batch_size, o.batch_size), &images,
+                         &labels);
+      SHARDPS_ASSIGN_OR_RETURN(result.final_loss, step(images.data(), labels.data()));
+      ++result.steps;
+      result.samples += o.batch_size;
+      Progress(log, o, epoch, result.steps, result.final_loss, result.samples, Seconds(start));
+    }
+  }
+  result.wall_seconds = Seconds(start);
+  return absl::OkStatus();
+}
+
 absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<float>>& params,
                      const std::vector<std::vector<float>>* grads, absl::Duration timeout) {
   std::vector<Worker::Handle> handles;
@@ -77,6 +122,111 @@ absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<f
   return first;
 }
 
+// The local tier's merge, written out: for every element, in float,
+// acc = g_0 + g_1 + ... + g_{D-1} (device order), then acc * (1.0f / D).
+// See worker/local_reducer.h; the reference must not share its code.
+void AverageInDeviceOrder(const std::vector<std::vector<std::vector<float>>>& slice_grads,
+                          std::vector<std::vector<float>>* out) {
+  const size_t devices = slice_grads.size();
+  const float scale = 1.0f / static_cast<float>(devices);
+  out->resize(slice_grads[0].size());
+  for (size_t t = 0; t < out->size(); ++t) {
+    std::vector<float>& avg = (*out)[t];
+    avg.resize(slice_grads[0][t].size());
+    for (size_t i = 0; i < avg.size(); ++i) {
+      float acc = slice_grads[0][t][i];
+      for (size_t d = 1; d < devices; ++d) acc = acc + slice_grads[d][t][i];
+      avg[i] = acc * scale;
+    }
+  }
+}
+
+// One model replica per device of a DeviceGroup worker.
+struct Replica {
+  Mlp model;
+  std::vector<std::vector<float>> grads;
+  float loss = 0;
+};
+
+// Copies device d's weights (left there by the last Round/Pull) into `model`.
+absl::Status LoadWeights(const DeviceGroup& group, int d, Mlp& model) {
+  for (size_t t = 0; t < group.num_tensors(); ++t) {
+    SHARDPS_RETURN_IF_ERROR(group.weights(d, t).CopyToHost(0, absl::MakeSpan(model.params()[t])));
+  }
+  return absl::OkStatus();
+}
+
+// Each replica, on its device's thread: load the latest weights, forward and
+// backward on its slice of the batch, store the gradient in the device's
+// buffers. Returns the batch's mean loss (slice losses averaged in device
+// order). The replicas compute on the CPU whatever the device kind: only the
+// merge and broadcast use the device; a GPU forward/backward is not built.
+absl::StatusOr<float> RunReplicas(DeviceGroup& group, std::vector<Replica>& replicas, const float* images,
+                                  const uint8_t* labels, int slice) {
+  std::vector<std::future<absl::Status>> done;
+  for (int d = 0; d < group.num_devices(); ++d) {
+    done.push_back(group.device(d).Submit([&, d]() -> absl::Status {
+      Replica& replica = replicas[d];
+      SHARDPS_RETURN_IF_ERROR(LoadWeights(group, d, replica.model));
+      replica.loss = replica.model.ForwardBackward(images + size_t{1} * d * slice * train::kImagePixels,
+                                                   labels + d * slice, slice, &replica.grads);
+      for (size_t t = 0; t < replica.grads.size(); ++t) {
+        SHARDPS_RETURN_IF_ERROR(group.gradient(d, t).CopyFromHost(replica.grads[t]));
+      }
+      return absl::OkStatus();
+    }));
+  }
+  absl::Status first;
+  for (auto& f : done) {
+    absl::Status s = f.get();
+    if (first.ok()) first = s;
+  }
+  if (!first.ok()) return first;
+  float loss = 0;
+  for (const Replica& replica : replicas) loss += replica.loss;
+  return loss / static_cast<float>(replicas.size());
+}
+
+// RunTrainingWorker with devices_per_worker = D > 1: D CPU devices, one
+// replica each, merged and pushed once per partition by a DeviceGroup (in
+// layer order: the tensors the next forward pass needs first).
+absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOptions& o, std::ostream& log) {
+  const int num_devices = o.devices_per_worker;
+  SHARDPS_ASSIGN_OR_RETURN(Data data, LoadData(o));
+  SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));
+  SHARDPS_RETURN_IF_ERROR(JoinJob(worker, model, o));
+  std::vector<GroupTensor> tensors;
+  for (const auto& t : model.tensors()) tensors.push_back({t.name, t.numel});
+  SHARDPS_ASSIGN_OR_RETURN(auto devices, CreateDevices(absl::StrCat("cpu:", num_devices)));
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<DeviceGroup> group,
+                           DeviceGroup::Create(worker, std::move(devices), std::move(tensors)));
+  SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
+  std::vector<Replica> replicas(num_devices, Replica{model, {}, 0});
+
+  TrainResult result;
+  auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    SHARDPS_ASSIGN_OR_RETURN(float loss, RunReplicas(*group, replicas, images, labels, o.batch_size / num_devices));
+    SHARDPS_RETURN_IF_ERROR(group->Round(o.step_timeout));
+    return loss;
+  };
+  const int world = static_cast<int>(worker.config().num_workers());
+  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker.rank(), world, step, log, result));
+  SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
+  // Sum-only: the group's host weights are the job's weights (updated in
+  // place by every round); the servers hold only the initial ones.
+  if (worker.config().update_mode() != SUM_ONLY) SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
+  for (size_t t = 0; t < group->num_tensors(); ++t) {
+    absl::Span<const float> w = group->host_weights(t);
+    result.params.emplace_back(w.begin(), w.end());
+  }
+  model.params() = result.params;
+  result.test_accuracy = model.Evaluate(data.test);
+  WorkerStats stats = worker.stats();
+  result.bytes_pushed = stats.bytes_pushed;
+  result.bytes_pulled = stats.bytes_pulled;
+  return result;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
@@ -93,45 +243,45 @@ absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
   return layers;
 }
 
+absl::Status ValidateTrainOptions(const TrainOptions& o) {
+  if (o.batch_size < 1) return absl::InvalidArgumentError(absl::StrCat("batch size ", o.batch_size, " is below 1"));
+  if (o.devices_per_worker < 1 || o.devices_per_worker > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices per worker ", o.devices_per_worker, " is not in [1, 1024]"));
+  }
+  if (o.batch_size % o.devices_per_worker != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch size ", o.batch_size, " is not divisible by ", o.devices_per_worker,
+        " devices per worker: each device trains on batch_size / devices_per_worker images of the worker's batch"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& o, std::ostream& log) {
+  SHARDPS_RETURN_IF_ERROR(ValidateTrainOptions(o));
+  if (o.devices_per_worker > 1) return RunDeviceGroupWorker(worker, o, log);
   SHARDPS_ASSIGN_OR_RETURN(Data data, LoadData(o));
   SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));
-  SHARDPS_RETURN_IF_ERROR(worker.DefineTensors(Specs(model)));
+  SHARDPS_RETURN_IF_ERROR(JoinJob(worker, model, o));
   auto& params = model.params();
-  if (worker.rank() == 0) {
-    model.InitParams(o.seed);
-    for (size_t t = 0; t < params.size(); ++t) {
-      SHARDPS_RETURN_IF_ERROR(worker.InitTensor(model.tensors()[t].name, params[t], o.step_timeout));
-    }
-  }
-  SHARDPS_RETURN_IF_ERROR(worker.Barrier("init"));
   SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
 
-  const int world = static_cast<int>(worker.config().num_workers());
-  const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
-  if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
   std::vector<std::vector<float>> grads;
-  std::vector<float> images;
-  std::vector<uint8_t> labels;
   TrainResult result;
-  const auto start = std::chrono::steady_clock::now();
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
-    std::vector<uint32_t> order = train::ShardIndices(data.train.size(), worker.rank(), world, o.seed, epoch);
-    for (int s = 0; s < steps_per_epoch; ++s) {
-      if (o.max_steps > 0 && result.steps >= o.max_steps) break;
-      train::GatherBatch(data.train, absl::MakeConstSpan(order).subspan(s * o.batch_size, o.batch_size), &images,
-                         &labels);
-      result.final_loss = model.ForwardBackward(images.data(), labels.data(), o.batch_size, &grads);
-      SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, &grads, o.step_timeout));
-      ++result.steps;
-      result.samples += o.batch_size;
-      Progress(log, o, epoch, result.steps, result.final_loss, result.samples, Seconds(start));
-    }
-  }
-  result.wall_seconds = Seconds(start);
+  auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    const float loss = model.ForwardBackward(images, labels, o.batch_size, &grads);
+    SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, &grads, o.step_timeout));
+    return loss;
+  };
+  const int world = static_cast<int>(worker.config().num_workers());
+  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker.rank(), world, step, log, result));
   // Everyone finishes, then evaluates the same (latest) weights.
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
-  SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
+  // In sum-only mode the weights live on the workers (identical after every
+  // sync round); the servers hold only the initial ones.
+  if (worker.config().update_mode() != SUM_ONLY) {
+    SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
+  }
   result.test_accuracy = model.Evaluate(data.test);
   WorkerStats stats = worker.stats();
   result.bytes_pushed = stats.bytes_pushed;
@@ -141,6 +291,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
 }
 
 absl::StatusOr<TrainResult> RunReference(const ClusterConfig& config, const TrainOptions& o, std::ostream& log) {
+  SHARDPS_RETURN_IF_ERROR(ValidateTrainOptions(o));
   SHARDPS_ASSIGN_OR_RETURN(Data data, LoadData(o));
   SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(config.optimizer()));
@@ -150,9 +301,12 @@ absl::StatusOr<TrainResult> RunReference(const ClusterConfig& config, const Trai
   for (size_t t = 0; t < params.size(); ++t) state[t].assign(optimizer->state_slots() * params[t].size(), 0.0f);
 
   const int world = static_cast<int>(config.num_workers());
+  const int devices = o.devices_per_worker;
+  const int slice = o.batch_size / devices;
   const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
   if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
   std::vector<std::vector<std::vector<float>>> grads(world);
+  std::vector<std::vector<std::vector<float>>> slice_grads(devices);  // [device][tensor]
   std::vector<float> images, sum;
   std::vector<uint8_t> labels;
   TrainResult result;
@@ -165,7 +319,19 @@ absl::StatusOr<TrainResult> RunReference(const ClusterConfig& config, const Trai
       for (int r = 0; r < world; ++r) {
         train::GatherBatch(data.train, absl::MakeConstSpan(orders[r]).subspan(s * o.batch_size, o.batch_size),
                            &images, &labels);
-        float loss = model.ForwardBackward(images.data(), labels.data(), o.batch_size, &grads[r]);
+        float loss;
+        if (devices == 1) {
+          loss = model.ForwardBackward(images.data(), labels.data(), o.batch_size, &grads[r]);
+        } else {
+          // What the worker's D replicas and its DeviceGroup compute.
+          loss = 0;
+          for (int d = 0; d < devices; ++d) {
+            loss += model.ForwardBackward(images.data() + size_t{1} * d * slice * train::kImagePixels,
+                                          labels.data() + d * slice, slice, &slice_grads[d]);
+          }
+          loss /= static_cast<float>(devices);
+          AverageInDeviceOrder(slice_grads, &grads[r]);
+        }
         if (r == 0) result.final_loss = loss;
       }
       for (size_t t = 0; t < params.size(); ++t) {

@@ -18,6 +18,11 @@ struct TrainOptions {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int epochs = 3;
   int batch_size = 32;       // per worker
+  // Devices per worker, each with its own model replica training on
+  // batch_size / devices_per_worker images of the worker's batch; their
+  // gradients are averaged (DeviceGroup) before one push per partition.
+  // Devices are CPU devices ("cpu:D"). 1 = one model, no local tier.
+  int devices_per_worker = 1;
   uint64_t seed = 1;
   size_t train_limit = 0;    // first N training images only (0 = all 60k)
   size_t test_limit = 0;     // first N test images only (0 = all 10k)
@@ -41,12 +46,19 @@ struct TrainResult {
 // MLP layer widths from "256,128" (hidden layers): {784, 256, 128, 10}.
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden);
 
+// InvalidArgument unless batch_size >= 1, devices_per_worker in [1, 1024] and
+// batch_size divisible by devices_per_worker (the message says which).
+absl::Status ValidateTrainOptions(const TrainOptions& options);
+
 // Runs one worker of the job. Rank 0 initialises the weights.
 absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& options, std::ostream& log);
 
 // The same job in one process: each step averages the gradients of the
 // `config.num_workers()` data shards in rank order and applies the configured
-// optimizer, i.e. what a deterministic sync cluster computes.
+// optimizer, i.e. what a deterministic sync cluster computes. With
+// devices_per_worker D > 1, a rank's gradient is first the average of its D
+// slice gradients in device order, (g_0 + ... + g_{D-1}) * (1.0f / D), as the
+// worker's DeviceGroup merges them.
 absl::StatusOr<TrainResult> RunReference(const ClusterConfig& config, const TrainOptions& options,
                                          std::ostream& log);
 
