@@ -126,6 +126,8 @@ int TrainCommand(const Args& args) {
   flags.Int("batch-size", &batch, "images per step per worker");
   flags.Int("devices-per-worker", &devices_per_worker,
             "CPU devices (model replicas) per worker, each on batch-size / D images; gradients merged locally");
+  flags.String("devices", &train.devices,
+               "local-tier devices, e.g. cuda:0,cuda:1 or cpu:4 (count must equal --devices-per-worker)");
   flags.Int("seed", &seed, "seed of initial weights and data order");
   flags.Int("train-limit", &train_limit, "use only the first N training images (0 = all)");
   flags.Int("test-limit", &test_limit, "use only the first N test images (0 = all)");

@@ -197,7 +197,12 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
   SHARDPS_RETURN_IF_ERROR(JoinJob(worker, model, o));
   std::vector<GroupTensor> tensors;
   for (const auto& t : model.tensors()) tensors.push_back({t.name, t.numel});
-  SHARDPS_ASSIGN_OR_RETURN(auto devices, CreateDevices(absl::StrCat("cpu:", num_devices)));
+  const std::string spec = o.devices.empty() ? absl::StrCat("cpu:", num_devices) : o.devices;
+  SHARDPS_ASSIGN_OR_RETURN(auto devices, CreateDevices(spec));
+  if (static_cast<int>(devices.size()) != num_devices) {
+    return absl::InvalidArgumentError(absl::StrCat("device spec '", spec, "' names ", devices.size(),
+                                                   " devices; devices per worker is ", num_devices));
+  }
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<DeviceGroup> group,
                            DeviceGroup::Create(worker, std::move(devices), std::move(tensors)));
   SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));

@@ -21,8 +21,14 @@ struct TrainOptions {
   // Devices per worker, each with its own model replica training on
   // batch_size / devices_per_worker images of the worker's batch; their
   // gradients are averaged (DeviceGroup) before one push per partition.
-  // Devices are CPU devices ("cpu:D"). 1 = one model, no local tier.
+  // Devices are CPU devices ("cpu:D") unless `devices` names them.
+  // 1 = one model, no local tier.
   int devices_per_worker = 1;
+  // Device spec of the local tier (worker/device.h), e.g. "cuda:0,cuda:1";
+  // must name devices_per_worker devices. Empty: "cpu:D". The model math runs
+  // on the CPU either way; the devices hold the gradients and weights that
+  // are merged and broadcast.
+  std::string devices;
   uint64_t seed = 1;
   size_t train_limit = 0;    // first N training images only (0 = all 60k)
   size_t test_limit = 0;     // first N test images only (0 = all 10k)
