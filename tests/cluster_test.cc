@@ -88,6 +88,36 @@ TEST(ClusterTest, PerPartitionPushPullMatchesWholeTensor) {
   EXPECT_FALSE(worker->PushPullPartition("w", parts->size(), grad, absl::MakeSpan(out)).ok());
 }
 
+// Several threads share one worker: whichever thread waits drains answers
+// for all of them, and every thread sees its own results.
+TEST(ClusterTest, ThreadsSharingAWorkerEachGetTheirAnswers) {
+  auto cluster = TestCluster::Start(Config(2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Connect(**cluster, 0);
+  constexpr int kThreads = 4, kRounds = 100, kN = 777;
+  std::vector<TensorSpec> specs;
+  for (int t = 0; t < kThreads; ++t) specs.push_back(Tensor("t" + std::to_string(t), kN));
+  ASSERT_TRUE(worker->DefineTensors(specs).ok());
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> outs(kThreads, std::vector<float>(kN));
+  std::vector<absl::Status> status(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<float> grad(kN, static_cast<float>(t + 1));
+      for (int r = 0; r < kRounds && status[t].ok(); ++r) {
+        auto h = worker->PushPull("t" + std::to_string(t), grad, absl::MakeSpan(outs[t]));
+        status[t] = h.ok() ? worker->Wait(*h, absl::Seconds(20)) : h.status();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(status[t].ok()) << "thread " << t << ": " << status[t];
+    // SGD lr 0.5 for kRounds rounds of gradient t+1.
+    EXPECT_FLOAT_EQ(outs[t][kN - 1], -0.5f * (t + 1) * kRounds) << "thread " << t;
+  }
+}
+
 TEST(ClusterTest, SyncRoundWaitsForEveryWorker) {
   auto cluster = TestCluster::Start(Config(2, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -1,5 +1,10 @@
 #include "worker/data_channel.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include <glog/logging.h>
@@ -11,8 +16,9 @@
 namespace shardps {
 namespace {
 
-// First frame of an inproc command: the target server, or kStop.
-constexpr uint32_t kStop = 0xffffffffu;
+// Longest a poller sleeps before looking again (a safety net; answers and
+// wake-ups normally end the sleep at once).
+constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 
 }  // namespace
 
@@ -20,6 +26,9 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
                                                                  uint32_t rank) {
   zmq::context_t context(1);
   std::unique_ptr<DataChannel> channel(new DataChannel(std::move(context), addresses, rank));
+  channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (channel->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+  absl::MutexLock lock(&channel->io_mu_);
   for (size_t i = 0; i < addresses.size(); ++i) {
     zmq::socket_t s(channel->context_, zmq::socket_type::dealer);
     s.set(zmq::sockopt::sndhwm, 0);
@@ -31,33 +40,21 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
       return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", i, " at '", addresses[i],
                                                      "': ", e.what()));
     }
+    channel->fds_.push_back(s.get(zmq::sockopt::fd));
     channel->servers_.push_back(std::move(s));
   }
-  channel->io_thread_ = std::thread([c = channel.get()] { c->Loop(); });
   return channel;
 }
 
 DataChannel::DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank)
-    : context_(std::move(context)), addresses_(std::move(addresses)), rank_(rank) {
-  inproc_endpoint_ = absl::StrCat("inproc://shardps-data-", reinterpret_cast<uintptr_t>(this));
-  commands_ = zmq::socket_t(context_, zmq::socket_type::pull);
-  commands_.set(zmq::sockopt::rcvhwm, 0);
-  commands_.bind(inproc_endpoint_);
-  absl::MutexLock lock(&submit_mu_);
-  submit_ = zmq::socket_t(context_, zmq::socket_type::push);
-  submit_.set(zmq::sockopt::sndhwm, 0);
-  submit_.connect(inproc_endpoint_);
-}
+    : context_(std::move(context)), addresses_(std::move(addresses)), rank_(rank) {}
 
 DataChannel::~DataChannel() {
   {
-    absl::MutexLock lock(&submit_mu_);
-    uint32_t stop = kStop;
-    submit_.send(zmq::buffer(&stop, sizeof(stop)), zmq::send_flags::none);
+    absl::MutexLock lock(&io_mu_);
+    servers_.clear();
   }
-  if (io_thread_.joinable()) io_thread_.join();
-  absl::MutexLock lock(&submit_mu_);
-  submit_.close();
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
@@ -77,61 +74,43 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
       h.request_ids.push_back(ids[i]);
     }
   }
-  absl::MutexLock lock(&submit_mu_);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    Request& r = requests[i];
-    r.header.set_request_id(ids[i]);
-    r.header.set_worker_rank(rank_);
-    zmq::message_t head = HeaderFrame(r.header);
-    const bool has_payload = r.payload != nullptr || r.encoded.size() > 0;
-    submit_.send(zmq::buffer(&r.server, sizeof(r.server)), zmq::send_flags::sndmore);
-    submit_.send(head, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    if (has_payload) {
-      zmq::message_t payload = r.encoded.size() > 0
-                                   ? std::move(r.encoded)
-                                   : BorrowedFrame(r.payload, r.header.num_elements() * sizeof(float));
-      bytes_sent_.fetch_add(payload.size(), std::memory_order_relaxed);
-      submit_.send(payload, zmq::send_flags::none);
+  int drained;
+  {
+    absl::MutexLock lock(&io_mu_);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Request& r = requests[i];
+      r.header.set_request_id(ids[i]);
+      r.header.set_worker_rank(rank_);
+      zmq::message_t head = HeaderFrame(r.header);
+      const bool has_payload = r.payload != nullptr || r.encoded.size() > 0;
+      zmq::socket_t& socket = servers_[r.server];
+      (void)socket.send(head, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      if (has_payload) {
+        zmq::message_t payload = r.encoded.size() > 0
+                                     ? std::move(r.encoded)
+                                     : BorrowedFrame(r.payload, r.header.num_elements() * sizeof(float));
+        bytes_sent_.fetch_add(payload.size(), std::memory_order_relaxed);
+        (void)socket.send(payload, zmq::send_flags::none);
+      }
     }
+    // Sending may consume the sockets' readiness signal: answers that became
+    // readable meanwhile are handled here, or a poller could sleep on them.
+    drained = DrainReady();
   }
   requests_sent_.fetch_add(requests.size(), std::memory_order_relaxed);
+  if (drained > 0) WakePoller();
   return handle;
 }
 
-void DataChannel::Loop() {
-  std::vector<zmq::pollitem_t> items;
-  items.push_back({commands_.handle(), 0, ZMQ_POLLIN, 0});
-  for (auto& s : servers_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
-  while (true) {
-    PollOrInterrupted(items.data(), items.size(), std::chrono::milliseconds(-1));
-    for (size_t i = 1; i < items.size(); ++i) {
-      if (items[i].revents & ZMQ_POLLIN) {
-        while (servers_[i - 1].get(zmq::sockopt::events) & ZMQ_POLLIN) Receive(i - 1);
-      }
-    }
-    if (items[0].revents & ZMQ_POLLIN) {
-      zmq::message_t target;
-      while (commands_.recv(target, zmq::recv_flags::dontwait)) {
-        uint32_t server;
-        std::memcpy(&server, target.data(), sizeof(server));
-        if (server == kStop) return;
-        Forward(server);
-      }
+int DataChannel::DrainReady() {
+  int handled = 0;
+  for (size_t s = 0; s < servers_.size(); ++s) {
+    while (servers_[s].get(zmq::sockopt::events) & ZMQ_POLLIN) {
+      Receive(s);
+      ++handled;
     }
   }
-}
-
-void DataChannel::Forward(uint32_t server) {
-  // Frames after the target: [header][payload?], passed on without copying.
-  zmq::message_t frame;
-  bool more = true;
-  while (more) {
-    (void)commands_.recv(frame);
-    more = frame.more();
-    if (server < servers_.size()) {
-      servers_[server].send(frame, more ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    }
-  }
+  return handled;
 }
 
 void DataChannel::Receive(size_t server) {
@@ -189,6 +168,25 @@ void DataChannel::Complete(uint64_t request_id, const absl::Status& status) {
   --h.remaining;
 }
 
+void DataChannel::PollFds(absl::Duration timeout) {
+  std::vector<pollfd> fds;
+  fds.reserve(fds_.size() + 1);
+  for (int fd : fds_) fds.push_back({fd, POLLIN, 0});
+  fds.push_back({wake_fd_, POLLIN, 0});
+  (void)poll(fds.data(), fds.size(), static_cast<int>(absl::ToInt64Milliseconds(timeout)) + 1);
+  uint64_t count;
+  if (fds.back().revents & POLLIN) (void)read(wake_fd_, &count, sizeof(count));
+}
+
+void DataChannel::WakePoller() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!poller_active_) return;
+  }
+  const uint64_t one = 1;
+  (void)write(wake_fd_, &one, sizeof(one));
+}
+
 std::string DataChannel::Outstanding(const HandleState& h) const {
   std::vector<std::string> parts;
   for (uint64_t id : h.request_ids) {
@@ -201,22 +199,46 @@ std::string DataChannel::Outstanding(const HandleState& h) const {
 }
 
 absl::Status DataChannel::Wait(uint64_t handle, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  mu_.Lock();
   auto it = handles_.find(handle);
   if (it == handles_.end()) {
+    mu_.Unlock();
     return absl::InvalidArgumentError(absl::StrCat("unknown handle ", handle, " (already waited on?)"));
   }
-  HandleState& h = it->second;
-  auto done = [&h]() { return h.remaining == 0; };
+  HandleState& h = it->second;  // stable: only this Wait erases it
+  bool polling = false;
+  while (h.remaining > 0 && absl::Now() < deadline) {
+    if (!polling && poller_active_) {
+      // Another thread polls; sleep until our handle is done or the role frees.
+      auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return h.remaining == 0 || !poller_active_; };
+      mu_.AwaitWithDeadline(absl::Condition(&wake), deadline);
+      continue;
+    }
+    poller_active_ = polling = true;
+    mu_.Unlock();
+    int drained;
+    {
+      absl::MutexLock lock(&io_mu_);
+      drained = DrainReady();
+    }
+    mu_.Lock();
+    if (drained > 0 || h.remaining == 0) continue;
+    mu_.Unlock();
+    PollFds(std::min(kPollSlice, std::max(absl::ZeroDuration(), deadline - absl::Now())));
+    mu_.Lock();
+  }
+  if (polling) poller_active_ = false;  // waking a sleeper to take over (Await re-checks)
   absl::Status result;
-  if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+  if (h.remaining > 0) {
     result = absl::DeadlineExceededError(absl::StrCat(h.what, ": no answer within ", absl::FormatDuration(timeout),
                                                       " from ", Outstanding(h)));
     for (uint64_t id : h.request_ids) pending_.erase(id);
   } else {
     result = h.status;
   }
-  handles_.erase(it);
+  handles_.erase(handle);
+  mu_.Unlock();
   return result;
 }
 

@@ -1,10 +1,13 @@
-// The worker's data plane: one DEALER socket per server, driven by a single
-// I/O thread, and the table of requests waiting for answers.
+// The worker's data plane: one DEALER socket per server and the table of
+// requests waiting for answers. There is no I/O thread: a caller of Submit()
+// sends on the socket itself (payloads zero-copy from its buffer), and a
+// caller of Wait() drains answers itself, so a request and its answer cross
+// no thread hand-off. With several waiting threads one of them polls (the
+// "poller") and the others sleep until their handle is done or the poller
+// role is free. Answers are matched by request id and copied straight into
+// the caller's output buffer (or handed to its AnswerHandler).
 //
-// Callers on any thread Submit() requests; the I/O thread forwards them to
-// the right server (payloads stay zero-copy from the caller's buffer) and
-// matches answers to requests by id, copying pulled weights straight into
-// the caller's output buffer. Thread-safe.
+// Thread-safe. Lock order: io_mu_ (the sockets) before mu_ (the tables).
 #ifndef SHARDPS_WORKER_DATA_CHANNEL_H_
 #define SHARDPS_WORKER_DATA_CHANNEL_H_
 
@@ -13,13 +16,13 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <zmq.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -81,33 +84,35 @@ class DataChannel {
   };
 
   DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank);
-  void Loop();
-  void Forward(uint32_t server);
-  void Receive(size_t server);
-  void Complete(uint64_t request_id, const absl::Status& status);
+  // Receives and handles every answer already queued; returns how many.
+  int DrainReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  void Receive(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  void Complete(uint64_t request_id, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Polls the sockets' file descriptors (and the wake-up eventfd) for at most
+  // `timeout`, without holding io_mu_.
+  void PollFds(absl::Duration timeout);
+  void WakePoller();
   std::string Outstanding(const HandleState& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   zmq::context_t context_;
   const std::vector<std::string> addresses_;
   const uint32_t rank_;
-  std::string inproc_endpoint_;
 
-  absl::Mutex submit_mu_;
-  zmq::socket_t submit_ ABSL_GUARDED_BY(submit_mu_);  // inproc PUSH to the I/O thread
+  absl::Mutex io_mu_;
+  std::vector<zmq::socket_t> servers_ ABSL_GUARDED_BY(io_mu_);
+  DataHeader response_ ABSL_GUARDED_BY(io_mu_);
+  std::vector<int> fds_;  // the sockets' ZMQ_FDs, fixed after Create
+  int wake_fd_ = -1;      // eventfd: a sender drained answers a poller may wait for
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, HandleState> handles_ ABSL_GUARDED_BY(mu_);
-
-  // Owned by the I/O thread.
-  zmq::socket_t commands_;
-  std::vector<zmq::socket_t> servers_;
-  DataHeader response_;
+  // node_hash_map: a waiter keeps a reference across unlocks while others insert.
+  absl::node_hash_map<uint64_t, HandleState> handles_ ABSL_GUARDED_BY(mu_);
+  bool poller_active_ ABSL_GUARDED_BY(mu_) = false;
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};
-  std::thread io_thread_;
 };
 
 }  // namespace shardps
