@@ -1,0 +1,425 @@
+#!/usr/bin/env bash
+# When the network is the bottleneck: runs the training demo on fake hosts
+# (network namespaces joined by a bridge, every host link limited by tbf in
+# both directions) once per compression configuration, and prints step time,
+# bytes on the wire and test accuracy. Run as root. See --help and
+# docs/performance.md ("When the network is the bottleneck").
+#
+#   h0 scheduler  10.77.0.1:7000
+#   h1 h2 servers 10.77.0.2 / .3 (tcp port 7001)
+#   h3 h4 workers 10.77.0.4 / .5 (ranks 0, 1)
+#
+# Everything it creates (processes, namespaces, veths, bridge, qdiscs) is removed
+# on exit, on failure and on Ctrl-C; leftovers of a run killed with SIGKILL are
+# removed at the start of the next run.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: tools/netbench.sh [flags] [CONFIG ...]
+
+CONFIG is a built-in name or NAME=FILE (FILE: protobuf text, ClusterConfig fields
+such as compression {...} and update_mode; num_servers/num_workers are forced
+to 2/2). Default: none 2bit. Built-in configurations:
+  none         no compression
+  2bit         update_mode: SUM_ONLY  compression { codec: "2bit" pull_codec: "2bit" error_feedback: true }
+  2bit-push    compression { codec: "2bit" error_feedback: true }   (push only; pulls stay fp32)
+  fp16         compression { codec: "fp16" pull_codec: "fp16" }
+  onebit       update_mode: SUM_ONLY  compression { codec: "onebit" pull_codec: "onebit" error_feedback: true }
+  topk         update_mode: SUM_ONLY  compression { codec: "topk:ratio=0.01" pull_codec: "topk:ratio=0.01" error_feedback: true }
+
+flags:
+  --rate R            tbf rate of every host link, each direction (default 200mbit)
+  --burst B           tbf burst (default 256kb)
+  --hidden H          hidden widths of the timing model (default 2048,2048)
+  --batch-size N      images per worker step (default 32)
+  --steps N           steps of each timing run (default 40)
+  --epochs N          also run an accuracy run of N epochs per configuration on the
+                      normal-width model (default 0 = no accuracy run)
+  --accuracy-hidden H hidden widths of the accuracy model (default 256,128)
+  --timeout S         limit of one run in seconds; past it every process is killed
+                      and the ones still running are reported (default 300)
+  --shardps PATH      the shardps binary (default: $SHARDPS, build/tools/shardps,
+                      /work/build-ci/tools/shardps, first that exists)
+  --data-dir DIR      Fashion-MNIST directory (default: shardps's default)
+  --subnet A.B.C      /24 of the fake hosts (default 10.77.0)
+  --prefix P          prefix of namespace and link names (default nb; namespaces
+                      P-h0..P-h4, bridge P-br0, veths P-h0..P-h4 on the bridge side)
+  --workdir DIR       where logs, configs and results go (default: a new temp dir;
+                      kept after the run, its path is printed)
+  --json              one JSON object per configuration instead of the table
+  --verbose           pass --verbose to the daemons
+  -h, --help          this text
+EOF
+}
+
+die() { echo "netbench: $*" >&2; exit 1; }
+log() { echo "netbench: $*" >&2; }
+
+# ---------------------------------------------------------------- flags
+RATE=200mbit BURST=256kb HIDDEN=2048,2048 BATCH=32 STEPS=40 EPOCHS=0 ACC_HIDDEN=256,128
+RUN_TIMEOUT=300 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.77.0 PREFIX=nb WORKDIR="" JSON=0 VERBOSE=0
+CONFIGS=()
+while (($#)); do
+  case "$1" in
+    --rate) RATE=$2; shift 2 ;;
+    --burst) BURST=$2; shift 2 ;;
+    --hidden) HIDDEN=$2; shift 2 ;;
+    --batch-size) BATCH=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --epochs) EPOCHS=$2; shift 2 ;;
+    --accuracy-hidden) ACC_HIDDEN=$2; shift 2 ;;
+    --timeout) RUN_TIMEOUT=$2; shift 2 ;;
+    --shardps) SHARDPS_BIN=$2; shift 2 ;;
+    --data-dir) DATA_DIR=$2; shift 2 ;;
+    --subnet) SUBNET=$2; shift 2 ;;
+    --prefix) PREFIX=$2; shift 2 ;;
+    --workdir) WORKDIR=$2; shift 2 ;;
+    --json) JSON=1; shift ;;
+    --verbose) VERBOSE=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --*) usage >&2; die "unknown flag $1" ;;
+    *) CONFIGS+=("$1"); shift ;;
+  esac
+done
+((${#CONFIGS[@]})) || CONFIGS=(none 2bit)
+for v in BATCH STEPS EPOCHS RUN_TIMEOUT; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
+done
+((STEPS > 0)) || die "--steps must be > 0"
+[[ $PREFIX =~ ^[a-z0-9]{1,6}$ ]] || die "--prefix must be 1-6 lower-case letters/digits"
+[[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--subnet must look like 10.77.0"
+
+if [[ $(id -u) -ne 0 ]]; then
+  die "must run as root (it creates network namespaces, veths, a bridge and tbf qdiscs); try: sudo $0 $*"
+fi
+for tool in ip tc nsenter timeout awk; do
+  command -v "$tool" >/dev/null || die "needs '$tool' (Debian: iproute2, util-linux, coreutils, gawk/mawk)"
+done
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [[ -z $SHARDPS_BIN ]]; then
+  for c in "$ROOT/build/tools/shardps" /work/build-ci/tools/shardps; do
+    [[ -x $c ]] && { SHARDPS_BIN=$c; break; }
+  done
+fi
+[[ -n $SHARDPS_BIN && -x $SHARDPS_BIN ]] ||
+  die "no shardps binary (build it with tools/build.sh, or pass --shardps PATH)"
+SHARDPS_BIN=$(readlink -f "$SHARDPS_BIN")
+"$SHARDPS_BIN" train --help >/dev/null 2>&1 || die "$SHARDPS_BIN does not run ('shardps train --help' failed)"
+
+# Built-in configurations: protobuf text appended to the base config.
+config_snippet() {
+  case "$1" in
+    none) echo '' ;;
+    2bit) echo 'update_mode: SUM_ONLY
+compression { codec: "2bit:scale=2" pull_codec: "2bit:scale=2" error_feedback: true }' ;;
+    2bit-push) echo 'compression { codec: "2bit:scale=2" error_feedback: true }' ;;
+    fp16) echo 'compression { codec: "fp16" pull_codec: "fp16" }' ;;
+    onebit) echo 'update_mode: SUM_ONLY
+compression { codec: "onebit" pull_codec: "onebit" error_feedback: true }' ;;
+    topk) echo 'update_mode: SUM_ONLY
+compression { codec: "topk:ratio=0.01" pull_codec: "topk:ratio=0.01" error_feedback: true }' ;;
+    *) return 1 ;;
+  esac
+}
+BASE_CONFIG='consistency: SYNC
+num_servers: 2
+num_workers: 2
+partition_bytes: 1048576
+optimizer { kind: ADAM learning_rate: 0.001 }
+rendezvous_timeout_ms: 60000
+request_timeout_ms: 60000'
+CONFIG_NAMES=() CONFIG_FILES=()
+for c in "${CONFIGS[@]}"; do
+  if [[ $c == *=* ]]; then
+    name=${c%%=*} file=${c#*=}
+    [[ -r $file ]] || die "config '$name': cannot read $file"
+    CONFIG_NAMES+=("$name") CONFIG_FILES+=("$(readlink -f "$file")")
+  else
+    config_snippet "$c" >/dev/null || die "unknown configuration '$c' (built-in: none 2bit 2bit-push fp16 onebit topk; or NAME=FILE)"
+    CONFIG_NAMES+=("$c") CONFIG_FILES+=("")
+  fi
+done
+
+# ---------------------------------------------------------------- fake hosts
+NHOSTS=5
+ns() { echo "$PREFIX-h$1"; }          # namespace of host i
+brlink() { echo "$PREFIX-h$1"; }      # bridge-side veth of host i (root namespace)
+BRIDGE=$PREFIX-br0
+ip_of() { echo "$SUBNET.$(($1 + 1))"; }
+SCHED_ADDR="$(ip_of 0):7000"
+in_ns() { local h=$1; shift; nsenter --net="/run/netns/$(ns "$h")" -- "$@"; }
+
+PIDS=() PNAMES=() PLOGS=()   # processes this script started (PIDs are shared across namespaces)
+
+kill_started() {
+  local i
+  for i in "${!PIDS[@]}"; do kill -TERM "${PIDS[$i]}" 2>/dev/null || true; done
+  for _ in $(seq 20); do
+    local alive=0
+    for i in "${!PIDS[@]}"; do kill -0 "${PIDS[$i]}" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.1
+  done
+  for i in "${!PIDS[@]}"; do kill -KILL "${PIDS[$i]}" 2>/dev/null || true; done
+  for i in "${!PIDS[@]}"; do wait "${PIDS[$i]}" 2>/dev/null || true; done
+  PIDS=() PNAMES=() PLOGS=()
+}
+
+teardown_net() {
+  local i pids
+  for ((i = 0; i < NHOSTS; i++)); do
+    if [[ -e /run/netns/$(ns "$i") ]]; then
+      # Leftovers of an earlier run killed with SIGKILL: processes still in our namespace.
+      pids=$(ip netns pids "$(ns "$i")" 2>/dev/null || true)
+      for p in $pids; do kill -KILL "$p" 2>/dev/null || true; done
+      ip netns del "$(ns "$i")" 2>/dev/null || true
+    fi
+    ip link show "$(brlink "$i")" &>/dev/null && ip link del "$(brlink "$i")" 2>/dev/null || true
+  done
+  ip link show "$BRIDGE" &>/dev/null && ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+CLEANED=1   # nothing to clean until this run holds the lock (below)
+cleanup() {
+  ((CLEANED)) && return
+  CLEANED=1
+  kill_started
+  teardown_net
+  [[ -n ${WORKDIR:-} ]] && log "logs, configs and results: $WORKDIR"
+}
+on_signal() {
+  log "interrupted ($1); cleaning up"
+  cleanup
+  trap - "$1"
+  exit 130
+}
+trap cleanup EXIT
+trap 'on_signal INT' INT
+trap 'on_signal TERM' TERM
+trap 'on_signal HUP' HUP
+
+# One run at a time: the names are fixed.
+exec {LOCKFD}>"/run/netbench-$PREFIX.lock"
+flock -n "$LOCKFD" || die "another netbench with prefix '$PREFIX' is running (lock /run/netbench-$PREFIX.lock)"
+CLEANED=0
+
+setup_net() {
+  teardown_net   # leftovers of a killed run
+  ip link add "$BRIDGE" type bridge
+  ip link set "$BRIDGE" up
+  local i n
+  for ((i = 0; i < NHOSTS; i++)); do
+    n=$(ns "$i")
+    ip netns add "$n"
+    ip link add "$(brlink "$i")" type veth peer name "$PREFIX-p$i"
+    ip link set "$PREFIX-p$i" netns "$n"
+    ip -n "$n" link set "$PREFIX-p$i" name eth0
+    ip -n "$n" addr add "$(ip_of "$i")/24" dev eth0
+    ip -n "$n" link set lo up
+    ip -n "$n" link set eth0 up
+    ip link set "$(brlink "$i")" master "$BRIDGE"
+    ip link set "$(brlink "$i")" up
+    # Egress of the host, and its ingress (egress of the bridge-side veth).
+    tc -n "$n" qdisc add dev eth0 root tbf rate "$RATE" burst "$BURST" latency 50ms
+    tc qdisc add dev "$(brlink "$i")" root tbf rate "$RATE" burst "$BURST" latency 50ms
+  done
+}
+
+# Reachability from host $1 to address $2: ping where installed; otherwise a TCP
+# connect to a closed port (a quick "refused" proves the path, a timeout does not).
+reachable() {
+  if command -v ping >/dev/null; then
+    in_ns "$1" ping -c 1 -W 2 "$2" >/dev/null 2>&1
+  else
+    local out rc=0
+    out=$(in_ns "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/9" 2>&1) || rc=$?
+    ((rc == 0)) || [[ $out == *"refused"* ]]
+  fi
+}
+
+check_net() {
+  local i j
+  for ((i = 0; i < NHOSTS; i++)); do
+    for ((j = 0; j < NHOSTS; j++)); do
+      ((i == j)) && continue
+      reachable "$i" "$(ip_of "$j")" || die "host h$i ($(ns "$i")) cannot reach h$j at $(ip_of "$j")"
+    done
+  done
+  log "fake hosts up: h0..h$((NHOSTS - 1)) at $SUBNET.1-$NHOSTS, $RATE each way per link; all pairs reachable"
+}
+
+# ---------------------------------------------------------------- processes
+# start HOST NAME LOG CMD...: runs CMD in HOST's namespace in the background. The
+# `timeout` wrapper is a backstop that ends the process even if this script is
+# killed with SIGKILL.
+start() {
+  local h=$1 name=$2 logf=$3; shift 3
+  nsenter --net="/run/netns/$(ns "$h")" -- \
+    timeout --kill-after=5 $((RUN_TIMEOUT + 30)) "$@" >"$logf" 2>&1 {LOCKFD}>&- &
+  PIDS+=($!) PNAMES+=("h$h $name") PLOGS+=("$logf")
+}
+
+report_failure() {   # report_failure INDEX WHY [LABEL]
+  local i=$1
+  echo "netbench: ${3:-FAILED}: ${PNAMES[$i]} (pid ${PIDS[$i]}) $2; last lines of ${PLOGS[$i]}:" >&2
+  tail -n 20 "${PLOGS[$i]}" | sed 's/^/    | /' >&2
+}
+
+iface_bytes() {   # bytes the worker hosts sent + received, by the bridge-side veth counters
+  local total=0 i
+  for i in 3 4; do
+    total=$((total + $(cat "/sys/class/net/$(brlink "$i")/statistics/rx_bytes") +
+      $(cat "/sys/class/net/$(brlink "$i")/statistics/tx_bytes")))
+  done
+  echo "$total"
+}
+
+result_value() { awk -v k="$2" '$1 == k { print $2 }' "$1"; }
+
+# run_cluster DIR CONFIGFILE TRAIN_ARGS...: scheduler, 2 servers, 2 workers; waits
+# for both workers; on timeout or on any process failing, kills everything and
+# reports which. Writes DIR/result.{0,1} and DIR/iface_bytes.
+run_cluster() {
+  local dir=$1 cfg=$2; shift 2
+  mkdir -p "$dir"
+  rm -f "$dir"/result.*
+  local v=(); ((VERBOSE)) && v=(--verbose)
+  local data=(); [[ -n $DATA_DIR ]] && data=(--data-dir "$DATA_DIR")
+  local before after
+  before=$(iface_bytes)
+  start 0 scheduler "$dir/h0.scheduler.log" "$SHARDPS_BIN" scheduler --listen "$SCHED_ADDR" --config "$cfg" \
+    --set num_servers=2 --set num_workers=2 "${v[@]}"
+  local h
+  for h in 1 2; do
+    start "$h" server "$dir/h$h.server.log" "$SHARDPS_BIN" server --scheduler "$SCHED_ADDR" \
+      --listen "tcp://$(ip_of "$h"):7001" --advertise-host "$(ip_of "$h")" "${v[@]}"
+  done
+  local nd=${#PIDS[@]}   # indices < nd are daemons
+  for h in 3 4; do
+    start "$h" "worker rank $((h - 3))" "$dir/h$h.worker.log" "$SHARDPS_BIN" train --scheduler "$SCHED_ADDR" \
+      --rank $((h - 3)) --result-file "$dir/result.$((h - 3))" "${data[@]}" "${v[@]}" "$@"
+  done
+  local deadline=$((SECONDS + RUN_TIMEOUT)) i rc failed=0 done_workers
+  declare -A finished=()
+  while :; do
+    done_workers=0
+    for ((i = nd; i < ${#PIDS[@]}; i++)); do
+      if [[ -n ${finished[$i]:-} ]]; then done_workers=$((done_workers + 1)); continue; fi
+      if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+        rc=0; wait "${PIDS[$i]}" || rc=$?
+        finished[$i]=1
+        done_workers=$((done_workers + 1))
+        if ((rc != 0)); then report_failure "$i" "exited with status $rc"; failed=1; fi
+      fi
+    done
+    ((failed)) && break
+    ((done_workers == ${#PIDS[@]} - nd)) && break
+    for ((i = 0; i < nd; i++)); do
+      if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+        rc=0; wait "${PIDS[$i]}" || rc=$?
+        report_failure "$i" "exited (status $rc) while the workers were still training"
+        failed=1
+      fi
+    done
+    ((failed)) && break
+    if ((SECONDS >= deadline)); then
+      echo "netbench: TIMEOUT: the run exceeded its ${RUN_TIMEOUT}s limit (--timeout); killing every process" >&2
+      for ((i = nd; i < ${#PIDS[@]}; i++)); do
+        [[ -n ${finished[$i]:-} ]] && continue
+        report_failure "$i" "had not finished after ${RUN_TIMEOUT}s"
+      done
+      for ((i = 0; i < nd; i++)); do
+        report_failure "$i" "was still running (daemon)" "also"
+      done
+      failed=1
+      break
+    fi
+    sleep 0.2
+  done
+  after=$(iface_bytes)
+  echo $((after - before)) >"$dir/iface_bytes"
+  kill_started
+  ((failed == 0)) || die "run in $dir failed (see above)"
+  for i in 0 1; do
+    [[ -s $dir/result.$i ]] || die "worker rank $i wrote no result file $dir/result.$i"
+  done
+}
+
+# ---------------------------------------------------------------- main
+if [[ -z $WORKDIR ]]; then
+  WORKDIR=$(mktemp -d /tmp/netbench.XXXXXX)
+else
+  mkdir -p "$WORKDIR"
+  WORKDIR=$(readlink -f "$WORKDIR")
+fi
+# A private copy of the binary, so a rebuild during the run changes nothing.
+cp "$SHARDPS_BIN" "$WORKDIR/shardps"
+log "binary: $SHARDPS_BIN (copied to $WORKDIR/shardps)"
+SHARDPS_BIN=$WORKDIR/shardps
+setup_net
+check_net
+
+declare -A STEP_S WIRE_RESULT WIRE_IFACE ACC STEPS_DONE
+for k in "${!CONFIG_NAMES[@]}"; do
+  name=${CONFIG_NAMES[$k]}
+  cfg=$WORKDIR/$name.pbtxt
+  {
+    echo "$BASE_CONFIG"
+    if [[ -n ${CONFIG_FILES[$k]} ]]; then cat "${CONFIG_FILES[$k]}"; else config_snippet "$name"; fi
+  } >"$cfg"
+
+  log "[$name] timing run: --hidden $HIDDEN --batch-size $BATCH --max-steps $STEPS over $RATE links"
+  d=$WORKDIR/$name/timing
+  run_cluster "$d" "$cfg" --hidden "$HIDDEN" --batch-size "$BATCH" --max-steps "$STEPS" --epochs 1 \
+    --log-every 10 --test-limit 1000
+  steps=$(result_value "$d/result.0" steps)
+  wall=$(awk '$1 == "wall_seconds" { if ($2 > m) m = $2 } END { print m }' "$d"/result.*)
+  bytes=$(awk '$1 == "bytes_pushed" || $1 == "bytes_pulled" { s += $2 } END { printf "%.0f", s }' "$d"/result.*)
+  STEPS_DONE[$name]=$steps
+  STEP_S[$name]=$(awk -v w="$wall" -v s="$steps" 'BEGIN { printf "%.4f", w / s }')
+  WIRE_RESULT[$name]=$(awk -v b="$bytes" -v s="$steps" 'BEGIN { printf "%.0f", b / s }')
+  WIRE_IFACE[$name]=$(awk -v b="$(cat "$d/iface_bytes")" -v s="$steps" 'BEGIN { printf "%.0f", b / s }')
+  log "[$name] step ${STEP_S[$name]} s, $(awk -v b="${WIRE_RESULT[$name]}" 'BEGIN { printf "%.1f", b / 1e6 }') MB/step pushed+pulled"
+
+  ACC[$name]=""
+  if ((EPOCHS > 0)); then
+    log "[$name] accuracy run: --hidden $ACC_HIDDEN --epochs $EPOCHS"
+    d=$WORKDIR/$name/accuracy
+    run_cluster "$d" "$cfg" --hidden "$ACC_HIDDEN" --batch-size "$BATCH" --epochs "$EPOCHS" --log-every 200
+    ACC[$name]=$(result_value "$d/result.0" test_accuracy)
+    log "[$name] test accuracy ${ACC[$name]}"
+  fi
+done
+
+ratio() {   # step time of none over step time of $1
+  if [[ -n ${STEP_S[none]:-} ]]; then
+    awk -v a="${STEP_S[none]}" -v b="${STEP_S[$1]}" 'BEGIN { printf "%.2f", a / b }'
+  fi
+}
+
+if ((JSON)); then
+  for name in "${CONFIG_NAMES[@]}"; do
+    r=$(ratio "$name")
+    printf '{"config":"%s","rate":"%s","hidden":"%s","batch_size":%d,"steps":%d,"step_s":%s,' \
+      "$name" "$RATE" "$HIDDEN" "$BATCH" "${STEPS_DONE[$name]}" "${STEP_S[$name]}"
+    printf '"result_bytes_per_step":%s,"iface_bytes_per_step":%s,"speedup_vs_none":%s,' \
+      "${WIRE_RESULT[$name]}" "${WIRE_IFACE[$name]}" "${r:-null}"
+    printf '"accuracy_hidden":"%s","accuracy_epochs":%d,"test_accuracy":%s}\n' \
+      "$ACC_HIDDEN" "$EPOCHS" "${ACC[$name]:-null}"
+  done
+else
+  echo
+  echo "rate $RATE per link each way; timing: --hidden $HIDDEN --batch-size $BATCH, $STEPS steps;" \
+    "accuracy: --hidden $ACC_HIDDEN, $EPOCHS epochs"
+  printf '%-10s %10s %18s %18s %14s %12s\n' config "step s" "MB/step (result)" "MB/step (iface)" \
+    "test accuracy" "none/config"
+  for name in "${CONFIG_NAMES[@]}"; do
+    r=$(ratio "$name")
+    printf '%-10s %10s %18s %18s %14s %12s\n' "$name" "${STEP_S[$name]}" \
+      "$(awk -v b="${WIRE_RESULT[$name]}" 'BEGIN { printf "%.2f", b / 1e6 }')" \
+      "$(awk -v b="${WIRE_IFACE[$name]}" 'BEGIN { printf "%.2f", b / 1e6 }')" \
+      "${ACC[$name]:--}" "${r:--}"
+  done
+fi
