@@ -35,12 +35,12 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
   }
   auto pull = ParseCodecSpec(c.pull_codec());
   if (!pull.ok()) return Named(pull.status(), "compression.pull_codec");
-  if (config.update_mode() == UPDATE_ON_SERVER && pull->name != "none" && pull->name != "fp16" &&
-      pull->name != "bf16") {
+  if (config.update_mode() == UPDATE_ON_SERVER && config.consistency() == ASYNC && pull->name != "none" &&
+      pull->name != "fp16" && pull->name != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat(
         "config field 'compression.pull_codec': '", c.pull_codec(),
-        "' cannot carry weights; allowed with update_mode update_on_server: none, fp16, bf16 "
-        "(use update_mode: SUM_ONLY to compress the pulled aggregate)"));
+        "' cannot carry weights; allowed with consistency async: none, fp16, bf16 (in sync mode any codec "
+        "compresses the weight deltas)"));
   }
   if (!(c.momentum() >= 0 && c.momentum() < 1)) {
     return absl::InvalidArgumentError("config field 'compression.momentum' must be in [0, 1)");
@@ -57,6 +57,11 @@ absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, 
   if (absl::Status s = Resolve(push_spec, num_elements, &codecs.push, &codecs.push_spec); !s.ok()) return s;
   if (absl::Status s = Resolve(c.pull_codec(), num_elements, &codecs.pull, &codecs.pull_spec); !s.ok()) return s;
   return codecs;
+}
+
+bool PullsWeightDeltas(const ClusterConfig& config, const PartitionCodecs& partition_codecs) {
+  return config.consistency() == SYNC && config.update_mode() == UPDATE_ON_SERVER &&
+         partition_codecs.pull != nullptr;
 }
 
 uint64_t CodecSeed(uint64_t partition_id, uint64_t round) {

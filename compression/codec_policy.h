@@ -25,12 +25,18 @@ struct PartitionCodecs {
 };
 
 // Checks every codec spec of `config.compression()` and the combinations:
-// pulled weights (update on server) may only be none, fp16 or bf16.
+// async pulls carry whole weights, so only none, fp16 or bf16.
 absl::Status ValidateCompressionConfig(const ClusterConfig& config);
 
 // The codecs for a partition of `tensor` with `num_elements` values.
 absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,
                                                    uint64_t num_elements);
+
+// True when PUSH_PULL answers of `partition_codecs` carry compressed weight
+// deltas: sync, update on server, and a pull codec. The server keeps a
+// mirror of the weights the workers hold and sends quantise(w - mirror); the
+// mirror carries the quantisation error to the next round (error feedback).
+bool PullsWeightDeltas(const ClusterConfig& config, const PartitionCodecs& partition_codecs);
 
 // Seed shared by every worker and the server for (partition, round), so
 // randomk picks the same indices everywhere and servers can sum payloads.

@@ -70,6 +70,11 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     }
     p->weights.reset(SharedBuffer::Create(p->n));
     if (sum_only_) p->aggregate.reset(SharedBuffer::Create(p->n));
+    p->delta_pulls = compression::PullsWeightDeltas(config_, p->codecs);
+    if (p->delta_pulls) {
+      p->mirror.assign(p->n, 0.0f);
+      p->delta.assign(p->n, 0.0f);
+    }
     p->state.assign(static_cast<size_t>(optimizer_->state_slots()) * p->n, 0.0f);
     p->next_round.assign(workers, 0);
     p->last_request.assign(workers, 0);
@@ -177,6 +182,7 @@ void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataH
   // INIT never rewinds training.
   if (!p.initialized && p.completed == 0) {
     std::memcpy(WritableWeights(p), payload.data(), payload.size());
+    if (p.delta_pulls) std::memcpy(p.mirror.data(), payload.data(), payload.size());
     p.initialized = true;
     p.encoded_round = -1;  // a cached encoding of the old weights is stale
   }
@@ -389,7 +395,8 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
   reply.set_dtype(FLOAT32);
   // Sum only: a plain PULL returns the weights the server holds (the initial
   // ones); a PUSH_PULL returns the aggregate of the round it completed.
-  if (sum_only_ && request.op() == PULL) {
+  // Weight deltas: a plain PULL returns the whole weights, raw.
+  if ((sum_only_ || p.delta_pulls) && request.op() == PULL) {
     zmq::message_t payload = p.weights->ZeroCopyMessage();
     stats_.bytes_out += payload.size();
     sink_(peer, reply, &payload);
@@ -415,12 +422,24 @@ zmq::message_t PartitionEngine::AnswerPayload(Partition& p, DataHeader* reply) {
     }
     const uint64_t seed = compression::CodecSeed(p.id, p.completed);
     auto in = absl::MakeConstSpan(source.data(), p.n);
+    if (p.delta_pulls) {
+      // The change since what the workers hold; what quantisation drops stays
+      // in (weights - mirror) and goes out with the next round.
+      for (size_t i = 0; i < p.n; ++i) p.delta[i] = source.data()[i] - p.mirror[i];
+      in = absl::MakeConstSpan(p.delta);
+    }
     auto out = absl::MakeSpan(p.encoded->byte_data(), max_bytes);
     auto written = feedback != pull_feedback_.end() ? feedback->second->Encode(p.id, in, seed, out)
                                                     : codec->Encode(in, seed, out);
     CHECK(written.ok()) << "encoding partition " << p.id << ": " << written.status();
     p.encoded_bytes = *written;
     p.encoded_round = static_cast<int64_t>(p.completed);
+    if (p.delta_pulls) {
+      // The workers add the decoded delta to their copy: so does the mirror.
+      absl::Status s = codec->DecodeAdd(absl::MakeConstSpan(p.encoded->byte_data(), p.encoded_bytes), seed,
+                                        absl::MakeSpan(p.mirror));
+      CHECK(s.ok()) << "decoding our own delta of partition " << p.id << ": " << s;
+    }
   }
   return p.encoded->ZeroCopyMessage(p.encoded_bytes);
 }

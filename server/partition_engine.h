@@ -85,6 +85,11 @@ class PartitionEngine {
     std::vector<float> acc_encoded;            // sync, summable codecs: sum of payloads
     std::vector<std::vector<float>> decoded;   // deterministic + codec: per-rank gradients
     std::vector<float> scratch;                // async + codec: one decoded gradient
+    // Compressed weight deltas (compression::PullsWeightDeltas): the weights
+    // as the workers hold them, and the delta being encoded.
+    bool delta_pulls = false;
+    std::vector<float> mirror;
+    std::vector<float> delta;
     std::vector<float> state;
     uint64_t completed = 0;  // sync: rounds applied; async: pushes applied
     bool initialized = false;

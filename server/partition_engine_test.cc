@@ -313,6 +313,63 @@ TEST_F(EngineTest, SumOnlyCompressedAggregateLosesNothingOverRounds) {
   for (int i = 0; i < n; ++i) ASSERT_NEAR(decoded_total[i], true_total[i], 0.0101) << i;
 }
 
+TEST_F(EngineTest, SyncPullsCarryCompressedWeightDeltasThatTrackTheWeights) {
+  const int n = 4096;
+  ClusterConfig c;
+  c.set_consistency(SYNC);
+  c.set_num_workers(1);
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_learning_rate(1.0f);
+  c.mutable_compression()->set_pull_codec("onebit");
+  auto engine = PartitionEngine::Create(c, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
+    Sent s{peer.to_string(), h, {}};
+    if (p) s.header.set_error(std::string(p->data<char>(), p->size()));  // keep the raw bytes
+    sent_.push_back(s);
+  });
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  engine_ = *std::move(engine);
+  ShardMap map;
+  map.set_epoch(3);
+  map.add_tensors()->set_name("t");
+  PartitionInfo* info = map.add_partitions();
+  info->set_id(5);
+  info->set_num_elements(n);
+  ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  std::vector<float> init(n);
+  for (int i = 0; i < n; ++i) init[i] = 0.01f * (i % 13);
+  Send(INIT, 0, 0, init);
+  auto codec = compression::CreateCodec("onebit");
+  std::vector<float> held = init;  // what a worker holds: init + decoded deltas
+  for (int round = 0; round < 30; ++round) {
+    std::vector<float> g(n);
+    for (int i = 0; i < n; ++i) g[i] = 0.001f * static_cast<float>((i * 5 + round) % 9) + 0.001f;
+    sent_.clear();
+    Send(PUSH_PULL, 0, round, g);
+    ASSERT_EQ(sent_.size(), 1u);
+    ASSERT_EQ(sent_[0].header.status_code(), 0) << sent_[0].header.error();
+    ASSERT_FALSE(sent_[0].header.codec().empty());
+    const std::string& bytes = sent_[0].header.error();
+    EXPECT_LT(bytes.size(), n * 4u / 16) << "a compressed delta, not the weights";
+    ASSERT_TRUE((*codec)->DecodeAdd(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                                    compression::CodecSeed(5, round + 1), absl::MakeSpan(held)).ok());
+  }
+  // The held copy trails the server's weights by one quantisation error at most.
+  const float* w = engine_->weights(5);
+  double max_gap = 0, max_move = 0;
+  for (int i = 0; i < n; ++i) {
+    max_gap = std::max(max_gap, std::abs(double(held[i]) - w[i]));
+    max_move = std::max(max_move, std::abs(double(w[i]) - init[i]));
+  }
+  EXPECT_GT(max_move, 0.05);
+  EXPECT_LT(max_gap, 0.2 * max_move);
+  // A plain pull returns the whole weights, raw.
+  sent_.clear();
+  Send(PULL, 0, 30, {});
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_TRUE(sent_[0].header.codec().empty());
+  EXPECT_EQ(sent_[0].header.error().size(), n * 4u);
+}
+
 TEST_F(EngineTest, ShutdownAnswersWaitingPulls) {
   Make(SYNC, false, 2);
   Send(PUSH_PULL, 0, 0, {1, 1});

@@ -112,7 +112,8 @@ SHARDPS_BIN=$(readlink -f "$SHARDPS_BIN")
 config_snippet() {
   case "$1" in
     none) echo '' ;;
-    2bit) echo 'update_mode: SUM_ONLY
+    2bit) echo 'compression { codec: "2bit:scale=2" pull_codec: "onebit" error_feedback: true }' ;;
+    2bit-sum-only) echo 'update_mode: SUM_ONLY
 compression { codec: "2bit:scale=2" pull_codec: "2bit:scale=2" error_feedback: true }' ;;
     2bit-push) echo 'compression { codec: "2bit:scale=2" error_feedback: true }' ;;
     fp16) echo 'compression { codec: "fp16" pull_codec: "fp16" }' ;;
@@ -137,7 +138,7 @@ for c in "${CONFIGS[@]}"; do
     [[ -r $file ]] || die "config '$name': cannot read $file"
     CONFIG_NAMES+=("$name") CONFIG_FILES+=("$(readlink -f "$file")")
   else
-    config_snippet "$c" >/dev/null || die "unknown configuration '$c' (built-in: none 2bit 2bit-push fp16 onebit topk; or NAME=FILE)"
+    config_snippet "$c" >/dev/null || die "unknown configuration '$c' (built-in: none 2bit 2bit-sum-only 2bit-push fp16 onebit topk; or NAME=FILE)"
     CONFIG_NAMES+=("$c") CONFIG_FILES+=("")
   fi
 done

@@ -279,13 +279,14 @@ class WorkerImpl : public Worker {
   // aggregate and applied to `out` by this worker's optimizer.
   void SetAnswer(PartitionState& state, Op op, float* out, size_t n, DataChannel::Request* r) {
     const bool aggregate = sum_only() && op == PUSH_PULL;
-    if (!aggregate && (state.codecs.pull == nullptr || sum_only())) {
+    const bool delta = compression::PullsWeightDeltas(config_, state.codecs);
+    if (!aggregate && (state.codecs.pull == nullptr || sum_only() || (delta && op == PULL))) {
       r->out = out;
       return;
     }
     const float scale = 1.0f / static_cast<float>(config_.num_workers());
-    r->on_answer = [this, &state, out, n, aggregate, scale](const DataHeader& answer,
-                                                           const zmq::message_t& payload) -> absl::Status {
+    r->on_answer = [this, &state, out, n, aggregate, delta, scale](const DataHeader& answer,
+                                                                  const zmq::message_t& payload) -> absl::Status {
       if (answer.codec() != state.codecs.pull_spec || answer.num_elements() != n) {
         return absl::DataLossError(absl::StrCat("answer encoded as '", answer.codec(), "' with ",
                                                 answer.num_elements(), " elements; expected '",
@@ -296,10 +297,13 @@ class WorkerImpl : public Worker {
         if (payload.size() != n * sizeof(float)) return absl::DataLossError("answer payload has the wrong size");
         std::memcpy(target, payload.data(), payload.size());
       } else {
-        // The server encodes with the seed of the rounds completed when it answers.
-        absl::Status s = state.codecs.pull->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
-                                                   compression::CodecSeed(answer.partition_id(), answer.completed_rounds()),
-                                                   absl::MakeSpan(target, n));
+        // The server encodes with the seed of the rounds completed when it
+        // answers. A weight delta is added to the weights held in `out`, as
+        // the server adds it to its mirror of them.
+        const auto bytes = absl::MakeConstSpan(payload.data<uint8_t>(), payload.size());
+        const uint64_t seed = compression::CodecSeed(answer.partition_id(), answer.completed_rounds());
+        absl::Status s = delta ? state.codecs.pull->DecodeAdd(bytes, seed, absl::MakeSpan(target, n))
+                               : state.codecs.pull->Decode(bytes, seed, absl::MakeSpan(target, n));
         if (!s.ok()) return s;
       }
       if (aggregate) {

@@ -78,6 +78,8 @@ class Worker {
   // weights that include this push's round. With update_mode SUM_ONLY the
   // answer is the round's gradient sum and this worker applies the optimizer
   // to `weights`, which must hold the current weights (updated in place).
+  // The same holds in sync mode with a compression.pull_codec: the answer is
+  // a compressed weight delta added to `weights` in place.
   virtual absl::StatusOr<Handle> PushPull(const std::string& name, absl::Span<const float> gradient,
                                           absl::Span<float> weights) = 0;
 
