@@ -61,6 +61,86 @@ TEST(CodecRoundTripTest, Fp16MatchesCompilerConversionOnRandomBits) {
 }
 #endif
 
+// The fp16 codec may convert with the CPU's F16C instructions: its bytes must
+// be FloatToHalf's for every input, NaNs, infinities and subnormals included.
+TEST(CodecRoundTripTest, Fp16CodecBytesEqualScalarConversionOnRandomBits) {
+  std::mt19937 rng(11);
+  std::vector<float> x(100003);
+  for (float& v : x) v = math::BitsFloat(rng());
+  x[3] = NAN;
+  x[9] = -INFINITY;
+  x[17] = 65520.0f;  // rounds to infinity
+  x[18] = 0x1p-25f;  // halfway to the smallest subnormal: rounds to even (zero)
+  auto codec = MustCreate("fp16");
+  std::vector<uint8_t> out(codec->EncodedBytes(x.size()));
+  ASSERT_TRUE(codec->Encode(x, 0, absl::MakeSpan(out)).ok());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint16_t got;
+    std::memcpy(&got, out.data() + 2 * i, 2);
+    ASSERT_EQ(got, math::FloatToHalf(x[i])) << "element " << i << " bits " << math::FloatBits(x[i]);
+  }
+}
+
+// The 2bit encoder may use AVX2 compares: its words must be the scalar
+// TwoBitCode's for every input, NaNs and a ragged tail included.
+TEST(CodecRoundTripTest, TwoBitCodecBytesEqualScalarCodesOnRandomBits) {
+  std::mt19937 rng(12);
+  std::vector<float> x(100003);
+  for (float& v : x) v = math::BitsFloat(rng()) * 0x1p-100f;  // spread around the threshold
+  x[5] = NAN;
+  x[6] = 0.5f;   // exactly +t
+  x[7] = -0.5f;  // exactly -t
+  auto codec = MustCreate("2bit:threshold=0.5");
+  std::vector<uint8_t> out(codec->EncodedBytes(x.size()));
+  ASSERT_TRUE(codec->Encode(x, 0, absl::MakeSpan(out)).ok());
+  for (size_t w = 0; w * 16 < x.size(); ++w) {
+    uint32_t want = 0;
+    for (size_t j = 0; j < 16 && w * 16 + j < x.size(); ++j) want |= math::TwoBitCode(x[w * 16 + j], 0.5f) << (2 * j);
+    uint32_t got;
+    std::memcpy(&got, out.data() + 4 + 4 * w, 4);
+    ASSERT_EQ(got, want) << "word " << w;
+  }
+}
+
+// The scalar definition of onebit's scale: 32 lanes summed in double, folded
+// by halves, per block of kSumBlock; then the block sums the same way.
+template <typename T>
+double LaneSum(const T* x, size_t len) {
+  double lanes[math::kSumLanes] = {};
+  for (size_t i = 0; i < len; ++i) lanes[i % math::kSumLanes] += std::fabs(static_cast<double>(x[i]));
+  for (size_t off = math::kSumLanes / 2; off > 0; off /= 2) {
+    for (size_t l = 0; l < off; ++l) lanes[l] += lanes[l + off];
+  }
+  return lanes[0];
+}
+
+// The onebit encoder may use AVX2 for the scale and the sign bits: its bytes
+// must be the scalar definition's.
+TEST(CodecRoundTripTest, OneBitCodecBytesEqualScalarDefinitionOnRandomValues) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(100003);
+  for (float& v : x) v = d(rng);
+  x[4] = -0.0f;  // not negative: bit 0
+  auto codec = MustCreate("onebit");
+  std::vector<uint8_t> out(codec->EncodedBytes(x.size()));
+  ASSERT_TRUE(codec->Encode(x, 0, absl::MakeSpan(out)).ok());
+  std::vector<double> blocks;
+  for (size_t b = 0; b < x.size(); b += math::kSumBlock) {
+    blocks.push_back(LaneSum(x.data() + b, std::min(math::kSumBlock, x.size() - b)));
+  }
+  float scale;
+  std::memcpy(&scale, out.data(), 4);
+  EXPECT_EQ(scale, static_cast<float>(LaneSum(blocks.data(), blocks.size()) / static_cast<double>(x.size())));
+  for (size_t w = 0; w * 32 < x.size(); ++w) {
+    uint32_t want = 0;
+    for (size_t j = 0; j < 32 && w * 32 + j < x.size(); ++j) want |= static_cast<uint32_t>(x[w * 32 + j] < 0.0f) << j;
+    uint32_t got;
+    std::memcpy(&got, out.data() + 4 + 4 * w, 4);
+    ASSERT_EQ(got, want) << "word " << w;
+  }
+}
+
 TEST(CodecRoundTripTest, TwoBitKeepsSignAboveThreshold) {
   auto codec = MustCreate("2bit:threshold=0.5");
   const auto x = RandomGradient(kN, 5);

@@ -2,6 +2,10 @@
 // nearest even. Payload: n little-endian uint16.
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "compression/codec_factories.h"
 #include "compression/codec_math.h"
 #include "compression/kernel_util.h"
@@ -22,6 +26,33 @@ void EncodeRange(const float* in, size_t n, uint8_t* out) {
     std::memcpy(out + base * 2, tile, len * 2);
   }
 }
+
+#if defined(__x86_64__)
+// fp16 with the CPU's F16C conversion, 8 values per instruction, where the
+// CPU has it (checked at run time: the binary stays plain x86-64). Round to
+// nearest even as FloatToHalf; NaN lanes are redone by FloatToHalf, whose
+// canonical NaN F16C does not produce, so the bytes are identical.
+__attribute__((target("avx,f16c"))) void EncodeRangeF16c(const float* in, size_t n, uint8_t* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(in + i);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    const int nan_lanes = _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    for (int lane = 0; nan_lanes != 0 && lane < 8; ++lane) {
+      if (nan_lanes & (1 << lane)) StoreU16(out + 2 * (i + lane), math::FloatToHalf(in[i + lane]));
+    }
+  }
+  for (; i < n; ++i) StoreU16(out + 2 * i, math::FloatToHalf(in[i]));
+}
+
+bool HaveF16c() {
+  static const bool have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return have;
+}
+#else
+void EncodeRangeF16c(const float*, size_t, uint8_t*) {}
+bool HaveF16c() { return false; }
+#endif
 
 template <float (*FromHalf)(uint16_t)>
 void DecodeRange(const uint8_t* in, size_t n, float* out, bool accumulate) {
@@ -49,8 +80,13 @@ class HalfCodec final : public Codec {
   absl::StatusOr<size_t> Encode(absl::Span<const float> in, uint64_t /*seed*/,
                                 absl::Span<uint8_t> out) const override {
     if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
+    const bool f16c = ToHalf == &math::FloatToHalf && HaveF16c();
     ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      EncodeRange<ToHalf>(in.data() + b, e - b, out.data() + b * 2);
+      if (f16c) {
+        EncodeRangeF16c(in.data() + b, e - b, out.data() + b * 2);
+      } else {
+        EncodeRange<ToHalf>(in.data() + b, e - b, out.data() + b * 2);
+      }
     });
     return EncodedBytes(in.size());
   }

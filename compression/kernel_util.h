@@ -24,6 +24,7 @@ inline uint32_t LoadU32(const uint8_t* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+inline void StoreU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof(v)); }
 inline void StoreU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, sizeof(v)); }
 inline float LoadF32(const uint8_t* p) {
   float v;

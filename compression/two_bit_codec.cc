@@ -7,6 +7,10 @@
 #include <cstring>
 #include <limits>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "compression/codec_factories.h"
 #include "compression/codec_math.h"
@@ -37,6 +41,38 @@ void EncodeWords(const float* in, size_t n, float t, uint8_t* words) {
     std::memcpy(words + base / kPerWord * 4, tile_words, (len + kPerWord - 1) / kPerWord * 4);
   }
 }
+
+#if defined(__x86_64__)
+// The same codes 16 values at a time where the CPU has AVX2 and BMI2 (checked
+// at run time): two compares give the +t and -t lanes as bit masks, and pdep
+// interleaves them into the word's 2-bit codes. NaN compares false, as in
+// TwoBitCode, so the bytes are identical.
+__attribute__((target("avx2,bmi2"))) void EncodeWordsAvx2(const float* in, size_t n, float t, uint8_t* words) {
+  const __m256 pos_t = _mm256_set1_ps(t), neg_t = _mm256_set1_ps(-t);
+  size_t i = 0;
+  for (; i + kPerWord <= n; i += kPerWord) {
+    const __m256 a = _mm256_loadu_ps(in + i), b = _mm256_loadu_ps(in + i + 8);
+    const uint32_t pos = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, pos_t, _CMP_GE_OQ))) |
+                         static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(b, pos_t, _CMP_GE_OQ))) << 8;
+    const uint32_t neg = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, neg_t, _CMP_LE_OQ))) |
+                         static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(b, neg_t, _CMP_LE_OQ))) << 8;
+    StoreU32(words + i / kPerWord * 4, _pdep_u32(pos, 0x55555555u) | _pdep_u32(neg, 0xAAAAAAAAu));
+  }
+  if (i < n) {
+    uint32_t word = 0;
+    for (size_t j = 0; i + j < n; ++j) word |= math::TwoBitCode(in[i + j], t) << (2 * j);
+    StoreU32(words + i / kPerWord * 4, word);
+  }
+}
+
+bool HaveAvx2Bmi2() {
+  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  return have;
+}
+#else
+void EncodeWordsAvx2(const float*, size_t, float, uint8_t*) {}
+bool HaveAvx2Bmi2() { return false; }
+#endif
 
 void DecodeWords(const uint8_t* words, size_t n, float t, float* out, bool accumulate) {
   for (size_t base = 0; base < n; base += kPerWord) {
@@ -71,8 +107,13 @@ class TwoBitCodec final : public Codec {
     if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
     const float t = params().scale > 0 ? AdaptiveThreshold(in) : params().threshold;
     StoreF32(out.data(), t);
+    const bool avx2 = HaveAvx2Bmi2();
     ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      EncodeWords(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
+      if (avx2) {
+        EncodeWordsAvx2(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
+      } else {
+        EncodeWords(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
+      }
     });
     return EncodedBytes(in.size());
   }
