@@ -21,6 +21,26 @@ struct Sent {
 
 class EngineTest : public ::testing::Test {
  protected:
+  // An engine for `c` serving partition 5 of `n` elements. Answers are
+  // recorded; the raw payload bytes also go into header.error (for codecs).
+  void MakeFromConfig(const ClusterConfig& c, int n) {
+    auto engine = PartitionEngine::Create(c, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
+      Sent s{peer.to_string(), h, {}};
+      if (p) s.payload.assign(p->data<float>(), p->data<float>() + p->size() / 4);
+      if (p && !h.codec().empty()) s.header.set_error(std::string(p->data<char>(), p->size()));
+      sent_.push_back(s);
+    });
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+    ShardMap map;
+    map.set_epoch(3);
+    map.add_tensors()->set_name("t");
+    PartitionInfo* info = map.add_partitions();
+    info->set_id(5);
+    info->set_num_elements(n);
+    ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  }
+
   void Make(Consistency consistency, bool deterministic, int workers, const std::string& codec = "none",
             UpdateMode mode = UPDATE_ON_SERVER, int n = 2) {
     ClusterConfig c;
@@ -31,21 +51,7 @@ class EngineTest : public ::testing::Test {
     c.set_num_workers(workers);
     c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
     c.mutable_optimizer()->set_learning_rate(1.0f);
-    auto engine = PartitionEngine::Create(c, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
-      Sent s{peer.to_string(), h, {}};
-      if (p) s.payload.assign(p->data<float>(), p->data<float>() + p->size() / 4);
-      sent_.push_back(s);
-    });
-    ASSERT_TRUE(engine.ok());
-    engine_ = *std::move(engine);
-    ShardMap map;
-    map.set_epoch(3);
-    PartitionInfo* p = map.add_partitions();
-    p->set_id(5);
-    p->set_num_elements(n);
-    p->set_server(0);
-    map.add_tensors()->set_name("t");
-    ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+    MakeFromConfig(c, n);
   }
 
   // Sends raw bytes as a payload encoded with `codec`.
@@ -267,27 +273,12 @@ TEST_F(EngineTest, SumOnlyAnswersTheRoundSumAndKeepsWeights) {
 
 TEST_F(EngineTest, SumOnlyCompressedAggregateLosesNothingOverRounds) {
   const int n = 4096;
-  // A compressed pull (the fixture's Make sets only the push codec).
   ClusterConfig c;
   c.set_consistency(SYNC);
   c.set_num_workers(2);
   c.set_update_mode(SUM_ONLY);
   c.mutable_compression()->set_pull_codec("2bit:threshold=0.01");
-  auto engine = PartitionEngine::Create(c, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
-    Sent s{peer.to_string(), h, {}};
-    if (p) s.payload.assign(p->data<float>(), p->data<float>() + p->size() / 4);
-    if (p) s.header.set_error(std::string(p->data<char>(), p->size()));  // keep the raw bytes
-    sent_.push_back(s);
-  });
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  engine_ = *std::move(engine);
-  ShardMap map;
-  map.set_epoch(3);
-  map.add_tensors()->set_name("t");
-  PartitionInfo* info = map.add_partitions();
-  info->set_id(5);
-  info->set_num_elements(n);
-  ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  MakeFromConfig(c, n);
   auto codec = compression::CreateCodec("2bit:threshold=0.01");
   std::vector<double> decoded_total(n, 0.0), true_total(n, 0.0);
   for (int round = 0; round < 20; ++round) {
@@ -321,20 +312,7 @@ TEST_F(EngineTest, SyncPullsCarryCompressedWeightDeltasThatTrackTheWeights) {
   c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
   c.mutable_optimizer()->set_learning_rate(1.0f);
   c.mutable_compression()->set_pull_codec("onebit");
-  auto engine = PartitionEngine::Create(c, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
-    Sent s{peer.to_string(), h, {}};
-    if (p) s.header.set_error(std::string(p->data<char>(), p->size()));  // keep the raw bytes
-    sent_.push_back(s);
-  });
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  engine_ = *std::move(engine);
-  ShardMap map;
-  map.set_epoch(3);
-  map.add_tensors()->set_name("t");
-  PartitionInfo* info = map.add_partitions();
-  info->set_id(5);
-  info->set_num_elements(n);
-  ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  MakeFromConfig(c, n);
   std::vector<float> init(n);
   for (int i = 0; i < n; ++i) init[i] = 0.01f * (i % 13);
   Send(INIT, 0, 0, init);
@@ -367,7 +345,7 @@ TEST_F(EngineTest, SyncPullsCarryCompressedWeightDeltasThatTrackTheWeights) {
   Send(PULL, 0, 30, {});
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_TRUE(sent_[0].header.codec().empty());
-  EXPECT_EQ(sent_[0].header.error().size(), n * 4u);
+  EXPECT_EQ(sent_[0].payload.size(), static_cast<size_t>(n));
 }
 
 TEST_F(EngineTest, ShutdownAnswersWaitingPulls) {
