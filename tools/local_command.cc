@@ -120,7 +120,6 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
   for (int done = 0; done < o.workers;) {
     int code;
-    std::vector<ChildProcess*> all;
     auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(100), &code);
     if (w.ok()) {
       if (code != 0) return fail(absl::InternalError(absl::StrCat(workers[*w].name, " ", DescribeExit(code))));
