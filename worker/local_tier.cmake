@@ -8,7 +8,6 @@
 #                             in when SHARDPS_HAVE_CUDA, stubs otherwise)
 #   shardps_local_tier_cuda   object library of the .cu files (CUDA builds only)
 #   shardps_local_tier_test   GoogleTest binary (CUDA tests skip without a GPU)
-#   shardps_local_bench       standalone bench until `shardps bench-local` exists
 
 set(_local_tier_dir ${CMAKE_CURRENT_LIST_DIR})
 
