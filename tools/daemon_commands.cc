@@ -12,6 +12,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/scheduler_client.h"
+#include "compression/codec_policy.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
 #include "tools/cli_flags.h"
@@ -65,6 +66,9 @@ int SchedulerCommand(const Args& args) {
   for (const std::string& s : sets) {
     if (absl::Status st = SetConfigField(&config, s); !st.ok()) return Fail("scheduler", st);
   }
+  // The scheduler hands this config to every node: refuse a bad codec here,
+  // not in each server.
+  if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);
   InstallStopSignals();
   auto scheduler = SchedulerDaemon::Create({listen, config});
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());

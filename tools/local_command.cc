@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "compression/codec_policy.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/process.h"
@@ -50,6 +51,7 @@ absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
     if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
   }
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return s;
   return config;
 }
 
