@@ -141,6 +141,58 @@ TEST(CodecRoundTripTest, OneBitCodecBytesEqualScalarDefinitionOnRandomValues) {
   }
 }
 
+// Decoding (plain and accumulating) may use AVX2: values must be exactly the
+// scalar TwoBitValue of every code, added to the output in the same way.
+TEST(CodecRoundTripTest, TwoBitDecodeEqualsScalarValuesOnRandomCodes) {
+  std::mt19937 rng(14);
+  const size_t n = 100003;
+  auto codec = MustCreate("2bit:threshold=0.25");
+  std::vector<uint8_t> payload(codec->EncodedBytes(n), 0);
+  const float t = 0.25f;
+  std::memcpy(payload.data(), &t, 4);
+  std::vector<uint32_t> codes(n);
+  for (size_t i = 0; i < n; ++i) {
+    codes[i] = rng() % 3;  // 0, 1 (+t), 2 (-t)
+    payload[4 + i / 16 * 4 + (i % 16) / 4] |= static_cast<uint8_t>(codes[i] << (2 * (i % 4)));
+  }
+  std::vector<float> base(n), plain(n), summed(n);
+  for (size_t i = 0; i < n; ++i) base[i] = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 1e-3f;
+  summed = base;
+  ASSERT_TRUE(codec->Decode(payload, 0, absl::MakeSpan(plain)).ok());
+  ASSERT_TRUE(codec->DecodeAdd(payload, 0, absl::MakeSpan(summed)).ok());
+  for (size_t i = 0; i < n; ++i) {
+    const float v = math::TwoBitValue(codes[i], t);
+    ASSERT_EQ(math::FloatBits(plain[i]), math::FloatBits(v)) << i;
+    ASSERT_EQ(math::FloatBits(summed[i]), math::FloatBits(base[i] + v)) << i;
+  }
+}
+
+// Onebit decoding may use AVX2: -s where a bit is set, else +s, added to the
+// output in the same way as the scalar loop.
+TEST(CodecRoundTripTest, OneBitDecodeEqualsScalarValuesOnRandomBits) {
+  std::mt19937 rng(15);
+  const size_t n = 100003;
+  auto codec = MustCreate("onebit");
+  std::vector<uint8_t> payload(codec->EncodedBytes(n), 0);
+  const float s = 0.375f;
+  std::memcpy(payload.data(), &s, 4);
+  std::vector<bool> negative(n);
+  for (size_t i = 0; i < n; ++i) {
+    negative[i] = rng() & 1;
+    if (negative[i]) payload[4 + i / 32 * 4 + (i % 32) / 8] |= static_cast<uint8_t>(1u << (i % 8));
+  }
+  std::vector<float> base(n), plain(n), summed(n);
+  for (size_t i = 0; i < n; ++i) base[i] = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) * 1e-3f;
+  summed = base;
+  ASSERT_TRUE(codec->Decode(payload, 0, absl::MakeSpan(plain)).ok());
+  ASSERT_TRUE(codec->DecodeAdd(payload, 0, absl::MakeSpan(summed)).ok());
+  for (size_t i = 0; i < n; ++i) {
+    const float v = negative[i] ? -s : s;
+    ASSERT_EQ(math::FloatBits(plain[i]), math::FloatBits(v)) << i;
+    ASSERT_EQ(math::FloatBits(summed[i]), math::FloatBits(base[i] + v)) << i;
+  }
+}
+
 TEST(CodecRoundTripTest, TwoBitKeepsSignAboveThreshold) {
   auto codec = MustCreate("2bit:threshold=0.5");
   const auto x = RandomGradient(kN, 5);

@@ -36,6 +36,8 @@ double LaneAbsSum(const T* x, size_t len) {
   return lanes[0];
 }
 
+void UnpackSigns(const uint8_t* words, size_t n, float s, float* out, bool accumulate);
+
 #if defined(__x86_64__)
 // LaneAbsSum with AVX2: the 32 lanes live in 8 vectors of 4 doubles, each lane
 // accumulating the same values in the same order, so the sum is bitwise the
@@ -80,11 +82,32 @@ __attribute__((target("avx2"))) void PackSignsAvx2(const float* in, size_t n, ui
   }
 }
 
+// UnpackSigns with AVX2: -s where the bit is set, else +s, as the scalar.
+__attribute__((target("avx2"))) void UnpackSignsAvx2(const uint8_t* words, size_t n, float s, float* out,
+                                                     bool accumulate) {
+  const __m256 pos_s = _mm256_set1_ps(s), neg_s = _mm256_set1_ps(-s);
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  size_t i = 0;
+  for (; i + kPerWord <= n; i += kPerWord) {
+    const uint32_t word = LoadU32(words + i / kPerWord * 4);
+    for (int q = 0; q < 4; ++q) {
+      const __m256i bits = _mm256_and_si256(_mm256_set1_epi32(static_cast<int>((word >> (8 * q)) & 0xffu)), lane_bits);
+      const __m256 negative = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, lane_bits));
+      __m256 v = _mm256_blendv_ps(pos_s, neg_s, negative);
+      float* o = out + i + 8 * q;
+      if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(o), v);
+      _mm256_storeu_ps(o, v);
+    }
+  }
+  if (i < n) UnpackSigns(words + i / kPerWord * 4, n - i, s, out + i, accumulate);
+}
+
 bool HaveAvx2() {
   static const bool have = __builtin_cpu_supports("avx2");
   return have;
 }
 #else
+void UnpackSignsAvx2(const uint8_t*, size_t, float, float*, bool) {}
 double LaneAbsSumAvx2(const float*, size_t) { return 0; }
 void PackSignsAvx2(const float*, size_t, uint8_t*) {}
 bool HaveAvx2() { return false; }
@@ -157,8 +180,13 @@ class OneBitCodec final : public Codec {
     if (n % kPerWord != 0 && (LoadU32(in.data() + in.size() - 4) >> (n % kPerWord)) != 0) {
       return absl::InvalidArgumentError("onebit payload has non-zero padding bits");
     }
+    const bool avx2 = HaveAvx2();
     ForEachChunk(n, kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      UnpackSigns(in.data() + 4 + b / kPerWord * 4, e - b, s, out.data() + b, accumulate);
+      if (avx2) {
+        UnpackSignsAvx2(in.data() + 4 + b / kPerWord * 4, e - b, s, out.data() + b, accumulate);
+      } else {
+        UnpackSigns(in.data() + 4 + b / kPerWord * 4, e - b, s, out.data() + b, accumulate);
+      }
     });
     return absl::OkStatus();
   }

@@ -42,6 +42,8 @@ void EncodeWords(const float* in, size_t n, float t, uint8_t* words) {
   }
 }
 
+void DecodeWords(const uint8_t* words, size_t n, float t, float* out, bool accumulate);
+
 #if defined(__x86_64__)
 // The same codes 16 values at a time where the CPU has AVX2 and BMI2 (checked
 // at run time): two compares give the +t and -t lanes as bit masks, and pdep
@@ -65,12 +67,41 @@ __attribute__((target("avx2,bmi2"))) void EncodeWordsAvx2(const float* in, size_
   }
 }
 
+// All-ones in lane l where bit l of `mask8` is set.
+__attribute__((target("avx2"))) inline __m256 LaneMask(uint32_t mask8) {
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i m = _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(mask8)), lane_bits);
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(m, lane_bits));
+}
+
+// DecodeWords 16 values at a time: pext splits a word's codes into the +t
+// and -t lane masks, which select t, -t or +0 per lane exactly as
+// TwoBitValue (codes are validated before decoding).
+__attribute__((target("avx2,bmi2"))) void DecodeWordsAvx2(const uint8_t* words, size_t n, float t, float* out,
+                                                          bool accumulate) {
+  const __m256 pos_t = _mm256_set1_ps(t), neg_t = _mm256_set1_ps(-t);
+  size_t i = 0;
+  for (; i + kPerWord <= n; i += kPerWord) {
+    const uint32_t word = LoadU32(words + i / kPerWord * 4);
+    const uint32_t pos = _pext_u32(word, 0x55555555u), neg = _pext_u32(word, 0xAAAAAAAAu);
+    for (int half = 0; half < 2; ++half) {
+      __m256 v = _mm256_or_ps(_mm256_and_ps(LaneMask((pos >> (8 * half)) & 0xffu), pos_t),
+                              _mm256_and_ps(LaneMask((neg >> (8 * half)) & 0xffu), neg_t));
+      float* o = out + i + 8 * half;
+      if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(o), v);
+      _mm256_storeu_ps(o, v);
+    }
+  }
+  if (i < n) DecodeWords(words + i / kPerWord * 4, n - i, t, out + i, accumulate);
+}
+
 bool HaveAvx2Bmi2() {
   static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
   return have;
 }
 #else
 void EncodeWordsAvx2(const float*, size_t, float, uint8_t*) {}
+void DecodeWordsAvx2(const uint8_t*, size_t, float, float*, bool) {}
 bool HaveAvx2Bmi2() { return false; }
 #endif
 
@@ -124,8 +155,13 @@ class TwoBitCodec final : public Codec {
     const size_t n = out.size();
     if (absl::Status s = Validate(in, n); !s.ok()) return s;
     const float t = LoadF32(in.data());
+    const bool avx2 = HaveAvx2Bmi2();
     ForEachChunk(n, kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      DecodeWords(in.data() + 4 + b / kPerWord * 4, e - b, t, out.data() + b, accumulate);
+      if (avx2) {
+        DecodeWordsAvx2(in.data() + 4 + b / kPerWord * 4, e - b, t, out.data() + b, accumulate);
+      } else {
+        DecodeWords(in.data() + 4 + b / kPerWord * 4, e - b, t, out.data() + b, accumulate);
+      }
     });
     return absl::OkStatus();
   }
