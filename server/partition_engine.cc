@@ -1,5 +1,6 @@
 #include "server/partition_engine.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <glog/logging.h>
@@ -312,8 +313,13 @@ void PartitionEngine::CompleteRound(Partition& p) {
   p.ahead.clear();
   for (ParkedPush& push : ahead) {
     if (push.header.round() == p.completed) {
-      p.next_round[push.header.worker_rank()] = push.header.round();
+      // Count it as a push of the current round, then restore what the
+      // worker owes: it may have parked later rounds too.
+      const uint32_t w = push.header.worker_rank();
+      const uint64_t owed = p.next_round[w];
+      p.next_round[w] = push.header.round();
       PushSync(p, push.peer, push.header, &push.payload);
+      p.next_round[w] = std::max(p.next_round[w], owed);
     } else {
       p.ahead.push_back(std::move(push));
     }
@@ -402,12 +408,16 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
     sink_(peer, reply, &payload);
     return;
   }
-  zmq::message_t payload = AnswerPayload(p, &reply);
-  stats_.bytes_out += payload.size();
-  sink_(peer, reply, &payload);
+  absl::StatusOr<zmq::message_t> payload = AnswerPayload(p, &reply);
+  if (!payload.ok()) {
+    Answer(peer, request, payload.status());
+    return;
+  }
+  stats_.bytes_out += payload->size();
+  sink_(peer, reply, &*payload);
 }
 
-zmq::message_t PartitionEngine::AnswerPayload(Partition& p, DataHeader* reply) {
+absl::StatusOr<zmq::message_t> PartitionEngine::AnswerPayload(Partition& p, DataHeader* reply) {
   SharedBuffer& source = sum_only_ ? *p.aggregate : *p.weights;
   const compression::Codec* codec = p.codecs.pull.get();
   if (codec == nullptr) return source.ZeroCopyMessage();
@@ -431,15 +441,19 @@ zmq::message_t PartitionEngine::AnswerPayload(Partition& p, DataHeader* reply) {
     auto out = absl::MakeSpan(p.encoded->byte_data(), max_bytes);
     auto written = feedback != pull_feedback_.end() ? feedback->second->Encode(p.id, in, seed, out)
                                                     : codec->Encode(in, seed, out);
-    CHECK(written.ok()) << "encoding partition " << p.id << ": " << written.status();
-    p.encoded_bytes = *written;
-    p.encoded_round = static_cast<int64_t>(p.completed);
+    if (!written.ok()) return written.status();
     if (p.delta_pulls) {
       // The workers add the decoded delta to their copy: so does the mirror.
-      absl::Status s = codec->DecodeAdd(absl::MakeConstSpan(p.encoded->byte_data(), p.encoded_bytes), seed,
+      // A diverged job (Inf/NaN weights) fails here, and says so.
+      absl::Status s = codec->DecodeAdd(absl::MakeConstSpan(p.encoded->byte_data(), *written), seed,
                                         absl::MakeSpan(p.mirror));
-      CHECK(s.ok()) << "decoding our own delta of partition " << p.id << ": " << s;
+      if (!s.ok()) {
+        return absl::DataLossError(absl::StrCat("partition ", p.id, ": the weight change cannot be sent as ",
+                                                p.codecs.pull_spec, " (non-finite weights?): ", s.message()));
+      }
     }
+    p.encoded_bytes = *written;
+    p.encoded_round = static_cast<int64_t>(p.completed);
   }
   return p.encoded->ZeroCopyMessage(p.encoded_bytes);
 }

@@ -114,7 +114,8 @@ class PartitionEngine {
   void SumRound(Partition& p);
   // The answer payload for a pull: weights (raw or fp16/bf16) or, in sum-only
   // mode after a round, the aggregate (raw or compressed with error feedback).
-  zmq::message_t AnswerPayload(Partition& p, DataHeader* reply);
+  // Fails if the data cannot be encoded (e.g. non-finite weight deltas).
+  absl::StatusOr<zmq::message_t> AnswerPayload(Partition& p, DataHeader* reply);
   float* WritableWeights(Partition& p);
   void Answer(const zmq::message_t& peer, const DataHeader& request, const absl::Status& status);
   void AnswerWeights(Partition& p, const zmq::message_t& peer, const DataHeader& request);

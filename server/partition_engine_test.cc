@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "compression/codec_policy.h"
@@ -138,6 +139,21 @@ TEST_F(EngineTest, PushAheadOfTheRoundIsParkedThenApplied) {
   Send(PUSH, 1, 0, {1, 0});  // round 0 completes, round 1 has worker 0's push
   Send(PUSH, 1, 1, {1, 0});  // round 1 completes
   EXPECT_EQ(Weights(), (std::vector<float>{-2, 0}));
+}
+
+TEST_F(EngineTest, WorkerRunningSeveralRoundsAheadIsNotRefused) {
+  Make(SYNC, false, 2);
+  Send(PUSH, 0, 0, {1, 0});
+  Send(PUSH, 0, 1, {1, 0});  // parked
+  Send(PUSH, 0, 2, {1, 0});  // parked
+  Send(PUSH, 1, 0, {1, 0});  // round 0 completes; round 1's push is replayed
+  sent_.clear();
+  Send(PUSH, 0, 3, {1, 0});  // worker 0 has pushed 0, 1 and 2: round 3 is next
+  Send(PUSH, 1, 1, {1, 0});
+  Send(PUSH, 1, 2, {1, 0});
+  Send(PUSH, 1, 3, {1, 0});
+  for (const Sent& s : sent_) EXPECT_EQ(s.header.status_code(), 0) << s.header.error();
+  EXPECT_EQ(Weights(), (std::vector<float>{-4, 0}));  // four rounds of mean gradient 1
 }
 
 TEST_F(EngineTest, AsyncAppliesEachPushOnArrivalWithItsShareOfTheLearningRate) {
@@ -346,6 +362,23 @@ TEST_F(EngineTest, SyncPullsCarryCompressedWeightDeltasThatTrackTheWeights) {
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_TRUE(sent_[0].header.codec().empty());
   EXPECT_EQ(sent_[0].payload.size(), static_cast<size_t>(n));
+}
+
+TEST_F(EngineTest, NonFiniteWeightDeltaIsAnErrorNotACrash) {
+  const int n = 4096;
+  ClusterConfig c;
+  c.set_consistency(SYNC);
+  c.set_num_workers(1);
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_learning_rate(1.0f);
+  c.mutable_compression()->set_pull_codec("onebit");
+  MakeFromConfig(c, n);
+  std::vector<float> g(n, 1.0f);
+  g[7] = std::numeric_limits<float>::infinity();
+  Send(PUSH_PULL, 0, 0, g);
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(sent_[0].header.error(), HasSubstr("non-finite"));
 }
 
 TEST_F(EngineTest, ShutdownAnswersWaitingPulls) {

@@ -59,24 +59,27 @@ DataChannel::~DataChannel() {
 
 uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
   uint64_t handle;
-  std::vector<uint64_t> ids(requests.size());
-  {
-    absl::MutexLock lock(&mu_);
-    handle = next_handle_++;
-    HandleState& h = handles_[handle];
-    h.what = std::move(what);
-    h.remaining = requests.size();
-    for (size_t i = 0; i < requests.size(); ++i) {
-      ids[i] = next_request_id_++;
-      const Request& r = requests[i];
-      pending_[ids[i]] = Pending{handle, r.server, r.header.partition_id(), r.header.num_elements(), r.out,
-                                 std::move(requests[i].on_answer)};
-      h.request_ids.push_back(ids[i]);
-    }
-  }
   int drained;
   {
-    absl::MutexLock lock(&io_mu_);
+    // Ids are taken and sent under io_mu_, so they reach each server in
+    // increasing order whatever the number of calling threads (servers take
+    // an older id from the same worker for a retry).
+    absl::MutexLock io_lock(&io_mu_);
+    std::vector<uint64_t> ids(requests.size());
+    {
+      absl::MutexLock lock(&mu_);
+      handle = next_handle_++;
+      HandleState& h = handles_[handle];
+      h.what = std::move(what);
+      h.remaining = requests.size();
+      for (size_t i = 0; i < requests.size(); ++i) {
+        ids[i] = next_request_id_++;
+        const Request& r = requests[i];
+        pending_[ids[i]] = Pending{handle, r.server, r.header.partition_id(), r.header.num_elements(), r.out,
+                                   std::move(requests[i].on_answer)};
+        h.request_ids.push_back(ids[i]);
+      }
+    }
     for (size_t i = 0; i < requests.size(); ++i) {
       Request& r = requests[i];
       r.header.set_request_id(ids[i]);

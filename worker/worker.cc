@@ -72,9 +72,11 @@ class WorkerImpl : public Worker {
       addresses[s.index()] = s.data_address();
     }
     if (absl::Status s = SetUpCompression(); !s.ok()) return s;
+    // Built aside and adopted only when complete: a failure leaves no half state.
+    absl::flat_hash_map<std::string, TensorRoute> routes;
     for (const PartitionInfo& p : map->partitions()) {
       const TensorSpec& t = map->tensors(p.tensor());
-      TensorRoute& route = routes_[t.name()];
+      TensorRoute& route = routes[t.name()];
       route.num_elements += p.num_elements();
       route.partitions.push_back(p);
       route.rounds_pushed.push_back(0);
@@ -90,6 +92,7 @@ class WorkerImpl : public Worker {
     }
     auto channel = DataChannel::Create(addresses, options_.rank);
     if (!channel.ok()) return channel.status();
+    routes_ = std::move(routes);
     channel_ = *std::move(channel);
     epoch_ = map->epoch();
     return absl::OkStatus();
@@ -162,6 +165,9 @@ class WorkerImpl : public Worker {
   // `only`, whose extent the spans then cover).
   absl::StatusOr<Handle> Start(Op op, const std::string& name, const float* in, size_t in_n, float* out,
                                size_t out_n, absl::string_view verb, std::optional<size_t> only = std::nullopt) {
+    // Rounds are numbered and sent under one lock, so two threads pushing
+    // the same tensor cannot put round r+1 on the wire before round r.
+    absl::MutexLock send_lock(&send_mu_);
     std::vector<DataChannel::Request> requests;
     std::string what;
     {
@@ -201,7 +207,6 @@ class WorkerImpl : public Worker {
         r.header.set_op(op);
         r.header.set_partition_id(p.id());
         r.header.set_round(route.rounds_pushed[i]);
-        if (op == PUSH || op == PUSH_PULL) ++route.rounds_pushed[i];
         r.header.set_epoch(epoch_);
         r.header.set_dtype(FLOAT32);
         r.header.set_num_elements(p.num_elements());
@@ -217,6 +222,10 @@ class WorkerImpl : public Worker {
         }
         if (receives) SetAnswer(state, op, out + (p.offset() - base), p.num_elements(), &r);
         requests.push_back(std::move(r));
+      }
+      // Only once every request is built: a failed encode owes no round.
+      if (op == PUSH || op == PUSH_PULL) {
+        for (size_t i = first; i < last; ++i) ++route.rounds_pushed[i];
       }
     }
     return channel_->Submit(std::move(requests), std::move(what));
@@ -336,6 +345,7 @@ class WorkerImpl : public Worker {
   const WorkerOptions options_;
   const uint64_t node_id_;
   const ClusterConfig config_;
+  absl::Mutex send_mu_;  // held from numbering a request to handing it to the channel; before mu_
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, TensorRoute> routes_ ABSL_GUARDED_BY(mu_);
