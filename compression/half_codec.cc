@@ -80,14 +80,9 @@ class HalfCodec final : public Codec {
   absl::StatusOr<size_t> Encode(absl::Span<const float> in, uint64_t /*seed*/,
                                 absl::Span<uint8_t> out) const override {
     if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
-    const bool f16c = ToHalf == &math::FloatToHalf && HaveF16c();
-    ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      if (f16c) {
-        EncodeRangeF16c(in.data() + b, e - b, out.data() + b * 2);
-      } else {
-        EncodeRange<ToHalf>(in.data() + b, e - b, out.data() + b * 2);
-      }
-    });
+    auto encode = ToHalf == &math::FloatToHalf && HaveF16c() ? EncodeRangeF16c : EncodeRange<ToHalf>;
+    ForEachChunk(in.size(), kChunkElements, params().num_threads,
+                 [&](size_t b, size_t e) { encode(in.data() + b, e - b, out.data() + b * 2); });
     return EncodedBytes(in.size());
   }
 

@@ -156,13 +156,9 @@ class OneBitCodec final : public Codec {
     if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
     const float scale = MeanAbs(in);
     StoreF32(out.data(), scale);
-    const bool avx2 = HaveAvx2();
+    auto pack = HaveAvx2() ? PackSignsAvx2 : PackSigns;
     ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      if (avx2) {
-        PackSignsAvx2(in.data() + b, e - b, out.data() + 4 + b / kPerWord * 4);
-      } else {
-        PackSigns(in.data() + b, e - b, out.data() + 4 + b / kPerWord * 4);
-      }
+      pack(in.data() + b, e - b, out.data() + 4 + b / kPerWord * 4);
     });
     return EncodedBytes(in.size());
   }
@@ -180,13 +176,9 @@ class OneBitCodec final : public Codec {
     if (n % kPerWord != 0 && (LoadU32(in.data() + in.size() - 4) >> (n % kPerWord)) != 0) {
       return absl::InvalidArgumentError("onebit payload has non-zero padding bits");
     }
-    const bool avx2 = HaveAvx2();
+    auto unpack = HaveAvx2() ? UnpackSignsAvx2 : UnpackSigns;
     ForEachChunk(n, kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      if (avx2) {
-        UnpackSignsAvx2(in.data() + 4 + b / kPerWord * 4, e - b, s, out.data() + b, accumulate);
-      } else {
-        UnpackSigns(in.data() + 4 + b / kPerWord * 4, e - b, s, out.data() + b, accumulate);
-      }
+      unpack(in.data() + 4 + b / kPerWord * 4, e - b, s, out.data() + b, accumulate);
     });
     return absl::OkStatus();
   }
@@ -198,11 +190,11 @@ class OneBitCodec final : public Codec {
     const size_t num_blocks = (in.size() + math::kSumBlock - 1) / math::kSumBlock;
     block_sums.resize(num_blocks);
     double* sums = block_sums.data();  // Lambdas must not name the thread_local.
-    const bool avx2 = HaveAvx2();
+    auto lane_sum = HaveAvx2() ? LaneAbsSumAvx2 : LaneAbsSum<float>;
     ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
       for (size_t i = b; i < e; i += math::kSumBlock) {
         const size_t len = e - i < math::kSumBlock ? e - i : math::kSumBlock;
-        sums[i / math::kSumBlock] = avx2 ? LaneAbsSumAvx2(in.data() + i, len) : LaneAbsSum(in.data() + i, len);
+        sums[i / math::kSumBlock] = lane_sum(in.data() + i, len);
       }
     });
     return static_cast<float>(LaneAbsSum(sums, num_blocks) /

@@ -138,13 +138,9 @@ class TwoBitCodec final : public Codec {
     if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
     const float t = params().scale > 0 ? AdaptiveThreshold(in) : params().threshold;
     StoreF32(out.data(), t);
-    const bool avx2 = HaveAvx2Bmi2();
+    auto encode = HaveAvx2Bmi2() ? EncodeWordsAvx2 : EncodeWords;
     ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      if (avx2) {
-        EncodeWordsAvx2(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
-      } else {
-        EncodeWords(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
-      }
+      encode(in.data() + b, e - b, t, out.data() + 4 + b / kPerWord * 4);
     });
     return EncodedBytes(in.size());
   }
@@ -155,13 +151,9 @@ class TwoBitCodec final : public Codec {
     const size_t n = out.size();
     if (absl::Status s = Validate(in, n); !s.ok()) return s;
     const float t = LoadF32(in.data());
-    const bool avx2 = HaveAvx2Bmi2();
+    auto decode = HaveAvx2Bmi2() ? DecodeWordsAvx2 : DecodeWords;
     ForEachChunk(n, kChunkElements, params().num_threads, [&](size_t b, size_t e) {
-      if (avx2) {
-        DecodeWordsAvx2(in.data() + 4 + b / kPerWord * 4, e - b, t, out.data() + b, accumulate);
-      } else {
-        DecodeWords(in.data() + 4 + b / kPerWord * 4, e - b, t, out.data() + b, accumulate);
-      }
+      decode(in.data() + 4 + b / kPerWord * 4, e - b, t, out.data() + b, accumulate);
     });
     return absl::OkStatus();
   }
