@@ -73,6 +73,11 @@ absl::Status ValidateOptimizer(const OptimizerConfig& o) {
   if (!(o.weight_decay() >= 0) || !std::isfinite(o.weight_decay())) {
     return Invalid("optimizer.weight_decay", absl::StrCat("must be >= 0, got ", o.weight_decay()));
   }
+  if (o.freeze_variance_after() > 0 && o.kind() != OptimizerConfig::ADAM) {
+    return Invalid("optimizer.freeze_variance_after",
+                   absl::StrCat("freezes Adam's second moment; optimizer.kind is ",
+                                OptimizerConfig::Kind_Name(o.kind())));
+  }
   const LearningRateSchedule& s = o.schedule();
   if (s.kind() == LearningRateSchedule::STEP) {
     if (s.step_size() == 0) return Invalid("optimizer.schedule.step_size", "must be > 0 for a step schedule");

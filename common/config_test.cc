@@ -70,6 +70,16 @@ TEST(ConfigTest, ValidationNamesTheField) {
   EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("gamma"));
 }
 
+TEST(ConfigTest, FreezingTheVarianceNeedsAdam) {
+  ClusterConfig c;
+  c.mutable_optimizer()->set_freeze_variance_after(100);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.mutable_optimizer()->set_kind(OptimizerConfig::MOMENTUM);
+  absl::Status s = ValidateConfig(c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("optimizer.freeze_variance_after"));
+}
+
 TEST(ConfigTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadConfigFile("/nonexistent/cluster.pbtxt").status().code(), absl::StatusCode::kNotFound);
 }

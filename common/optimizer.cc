@@ -86,9 +86,24 @@ void Optimizer::Apply(uint64_t step, float grad_scale, const float* __restrict g
     case OptimizerConfig::ADAM: {
       const float b1 = config_.beta1(), b2 = config_.beta2(), eps = config_.epsilon();
       const float t = static_cast<float>(step + 1);
-      const float c1 = 1.0f - std::pow(b1, t), c2 = 1.0f - std::pow(b2, t);
+      const float c1 = 1.0f - std::pow(b1, t);
       float* __restrict m = state;
       float* __restrict v = state + n;
+      const uint64_t freeze = config_.freeze_variance_after();
+      if (freeze > 0 && step >= freeze) {
+        // v as it was after `freeze` updates, with that step's bias correction.
+        // A weight whose gradient was exactly zero all along (v == 0, e.g.
+        // fed by an always-blank input) stays put: a sign codec would
+        // otherwise hand it +-scale and divide that by epsilon.
+        const float c2 = 1.0f - std::pow(b2, static_cast<float>(freeze));
+        for (size_t i = 0; i < n; ++i) {
+          float g = grad[i] * grad_scale + wd * w[i];
+          m[i] = b1 * m[i] + (1.0f - b1) * g;
+          if (v[i] > 0.0f) w[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+        }
+        break;
+      }
+      const float c2 = 1.0f - std::pow(b2, t);
       for (size_t i = 0; i < n; ++i) {
         float g = grad[i] * grad_scale + wd * w[i];
         m[i] = b1 * m[i] + (1.0f - b1) * g;
@@ -100,6 +115,18 @@ void Optimizer::Apply(uint64_t step, float grad_scale, const float* __restrict g
     default:
       break;
   }
+}
+
+bool Optimizer::VarianceFrozenAt(uint64_t step) const {
+  const uint64_t freeze = config_.freeze_variance_after();
+  return config_.kind() == OptimizerConfig::ADAM && freeze > 0 && step >= freeze;
+}
+
+void Optimizer::FrozenDivisor(const float* state, size_t n, float* d) const {
+  const float c2 = 1.0f - std::pow(config_.beta2(), static_cast<float>(config_.freeze_variance_after()));
+  const float eps = config_.epsilon();
+  const float* v = state + n;
+  for (size_t i = 0; i < n; ++i) d[i] = v[i] > 0.0f ? std::sqrt(v[i] / c2) + eps : 0.0f;
 }
 
 void AddInto(float* __restrict acc, const float* __restrict g, size_t n) {

@@ -31,6 +31,15 @@ class Optimizer {
   void Apply(uint64_t step, float grad_scale, const float* grad, float* weights, float* state,
              size_t n) const;
 
+  // Adam with freeze_variance_after = N: true from update N on, when the
+  // update is linear in the gradient: w -= lr * mhat / d with a fixed d.
+  bool VarianceFrozenAt(uint64_t step) const;
+
+  // The fixed divisor of a frozen Adam update, d[i] = sqrt(v[i] / c2) + eps,
+  // or 0 where v[i] == 0 (weights the frozen update leaves alone). `state`
+  // as in Apply, after at least freeze_variance_after updates.
+  void FrozenDivisor(const float* state, size_t n, float* d) const;
+
  private:
   explicit Optimizer(const OptimizerConfig& config);
   const OptimizerConfig config_;

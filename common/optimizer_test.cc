@@ -63,6 +63,44 @@ TEST(OptimizerTest, AdamFirstStepMovesByLearningRate) {
   EXPECT_NEAR(state[1], 0.009f, 1e-6);  // (1 - 0.999f) rounds in float
 }
 
+TEST(OptimizerTest, AdamFrozenVarianceStopsChangingAndZeroVarianceWeightsStay) {
+  OptimizerConfig c = Kind(OptimizerConfig::ADAM, 0.01f);
+  c.set_freeze_variance_after(2);
+  auto opt = Make(c);
+  // Slot layout for n = 2: m0 m1 v0 v1. Weight 1 never sees a gradient.
+  float w[2] = {1.0f, 1.0f}, state[4] = {0, 0, 0, 0};
+  float g[2] = {3.0f, 0.0f};
+  opt->Apply(0, 1.0f, g, w, state, 2);
+  opt->Apply(1, 1.0f, g, w, state, 2);
+  const float v_frozen = state[2];
+  EXPECT_GT(v_frozen, 0.0f);
+  const float w_before = w[0], m_before = state[0];
+  float g2[2] = {-5.0f, 7.0f};  // weight 1's first gradient comes after the freeze
+  opt->Apply(2, 1.0f, g2, w, state, 2);
+  EXPECT_EQ(state[2], v_frozen);
+  EXPECT_EQ(state[3], 0.0f);
+  const float m = 0.9f * m_before + (1.0f - 0.9f) * -5.0f;
+  EXPECT_FLOAT_EQ(state[0], m);
+  const float c1 = 1.0f - std::pow(0.9f, 3.0f), c2 = 1.0f - std::pow(0.999f, 2.0f);
+  EXPECT_FLOAT_EQ(w[0], w_before - 0.01f * (m / c1) / (std::sqrt(v_frozen / c2) + 1e-8f));
+  EXPECT_EQ(w[1], 1.0f);  // v == 0: dividing a gradient by epsilon would throw it away
+}
+
+TEST(OptimizerTest, AdamBeforeTheFreezeIsPlainAdam) {
+  OptimizerConfig frozen = Kind(OptimizerConfig::ADAM, 0.01f);
+  frozen.set_freeze_variance_after(5);
+  auto a = Make(frozen);
+  auto b = Make(Kind(OptimizerConfig::ADAM, 0.01f));
+  float wa = 1.0f, wb = 1.0f, sa[2] = {0, 0}, sb[2] = {0, 0};
+  for (uint64_t step = 0; step < 5; ++step) {
+    float g = 1.0f + static_cast<float>(step);
+    a->Apply(step, 0.5f, &g, &wa, sa, 1);
+    b->Apply(step, 0.5f, &g, &wb, sb, 1);
+  }
+  EXPECT_EQ(wa, wb);
+  EXPECT_EQ(sa[1], sb[1]);
+}
+
 TEST(OptimizerTest, AdagradScalesByAccumulatedSquares) {
   OptimizerConfig c = Kind(OptimizerConfig::ADAGRAD, 0.5f);
   c.set_epsilon(1e-10f);

@@ -45,6 +45,17 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
   if (!(c.momentum() >= 0 && c.momentum() < 1)) {
     return absl::InvalidArgumentError("config field 'compression.momentum' must be in [0, 1)");
   }
+  const uint64_t freeze = config.optimizer().freeze_variance_after();
+  const bool compresses_pushes = c.codec() != "none" || !c.tensor_codecs().empty();
+  if (config.update_mode() == SUM_ONLY && compresses_pushes && freeze > c.uncompressed_rounds()) {
+    // Sum-only workers compress in Adam's frozen coordinates from the freeze
+    // on; a residual kept in gradient units before it would not carry over.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field 'compression.uncompressed_rounds' (", c.uncompressed_rounds(),
+        ") must be >= optimizer.freeze_variance_after (", freeze,
+        ") in sum-only mode: compressed rounds before the freeze would leave error-feedback residuals in "
+        "gradient units"));
+  }
   return absl::OkStatus();
 }
 

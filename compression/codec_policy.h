@@ -38,6 +38,13 @@ absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, 
 // mirror carries the quantisation error to the next round (error feedback).
 bool PullsWeightDeltas(const ClusterConfig& config, const PartitionCodecs& partition_codecs);
 
+// True when `round` of a partition travels uncompressed
+// (compression.uncompressed_rounds): its push, and in sum-only mode the
+// aggregate answered for it. Both ends decide with the same rule.
+inline bool RoundUncompressed(const ClusterConfig& config, uint64_t round) {
+  return round < config.compression().uncompressed_rounds();
+}
+
 // Seed shared by every worker and the server for (partition, round), so
 // randomk picks the same indices everywhere and servers can sum payloads.
 uint64_t CodecSeed(uint64_t partition_id, uint64_t round);

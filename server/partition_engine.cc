@@ -126,7 +126,8 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
       return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, " has ", p.n, " elements, request says ",
                                                      h.num_elements()));
     }
-    const std::string& expected = h.op() == INIT ? std::string() : p.codecs.push_spec;
+    const bool raw = h.op() == INIT || compression::RoundUncompressed(config_, h.round());
+    const std::string& expected = raw ? std::string() : p.codecs.push_spec;
     if (h.codec() != expected) {
       return absl::InvalidArgumentError(absl::StrCat("payload codec '", h.codec(), "' does not match the codec '",
                                                      expected, "' configured for partition ", p.id));
@@ -234,7 +235,8 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
 }
 
 absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
-  const compression::Codec* codec = p.codecs.push.get();
+  const compression::Codec* codec =
+      compression::RoundUncompressed(config_, round) ? nullptr : p.codecs.push.get();
   const float* g = payload->data<float>();
   if (codec == nullptr) {
     if (config_.deterministic()) {
@@ -269,14 +271,13 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
 // Leaves the round's gradient sum in p.acc, in rank order when deterministic.
 void PartitionEngine::SumRound(Partition& p) {
   const uint32_t workers = config_.num_workers();
+  const bool raw = p.codecs.push == nullptr || compression::RoundUncompressed(config_, p.completed);
   if (config_.deterministic()) {
-    auto rank = [&](uint32_t w) {
-      return p.codecs.push != nullptr ? p.decoded[w].data() : p.held[w].data<float>();
-    };
+    auto rank = [&](uint32_t w) { return raw ? p.held[w].data<float>() : p.decoded[w].data(); };
     std::memcpy(p.acc.data(), rank(0), p.n * sizeof(float));
     for (uint32_t w = 1; w < workers; ++w) AddInto(p.acc.data(), rank(w), p.n);
     for (auto& m : p.held) m.rebuild();  // release the gradients
-  } else if (!p.acc_encoded.empty()) {
+  } else if (!p.acc_encoded.empty() && !raw) {
     auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(p.acc_encoded.data()),
                                      p.acc_encoded.size() * sizeof(float));
     absl::Status s = p.codecs.push->Decode(bytes, compression::CodecSeed(p.id, p.completed), absl::MakeSpan(p.acc));
@@ -331,7 +332,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
   const uint32_t w = h.worker_rank();
   if (h.request_id() > p.last_request[w]) {
     const float* g = payload.data<float>();
-    if (p.codecs.push != nullptr) {
+    if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
       absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
                                              compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
       if (!s.ok()) {
@@ -420,7 +421,9 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
 absl::StatusOr<zmq::message_t> PartitionEngine::AnswerPayload(Partition& p, DataHeader* reply) {
   SharedBuffer& source = sum_only_ ? *p.aggregate : *p.weights;
   const compression::Codec* codec = p.codecs.pull.get();
-  if (codec == nullptr) return source.ZeroCopyMessage();
+  const bool raw_aggregate =
+      sum_only_ && p.completed > 0 && compression::RoundUncompressed(config_, p.completed - 1);
+  if (codec == nullptr || raw_aggregate) return source.ZeroCopyMessage();
   reply->set_codec(p.codecs.pull_spec);
   // Every worker pulls the same round: encode once per round, send the same bytes.
   if (p.encoded_round != static_cast<int64_t>(p.completed) || config_.consistency() == ASYNC) {

@@ -276,6 +276,62 @@ TEST_F(EngineTest, MalformedCompressedPayloadsAreRejectedAndNotCounted) {
   EXPECT_EQ(Weights(n)[0], -0.5f);
 }
 
+TEST_F(EngineTest, UncompressedRoundsTakeRawPushesThenTheCodec) {
+  const int n = 4096;
+  ClusterConfig c;
+  c.set_consistency(SYNC);
+  c.set_num_workers(1);
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_learning_rate(1.0f);
+  c.mutable_compression()->set_codec("2bit:threshold=0.25");
+  c.mutable_compression()->set_uncompressed_rounds(2);
+  MakeFromConfig(c, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  SendEncoded(PUSH, 0, 0, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 0), n);  // round 0 is raw
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match"));
+  Send(PUSH, 0, 0, std::vector<float>(n, 1.0f));
+  Send(PUSH, 0, 1, std::vector<float>(n, 1.0f));
+  EXPECT_EQ(Weights(n), std::vector<float>(n, -2.0f));  // exact values, not +-0.25
+  Send(PUSH, 0, 2, std::vector<float>(n, 1.0f));  // round 2 must be compressed
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match"));
+  SendEncoded(PUSH, 0, 2, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 2), n);
+  EXPECT_EQ(sent_.back().header.status_code(), 0);
+  EXPECT_EQ(Weights(n), std::vector<float>(n, -2.25f));
+}
+
+TEST(EngineConfigTest, SumOnlyFreezeBeforeTheCompressedRoundsIsRefused) {
+  ClusterConfig c;
+  c.set_update_mode(SUM_ONLY);
+  c.mutable_compression()->set_codec("onebit");
+  c.mutable_optimizer()->set_freeze_variance_after(100);
+  c.mutable_compression()->set_uncompressed_rounds(50);
+  auto engine = PartitionEngine::Create(c, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_THAT(engine.status().message(), HasSubstr("compression.uncompressed_rounds"));
+  c.mutable_compression()->set_uncompressed_rounds(100);
+  EXPECT_TRUE(PartitionEngine::Create(c, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {}).ok());
+}
+
+TEST_F(EngineTest, SumOnlyAggregateOfAnUncompressedRoundIsRaw) {
+  const int n = 4096;
+  ClusterConfig c;
+  c.set_consistency(SYNC);
+  c.set_num_workers(1);
+  c.set_update_mode(SUM_ONLY);
+  c.mutable_compression()->set_codec("2bit:threshold=0.25");
+  c.mutable_compression()->set_pull_codec("2bit:threshold=0.25");
+  c.mutable_compression()->set_uncompressed_rounds(1);
+  MakeFromConfig(c, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  Send(PUSH_PULL, 0, 0, std::vector<float>(n, 0.1f));
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_TRUE(sent_[0].header.codec().empty());
+  EXPECT_EQ(sent_[0].payload, std::vector<float>(n, 0.1f));
+  SendEncoded(PUSH_PULL, 0, 1, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 1), n);
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_EQ(sent_[1].header.codec(), spec);
+}
+
 TEST_F(EngineTest, SumOnlyAnswersTheRoundSumAndKeepsWeights) {
   Make(SYNC, false, 2, "none", SUM_ONLY);
   Send(INIT, 0, 0, {7, 8});

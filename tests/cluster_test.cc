@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "common/optimizer.h"
 #include "tests/test_cluster.h"
 #include "worker/c_api.h"
 #include "worker/worker.h"
@@ -58,6 +59,40 @@ TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
   ASSERT_TRUE(worker->Wait(*h, absl::Seconds(10)).ok());
   for (int i = 0; i < n; ++i) ASSERT_EQ(out[i], init[i] - 0.5f * grad[i]) << i;  // w - lr * g
   EXPECT_EQ(worker->stats().bytes_pulled, n * 4u);
+}
+
+// Sum-only, Adam frozen after round 0, onebit pushes from round 1 on: the
+// worker compresses g / d (d: the frozen divisor), so a sign codec carries
+// gradients spanning five orders of magnitude with no loss worth the name. In
+// gradient units onebit would send +-mean|g| for every weight.
+TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
+  ClusterConfig config = Config(1, 1);
+  config.set_partition_bytes(64 * 1024);
+  config.set_update_mode(SUM_ONLY);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  config.mutable_optimizer()->set_learning_rate(0.01f);
+  config.mutable_optimizer()->set_freeze_variance_after(1);
+  config.mutable_compression()->set_codec("onebit");
+  config.mutable_compression()->set_uncompressed_rounds(1);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
+  const int n = 4096;  // one partition, above onebit's minimum size
+  ASSERT_TRUE(worker->DefineTensors({Tensor("w", n)}).ok());
+  std::vector<float> grad(n), weights(n, 0.0f), want(n, 0.0f), state(2 * n, 0.0f);
+  for (int i = 0; i < n; ++i) grad[i] = (i % 2 ? -1.0f : 1.0f) * std::pow(10.0f, -static_cast<float>(i % 6));
+  ASSERT_TRUE(worker->InitTensor("w", weights, absl::Seconds(10)).ok());
+  auto reference = Optimizer::Create(config.optimizer());
+  ASSERT_TRUE(reference.ok());
+  for (uint64_t round = 0; round < 2; ++round) {
+    auto h = worker->PushPull("w", grad, absl::MakeSpan(weights));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(worker->Wait(*h, absl::Seconds(10)).ok());
+    (*reference)->Apply(round, 1.0f, grad.data(), want.data(), state.data(), n);
+  }
+  EXPECT_LT(worker->stats().bytes_pushed, 2 * n * 4u + n / 8 + 64);  // INIT and round 0 raw, round 1 onebit
+  for (int i = 0; i < n; ++i) ASSERT_NEAR(weights[i], want[i], 1e-5) << i << " (gradient " << grad[i] << ")";
 }
 
 TEST(ClusterTest, PerPartitionPushPullMatchesWholeTensor) {

@@ -26,13 +26,9 @@ ClusterConfig Config(Consistency consistency, int servers, int workers) {
 
 class OracleTest : public ::testing::TestWithParam<UpdateMode> {};
 
-// Update on server and sum only (optimizer on the workers) run the same float
-// operations, so both must equal the reference bit for bit.
-TEST_P(OracleTest, DeterministicSyncMatchesSingleProcessReferenceBitwise) {
-  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
-  ClusterConfig config = Config(SYNC, 2, 3);
-  config.set_deterministic(true);
-  config.set_update_mode(GetParam());
+// Trains `config` (sync, deterministic, 3 workers) on 20 steps and compares
+// every worker's final weights with the single-process reference.
+void ExpectMatchesReferenceBitwise(const ClusterConfig& config) {
   TrainOptions o;
   o.epochs = 1;
   o.train_limit = 1920;
@@ -63,6 +59,31 @@ TEST_P(OracleTest, DeterministicSyncMatchesSingleProcessReferenceBitwise) {
                                << " weights differ from the reference (max difference " << max_diff << ")";
     }
   }
+}
+
+// Update on server and sum only (optimizer on the workers) run the same float
+// operations, so both must equal the reference bit for bit.
+TEST_P(OracleTest, DeterministicSyncMatchesSingleProcessReferenceBitwise) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ClusterConfig config = Config(SYNC, 2, 3);
+  config.set_deterministic(true);
+  config.set_update_mode(GetParam());
+  ExpectMatchesReferenceBitwise(config);
+}
+
+// With a codec configured, rounds kept uncompressed travel as exact floats
+// (both ways in sum-only mode), and Adam's variance freeze is the same rule
+// on servers, on sum-only workers and in the reference.
+TEST_P(OracleTest, UncompressedRoundsAndFrozenVarianceMatchTheReferenceBitwise) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ClusterConfig config = Config(SYNC, 2, 3);
+  config.set_deterministic(true);
+  config.set_update_mode(GetParam());
+  config.mutable_compression()->set_codec("2bit:threshold=0.001");
+  if (GetParam() == SUM_ONLY) config.mutable_compression()->set_pull_codec("onebit");
+  config.mutable_compression()->set_uncompressed_rounds(20);
+  config.mutable_optimizer()->set_freeze_variance_after(10);
+  ExpectMatchesReferenceBitwise(config);
 }
 
 INSTANTIATE_TEST_SUITE_P(UpdateModes, OracleTest, ::testing::Values(UPDATE_ON_SERVER, SUM_ONLY),

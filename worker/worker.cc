@@ -27,6 +27,11 @@ struct PartitionState {
   compression::PartitionCodecs codecs;
   std::vector<float> aggregate;
   std::vector<float> optimizer_state;
+  uint64_t rounds_applied = 0;  // aggregates applied by the optimizer
+  // Sum-only with Adam's variance frozen: the frozen divisor (set once) and
+  // the preconditioned gradient handed to the codec.
+  std::vector<float> divisor;
+  std::vector<float> preconditioned;
 };
 
 // How a tensor is cut and where its pieces live (from the shard map).
@@ -213,7 +218,8 @@ class WorkerImpl : public Worker {
         PartitionState& state = *route.states[i];
         if (sends) {
           const float* grad = in + (p.offset() - base);
-          if (op != INIT && state.codecs.push != nullptr) {
+          if (op != INIT && state.codecs.push != nullptr &&
+              !compression::RoundUncompressed(config_, r.header.round())) {
             absl::Status s = Encode(state, p, r.header.round(), grad, &r);
             if (!s.ok()) return s;
           } else {
@@ -260,12 +266,44 @@ class WorkerImpl : public Worker {
     return (feedback_[spec] = *std::move(feedback)).get();
   }
 
+  // 1-bit Adam in sum-only mode: once Adam's variance is frozen, a compressed
+  // round carries u = g / d (d: the frozen divisor, the same on every worker,
+  // since all apply the same aggregates) and the pulled sum of u is turned
+  // back into g = u * d before the update. The compression error then costs
+  // every weight lr * (error in u), whatever its gradient's scale; in
+  // gradient units it would cost lr * error / d, unbounded where d is tiny.
+  bool Preconditioned(const PartitionState& state, uint64_t round) const {
+    return sum_only() && state.codecs.push != nullptr && !compression::RoundUncompressed(config_, round) &&
+           optimizer_->VarianceFrozenAt(round);
+  }
+
+  absl::Status ComputeDivisor(PartitionState& state, uint64_t partition_id, size_t n) {
+    if (!state.divisor.empty()) return absl::OkStatus();
+    const uint64_t freeze = config_.optimizer().freeze_variance_after();
+    if (state.rounds_applied < freeze) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "partition ", partition_id, ": Adam's variance is frozen after ", freeze, " rounds, but only ",
+          state.rounds_applied, " aggregates were applied here (wait for each PushPull before the next one)"));
+    }
+    state.divisor.resize(n);
+    state.preconditioned.resize(n);
+    optimizer_->FrozenDivisor(state.optimizer_state.data(), n, state.divisor.data());
+    return absl::OkStatus();
+  }
+
   // Compresses one partition's gradient into an owned frame of `r`.
   absl::Status Encode(PartitionState& state, const PartitionInfo& p, uint64_t round, const float* grad,
                       DataChannel::Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t n = p.num_elements();
     const uint64_t seed = compression::CodecSeed(p.id(), round);
     auto in = absl::MakeConstSpan(grad, n);
+    if (Preconditioned(state, round)) {
+      if (absl::Status s = ComputeDivisor(state, p.id(), n); !s.ok()) return s;
+      const float* d = state.divisor.data();
+      float* u = state.preconditioned.data();
+      for (size_t i = 0; i < n; ++i) u[i] = d[i] > 0.0f ? grad[i] / d[i] : 0.0f;
+      in = absl::MakeConstSpan(state.preconditioned);
+    }
     compression::ErrorFeedback* feedback = nullptr;
     size_t max_bytes = state.codecs.push->EncodedBytes(n);
     if (config_.compression().error_feedback()) {
@@ -296,13 +334,18 @@ class WorkerImpl : public Worker {
     const float scale = 1.0f / static_cast<float>(config_.num_workers());
     r->on_answer = [this, &state, out, n, aggregate, delta, scale](const DataHeader& answer,
                                                                   const zmq::message_t& payload) -> absl::Status {
-      if (answer.codec() != state.codecs.pull_spec || answer.num_elements() != n) {
+      // The aggregate of an uncompressed round comes back uncompressed too.
+      const bool raw = state.codecs.pull == nullptr ||
+                       (aggregate && answer.completed_rounds() > 0 &&
+                        compression::RoundUncompressed(config_, answer.completed_rounds() - 1));
+      const std::string& expected = raw ? std::string() : state.codecs.pull_spec;
+      if (answer.codec() != expected || answer.num_elements() != n) {
         return absl::DataLossError(absl::StrCat("answer encoded as '", answer.codec(), "' with ",
-                                                answer.num_elements(), " elements; expected '",
-                                                state.codecs.pull_spec, "' with ", n));
+                                                answer.num_elements(), " elements; expected '", expected,
+                                                "' with ", n));
       }
       float* target = aggregate ? state.aggregate.data() : out;
-      if (state.codecs.pull == nullptr) {
+      if (raw) {
         if (payload.size() != n * sizeof(float)) return absl::DataLossError("answer payload has the wrong size");
         std::memcpy(target, payload.data(), payload.size());
       } else {
@@ -317,8 +360,13 @@ class WorkerImpl : public Worker {
       }
       if (aggregate) {
         if (answer.completed_rounds() == 0) return absl::DataLossError("aggregate answer before any round");
-        optimizer_->Apply(answer.completed_rounds() - 1, scale, state.aggregate.data(), out,
-                          state.optimizer_state.data(), n);
+        const uint64_t round = answer.completed_rounds() - 1;
+        if (Preconditioned(state, round)) {
+          if (absl::Status s = ComputeDivisor(state, answer.partition_id(), n); !s.ok()) return s;
+          for (size_t i = 0; i < n; ++i) state.aggregate[i] *= state.divisor[i];
+        }
+        optimizer_->Apply(round, scale, state.aggregate.data(), out, state.optimizer_state.data(), n);
+        state.rounds_applied = answer.completed_rounds();
       }
       return absl::OkStatus();
     };
