@@ -2,6 +2,8 @@
 // randomk stratification, unbiasedness and server-side aggregation.
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <set>
 
 #include "compression/codec.h"
@@ -66,6 +68,74 @@ TEST(TopKCodecTest, TiesGoToLowerIndices) {
   const auto payload = MustEncode(*codec, x);
   const size_t k = LoadU32(payload.data());
   for (size_t j = 0; j < k; ++j) ASSERT_EQ(LoadU32(payload.data() + 4 + 8 * j), j);
+}
+
+// The topk payload by its definition: the k largest TopKKeys, in index order.
+std::vector<uint8_t> SortedTopKPayload(const std::vector<float>& x, size_t k) {
+  std::vector<uint64_t> keys(x.size());
+  for (size_t i = 0; i < x.size(); ++i) keys[i] = math::TopKKey(x[i], static_cast<uint32_t>(i));
+  std::sort(keys.begin(), keys.end(), std::greater<uint64_t>());
+  std::vector<uint32_t> kept(k);
+  for (size_t j = 0; j < k; ++j) kept[j] = 0xffffffffu - static_cast<uint32_t>(keys[j]);
+  std::sort(kept.begin(), kept.end());
+  std::vector<uint8_t> payload(4 + 8 * k);
+  StoreU32(payload.data(), static_cast<uint32_t>(k));
+  for (size_t j = 0; j < k; ++j) {
+    StoreU32(payload.data() + 4 + 8 * j, kept[j]);
+    StoreF32(payload.data() + 8 + 8 * j, x[kept[j]]);
+  }
+  return payload;
+}
+
+// Encodes x with topk at `ratio` on one thread and on all cores; the payload
+// must be SortedTopKPayload's for the k the codec derived from the ratio.
+void ExpectSortedTopK(const std::vector<float>& x, const std::string& ratio,
+                      const std::string& what) {
+  for (const char* threads : {"1", "0"}) {
+    auto codec = MustCreate("topk:ratio=" + ratio + ",threads=" + threads);
+    const auto payload = MustEncode(*codec, x);
+    const size_t k = payload.size() >= 4 ? LoadU32(payload.data()) : 0;
+    ASSERT_TRUE(k >= 1 && k <= x.size()) << what;
+    EXPECT_TRUE(payload == SortedTopKPayload(x, k)) << what << ", threads=" << threads;
+  }
+}
+
+TEST(TopKCodecTest, PayloadIsTheSortedKeyDefinition) {
+  const size_t n = 5 * 65536 + 13;  // Several chunks, ragged tail.
+  ExpectSortedTopK(RandomGradient(n, 51), "0.01", "gaussian");
+  ExpectSortedTopK(RandomGradient(5000, 52), "0.1", "small input, no sampling");
+  ExpectSortedTopK(RandomGradient(20001, 53), "0.99", "k near n");
+  ExpectSortedTopK(RandomGradient(20001, 53), "1.0", "k = n");
+}
+
+TEST(TopKCodecTest, PayloadIsTheSortedKeyDefinitionWithOutliers) {
+  // A few huge magnitudes widen the range the first radix digit spans.
+  auto x = RandomGradient(300007, 54);
+  x[17] = std::numeric_limits<float>::infinity();
+  x[1000] = -std::numeric_limits<float>::infinity();
+  x[2000] = std::numeric_limits<float>::quiet_NaN();  // Ranks above Inf, as in TopKKey.
+  x[3000] = 1e30f;
+  ExpectSortedTopK(x, "0.01", "outliers");
+}
+
+TEST(TopKCodecTest, PayloadIsTheSortedKeyDefinitionWithManyTies) {
+  // Integer magnitudes: thousands tie at the k-th, so ties decide by index.
+  auto x = RandomGradient(200003, 55);
+  for (float& v : x) v = std::round(v);
+  ExpectSortedTopK(x, "0.03", "integers");
+  std::vector<float> y(100000);
+  for (size_t i = 0; i < y.size(); ++i) y[i] = i % 3 == 0 ? -0.5f : 0.5f;
+  ExpectSortedTopK(y, "0.01", "equal magnitudes");
+}
+
+TEST(TopKCodecTest, PayloadIsTheSortedKeyDefinitionWhenTheSampleMisleads) {
+  // The elements the threshold estimate samples (4096 positions drawn as
+  // SplitMix64(j) % n) are the largest, so the threshold passes fewer than k
+  // elements and selection starts over from every element.
+  const size_t n = 100000;
+  auto x = RandomGradient(n, 56);
+  for (uint64_t j = 0; j < 4096; ++j) x[math::SplitMix64(j) % n] = 100.0f + j;
+  ExpectSortedTopK(x, "0.1", "misleading sample");
 }
 
 TEST(RandomKCodecTest, PicksOneDistinctIndexPerBucket) {
