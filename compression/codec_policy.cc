@@ -46,7 +46,8 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
     return absl::InvalidArgumentError("config field 'compression.momentum' must be in [0, 1)");
   }
   const uint64_t freeze = config.optimizer().freeze_variance_after();
-  const bool compresses_pushes = c.codec() != "none" || !c.tensor_codecs().empty();
+  bool compresses_pushes = ParseCodecSpec(c.codec())->name != "none";
+  for (const auto& [tensor, spec] : c.tensor_codecs()) compresses_pushes |= ParseCodecSpec(spec)->name != "none";
   if (config.update_mode() == SUM_ONLY && compresses_pushes && freeze > c.uncompressed_rounds()) {
     // Sum-only workers compress in Adam's frozen coordinates from the freeze
     // on; a residual kept in gradient units before it would not carry over.

@@ -19,8 +19,8 @@ bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL
 
 // In async mode each push is one worker's share of what a sync round does
 // with all W gradients, so it is applied with learning rate lr / W, and the
-// schedule counts W pushes as one round. The same config then trains at the
-// same pace in either mode.
+// schedule (and Adam's variance freeze) counts W pushes as one round. The
+// same config then trains at the same pace in either mode.
 OptimizerConfig AsyncAdjusted(const ClusterConfig& config) {
   OptimizerConfig o = config.optimizer();
   if (config.consistency() != ASYNC || config.num_workers() <= 1) return o;
@@ -30,6 +30,9 @@ OptimizerConfig AsyncAdjusted(const ClusterConfig& config) {
   s->set_min_lr(s->min_lr() / w);
   s->set_step_size(s->step_size() * w);
   s->set_total_steps(s->total_steps() * w);
+  // Counted in updates too: W pushes per round (saturating).
+  const uint64_t freeze = o.freeze_variance_after();
+  o.set_freeze_variance_after(freeze > UINT64_MAX / w ? UINT64_MAX : freeze * w);
   return o;
 }
 

@@ -22,8 +22,15 @@ CONFIG is a built-in name or NAME=FILE (FILE: protobuf text, ClusterConfig field
 such as compression {...} and update_mode; num_servers/num_workers are forced
 to 2/2). Default: none 2bit. Built-in configurations:
   none         no compression
-  2bit         update_mode: SUM_ONLY  compression { codec: "2bit" pull_codec: "2bit" error_feedback: true }
-  2bit-push    compression { codec: "2bit" error_feedback: true }   (push only; pulls stay fp32)
+  2bit         2bit:scale=1 pushes, onebit aggregate pulls (SUM_ONLY), 300 uncompressed
+               rounds, then Adam's variance frozen (optimizer epsilon 1e-4)
+  2bit-delta   2bit:scale=2 pushes, onebit weight-delta pulls (optimizer on the servers)
+  2bit-sum-only  SUM_ONLY, 2bit:scale=2 both ways, no warm-up
+  2bit-push    compression { codec: "2bit:scale=2" error_feedback: true }   (push only)
+
+A configuration with compression.uncompressed_rounds R is timed without them (its
+compressed steady state); "with warm-up" then counts R of the accuracy run's n rounds
+at none's step time: none / ((R * none + (n - R) * config) / n).
   fp16         compression { codec: "fp16" pull_codec: "fp16" }
   onebit       update_mode: SUM_ONLY  compression { codec: "onebit" pull_codec: "onebit" error_feedback: true }
   topk         update_mode: SUM_ONLY  compression { codec: "topk:ratio=0.01" pull_codec: "topk:ratio=0.01" error_feedback: true }
@@ -108,11 +115,21 @@ fi
 SHARDPS_BIN=$(readlink -f "$SHARDPS_BIN")
 "$SHARDPS_BIN" train --help >/dev/null 2>&1 || die "$SHARDPS_BIN does not run ('shardps train --help' failed)"
 
-# Built-in configurations: protobuf text appended to the base config.
+# 2bit pushes with Adam (1-bit Adam's recipe): 300 rounds uncompressed, then
+# Adam's variance frozen and the workers compress in its preconditioned
+# units; the servers sum and send the aggregate back as onebit (with their
+# own residual), also in those units.
+ADAM_2BIT='update_mode: SUM_ONLY
+optimizer { epsilon: 1e-4 freeze_variance_after: 300 }
+compression { codec: "2bit:scale=1" pull_codec: "onebit" error_feedback: true uncompressed_rounds: 300 }'
+
+# Built-in configurations: protobuf text appended to the base config (which
+# leaves the optimizer at its default, Adam with learning rate 0.001).
 config_snippet() {
   case "$1" in
     none) echo '' ;;
-    2bit) echo 'compression { codec: "2bit:scale=2" pull_codec: "onebit" error_feedback: true }' ;;
+    2bit) echo "$ADAM_2BIT" ;;
+    2bit-delta) echo 'compression { codec: "2bit:scale=2" pull_codec: "onebit" error_feedback: true }' ;;
     2bit-sum-only) echo 'update_mode: SUM_ONLY
 compression { codec: "2bit:scale=2" pull_codec: "2bit:scale=2" error_feedback: true }' ;;
     2bit-push) echo 'compression { codec: "2bit:scale=2" error_feedback: true }' ;;
@@ -128,7 +145,6 @@ BASE_CONFIG='consistency: SYNC
 num_servers: 2
 num_workers: 2
 partition_bytes: 1048576
-optimizer { kind: ADAM learning_rate: 0.001 }
 rendezvous_timeout_ms: 60000
 request_timeout_ms: 60000'
 CONFIG_NAMES=() CONFIG_FILES=()
@@ -138,7 +154,7 @@ for c in "${CONFIGS[@]}"; do
     [[ -r $file ]] || die "config '$name': cannot read $file"
     CONFIG_NAMES+=("$name") CONFIG_FILES+=("$(readlink -f "$file")")
   else
-    config_snippet "$c" >/dev/null || die "unknown configuration '$c' (built-in: none 2bit 2bit-sum-only 2bit-push fp16 onebit topk; or NAME=FILE)"
+    config_snippet "$c" >/dev/null || die "unknown configuration '$c' (built-in: none 2bit 2bit-delta 2bit-sum-only 2bit-push fp16 onebit topk; or NAME=FILE)"
     CONFIG_NAMES+=("$c") CONFIG_FILES+=("")
   fi
 done
@@ -291,7 +307,7 @@ run_cluster() {
   local before after
   before=$(iface_bytes)
   start 0 scheduler "$dir/h0.scheduler.log" "$SHARDPS_BIN" scheduler --listen "$SCHED_ADDR" --config "$cfg" \
-    --set num_servers=2 --set num_workers=2 "${v[@]}"
+    --set num_servers=2 --set num_workers=2 "${SCHED_SET[@]}" "${v[@]}"
   local h
   for h in 1 2; do
     start "$h" server "$dir/h$h.server.log" "$SHARDPS_BIN" server --scheduler "$SCHED_ADDR" \
@@ -362,7 +378,8 @@ SHARDPS_BIN=$WORKDIR/shardps
 setup_net
 check_net
 
-declare -A STEP_S WIRE_RESULT WIRE_IFACE ACC STEPS_DONE
+declare -A STEP_S WIRE_RESULT WIRE_IFACE ACC STEPS_DONE WARMUP ACC_STEPS
+SCHED_SET=()
 for k in "${!CONFIG_NAMES[@]}"; do
   name=${CONFIG_NAMES[$k]}
   cfg=$WORKDIR/$name.pbtxt
@@ -371,6 +388,14 @@ for k in "${!CONFIG_NAMES[@]}"; do
     if [[ -n ${CONFIG_FILES[$k]} ]]; then cat "${CONFIG_FILES[$k]}"; else config_snippet "$name"; fi
   } >"$cfg"
 
+  # Rounds sent raw at the start (compression.uncompressed_rounds): the timing
+  # run leaves them out to time the compressed steady state; the accuracy run
+  # keeps them and the amortised step time below counts them at none's cost.
+  WARMUP[$name]=$(sed 's/#.*//' "$cfg" | grep -oE 'uncompressed_rounds[[:space:]]*:[[:space:]]*[0-9]+' |
+    grep -oE '[0-9]+$' | tail -1 || true)
+  WARMUP[$name]=${WARMUP[$name]:-0}
+  SCHED_SET=()
+  ((WARMUP[$name] > 0)) && SCHED_SET=(--set compression.uncompressed_rounds=0 --set optimizer.freeze_variance_after=0)
   log "[$name] timing run: --hidden $HIDDEN --batch-size $BATCH --max-steps $STEPS over $RATE links"
   d=$WORKDIR/$name/timing
   run_cluster "$d" "$cfg" --hidden "$HIDDEN" --batch-size "$BATCH" --max-steps "$STEPS" --epochs 1 \
@@ -388,8 +413,10 @@ for k in "${!CONFIG_NAMES[@]}"; do
   if ((EPOCHS > 0)); then
     log "[$name] accuracy run: --hidden $ACC_HIDDEN --epochs $EPOCHS"
     d=$WORKDIR/$name/accuracy
+    SCHED_SET=()
     run_cluster "$d" "$cfg" --hidden "$ACC_HIDDEN" --batch-size "$BATCH" --epochs "$EPOCHS" --log-every 200
     ACC[$name]=$(result_value "$d/result.0" test_accuracy)
+    ACC_STEPS[$name]=$(result_value "$d/result.0" steps)
     log "[$name] test accuracy ${ACC[$name]}"
   fi
 done
@@ -400,13 +427,28 @@ ratio() {   # step time of none over step time of $1
   fi
 }
 
+# none's step time over $1's averaged across its accuracy run: its warm-up
+# rounds at none's cost, the rest at its own (same as ratio without warm-up).
+amortised_ratio() {
+  local r=${WARMUP[$1]:-0} n=${ACC_STEPS[$1]:-0}
+  ((r > 0 && n == 0)) && return 0   # warm-up, but no accuracy run to count it over
+  if [[ -n ${STEP_S[none]:-} ]] && ((r > 0 && n > 0)); then
+    awk -v a="${STEP_S[none]}" -v b="${STEP_S[$1]}" -v r="$r" -v n="$n" \
+      'BEGIN { if (r > n) r = n; printf "%.2f", a / ((r * a + (n - r) * b) / n) }'
+  else
+    ratio "$1"
+  fi
+}
+
 if ((JSON)); then
   for name in "${CONFIG_NAMES[@]}"; do
     r=$(ratio "$name")
+    a=$(amortised_ratio "$name")
     printf '{"config":"%s","rate":"%s","hidden":"%s","batch_size":%d,"steps":%d,"step_s":%s,' \
       "$name" "$RATE" "$HIDDEN" "$BATCH" "${STEPS_DONE[$name]}" "${STEP_S[$name]}"
     printf '"result_bytes_per_step":%s,"iface_bytes_per_step":%s,"speedup_vs_none":%s,' \
       "${WIRE_RESULT[$name]}" "${WIRE_IFACE[$name]}" "${r:-null}"
+    printf '"warmup_rounds":%d,"amortised_speedup_vs_none":%s,' "${WARMUP[$name]}" "${a:-null}"
     printf '"accuracy_hidden":"%s","accuracy_epochs":%d,"test_accuracy":%s}\n' \
       "$ACC_HIDDEN" "$EPOCHS" "${ACC[$name]:-null}"
   done
@@ -414,13 +456,14 @@ else
   echo
   echo "rate $RATE per link each way; timing: --hidden $HIDDEN --batch-size $BATCH, $STEPS steps;" \
     "accuracy: --hidden $ACC_HIDDEN, $EPOCHS epochs"
-  printf '%-10s %10s %18s %18s %14s %12s\n' config "step s" "MB/step (result)" "MB/step (iface)" \
-    "test accuracy" "none/config"
+  printf '%-13s %10s %18s %18s %14s %12s %16s\n' config "step s" "MB/step (result)" "MB/step (iface)" \
+    "test accuracy" "none/config" "with warm-up"
   for name in "${CONFIG_NAMES[@]}"; do
     r=$(ratio "$name")
-    printf '%-10s %10s %18s %18s %14s %12s\n' "$name" "${STEP_S[$name]}" \
+    a=$(amortised_ratio "$name")
+    printf '%-13s %10s %18s %18s %14s %12s %16s\n' "$name" "${STEP_S[$name]}" \
       "$(awk -v b="${WIRE_RESULT[$name]}" 'BEGIN { printf "%.2f", b / 1e6 }')" \
       "$(awk -v b="${WIRE_IFACE[$name]}" 'BEGIN { printf "%.2f", b / 1e6 }')" \
-      "${ACC[$name]:--}" "${r:--}"
+      "${ACC[$name]:--}" "${r:--}" "${a:--}"
   done
 fi

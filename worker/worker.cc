@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -27,10 +28,11 @@ struct PartitionState {
   compression::PartitionCodecs codecs;
   std::vector<float> aggregate;
   std::vector<float> optimizer_state;
-  uint64_t rounds_applied = 0;  // aggregates applied by the optimizer
-  // Sum-only with Adam's variance frozen: the frozen divisor (set once) and
-  // the preconditioned gradient handed to the codec.
+  // Sum-only with Adam's variance frozen: the frozen divisor, written once by
+  // the answer side right after the last unfrozen update and published by
+  // `divisor_ready`; then only read. `preconditioned` belongs to the caller.
   std::vector<float> divisor;
+  std::atomic<bool> divisor_ready{false};
   std::vector<float> preconditioned;
 };
 
@@ -277,18 +279,12 @@ class WorkerImpl : public Worker {
            optimizer_->VarianceFrozenAt(round);
   }
 
-  absl::Status ComputeDivisor(PartitionState& state, uint64_t partition_id, size_t n) {
-    if (!state.divisor.empty()) return absl::OkStatus();
-    const uint64_t freeze = config_.optimizer().freeze_variance_after();
-    if (state.rounds_applied < freeze) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "partition ", partition_id, ": Adam's variance is frozen after ", freeze, " rounds, but only ",
-          state.rounds_applied, " aggregates were applied here (wait for each PushPull before the next one)"));
-    }
-    state.divisor.resize(n);
-    state.preconditioned.resize(n);
-    optimizer_->FrozenDivisor(state.optimizer_state.data(), n, state.divisor.data());
-    return absl::OkStatus();
+  absl::Status CheckDivisor(const PartitionState& state, uint64_t partition_id, uint64_t round) const {
+    if (state.divisor_ready.load(std::memory_order_acquire)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "partition ", partition_id, ": round ", round, " is compressed in the units of Adam's variance frozen after ",
+        config_.optimizer().freeze_variance_after(),
+        " rounds, but that round's aggregate was not applied here yet (wait for each PushPull before the next)"));
   }
 
   // Compresses one partition's gradient into an owned frame of `r`.
@@ -298,7 +294,8 @@ class WorkerImpl : public Worker {
     const uint64_t seed = compression::CodecSeed(p.id(), round);
     auto in = absl::MakeConstSpan(grad, n);
     if (Preconditioned(state, round)) {
-      if (absl::Status s = ComputeDivisor(state, p.id(), n); !s.ok()) return s;
+      if (absl::Status s = CheckDivisor(state, p.id(), round); !s.ok()) return s;
+      state.preconditioned.resize(n);
       const float* d = state.divisor.data();
       float* u = state.preconditioned.data();
       for (size_t i = 0; i < n; ++i) u[i] = d[i] > 0.0f ? grad[i] / d[i] : 0.0f;
@@ -362,11 +359,16 @@ class WorkerImpl : public Worker {
         if (answer.completed_rounds() == 0) return absl::DataLossError("aggregate answer before any round");
         const uint64_t round = answer.completed_rounds() - 1;
         if (Preconditioned(state, round)) {
-          if (absl::Status s = ComputeDivisor(state, answer.partition_id(), n); !s.ok()) return s;
+          if (absl::Status s = CheckDivisor(state, answer.partition_id(), round); !s.ok()) return s;
           for (size_t i = 0; i < n; ++i) state.aggregate[i] *= state.divisor[i];
         }
         optimizer_->Apply(round, scale, state.aggregate.data(), out, state.optimizer_state.data(), n);
-        state.rounds_applied = answer.completed_rounds();
+        if (!state.divisor_ready.load(std::memory_order_relaxed) && optimizer_->VarianceFrozenAt(round + 1)) {
+          // v is final now: the next round's push already needs d.
+          state.divisor.resize(n);
+          optimizer_->FrozenDivisor(state.optimizer_state.data(), n, state.divisor.data());
+          state.divisor_ready.store(true, std::memory_order_release);
+        }
       }
       return absl::OkStatus();
     };
