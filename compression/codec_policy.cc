@@ -57,6 +57,14 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
         ") in sum-only mode: compressed rounds before the freeze would leave error-feedback residuals in "
         "gradient units"));
   }
+  if (config.update_mode() == SUM_ONLY && compresses_pushes && freeze > 0 &&
+      config.optimizer().weight_decay() != 0) {
+    // The workers' momenta travel in units of the frozen variance; the decay
+    // term would need each worker's weights folded into them.
+    return absl::InvalidArgumentError(
+        "config field 'optimizer.weight_decay' must be 0 with optimizer.freeze_variance_after and compressed "
+        "pushes in sum-only mode (1-bit Adam); use update_mode UPDATE_ON_SERVER for weight decay");
+  }
   return absl::OkStatus();
 }
 

@@ -310,6 +310,10 @@ TEST(EngineConfigTest, SumOnlyFreezeBeforeTheCompressedRoundsIsRefused) {
   EXPECT_THAT(engine.status().message(), HasSubstr("compression.uncompressed_rounds"));
   c.mutable_compression()->set_uncompressed_rounds(100);
   EXPECT_TRUE(PartitionEngine::Create(c, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {}).ok());
+  c.mutable_optimizer()->set_weight_decay(1e-4f);  // workers' momenta carry no decay term
+  engine = PartitionEngine::Create(c, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_THAT(engine.status().message(), HasSubstr("optimizer.weight_decay"));
 }
 
 TEST_F(EngineTest, SumOnlyAggregateOfAnUncompressedRoundIsRaw) {

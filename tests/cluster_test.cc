@@ -62,9 +62,10 @@ TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
 }
 
 // Sum-only, Adam frozen after round 0, onebit pushes from round 1 on: the
-// worker compresses g / d (d: the frozen divisor), so a sign codec carries
-// gradients spanning five orders of magnitude with no loss worth the name. In
-// gradient units onebit would send +-mean|g| for every weight.
+// worker compresses its momentum in units of d (the frozen divisor), so a
+// sign codec carries gradients spanning five orders of magnitude with no loss
+// worth the name, and the step equals frozen Adam's. In gradient units onebit
+// would send +-mean|g| for every weight.
 TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
   ClusterConfig config = Config(1, 1);
   config.set_partition_bytes(64 * 1024);

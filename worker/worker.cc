@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -28,12 +29,13 @@ struct PartitionState {
   compression::PartitionCodecs codecs;
   std::vector<float> aggregate;
   std::vector<float> optimizer_state;
-  // Sum-only with Adam's variance frozen: the frozen divisor, written once by
-  // the answer side right after the last unfrozen update and published by
-  // `divisor_ready`; then only read. `preconditioned` belongs to the caller.
+  // Sum-only with Adam's variance frozen (1-bit Adam): the frozen divisor d
+  // and this worker's momentum in units of d, both set by the answer side
+  // right after the last uncompressed round and published by `divisor_ready`;
+  // then d is only read and `momentum` belongs to the caller (Encode).
   std::vector<float> divisor;
+  std::vector<float> momentum;
   std::atomic<bool> divisor_ready{false};
-  std::vector<float> preconditioned;
 };
 
 // How a tensor is cut and where its pieces live (from the shard map).
@@ -268,11 +270,15 @@ class WorkerImpl : public Worker {
     return (feedback_[spec] = *std::move(feedback)).get();
   }
 
-  // 1-bit Adam in sum-only mode: once Adam's variance is frozen, a compressed
-  // round carries u = g / d (d: the frozen divisor, the same on every worker,
-  // since all apply the same aggregates) and the pulled sum of u is turned
-  // back into g = u * d before the update. The compression error then costs
-  // every weight lr * (error in u), whatever its gradient's scale; in
+  // 1-bit Adam in sum-only mode. Once Adam's variance is frozen, its update
+  // is w -= lr * (m / c1) / d with a fixed d (the same on every worker, since
+  // all apply the same aggregates), and m is linear in the gradients: the
+  // mean of per-worker momenta m_w = b1 m_w + (1 - b1) g_w / d, all started
+  // from m / d, is exactly the momentum of the mean gradient in units of d.
+  // So a compressed round carries this worker's m_w, the servers sum them,
+  // and the worker steps by lr * (sum / W) / c1. Momentum is smoother than a
+  // gradient, so a sign or 2-bit code of it loses less; and in units of d
+  // the compression error costs every weight the same, lr * error, where in
   // gradient units it would cost lr * error / d, unbounded where d is tiny.
   bool Preconditioned(const PartitionState& state, uint64_t round) const {
     return sum_only() && state.codecs.push != nullptr && !compression::RoundUncompressed(config_, round) &&
@@ -295,11 +301,11 @@ class WorkerImpl : public Worker {
     auto in = absl::MakeConstSpan(grad, n);
     if (Preconditioned(state, round)) {
       if (absl::Status s = CheckDivisor(state, p.id(), round); !s.ok()) return s;
-      state.preconditioned.resize(n);
+      const float b1 = config_.optimizer().beta1();
       const float* d = state.divisor.data();
-      float* u = state.preconditioned.data();
-      for (size_t i = 0; i < n; ++i) u[i] = d[i] > 0.0f ? grad[i] / d[i] : 0.0f;
-      in = absl::MakeConstSpan(state.preconditioned);
+      float* m = state.momentum.data();
+      for (size_t i = 0; i < n; ++i) m[i] = d[i] > 0.0f ? b1 * m[i] + (1.0f - b1) * (grad[i] / d[i]) : 0.0f;
+      in = absl::MakeConstSpan(state.momentum);
     }
     compression::ErrorFeedback* feedback = nullptr;
     size_t max_bytes = state.codecs.push->EncodedBytes(n);
@@ -360,13 +366,28 @@ class WorkerImpl : public Worker {
         const uint64_t round = answer.completed_rounds() - 1;
         if (Preconditioned(state, round)) {
           if (absl::Status s = CheckDivisor(state, answer.partition_id(), round); !s.ok()) return s;
-          for (size_t i = 0; i < n; ++i) state.aggregate[i] *= state.divisor[i];
+          // The aggregate is the sum of the workers' momenta in units of d.
+          const float b1 = config_.optimizer().beta1();
+          const float step = optimizer_->LearningRate(round) /
+                             (1.0f - std::pow(b1, static_cast<float>(round + 1)));
+          const float* d = state.divisor.data();
+          const float* agg = state.aggregate.data();
+          for (size_t i = 0; i < n; ++i) {
+            if (d[i] > 0.0f) out[i] -= step * (agg[i] * scale);
+          }
+          return absl::OkStatus();
         }
         optimizer_->Apply(round, scale, state.aggregate.data(), out, state.optimizer_state.data(), n);
-        if (!state.divisor_ready.load(std::memory_order_relaxed) && optimizer_->VarianceFrozenAt(round + 1)) {
-          // v is final now: the next round's push already needs d.
+        if (!state.divisor_ready.load(std::memory_order_relaxed) && Preconditioned(state, round + 1)) {
+          // v is final and the next round is compressed: it needs d and the
+          // momentum in units of d.
           state.divisor.resize(n);
+          state.momentum.resize(n);
           optimizer_->FrozenDivisor(state.optimizer_state.data(), n, state.divisor.data());
+          const float* m = state.optimizer_state.data();
+          for (size_t i = 0; i < n; ++i) {
+            state.momentum[i] = state.divisor[i] > 0.0f ? m[i] / state.divisor[i] : 0.0f;
+          }
           state.divisor_ready.store(true, std::memory_order_release);
         }
       }
