@@ -116,9 +116,9 @@ SHARDPS_BIN=$(readlink -f "$SHARDPS_BIN")
 "$SHARDPS_BIN" train --help >/dev/null 2>&1 || die "$SHARDPS_BIN does not run ('shardps train --help' failed)"
 
 # 2bit pushes with Adam (1-bit Adam's recipe): 300 rounds uncompressed, then
-# Adam's variance frozen and the workers compress in its preconditioned
-# units; the servers sum and send the aggregate back as onebit (with their
-# own residual), also in those units.
+# Adam's variance frozen and each worker compresses its own momentum in units
+# of the frozen divisor; the servers sum the momenta and send the sum back as
+# onebit (with their own residual).
 ADAM_2BIT='update_mode: SUM_ONLY
 optimizer { epsilon: 1e-4 freeze_variance_after: 300 }
 compression { codec: "2bit:scale=1" pull_codec: "onebit" error_feedback: true uncompressed_rounds: 300 }'
