@@ -171,5 +171,42 @@ INSTANTIATE_TEST_SUITE_P(
                       CodecCase{"onebit_weight_delta_pull", "none", "onebit", UPDATE_ON_SERVER, 1.01}),
     [](const auto& info) { return info.param.name; });
 
+// 1-bit Adam's recipe end to end: 10 raw rounds, then Adam's variance frozen
+// and onebit both ways (workers' momenta up, their onebit sum down). It
+// trains about as well as the same job uncompressed, on a fraction of the
+// bytes.
+TEST(TrainingTest, OneBitAdamRecipeTrainsLikeUncompressed) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ClusterConfig config = Config(SYNC, 2, 2);
+  config.set_update_mode(SUM_ONLY);
+  config.mutable_optimizer()->set_epsilon(1e-4f);
+  config.mutable_optimizer()->set_freeze_variance_after(10);
+  TrainOptions o;
+  o.epochs = 1;
+  o.train_limit = 3200;
+  o.test_limit = 1000;
+  o.log_every = 0;
+  auto run = [&](const ClusterConfig& c) {
+    auto cluster = TestCluster::Start(c);
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    return cluster.ok() ? TrainOnCluster(**cluster, 2, o) : std::vector<absl::StatusOr<TrainResult>>();
+  };
+  auto plain = run(config);
+  config.mutable_compression()->set_codec("onebit");
+  config.mutable_compression()->set_pull_codec("onebit");
+  config.mutable_compression()->set_uncompressed_rounds(10);
+  auto compressed = run(config);
+  ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(compressed.size(), 2u);
+  ASSERT_TRUE(plain[1].ok()) << plain[1].status();
+  ASSERT_TRUE(compressed[0].ok()) << compressed[0].status();
+  ASSERT_TRUE(compressed[1].ok()) << compressed[1].status();
+  EXPECT_GT(compressed[0]->test_accuracy, plain[0]->test_accuracy - 0.05);
+  // 50 rounds: 10 raw plus the first pull, against 50 raw uncompressed.
+  const double model_bytes = 235146.0 * 4;
+  EXPECT_LT(compressed[1]->bytes_pulled, 13 * model_bytes);
+  EXPECT_GT(plain[1]->bytes_pulled, 50 * model_bytes);
+}
+
 }  // namespace
 }  // namespace shardps
