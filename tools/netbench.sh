@@ -22,7 +22,7 @@ CONFIG is a built-in name or NAME=FILE (FILE: protobuf text, ClusterConfig field
 such as compression {...} and update_mode; num_servers/num_workers are forced
 to 2/2). Default: none 2bit. Built-in configurations:
   none         no compression
-  2bit         2bit:scale=1 pushes, onebit aggregate pulls (SUM_ONLY), 300 uncompressed
+  2bit         2bit:scale=1 pushes, onebit aggregate pulls (SUM_ONLY), 150 uncompressed
                rounds, then Adam's variance frozen (optimizer epsilon 1e-4)
   2bit-delta   2bit:scale=2 pushes, onebit weight-delta pulls (optimizer on the servers)
   2bit-sum-only  SUM_ONLY, 2bit:scale=2 both ways, no warm-up
@@ -115,13 +115,13 @@ fi
 SHARDPS_BIN=$(readlink -f "$SHARDPS_BIN")
 "$SHARDPS_BIN" train --help >/dev/null 2>&1 || die "$SHARDPS_BIN does not run ('shardps train --help' failed)"
 
-# 2bit pushes with Adam (1-bit Adam's recipe): 300 rounds uncompressed, then
+# 2bit pushes with Adam (1-bit Adam's recipe): 150 rounds uncompressed, then
 # Adam's variance frozen and each worker compresses its own momentum in units
 # of the frozen divisor; the servers sum the momenta and send the sum back as
 # onebit (with their own residual).
 ADAM_2BIT='update_mode: SUM_ONLY
-optimizer { epsilon: 1e-4 freeze_variance_after: 300 }
-compression { codec: "2bit:scale=1" pull_codec: "onebit" error_feedback: true uncompressed_rounds: 300 }'
+optimizer { epsilon: 1e-4 freeze_variance_after: 150 }
+compression { codec: "2bit:scale=1" pull_codec: "onebit" error_feedback: true uncompressed_rounds: 150 }'
 
 # Built-in configurations: protobuf text appended to the base config (which
 # leaves the optimizer at its default, Adam with learning rate 0.001).
