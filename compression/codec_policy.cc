@@ -57,8 +57,15 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
         ") in sum-only mode: compressed rounds before the freeze would leave error-feedback residuals in "
         "gradient units"));
   }
-  if (config.update_mode() == SUM_ONLY && compresses_pushes && freeze > 0 &&
-      config.optimizer().weight_decay() != 0) {
+  const bool one_bit_adam = config.update_mode() == SUM_ONLY && compresses_pushes && freeze > 0 &&
+                            config.optimizer().kind() == OptimizerConfig::ADAM;
+  if (one_bit_adam && c.momentum() > 0) {
+    // The workers already compress Adam's momentum; DGC's would add another.
+    return absl::InvalidArgumentError(
+        "config field 'compression.momentum' must be 0 with optimizer.freeze_variance_after and compressed "
+        "pushes in sum-only mode: the workers compress Adam's momentum already");
+  }
+  if (one_bit_adam && config.optimizer().weight_decay() != 0) {
     // The workers' momenta travel in units of the frozen variance; the decay
     // term would need each worker's weights folded into them.
     return absl::InvalidArgumentError(

@@ -314,6 +314,12 @@ TEST(EngineConfigTest, SumOnlyFreezeBeforeTheCompressedRoundsIsRefused) {
   engine = PartitionEngine::Create(c, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
   ASSERT_FALSE(engine.ok());
   EXPECT_THAT(engine.status().message(), HasSubstr("optimizer.weight_decay"));
+  c.mutable_optimizer()->set_weight_decay(0);
+  c.mutable_compression()->set_codec("topk");
+  c.mutable_compression()->set_momentum(0.9f);  // DGC's momentum on top of Adam's
+  engine = PartitionEngine::Create(c, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_THAT(engine.status().message(), HasSubstr("compression.momentum"));
 }
 
 TEST_F(EngineTest, SumOnlyAggregateOfAnUncompressedRoundIsRaw) {

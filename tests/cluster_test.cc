@@ -96,6 +96,66 @@ TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
   for (int i = 0; i < n; ++i) ASSERT_NEAR(weights[i], want[i], 1e-5) << i << " (gradient " << grad[i] << ")";
 }
 
+// Two workers, fp16 (nearly exact) momenta for four rounds after the freeze,
+// gradients that change every round and one weight that never gets any:
+// every worker's weights follow Adam applied to the mean gradient. A wrong
+// 1/W, a stale momentum or a bias correction one round off are far outside
+// the tolerance.
+TEST(ClusterTest, SumOnlyFrozenAdamMomentaOfTwoWorkersFollowAdamOnTheMean) {
+  ClusterConfig config = Config(1, 2);
+  config.set_partition_bytes(64 * 1024);
+  config.set_update_mode(SUM_ONLY);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  config.mutable_optimizer()->set_learning_rate(0.01f);
+  config.mutable_optimizer()->set_freeze_variance_after(2);
+  config.mutable_compression()->set_codec("fp16");
+  config.mutable_compression()->set_uncompressed_rounds(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<Worker> workers[2];
+  std::thread second([&] { workers[1] = Connect(**cluster, 1); });
+  workers[0] = Connect(**cluster, 0);
+  second.join();
+  ASSERT_NE(workers[0], nullptr);
+  ASSERT_NE(workers[1], nullptr);
+  const int n = 4096, blank = 5;
+  std::thread define([&] { ASSERT_TRUE(workers[1]->DefineTensors({Tensor("w", n)}).ok()); });
+  ASSERT_TRUE(workers[0]->DefineTensors({Tensor("w", n)}).ok());
+  define.join();
+  std::vector<float> weights[2] = {std::vector<float>(n, 0.0f), std::vector<float>(n, 0.0f)};
+  ASSERT_TRUE(workers[0]->InitTensor("w", weights[0], absl::Seconds(10)).ok());
+  std::vector<float> want(n, 0.0f), state(2 * n, 0.0f), sum(n);
+  auto reference = Optimizer::Create(config.optimizer());
+  ASSERT_TRUE(reference.ok());
+  for (uint64_t round = 0; round < 6; ++round) {
+    std::vector<float> grad[2] = {std::vector<float>(n), std::vector<float>(n)};
+    for (int i = 0; i < n; ++i) {
+      const float size = std::pow(10.0f, -static_cast<float>(i % 4)) * (1.0f + 0.3f * round);
+      grad[0][i] = i == blank ? 0.0f : size * std::sin(0.1f * i + round);
+      // Same sign, other size: each worker's momentum in units of d stays
+      // O(1), where fp16 rounds it finely (opposite signs would make d small
+      // against one worker's gradient and fp16's relative error large).
+      grad[1][i] = grad[0][i] * (0.5f + 0.4f * std::cos(0.7f * i - round));
+      sum[i] = grad[0][i] + grad[1][i];
+    }
+    absl::Status status[2];
+    auto step = [&](int w) {
+      auto h = workers[w]->PushPull("w", grad[w], absl::MakeSpan(weights[w]));
+      status[w] = h.ok() ? workers[w]->Wait(*h, absl::Seconds(10)) : h.status();
+    };
+    std::thread other(step, 1);
+    step(0);
+    other.join();
+    ASSERT_TRUE(status[0].ok()) << status[0];
+    ASSERT_TRUE(status[1].ok()) << status[1];
+    (*reference)->Apply(round, 0.5f, sum.data(), want.data(), state.data(), n);
+  }
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(weights[w][blank], 0.0f);
+    for (int i = 0; i < n; ++i) ASSERT_NEAR(weights[w][i], want[i], 2e-4) << "worker " << w << " weight " << i;
+  }
+}
+
 TEST(ClusterTest, PerPartitionPushPullMatchesWholeTensor) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -198,6 +198,7 @@ TEST(TrainingTest, OneBitAdamRecipeTrainsLikeUncompressed) {
   auto compressed = run(config);
   ASSERT_EQ(plain.size(), 2u);
   ASSERT_EQ(compressed.size(), 2u);
+  ASSERT_TRUE(plain[0].ok()) << plain[0].status();
   ASSERT_TRUE(plain[1].ok()) << plain[1].status();
   ASSERT_TRUE(compressed[0].ok()) << compressed[0].status();
   ASSERT_TRUE(compressed[1].ok()) << compressed[1].status();

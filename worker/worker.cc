@@ -208,6 +208,16 @@ class WorkerImpl : public Worker {
                                                        " elements, expected ", expected));
       }
       what = absl::StrCat(verb, " of '", name, "' (round ", route.rounds_pushed[first], ")");
+      if (sends && op != INIT) {
+        // Refused before any partition's momentum or residual moves.
+        for (size_t i = first; i < last; ++i) {
+          const PartitionState& state = *route.states[i];
+          if (!Preconditioned(state, route.rounds_pushed[i])) continue;
+          if (absl::Status s = CheckDivisor(state, route.partitions[i].id(), route.rounds_pushed[i]); !s.ok()) {
+            return s;
+          }
+        }
+      }
       requests.reserve(last - first);
       for (size_t i = first; i < last; ++i) {
         const PartitionInfo& p = route.partitions[i];
