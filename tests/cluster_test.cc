@@ -61,20 +61,27 @@ TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
   EXPECT_EQ(worker->stats().bytes_pulled, n * 4u);
 }
 
+// One server, one 4096-float partition, sum-only Adam (lr 0.01) frozen after
+// `raw_rounds` uncompressed rounds, then `codec` pushes (1-bit Adam).
+ClusterConfig FrozenAdamConfig(int workers, const std::string& codec, int raw_rounds) {
+  ClusterConfig config = Config(1, workers);
+  config.set_partition_bytes(64 * 1024);
+  config.set_update_mode(SUM_ONLY);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  config.mutable_optimizer()->set_learning_rate(0.01f);
+  config.mutable_optimizer()->set_freeze_variance_after(raw_rounds);
+  config.mutable_compression()->set_codec(codec);
+  config.mutable_compression()->set_uncompressed_rounds(raw_rounds);
+  return config;
+}
+
 // Sum-only, Adam frozen after round 0, onebit pushes from round 1 on: the
 // worker compresses its momentum in units of d (the frozen divisor), so a
 // sign codec carries gradients spanning five orders of magnitude with no loss
 // worth the name, and the step equals frozen Adam's. In gradient units onebit
 // would send +-mean|g| for every weight.
 TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
-  ClusterConfig config = Config(1, 1);
-  config.set_partition_bytes(64 * 1024);
-  config.set_update_mode(SUM_ONLY);
-  config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
-  config.mutable_optimizer()->set_learning_rate(0.01f);
-  config.mutable_optimizer()->set_freeze_variance_after(1);
-  config.mutable_compression()->set_codec("onebit");
-  config.mutable_compression()->set_uncompressed_rounds(1);
+  ClusterConfig config = FrozenAdamConfig(1, "onebit", 1);
   auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
@@ -102,14 +109,7 @@ TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
 // 1/W, a stale momentum or a bias correction one round off are far outside
 // the tolerance.
 TEST(ClusterTest, SumOnlyFrozenAdamMomentaOfTwoWorkersFollowAdamOnTheMean) {
-  ClusterConfig config = Config(1, 2);
-  config.set_partition_bytes(64 * 1024);
-  config.set_update_mode(SUM_ONLY);
-  config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
-  config.mutable_optimizer()->set_learning_rate(0.01f);
-  config.mutable_optimizer()->set_freeze_variance_after(2);
-  config.mutable_compression()->set_codec("fp16");
-  config.mutable_compression()->set_uncompressed_rounds(2);
+  ClusterConfig config = FrozenAdamConfig(2, "fp16", 2);
   auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::unique_ptr<Worker> workers[2];
