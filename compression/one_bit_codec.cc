@@ -113,24 +113,8 @@ void PackSignsAvx2(const float*, size_t, uint8_t*) {}
 bool HaveAvx2() { return false; }
 #endif
 
-// Same tile shape as the 2bit encoder, so the loop vectorises.
 void PackSigns(const float* in, size_t n, uint8_t* words) {
-  constexpr size_t kTile = 256;
-  alignas(64) uint32_t shifted[kTile];
-  alignas(64) uint32_t tile_words[kTile / kPerWord];
-  for (size_t base = 0; base < n; base += kTile) {
-    const size_t len = n - base < kTile ? n - base : kTile;
-    for (size_t i = 0; i < len; ++i) {
-      shifted[i] = static_cast<uint32_t>(in[base + i] < 0.0f) << (i % kPerWord);
-    }
-    for (size_t i = len; i < kTile; ++i) shifted[i] = 0;
-    for (size_t w = 0; w < kTile / kPerWord; ++w) {
-      uint32_t word = 0;
-      for (size_t i = 0; i < kPerWord; ++i) word |= shifted[w * kPerWord + i];
-      tile_words[w] = word;
-    }
-    std::memcpy(words + base / kPerWord * 4, tile_words, (len + kPerWord - 1) / kPerWord * 4);
-  }
+  PackCodes<1>(in, n, [](float v) { return static_cast<uint32_t>(v < 0.0f); }, words);
 }
 
 void UnpackSigns(const uint8_t* words, size_t n, float s, float* out, bool accumulate) {

@@ -42,16 +42,23 @@ class EngineTest : public ::testing::Test {
     ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
   }
 
-  void Make(Consistency consistency, bool deterministic, int workers, const std::string& codec = "none",
-            UpdateMode mode = UPDATE_ON_SERVER, int n = 2) {
+  // SGD with learning rate 1, so a weight moves by exactly the mean gradient.
+  static ClusterConfig Config(Consistency consistency, bool deterministic, int workers,
+                              UpdateMode mode = UPDATE_ON_SERVER) {
     ClusterConfig c;
-    c.mutable_compression()->set_codec(codec);
     c.set_update_mode(mode);
     c.set_consistency(consistency);
     c.set_deterministic(deterministic);
     c.set_num_workers(workers);
     c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
     c.mutable_optimizer()->set_learning_rate(1.0f);
+    return c;
+  }
+
+  void Make(Consistency consistency, bool deterministic, int workers, const std::string& codec = "none",
+            UpdateMode mode = UPDATE_ON_SERVER, int n = 2) {
+    ClusterConfig c = Config(consistency, deterministic, workers, mode);
+    c.mutable_compression()->set_codec(codec);
     MakeFromConfig(c, n);
   }
 
@@ -278,11 +285,7 @@ TEST_F(EngineTest, MalformedCompressedPayloadsAreRejectedAndNotCounted) {
 
 TEST_F(EngineTest, UncompressedRoundsTakeRawPushesThenTheCodec) {
   const int n = 4096;
-  ClusterConfig c;
-  c.set_consistency(SYNC);
-  c.set_num_workers(1);
-  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-  c.mutable_optimizer()->set_learning_rate(1.0f);
+  ClusterConfig c = Config(SYNC, false, 1);
   c.mutable_compression()->set_codec("2bit:threshold=0.25");
   c.mutable_compression()->set_uncompressed_rounds(2);
   MakeFromConfig(c, n);
@@ -324,10 +327,7 @@ TEST(EngineConfigTest, SumOnlyFreezeBeforeTheCompressedRoundsIsRefused) {
 
 TEST_F(EngineTest, SumOnlyAggregateOfAnUncompressedRoundIsRaw) {
   const int n = 4096;
-  ClusterConfig c;
-  c.set_consistency(SYNC);
-  c.set_num_workers(1);
-  c.set_update_mode(SUM_ONLY);
+  ClusterConfig c = Config(SYNC, false, 1, SUM_ONLY);
   c.mutable_compression()->set_codec("2bit:threshold=0.25");
   c.mutable_compression()->set_pull_codec("2bit:threshold=0.25");
   c.mutable_compression()->set_uncompressed_rounds(1);
@@ -355,10 +355,7 @@ TEST_F(EngineTest, SumOnlyAnswersTheRoundSumAndKeepsWeights) {
 
 TEST_F(EngineTest, SumOnlyCompressedAggregateLosesNothingOverRounds) {
   const int n = 4096;
-  ClusterConfig c;
-  c.set_consistency(SYNC);
-  c.set_num_workers(2);
-  c.set_update_mode(SUM_ONLY);
+  ClusterConfig c = Config(SYNC, false, 2, SUM_ONLY);
   c.mutable_compression()->set_pull_codec("2bit:threshold=0.01");
   MakeFromConfig(c, n);
   auto codec = compression::CreateCodec("2bit:threshold=0.01");
@@ -388,11 +385,7 @@ TEST_F(EngineTest, SumOnlyCompressedAggregateLosesNothingOverRounds) {
 
 TEST_F(EngineTest, SyncPullsCarryCompressedWeightDeltasThatTrackTheWeights) {
   const int n = 4096;
-  ClusterConfig c;
-  c.set_consistency(SYNC);
-  c.set_num_workers(1);
-  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-  c.mutable_optimizer()->set_learning_rate(1.0f);
+  ClusterConfig c = Config(SYNC, false, 1);
   c.mutable_compression()->set_pull_codec("onebit");
   MakeFromConfig(c, n);
   std::vector<float> init(n);
@@ -432,11 +425,7 @@ TEST_F(EngineTest, SyncPullsCarryCompressedWeightDeltasThatTrackTheWeights) {
 
 TEST_F(EngineTest, NonFiniteWeightDeltaIsAnErrorNotACrash) {
   const int n = 4096;
-  ClusterConfig c;
-  c.set_consistency(SYNC);
-  c.set_num_workers(1);
-  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-  c.mutable_optimizer()->set_learning_rate(1.0f);
+  ClusterConfig c = Config(SYNC, false, 1);
   c.mutable_compression()->set_pull_codec("onebit");
   MakeFromConfig(c, n);
   std::vector<float> g(n, 1.0f);

@@ -17,23 +17,15 @@ namespace {
 
 
 ClusterConfig DeterministicSync(int servers, int workers) {
-  ClusterConfig c;
-  c.set_consistency(SYNC);
+  ClusterConfig c = TrainingConfig(SYNC, servers, workers);
   c.set_deterministic(true);
-  c.set_num_servers(servers);
-  c.set_num_workers(workers);
-  c.set_partition_bytes(64 * 1024);  // fc1.weight spans several partitions on both servers
   return c;
 }
 
 TrainOptions SmallJob(int batch_size, int devices_per_worker, size_t train_limit) {
-  TrainOptions o;
-  o.epochs = 1;
-  o.train_limit = train_limit;
-  o.test_limit = 200;
+  TrainOptions o = QuietRun(1, train_limit, 200);
   o.batch_size = batch_size;
   o.devices_per_worker = devices_per_worker;
-  o.log_every = 0;
   return o;
 }
 
@@ -49,9 +41,7 @@ TEST_P(DevicesOracleTest, TwoWorkersTimesThreeDevicesMatchTheReferenceBitwise) {
   ClusterConfig config = DeterministicSync(2, 2);
   config.set_update_mode(GetParam());
   const TrainOptions o = SmallJob(/*batch_size=*/30, /*devices_per_worker=*/3, /*train_limit=*/1200);
-  auto cluster = TestCluster::Start(config);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto results = TrainOnCluster(**cluster, 2, o);
+  auto results = TrainOnNewCluster(config, 2, o);
   std::ostringstream log;
   auto reference = RunReference(config, o, log);
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -86,10 +76,7 @@ INSTANTIATE_TEST_SUITE_P(UpdateModes, DevicesOracleTest, ::testing::Values(UPDAT
 uint64_t PushedBytes(int devices_per_worker, int rank, int64_t* steps, uint64_t* model_bytes) {
   const ClusterConfig config = DeterministicSync(2, 2);
   const TrainOptions o = SmallJob(/*batch_size=*/32, devices_per_worker, /*train_limit=*/640);
-  auto cluster = TestCluster::Start(config);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  if (!cluster.ok()) return 0;
-  auto results = TrainOnCluster(**cluster, 2, o);
+  auto results = TrainOnNewCluster(config, 2, o);
   EXPECT_TRUE(results[rank].ok()) << results[rank].status();
   if (!results[rank].ok()) return 0;
   *steps = results[rank]->steps;

@@ -10,6 +10,31 @@ namespace shardps {
 
 bool HaveDataset() { return std::filesystem::exists(TrainOptions().data_dir + "/train-images-idx3-ubyte.gz"); }
 
+ClusterConfig TrainingConfig(Consistency consistency, int servers, int workers) {
+  ClusterConfig c;
+  c.set_consistency(consistency);
+  c.set_num_servers(servers);
+  c.set_num_workers(workers);
+  c.set_partition_bytes(64 * 1024);
+  return c;
+}
+
+TrainOptions QuietRun(int epochs, size_t train_limit, size_t test_limit) {
+  TrainOptions o;
+  o.epochs = epochs;
+  o.train_limit = train_limit;
+  o.test_limit = test_limit;
+  o.log_every = 0;
+  return o;
+}
+
+std::vector<absl::StatusOr<TrainResult>> TrainOnNewCluster(const ClusterConfig& config, int workers,
+                                                           const TrainOptions& o) {
+  auto cluster = TestCluster::Start(config);
+  if (!cluster.ok()) return std::vector<absl::StatusOr<TrainResult>>(workers, cluster.status());
+  return TrainOnCluster(**cluster, workers, o);
+}
+
 std::vector<absl::StatusOr<TrainResult>> TrainOnCluster(TestCluster& cluster, int workers, const TrainOptions& o) {
   std::vector<absl::StatusOr<TrainResult>> results(workers, absl::UnknownError("not run"));
   std::vector<std::thread> threads;

@@ -13,9 +13,22 @@ namespace shardps {
 // True when the Fashion-MNIST files are installed (tests skip otherwise).
 bool HaveDataset();
 
+// `servers` servers and `workers` workers in `consistency` mode, with 64 KiB
+// partitions so that fc1.weight spans several partitions on every server.
+ClusterConfig TrainingConfig(Consistency consistency, int servers, int workers);
+
+// The example job on the first `train_limit` / `test_limit` images, without
+// progress lines.
+TrainOptions QuietRun(int epochs, size_t train_limit, size_t test_limit);
+
 // Runs `workers` training workers (ranks 0..workers-1) as threads against
 // `cluster`; one result per rank.
 std::vector<absl::StatusOr<TrainResult>> TrainOnCluster(TestCluster& cluster, int workers, const TrainOptions& o);
+
+// Starts a TestCluster for `config` and trains on it; if it does not start,
+// every rank's result is that error.
+std::vector<absl::StatusOr<TrainResult>> TrainOnNewCluster(const ClusterConfig& config, int workers,
+                                                           const TrainOptions& o);
 
 }  // namespace shardps
 

@@ -14,14 +14,8 @@
 namespace shardps {
 namespace {
 
-
 ClusterConfig Config(Consistency consistency, int servers, int workers) {
-  ClusterConfig c;
-  c.set_consistency(consistency);
-  c.set_num_servers(servers);
-  c.set_num_workers(workers);
-  c.set_partition_bytes(64 * 1024);  // fc1.weight spans several partitions on both servers
-  return c;
+  return TrainingConfig(consistency, servers, workers);
 }
 
 class OracleTest : public ::testing::TestWithParam<UpdateMode> {};
@@ -29,15 +23,9 @@ class OracleTest : public ::testing::TestWithParam<UpdateMode> {};
 // Trains `config` (sync, deterministic, 3 workers) on 20 steps and compares
 // every worker's final weights with the single-process reference.
 void ExpectMatchesReferenceBitwise(const ClusterConfig& config) {
-  TrainOptions o;
-  o.epochs = 1;
-  o.train_limit = 1920;
-  o.test_limit = 500;
+  TrainOptions o = QuietRun(1, 1920, 500);
   o.batch_size = 32;
-  o.log_every = 0;
-  auto cluster = TestCluster::Start(config);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto results = TrainOnCluster(**cluster, 3, o);
+  auto results = TrainOnNewCluster(config, 3, o);
   std::ostringstream log;
   auto reference = RunReference(config, o, log);
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -91,15 +79,8 @@ INSTANTIATE_TEST_SUITE_P(UpdateModes, OracleTest, ::testing::Values(UPDATE_ON_SE
 
 TEST(TrainingTest, AsyncTrainsToTheReferenceAccuracyBand) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
-  TrainOptions o;
-  o.epochs = 2;
-  o.train_limit = 6000;
-  o.test_limit = 2000;
-  o.log_every = 0;
-  ClusterConfig config = Config(ASYNC, 2, 2);
-  auto cluster = TestCluster::Start(config);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto results = TrainOnCluster(**cluster, 2, o);
+  const TrainOptions o = QuietRun(2, 6000, 2000);
+  auto results = TrainOnNewCluster(Config(ASYNC, 2, 2), 2, o);
   std::ostringstream log;
   auto reference = RunReference(Config(SYNC, 2, 2), o, log);
   ASSERT_TRUE(reference.ok());
@@ -137,14 +118,7 @@ TEST_P(CompressedTrainingTest, TrainsAndShrinksTheWire) {
   config.mutable_compression()->set_codec(c.push);
   config.mutable_compression()->set_pull_codec(c.pull);
   config.set_update_mode(c.mode);
-  TrainOptions o;
-  o.epochs = 1;
-  o.train_limit = 3200;
-  o.test_limit = 1000;
-  o.log_every = 0;
-  auto cluster = TestCluster::Start(config);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto results = TrainOnCluster(**cluster, 2, o);
+  auto results = TrainOnNewCluster(config, 2, QuietRun(1, 3200, 1000));
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_GT(results[0]->test_accuracy, 0.55) << c.name;
@@ -181,23 +155,12 @@ TEST(TrainingTest, OneBitAdamRecipeTrainsLikeUncompressed) {
   config.set_update_mode(SUM_ONLY);
   config.mutable_optimizer()->set_epsilon(1e-4f);
   config.mutable_optimizer()->set_freeze_variance_after(10);
-  TrainOptions o;
-  o.epochs = 1;
-  o.train_limit = 3200;
-  o.test_limit = 1000;
-  o.log_every = 0;
-  auto run = [&](const ClusterConfig& c) {
-    auto cluster = TestCluster::Start(c);
-    EXPECT_TRUE(cluster.ok()) << cluster.status();
-    return cluster.ok() ? TrainOnCluster(**cluster, 2, o) : std::vector<absl::StatusOr<TrainResult>>();
-  };
-  auto plain = run(config);
+  const TrainOptions o = QuietRun(1, 3200, 1000);
+  auto plain = TrainOnNewCluster(config, 2, o);
   config.mutable_compression()->set_codec("onebit");
   config.mutable_compression()->set_pull_codec("onebit");
   config.mutable_compression()->set_uncompressed_rounds(10);
-  auto compressed = run(config);
-  ASSERT_EQ(plain.size(), 2u);
-  ASSERT_EQ(compressed.size(), 2u);
+  auto compressed = TrainOnNewCluster(config, 2, o);
   ASSERT_TRUE(plain[0].ok()) << plain[0].status();
   ASSERT_TRUE(plain[1].ok()) << plain[1].status();
   ASSERT_TRUE(compressed[0].ok()) << compressed[0].status();
