@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace shardps {
@@ -57,6 +58,7 @@ class GrpcSchedulerClient : public SchedulerClient {
                                          absl::Duration timeout) override {
     ShardMap response;
     auto ctx = Context(timeout);
+    ctx->set_wait_for_ready(true);
     absl::Status s = FromGrpc(stub_->DefineTensors(ctx.get(), request, &response), address(),
                               "defining tensors");
     if (!s.ok()) return s;
@@ -66,6 +68,7 @@ class GrpcSchedulerClient : public SchedulerClient {
   absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout) override {
     BarrierResponse response;
     auto ctx = Context(timeout);
+    ctx->set_wait_for_ready(true);
     return FromGrpc(stub_->Barrier(ctx.get(), request, &response), address(),
                     absl::StrCat("barrier '", request.name(), "'"));
   }
@@ -93,28 +96,58 @@ class GrpcSchedulerClient : public SchedulerClient {
                 std::function<void(const absl::Status&)> on_error) {
       thread_ = std::thread([this, stub, address, node_id, on_map = std::move(on_map),
                              on_error = std::move(on_error)] {
-        WatchShardMapRequest request;
-        request.set_node_id(node_id);
-        auto reader = stub->WatchShardMap(&ctx_, request);
-        ShardMap map;
-        while (reader->Read(&map)) on_map(map);
-        grpc::Status s = reader->Finish();
-        if (!cancelled_.load()) {
-          absl::Status st = FromGrpc(s, address, "watching the shard map");
-          if (st.ok()) st = absl::UnavailableError(absl::StrCat("scheduler ", address, " closed the shard-map stream"));
-          on_error(st);
-        }
+        Loop(stub, address, node_id, on_map, on_error);
       });
     }
     ~StreamWatch() override {
-      cancelled_.store(true);
-      ctx_.TryCancel();
+      {
+        absl::MutexLock lock(&mu_);
+        cancelled_ = true;
+        if (ctx_ != nullptr) ctx_->TryCancel();
+      }
       thread_.join();
     }
 
    private:
-    grpc::ClientContext ctx_;
-    std::atomic<bool> cancelled_{false};
+    void Loop(shardps::Scheduler::Stub* stub, const std::string& address, uint64_t node_id,
+              const std::function<void(const ShardMap&)>& on_map,
+              const std::function<void(const absl::Status&)>& on_error) {
+      WatchShardMapRequest request;
+      request.set_node_id(node_id);
+      absl::Duration pause = absl::Milliseconds(100);
+      for (;;) {
+        grpc::ClientContext ctx;
+        ctx.set_wait_for_ready(true);  // a restarting scheduler is waited for
+        {
+          absl::MutexLock lock(&mu_);
+          if (cancelled_) return;
+          ctx_ = &ctx;
+        }
+        auto reader = stub->WatchShardMap(&ctx, request);
+        ShardMap map;
+        while (reader->Read(&map)) {
+          request.set_known_epoch(map.epoch());
+          pause = absl::Milliseconds(100);
+          on_map(map);
+        }
+        grpc::Status s = reader->Finish();
+        absl::MutexLock lock(&mu_);
+        ctx_ = nullptr;
+        if (cancelled_) return;
+        absl::Status st = FromGrpc(s, address, "watching the shard map");
+        if (st.ok()) st = absl::UnavailableError(absl::StrCat("scheduler ", address, " closed the shard-map stream"));
+        mu_.Unlock();
+        on_error(st);
+        mu_.Lock();
+        auto cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_; };
+        mu_.AwaitWithTimeout(absl::Condition(&cancelled), pause);
+        pause = std::min(pause * 2, absl::Seconds(2));
+      }
+    }
+
+    absl::Mutex mu_;
+    bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+    grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
     std::thread thread_;
   };
 

@@ -36,8 +36,10 @@ class SchedulerClient {
   virtual absl::StatusOr<StatusResponse> Status(absl::Duration timeout) = 0;
 
   // Streams shard maps to `on_map` from a background thread until the
-  // returned handle is destroyed. `on_error` is called once if the stream ends
-  // for any reason other than the handle's destruction.
+  // returned handle is destroyed. When the stream breaks (the scheduler died
+  // or restarts), `on_error` is told and the watch reconnects by itself,
+  // waiting for the scheduler with a growing pause (at most 2 s); after a
+  // reconnect only maps newer than the last one seen are delivered.
   class Watch {
    public:
     virtual ~Watch() = default;

@@ -1,5 +1,7 @@
 #include "scheduler/cluster_state.h"
 
+#include <algorithm>
+
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
@@ -23,8 +25,58 @@ std::string DescribeTensor(const TensorSpec& t) {
 
 }  // namespace
 
-ClusterState::ClusterState(ClusterConfig config, Clock clock)
-    : config_(std::move(config)), clock_(std::move(clock)) {}
+ClusterState::ClusterState(ClusterConfig config, Clock clock, Persist persist)
+    : config_(std::move(config)), clock_(std::move(clock)), persist_(std::move(persist)) {}
+
+std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state, Clock clock, Persist persist) {
+  auto cs = std::make_unique<ClusterState>(state.config(), std::move(clock), std::move(persist));
+  absl::MutexLock lock(&cs->mu_);
+  const absl::Time now = cs->clock_();
+  cs->next_node_id_ = state.next_node_id();
+  for (const SchedulerState::Node& n : state.nodes()) {
+    auto& group = n.role() == SERVER ? cs->servers_ : cs->workers_;
+    group[n.rank()] = Node{n.id(), n.role(), n.rank(), n.address(), n.host(), now, 0, n.dead()};
+  }
+  cs->map_ = state.shard_map();
+  cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
+  // Servers report the epoch they serve with their next heartbeat.
+  return cs;
+}
+
+void ClusterState::Save() {
+  if (!persist_) return;
+  SchedulerState state;
+  *state.mutable_config() = config_;
+  state.set_next_node_id(next_node_id_);
+  for (auto* group : {&servers_, &workers_}) {
+    for (const auto& [k, node] : *group) {
+      SchedulerState::Node* n = state.add_nodes();
+      n->set_id(node.id);
+      n->set_role(node.role);
+      n->set_rank(node.rank);
+      n->set_address(node.address);
+      n->set_host(node.host);
+      n->set_dead(node.dead);
+    }
+  }
+  *state.mutable_shard_map() = map_;
+  for (const TensorSpec& t : tensors_) *state.add_tensors() = t;
+  persist_(state);
+}
+
+ServerInfo* ClusterState::MapServer(uint32_t index) {
+  for (auto& s : *map_.mutable_servers()) {
+    if (s.index() == index) return &s;
+  }
+  return nullptr;
+}
+
+bool ClusterState::Excluded(uint32_t rank) const {
+  return std::find(map_.excluded_workers().begin(), map_.excluded_workers().end(), rank) !=
+         map_.excluded_workers().end();
+}
+
+size_t ClusterState::LiveWorkers() const { return config_.num_workers() - map_.excluded_workers_size(); }
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequest& request) {
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
@@ -33,6 +85,18 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   std::optional<uint32_t> index;
   for (auto& [i, node] : servers_) {
     if (node.address == request.data_address()) index = i;
+  }
+  if (index && !tensors_.empty()) {
+    const Node& old = servers_[*index];
+    if (!old.dead) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "server ", *index, " at ", old.address, " is alive (last heartbeat ",
+          absl::FormatDuration(clock_() - old.last_seen), " ago); refusing a second server at its address"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "server ", *index, " at ", old.address, " was declared dead and its partitions' state died with it "
+        "(no replica or checkpoint to restore them from); a new server there would serve empty partitions: "
+        "restart the job"));
   }
   if (!index) {
     if (servers_.size() >= config_.num_servers()) {
@@ -43,17 +107,17 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   }
   Node& node = servers_[*index];
   node = Node{next_node_id_++, SERVER, *index, request.data_address(), request.host(), clock_(), 0};
-  ServerInfo* info = nullptr;
-  for (auto& s : *map_.mutable_servers()) {
-    if (s.index() == *index) info = &s;
-  }
+  ServerInfo* info = MapServer(*index);
   if (info == nullptr) info = map_.add_servers();
   info->set_index(*index);
   info->set_data_address(request.data_address());
+  info->set_dead(false);
+  info->clear_dead_reason();
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(*index);
   *response.mutable_config() = config_;
+  Save();
   return response;
 }
 
@@ -64,11 +128,17 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
                                                    config_.num_workers(), ") (config num_workers)"));
   }
   absl::MutexLock lock(&mu_);
+  if (Excluded(request.rank())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", request.rank(), " was declared dead and removed from the running job (shard map epoch ",
+        map_.epoch(), "); rejoining a running job is not supported yet"));
+  }
   Node& node = workers_[request.rank()];
   node = Node{next_node_id_++, WORKER, request.rank(), "", request.host(), clock_(), 0};
   RegisterResponse response;
   response.set_node_id(node.id);
   *response.mutable_config() = config_;
+  Save();
   return response;
 }
 
@@ -112,7 +182,13 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(request.node_id());
   if (node == nullptr) {
-    return absl::NotFoundError(absl::StrCat("node ", request.node_id(), " is not registered (scheduler restarted?)"));
+    return absl::NotFoundError(absl::StrCat("node ", request.node_id(),
+                                            " is not registered (scheduler restarted without its --state-dir?)"));
+  }
+  if (node->dead) {
+    return absl::FailedPreconditionError(absl::StrCat(node->role == SERVER ? "server " : "worker rank ", node->rank,
+                                                      " was declared dead after missing its heartbeats and is no "
+                                                      "longer a member of the job"));
   }
   node->last_seen = clock_();
   node->applied_epoch = request.applied_epoch();
@@ -124,15 +200,63 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
 bool ClusterState::ServersServe(uint64_t epoch) const {
   if (servers_.size() != config_.num_servers()) return false;
   for (const auto& [i, node] : servers_) {
-    if (node.applied_epoch < epoch) return false;
+    if (!node.dead && node.applied_epoch < epoch) return false;
   }
   return true;
+}
+
+std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
+  node.dead = true;
+  const std::string reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(silent), " (heartbeat_timeout_ms ",
+                                          config_.heartbeat_timeout_ms(), ")");
+  map_.set_epoch(map_.epoch() + 1);
+  if (node.role == SERVER) {
+    if (ServerInfo* info = MapServer(node.rank)) {
+      info->set_dead(true);
+      info->set_dead_reason(reason);
+    }
+    return absl::StrCat("server ", node.rank, " (", node.address, ", host ", node.host, ") declared dead: ", reason,
+                        "; shard map epoch ", map_.epoch());
+  }
+  map_.add_excluded_workers(node.rank);
+  PassCompleteBarriers();
+  return absl::StrCat("worker rank ", node.rank, " (host ", node.host, ") declared dead: ", reason,
+                      "; removed from the job at shard map epoch ", map_.epoch(), ", ", LiveWorkers(),
+                      " workers go on");
+}
+
+std::vector<std::string> ClusterState::CheckLiveness() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_();
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  std::vector<std::string> declared;
+  for (auto* group : {&servers_, &workers_}) {
+    for (auto& [k, node] : *group) {
+      if (!node.dead && now - node.last_seen > timeout) declared.push_back(DeclareDead(node, now - node.last_seen));
+    }
+  }
+  if (!declared.empty()) Save();
+  return declared;
+}
+
+void ClusterState::PassCompleteBarriers() {
+  for (auto& [name, b] : barriers_) {
+    if (b.arrived.empty()) continue;
+    bool complete = true;
+    for (uint32_t r = 0; r < config_.num_workers() && complete; ++r) {
+      complete = b.arrived.contains(r) || Excluded(r);
+    }
+    if (complete) {
+      b.generation++;
+      b.arrived.clear();
+    }
+  }
 }
 
 std::string ClusterState::ServersBehind(uint64_t epoch) const {
   std::vector<std::string> behind;
   for (const auto& [i, node] : servers_) {
-    if (node.applied_epoch < epoch) behind.push_back(absl::StrCat(i, " (", node.address, ")"));
+    if (!node.dead && node.applied_epoch < epoch) behind.push_back(absl::StrCat(i, " (", node.address, ")"));
   }
   return absl::StrCat("servers registered ", servers_.size(), "/", config_.num_servers(),
                       behind.empty() ? "" : "; not yet serving it: server ", absl::StrJoin(behind, ", "));
@@ -155,6 +279,7 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
     if (!map.ok()) return map.status();
     map_ = *std::move(map);
     tensors_ = tensors;
+    Save();
   } else {
     if (tensors.size() != tensors_.size()) {
       return absl::FailedPreconditionError(absl::StrCat("tensors differ from those already defined: ",
@@ -191,20 +316,21 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   if (node == nullptr || node->role != WORKER) {
     return absl::FailedPreconditionError(absl::StrCat("barrier '", name, "': node ", node_id, " is not a registered worker"));
   }
+  if (node->dead) {
+    return absl::FailedPreconditionError(absl::StrCat("barrier '", name, "': worker rank ", node->rank,
+                                                      " was declared dead and removed from the job"));
+  }
   BarrierState& b = barriers_[name];
   const uint64_t generation = b.generation;
   b.arrived.insert(node->rank);
-  if (b.arrived.size() == config_.num_workers()) {
-    b.generation++;
-    b.arrived.clear();
-    return absl::OkStatus();
-  }
+  PassCompleteBarriers();
+  if (b.generation > generation) return absl::OkStatus();
   const absl::Time start = clock_();
   auto passed = [&b, generation]() { return b.generation > generation; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&passed), deadline)) {
     std::vector<uint32_t> missing;
     for (uint32_t r = 0; r < config_.num_workers(); ++r) {
-      if (!b.arrived.contains(r)) missing.push_back(r);
+      if (!b.arrived.contains(r) && !Excluded(r)) missing.push_back(r);
     }
     b.arrived.erase(node->rank);
     return absl::DeadlineExceededError(absl::StrCat("barrier '", name, "': waited ",
@@ -230,8 +356,9 @@ StatusResponse ClusterState::Status() {
       s->set_host(node.host);
       const int64_t ms = absl::ToInt64Milliseconds(now - node.last_seen);
       s->set_ms_since_heartbeat(ms);
-      s->set_alive(ms <= static_cast<int64_t>(config_.heartbeat_timeout_ms()));
+      s->set_alive(!node.dead && ms <= static_cast<int64_t>(config_.heartbeat_timeout_ms()));
       s->set_applied_epoch(node.applied_epoch);
+      s->set_declared_dead(node.dead);
     }
   }
   return response;

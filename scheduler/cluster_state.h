@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -25,21 +26,42 @@ namespace shardps {
 class ClusterState {
  public:
   using Clock = std::function<absl::Time()>;
+  // Called with the whole state after every change, under the state's lock
+  // (the scheduler writes it to its --state-dir). A failure is logged by the
+  // caller's hook; the change stands.
+  using Persist = std::function<void(const SchedulerState&)>;
   // REQUIRES: `config` is valid.
-  explicit ClusterState(ClusterConfig config, Clock clock = absl::Now);
+  explicit ClusterState(ClusterConfig config, Clock clock = absl::Now, Persist persist = nullptr);
+  // Resumes from a persisted state: the same nodes (each given a fresh
+  // heartbeat_timeout to reconnect), node ids, shard map and epoch.
+  // REQUIRES: `state.config()` is valid.
+  static std::unique_ptr<ClusterState> Restore(const SchedulerState& state, Clock clock = absl::Now,
+                                               Persist persist = nullptr);
 
   const ClusterConfig& config() const { return config_; }
 
-  // Servers get the next free index (or their old one when an address
-  // registers again). Refuses more servers than configured.
+  // Servers get the next free index, or their old one when their address
+  // registers again before any tensor is defined. Once partitions exist, an
+  // address whose server is alive, or whose state died with it, is refused
+  // (a new process there would serve empty partitions). Refuses more servers
+  // than configured.
   absl::StatusOr<RegisterResponse> RegisterServer(const RegisterRequest& request);
-  // Refuses ranks outside [0, num_workers). A rank registering again replaces
-  // its old entry (a restarted worker).
+  // Refuses ranks outside [0, num_workers) and ranks removed from the running
+  // job. A rank registering again replaces its old entry (a restarted worker
+  // gets a new node id; servers refuse its pushes that would restart rounds).
   absl::StatusOr<RegisterResponse> RegisterWorker(const RegisterRequest& request);
   // Blocks until every server and worker has registered.
   absl::Status WaitForCluster(absl::Time deadline);
 
+  // NotFound for an unknown node id; FailedPrecondition for a node already
+  // declared dead (it must not act as a member any more).
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
+
+  // Declares dead every node silent for longer than heartbeat_timeout_ms and
+  // publishes a new epoch: a dead server is marked in the map (workers fail
+  // its requests at once), a dead worker is excluded (sync rounds and
+  // barriers go on without it). Returns one line per node declared dead.
+  std::vector<std::string> CheckLiveness();
 
   // First call: builds the shard map (next epoch). Later calls: must declare
   // the same tensors. Returns once every server reports serving that epoch.
@@ -61,6 +83,7 @@ class ClusterState {
     std::string address, host;
     absl::Time last_seen;
     uint64_t applied_epoch = 0;
+    bool dead = false;
   };
   struct BarrierState {
     uint64_t generation = 0;
@@ -72,9 +95,17 @@ class ClusterState {
   bool ServersServe(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string ServersBehind(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Node* FindNode(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ServerInfo* MapServer(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Excluded(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Passes every barrier that all live workers have entered.
+  void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string DeclareDead(Node& node, absl::Duration silent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterConfig config_;
   const Clock clock_;
+  const Persist persist_;
   absl::Mutex mu_;
   uint64_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint32_t, Node> servers_ ABSL_GUARDED_BY(mu_);  // by index

@@ -18,6 +18,11 @@ struct SchedulerOptions {
   // host:port; port 0 picks a free port (see SchedulerDaemon::address()).
   std::string listen_address = "0.0.0.0:7000";
   ClusterConfig config;  // validated by Create()
+  // Where the cluster state (membership, shard map and epoch, config) is
+  // persisted after every change; empty: nowhere. A scheduler started on a
+  // directory that holds a state resumes that cluster (its config wins over
+  // `config`), so nodes reconnect by themselves. A corrupt state is refused.
+  std::string state_dir;
 };
 
 class SchedulerDaemon {

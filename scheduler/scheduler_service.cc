@@ -2,12 +2,15 @@
 // bounds every blocking call by the caller's deadline (answering a little
 // before it, so the caller gets our explanation rather than a bare timeout).
 #include <atomic>
+#include <filesystem>
+#include <thread>
 
 #include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/durable_file.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/scheduler.h"
@@ -20,11 +23,56 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+constexpr absl::string_view kStateKind = "scheduler-state";
+
+std::string StateFile(const std::string& dir) { return dir + "/scheduler.state"; }
+
+// Writes the state after every change; a failed write is logged, once per
+// distinct error (the scheduler keeps serving from memory).
+ClusterState::Persist StateWriter(const std::string& dir) {
+  if (dir.empty()) return nullptr;
+  return [path = StateFile(dir), last_error = std::string()](const SchedulerState& state) mutable {
+    absl::Status s = WriteFileDurably(path, SealRecord(kStateKind, state.SerializeAsString()));
+    if (!s.ok() && s.ToString() != last_error) LOG(ERROR) << "scheduler: cannot persist its state: " << s;
+    last_error = s.ok() ? "" : s.ToString();
+  };
+}
+
+// The state persisted in `dir`; nullopt when there is none yet.
+absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) {
+  if (dir.empty()) return std::nullopt;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--state-dir ", dir, ": ", ec.message()));
+  const std::string path = StateFile(dir);
+  auto data = ReadWholeFile(path);
+  if (absl::IsNotFound(data.status())) return std::nullopt;
+  if (!data.ok()) return data.status();
+  auto payload = UnsealRecord(kStateKind, *data, path);
+  if (!payload.ok()) return payload.status();
+  SchedulerState state;
+  if (!state.ParseFromString(*payload)) return absl::DataLossError(absl::StrCat(path, " does not parse"));
+  if (absl::Status s = ValidateConfig(state.config()); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(path, " holds an invalid config: ", s.message()));
+  }
+  return state;
+}
+
 class SchedulerService final : public Scheduler::Service {
  public:
-  explicit SchedulerService(ClusterConfig config) : state_(std::move(config)) {}
+  explicit SchedulerService(std::unique_ptr<ClusterState> state) : state_owner_(std::move(state)),
+                                                                    state_(*state_owner_) {
+    liveness_ = std::thread([this] { LivenessLoop(); });
+  }
+  ~SchedulerService() override { Stop(); }
 
-  void Stop() { stopping_.store(true); }
+  void Stop() {
+    {
+      absl::MutexLock lock(&stop_mu_);
+      stopping_.store(true);
+    }
+    if (liveness_.joinable()) liveness_.join();
+  }
 
   grpc::Status Register(grpc::ServerContext* ctx, const RegisterRequest* req, RegisterResponse* resp) override {
     absl::StatusOr<RegisterResponse> r;
@@ -85,6 +133,17 @@ class SchedulerService final : public Scheduler::Service {
   }
 
  private:
+  // Declares silent nodes dead, a few times per heartbeat timeout.
+  void LivenessLoop() {
+    const absl::Duration period =
+        std::min(absl::Milliseconds(250), absl::Milliseconds(state_.config().heartbeat_timeout_ms()) / 4);
+    absl::MutexLock lock(&stop_mu_);
+    auto stopping = [this] { return stopping_.load(); };
+    while (!stop_mu_.AwaitWithTimeout(absl::Condition(&stopping), period)) {
+      for (const std::string& line : state_.CheckLiveness()) LOG(WARNING) << "scheduler: " << line;
+    }
+  }
+
   // The caller's deadline less a margin for the answer to travel back.
   static absl::Time Deadline(grpc::ServerContext* ctx) {
     absl::Time d = absl::FromChrono(ctx->deadline());
@@ -92,8 +151,11 @@ class SchedulerService final : public Scheduler::Service {
     return d - absl::Milliseconds(200);
   }
 
-  ClusterState state_;
+  std::unique_ptr<ClusterState> state_owner_;
+  ClusterState& state_;
+  absl::Mutex stop_mu_;
   std::atomic<bool> stopping_{false};
+  std::thread liveness_;
 };
 
 class GrpcSchedulerDaemon : public SchedulerDaemon {
@@ -122,7 +184,18 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
 
 absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& options) {
   if (absl::Status s = ValidateConfig(options.config); !s.ok()) return s;
-  auto service = std::make_unique<SchedulerService>(options.config);
+  auto saved = LoadState(options.state_dir);
+  if (!saved.ok()) return saved.status();
+  std::unique_ptr<ClusterState> state;
+  if (saved->has_value()) {
+    const SchedulerState& st = **saved;
+    LOG(INFO) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
+              << st.shard_map().epoch() << ", " << st.nodes_size() << " nodes, " << st.tensors_size() << " tensors)";
+    state = ClusterState::Restore(st, absl::Now, StateWriter(options.state_dir));
+  } else {
+    state = std::make_unique<ClusterState>(options.config, absl::Now, StateWriter(options.state_dir));
+  }
+  auto service = std::make_unique<SchedulerService>(std::move(state));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);

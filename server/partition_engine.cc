@@ -81,6 +81,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     }
     p->state.assign(static_cast<size_t>(optimizer_->state_slots()) * p->n, 0.0f);
     p->next_round.assign(workers, 0);
+    p->incarnation.assign(workers, 0);
     p->last_request.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
     if (config_.consistency() == SYNC) {
@@ -97,6 +98,65 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     partitions_.emplace(info.id(), std::move(p));
   }
   epoch_ = map.epoch();
+  ApplyMembership(map);
+  return absl::OkStatus();
+}
+
+void PartitionEngine::ApplyMembership(const ShardMap& map) {
+  const uint32_t workers = config_.num_workers();
+  excluded_.resize(workers, false);
+  std::vector<bool> removed(workers, false);
+  bool any = false;
+  for (uint32_t r : map.excluded_workers()) {
+    if (r >= workers || excluded_[r]) continue;
+    excluded_[r] = removed[r] = any = true;
+    ++num_excluded_;
+    LOG(WARNING) << "server " << server_index_ << ": worker " << r << " was removed from the job (shard map epoch "
+                 << epoch_ << "); " << (config_.consistency() == SYNC ? "rounds complete without it" : "");
+  }
+  if (!any) return;
+  const absl::Status gone = absl::UnavailableError("this worker was removed from the job");
+  for (auto& [id, part] : partitions_) {
+    Partition& p = *part;
+    // Its parked requests can never be answered usefully; its pushes that
+    // were ahead of the round are not counted.
+    std::vector<ParkedPush> ahead;
+    for (ParkedPush& push : p.ahead) {
+      if (removed[push.header.worker_rank()]) {
+        Answer(push.peer, push.header, gone);
+        p.next_round[push.header.worker_rank()] = std::min(p.next_round[push.header.worker_rank()],
+                                                           push.header.round());
+      } else {
+        ahead.push_back(std::move(push));
+      }
+    }
+    p.ahead = std::move(ahead);
+    if (config_.consistency() == SYNC && RoundComplete(p)) CompleteRound(p);
+  }
+}
+
+bool PartitionEngine::RoundComplete(const Partition& p) const {
+  if (num_excluded_ == 0) return p.arrivals == config_.num_workers();
+  if (p.arrivals == 0) return false;
+  for (uint32_t w = 0; w < config_.num_workers(); ++w) {
+    if (!excluded_[w] && !Contributed(p, w)) return false;
+  }
+  return true;
+}
+
+absl::Status PartitionEngine::CheckIncarnation(Partition& p, const DataHeader& h) const {
+  const uint32_t w = h.worker_rank();
+  const uint64_t incarnation = h.worker_incarnation();
+  if (incarnation == 0 || incarnation == p.incarnation[w]) return absl::OkStatus();
+  const bool started = config_.consistency() == SYNC ? p.next_round[w] > 0 : p.last_request[w] > 0;
+  if (p.incarnation[w] != 0 && started) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", w, " restarted (registration ", incarnation, ", was ", p.incarnation[w], ") and pushes round ",
+        h.round(), " of partition ", p.id, ", which its previous process had taken to round ",
+        config_.consistency() == SYNC ? p.next_round[w] : p.completed,
+        ": a restarted worker cannot rejoin a running job yet (its pushes would be taken for retries)"));
+  }
+  p.incarnation[w] = incarnation;
   return absl::OkStatus();
 }
 
@@ -107,12 +167,14 @@ const float* PartitionEngine::weights(uint64_t partition_id) const {
 
 absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out) {
   if (h.op() == RESPONSE) return absl::InvalidArgumentError("a server does not accept responses");
-  if (h.epoch() != epoch_) {
+  // An older epoch is served while this server still owns the partition:
+  // membership changes (a worker or server declared dead) move nothing.
+  auto it = partitions_.find(h.partition_id());
+  if (h.epoch() > epoch_ || (h.epoch() < epoch_ && it == partitions_.end())) {
     return absl::FailedPreconditionError(absl::StrCat("wrong epoch: request routed with shard map epoch ",
                                                       h.epoch(), ", server ", server_index_, " serves epoch ",
                                                       epoch_));
   }
-  auto it = partitions_.find(h.partition_id());
   if (it == partitions_.end()) {
     return absl::NotFoundError(absl::StrCat("partition ", h.partition_id(), " is not served by server ",
                                             server_index_, " (epoch ", epoch_, ")"));
@@ -121,6 +183,11 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
   if (h.worker_rank() >= config_.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", h.worker_rank(), " is outside [0, ",
                                                    config_.num_workers(), ")"));
+  }
+  if (num_excluded_ > 0 && excluded_[h.worker_rank()]) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", h.worker_rank(),
+                                                      " was declared dead and removed from the job (server ",
+                                                      server_index_, ", shard map epoch ", epoch_, ")"));
   }
   if (CarriesGradient(h.op())) {
     if (payload == nullptr) return absl::InvalidArgumentError("request has no payload frame");
@@ -167,7 +234,9 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
       break;
     case PUSH:
     case PUSH_PULL:
-      if (config_.consistency() == SYNC) {
+      if (absl::Status s = CheckIncarnation(*p, h); !s.ok()) {
+        Answer(peer, h, s);
+      } else if (config_.consistency() == SYNC) {
         PushSync(*p, peer, h, payload);
       } else {
         PushAsync(*p, peer, h, *payload);
@@ -234,7 +303,7 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   } else {
     Answer(peer, h, absl::OkStatus());
   }
-  if (p.arrivals == config_.num_workers()) CompleteRound(p);
+  if (RoundComplete(p)) CompleteRound(p);
 }
 
 absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
@@ -277,8 +346,16 @@ void PartitionEngine::SumRound(Partition& p) {
   const bool raw = p.codecs.push == nullptr || compression::RoundUncompressed(config_, p.completed);
   if (config_.deterministic()) {
     auto rank = [&](uint32_t w) { return raw ? p.held[w].data<float>() : p.decoded[w].data(); };
-    std::memcpy(p.acc.data(), rank(0), p.n * sizeof(float));
-    for (uint32_t w = 1; w < workers; ++w) AddInto(p.acc.data(), rank(w), p.n);
+    bool first = true;
+    for (uint32_t w = 0; w < workers; ++w) {
+      if (num_excluded_ > 0 && !Contributed(p, w)) continue;  // removed before pushing this round
+      if (first) {
+        std::memcpy(p.acc.data(), rank(w), p.n * sizeof(float));
+        first = false;
+      } else {
+        AddInto(p.acc.data(), rank(w), p.n);
+      }
+    }
     for (auto& m : p.held) m.rebuild();  // release the gradients
   } else if (!p.acc_encoded.empty() && !raw) {
     auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(p.acc_encoded.data()),
@@ -289,7 +366,10 @@ void PartitionEngine::SumRound(Partition& p) {
 }
 
 void PartitionEngine::CompleteRound(Partition& p) {
-  const uint32_t workers = config_.num_workers();
+  // The mean over the gradients that are in: all W, or fewer once a worker
+  // was removed from the job.
+  const uint32_t workers = p.arrivals;
+  p.contributors = p.arrivals;
   SumRound(p);
   if (sum_only_) {
     // Workers run the optimizer; the server keeps the sum for their pulls.
@@ -401,6 +481,7 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
   reply.set_partition_id(p.id);
   reply.set_server_epoch(epoch_);
   reply.set_completed_rounds(p.completed);
+  if (sum_only_) reply.set_contributors(p.contributors);
   reply.set_num_elements(p.n);
   reply.set_dtype(FLOAT32);
   // Sum only: a plain PULL returns the weights the server holds (the initial

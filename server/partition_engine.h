@@ -24,7 +24,6 @@
 #include "compression/error_feedback.h"
 #include "proto/cluster.pb.h"
 #include "proto/data.pb.h"
-#include "common/optimizer.h"
 
 namespace shardps {
 
@@ -44,7 +43,11 @@ class PartitionEngine {
   static absl::StatusOr<std::unique_ptr<PartitionEngine>> Create(const ClusterConfig& config, ReplySink sink);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
-  // it now owns (zero weights) and keeps those it already had.
+  // it now owns (zero weights) and keeps those it already had, and follows
+  // its membership: requests of workers in `excluded_workers` are refused
+  // from then on, and sync rounds complete with the workers that remain
+  // (a round a removed worker was holding up completes at once, averaged
+  // over the workers that contributed to it).
   // Fails if the config names a codec that cannot be created.
   absl::Status InstallShardMap(const ShardMap& map, uint32_t server_index);
   uint64_t epoch() const { return epoch_; }
@@ -96,6 +99,8 @@ class PartitionEngine {
     std::vector<float> acc;                // sync: this round's sum
     uint32_t arrivals = 0;                 // sync: pushes in for this round
     std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
+    std::vector<uint64_t> incarnation;     // per worker: registration of its pushes
+    uint32_t contributors = 0;             // sync: gradients in the last completed round
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
     std::vector<Waiter> waiting;           // pulls waiting for `completed`
@@ -105,6 +110,15 @@ class PartitionEngine {
   PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer, ReplySink sink);
 
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
+  // Refuses a push from a restarted worker process (new registration) that
+  // would restart the rounds the old process had reached.
+  absl::Status CheckIncarnation(Partition& p, const DataHeader& h) const;
+  void ApplyMembership(const ShardMap& map);
+  // Sync: every worker still in the job has pushed the current round.
+  bool RoundComplete(const Partition& p) const;
+  // Whether worker `w` pushed the round being accumulated (rounds arrive in
+  // order per worker, so a worker that owes a later round has).
+  static bool Contributed(const Partition& p, uint32_t w) { return p.next_round[w] > p.completed; }
   void Init(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
   void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload);
   void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
@@ -128,6 +142,8 @@ class PartitionEngine {
   const ReplySink sink_;
   uint64_t epoch_ = 0;
   uint32_t server_index_ = 0;
+  std::vector<bool> excluded_;  // per worker rank: removed from the job
+  uint32_t num_excluded_ = 0;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;
   EngineStats stats_;
 };

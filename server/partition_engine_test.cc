@@ -187,7 +187,7 @@ TEST_F(EngineTest, BadRequestsGetErrorsAndChangeNothing) {
   Send(PUSH, 0, 3, {1, 2});     // skips rounds
   DataHeader h;
   h.set_op(PUSH);
-  h.set_epoch(2);  // stale epoch
+  h.set_epoch(4);  // an epoch this server does not serve yet
   h.set_partition_id(5);
   zmq::message_t peer(std::string("x"));
   zmq::message_t payload(8);

@@ -16,7 +16,7 @@ namespace {
 
 class ParameterServerImpl : public ParameterServer {
  public:
-  ParameterServerImpl(std::unique_ptr<SchedulerClient> scheduler, zmq::context_t context, zmq::socket_t socket,
+  ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context, zmq::socket_t socket,
                       std::string data_address)
       : scheduler_(std::move(scheduler)),
         context_(std::move(context)),
@@ -56,8 +56,8 @@ class ParameterServerImpl : public ParameterServer {
           pending_map_ = map;
         },
         [this](const absl::Status& s) {
-          absl::MutexLock lock(&mu_);
-          watch_error_ = s;
+          // Training does not pass through the scheduler: keep serving.
+          LOG_EVERY_N(WARNING, 20) << "server " << index_ << ": " << s << " (serving on; reconnecting)";
         });
     LOG(INFO) << "server " << index_ << " serving on " << data_address_;
     return absl::OkStatus();
@@ -174,15 +174,19 @@ class ParameterServerImpl : public ParameterServer {
       request.set_applied_epoch(applied_epoch_);
       heartbeat_now_ = false;
       mu_.Unlock();
-      auto r = scheduler_->Heartbeat(request, absl::Milliseconds(config_.request_timeout_ms()));
-      if (!r.ok()) LOG(WARNING) << "server " << index_ << ": " << r.status();
+      auto r = scheduler_->Heartbeat(request, std::min(interval, absl::Milliseconds(config_.request_timeout_ms())));
+      if (absl::IsNotFound(r.status()) || absl::IsFailedPrecondition(r.status())) {
+        LOG_EVERY_N(ERROR, 30) << "server " << index_ << ": " << r.status();
+      } else if (!r.ok()) {
+        LOG_EVERY_N(WARNING, 10) << "server " << index_ << ": " << r.status();
+      }
       mu_.Lock();
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeat_now_ || heartbeat_stop_; };
       mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
     }
   }
 
-  std::unique_ptr<SchedulerClient> scheduler_;
+  std::shared_ptr<SchedulerClient> scheduler_;
   zmq::context_t context_;
   zmq::socket_t socket_;
   const std::string data_address_;
@@ -206,8 +210,12 @@ class ParameterServerImpl : public ParameterServer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const ServerOptions& options) {
-  auto scheduler = SchedulerClient::Create(options.scheduler_address);
-  if (!scheduler.ok()) return scheduler.status();
+  std::shared_ptr<SchedulerClient> scheduler = options.scheduler_client;
+  if (scheduler == nullptr) {
+    auto created = SchedulerClient::Create(options.scheduler_address);
+    if (!created.ok()) return created.status();
+    scheduler = *std::move(created);
+  }
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::router);
   socket.set(zmq::sockopt::sndhwm, 0);  // never drop an answer for a slow reader
@@ -222,7 +230,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
   std::string port = endpoint.substr(endpoint.rfind(':') + 1);
   std::string address = absl::StrCat("tcp://", options.advertise_host, ":", port);
-  auto server = std::make_unique<ParameterServerImpl>(*std::move(scheduler), std::move(context), std::move(socket),
+  auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(socket),
                                                       address);
   if (absl::Status s = server->Start(options); !s.ok()) return s;
   return std::unique_ptr<ParameterServer>(std::move(server));

@@ -4,6 +4,9 @@
 // Threads: the engine thread (Run) owns the socket and every partition; a
 // heartbeat thread reports liveness and the epoch served; the shard-map watch
 // runs on its own thread and hands maps to the engine thread.
+//
+// The data plane does not depend on the scheduler: a server whose scheduler
+// dies keeps serving, and its heartbeats and watch reconnect by themselves.
 #ifndef SHARDPS_SERVER_SERVER_H_
 #define SHARDPS_SERVER_SERVER_H_
 
@@ -16,11 +19,16 @@
 
 namespace shardps {
 
+class SchedulerClient;
+
 struct ServerOptions {
   std::string scheduler_address;              // host:port of the scheduler
   std::string bind_address = "tcp://*:0";     // ZeroMQ endpoint; port 0 = any free port
   std::string advertise_host = "127.0.0.1";   // host workers use to reach this server
   absl::Duration register_timeout = absl::Seconds(30);
+  // The scheduler to talk to; null (default): a gRPC client of
+  // `scheduler_address`. Tests pass one that dies, stalls or publishes maps.
+  std::shared_ptr<SchedulerClient> scheduler_client;
 };
 
 class ParameterServer {
@@ -31,7 +39,8 @@ class ParameterServer {
 
   // Serves until RequestStop(), then drains: handles what was already
   // received, answers waiting pulls with UNAVAILABLE, flushes and returns.
-  // Returns an error if the scheduler stream failed.
+  // Returns an error if a shard map cannot be served (a config the engine
+  // cannot build); losing the scheduler is not one.
   virtual absl::Status Run() = 0;
   // Async-signal-safe: only sets a flag that Run() polls.
   virtual void RequestStop() = 0;

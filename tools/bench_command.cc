@@ -20,6 +20,7 @@
 #include "scheduler/shard_assignment.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "common/durable_file.h"
 #include "tools/process.h"
 #include "worker/worker.h"
 
@@ -337,7 +338,7 @@ int EchoServerCommand(const Args& args) {
   zmq::socket_t router(ctx, zmq::socket_type::router);
   router.set(zmq::sockopt::sndhwm, 0);
   router.bind("tcp://127.0.0.1:*");
-  if (!WriteFileAtomically(port_file, router.get(zmq::sockopt::last_endpoint)).ok()) return 1;
+  if (!WriteFileDurably(port_file, router.get(zmq::sockopt::last_endpoint)).ok()) return 1;
   zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
   while (!StopRequested()) {
     PollOrInterrupted(&item, 1, std::chrono::milliseconds(50));

@@ -17,6 +17,7 @@
 #include "server/server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "common/durable_file.h"
 #include "tools/process.h"
 #include "tools/train_job.h"
 #include "worker/worker.h"
@@ -45,10 +46,12 @@ void InstallStopSignals() {
 }
 
 int SchedulerCommand(const Args& args) {
-  std::string listen = "0.0.0.0:7000", config_path, port_file;
+  std::string listen = "0.0.0.0:7000", config_path, port_file, state_dir;
   std::vector<std::string> sets;
   bool verbose = false;
   CliFlags flags("scheduler");
+  flags.String("state-dir", &state_dir,
+               "persist the cluster state here after every change; a restarted scheduler resumes it");
   flags.String("listen", &listen, "host:port to serve the scheduler on (port 0 = any free port)");
   flags.String("config", &config_path, "cluster configuration file (protobuf text, proto/config.proto)");
   flags.Repeated("set", &sets, "override one config field, e.g. --set consistency=async");
@@ -70,13 +73,13 @@ int SchedulerCommand(const Args& args) {
   // not in each server.
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);
   InstallStopSignals();
-  auto scheduler = SchedulerDaemon::Create({listen, config});
+  auto scheduler = SchedulerDaemon::Create({listen, config, state_dir});
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
   std::cerr << "shardps scheduler: serving on " << (*scheduler)->address() << " ("
             << ConsistencyName(config.consistency()) << ", " << config.num_servers() << " servers, "
             << config.num_workers() << " workers)\n";
   if (!port_file.empty()) {
-    if (absl::Status s = WriteFileAtomically(port_file, (*scheduler)->address()); !s.ok()) return Fail("scheduler", s);
+    if (absl::Status s = WriteFileDurably(port_file, (*scheduler)->address()); !s.ok()) return Fail("scheduler", s);
   }
   std::thread stopper([&] {
     while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -142,6 +145,7 @@ int TrainCommand(const Args& args) {
   flags.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   flags.Double("rendezvous-timeout", &rendezvous_s, "seconds to wait for the cluster");
   flags.String("result-file", &result_file, "write the result (key value lines) here");
+  flags.String("progress-file", &train.progress_file, "write the number of steps taken here after every step");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
   if (flags.help()) return 0;
@@ -170,7 +174,7 @@ int TrainCommand(const Args& args) {
       result->test_accuracy, result->final_loss, result->steps, result->samples, result->wall_seconds,
       result->bytes_pushed, result->bytes_pulled);
   if (!result_file.empty()) {
-    if (absl::Status s = WriteFileAtomically(result_file, text); !s.ok()) return Fail("train", s);
+    if (absl::Status s = WriteFileDurably(result_file, text); !s.ok()) return Fail("train", s);
   } else {
     std::cout << text;
   }
@@ -202,8 +206,8 @@ int StatusCommand(const Args& args) {
     std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
                                                             n.address(), served, n.applied_epoch())
                                           : absl::StrFormat("worker %d  %s", n.rank(), n.host());
-    std::cout << absl::StrFormat("  %-60s %s (heartbeat %d ms ago)\n", what, n.alive() ? "alive" : "SILENT",
-                                 n.ms_since_heartbeat());
+    const char* state = n.declared_dead() ? "DEAD" : n.alive() ? "alive" : "SILENT";
+    std::cout << absl::StrFormat("  %-60s %s (heartbeat %d ms ago)\n", what, state, n.ms_since_heartbeat());
   }
   return 0;
 }

@@ -104,17 +104,6 @@ absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vec
   }
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << contents;
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename ", tmp));
-  return absl::OkStatus();
-}
-
 std::string DescribeExit(int code) {
   if (code > 128) return absl::StrCat("was killed by signal ", code - 128);
   return absl::StrCat("exited with status ", code);

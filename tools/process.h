@@ -41,10 +41,6 @@ int Stop(ChildProcess& child, absl::Duration grace);
 absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vector<ChildProcess>& watch,
                                                absl::Time deadline);
 
-// Writes `contents` to a temporary file and renames it into place, so a
-// reader never sees half of it.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
-
 // Describes an exit code: "exited with 3" / "killed by signal 9".
 std::string DescribeExit(int code);
 

@@ -1,6 +1,10 @@
 #include "tools/train_job.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <future>
 
 #include "absl/functional/function_ref.h"
@@ -78,12 +82,33 @@ absl::Status JoinJob(Worker& worker, Mlp& model, const TrainOptions& o) {
 using BatchStep = absl::FunctionRef<absl::StatusOr<float>(const float* images, const uint8_t* labels)>;
 
 // Runs every epoch of one worker's shard through `step`.
+// The step counter another process watches: a fixed-width line rewritten in
+// place (one small pwrite per step).
+class ProgressFile {
+ public:
+  explicit ProgressFile(const std::string& path)
+      : fd_(path.empty() ? -1 : open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {}
+  ~ProgressFile() {
+    if (fd_ >= 0) close(fd_);
+  }
+  void Set(int64_t step) {
+    if (fd_ < 0) return;
+    char line[24];
+    const int n = snprintf(line, sizeof(line), "%020lld\n", static_cast<long long>(step));
+    (void)!pwrite(fd_, line, n, 0);
+  }
+
+ private:
+  const int fd_;
+};
+
 absl::Status TrainEpochs(const Data& data, const TrainOptions& o, uint32_t rank, int world, BatchStep step,
                          std::ostream& log, TrainResult& result) {
   const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
   if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
   std::vector<float> images;
   std::vector<uint8_t> labels;
+  ProgressFile progress(o.progress_file);
   const auto start = std::chrono::steady_clock::now();
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
@@ -93,6 +118,7 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, uint32_t rank,
                          &labels);
       SHARDPS_ASSIGN_OR_RETURN(result.final_loss, step(images.data(), labels.data()));
       ++result.steps;
+      progress.Set(result.steps);
       result.samples += o.batch_size;
       Progress(log, o, epoch, result.steps, result.final_loss, result.samples, Seconds(start));
     }
@@ -105,6 +131,9 @@ absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<f
                      const std::vector<std::vector<float>>* grads, absl::Duration timeout) {
   std::vector<Worker::Handle> handles;
   absl::Status first;
+  // One deadline for the whole step: a failed server costs one timeout, not
+  // one per tensor.
+  const absl::Time deadline = absl::Now() + timeout;
   for (size_t t = 0; t < params.size(); ++t) {
     const std::string& name = model.tensors()[t].name;
     auto h = grads ? worker.PushPull(name, (*grads)[t], absl::MakeSpan(params[t]))
@@ -116,7 +145,7 @@ absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<f
     handles.push_back(*h);
   }
   for (Worker::Handle h : handles) {
-    absl::Status s = worker.Wait(h, timeout);
+    absl::Status s = worker.Wait(h, std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (first.ok()) first = s;
   }
   return first;
@@ -262,8 +291,10 @@ absl::Status ValidateTrainOptions(const TrainOptions& o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& o, std::ostream& log) {
-  SHARDPS_RETURN_IF_ERROR(ValidateTrainOptions(o));
+absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& options, std::ostream& log) {
+  SHARDPS_RETURN_IF_ERROR(ValidateTrainOptions(options));
+  TrainOptions o = options;
+  if (o.step_timeout <= absl::ZeroDuration()) o.step_timeout = worker.request_timeout();
   if (o.devices_per_worker > 1) return RunDeviceGroupWorker(worker, o, log);
   SHARDPS_ASSIGN_OR_RETURN(Data data, LoadData(o));
   SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));

@@ -35,7 +35,11 @@ struct TrainOptions {
   int max_steps = 0;         // stop after this many steps in total (0 = no limit)
   int log_every = 100;       // progress line every N steps (0 = none)
   std::vector<int> layers = {784, 256, 128, 10};
-  absl::Duration step_timeout = absl::Seconds(60);
+  // Deadline of one step's data requests; zero: the config's request_timeout_ms.
+  absl::Duration step_timeout = absl::ZeroDuration();
+  // When set, the number of steps taken is written here after every step
+  // (`shardps local --kill ...@STEP` watches rank 0's).
+  std::string progress_file;
 };
 
 struct TrainResult {

@@ -47,7 +47,25 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
 }
 
 DataChannel::DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank)
-    : context_(std::move(context)), addresses_(std::move(addresses)), rank_(rank) {}
+    : context_(std::move(context)), addresses_(std::move(addresses)), rank_(rank), failed_(addresses_.size()) {}
+
+void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= failed_.size() || !failed_[server].ok()) return;
+    failed_[server] = status;
+    std::vector<uint64_t> doomed;
+    for (const auto& [id, p] : pending_) {
+      if (p.server == server) doomed.push_back(id);
+    }
+    for (uint64_t id : doomed) Complete(id, status);
+  }
+  WakePoller();
+}
+
+void DataChannel::FailAll(const absl::Status& status) {
+  for (uint32_t s = 0; s < addresses_.size(); ++s) FailServer(s, status);
+}
 
 DataChannel::~DataChannel() {
   {
@@ -66,6 +84,7 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
     // an older id from the same worker for a retry).
     absl::MutexLock io_lock(&io_mu_);
     std::vector<uint64_t> ids(requests.size());
+    std::vector<size_t> refused;  // requests to servers declared dead: never sent
     {
       absl::MutexLock lock(&mu_);
       handle = next_handle_++;
@@ -78,9 +97,15 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
         pending_[ids[i]] = Pending{handle, r.server, r.header.partition_id(), r.header.num_elements(), r.out,
                                    std::move(requests[i].on_answer)};
         h.request_ids.push_back(ids[i]);
+        if (!failed_[r.server].ok()) refused.push_back(i);
       }
+      for (size_t i : refused) Complete(ids[i], failed_[requests[i].server]);
     }
-    for (size_t i = 0; i < requests.size(); ++i) {
+    for (size_t i = 0, next_refused = 0; i < requests.size(); ++i) {
+      if (next_refused < refused.size() && refused[next_refused] == i) {
+        ++next_refused;
+        continue;
+      }
       Request& r = requests[i];
       r.header.set_request_id(ids[i]);
       r.header.set_worker_rank(rank_);

@@ -63,6 +63,13 @@ class DataChannel {
   // Waits until every request of `handle` is answered; releases the handle.
   absl::Status Wait(uint64_t handle, absl::Duration timeout);
 
+  // Fails every request to `server`, waiting or submitted later, with
+  // `status` (the scheduler declared the server dead): no caller waits out
+  // its timeout for an answer that cannot come. The first status sticks.
+  void FailServer(uint32_t server, const absl::Status& status);
+  // FailServer for every server (this worker was removed from the job).
+  void FailAll(const absl::Status& status);
+
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
@@ -111,6 +118,7 @@ class DataChannel {
   // node_hash_map: a waiter keeps a reference across unlocks while others insert.
   absl::node_hash_map<uint64_t, HandleState> handles_ ABSL_GUARDED_BY(mu_);
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // per server; ok = serving
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};
 };

@@ -48,12 +48,16 @@ struct TensorRoute {
 
 class WorkerImpl : public Worker {
  public:
-  WorkerImpl(std::unique_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg)
+  WorkerImpl(std::shared_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg)
       : scheduler_(std::move(scheduler)), options_(options), node_id_(reg.node_id()), config_(reg.config()) {
+    if (options_.control_timeout <= absl::ZeroDuration()) {
+      options_.control_timeout = absl::Milliseconds(config_.rendezvous_timeout_ms());
+    }
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   }
 
   ~WorkerImpl() override {
+    watch_.reset();  // its callbacks use the channel
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
@@ -63,6 +67,7 @@ class WorkerImpl : public Worker {
 
   const ClusterConfig& config() const override { return config_; }
   uint32_t rank() const override { return options_.rank; }
+  absl::Duration request_timeout() const override { return absl::Milliseconds(config_.request_timeout_ms()); }
 
   absl::Status DefineTensors(const std::vector<TensorSpec>& tensors) override {
     DefineTensorsRequest request;
@@ -104,6 +109,12 @@ class WorkerImpl : public Worker {
     routes_ = std::move(routes);
     channel_ = *std::move(channel);
     epoch_ = map->epoch();
+    FollowMembership(*map, channel_.get());
+    watch_ = scheduler_->WatchShardMap(
+        node_id_, [this](const ShardMap& m) { FollowMembership(m, Channel()); },
+        [this](const absl::Status& s) {
+          LOG_EVERY_N(WARNING, 20) << "worker " << options_.rank << ": " << s << " (training goes on; reconnecting)";
+        });
     return absl::OkStatus();
   }
 
@@ -117,7 +128,14 @@ class WorkerImpl : public Worker {
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);
-    return scheduler_->Barrier(request, options_.control_timeout);
+    // A scheduler that dies mid-call is asked again (a restarted one resumes
+    // from its state) until the deadline.
+    const absl::Time deadline = absl::Now() + options_.control_timeout;
+    for (;;) {
+      absl::Status s = scheduler_->Barrier(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+      if (!absl::IsUnavailable(s) || absl::Now() >= deadline) return s;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
   }
 
   absl::StatusOr<Handle> Push(const std::string& name, absl::Span<const float> gradient) override {
@@ -227,6 +245,7 @@ class WorkerImpl : public Worker {
         r.header.set_partition_id(p.id());
         r.header.set_round(route.rounds_pushed[i]);
         r.header.set_epoch(epoch_);
+        r.header.set_worker_incarnation(node_id_);
         r.header.set_dtype(FLOAT32);
         r.header.set_num_elements(p.num_elements());
         PartitionState& state = *route.states[i];
@@ -344,9 +363,11 @@ class WorkerImpl : public Worker {
       r->out = out;
       return;
     }
-    const float scale = 1.0f / static_cast<float>(config_.num_workers());
-    r->on_answer = [this, &state, out, n, aggregate, delta, scale](const DataHeader& answer,
-                                                                  const zmq::message_t& payload) -> absl::Status {
+    r->on_answer = [this, &state, out, n, aggregate, delta](const DataHeader& answer,
+                                                           const zmq::message_t& payload) -> absl::Status {
+      // The mean over the workers whose gradients the aggregate sums.
+      const uint32_t contributors = answer.contributors() > 0 ? answer.contributors() : config_.num_workers();
+      const float scale = 1.0f / static_cast<float>(contributors);
       // The aggregate of an uncompressed round comes back uncompressed too.
       const bool raw = state.codecs.pull == nullptr ||
                        (aggregate && answer.completed_rounds() > 0 &&
@@ -415,15 +436,41 @@ class WorkerImpl : public Worker {
       request.set_node_id(node_id_);
       mu_.Unlock();
       auto r = scheduler_->Heartbeat(request, interval);
-      if (!r.ok()) {
+      if (absl::IsFailedPrecondition(r.status())) {
+        // Declared dead (e.g. it stalled past the heartbeat timeout): the job
+        // went on without it, so nothing it sends may count any more.
+        LOG(ERROR) << "worker " << options_.rank << ": " << r.status();
+        if (DataChannel* channel = Channel()) {
+          channel->FailAll(absl::FailedPreconditionError(absl::StrCat("this worker (rank ", options_.rank, ") ",
+                                                                      r.status().message())));
+        }
+      } else if (!r.ok()) {
         LOG_EVERY_N(WARNING, 10) << "worker " << options_.rank << ": " << r.status();
       }
       mu_.Lock();
     }
   }
 
-  const std::unique_ptr<SchedulerClient> scheduler_;
-  const WorkerOptions options_;
+  DataChannel* Channel() {
+    absl::MutexLock lock(&mu_);
+    return channel_.get();
+  }
+
+  // Fails the requests to servers the scheduler declared dead, naming them.
+  void FollowMembership(const ShardMap& map, DataChannel* channel) {
+    if (channel == nullptr) return;
+    for (const ServerInfo& s : map.servers()) {
+      if (!s.dead()) continue;
+      LOG_FIRST_N(ERROR, 8) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
+                            << ") was declared dead by the scheduler: " << s.dead_reason();
+      channel->FailServer(s.index(), absl::UnavailableError(absl::StrCat(
+                                         "server ", s.index(), " was declared dead by the scheduler at shard map epoch ",
+                                         map.epoch(), " (", s.dead_reason(), "); its partitions have no live replica")));
+    }
+  }
+
+  const std::shared_ptr<SchedulerClient> scheduler_;
+  WorkerOptions options_;  // control_timeout resolved at construction
   const uint64_t node_id_;
   const ClusterConfig config_;
   absl::Mutex send_mu_;  // held from numbering a request to handing it to the channel; before mu_
@@ -435,21 +482,26 @@ class WorkerImpl : public Worker {
   absl::flat_hash_map<std::string, std::unique_ptr<compression::ErrorFeedback>> feedback_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;
+  std::unique_ptr<SchedulerClient::Watch> watch_;  // from DefineTensors on
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options) {
-  auto scheduler = SchedulerClient::Create(options.scheduler_address);
-  if (!scheduler.ok()) return scheduler.status();
+  std::shared_ptr<SchedulerClient> scheduler = options.scheduler_client;
+  if (scheduler == nullptr) {
+    auto created = SchedulerClient::Create(options.scheduler_address);
+    if (!created.ok()) return created.status();
+    scheduler = *std::move(created);
+  }
   RegisterRequest request;
   request.set_protocol_version(kProtocolVersion);
   request.set_role(WORKER);
   request.set_rank(options.rank);
   request.set_host(options.host);
-  auto registered = (*scheduler)->Register(request, options.rendezvous_timeout);
+  auto registered = scheduler->Register(request, options.rendezvous_timeout);
   if (!registered.ok()) return registered.status();
-  return std::unique_ptr<Worker>(new WorkerImpl(*std::move(scheduler), options, *std::move(registered)));
+  return std::unique_ptr<Worker>(new WorkerImpl(std::move(scheduler), options, *std::move(registered)));
 }
 
 }  // namespace shardps

@@ -32,6 +32,8 @@
 
 namespace shardps {
 
+class SchedulerClient;
+
 struct WorkerOptions {
   std::string scheduler_address;  // host:port
   uint32_t rank = 0;              // in [0, num_workers)
@@ -39,7 +41,12 @@ struct WorkerOptions {
   // How long Create() waits for the scheduler and the whole cluster.
   absl::Duration rendezvous_timeout = absl::Seconds(60);
   // Deadline of control-plane calls after registration (define, barrier).
-  absl::Duration control_timeout = absl::Seconds(60);
+  // Zero (default): the config's rendezvous_timeout_ms, since both wait for
+  // the other workers. A scheduler that restarts meanwhile is waited for.
+  absl::Duration control_timeout = absl::ZeroDuration();
+  // The scheduler to talk to; null (default): a gRPC client of
+  // `scheduler_address`. Tests pass one that dies, stalls or publishes maps.
+  std::shared_ptr<SchedulerClient> scheduler_client;
 };
 
 struct WorkerStats {
@@ -60,6 +67,8 @@ class Worker {
   // The cluster configuration handed out by the scheduler.
   virtual const ClusterConfig& config() const = 0;
   virtual uint32_t rank() const = 0;
+  // The deadline data waits should use: the config's request_timeout_ms.
+  virtual absl::Duration request_timeout() const = 0;
 
   // Declares the job's tensors (float32). Every worker declares the same
   // list; returns once the servers serve the resulting shard map.
@@ -103,6 +112,8 @@ class Worker {
 
   // Waits for a handle. On timeout the error names the tensor, the servers
   // still owing an answer and the round; the handle is then released.
+  // Requests to a server the scheduler declared dead fail at once, naming it
+  // (the worker follows the shard map from DefineTensors on).
   virtual absl::Status Wait(Handle handle, absl::Duration timeout) = 0;
 
   virtual WorkerStats stats() const = 0;
