@@ -27,9 +27,16 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
 class GrpcSchedulerClient : public SchedulerClient {
  public:
   explicit GrpcSchedulerClient(const std::string& address)
-      : SchedulerClient(address),
-        stub_(shardps::Scheduler::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+      : SchedulerClient(address), stub_(shardps::Scheduler::NewStub(Channel(address))) {}
+
+  // gRPC's default reconnect backoff grows to 2 minutes: a scheduler that
+  // restarts after a minute would be found late. Retry every second at most.
+  static std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request,
                                             absl::Duration timeout) override {
@@ -76,6 +83,7 @@ class GrpcSchedulerClient : public SchedulerClient {
   absl::StatusOr<StatusResponse> Status(absl::Duration timeout) override {
     StatusResponse response;
     auto ctx = Context(timeout);
+    ctx->set_wait_for_ready(true);  // within the deadline, a restarting scheduler is waited for
     absl::Status s = FromGrpc(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
                               "cluster status");
     if (!s.ok()) return s;

@@ -1,3 +1,4 @@
+#include "common/tensor_spec.h"
 #include "scheduler/cluster_state.h"
 
 #include <gmock/gmock.h>
@@ -70,13 +71,7 @@ TEST(ClusterStateTest, ServerRegisteringAgainKeepsItsIndex) {
   EXPECT_EQ(a2->server_index(), 0u);
 }
 
-TensorSpec Tensor(const std::string& name, int64_t n) {
-  TensorSpec t;
-  t.set_name(name);
-  t.add_shape(n);
-  t.set_dtype(FLOAT32);
-  return t;
-}
+TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
 
 TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   ClusterState state(Config(1, 1));

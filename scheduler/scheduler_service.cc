@@ -189,7 +189,7 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   std::unique_ptr<ClusterState> state;
   if (saved->has_value()) {
     const SchedulerState& st = **saved;
-    LOG(INFO) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
+    LOG(WARNING) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
               << st.shard_map().epoch() << ", " << st.nodes_size() << " nodes, " << st.tensors_size() << " tensors)";
     state = ClusterState::Restore(st, absl::Now, StateWriter(options.state_dir));
   } else {

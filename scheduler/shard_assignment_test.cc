@@ -1,3 +1,4 @@
+#include "common/tensor_spec.h"
 #include "scheduler/shard_assignment.h"
 
 #include <gmock/gmock.h>
@@ -10,13 +11,7 @@
 namespace shardps {
 namespace {
 
-TensorSpec Tensor(const std::string& name, std::vector<int64_t> shape) {
-  TensorSpec t;
-  t.set_name(name);
-  for (int64_t d : shape) t.add_shape(d);
-  t.set_dtype(FLOAT32);
-  return t;
-}
+TensorSpec Tensor(const std::string& name, std::vector<int64_t> shape) { return Float32Tensor(name, shape); }
 
 std::vector<ServerInfo> Servers(int n) {
   std::vector<ServerInfo> s(n);

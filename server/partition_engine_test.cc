@@ -95,6 +95,18 @@ class EngineTest : public ::testing::Test {
     engine_->Handle(peer, h, op == PULL ? nullptr : &payload);
   }
 
+  // Installs the next epoch of the same map with `excluded` workers removed.
+  void RemoveWorkers(std::vector<uint32_t> excluded, int n = 2) {
+    ShardMap map;
+    map.set_epoch(4);
+    map.add_tensors()->set_name("t");
+    PartitionInfo* info = map.add_partitions();
+    info->set_id(5);
+    info->set_num_elements(n);
+    for (uint32_t r : excluded) map.add_excluded_workers(r);
+    ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  }
+
   std::vector<float> Weights(int n = 2) { return std::vector<float>(engine_->weights(5), engine_->weights(5) + n); }
 
   std::unique_ptr<PartitionEngine> engine_;
@@ -442,6 +454,92 @@ TEST_F(EngineTest, ShutdownAnswersWaitingPulls) {
   engine_->FailWaiting(absl::UnavailableError("stopping"));
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST_F(EngineTest, ARoundHeldUpByARemovedWorkerCompletesWithTheOthersAveraged) {
+  Make(SYNC, false, 3);
+  Send(PUSH_PULL, 0, 0, {2, 4});
+  Send(PUSH_PULL, 1, 0, {4, 0});
+  EXPECT_TRUE(sent_.empty()) << "waits for worker 2";
+  RemoveWorkers({2});
+  ASSERT_EQ(sent_.size(), 2u);
+  // The mean over the two gradients that are in: {3, 2}.
+  EXPECT_EQ(sent_[0].payload, (std::vector<float>{-3, -2}));
+  // Later rounds need only the workers that remain; the removed one is refused.
+  Send(PUSH, 2, 1, {9, 9});
+  EXPECT_THAT(sent_[2].header.error(), HasSubstr("worker 2 was declared dead and removed from the job"));
+  Send(PUSH, 0, 1, {1, 1});
+  Send(PUSH, 1, 1, {1, 1});
+  EXPECT_EQ(Weights(), (std::vector<float>{-4, -3}));
+}
+
+TEST_F(EngineTest, ARemovedWorkersContributionToTheOpenRoundCountsAndItsParkedPushesDoNot) {
+  Make(SYNC, true, 3);
+  Send(PUSH, 2, 0, {6, 6});
+  Send(PUSH, 2, 1, {100, 100});  // parked: round 1 is ahead
+  Send(PUSH, 0, 0, {0, 3});
+  RemoveWorkers({2});
+  EXPECT_TRUE(Weights() == (std::vector<float>{0, 0})) << "worker 1 still owes round 0";
+  Send(PUSH, 1, 0, {3, 0});
+  EXPECT_EQ(Weights(), (std::vector<float>{-3, -3}));  // (6 + 0 + 3) / 3, (6 + 3 + 0) / 3
+  Send(PUSH, 0, 1, {2, 2});
+  Send(PUSH, 1, 1, {4, 4});
+  EXPECT_EQ(Weights(), (std::vector<float>{-6, -6})) << "round 1 is the mean of workers 0 and 1 only";
+}
+
+TEST_F(EngineTest, SumOnlyAnswersSayHowManyGradientsTheAggregateSums) {
+  Make(SYNC, false, 3, "none", SUM_ONLY);
+  Send(PUSH_PULL, 0, 0, {1, 1});
+  Send(PUSH_PULL, 1, 0, {2, 2});
+  RemoveWorkers({2});
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_EQ(sent_[0].header.contributors(), 2u);
+  EXPECT_EQ(sent_[0].payload, (std::vector<float>{3, 3}));
+}
+
+TEST_F(EngineTest, ARestartedWorkerProcessIsRefusedInsteadOfTakenForARetry) {
+  Make(SYNC, false, 1);
+  auto push = [&](uint64_t incarnation, uint64_t round) {
+    DataHeader h;
+    h.set_op(PUSH);
+    h.set_round(round);
+    h.set_epoch(3);
+    h.set_partition_id(5);
+    h.set_request_id(++next_id_);
+    h.set_dtype(FLOAT32);
+    h.set_num_elements(2);
+    h.set_worker_incarnation(incarnation);
+    std::vector<float> g = {1, 1};
+    zmq::message_t peer(std::string("w0"));
+    zmq::message_t payload(g.data(), 8);
+    engine_->Handle(peer, h, &payload);
+  };
+  push(7, 0);
+  push(7, 1);
+  EXPECT_EQ(Weights(), (std::vector<float>{-2, -2}));
+  push(9, 0);  // a new process of rank 0 starting over
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[2].header.status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(sent_[2].header.error(), HasSubstr("worker 0 restarted"));
+  EXPECT_EQ(Weights(), (std::vector<float>{-2, -2}));
+  push(7, 0);  // the old process's retry is still recognised
+  EXPECT_EQ(sent_[3].header.status_code(), 0);
+  EXPECT_EQ(Weights(), (std::vector<float>{-2, -2}));
+}
+
+TEST_F(EngineTest, RequestsRoutedWithAnOlderEpochAreServedWhileThePartitionStaysHere) {
+  Make(SYNC, false, 1);
+  RemoveWorkers({});  // epoch 4, same partitions
+  Send(PUSH, 0, 0, {1, 1});  // routed with epoch 3
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_[0].header.status_code(), 0) << sent_[0].header.error();
+  EXPECT_EQ(Weights(), (std::vector<float>{-1, -1}));
 }
 
 }  // namespace

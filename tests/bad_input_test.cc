@@ -5,6 +5,7 @@
 
 #include <zmq.hpp>
 
+#include "common/tensor_spec.h"
 #include "common/data_message.h"
 #include "common/protocol.h"
 #include "tests/test_cluster.h"
@@ -28,11 +29,7 @@ class BadInputTest : public ::testing::Test {
     auto worker = Worker::Create({.scheduler_address = cluster_->scheduler_address(), .rank = 0});
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = *std::move(worker);
-    TensorSpec t;
-    t.set_name("w");
-    t.add_shape(kN);
-    t.set_dtype(FLOAT32);
-    ASSERT_TRUE(worker_->DefineTensors({t}).ok());
+    ASSERT_TRUE(worker_->DefineTensors({Float32Tensor("w", kN)}).ok());
     ASSERT_TRUE(worker_->InitTensor("w", std::vector<float>(kN, 7.0f), absl::Seconds(10)).ok());
     auto addresses = cluster_->ServerAddresses();
     ASSERT_TRUE(addresses.ok());

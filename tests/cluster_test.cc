@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "common/tensor_spec.h"
 #include "common/optimizer.h"
 #include "tests/test_cluster.h"
 #include "worker/c_api.h"
@@ -27,13 +28,7 @@ ClusterConfig Config(int servers, int workers, Consistency consistency = SYNC) {
   return c;
 }
 
-TensorSpec Tensor(const std::string& name, int64_t n) {
-  TensorSpec t;
-  t.set_name(name);
-  t.add_shape(n);
-  t.set_dtype(FLOAT32);
-  return t;
-}
+TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
 
 std::unique_ptr<Worker> Connect(const TestCluster& cluster, uint32_t rank) {
   auto w = Worker::Create({.scheduler_address = cluster.scheduler_address(), .rank = rank});

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/tensor_spec.h"
 #include "common/config.h"
 #include "common/data_message.h"
 #include "common/logging.h"
@@ -143,11 +144,7 @@ absl::StatusOr<MeasureFn> Ours(const BenchOptions& o, const std::string& schedul
         created[r] = w.status();
         return;
       }
-      TensorSpec spec;
-      spec.set_name("bench");
-      spec.add_shape(n);
-      spec.set_dtype(FLOAT32);
-      created[r] = (*w)->DefineTensors({spec});
+      created[r] = (*w)->DefineTensors({Float32Tensor("bench", static_cast<int64_t>(n))});
       workers[r] = *std::move(w);
     });
   }
@@ -247,11 +244,7 @@ absl::Status RunBench(const BenchOptions& o) {
   }
   std::vector<ServerInfo> servers(o.servers);
   for (int i = 0; i < o.servers; ++i) servers[i].set_index(i);
-  TensorSpec spec;
-  spec.set_name("bench");
-  spec.add_shape(o.bytes / 4);
-  spec.set_dtype(FLOAT32);
-  auto map = BuildShardMap({spec}, servers, o.partition_bytes, 1);
+  auto map = BuildShardMap({Float32Tensor("bench", static_cast<int64_t>(o.bytes / 4))}, servers, o.partition_bytes, 1);
   if (!map.ok()) return map.status();
   MeasureFn raw = RawEcho(o, *map, echo);
 

@@ -99,6 +99,8 @@ int ServerCommand(const Args& args) {
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
+  std::string info_file;
+  flags.String("info-file", &info_file, "once registered, write 'INDEX DATA_ADDRESS' here");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
   if (flags.help()) return 0;
@@ -107,6 +109,10 @@ int ServerCommand(const Args& args) {
   InstallStopSignals();
   auto server = ParameterServer::Create(options);
   if (!server.ok()) return Fail("server", server.status());
+  if (!info_file.empty()) {
+    absl::Status s = WriteFileDurably(info_file, absl::StrCat((*server)->index(), " ", (*server)->data_address(), "\n"));
+    if (!s.ok()) return Fail("server", s);
+  }
   std::thread stopper([&] {
     while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     (*server)->RequestStop();

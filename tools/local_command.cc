@@ -16,7 +16,9 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "compression/codec_policy.h"
+#include "common/scheduler_client.h"
 #include "tools/cli_flags.h"
+#include "tools/fault_injection.h"
 #include "tools/commands.h"
 #include "tools/process.h"
 #include "tools/train_job.h"
@@ -28,9 +30,9 @@ struct LocalOptions {
   int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
           max_steps = 0, log_every = 100, devices_per_worker = 1;
   std::string consistency, config_path, compression, hidden = "256,128";
-  std::vector<std::string> sets;
+  std::vector<std::string> sets, kills;
   bool json = false, reference = false, deterministic = false, verbose = false;
-  double timeout_s = 3600;
+  double timeout_s = 3600, restart_after_s = 2;
 };
 
 absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
@@ -69,10 +71,20 @@ struct Outcome {
   uint64_t bytes_pushed = 0, bytes_pulled = 0;
   int64_t samples = 0;
   double wall_seconds = 0;
+  std::vector<FaultRecord> faults;
 };
 
+// Rank 0's step count, written by `shardps train --progress-file`.
+int64_t ReadProgress(const std::string& path) {
+  std::ifstream in(path);
+  int64_t step = 0;
+  in >> step;
+  return step;
+}
+
 // Runs the cluster; every child is stopped before returning, success or not.
-absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& config) {
+absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& config,
+                                   const std::vector<FaultSpec>& faults) {
   std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-local-", getpid());
   std::filesystem::create_directories(dir);
   struct Cleanup {
@@ -93,15 +105,39 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     stop_all();
     return s;
   };
-  auto scheduler = Spawn("scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config", dir + "/cluster.pbtxt",
-                                       "--port-file", dir + "/scheduler.addr", verbose}, true);
+  // The scheduler persists its state, so one restarted after a kill resumes.
+  auto start_scheduler = [&](const std::string& listen, const std::string& port_file) {
+    return Spawn("scheduler", {self, "scheduler", "--listen", listen, "--config", dir + "/cluster.pbtxt",
+                               "--state-dir", dir + "/state", "--port-file", port_file, verbose},
+                 true);
+  };
+  auto scheduler = start_scheduler("127.0.0.1:0", dir + "/scheduler.addr");
   if (!scheduler.ok()) return scheduler.status();
   daemons.push_back(*scheduler);
   auto address = WaitForAddressFile(dir + "/scheduler.addr", daemons, absl::Now() + absl::Seconds(30));
   if (!address.ok()) return fail(address.status());
+  int restarts = 0;
+  auto restart_scheduler = [&]() -> absl::StatusOr<ChildProcess> {
+    const std::string port_file = absl::StrCat(dir, "/scheduler.addr.", ++restarts);
+    auto child = start_scheduler(*address, port_file);
+    if (!child.ok()) return child.status();
+    std::vector<ChildProcess> watch = {*child};
+    auto serving = WaitForAddressFile(port_file, watch, absl::Now() + absl::Seconds(30));
+    if (!serving.ok()) return absl::UnavailableError(absl::StrCat("restarting the scheduler: ", serving.status().message()));
+    return watch[0];
+  };
+  std::unique_ptr<FaultInjector> injector;
+  if (!faults.empty()) {
+    auto client = SchedulerClient::Create(*address);
+    if (!client.ok()) return fail(client.status());
+    injector = std::make_unique<FaultInjector>(faults, *std::move(client), absl::Seconds(o.restart_after_s),
+                                               restart_scheduler);
+  }
   for (int i = 0; i < o.servers; ++i) {
     auto server = Spawn(absl::StrCat("server ", i),
-                        {self, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0", verbose}, true);
+                        {self, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0", "--info-file",
+                         absl::StrCat(dir, "/server.", i), verbose},
+                        true);
     if (!server.ok()) return fail(server.status());
     daemons.push_back(*server);
   }
@@ -114,18 +150,32 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                          "--max-steps", absl::StrCat(o.max_steps), "--hidden", o.hidden, "--devices-per-worker",
                          absl::StrCat(o.devices_per_worker), "--log-every",
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
-                         verbose},
+                         "--progress-file", r == 0 ? dir + "/progress.0" : "", verbose},
                         true);
     if (!worker.ok()) return fail(worker.status());
     workers.push_back(*worker);
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
-  for (int done = 0; done < o.workers;) {
+  for (;;) {
+    if (injector != nullptr) {
+      auto server_slot = [&](int index) -> absl::StatusOr<size_t> {
+        for (int i = 0; i < o.servers; ++i) {
+          std::ifstream in(absl::StrCat(dir, "/server.", i));
+          int registered = -1;
+          if (in >> registered && registered == index) return 1 + i;
+        }
+        return absl::NotFoundError(absl::StrCat("no server process reported index ", index));
+      };
+      if (absl::Status s = injector->Tick(ReadProgress(dir + "/progress.0"), {daemons, workers, server_slot});
+          !s.ok()) {
+        return fail(s);
+      }
+    }
     int code;
-    auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(100), &code);
+    auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(injector ? 20 : 100), &code);
+    if (absl::IsNotFound(w.status())) break;  // every worker that was not killed has finished
     if (w.ok()) {
       if (code != 0) return fail(absl::InternalError(absl::StrCat(workers[*w].name, " ", DescribeExit(code))));
-      ++done;
       continue;
     }
     auto d = WaitAny(daemons, absl::Now(), &code);
@@ -136,7 +186,9 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   }
   Outcome out;
   out.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (injector != nullptr) out.faults = injector->records();
   for (int r = 0; r < o.workers; ++r) {
+    if (injector != nullptr && injector->WorkerKilled(r)) continue;
     auto result = ReadResult(absl::StrCat(dir, "/result.", r));
     out.bytes_pushed += result["bytes_pushed"];
     out.bytes_pulled += result["bytes_pulled"];
@@ -149,6 +201,17 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                                                                 " on SIGTERM (expected a clean exit)")));
   }
   return out;
+}
+
+// The slowest recovery, as JSON (null when a fault was never recovered from,
+// 0 when there was none).
+std::string RecoverySeconds(const std::vector<FaultRecord>& records) {
+  double worst = 0;
+  for (const FaultRecord& r : records) {
+    if (r.recovered_seconds < 0) return "null";
+    worst = std::max(worst, r.recovered_seconds);
+  }
+  return absl::StrFormat("%.3f", worst);
 }
 
 }  // namespace
@@ -177,6 +240,9 @@ int LocalCommand(const Args& args) {
   flags.Int("log-every", &o.log_every, "progress line every N steps");
   flags.Double("timeout", &o.timeout_s, "seconds before the run is abandoned");
   flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
+  flags.Repeated("kill", &o.kills,
+                 "ROLE[:INDEX]@STEP: SIGKILL the scheduler, server INDEX or worker INDEX when worker 0 reaches STEP");
+  flags.Double("restart-after", &o.restart_after_s, "seconds after a scheduler kill to start a new one (same address)");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";
     return 2;
@@ -202,7 +268,21 @@ int LocalCommand(const Args& args) {
       return 2;
     }
   }
+  std::vector<FaultSpec> faults;
+  for (const std::string& k : o.kills) {
+    auto f = ParseFaultSpec(k, static_cast<int>(o.servers), static_cast<int>(o.workers));
+    if (!f.ok()) {
+      std::cerr << "shardps local: " << f.status().message() << "\n";
+      return 2;
+    }
+    faults.push_back(*f);
+  }
+  if (!faults.empty() && o.reference) {
+    std::cerr << "shardps local: --kill needs a cluster (not --reference)\n";
+    return 2;
+  }
   std::map<std::string, double> result;
+  std::vector<FaultRecord> fault_records;
   uint64_t pushed = 0, pulled = 0;
   int64_t samples = 0;
   double wall = 0;
@@ -231,7 +311,7 @@ int LocalCommand(const Args& args) {
     samples = r->samples;
     wall = r->wall_seconds;
   } else {
-    auto outcome = RunCluster(o, *config);
+    auto outcome = RunCluster(o, *config, faults);
     if (!outcome.ok()) {
       std::cerr << "shardps local: " << outcome.status().message() << "\n";
       return 1;
@@ -241,6 +321,7 @@ int LocalCommand(const Args& args) {
     pulled = outcome->bytes_pulled;
     samples = outcome->samples;
     wall = outcome->wall_seconds;
+    fault_records = outcome->faults;
   }
   const std::string consistency = o.reference ? "reference" : ConsistencyName(config->consistency());
   std::cout << absl::StrFormat(
@@ -251,10 +332,12 @@ int LocalCommand(const Args& args) {
     std::cout << absl::StrFormat(
         "{\"test_accuracy\": %.6f, \"consistency\": \"%s\", \"servers\": %d, \"workers\": %d, \"epochs\": %d, "
         "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
-        "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d}\n",
+        "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d, "
+        "\"faults\": %s, \"recovery_seconds\": %s}\n",
         result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
-        result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker);
+        result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker,
+        FaultsJson(fault_records), RecoverySeconds(fault_records));
   }
   return 0;
 }

@@ -67,6 +67,14 @@ absl::StatusOr<size_t> WaitAny(std::vector<ChildProcess>& children, absl::Time d
   }
 }
 
+void Kill(ChildProcess& child) {
+  if (!child.running()) return;
+  kill(child.pid, SIGKILL);
+  int status;
+  waitpid(child.pid, &status, 0);
+  child.pid = -1;
+}
+
 int Stop(ChildProcess& child, absl::Duration grace) {
   if (!child.running()) return 0;
   kill(child.pid, SIGTERM);

@@ -32,6 +32,9 @@ absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<st
 // running; DeadlineExceeded at the deadline.
 absl::StatusOr<size_t> WaitAny(std::vector<ChildProcess>& children, absl::Time deadline, int* exit_code);
 
+// SIGKILL at once (fault injection); reaps the child.
+void Kill(ChildProcess& child);
+
 // SIGTERM, then SIGKILL after `grace`; returns the exit code.
 int Stop(ChildProcess& child, absl::Duration grace);
 

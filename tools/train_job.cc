@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/tensor_spec.h"
 #include "common/status_macros.h"
 #include "scheduler/shard_assignment.h"
 #include "common/optimizer.h"
@@ -55,11 +56,7 @@ void Progress(std::ostream& log, const TrainOptions& o, int epoch, int64_t step,
 std::vector<TensorSpec> Specs(const Mlp& model) {
   std::vector<TensorSpec> specs;
   for (const auto& t : model.tensors()) {
-    TensorSpec s;
-    s.set_name(t.name);
-    for (int d : t.dims) s.add_shape(d);
-    s.set_dtype(FLOAT32);
-    specs.push_back(std::move(s));
+    specs.push_back(Float32Tensor(t.name, std::vector<int64_t>(t.dims.begin(), t.dims.end())));
   }
   return specs;
 }

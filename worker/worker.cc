@@ -75,6 +75,22 @@ class WorkerImpl : public Worker {
     for (const TensorSpec& t : tensors) *request.add_tensors() = t;
     auto map = scheduler_->DefineTensors(request, options_.control_timeout);
     if (!map.ok()) return map.status();
+    absl::Status s = AdoptShardMap(*map);
+    if (!s.ok() || watch_ != nullptr) return s;
+    // Outside mu_: the watch's callbacks take it.
+    FollowMembership(*map, Channel());
+    watch_ = scheduler_->WatchShardMap(
+        node_id_, [this](const ShardMap& m) { FollowMembership(m, Channel()); },
+        [this](const absl::Status& s) {
+          LOG_EVERY_N(WARNING, 20) << "worker " << options_.rank << ": " << s << " (training goes on; reconnecting)";
+        });
+    return absl::OkStatus();
+  }
+
+  // Builds the routes and the data channel of the first shard map; a later
+  // call with the same epoch is a no-op.
+  absl::Status AdoptShardMap(const ShardMap& m) {
+    const ShardMap* map = &m;
     absl::MutexLock lock(&mu_);
     if (channel_ != nullptr) {
       if (map->epoch() == epoch_) return absl::OkStatus();
@@ -109,12 +125,6 @@ class WorkerImpl : public Worker {
     routes_ = std::move(routes);
     channel_ = *std::move(channel);
     epoch_ = map->epoch();
-    FollowMembership(*map, channel_.get());
-    watch_ = scheduler_->WatchShardMap(
-        node_id_, [this](const ShardMap& m) { FollowMembership(m, Channel()); },
-        [this](const absl::Status& s) {
-          LOG_EVERY_N(WARNING, 20) << "worker " << options_.rank << ": " << s << " (training goes on; reconnecting)";
-        });
     return absl::OkStatus();
   }
 
@@ -482,7 +492,9 @@ class WorkerImpl : public Worker {
   absl::flat_hash_map<std::string, std::unique_ptr<compression::ErrorFeedback>> feedback_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;
-  std::unique_ptr<SchedulerClient::Watch> watch_;  // from DefineTensors on
+  // From the first successful DefineTensors on; set by the thread that
+  // defines (DefineTensors is not called concurrently with itself).
+  std::unique_ptr<SchedulerClient::Watch> watch_;
 };
 
 }  // namespace

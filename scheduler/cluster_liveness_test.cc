@@ -1,0 +1,166 @@
+// Failure handling in the scheduler's rules: declaring silent nodes dead,
+// removing dead workers from the job, and resuming from a persisted state.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "common/tensor_spec.h"
+#include "common/protocol.h"
+#include "scheduler/cluster_state.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+RegisterRequest Node(Role role, uint32_t rank, const std::string& addr = "") {
+  RegisterRequest r;
+  r.set_protocol_version(kProtocolVersion);
+  r.set_role(role);
+  r.set_rank(rank);
+  r.set_data_address(addr);
+  r.set_host("h");
+  return r;
+}
+
+TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
+
+// A 2-server, 3-worker cluster on a clock the test moves; tensors defined.
+class LivenessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_.set_num_servers(2);
+    config_.set_num_workers(3);
+    config_.set_heartbeat_timeout_ms(1000);
+    state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
+                                            [this](const SchedulerState& s) { saved_ = s; });
+    for (uint32_t i = 0; i < 2; ++i) {
+      auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      server_ids_.push_back(r->node_id());
+    }
+    for (uint32_t r = 0; r < 3; ++r) worker_ids_.push_back(state_->RegisterWorker(Node(WORKER, r))->node_id());
+    Beat({0, 1}, {0, 1, 2}, 0);  // not serving an epoch yet: DefineTensors waits for epoch 1
+    std::thread serve([this] {
+      absl::SleepFor(absl::Milliseconds(50));
+      Beat({0, 1}, {}, 1);
+    });
+    auto map = state_->DefineTensors({Tensor("w", 1000)}, absl::Now() + absl::Seconds(5));
+    serve.join();
+    ASSERT_TRUE(map.ok()) << map.status();
+  }
+
+  void Beat(std::vector<int> servers, std::vector<int> workers, uint64_t epoch) {
+    for (int i : servers) {
+      HeartbeatRequest h;
+      h.set_node_id(server_ids_[i]);
+      h.set_applied_epoch(epoch);
+      ASSERT_TRUE(state_->Heartbeat(h).ok());
+    }
+    for (int r : workers) {
+      HeartbeatRequest h;
+      h.set_node_id(worker_ids_[r]);
+      ASSERT_TRUE(state_->Heartbeat(h).ok());
+    }
+  }
+
+  ClusterConfig config_;
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  std::optional<SchedulerState> saved_;
+  std::unique_ptr<ClusterState> state_;
+  std::vector<uint64_t> server_ids_, worker_ids_;
+};
+
+TEST_F(LivenessTest, NodesSilentPastTheTimeoutAreDeclaredDeadInANewEpoch) {
+  now_ += absl::Milliseconds(900);
+  Beat({0, 1}, {0, 1}, 1);  // worker 2 stays silent
+  EXPECT_THAT(state_->CheckLiveness(), IsEmpty());
+  now_ += absl::Milliseconds(200);
+  std::vector<std::string> lines = state_->CheckLiveness();
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("worker rank 2"));
+  EXPECT_THAT(lines[0], HasSubstr("declared dead: no heartbeat for 1.1s"));
+  StatusResponse status = state_->Status();
+  EXPECT_EQ(status.shard_map().epoch(), 2u);
+  EXPECT_THAT(status.shard_map().excluded_workers(), ElementsAre(2));
+  // Once declared dead, a node may not act as a member.
+  HeartbeatRequest late;
+  late.set_node_id(worker_ids_[2]);
+  EXPECT_EQ(state_->Heartbeat(late).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(state_->CheckLiveness(), IsEmpty());  // declared once
+}
+
+TEST_F(LivenessTest, ADeadServerIsMarkedInTheMapWithTheReason) {
+  now_ += absl::Milliseconds(1500);
+  Beat({0}, {0, 1, 2}, 1);
+  ASSERT_THAT(state_->CheckLiveness(), SizeIs(1));
+  ShardMap map = state_->Status().shard_map();
+  for (const ServerInfo& s : map.servers()) {
+    EXPECT_EQ(s.dead(), s.index() == 1);
+    if (s.dead()) EXPECT_THAT(s.dead_reason(), HasSubstr("no heartbeat for 1.5s"));
+  }
+  EXPECT_THAT(map.excluded_workers(), IsEmpty());
+}
+
+TEST_F(LivenessTest, ABarrierPassesWhenTheWorkerItWaitsForIsDeclaredDead) {
+  absl::Status passed[2] = {absl::UnknownError("not run"), absl::UnknownError("not run")};
+  std::vector<std::thread> waiters;
+  for (int r = 0; r < 2; ++r) {
+    waiters.emplace_back([&, r] { passed[r] = state_->Barrier(worker_ids_[r], "done", absl::Now() + absl::Seconds(10)); });
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  now_ += absl::Milliseconds(1100);
+  Beat({0, 1}, {0, 1}, 1);
+  ASSERT_THAT(state_->CheckLiveness(), SizeIs(1));
+  for (std::thread& t : waiters) t.join();
+  EXPECT_TRUE(passed[0].ok()) << passed[0];
+  EXPECT_TRUE(passed[1].ok()) << passed[1];
+  EXPECT_EQ(state_->Barrier(worker_ids_[2], "done", absl::Now()).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(LivenessTest, ARemovedWorkerCannotRejoinAndAReplacementServerCannotTakeOverLostState) {
+  now_ += absl::Milliseconds(1100);
+  Beat({0}, {0, 1}, 1);
+  ASSERT_THAT(state_->CheckLiveness(), SizeIs(2));
+  EXPECT_THAT(state_->RegisterWorker(Node(WORKER, 2)).status().message(),
+              HasSubstr("rejoining a running job is not supported yet"));
+  auto replacement = state_->RegisterServer(Node(SERVER, 0, "tcp://s:1"));
+  EXPECT_EQ(replacement.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(replacement.status().message(), HasSubstr("state died with it"));
+  // While the server at an address is alive, no second one takes it over.
+  EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://s:0")).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
+  now_ += absl::Milliseconds(1100);
+  Beat({0, 1}, {0, 1}, 1);
+  ASSERT_THAT(state_->CheckLiveness(), SizeIs(1));
+  ASSERT_TRUE(saved_.has_value());
+  auto restored = ClusterState::Restore(*saved_, [this] { return now_; });
+  StatusResponse before = state_->Status(), after = restored->Status();
+  EXPECT_EQ(after.shard_map().SerializeAsString(), before.shard_map().SerializeAsString());
+  // The old node ids still heartbeat; the dead one is still dead.
+  HeartbeatRequest h;
+  h.set_node_id(server_ids_[1]);
+  h.set_applied_epoch(2);
+  EXPECT_TRUE(restored->Heartbeat(h).ok());
+  h.set_node_id(worker_ids_[2]);
+  EXPECT_EQ(restored->Heartbeat(h).status().code(), absl::StatusCode::kFailedPrecondition);
+  h.set_node_id(server_ids_[0]);
+  EXPECT_TRUE(restored->Heartbeat(h).ok());
+  // Every live node gets a fresh heartbeat timeout to reconnect.
+  EXPECT_THAT(restored->CheckLiveness(), IsEmpty());
+  // The same tensors are accepted again (a worker's retried call), and new
+  // node ids continue after the old ones.
+  auto map = restored->DefineTensors({Tensor("w", 1000)}, absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->epoch(), 2u);
+  EXPECT_GT(restored->RegisterWorker(Node(WORKER, 1))->node_id(), worker_ids_[2]);
+}
+
+}  // namespace
+}  // namespace shardps

@@ -1,0 +1,237 @@
+// Failure handling end to end. Multi-process: `shardps local --kill` sends a
+// real SIGKILL to a scheduler, server or worker process mid-training. In
+// process: a worker and a server given a scheduler client the test controls.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "common/tensor_spec.h"
+#include "absl/strings/str_cat.h"
+#include "common/scheduler_client.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+#include "tests/test_cluster.h"
+#include "worker/worker.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct LocalRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `shardps local` with a small, fast job and short heartbeats (0.2 s
+// interval, 2 s timeout). request_timeout_ms is long (120 s): a run that
+// only recovered by a request timeout would show it.
+LocalRun RunLocal(std::vector<std::string> extra) {
+  const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("failure-test-", getpid());
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> argv = {SHARDPS_BINARY, "local", "--epochs", "1", "--test-limit", "2000", "--log-every",
+                                   "0", "--json", "--set", "heartbeat_interval_ms=200", "--set",
+                                   "heartbeat_timeout_ms=2000", "--set", "request_timeout_ms=120000", "--timeout",
+                                   "300"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (dir + "/out").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, (dir + "/err").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  pid_t pid;
+  LocalRun run;
+  if (posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ) == 0) {
+    int status;
+    waitpid(pid, &status, 0);
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  run.out = Slurp(dir + "/out");
+  run.err = Slurp(dir + "/err");
+  std::filesystem::remove_all(dir);
+  return run;
+}
+
+// A number from the JSON line, e.g. "detected_seconds": 2.1 (NaN for null).
+double Field(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\": (null|[-0-9.e]+)"))) return -1;
+  return m[1] == "null" ? std::nan("") : std::stod(m[1]);
+}
+
+TEST(FailureTest, AWorkerKilledInSyncIsRemovedAndTheOthersFinish) {
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "3", "--train-limit", "6000", "--kill", "worker:2@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("worker rank 2 (host localhost) declared dead"));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));  // no request waited out its timeout
+  const double detected = Field(run.out, "detected_seconds"), recovered = Field(run.out, "recovered_seconds");
+  EXPECT_GT(detected, 1.9) << "declared dead before its heartbeat timeout: " << run.out;
+  EXPECT_GE(recovered, detected) << run.out;
+  EXPECT_LT(recovered, 120) << "recovered by a request timeout, not by failure detection";
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+}
+
+TEST(FailureTest, TrainingGoesOnWhileTheSchedulerIsDeadAndARestartedOneResumesTheCluster) {
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "2", "--train-limit", "40000", "--kill", "scheduler@20",
+                      "--restart-after", "1"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("resuming the cluster saved in"));
+  EXPECT_GT(Field(run.out, "detected_seconds"), 0.9) << run.out;
+  EXPECT_GT(Field(run.out, "recovered_seconds"), 0) << "every node reconnected to the new scheduler: " << run.out;
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.7) << run.out;
+}
+
+TEST(FailureTest, AServerKilledWithoutAReplicaFailsTheJobAtOnceNamingIt) {
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "2", "--train-limit", "20000", "--kill", "server:1@20"});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.err, HasSubstr("server 1 was declared dead by the scheduler"));
+  EXPECT_THAT(run.err, HasSubstr("heartbeat_timeout_ms 2000"));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
+}
+
+// Forwards to a real scheduler client; the test can publish shard maps of
+// its own to the watchers and make every call fail as if the scheduler died.
+class ControlledScheduler : public SchedulerClient {
+ public:
+  explicit ControlledScheduler(std::unique_ptr<SchedulerClient> real)
+      : SchedulerClient(real->address()), real_(std::move(real)) {}
+
+  void Publish(const ShardMap& map) {
+    std::vector<std::function<void(const ShardMap&)>> watchers;
+    {
+      absl::MutexLock lock(&mu_);
+      watchers = watchers_;
+    }
+    for (auto& on_map : watchers) on_map(map);
+  }
+  void Die() { dead_ = true; }
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r, absl::Duration t) override {
+    if (dead_) return Gone();
+    return real_->Register(r, t);
+  }
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& r, absl::Duration t) override {
+    if (dead_) return Gone();
+    return real_->Heartbeat(r, t);
+  }
+  absl::StatusOr<ShardMap> DefineTensors(const DefineTensorsRequest& r, absl::Duration t) override {
+    if (dead_) return Gone();
+    return real_->DefineTensors(r, t);
+  }
+  absl::Status Barrier(const BarrierRequest& r, absl::Duration t) override {
+    return dead_ ? Gone() : real_->Barrier(r, t);
+  }
+  absl::StatusOr<StatusResponse> Status(absl::Duration t) override {
+    if (dead_) return Gone();
+    return real_->Status(t);
+  }
+  std::unique_ptr<Watch> WatchShardMap(uint64_t node, std::function<void(const ShardMap&)> on_map,
+                                       std::function<void(const absl::Status&)> on_error) override {
+    {
+      absl::MutexLock lock(&mu_);
+      watchers_.push_back(on_map);
+    }
+    return real_->WatchShardMap(node, on_map, on_error);
+  }
+
+ private:
+  static absl::Status Gone() { return absl::UnavailableError("scheduler killed by the test"); }
+  std::unique_ptr<SchedulerClient> real_;
+  std::atomic<bool> dead_{false};
+  absl::Mutex mu_;
+  std::vector<std::function<void(const ShardMap&)>> watchers_ ABSL_GUARDED_BY(mu_);
+};
+
+ClusterConfig SmallConfig(int servers) {
+  ClusterConfig c;
+  c.set_num_servers(servers);
+  c.set_num_workers(1);
+  c.set_partition_bytes(1024);
+  c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_learning_rate(1.0f);
+  return c;
+}
+
+TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
+
+TEST(FailureTest, AWorkerFailsRequestsToAServerTheMapDeclaresDeadAtOnceNamingIt) {
+  auto cluster = TestCluster::Start(SmallConfig(2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto real = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(real.ok());
+  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Tensor("w", 1000)}).ok());
+  auto status = scheduler->Status(absl::Seconds(5));
+  ASSERT_TRUE(status.ok());
+  ShardMap map = status->shard_map();
+  map.set_epoch(map.epoch() + 1);
+  map.mutable_servers(1)->set_dead(true);
+  map.mutable_servers(1)->set_dead_reason("no heartbeat for 10s");
+  const uint32_t dead_index = map.servers(1).index();
+  scheduler->Publish(map);
+  std::vector<float> grad(1000, 1.0f), out(1000);
+  auto h = (*worker)->PushPull("w", grad, absl::MakeSpan(out));
+  ASSERT_TRUE(h.ok());
+  absl::Status s = (*worker)->Wait(*h, absl::Seconds(60));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("server ", dead_index, " was declared dead by the scheduler")));
+  EXPECT_THAT(s.message(), HasSubstr("no heartbeat for 10s"));
+}
+
+TEST(FailureTest, AServerKeepsServingWhenItsSchedulerDies) {
+  ClusterConfig config = SmallConfig(1);
+  config.set_heartbeat_interval_ms(50);
+  auto daemon = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = config});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto real = SchedulerClient::Create((*daemon)->address());
+  ASSERT_TRUE(real.ok());
+  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto server = ParameterServer::Create({.bind_address = "tcp://127.0.0.1:0", .scheduler_client = scheduler});
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::Status run_status = absl::UnknownError("running");
+  std::thread engine([&] { run_status = (*server)->Run(); });
+  auto worker = Worker::Create({.scheduler_address = (*daemon)->address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Tensor("w", 4)}).ok());
+  std::vector<float> grad = {1, 2, 3, 4}, out(4);
+  scheduler->Die();
+  (*daemon)->Shutdown();
+  absl::SleepFor(absl::Milliseconds(300));  // several failed heartbeats
+  for (int round = 1; round <= 3; ++round) {
+    auto h = (*worker)->PushPull("w", grad, absl::MakeSpan(out));
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE((*worker)->Wait(*h, absl::Seconds(10)).ok());
+    EXPECT_EQ(out[3], -4.0f * round);
+  }
+  (*server)->RequestStop();
+  engine.join();
+  EXPECT_TRUE(run_status.ok()) << run_status;
+}
+
+}  // namespace
+}  // namespace shardps

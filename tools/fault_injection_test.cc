@@ -1,0 +1,45 @@
+#include "tools/fault_injection.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(FaultSpecTest, ParsesEachRole) {
+  auto server = ParseFaultSpec("server:1@600", 3, 3);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(server->role, FaultSpec::Role::kServer);
+  EXPECT_EQ(server->index, 1);
+  EXPECT_EQ(server->step, 600);
+  auto worker = ParseFaultSpec("worker:2@5", 3, 3);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->role, FaultSpec::Role::kWorker);
+  auto scheduler = ParseFaultSpec("scheduler@7", 3, 3);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  EXPECT_EQ(scheduler->role, FaultSpec::Role::kScheduler);
+  EXPECT_EQ(scheduler->step, 7);
+}
+
+TEST(FaultSpecTest, RefusesWhatCannotBeInjectedSayingWhy) {
+  EXPECT_THAT(ParseFaultSpec("server:3@600", 3, 3).status().message(), HasSubstr("no server 3 among 3"));
+  EXPECT_THAT(ParseFaultSpec("worker:0@600", 3, 3).status().message(), HasSubstr("kill another rank"));
+  EXPECT_THAT(ParseFaultSpec("server:1", 3, 3).status().message(), HasSubstr("no @STEP"));
+  EXPECT_THAT(ParseFaultSpec("server:1@0", 3, 3).status().message(), HasSubstr("positive"));
+  EXPECT_THAT(ParseFaultSpec("router@5", 3, 3).status().message(), HasSubstr("unknown role 'router'"));
+  EXPECT_THAT(ParseFaultSpec("server:x@5", 3, 3).status().message(), HasSubstr("INDEX"));
+}
+
+TEST(FaultSpecTest, JsonReportsUnseenMeasurementsAsNull) {
+  FaultRecord r;
+  r.spec = *ParseFaultSpec("worker:2@600", 3, 3);
+  r.detected_seconds = 2.5;
+  EXPECT_EQ(FaultsJson({r}),
+            "[{\"role\": \"worker\", \"index\": 2, \"step\": 600, \"detected_seconds\": 2.500, "
+            "\"recovered_seconds\": null}]");
+}
+
+}  // namespace
+}  // namespace shardps
