@@ -1,6 +1,9 @@
 #include "worker/c_api.h"
 
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -11,7 +14,47 @@ struct shardps_worker {
   std::vector<shardps::TensorSpec> declared;
 };
 
+// The header's codes are absl::StatusCode's, so Report can return s.code() as is.
+static_assert(SHARDPS_OK == static_cast<int>(absl::StatusCode::kOk));
+static_assert(SHARDPS_CANCELLED == static_cast<int>(absl::StatusCode::kCancelled));
+static_assert(SHARDPS_UNKNOWN == static_cast<int>(absl::StatusCode::kUnknown));
+static_assert(SHARDPS_INVALID_ARGUMENT == static_cast<int>(absl::StatusCode::kInvalidArgument));
+static_assert(SHARDPS_DEADLINE_EXCEEDED == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+static_assert(SHARDPS_NOT_FOUND == static_cast<int>(absl::StatusCode::kNotFound));
+static_assert(SHARDPS_ALREADY_EXISTS == static_cast<int>(absl::StatusCode::kAlreadyExists));
+static_assert(SHARDPS_PERMISSION_DENIED == static_cast<int>(absl::StatusCode::kPermissionDenied));
+static_assert(SHARDPS_RESOURCE_EXHAUSTED == static_cast<int>(absl::StatusCode::kResourceExhausted));
+static_assert(SHARDPS_FAILED_PRECONDITION == static_cast<int>(absl::StatusCode::kFailedPrecondition));
+static_assert(SHARDPS_ABORTED == static_cast<int>(absl::StatusCode::kAborted));
+static_assert(SHARDPS_OUT_OF_RANGE == static_cast<int>(absl::StatusCode::kOutOfRange));
+static_assert(SHARDPS_UNIMPLEMENTED == static_cast<int>(absl::StatusCode::kUnimplemented));
+static_assert(SHARDPS_INTERNAL == static_cast<int>(absl::StatusCode::kInternal));
+static_assert(SHARDPS_UNAVAILABLE == static_cast<int>(absl::StatusCode::kUnavailable));
+static_assert(SHARDPS_DATA_LOSS == static_cast<int>(absl::StatusCode::kDataLoss));
+static_assert(SHARDPS_UNAUTHENTICATED == static_cast<int>(absl::StatusCode::kUnauthenticated));
+
 namespace {
+
+// Writes "exception in <entry>: <what>" without allocating, so it also works
+// for std::bad_alloc.
+int Internal(const char* entry, const char* what, char* err, size_t err_len) noexcept {
+  if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "exception in %s: %s", entry, what);
+  return SHARDPS_INTERNAL;
+}
+
+// The one guard around every C entry point: an exception must not unwind
+// through extern "C" frames (it would terminate the host process, e.g. a
+// Python interpreter), so it becomes SHARDPS_INTERNAL with its message.
+template <typename F>
+int Guarded(const char* entry, char* err, size_t err_len, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return Internal(entry, e.what(), err, err_len);
+  } catch (...) {
+    return Internal(entry, "unknown exception", err, err_len);
+  }
+}
 
 int Report(const absl::Status& s, char* err, size_t err_len) {
   if (!s.ok() && err != nullptr && err_len > 0) {
@@ -44,71 +87,106 @@ extern "C" {
 
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len) {
-  if (scheduler_address == nullptr) return Null("scheduler_address", err, err_len);
-  if (out == nullptr) return Null("out", err, err_len);
-  shardps::WorkerOptions options;
-  options.scheduler_address = scheduler_address;
-  options.rank = rank;
-  options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
-  auto worker = shardps::Worker::Create(options);
-  if (!worker.ok()) return Report(worker.status(), err, err_len);
-  *out = new shardps_worker{*std::move(worker), {}};
-  return 0;
+  return Guarded(__func__, err, err_len, [&] {
+    if (scheduler_address == nullptr) return Null("scheduler_address", err, err_len);
+    if (out == nullptr) return Null("out", err, err_len);
+    shardps::WorkerOptions options;
+    options.scheduler_address = scheduler_address;
+    options.rank = rank;
+    options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
+    auto worker = shardps::Worker::Create(options);
+    if (!worker.ok()) return Report(worker.status(), err, err_len);
+    *out = new shardps_worker{*std::move(worker), {}};
+    return 0;
+  });
 }
 
-void shardps_worker_destroy(shardps_worker* w) { delete w; }
+void shardps_worker_destroy(shardps_worker* w) {
+  Guarded(__func__, nullptr, 0, [&] {
+    delete w;
+    return 0;
+  });
+}
+
+const char* shardps_version(void) { return SHARDPS_VERSION_STRING; }
+
+const char* shardps_status_name(int code) {
+  static constexpr const char* kNames[] = {
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
+  if (code < 0 || code >= static_cast<int>(std::size(kNames))) return "UNKNOWN_CODE";
+  return kNames[code];
+}
 
 int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, char* err,
                            size_t err_len) {
-  if (w == nullptr) return Null("worker", err, err_len);
-  if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
-  shardps::TensorSpec spec;
-  spec.set_name(name);
-  for (size_t i = 0; i < ndim; ++i) spec.add_shape(shape[i]);
-  spec.set_dtype(shardps::FLOAT32);
-  w->declared.push_back(std::move(spec));
-  return 0;
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
+    shardps::TensorSpec spec;
+    spec.set_name(name);
+    for (size_t i = 0; i < ndim; ++i) spec.add_shape(shape[i]);
+    spec.set_dtype(shardps::FLOAT32);
+    w->declared.push_back(std::move(spec));
+    return 0;
+  });
 }
 
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len) {
-  if (w == nullptr) return Null("worker", err, err_len);
-  return Report(w->worker->DefineTensors(w->declared), err, err_len);
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    return Report(w->worker->DefineTensors(w->declared), err, err_len);
+  });
 }
 
-int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s,
-                        char* err, size_t err_len) {
-  if (w == nullptr || name == nullptr || values == nullptr) return Null("worker, name or values", err, err_len);
-  return Report(w->worker->InitTensor(name, absl::MakeConstSpan(values, n), Seconds(timeout_s)), err, err_len);
+int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s, char* err,
+                        size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr || values == nullptr) return Null("worker, name or values", err, err_len);
+    return Report(w->worker->InitTensor(name, absl::MakeConstSpan(values, n), Seconds(timeout_s)), err, err_len);
+  });
 }
 
 int shardps_barrier(shardps_worker* w, const char* name, char* err, size_t err_len) {
-  if (w == nullptr || name == nullptr) return Null("worker or name", err, err_len);
-  return Report(w->worker->Barrier(name), err, err_len);
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr) return Null("worker or name", err, err_len);
+    return Report(w->worker->Barrier(name), err, err_len);
+  });
 }
 
 int shardps_push(shardps_worker* w, const char* name, const float* grad, size_t n, uint64_t* handle, char* err,
                  size_t err_len) {
-  if (name == nullptr || grad == nullptr) return Null("name or grad", err, err_len);
-  return StartRequest(w, handle, err, err_len, [&] { return w->worker->Push(name, absl::MakeConstSpan(grad, n)); });
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || grad == nullptr) return Null("name or grad", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] { return w->worker->Push(name, absl::MakeConstSpan(grad, n)); });
+  });
 }
 
 int shardps_pull(shardps_worker* w, const char* name, float* weights, size_t n, uint64_t* handle, char* err,
                  size_t err_len) {
-  if (name == nullptr || weights == nullptr) return Null("name or weights", err, err_len);
-  return StartRequest(w, handle, err, err_len, [&] { return w->worker->Pull(name, absl::MakeSpan(weights, n)); });
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || weights == nullptr) return Null("name or weights", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] { return w->worker->Pull(name, absl::MakeSpan(weights, n)); });
+  });
 }
 
 int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, float* weights, size_t n,
                       uint64_t* handle, char* err, size_t err_len) {
-  if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
-  return StartRequest(w, handle, err, err_len, [&] {
-    return w->worker->PushPull(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] {
+      return w->worker->PushPull(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+    });
   });
 }
 
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len) {
-  if (w == nullptr) return Null("worker", err, err_len);
-  return Report(w->worker->Wait(handle, Seconds(timeout_s)), err, err_len);
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    return Report(w->worker->Wait(handle, Seconds(timeout_s)), err, err_len);
+  });
 }
 
 }  // extern "C"

@@ -1,9 +1,15 @@
 /* Stable C ABI over the worker library, for jobs in other languages (Python
  * via ctypes/cffi, PyTorch extensions). Opaque handles; every call returns a
- * status code (0 = OK, otherwise an absl::StatusCode value) and, on error,
- * fills a caller-provided message buffer when one is given.
+ * status code (SHARDPS_OK = 0, otherwise one of the shardps_status values,
+ * which equal absl::StatusCode) and, on error, fills a caller-provided
+ * message buffer when one is given.
  * Same contracts as worker/worker.h: buffers stay valid until the matching
- * shardps_wait returns, and every request is waited on once. */
+ * shardps_wait returns, and every request is waited on once.
+ * No C++ exception leaves these functions: one that escapes the library
+ * (std::bad_alloc, a ZeroMQ error) is returned as SHARDPS_INTERNAL with its
+ * message.
+ * Installed as "shardps/c_api.h"; the shared library libshardps exports
+ * exactly the functions declared here. */
 #ifndef SHARDPS_WORKER_C_API_H_
 #define SHARDPS_WORKER_C_API_H_
 
@@ -15,6 +21,34 @@ extern "C" {
 #endif
 
 typedef struct shardps_worker shardps_worker;
+
+/* Status codes returned by every call; the values are absl::StatusCode's. */
+enum shardps_status {
+  SHARDPS_OK = 0,
+  SHARDPS_CANCELLED = 1,
+  SHARDPS_UNKNOWN = 2,
+  SHARDPS_INVALID_ARGUMENT = 3,
+  SHARDPS_DEADLINE_EXCEEDED = 4,
+  SHARDPS_NOT_FOUND = 5,
+  SHARDPS_ALREADY_EXISTS = 6,
+  SHARDPS_PERMISSION_DENIED = 7,
+  SHARDPS_RESOURCE_EXHAUSTED = 8,
+  SHARDPS_FAILED_PRECONDITION = 9,
+  SHARDPS_ABORTED = 10,
+  SHARDPS_OUT_OF_RANGE = 11,
+  SHARDPS_UNIMPLEMENTED = 12,
+  SHARDPS_INTERNAL = 13,
+  SHARDPS_UNAVAILABLE = 14,
+  SHARDPS_DATA_LOSS = 15,
+  SHARDPS_UNAUTHENTICATED = 16
+};
+
+/* The library's version, "MAJOR.MINOR.PATCH" (static storage; never NULL). */
+const char* shardps_version(void);
+
+/* The name of a status code ("OK", "INVALID_ARGUMENT", ...; static storage),
+ * or "UNKNOWN_CODE" for a value that is not a shardps_status. */
+const char* shardps_status_name(int code);
 
 /* Error reporting: `err` may be NULL; otherwise up to err_len-1 bytes of the
  * message are written, NUL-terminated. */
