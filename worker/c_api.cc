@@ -7,6 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
 #include "worker/worker.h"
 
 struct shardps_worker {
@@ -32,6 +34,10 @@ static_assert(SHARDPS_INTERNAL == static_cast<int>(absl::StatusCode::kInternal))
 static_assert(SHARDPS_UNAVAILABLE == static_cast<int>(absl::StatusCode::kUnavailable));
 static_assert(SHARDPS_DATA_LOSS == static_cast<int>(absl::StatusCode::kDataLoss));
 static_assert(SHARDPS_UNAUTHENTICATED == static_cast<int>(absl::StatusCode::kUnauthenticated));
+static_assert(SHARDPS_CONSISTENCY_SYNC == static_cast<int>(shardps::SYNC));
+static_assert(SHARDPS_CONSISTENCY_ASYNC == static_cast<int>(shardps::ASYNC));
+static_assert(SHARDPS_UPDATE_ON_SERVER == static_cast<int>(shardps::UPDATE_ON_SERVER));
+static_assert(SHARDPS_UPDATE_SUM_ONLY == static_cast<int>(shardps::SUM_ONLY));
 
 namespace {
 
@@ -79,6 +85,20 @@ int StartRequest(shardps_worker* w, uint64_t* handle, char* err, size_t err_len,
   if (!h.ok()) return Report(h.status(), err, err_len);
   *handle = *h;
   return 0;
+}
+
+// A query entry point: fills *out with get(worker).
+template <typename T, typename F>
+int Query(const char* entry, const shardps_worker* w, T* out, char* err, size_t err_len, F get) {
+  return Guarded(entry, err, err_len, [&] {
+    if (w == nullptr || out == nullptr) return Null("worker or output", err, err_len);
+    *out = get(*w->worker);
+    return 0;
+  });
+}
+
+int TooSmall(const char* what, size_t capacity, size_t needed, char* err, size_t err_len) {
+  return Report(absl::OutOfRangeError(absl::StrCat(what, " holds ", capacity, ", needs ", needed)), err, err_len);
 }
 
 }  // namespace
@@ -186,6 +206,77 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
   return Guarded(__func__, err, err_len, [&] {
     if (w == nullptr) return Null("worker", err, err_len);
     return Report(w->worker->Wait(handle, Seconds(timeout_s)), err, err_len);
+  });
+}
+
+int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t index, const float* grad, float* weights,
+                                size_t n, uint64_t* handle, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] {
+      return w->worker->PushPullPartition(name, index, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+    });
+  });
+}
+
+int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len) {
+  return Query(__func__, w, rank, err, err_len, [](const shardps::Worker& x) { return x.rank(); });
+}
+
+int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_t err_len) {
+  return Query(__func__, w, size, err, err_len, [](const shardps::Worker& x) { return x.config().num_workers(); });
+}
+
+int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len) {
+  return Query(__func__, w, servers, err, err_len, [](const shardps::Worker& x) { return x.config().num_servers(); });
+}
+
+int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len) {
+  return Query(__func__, w, consistency, err, err_len,
+               [](const shardps::Worker& x) { return static_cast<int>(x.config().consistency()); });
+}
+
+int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, size_t err_len) {
+  return Query(__func__, w, update_mode, err, err_len,
+               [](const shardps::Worker& x) { return static_cast<int>(x.config().update_mode()); });
+}
+
+int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || needed == nullptr) return Null("worker or needed", err, err_len);
+    std::string text;
+    if (!google::protobuf::TextFormat::PrintToString(w->worker->config(), &text)) {
+      return Report(absl::InternalError("cannot print the cluster config"), err, err_len);
+    }
+    *needed = text.size() + 1;
+    if (out_len < *needed) return TooSmall("config buffer", out_len, *needed, err, err_len);
+    if (out == nullptr) return Null("out", err, err_len);
+    std::memcpy(out, text.c_str(), *needed);
+    return 0;
+  });
+}
+
+int shardps_partitions(const shardps_worker* w, const char* name, shardps_partition* out, size_t capacity,
+                       size_t* count, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr || count == nullptr) return Null("worker, name or count", err, err_len);
+    auto partitions = w->worker->Partitions(name);
+    if (!partitions.ok()) return Report(partitions.status(), err, err_len);
+    *count = partitions->size();
+    if (capacity < *count) return TooSmall("partition array", capacity, *count, err, err_len);
+    if (out == nullptr && *count > 0) return Null("out", err, err_len);
+    for (size_t i = 0; i < *count; ++i) {
+      const auto& p = (*partitions)[i];
+      out[i] = shardps_partition{p.offset, p.num_elements, p.server};
+    }
+    return 0;
+  });
+}
+
+int shardps_stats(const shardps_worker* w, shardps_worker_stats* stats, char* err, size_t err_len) {
+  return Query(__func__, w, stats, err, err_len, [](const shardps::Worker& x) {
+    const shardps::WorkerStats s = x.stats();
+    return shardps_worker_stats{s.bytes_pushed, s.bytes_pulled, s.requests};
   });
 }
 

@@ -73,6 +73,52 @@ int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, fl
                       uint64_t* handle, char* err, size_t err_len);
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len);
 
+/* Push-pull of one partition of `name` (see shardps_partitions): `grad` and
+ * `weights` hold that partition's n elements. Lets a caller put partition k
+ * on the wire while it still produces k+1. */
+int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t index, const float* grad,
+                                float* weights, size_t n, uint64_t* handle, char* err, size_t err_len);
+
+/* ---- Queries: what the scheduler handed this worker at registration. ---- */
+
+/* ClusterConfig's values (proto/config.proto). */
+enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2 };
+enum shardps_update_mode { SHARDPS_UPDATE_ON_SERVER = 0, SHARDPS_UPDATE_SUM_ONLY = 1 };
+
+int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len);
+/* The number of workers in the job. */
+int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_t err_len);
+int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len);
+int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len);
+int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, size_t err_len);
+
+/* The cluster configuration as protobuf text (proto/config.proto), NUL-
+ * terminated. *needed is set to its size including the NUL; when out_len is
+ * smaller (out may then be NULL), nothing is written and SHARDPS_OUT_OF_RANGE
+ * is returned: call again with *needed bytes. */
+int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err,
+                        size_t err_len);
+
+typedef struct shardps_partition {
+  uint64_t offset;       /* first element of the partition within the tensor */
+  uint64_t num_elements;
+  uint32_t server;       /* index of the server that owns it */
+} shardps_partition;
+
+/* The partitions of `name` in shard-map order. REQUIRES: shardps_define_done
+ * succeeded. *count is set to their number; when capacity is smaller (out may
+ * then be NULL), nothing is written and SHARDPS_OUT_OF_RANGE is returned. */
+int shardps_partitions(const shardps_worker* w, const char* name, shardps_partition* out, size_t capacity,
+                       size_t* count, char* err, size_t err_len);
+
+typedef struct shardps_worker_stats {
+  uint64_t bytes_pushed; /* payload bytes sent (gradients and initial values) */
+  uint64_t bytes_pulled; /* payload bytes received (weights) */
+  uint64_t requests;     /* data-plane requests sent */
+} shardps_worker_stats;
+
+int shardps_stats(const shardps_worker* w, shardps_worker_stats* stats, char* err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
 
   shardps_worker* w = NULL;
   CHECK(shardps_worker_create(argv[1], rank, 30.0, &w, err, sizeof err));
+  uint32_t size = 0;
+  CHECK(shardps_world_size(w, &size, err, sizeof err));
+  if (size != 2) {
+    fprintf(stderr, "c consumer: world size %u, expected 2\n", size);
+    return 1;
+  }
   const int64_t shape[] = {2, 2};
   CHECK(shardps_declare_tensor(w, "w", shape, 2, err, sizeof err));
   CHECK(shardps_define_done(w, err, sizeof err));
