@@ -1,11 +1,11 @@
 /* Stable C ABI over the worker library, for jobs in other languages (Python
- * via ctypes/cffi, PyTorch extensions). Opaque handles; every call returns a
- * status code (SHARDPS_OK = 0, otherwise one of the shardps_status values,
+ * via ctypes/cffi, PyTorch extensions). Opaque handles; every call that can
+ * fail returns a status code (SHARDPS_OK = 0, otherwise one of the shardps_status values,
  * which equal absl::StatusCode) and, on error, fills a caller-provided
  * message buffer when one is given.
  * Same contracts as worker/worker.h: buffers stay valid until the matching
  * shardps_wait returns, and every request is waited on once.
- * No C++ exception leaves these functions: one that escapes the library
+ * No C++ exception leaves these functions: one raised inside the library
  * (std::bad_alloc, a ZeroMQ error) is returned as SHARDPS_INTERNAL with its
  * message.
  * Installed as "shardps/c_api.h"; the shared library libshardps exports
