@@ -1,9 +1,14 @@
 #include "worker/c_api.h"
 
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <iterator>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/text_format.h"
 #include "worker/worker.h"
 
 struct shardps_worker {
@@ -11,7 +16,51 @@ struct shardps_worker {
   std::vector<shardps::TensorSpec> declared;
 };
 
+// The header's codes are absl::StatusCode's, so Report can return s.code() as is.
+static_assert(SHARDPS_OK == static_cast<int>(absl::StatusCode::kOk));
+static_assert(SHARDPS_CANCELLED == static_cast<int>(absl::StatusCode::kCancelled));
+static_assert(SHARDPS_UNKNOWN == static_cast<int>(absl::StatusCode::kUnknown));
+static_assert(SHARDPS_INVALID_ARGUMENT == static_cast<int>(absl::StatusCode::kInvalidArgument));
+static_assert(SHARDPS_DEADLINE_EXCEEDED == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+static_assert(SHARDPS_NOT_FOUND == static_cast<int>(absl::StatusCode::kNotFound));
+static_assert(SHARDPS_ALREADY_EXISTS == static_cast<int>(absl::StatusCode::kAlreadyExists));
+static_assert(SHARDPS_PERMISSION_DENIED == static_cast<int>(absl::StatusCode::kPermissionDenied));
+static_assert(SHARDPS_RESOURCE_EXHAUSTED == static_cast<int>(absl::StatusCode::kResourceExhausted));
+static_assert(SHARDPS_FAILED_PRECONDITION == static_cast<int>(absl::StatusCode::kFailedPrecondition));
+static_assert(SHARDPS_ABORTED == static_cast<int>(absl::StatusCode::kAborted));
+static_assert(SHARDPS_OUT_OF_RANGE == static_cast<int>(absl::StatusCode::kOutOfRange));
+static_assert(SHARDPS_UNIMPLEMENTED == static_cast<int>(absl::StatusCode::kUnimplemented));
+static_assert(SHARDPS_INTERNAL == static_cast<int>(absl::StatusCode::kInternal));
+static_assert(SHARDPS_UNAVAILABLE == static_cast<int>(absl::StatusCode::kUnavailable));
+static_assert(SHARDPS_DATA_LOSS == static_cast<int>(absl::StatusCode::kDataLoss));
+static_assert(SHARDPS_UNAUTHENTICATED == static_cast<int>(absl::StatusCode::kUnauthenticated));
+static_assert(SHARDPS_CONSISTENCY_SYNC == static_cast<int>(shardps::SYNC));
+static_assert(SHARDPS_CONSISTENCY_ASYNC == static_cast<int>(shardps::ASYNC));
+static_assert(SHARDPS_UPDATE_ON_SERVER == static_cast<int>(shardps::UPDATE_ON_SERVER));
+static_assert(SHARDPS_UPDATE_SUM_ONLY == static_cast<int>(shardps::SUM_ONLY));
+
 namespace {
+
+// Writes "exception in <entry>: <what>" without allocating, so it also works
+// for std::bad_alloc.
+int Internal(const char* entry, const char* what, char* err, size_t err_len) noexcept {
+  if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "exception in %s: %s", entry, what);
+  return SHARDPS_INTERNAL;
+}
+
+// The one guard around every C entry point: an exception must not unwind
+// through extern "C" frames (it would terminate the host process, e.g. a
+// Python interpreter), so it becomes SHARDPS_INTERNAL with its message.
+template <typename F>
+int Guarded(const char* entry, char* err, size_t err_len, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return Internal(entry, e.what(), err, err_len);
+  } catch (...) {
+    return Internal(entry, "unknown exception", err, err_len);
+  }
+}
 
 int Report(const absl::Status& s, char* err, size_t err_len) {
   if (!s.ok() && err != nullptr && err_len > 0) {
@@ -38,77 +87,197 @@ int StartRequest(shardps_worker* w, uint64_t* handle, char* err, size_t err_len,
   return 0;
 }
 
+// A query entry point: fills *out with get(worker).
+template <typename T, typename F>
+int Query(const char* entry, const shardps_worker* w, T* out, char* err, size_t err_len, F get) {
+  return Guarded(entry, err, err_len, [&] {
+    if (w == nullptr || out == nullptr) return Null("worker or output", err, err_len);
+    *out = get(*w->worker);
+    return 0;
+  });
+}
+
+int TooSmall(const char* what, size_t capacity, size_t needed, char* err, size_t err_len) {
+  return Report(absl::OutOfRangeError(absl::StrCat(what, " holds ", capacity, ", needs ", needed)), err, err_len);
+}
+
 }  // namespace
 
 extern "C" {
 
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len) {
-  if (scheduler_address == nullptr) return Null("scheduler_address", err, err_len);
-  if (out == nullptr) return Null("out", err, err_len);
-  shardps::WorkerOptions options;
-  options.scheduler_address = scheduler_address;
-  options.rank = rank;
-  options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
-  auto worker = shardps::Worker::Create(options);
-  if (!worker.ok()) return Report(worker.status(), err, err_len);
-  *out = new shardps_worker{*std::move(worker), {}};
-  return 0;
+  return Guarded(__func__, err, err_len, [&] {
+    if (scheduler_address == nullptr) return Null("scheduler_address", err, err_len);
+    if (out == nullptr) return Null("out", err, err_len);
+    shardps::WorkerOptions options;
+    options.scheduler_address = scheduler_address;
+    options.rank = rank;
+    options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
+    auto worker = shardps::Worker::Create(options);
+    if (!worker.ok()) return Report(worker.status(), err, err_len);
+    *out = new shardps_worker{*std::move(worker), {}};
+    return 0;
+  });
 }
 
-void shardps_worker_destroy(shardps_worker* w) { delete w; }
+void shardps_worker_destroy(shardps_worker* w) {
+  Guarded(__func__, nullptr, 0, [&] {
+    delete w;
+    return 0;
+  });
+}
+
+const char* shardps_version(void) { return SHARDPS_VERSION_STRING; }
+
+const char* shardps_status_name(int code) {
+  static constexpr const char* kNames[] = {
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
+  if (code < 0 || code >= static_cast<int>(std::size(kNames))) return "UNKNOWN_CODE";
+  return kNames[code];
+}
 
 int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, char* err,
                            size_t err_len) {
-  if (w == nullptr) return Null("worker", err, err_len);
-  if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
-  shardps::TensorSpec spec;
-  spec.set_name(name);
-  for (size_t i = 0; i < ndim; ++i) spec.add_shape(shape[i]);
-  spec.set_dtype(shardps::FLOAT32);
-  w->declared.push_back(std::move(spec));
-  return 0;
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
+    shardps::TensorSpec spec;
+    spec.set_name(name);
+    for (size_t i = 0; i < ndim; ++i) spec.add_shape(shape[i]);
+    spec.set_dtype(shardps::FLOAT32);
+    w->declared.push_back(std::move(spec));
+    return 0;
+  });
 }
 
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len) {
-  if (w == nullptr) return Null("worker", err, err_len);
-  return Report(w->worker->DefineTensors(w->declared), err, err_len);
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    return Report(w->worker->DefineTensors(w->declared), err, err_len);
+  });
 }
 
-int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s,
-                        char* err, size_t err_len) {
-  if (w == nullptr || name == nullptr || values == nullptr) return Null("worker, name or values", err, err_len);
-  return Report(w->worker->InitTensor(name, absl::MakeConstSpan(values, n), Seconds(timeout_s)), err, err_len);
+int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s, char* err,
+                        size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr || values == nullptr) return Null("worker, name or values", err, err_len);
+    return Report(w->worker->InitTensor(name, absl::MakeConstSpan(values, n), Seconds(timeout_s)), err, err_len);
+  });
 }
 
 int shardps_barrier(shardps_worker* w, const char* name, char* err, size_t err_len) {
-  if (w == nullptr || name == nullptr) return Null("worker or name", err, err_len);
-  return Report(w->worker->Barrier(name), err, err_len);
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr) return Null("worker or name", err, err_len);
+    return Report(w->worker->Barrier(name), err, err_len);
+  });
 }
 
 int shardps_push(shardps_worker* w, const char* name, const float* grad, size_t n, uint64_t* handle, char* err,
                  size_t err_len) {
-  if (name == nullptr || grad == nullptr) return Null("name or grad", err, err_len);
-  return StartRequest(w, handle, err, err_len, [&] { return w->worker->Push(name, absl::MakeConstSpan(grad, n)); });
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || grad == nullptr) return Null("name or grad", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] { return w->worker->Push(name, absl::MakeConstSpan(grad, n)); });
+  });
 }
 
 int shardps_pull(shardps_worker* w, const char* name, float* weights, size_t n, uint64_t* handle, char* err,
                  size_t err_len) {
-  if (name == nullptr || weights == nullptr) return Null("name or weights", err, err_len);
-  return StartRequest(w, handle, err, err_len, [&] { return w->worker->Pull(name, absl::MakeSpan(weights, n)); });
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || weights == nullptr) return Null("name or weights", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] { return w->worker->Pull(name, absl::MakeSpan(weights, n)); });
+  });
 }
 
 int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, float* weights, size_t n,
                       uint64_t* handle, char* err, size_t err_len) {
-  if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
-  return StartRequest(w, handle, err, err_len, [&] {
-    return w->worker->PushPull(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] {
+      return w->worker->PushPull(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+    });
   });
 }
 
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len) {
-  if (w == nullptr) return Null("worker", err, err_len);
-  return Report(w->worker->Wait(handle, Seconds(timeout_s)), err, err_len);
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    return Report(w->worker->Wait(handle, Seconds(timeout_s)), err, err_len);
+  });
+}
+
+int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t index, const float* grad, float* weights,
+                                size_t n, uint64_t* handle, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
+    return StartRequest(w, handle, err, err_len, [&] {
+      return w->worker->PushPullPartition(name, index, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+    });
+  });
+}
+
+int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len) {
+  return Query(__func__, w, rank, err, err_len, [](const shardps::Worker& x) { return x.rank(); });
+}
+
+int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_t err_len) {
+  return Query(__func__, w, size, err, err_len, [](const shardps::Worker& x) { return x.config().num_workers(); });
+}
+
+int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len) {
+  return Query(__func__, w, servers, err, err_len, [](const shardps::Worker& x) { return x.config().num_servers(); });
+}
+
+int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len) {
+  return Query(__func__, w, consistency, err, err_len,
+               [](const shardps::Worker& x) { return static_cast<int>(x.config().consistency()); });
+}
+
+int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, size_t err_len) {
+  return Query(__func__, w, update_mode, err, err_len,
+               [](const shardps::Worker& x) { return static_cast<int>(x.config().update_mode()); });
+}
+
+int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || needed == nullptr) return Null("worker or needed", err, err_len);
+    std::string text;
+    if (!google::protobuf::TextFormat::PrintToString(w->worker->config(), &text)) {
+      return Report(absl::InternalError("cannot print the cluster config"), err, err_len);
+    }
+    *needed = text.size() + 1;
+    if (out_len < *needed) return TooSmall("config buffer", out_len, *needed, err, err_len);
+    if (out == nullptr) return Null("out", err, err_len);
+    std::memcpy(out, text.c_str(), *needed);
+    return 0;
+  });
+}
+
+int shardps_partitions(const shardps_worker* w, const char* name, shardps_partition* out, size_t capacity,
+                       size_t* count, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr || count == nullptr) return Null("worker, name or count", err, err_len);
+    auto partitions = w->worker->Partitions(name);
+    if (!partitions.ok()) return Report(partitions.status(), err, err_len);
+    *count = partitions->size();
+    if (capacity < *count) return TooSmall("partition array", capacity, *count, err, err_len);
+    if (out == nullptr && *count > 0) return Null("out", err, err_len);
+    for (size_t i = 0; i < *count; ++i) {
+      const auto& p = (*partitions)[i];
+      out[i] = shardps_partition{p.offset, p.num_elements, p.server};
+    }
+    return 0;
+  });
+}
+
+int shardps_stats(const shardps_worker* w, shardps_worker_stats* stats, char* err, size_t err_len) {
+  return Query(__func__, w, stats, err, err_len, [](const shardps::Worker& x) {
+    const shardps::WorkerStats s = x.stats();
+    return shardps_worker_stats{s.bytes_pushed, s.bytes_pulled, s.requests};
+  });
 }
 
 }  // extern "C"

@@ -1,9 +1,15 @@
 /* Stable C ABI over the worker library, for jobs in other languages (Python
- * via ctypes/cffi, PyTorch extensions). Opaque handles; every call returns a
- * status code (0 = OK, otherwise an absl::StatusCode value) and, on error,
- * fills a caller-provided message buffer when one is given.
+ * via ctypes/cffi, PyTorch extensions). Opaque handles; every call that can
+ * fail returns a status code (SHARDPS_OK = 0, otherwise one of the shardps_status values,
+ * which equal absl::StatusCode) and, on error, fills a caller-provided
+ * message buffer when one is given.
  * Same contracts as worker/worker.h: buffers stay valid until the matching
- * shardps_wait returns, and every request is waited on once. */
+ * shardps_wait returns, and every request is waited on once.
+ * No C++ exception leaves these functions: one raised inside the library
+ * (std::bad_alloc, a ZeroMQ error) is returned as SHARDPS_INTERNAL with its
+ * message.
+ * Installed as "shardps/c_api.h"; the shared library libshardps exports
+ * exactly the functions declared here. */
 #ifndef SHARDPS_WORKER_C_API_H_
 #define SHARDPS_WORKER_C_API_H_
 
@@ -15,6 +21,34 @@ extern "C" {
 #endif
 
 typedef struct shardps_worker shardps_worker;
+
+/* Status codes returned by every call; the values are absl::StatusCode's. */
+enum shardps_status {
+  SHARDPS_OK = 0,
+  SHARDPS_CANCELLED = 1,
+  SHARDPS_UNKNOWN = 2,
+  SHARDPS_INVALID_ARGUMENT = 3,
+  SHARDPS_DEADLINE_EXCEEDED = 4,
+  SHARDPS_NOT_FOUND = 5,
+  SHARDPS_ALREADY_EXISTS = 6,
+  SHARDPS_PERMISSION_DENIED = 7,
+  SHARDPS_RESOURCE_EXHAUSTED = 8,
+  SHARDPS_FAILED_PRECONDITION = 9,
+  SHARDPS_ABORTED = 10,
+  SHARDPS_OUT_OF_RANGE = 11,
+  SHARDPS_UNIMPLEMENTED = 12,
+  SHARDPS_INTERNAL = 13,
+  SHARDPS_UNAVAILABLE = 14,
+  SHARDPS_DATA_LOSS = 15,
+  SHARDPS_UNAUTHENTICATED = 16
+};
+
+/* The library's version, "MAJOR.MINOR.PATCH" (static storage; never NULL). */
+const char* shardps_version(void);
+
+/* The name of a status code ("OK", "INVALID_ARGUMENT", ...; static storage),
+ * or "UNKNOWN_CODE" for a value that is not a shardps_status. */
+const char* shardps_status_name(int code);
 
 /* Error reporting: `err` may be NULL; otherwise up to err_len-1 bytes of the
  * message are written, NUL-terminated. */
@@ -38,6 +72,52 @@ int shardps_pull(shardps_worker* w, const char* name, float* weights, size_t n, 
 int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, float* weights, size_t n,
                       uint64_t* handle, char* err, size_t err_len);
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len);
+
+/* Push-pull of one partition of `name` (see shardps_partitions): `grad` and
+ * `weights` hold that partition's n elements. Lets a caller put partition k
+ * on the wire while it still produces k+1. */
+int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t index, const float* grad,
+                                float* weights, size_t n, uint64_t* handle, char* err, size_t err_len);
+
+/* ---- Queries: what the scheduler handed this worker at registration. ---- */
+
+/* ClusterConfig's values (proto/config.proto). */
+enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2 };
+enum shardps_update_mode { SHARDPS_UPDATE_ON_SERVER = 0, SHARDPS_UPDATE_SUM_ONLY = 1 };
+
+int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len);
+/* The number of workers in the job. */
+int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_t err_len);
+int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len);
+int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len);
+int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, size_t err_len);
+
+/* The cluster configuration as protobuf text (proto/config.proto), NUL-
+ * terminated. *needed is set to its size including the NUL; when out_len is
+ * smaller (out may then be NULL), nothing is written and SHARDPS_OUT_OF_RANGE
+ * is returned: call again with *needed bytes. */
+int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err,
+                        size_t err_len);
+
+typedef struct shardps_partition {
+  uint64_t offset;       /* first element of the partition within the tensor */
+  uint64_t num_elements;
+  uint32_t server;       /* index of the server that owns it */
+} shardps_partition;
+
+/* The partitions of `name` in shard-map order. REQUIRES: shardps_define_done
+ * succeeded. *count is set to their number; when capacity is smaller (out may
+ * then be NULL), nothing is written and SHARDPS_OUT_OF_RANGE is returned. */
+int shardps_partitions(const shardps_worker* w, const char* name, shardps_partition* out, size_t capacity,
+                       size_t* count, char* err, size_t err_len);
+
+typedef struct shardps_worker_stats {
+  uint64_t bytes_pushed; /* payload bytes sent (gradients and initial values) */
+  uint64_t bytes_pulled; /* payload bytes received (weights) */
+  uint64_t requests;     /* data-plane requests sent */
+} shardps_worker_stats;
+
+int shardps_stats(const shardps_worker* w, shardps_worker_stats* stats, char* err, size_t err_len);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,101 @@
+// The C ABI's queries and per-partition calls against a real cluster (the
+// basic step is ClusterTest.CApiTrainsAStep).
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_cluster.h"
+#include "worker/c_api.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One worker of a job with 2 servers; partitions of 256 floats.
+class CApiClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ClusterConfig config;
+    config.set_num_servers(2);
+    config.set_num_workers(1);
+    config.set_consistency(ASYNC);
+    config.set_partition_bytes(1024);
+    config.mutable_optimizer()->set_learning_rate(0.5f);
+    auto cluster = TestCluster::Start(config);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    ASSERT_EQ(shardps_worker_create(cluster_->scheduler_address().c_str(), 0, 20.0, &w_, err_, sizeof(err_)),
+              SHARDPS_OK)
+        << err_;
+  }
+  void TearDown() override { shardps_worker_destroy(w_); }
+
+  std::unique_ptr<TestCluster> cluster_;
+  shardps_worker* w_ = nullptr;
+  char err_[256] = "";
+};
+
+TEST_F(CApiClusterTest, ReportsTheJobTheSchedulerHandedOut) {
+  uint32_t rank = 9, size = 0, servers = 0;
+  int consistency = 0, update_mode = -1;
+  ASSERT_EQ(shardps_rank(w_, &rank, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_world_size(w_, &size, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_num_servers(w_, &servers, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_consistency(w_, &consistency, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_update_mode(w_, &update_mode, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(rank, 0u);
+  EXPECT_EQ(size, 1u);
+  EXPECT_EQ(servers, 2u);
+  EXPECT_EQ(consistency, SHARDPS_CONSISTENCY_ASYNC);
+  EXPECT_EQ(update_mode, SHARDPS_UPDATE_ON_SERVER);
+}
+
+TEST_F(CApiClusterTest, ConfigTextAsksForABufferLargeEnough) {
+  size_t needed = 0;
+  ASSERT_EQ(shardps_config_text(w_, nullptr, 0, &needed, err_, sizeof(err_)), SHARDPS_OUT_OF_RANGE);
+  EXPECT_THAT(std::string(err_), HasSubstr("needs"));
+  std::vector<char> text(needed);
+  ASSERT_EQ(shardps_config_text(w_, text.data(), text.size(), &needed, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  EXPECT_EQ(std::string(text.data()).size() + 1, needed);
+  EXPECT_THAT(std::string(text.data()), HasSubstr("partition_bytes: 1024"));
+}
+
+TEST_F(CApiClusterTest, PushPullsEachPartitionAndCountsIt) {
+  const int64_t shape[] = {600};
+  ASSERT_EQ(shardps_declare_tensor(w_, "w", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  size_t count = 0;
+  ASSERT_EQ(shardps_partitions(w_, "w", nullptr, 0, &count, err_, sizeof(err_)), SHARDPS_OUT_OF_RANGE);
+  ASSERT_EQ(count, 3u);
+  std::vector<shardps_partition> parts(count);
+  ASSERT_EQ(shardps_partitions(w_, "w", parts.data(), parts.size(), &count, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(shardps_partitions(w_, "nope", parts.data(), parts.size(), &count, err_, sizeof(err_)),
+            SHARDPS_NOT_FOUND);
+
+  std::vector<float> grad(600, 1.0f), weights(600, 0.0f);
+  uint64_t expected_offset = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ASSERT_EQ(parts[i].offset, expected_offset);
+    expected_offset += parts[i].num_elements;
+    uint64_t h = 0;
+    ASSERT_EQ(shardps_push_pull_partition(w_, "w", i, grad.data() + parts[i].offset,
+                                          weights.data() + parts[i].offset, parts[i].num_elements, &h, err_,
+                                          sizeof(err_)),
+              SHARDPS_OK)
+        << err_;
+    ASSERT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  }
+  EXPECT_EQ(expected_offset, 600u);
+  EXPECT_EQ(weights[0], -0.5f);
+  EXPECT_EQ(weights[599], -0.5f);
+  shardps_worker_stats stats{};
+  ASSERT_EQ(shardps_stats(w_, &stats, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(stats.requests, 3u);
+  EXPECT_EQ(stats.bytes_pushed, 600u * sizeof(float));
+  EXPECT_EQ(stats.bytes_pulled, 600u * sizeof(float));
+}
+
+}  // namespace
+}  // namespace shardps

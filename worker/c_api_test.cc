@@ -1,0 +1,83 @@
+// The C ABI's own contract: named codes, the version, and no C++ exception
+// crossing the boundary. Calls against a live cluster are in
+// tests/cluster_test.cc (CApiTrainsAStep) and tests/install_test.sh.
+#include "worker/c_api.h"
+
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+// Fault injection: while set, every operator new on this thread throws
+// std::bad_alloc, as under memory exhaustion. Other threads (gRPC's, gtest's)
+// are unaffected.
+thread_local bool fail_allocations = false;
+
+class AllocationsFail {
+ public:
+  AllocationsFail() { fail_allocations = true; }
+  ~AllocationsFail() { fail_allocations = false; }
+};
+
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (fail_allocations) throw std::bad_alloc();
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+// The default operator delete frees with std::free, which matches.
+
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CApiTest, ExceptionBecomesInternalStatusWithItsMessage) {
+  shardps_worker* w = nullptr;
+  char err[256] = "";
+  int rc;
+  {
+    AllocationsFail scope;
+    rc = shardps_worker_create("127.0.0.1:1", 0, 1.0, &w, err, sizeof(err));
+  }
+  EXPECT_EQ(rc, SHARDPS_INTERNAL);
+  EXPECT_THAT(std::string(err), HasSubstr("exception in shardps_worker_create"));
+  EXPECT_THAT(std::string(err), HasSubstr("bad_alloc"));
+  EXPECT_EQ(w, nullptr);
+}
+
+TEST(CApiTest, ExceptionMessageIsTruncatedToTheBuffer) {
+  shardps_worker* w = nullptr;
+  char err[8];
+  int rc;
+  {
+    AllocationsFail scope;
+    rc = shardps_worker_create("127.0.0.1:1", 0, 1.0, &w, err, sizeof(err));
+  }
+  EXPECT_EQ(rc, SHARDPS_INTERNAL);
+  EXPECT_EQ(std::string(err), "excepti");
+}
+
+TEST(CApiTest, NullArgumentsAreInvalidArgument) {
+  char err[64] = "";
+  EXPECT_EQ(shardps_worker_create(nullptr, 0, 1.0, nullptr, err, sizeof(err)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err), HasSubstr("scheduler_address is NULL"));
+  EXPECT_EQ(shardps_wait(nullptr, 1, 1.0, nullptr, 0), SHARDPS_INVALID_ARGUMENT);
+}
+
+TEST(CApiTest, VersionIsTheProjectVersion) { EXPECT_STREQ(shardps_version(), SHARDPS_EXPECTED_VERSION); }
+
+TEST(CApiTest, StatusNamesMatchCodes) {
+  EXPECT_STREQ(shardps_status_name(SHARDPS_OK), "OK");
+  EXPECT_STREQ(shardps_status_name(SHARDPS_DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED");
+  EXPECT_STREQ(shardps_status_name(SHARDPS_INTERNAL), "INTERNAL");
+  EXPECT_STREQ(shardps_status_name(SHARDPS_UNAUTHENTICATED), "UNAUTHENTICATED");
+  EXPECT_STREQ(shardps_status_name(17), "UNKNOWN_CODE");
+  EXPECT_STREQ(shardps_status_name(-1), "UNKNOWN_CODE");
+}
+
+}  // namespace
