@@ -27,11 +27,14 @@ if [[ ${1:-} == --inner ]]; then
   pids=()
   stop_inner() {
     local rc=$? p
+    # Jobs of the private Slurm cluster first (their tasks are not slurmd's children).
+    if [[ -n ${SLURM_CONF:-} ]]; then timeout 10 scancel --quiet --user=root 2>/dev/null || true; sleep 1; fi
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     return $rc
   }
   trap stop_inner EXIT
+  trap 'exit 143' INT TERM
   finite_loss() {  # FILE: prints final_loss, fails unless it is a finite number
     local loss
     loss=$(awk '$1 == "final_loss" { print $2 }' "$1")
@@ -90,10 +93,12 @@ EOF
     timeout 5 sinfo -h -o '%n %t %c' | grep -qE ' (idle|mix) ' || { cat "$d/slurmctld.log" "$d/slurmd.log" >&2; exit 1; }
     # Submitted from the repository root, as deploy/README.md says; the addresses
     # are set to loopback because this one-node cluster lives on it.
+    # In the background: `wait` returns at once when this script is told to stop.
     SHARDPS_BIN_DIR=$(dirname "$shardps") SHARDPS_OUTDIR=$d/out DMLC_PS_ROOT_URI=127.0.0.1 \
       DMLC_PS_ROOT_PORT=7000 DMLC_NODE_HOST=127.0.0.1 \
-      timeout 900 sbatch --wait --ntasks=5 --time=15 --output="$d/job.log" deploy/slurm/shardps.sbatch ||
-      { echo "sbatch failed; job log:" >&2; cat "$d/job.log" >&2; exit 1; }
+      timeout 900 sbatch --wait --ntasks=5 --time=15 --output="$d/job.log" deploy/slurm/shardps.sbatch &
+    pids+=($!)
+    wait $! || { echo "sbatch failed; job log:" >&2; cat "$d/job.log" >&2; exit 1; }
     cat "$d/job.log"
     loss=$(finite_loss "$d/out/result.0")
     steps=$(awk '$1 == "steps" { print $2 }' "$d/out/result.0")
