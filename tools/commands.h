@@ -19,6 +19,7 @@ int LocalCommand(const Args& args);
 int BenchCommand(const Args& args);
 int BenchCodecCommand(const Args& args);
 int BenchLocalCommand(const Args& args);
+int RunCommand(const Args& args);  // role and addresses from DMLC_* (tools/run_plan.h)
 
 // Set by SIGTERM/SIGINT once InstallStopSignals() ran.
 bool StopRequested();

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs every Debian package ShardPS needs to build, test and run its demo.
 # Idempotent: when everything is present it only checks and returns (a second or two).
-# Usage (as root, or with sudo available): tools/setup.sh
+# Usage (as root, or with sudo available): tools/setup.sh [--deploy]
+#   --deploy  also what deploy/check.sh uses: Slurm and munge, buildah and
+#             mmdebstrap (the container image), Node.js and npm (manifest
+#             validation), systemd-analyze. Not needed to build or test ShardPS.
 set -euo pipefail
 
 packages=(
@@ -12,6 +15,16 @@ packages=(
   zlib1g-dev iproute2 iptables python3
   dataset-fashion-mnist
 )
+
+for arg in "$@"; do
+  case $arg in
+    --deploy)
+      packages+=(slurm-wlm munge buildah mmdebstrap systemd)
+      # Some Node.js builds (NodeSource's nodejs) carry npm and conflict with Debian's npm.
+      if ! command -v npm >/dev/null; then packages+=(nodejs npm); fi ;;
+    *) echo "setup: unknown argument '$arg' (usage: tools/setup.sh [--deploy])" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -16,6 +16,7 @@ daemons:
   scheduler     serve the scheduler (membership, shard map, barriers)
   server        serve partitions of the weights
   train         the example training job: one worker embedding the client library
+  run           scheduler, server or train, chosen and addressed by DMLC_* variables (MXJob)
 operations:
   status        show the cluster as the scheduler sees it
   local         scheduler + servers + workers as processes on this machine, training Fashion-MNIST
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
       {"train", shardps::TrainCommand},           {"status", shardps::StatusCommand},
       {"local", shardps::LocalCommand},           {"bench", shardps::BenchCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
-      {"echo-server", shardps::EchoServerCommand},
+      {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
     std::cout << kUsage;
