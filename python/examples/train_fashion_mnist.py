@@ -135,6 +135,8 @@ def main():
         "samples_per_second": round(samples * workers / wall, 1),
         "samples_per_second_per_worker": round(samples / wall, 1),
         "wall_seconds": round(wall, 2),
+        # Share of the training time rank 0 spent in step() waiting for pulled weights.
+        "wait_fraction": round(getattr(optimizer, "wait_seconds", 0.0) / wall, 3),
         "consistency": consistency,
         "workers": workers,
     }

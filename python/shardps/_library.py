@@ -1,7 +1,8 @@
 """Finds and loads libshardps.so and declares the C ABI (worker/c_api.h) to ctypes.
 
 Search order, first hit wins:
-  1. $SHARDPS_LIBRARY: the library file, or a directory holding it;
+  1. $SHARDPS_LIBRARY: the library file, or a directory holding it (when set, nothing else
+     is tried);
   2. this package's directory (a library copied next to the modules);
   3. the build tree this package sits in (<repo>/python/shardps -> <repo>/build/worker),
      or $SHARDPS_BUILD_DIR/worker;
@@ -54,11 +55,12 @@ def _candidate_dirs():
 
 def _candidates():
     explicit = os.environ.get("SHARDPS_LIBRARY")
-    if explicit:
+    if explicit:  # an explicit choice is the only one: never load another library silently
         if os.path.isdir(explicit):
             yield from (os.path.join(explicit, n) for n in _NAMES)
         else:
             yield explicit
+        return
     for d in _candidate_dirs():
         for n in _NAMES:
             yield os.path.join(d, n)

@@ -22,6 +22,7 @@ float32 CPU copies, since the C ABI carries float32 only.
 """
 
 import itertools
+import time
 
 import torch
 
@@ -89,6 +90,8 @@ class DistributedOptimizer:
         named = _named(named_parameters, optimizer)
         _define_or_check(self.worker, named)
         self._slots = [_Slot(n, p) for n, p in named if p.requires_grad]
+        # Seconds step() has spent waiting for answers: what communication did not hide.
+        self.wait_seconds = 0.0
         self._hooks = []
         for slot in self._slots:
             self._hooks.append(self._register(slot))
@@ -138,6 +141,7 @@ class DistributedOptimizer:
         for slot in self._slots:
             if slot.handle is None:
                 self._push(slot)
+        start = time.perf_counter()
         try:
             for slot in self._slots:
                 slot.handle.wait(self.timeout)
@@ -145,6 +149,7 @@ class DistributedOptimizer:
                     with torch.no_grad():
                         slot.param.copy_(slot.weights32)
         finally:
+            self.wait_seconds += time.perf_counter() - start
             for slot in self._slots:
                 slot.handle = None
                 slot.passes = 0
@@ -164,7 +169,10 @@ class DistributedOptimizer:
         self.optimizer.load_state_dict(state)
 
     def __getattr__(self, name):
-        return getattr(self.__dict__["optimizer"], name)
+        optimizer = self.__dict__.get("optimizer")
+        if optimizer is None:
+            raise AttributeError(name)
+        return getattr(optimizer, name)
 
 
 def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
