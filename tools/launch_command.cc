@@ -19,7 +19,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -333,7 +332,7 @@ int LaunchCommand(const Args& args) {
   auto dashes = std::find(args.begin(), args.end(), "--");
   const Args flag_args(args.begin(), dashes);
   if (dashes != args.end()) o.command.assign(dashes + 1, args.end());
-  CliFlags flags("launch [flags] -- COMMAND ARGS...");
+  CliFlags flags("launch");
   flags.Int("servers", &o.servers, "server processes");
   flags.Int("workers", &o.workers, "copies of COMMAND (ranks 0..W-1)");
   flags.String("config", &o.config_path, "cluster configuration file (protobuf text)");
@@ -344,7 +343,11 @@ int LaunchCommand(const Args& args) {
     std::cerr << "shardps launch: " << s.message() << "\n";
     return 2;
   }
-  if (flags.help()) return 0;
+  if (flags.help()) {
+    std::cout << "then: -- COMMAND ARGS...  run W times, with SHARDPS_SCHEDULER, SHARDPS_RANK, SHARDPS_LOCAL_RANK,\n"
+                 "      SHARDPS_WORKERS and SHARDPS_SERVERS set; output lines are prefixed with [rank]\n";
+    return 0;
+  }
   if (o.command.empty()) {
     std::cerr << "shardps launch: no command: shardps launch --servers S --workers W -- COMMAND ARGS...\n";
     return 2;
