@@ -20,6 +20,7 @@ daemons:
 operations:
   status        show the cluster as the scheduler sees it
   local         scheduler + servers + workers as processes on this machine, training Fashion-MNIST
+  launch        scheduler + servers on this machine, and W copies of any command as the workers
 benchmarks:
   bench         push/pull round trips against real servers vs raw ZeroMQ
   bench-codec   compression codecs vs memcpy
@@ -33,7 +34,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, int (*)(const Args&)> commands = {
       {"scheduler", shardps::SchedulerCommand},   {"server", shardps::ServerCommand},
       {"train", shardps::TrainCommand},           {"status", shardps::StatusCommand},
-      {"local", shardps::LocalCommand},           {"bench", shardps::BenchCommand},
+      {"local", shardps::LocalCommand},           {"launch", shardps::LaunchCommand},
+      {"bench", shardps::BenchCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };

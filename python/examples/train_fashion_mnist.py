@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""A torch.nn MLP (784-256-128-10) on Fashion-MNIST, trained data-parallel through
+shardps.torch.DistributedOptimizer.
+
+    shardps launch --servers 2 --workers 2 -- python3 python/examples/train_fashion_mnist.py --epochs 3 --json
+    python3 python/examples/train_fashion_mnist.py --standalone --epochs 3 --json
+
+The consistency and the optimizer are the cluster configuration's (`shardps launch --set
+consistency=async`, `--set optimizer.learning_rate=0.01`). --standalone trains the same model
+in one process without ShardPS, with torch's version of the configuration's default optimizer
+(Adam, learning rate 0.001) and the same batch size and torch threads, for comparison.
+Each worker takes every W-th example of a shuffled epoch (the same shuffle on every worker).
+"""
+
+import argparse
+import gzip
+import json
+import os
+import re
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))  # the package of this checkout, when not installed
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic, = struct.unpack(">I", data[:4])
+    ndim = magic & 0xFF
+    if magic >> 8 != 0x08 or ndim < 1:
+        raise ValueError("%s: not an unsigned-byte IDX file (magic %#x)" % (path, magic))
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    array = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if array.size != int(np.prod(dims)):
+        raise ValueError("%s: %d bytes of data for dimensions %s" % (path, array.size, dims))
+    return array.reshape(dims)
+
+
+def load(data_dir, split):
+    prefix = "train" if split == "train" else "t10k"
+    images = read_idx(os.path.join(data_dir, prefix + "-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(data_dir, prefix + "-labels-idx1-ubyte.gz"))
+    x = torch.from_numpy(images.reshape(len(images), -1).astype(np.float32) / 255.0)
+    return x, torch.from_numpy(labels.astype(np.int64))
+
+
+def make_model():
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def cluster_optimizer(config_text):
+    """(kind, learning rate) of the cluster config's optimizer (proto defaults: ADAM, 0.001)."""
+    block = re.search(r"optimizer\s*\{(.*?)\n\}", config_text, re.S)
+    text = block.group(1) if block else ""
+    kind = re.search(r"^\s*kind:\s*(\w+)", text, re.M)
+    lr = re.search(r"^\s*learning_rate:\s*([-\d.eE+]+)", text, re.M)
+    return (kind.group(1) if kind else "ADAM"), (float(lr.group(1)) if lr else 0.001)
+
+
+def torch_optimizer(kind, lr, params):
+    if kind == "SGD":
+        return torch.optim.SGD(params, lr=lr)
+    if kind == "MOMENTUM":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if kind == "ADAGRAD":
+        return torch.optim.Adagrad(params, lr=lr)
+    return torch.optim.Adam(params, lr=lr)
+
+
+def accuracy(model, x, y):
+    with torch.no_grad():
+        return (model(x).argmax(dim=1) == y).float().mean().item()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32, help="examples per step per worker")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--log-every", type=int, default=500, help="rank 0 progress line every N steps (0: none)")
+    parser.add_argument("--json", action="store_true", help="rank 0 prints one JSON line with the results")
+    parser.add_argument("--standalone", action="store_true", help="one process, no ShardPS, local optimizer")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model = make_model()
+    x_train, y_train = load(args.data_dir, "train")
+    x_test, y_test = load(args.data_dir, "test")
+
+    if args.standalone:
+        rank, workers, consistency = 0, 1, "standalone"
+        optimizer = torch_optimizer("ADAM", 0.001, model.parameters())
+    else:
+        import shardps
+        import shardps.torch
+        worker = shardps.init()
+        rank, workers, consistency = worker.rank, worker.size, worker.consistency
+        kind, lr = cluster_optimizer(worker.config_text())
+        optimizer = shardps.torch.DistributedOptimizer(torch_optimizer(kind, lr, model.parameters()),
+                                                       named_parameters=model.named_parameters())
+        shardps.torch.broadcast_parameters(model.named_parameters(), root_rank=0)
+
+    loss_fn = nn.CrossEntropyLoss()
+    steps_per_epoch = len(x_train) // (workers * args.batch_size)
+    samples = 0
+    start = time.perf_counter()
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))
+        mine = order[rank::workers]
+        for step in range(steps_per_epoch):
+            batch = mine[step * args.batch_size:(step + 1) * args.batch_size]
+            optimizer.zero_grad()
+            loss = loss_fn(model(x_train[batch]), y_train[batch])
+            loss.backward()
+            optimizer.step()
+            samples += len(batch)
+            if rank == 0 and args.log_every and step % args.log_every == 0:
+                print("epoch %d step %d/%d loss %.4f" % (epoch, step, steps_per_epoch, loss.item()),
+                      file=sys.stderr, flush=True)
+    wall = time.perf_counter() - start
+    if rank != 0:
+        return
+    result = {
+        "test_accuracy": round(accuracy(model, x_test, y_test), 4),
+        "samples_per_second": round(samples * workers / wall, 1),
+        "samples_per_second_per_worker": round(samples / wall, 1),
+        "wall_seconds": round(wall, 2),
+        # Share of the training time rank 0 spent in step() waiting for pulled weights.
+        "wait_fraction": round(getattr(optimizer, "wait_seconds", 0.0) / wall, 3),
+        "consistency": consistency,
+        "workers": workers,
+    }
+    print("test accuracy %.4f after %d epochs (%s, %d workers) in %.1f s"
+          % (result["test_accuracy"], args.epochs, consistency, workers, wall), flush=True)
+    if args.json:
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

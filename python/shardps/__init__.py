@@ -1,0 +1,78 @@
+"""ShardPS from Python: a worker of a ShardPS parameter-server cluster.
+
+    import shardps
+    shardps.init()                 # scheduler and rank from the launcher's environment
+    shardps.rank(), shardps.size(), shardps.local_rank()
+
+`shardps launch --servers S --workers W -- python3 job.py` starts a cluster and the job.
+PyTorch jobs use shardps.torch.DistributedOptimizer. The Worker class is the whole C ABI
+for jobs that manage tensors themselves.
+"""
+
+import os
+
+from . import environment
+from ._library import LibraryNotFoundError
+from .errors import (DeadlineExceededError, InvalidArgumentError, NotFoundError, ShardPSError,
+                     UnavailableError)
+from .worker import Handle, Worker
+
+__all__ = ["init", "shutdown", "is_initialized", "worker", "rank", "size", "local_rank", "version",
+           "Worker", "Handle", "ShardPSError", "InvalidArgumentError", "DeadlineExceededError",
+           "NotFoundError", "UnavailableError", "LibraryNotFoundError"]
+
+_worker = None
+
+
+def init(scheduler=None, rank=None, rendezvous_timeout=None, timeout=60.0):
+    """Joins the job as a worker and returns the Worker. The scheduler address and rank
+    come from the arguments, else from the environment (see shardps.environment). Returns
+    once every server and worker has registered. Once per process."""
+    global _worker
+    if _worker is not None:
+        raise RuntimeError("shardps.init() was already called in this process")
+    address, _ = environment.scheduler_address(scheduler)
+    worker_rank, _ = environment.worker_rank(rank)
+    if rendezvous_timeout is None:
+        rendezvous_timeout = float(os.environ.get("SHARDPS_RENDEZVOUS_TIMEOUT", "60"))
+    _worker = Worker(address, worker_rank, rendezvous_timeout=rendezvous_timeout, timeout=timeout)
+    return _worker
+
+
+def shutdown():
+    """Leaves the job; init() may be called again."""
+    global _worker
+    if _worker is not None:
+        _worker.close()
+        _worker = None
+
+
+def is_initialized():
+    return _worker is not None
+
+
+def worker():
+    """The Worker made by init()."""
+    if _worker is None:
+        raise RuntimeError("call shardps.init() first")
+    return _worker
+
+
+def rank():
+    return worker().rank
+
+
+def size():
+    """The number of workers in the job."""
+    return worker().size
+
+
+def local_rank():
+    """This worker's index on its machine, from the launcher's environment (0 if unset)."""
+    return environment.local_rank()
+
+
+def version():
+    """The version of the loaded libshardps."""
+    from . import _library
+    return _library.load().shardps_version().decode()

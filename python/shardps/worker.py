@@ -1,0 +1,239 @@
+"""One ShardPS worker over the C ABI (worker/c_api.h).
+
+Buffers are float32, contiguous and on the CPU: torch tensors, numpy arrays or writable
+buffer-protocol objects of format 'f'. They are passed to the library as they are (no copy)
+and borrowed until the request's handle is waited on; a Handle keeps them alive until then.
+After a wait that times out the request may still leave later, so its buffers are kept for
+the worker's lifetime.
+
+Thread safety: a Worker may be used from several threads (the C++ worker serialises what
+needs it); define() must complete before any data request.
+"""
+
+import ctypes
+
+from . import _library
+from .errors import check, ShardPSError
+
+_ERR_LEN = 1024
+
+CONSISTENCY_NAMES = {1: "sync", 2: "async"}
+UPDATE_MODE_NAMES = {0: "on_server", 1: "sum_only"}
+
+
+def _buffer(obj, writable, what):
+    """(address, element count, object to keep alive) of a float32 CPU buffer."""
+    module = type(obj).__module__ or ""
+    if module.startswith("torch"):
+        if obj.device.type != "cpu":
+            raise TypeError("%s is on %s; ShardPS takes CPU tensors (copy it with .cpu())" % (what, obj.device))
+        if str(obj.dtype) != "torch.float32":
+            raise TypeError("%s has dtype %s; ShardPS tensors are float32 (convert with .float())" % (what, obj.dtype))
+        if not obj.is_contiguous():
+            raise ValueError("%s is not contiguous (use .contiguous())" % what)
+        return obj.data_ptr(), obj.numel(), obj
+    if module.startswith("numpy"):
+        if str(obj.dtype) != "float32":
+            raise TypeError("%s has dtype %s; ShardPS tensors are float32" % (what, obj.dtype))
+        if not obj.flags["C_CONTIGUOUS"]:
+            raise ValueError("%s is not C-contiguous" % what)
+        if writable and not obj.flags["WRITEABLE"]:
+            raise ValueError("%s is read-only" % what)
+        return obj.ctypes.data, obj.size, obj
+    view = memoryview(obj)
+    if view.format != "f" or not view.c_contiguous:
+        raise TypeError("%s must be a contiguous float32 buffer (format 'f'), got format %r" % (what, view.format))
+    if view.readonly:
+        raise ValueError("%s is read-only; pass a writable buffer" % what)
+    array = (ctypes.c_char * view.nbytes).from_buffer(obj)
+    return ctypes.addressof(array), view.nbytes // 4, (obj, array)
+
+
+class Handle:
+    """An outstanding request; wait() once."""
+
+    def __init__(self, worker, ident, what, keep):
+        self._worker, self.id, self.what, self._keep = worker, ident, what, keep
+        self.done = False
+
+    def wait(self, timeout=None):
+        self._worker.wait(self, timeout)
+
+
+class Worker:
+    """A worker of a running cluster. Creating one registers with the scheduler and returns
+    once every server and worker has registered (or fails after rendezvous_timeout seconds,
+    saying who is missing). `timeout` is the default for every later blocking call."""
+
+    def __init__(self, scheduler, rank, rendezvous_timeout=60.0, timeout=60.0):
+        self._lib = _library.load()
+        self._ptr = None
+        self.timeout = float(timeout)
+        self._shapes = {}
+        self._orphans = []
+        ptr = ctypes.c_void_p()
+        self._call("shardps_worker_create", scheduler.encode(), int(rank), float(rendezvous_timeout),
+                   ctypes.byref(ptr))
+        self._ptr = ptr
+
+    # ---- plumbing ----
+    def _call(self, fn, *args):
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        code = getattr(self._lib, fn)(*args, err, _ERR_LEN)
+        check(self._lib, code, err.value, fn)
+
+    def _query(self, fn, ctype):
+        value = ctype()
+        self._call(fn, self._live(), ctypes.byref(value))
+        return value.value
+
+    def _live(self):
+        if self._ptr is None:
+            raise ValueError("the worker is closed")
+        return self._ptr
+
+    def close(self):
+        """Leaves the job (the C++ worker's destructor); further calls raise ValueError."""
+        if self._ptr is not None:
+            self._lib.shardps_worker_destroy(self._ptr)
+            self._ptr = None
+            self._orphans.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- what the scheduler handed this worker ----
+    @property
+    def rank(self):
+        return self._query("shardps_rank", ctypes.c_uint32)
+
+    @property
+    def size(self):
+        """The number of workers in the job."""
+        return self._query("shardps_world_size", ctypes.c_uint32)
+
+    @property
+    def num_servers(self):
+        return self._query("shardps_num_servers", ctypes.c_uint32)
+
+    @property
+    def consistency(self):
+        """"sync" or "async"."""
+        return CONSISTENCY_NAMES[self._query("shardps_consistency", ctypes.c_int)]
+
+    @property
+    def update_mode(self):
+        """"on_server" (servers run the optimizer) or "sum_only" (the worker library does)."""
+        return UPDATE_MODE_NAMES[self._query("shardps_update_mode", ctypes.c_int)]
+
+    def config_text(self):
+        """The cluster configuration, protobuf text (proto/config.proto)."""
+        needed = ctypes.c_size_t()
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        self._lib.shardps_config_text(self._live(), None, 0, ctypes.byref(needed), err, _ERR_LEN)
+        out = ctypes.create_string_buffer(needed.value)
+        self._call("shardps_config_text", self._ptr, out, needed.value, ctypes.byref(needed))
+        return out.value.decode()
+
+    def stats(self):
+        s = _library._Stats()
+        self._call("shardps_stats", self._live(), ctypes.byref(s))
+        return {"bytes_pushed": s.bytes_pushed, "bytes_pulled": s.bytes_pulled, "requests": s.requests}
+
+    # ---- tensors ----
+    def define(self, tensors):
+        """Declares every tensor of the job, [(name, shape), ...] in the same order on every
+        worker, and waits until every server serves them. Once per worker."""
+        if self._shapes:
+            raise ValueError("tensors are already defined on this worker")
+        shapes = {}
+        for name, shape in tensors:
+            shape = [int(d) for d in shape]
+            dims = (ctypes.c_int64 * len(shape))(*shape)
+            self._call("shardps_declare_tensor", self._live(), name.encode(), dims, len(shape))
+            shapes[name] = shape
+        self._call("shardps_define_done", self._ptr)
+        self._shapes = shapes
+
+    @property
+    def tensors(self):
+        """{name: shape} of the defined tensors."""
+        return dict(self._shapes)
+
+    def partitions(self, name):
+        """[(offset, num_elements, server), ...] of `name` in shard-map order."""
+        count = ctypes.c_size_t()
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        self._lib.shardps_partitions(self._live(), name.encode(), None, 0, ctypes.byref(count), err, _ERR_LEN)
+        out = (_library._Partition * count.value)()
+        self._call("shardps_partitions", self._ptr, name.encode(), out, count.value, ctypes.byref(count))
+        return [(p.offset, p.num_elements, p.server) for p in out]
+
+    def _checked(self, name, obj, writable, what):
+        if name not in self._shapes:
+            raise KeyError("tensor %r is not defined on this worker (defined: %s)"
+                           % (name, ", ".join(sorted(self._shapes)) or "none"))
+        ptr, n, keep = _buffer(obj, writable, "%s of %r" % (what, name))
+        expected = 1
+        for d in self._shapes[name]:
+            expected *= d
+        if n != expected:
+            raise ValueError("%s of %r has %d elements; the tensor is declared with shape %s (%d elements)"
+                             % (what, name, n, self._shapes[name], expected))
+        return ptr, n, keep
+
+    def init_tensor(self, name, values, timeout=None):
+        """Sets the initial weights of `name` (one worker does this, before any update)."""
+        ptr, n, _ = self._checked(name, values, False, "values")
+        self._call("shardps_init_tensor", self._live(), name.encode(), ptr, n, self._timeout(timeout))
+
+    def barrier(self, name):
+        """Returns once every worker has entered the barrier `name`."""
+        self._call("shardps_barrier", self._live(), name.encode())
+
+    def push(self, name, grad):
+        g, n, keep = self._checked(name, grad, False, "gradient")
+        return self._start("shardps_push", name, (g, n), keep)
+
+    def pull(self, name, out):
+        w, n, keep = self._checked(name, out, True, "weights")
+        return self._start("shardps_pull", name, (w, n), keep)
+
+    def push_pull(self, name, grad, out):
+        """Pushes `grad` and fills `out` with the weights that include it (sync), or the
+        latest weights (async). With update_mode sum_only, `out` must hold the current
+        weights: the library applies the configured optimizer to it in place."""
+        g, n, keep_g = self._checked(name, grad, False, "gradient")
+        w, _, keep_w = self._checked(name, out, True, "weights")
+        return self._start("shardps_push_pull", name, (g, w, n), (keep_g, keep_w))
+
+    def _start(self, fn, name, args, keep):
+        ident = ctypes.c_uint64()
+        self._call(fn, self._live(), name.encode(), *args, ctypes.byref(ident))
+        return Handle(self, ident.value, "%s(%s)" % (fn[len("shardps_"):], name), keep)
+
+    def wait(self, handle, timeout=None):
+        """Blocks until the request completes; raises ShardPSError (DeadlineExceededError at the
+        timeout, naming the tensor and the servers still owing an answer)."""
+        if handle.done:
+            raise ValueError("%s was already waited on" % handle.what)
+        handle.done = True
+        try:
+            self._call("shardps_wait", self._live(), handle.id, self._timeout(timeout))
+        except ShardPSError:
+            self._orphans.append(handle._keep)
+            raise
+        finally:
+            handle._keep = None
+
+    def _timeout(self, timeout):
+        return self.timeout if timeout is None else float(timeout)
