@@ -134,6 +134,11 @@ absl::StatusOr<ClusterConfig> LoadConfigFile(const std::string& path) {
   return ParseConfigText(buf.str(), path);
 }
 
+uint32_t EffectiveReplication(const ClusterConfig& config) {
+  if (config.replication() > 0) return config.replication();
+  return config.num_servers() >= 2 ? 2 : 1;
+}
+
 absl::Status ValidateConfig(const ClusterConfig& c) {
   if (c.consistency() == CONSISTENCY_UNSPECIFIED || !Consistency_IsValid(c.consistency())) {
     return Invalid("consistency", absl::StrCat("allowed: ", AllowedValues(Consistency_descriptor())));
@@ -145,6 +150,10 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
   }
   if (c.deterministic() && c.consistency() != SYNC) {
     return Invalid("deterministic", "applies only to consistency: sync");
+  }
+  if (c.replication() > c.num_servers()) {
+    return Invalid("replication", absl::StrCat("must be at most num_servers (", c.num_servers(),
+                                               "): each copy lives on its own server"));
   }
   if (c.update_mode() == SUM_ONLY && c.consistency() != SYNC) {
     return Invalid("update_mode", "sum_only applies only to consistency: sync");

@@ -19,6 +19,10 @@ absl::StatusOr<ClusterConfig> LoadConfigFile(const std::string& path);
 // Checks every field's range; the error names the field and the allowed values.
 absl::Status ValidateConfig(const ClusterConfig& config);
 
+// Copies of each partition the cluster keeps: the config's `replication`, or
+// when 0, 2 with at least two servers and 1 otherwise.
+uint32_t EffectiveReplication(const ClusterConfig& config);
+
 // Sets one field from "path=value", e.g. "optimizer.learning_rate=0.1" or
 // "consistency=async" (enum values are case-insensitive).
 absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment);

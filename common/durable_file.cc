@@ -43,7 +43,7 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
 }  // namespace
 
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());  // two writers never share one
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
   size_t done = 0;
@@ -64,8 +64,8 @@ absl::Status WriteFileDurably(const std::string& path, absl::string_view content
   }
   close(fd);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename into place", tmp);
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = std::filesystem::current_path();
   int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     (void)fsync(dfd);

@@ -15,8 +15,9 @@
 
 namespace shardps {
 
-// Writes `contents` to `path` + ".tmp", fsyncs it, renames it over `path` and
-// fsyncs the directory, so a reader sees the old file or the new one.
+// Writes `contents` to a temporary file beside `path` (named for this
+// process), fsyncs it, renames it over `path` and fsyncs the directory, so a
+// reader sees the old file or the new one.
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
 
 // The whole file; NotFound if it does not exist.

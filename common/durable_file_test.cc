@@ -19,7 +19,7 @@ TEST(DurableFileTest, WrittenRecordReadsBack) {
   auto payload = UnsealRecord("state", *data, path);
   ASSERT_TRUE(payload.ok()) << payload.status();
   EXPECT_EQ(*payload, "hello");
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
   std::filesystem::remove(path);
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config.h"
 #include "common/protocol.h"
 #include "scheduler/shard_assignment.h"
 
@@ -35,7 +36,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   cs->next_node_id_ = state.next_node_id();
   for (const SchedulerState::Node& n : state.nodes()) {
     auto& group = n.role() == SERVER ? cs->servers_ : cs->workers_;
-    group[n.rank()] = Node{n.id(), n.role(), n.rank(), n.address(), n.host(), now, 0, n.dead()};
+    group[n.rank()] = Node{n.id(), n.role(), n.rank(), n.address(), n.host(), now, 0, n.dead(), /*heard=*/false};
   }
   cs->map_ = state.shard_map();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
@@ -191,6 +192,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
                                                       "longer a member of the job"));
   }
   node->last_seen = clock_();
+  node->heard = true;
   node->applied_epoch = request.applied_epoch();
   HeartbeatResponse response;
   response.set_epoch(map_.epoch());
@@ -216,7 +218,7 @@ std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
       info->set_dead_reason(reason);
     }
     return absl::StrCat("server ", node.rank, " (", node.address, ", host ", node.host, ") declared dead: ", reason,
-                        "; shard map epoch ", map_.epoch());
+                        "; shard map epoch ", map_.epoch(), FailOver(node.rank));
   }
   map_.add_excluded_workers(node.rank);
   PassCompleteBarriers();
@@ -225,10 +227,47 @@ std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
                       " workers go on");
 }
 
+std::string ClusterState::FailOver(uint32_t dead) {
+  int promoted = 0, lost = 0;
+  for (PartitionInfo& p : *map_.mutable_partitions()) {
+    auto* backups = p.mutable_backups();
+    backups->erase(std::remove(backups->begin(), backups->end(), dead), backups->end());
+    if (p.server() != dead) continue;
+    if (backups->empty()) {
+      ++lost;  // stays on the dead server: workers fail its requests, naming it
+      continue;
+    }
+    p.set_server(backups->Get(0));
+    backups->erase(backups->begin());
+    ++promoted;
+  }
+  std::string out;
+  if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
+  if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
+  return out;
+}
+
 std::vector<std::string> ClusterState::CheckLiveness() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_();
   const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  const absl::Duration gap = now - last_check_;
+  const bool late = last_check_ != absl::InfinitePast() && gap > timeout / 2;
+  last_check_ = now;
+  if (!formed_) {
+    if (!ClusterComplete()) return {};
+    formed_ = true;  // from now on every node heartbeats: start its clock here
+    for (auto* group : {&servers_, &workers_}) {
+      for (auto& [k, node] : *group) node.last_seen = std::max(node.last_seen, now);
+    }
+  } else if (late) {
+    // This check is late (the scheduler was paused or starved): heartbeats
+    // may be queued behind it. Forgive the pause rather than declare
+    // everyone dead at once.
+    for (auto* group : {&servers_, &workers_}) {
+      for (auto& [k, node] : *group) node.last_seen += gap;
+    }
+  }
   std::vector<std::string> declared;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
@@ -275,8 +314,10 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
   if (tensors_.empty()) {
     std::vector<ServerInfo> servers(map_.servers().begin(), map_.servers().end());
     std::sort(servers.begin(), servers.end(), [](auto& a, auto& b) { return a.index() < b.index(); });
-    auto map = BuildShardMap(tensors, servers, config_.partition_bytes(), map_.epoch() + 1);
+    auto map = BuildShardMap(tensors, servers, config_.partition_bytes(), map_.epoch() + 1,
+                             EffectiveReplication(config_));
     if (!map.ok()) return map.status();
+    *map->mutable_excluded_workers() = map_.excluded_workers();  // removed before the map existed
     map_ = *std::move(map);
     tensors_ = tensors;
     Save();
@@ -359,6 +400,7 @@ StatusResponse ClusterState::Status() {
       s->set_alive(!node.dead && ms <= static_cast<int64_t>(config_.heartbeat_timeout_ms()));
       s->set_applied_epoch(node.applied_epoch);
       s->set_declared_dead(node.dead);
+      s->set_heard_since_start(node.heard);
     }
   }
   return response;

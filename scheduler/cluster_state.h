@@ -84,6 +84,7 @@ class ClusterState {
     absl::Time last_seen;
     uint64_t applied_epoch = 0;
     bool dead = false;
+    bool heard = true;  // registered or heartbeated since this scheduler started
   };
   struct BarrierState {
     uint64_t generation = 0;
@@ -101,6 +102,9 @@ class ClusterState {
   // Passes every barrier that all live workers have entered.
   void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DeclareDead(Node& node, absl::Duration silent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Promotes the first live backup of every partition whose primary was
+  // server `dead`, and drops `dead` from every backup list. Says what moved.
+  std::string FailOver(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterConfig config_;
@@ -112,6 +116,11 @@ class ClusterState {
   std::map<uint32_t, Node> workers_ ABSL_GUARDED_BY(mu_);  // by rank
   ShardMap map_ ABSL_GUARDED_BY(mu_);                       // epoch 0: no tensors yet
   std::vector<TensorSpec> tensors_ ABSL_GUARDED_BY(mu_);
+  // Liveness is judged only once every node has registered (a worker waiting
+  // in rendezvous sends no heartbeat yet), and a check that comes late (the
+  // scheduler was paused) first forgives the pause.
+  bool formed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -22,7 +22,7 @@ struct SchedulerOptions {
   // persisted after every change; empty: nowhere. A scheduler started on a
   // directory that holds a state resumes that cluster (its config wins over
   // `config`), so nodes reconnect by themselves. A corrupt state is refused.
-  std::string state_dir;
+  std::string state_dir{};
 };
 
 class SchedulerDaemon {

@@ -1,11 +1,18 @@
 // gRPC layer of the scheduler: translates calls into ClusterState methods and
 // bounds every blocking call by the caller's deadline (answering a little
 // before it, so the caller gets our explanation rather than a bare timeout).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
 #include <glog/logging.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
@@ -38,12 +45,26 @@ ClusterState::Persist StateWriter(const std::string& dir) {
   };
 }
 
-// The state persisted in `dir`; nullopt when there is none yet.
-absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) {
-  if (dir.empty()) return std::nullopt;
+// Holds `dir`/LOCK for the life of the process (the kernel releases it when
+// the process dies, SIGKILL included), so two schedulers never share a state.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--state-dir ", dir, ": ", ec.message()));
+  const std::string path = dir + "/LOCK";
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat("--state-dir ", dir, " is in use by another scheduler (", path,
+                                                      " is locked)"));
+  }
+  return fd;
+}
+
+// The state persisted in `dir`; nullopt when there is none yet.
+absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) {
+  if (dir.empty()) return std::nullopt;
   const std::string path = StateFile(dir);
   auto data = ReadWholeFile(path);
   if (absl::IsNotFound(data.status())) return std::nullopt;
@@ -161,9 +182,13 @@ class SchedulerService final : public Scheduler::Service {
 class GrpcSchedulerDaemon : public SchedulerDaemon {
  public:
   GrpcSchedulerDaemon(std::unique_ptr<SchedulerService> service, std::unique_ptr<grpc::Server> server,
-                      std::string address)
-      : service_(std::move(service)), server_(std::move(server)), address_(std::move(address)) {}
-  ~GrpcSchedulerDaemon() override { Shutdown(); }
+                      std::string address, int state_lock)
+      : service_(std::move(service)), server_(std::move(server)), address_(std::move(address)),
+        state_lock_(state_lock) {}
+  ~GrpcSchedulerDaemon() override {
+    Shutdown();
+    if (state_lock_ >= 0) close(state_lock_);
+  }
 
   std::string address() const override { return address_; }
   void Wait() override { server_->Wait(); }
@@ -177,6 +202,7 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   std::unique_ptr<SchedulerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+  const int state_lock_;  // fd holding the --state-dir lock, or -1
   std::atomic<bool> shut_down_{false};
 };
 
@@ -184,11 +210,26 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
 
 absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& options) {
   if (absl::Status s = ValidateConfig(options.config); !s.ok()) return s;
+  int lock = -1;
+  if (!options.state_dir.empty()) {
+    auto locked = LockStateDir(options.state_dir);
+    if (!locked.ok()) return locked.status();
+    lock = *locked;
+  }
+  auto unlock_on_error = [lock](absl::Status s) {
+    if (lock >= 0) close(lock);
+    return s;
+  };
   auto saved = LoadState(options.state_dir);
-  if (!saved.ok()) return saved.status();
+  if (!saved.ok()) return unlock_on_error(saved.status());
   std::unique_ptr<ClusterState> state;
   if (saved->has_value()) {
     const SchedulerState& st = **saved;
+    if (!google::protobuf::util::MessageDifferencer::Equals(st.config(), options.config)) {
+      return unlock_on_error(absl::FailedPreconditionError(absl::StrCat(
+          "--state-dir ", options.state_dir, " holds a cluster with another configuration; start with the same "
+          "config to resume it, or use another state directory")));
+    }
     LOG(WARNING) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
               << st.shard_map().epoch() << ", " << st.nodes_size() << " nodes, " << st.tensors_size() << " tensors)";
     state = ClusterState::Restore(st, absl::Now, StateWriter(options.state_dir));
@@ -202,12 +243,12 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("scheduler cannot listen on ", options.listen_address));
+    return unlock_on_error(absl::UnavailableError(absl::StrCat("scheduler cannot listen on ", options.listen_address)));
   }
   std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
   if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
   return std::unique_ptr<SchedulerDaemon>(
-      new GrpcSchedulerDaemon(std::move(service), std::move(server), absl::StrCat(host, ":", port)));
+      new GrpcSchedulerDaemon(std::move(service), std::move(server), absl::StrCat(host, ":", port), lock));
 }
 
 }  // namespace shardps

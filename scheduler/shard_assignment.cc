@@ -40,9 +40,13 @@ absl::Status ValidateTensorSpecs(const std::vector<TensorSpec>& tensors) {
 
 absl::StatusOr<ShardMap> BuildShardMap(const std::vector<TensorSpec>& tensors,
                                        const std::vector<ServerInfo>& servers,
-                                       uint64_t partition_bytes, uint64_t epoch) {
+                                       uint64_t partition_bytes, uint64_t epoch, uint32_t replication) {
   if (absl::Status s = ValidateTensorSpecs(tensors); !s.ok()) return s;
   if (servers.empty()) return absl::FailedPreconditionError("no servers to place partitions on");
+  if (replication < 1 || replication > servers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("replication ", replication, " needs as many servers; there are ",
+                                                   servers.size()));
+  }
   const uint64_t max_elems = std::max<uint64_t>(1, partition_bytes / sizeof(float));
   ShardMap map;
   map.set_epoch(epoch);
@@ -66,10 +70,26 @@ absl::StatusOr<ShardMap> BuildShardMap(const std::vector<TensorSpec>& tensors,
     return map.partitions(a).num_elements() > map.partitions(b).num_elements();
   });
   std::vector<uint64_t> load(servers.size(), 0);
+  std::vector<size_t> primary(map.partitions_size());
   for (int i : order) {
     size_t best = std::min_element(load.begin(), load.end()) - load.begin();
     map.mutable_partitions(i)->set_server(servers[best].index());
     load[best] += map.partitions(i).num_elements();
+    primary[i] = best;
+  }
+  // Backups on the servers holding the least in all, never two copies on one.
+  for (uint32_t copy = 1; copy < replication; ++copy) {
+    for (int i : order) {
+      PartitionInfo* p = map.mutable_partitions(i);
+      size_t best = servers.size();
+      for (size_t s = 0; s < servers.size(); ++s) {
+        const bool holds = s == primary[i] || std::find(p->backups().begin(), p->backups().end(),
+                                                         servers[s].index()) != p->backups().end();
+        if (!holds && (best == servers.size() || load[s] < load[best])) best = s;
+      }
+      p->add_backups(servers[best].index());
+      load[best] += p->num_elements();
+    }
   }
   return map;
 }

@@ -18,12 +18,14 @@ uint64_t ElementCount(const TensorSpec& tensor);
 
 // Builds the shard map of `epoch`: each tensor is cut into the fewest
 // near-equal partitions of at most `partition_bytes`, then partitions are
-// placed largest first on the server with the fewest bytes so far (ties to the
-// lower index). Deterministic, and the byte load of any two servers differs by
-// at most the largest partition.
+// placed largest first on the server with the fewest primary bytes so far
+// (ties to the lower index), so the primaries' load of any two servers differs
+// by at most the largest partition. With `replication` r > 1 each partition
+// then gets r - 1 backups on other servers, each on the server holding the
+// fewest bytes in all (primaries and backups). Deterministic.
 absl::StatusOr<ShardMap> BuildShardMap(const std::vector<TensorSpec>& tensors,
                                        const std::vector<ServerInfo>& servers,
-                                       uint64_t partition_bytes, uint64_t epoch);
+                                       uint64_t partition_bytes, uint64_t epoch, uint32_t replication = 1);
 
 }  // namespace shardps
 

@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/data_message.h"
 
 namespace shardps {
@@ -39,25 +40,34 @@ OptimizerConfig AsyncAdjusted(const ClusterConfig& config) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PartitionEngine>> PartitionEngine::Create(const ClusterConfig& config,
-                                                                         ReplySink sink) {
+                                                                         ReplySink sink, ReplicaSink replicate) {
   auto optimizer = Optimizer::Create(AsyncAdjusted(config));
   if (!optimizer.ok()) return optimizer.status();
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return s;
-  return std::unique_ptr<PartitionEngine>(new PartitionEngine(config, *std::move(optimizer), std::move(sink)));
+  return std::unique_ptr<PartitionEngine>(
+      new PartitionEngine(config, *std::move(optimizer), std::move(sink), std::move(replicate)));
 }
 
 PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer,
-                                 ReplySink sink)
+                                 ReplySink sink, ReplicaSink replicate)
     : config_(config),
       optimizer_(std::move(optimizer)),
       sum_only_(config.update_mode() == SUM_ONLY),
-      sink_(std::move(sink)) {}
+      sink_(std::move(sink)),
+      replicate_(std::move(replicate)),
+      replicated_(EffectiveReplication(config) > 1) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
   const uint32_t workers = config_.num_workers();
   for (const PartitionInfo& info : map.partitions()) {
-    if (info.server() != server_index || partitions_.contains(info.id())) continue;
+    const bool holds = info.server() == server_index ||
+                       std::find(info.backups().begin(), info.backups().end(), server_index) != info.backups().end();
+    if (!holds) continue;
+    if (auto it = partitions_.find(info.id()); it != partitions_.end()) {
+      UpdateRole(*it->second, info);
+      continue;
+    }
     auto p = std::make_unique<Partition>();
     p->id = info.id();
     p->n = info.num_elements();
@@ -81,6 +91,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     }
     p->state.assign(static_cast<size_t>(optimizer_->state_slots()) * p->n, 0.0f);
     p->next_round.assign(workers, 0);
+    p->contributed.assign(workers, false);
     p->incarnation.assign(workers, 0);
     p->last_request.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
@@ -95,10 +106,12 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     } else if (push != nullptr) {
       p->scratch.assign(p->n, 0.0f);
     }
+    UpdateRole(*p, info);
     partitions_.emplace(info.id(), std::move(p));
   }
   epoch_ = map.epoch();
   ApplyMembership(map);
+  RunDeferred();
   return absl::OkStatus();
 }
 
@@ -180,6 +193,11 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
                                             server_index_, " (epoch ", epoch_, ")"));
   }
   Partition& p = *it->second;
+  if (!p.primary) {
+    return absl::FailedPreconditionError(absl::StrCat("wrong epoch: server ", server_index_,
+                                                      " holds a backup of partition ", p.id,
+                                                      ", not its primary (serves epoch ", epoch_, ")"));
+  }
   if (h.worker_rank() >= config_.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", h.worker_rank(), " is outside [0, ",
                                                    config_.num_workers(), ")"));
@@ -223,6 +241,18 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
 void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload) {
   ++stats_.requests;
   if (payload != nullptr) stats_.bytes_in += payload->size();
+  if (h.op() == REPLICATE) {
+    HandleReplica(peer, h, payload);
+    return;
+  }
+  // A worker that learned of a failover before this server did: wait for
+  // the epoch (a few epochs ahead at most; further is a bad request).
+  if (h.epoch() > epoch_ && h.epoch() <= epoch_ + 4 && deferred_.size() < 4096) {
+    Deferred d{zmq::message_t(peer.data(), peer.size()), h, zmq::message_t(), payload != nullptr};
+    if (payload != nullptr) d.payload.move(*payload);
+    deferred_.push_back(std::move(d));
+    return;
+  }
   Partition* p = nullptr;
   if (absl::Status s = Validate(h, payload, &p); !s.ok()) {
     Answer(peer, h, s);
@@ -259,8 +289,11 @@ void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataH
     if (p.delta_pulls) std::memcpy(p.mirror.data(), payload.data(), payload.size());
     p.initialized = true;
     p.encoded_round = -1;  // a cached encoding of the old weights is stale
+    DataHeader update;
+    update.set_replica_of(INIT);
+    Replicate(p, update, payload.data(), payload.size());
   }
-  Answer(peer, h, absl::OkStatus());
+  AnswerWhenConfirmed(p, peer, h, p.sent);
 }
 
 void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
@@ -269,7 +302,7 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   const uint64_t round = h.round();
   if (round < p.next_round[w]) {
     // A retry of a push already counted: do not apply it twice.
-    if (h.op() == PUSH_PULL) {
+    if (h.op() == PUSH_PULL || replicated_) {
       PullOrWait(p, peer, h, round + 1);
     } else {
       Answer(peer, h, absl::OkStatus());
@@ -296,14 +329,17 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
     return;
   }
   p.next_round[w] = round + 1;
+  p.contributed[w] = true;
   ++p.arrivals;
-  if (h.op() == PUSH_PULL) {
+  // Replicated, a push is acknowledged once its round is on every copy (a
+  // counted push could otherwise die with the primary).
+  if (h.op() == PUSH_PULL || replicated_) {
     p.waiting.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
     p.waiting.back().header.set_round(round + 1);
   } else {
     Answer(peer, h, absl::OkStatus());
   }
-  if (RoundComplete(p)) CompleteRound(p);
+  if (Settled(p) && RoundComplete(p)) CompleteRound(p);
 }
 
 absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
@@ -368,20 +404,39 @@ void PartitionEngine::SumRound(Partition& p) {
 void PartitionEngine::CompleteRound(Partition& p) {
   // The mean over the gradients that are in: all W, or fewer once a worker
   // was removed from the job.
-  const uint32_t workers = p.arrivals;
   p.contributors = p.arrivals;
   SumRound(p);
+  ApplyRound(p);
+  DataHeader update;
+  update.set_replica_of(PUSH);
+  update.set_round(p.completed - 1);
+  update.set_contributors(p.contributors);
+  if (Replicate(p, update, p.acc.data(), p.n * sizeof(float)) > 0) return;  // FinishRound once confirmed
+  FinishRound(p);
+}
+
+void PartitionEngine::ApplyRound(Partition& p) {
   if (sum_only_) {
     // Workers run the optimizer; the server keeps the sum for their pulls.
     if (!p.aggregate->unique()) p.aggregate.reset(SharedBuffer::Create(p.n));
     std::memcpy(p.aggregate->data(), p.acc.data(), p.n * sizeof(float));
   } else {
-    optimizer_->Apply(p.completed, 1.0f / static_cast<float>(workers), p.acc.data(), WritableWeights(p),
+    optimizer_->Apply(p.completed, 1.0f / static_cast<float>(p.contributors), p.acc.data(), WritableWeights(p),
                       p.state.data(), p.n);
   }
   ++stats_.updates;
   ++p.completed;
   p.arrivals = 0;
+  std::fill(p.contributed.begin(), p.contributed.end(), false);
+  if (replicated_ && p.codecs.pull != nullptr && config_.consistency() == SYNC) {
+    // Every copy encodes each round's answer once, right after the round, so
+    // error feedback and the weight-delta mirror agree on every copy.
+    DataHeader scratch;
+    (void)AnswerPayload(p, &scratch);
+  }
+}
+
+void PartitionEngine::FinishRound(Partition& p) {
   // Answer the pulls this round satisfies; keep the rest in order.
   std::vector<Waiter> still;
   for (Waiter& waiter : p.waiting) {
@@ -408,11 +463,14 @@ void PartitionEngine::CompleteRound(Partition& p) {
       p.ahead.push_back(std::move(push));
     }
   }
+  // Pushes of the next round that arrived while this one was being confirmed.
+  if (Settled(p) && RoundComplete(p)) CompleteRound(p);
 }
 
 void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
                                 const zmq::message_t& payload) {
   const uint32_t w = h.worker_rank();
+  uint64_t sequence = p.sent;  // a retry waits for what was sent before it
   if (h.request_id() > p.last_request[w]) {
     const float* g = payload.data<float>();
     if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
@@ -428,16 +486,20 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
     p.last_request[w] = h.request_id();
     ++p.completed;
     ++stats_.updates;
+    DataHeader update;
+    update.set_replica_of(PUSH);
+    update.set_round(p.completed - 1);
+    update.set_worker_rank(w);
+    update.set_replica_request_id(h.request_id());
+    sequence = std::max(sequence, Replicate(p, update, g, p.n * sizeof(float)));
   }  // else: a retry of an applied push; answer without applying twice.
-  if (h.op() == PUSH_PULL) {
-    AnswerWeights(p, peer, h);
-  } else {
-    Answer(peer, h, absl::OkStatus());
-  }
+  AnswerWhenConfirmed(p, peer, h, sequence);
 }
 
 void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
-  if (config_.consistency() == ASYNC || round <= p.completed) {
+  // The last round is visible once every backup has it.
+  const uint64_t visible = Settled(p) || p.completed == 0 ? p.completed : p.completed - 1;
+  if (config_.consistency() == ASYNC || round <= visible) {
     AnswerWeights(p, peer, h);
     return;
   }
@@ -475,6 +537,10 @@ void PartitionEngine::Answer(const zmq::message_t& peer, const DataHeader& reque
 }
 
 void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, const DataHeader& request) {
+  if (request.op() == PUSH || request.op() == INIT) {  // held until confirmed: an ack, no weights
+    Answer(peer, request, absl::OkStatus());
+    return;
+  }
   DataHeader reply;
   reply.set_op(RESPONSE);
   reply.set_request_id(request.request_id());
@@ -546,10 +612,14 @@ absl::StatusOr<zmq::message_t> PartitionEngine::AnswerPayload(Partition& p, Data
 }
 
 void PartitionEngine::FailWaiting(const absl::Status& status) {
+  for (Deferred& d : deferred_) Answer(d.peer, d.header, status);
+  deferred_.clear();
   for (auto& [id, p] : partitions_) {
     for (Waiter& waiter : p->waiting) Answer(waiter.peer, waiter.header, status);
+    for (Waiter& waiter : p->unconfirmed) Answer(waiter.peer, waiter.header, status);
     for (ParkedPush& push : p->ahead) Answer(push.peer, push.header, status);
     p->waiting.clear();
+    p->unconfirmed.clear();
     p->ahead.clear();
   }
 }

@@ -39,8 +39,23 @@ class PartitionEngine {
  public:
   // Sends one answer to `peer`. `payload` may be null (errors, acks).
   using ReplySink = std::function<void(const zmq::message_t& peer, DataHeader& header, zmq::message_t* payload)>;
+  // Sends a REPLICATE request to the server of index `server` (a backup);
+  // its answer comes back through HandleReplicaAck.
+  using ReplicaSink = std::function<void(uint32_t server, DataHeader& header, zmq::message_t& payload)>;
 
-  static absl::StatusOr<std::unique_ptr<PartitionEngine>> Create(const ClusterConfig& config, ReplySink sink);
+  // Replication (primary-backup): the server a partition's map entry names
+  // is its primary; each update the primary applies (INIT, a sync round's
+  // gradient sum, an async push) is sent to the partition's backups, which
+  // apply it with the same float operations, and what the update answers
+  // (a push's ack, the weights that include a round) is held back until
+  // every backup has confirmed it. A sync round completes only once the one
+  // before it is confirmed, so at most one round per partition is in flight
+  // to the backups. When the map promotes this server from backup to
+  // primary, it takes over with the last round it applied: a worker's retry
+  // of a later push (same request id) counts it, an earlier one is answered
+  // as a duplicate, and nothing is applied twice.
+  static absl::StatusOr<std::unique_ptr<PartitionEngine>> Create(const ClusterConfig& config, ReplySink sink,
+                                                                 ReplicaSink replicate = nullptr);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
   // it now owns (zero weights) and keeps those it already had, and follows
@@ -56,6 +71,9 @@ class PartitionEngine {
   // frame. Every outcome, including bad input, is answered through the sink
   // or parked until it can be (a pull waiting for its round).
   void Handle(const zmq::message_t& peer, const DataHeader& header, zmq::message_t* payload);
+
+  // A backup's answer to a REPLICATE request sent by this server.
+  void HandleReplicaAck(uint32_t from_server, const DataHeader& answer);
 
   // Answers every parked request with `status` (shutdown).
   void FailWaiting(const absl::Status& status);
@@ -99,15 +117,50 @@ class PartitionEngine {
     std::vector<float> acc;                // sync: this round's sum
     uint32_t arrivals = 0;                 // sync: pushes in for this round
     std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
+    std::vector<bool> contributed;         // sync: per worker, counted in the open round
     std::vector<uint64_t> incarnation;     // per worker: registration of its pushes
     uint32_t contributors = 0;             // sync: gradients in the last completed round
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
     std::vector<Waiter> waiting;           // pulls waiting for `completed`
     std::vector<ParkedPush> ahead;         // pushes for a later round
+    // Replication: whether this server is the primary (else a backup), the
+    // backups' indices, and per backup the last update sequence it confirmed.
+    bool primary = true;
+    std::vector<uint32_t> backups;
+    std::vector<uint64_t> confirmed;
+    uint64_t sent = 0;                     // updates sent to the backups
+    std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
+  };
+  // A request routed with an epoch this server does not serve yet (a worker
+  // that learned of a failover first); handled once the epoch is installed.
+  struct Deferred {
+    zmq::message_t peer;
+    DataHeader header;
+    zmq::message_t payload;
+    bool has_payload = false;
   };
 
-  PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer, ReplySink sink);
+  PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer, ReplySink sink,
+                  ReplicaSink replicate);
+  // Replication (partition_replication.cc).
+  void UpdateRole(Partition& p, const PartitionInfo& info);
+  bool Settled(const Partition& p) const;
+  // Sends update `h` (op REPLICATE, replica_of and round set) to every backup;
+  // returns its sequence number, or 0 if the partition has no backup.
+  uint64_t Replicate(Partition& p, DataHeader h, const void* data, size_t bytes);
+  // Answers what waited for confirmations, and lets the next round complete.
+  void OnConfirmed(Partition& p);
+  void HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload);
+  absl::Status ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // Holds an answer until the backups confirm update `sequence`.
+  void AnswerWhenConfirmed(Partition& p, const zmq::message_t& peer, const DataHeader& request, uint64_t sequence);
+  // Applies the round in p.acc (p.contributors gradients), then encodes its
+  // pull answer at once when replicated, so every copy's encoder state agrees.
+  void ApplyRound(Partition& p);
+  // Answers the pulls a completed, confirmed round satisfies; replays pushes.
+  void FinishRound(Partition& p);
+  void RunDeferred();
 
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
   // Refuses a push from a restarted worker process (new registration) that
@@ -116,9 +169,9 @@ class PartitionEngine {
   void ApplyMembership(const ShardMap& map);
   // Sync: every worker still in the job has pushed the current round.
   bool RoundComplete(const Partition& p) const;
-  // Whether worker `w` pushed the round being accumulated (rounds arrive in
-  // order per worker, so a worker that owes a later round has).
-  static bool Contributed(const Partition& p, uint32_t w) { return p.next_round[w] > p.completed; }
+  // Whether worker `w`'s push of the open round is counted (a push parked
+  // for a later round is not, until it is replayed).
+  static bool Contributed(const Partition& p, uint32_t w) { return p.contributed[w]; }
   void Init(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
   void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload);
   void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
@@ -140,6 +193,9 @@ class PartitionEngine {
   // Server-side error feedback of compressed aggregates, per pull codec spec.
   absl::flat_hash_map<std::string, std::unique_ptr<compression::ErrorFeedback>> pull_feedback_;
   const ReplySink sink_;
+  const ReplicaSink replicate_;
+  const bool replicated_;  // the config keeps more than one copy
+  std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
   uint32_t server_index_ = 0;
   std::vector<bool> excluded_;  // per worker rank: removed from the job

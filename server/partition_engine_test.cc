@@ -199,7 +199,7 @@ TEST_F(EngineTest, BadRequestsGetErrorsAndChangeNothing) {
   Send(PUSH, 0, 3, {1, 2});     // skips rounds
   DataHeader h;
   h.set_op(PUSH);
-  h.set_epoch(4);  // an epoch this server does not serve yet
+  h.set_epoch(9);  // an epoch this server will not serve soon
   h.set_partition_id(5);
   zmq::message_t peer(std::string("x"));
   zmq::message_t payload(8);
@@ -540,6 +540,24 @@ TEST_F(EngineTest, RequestsRoutedWithAnOlderEpochAreServedWhileThePartitionStays
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_EQ(sent_[0].header.status_code(), 0) << sent_[0].header.error();
   EXPECT_EQ(Weights(), (std::vector<float>{-1, -1}));
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST_F(EngineTest, PushesParkedForTheNextRoundAreNotCountedWhenAWorkerIsRemoved) {
+  Make(SYNC, true, 3);
+  Send(PUSH, 0, 0, {2, 2});
+  Send(PUSH, 1, 0, {4, 4});
+  Send(PUSH, 0, 1, {1, 1});  // parked: worker 2 still owes round 0
+  Send(PUSH, 1, 1, {3, 3});
+  RemoveWorkers({2});
+  // Round 0 is the mean of workers 0 and 1, then both parked pushes make round 1.
+  EXPECT_EQ(Weights(), (std::vector<float>{-5, -5}));
+  EXPECT_EQ(sent_.size(), 4u) << "every push answered";
 }
 
 }  // namespace

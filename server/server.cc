@@ -44,8 +44,9 @@ class ParameterServerImpl : public ParameterServer {
     node_id_ = registered->node_id();
     index_ = registered->server_index();
     config_ = registered->config();
-    auto engine = PartitionEngine::Create(config_, [this](const zmq::message_t& peer, DataHeader& h,
-                                                          zmq::message_t* payload) { Send(peer, h, payload); });
+    auto engine = PartitionEngine::Create(
+        config_, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* payload) { Send(peer, h, payload); },
+        [this](uint32_t server, DataHeader& h, zmq::message_t& payload) { SendToPeer(server, h, payload); });
     if (!engine.ok()) return engine.status();
     engine_ = *std::move(engine);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
@@ -64,18 +65,23 @@ class ParameterServerImpl : public ParameterServer {
   }
 
   absl::Status Run() override {
-    zmq::pollitem_t items[] = {{socket_.handle(), 0, ZMQ_POLLIN, 0}};
     absl::Status result;
+    std::vector<zmq::pollitem_t> items;
     while (!stop_.load(std::memory_order_relaxed)) {
       InstallPendingMap();
       if (absl::Status s = WatchError(); !s.ok()) {
         result = s;
         break;
       }
-      PollOrInterrupted(items, 1, std::chrono::milliseconds(20));
+      items.assign(1, {socket_.handle(), 0, ZMQ_POLLIN, 0});
+      for (auto& peer : peers_) {
+        if (peer) items.push_back({peer->handle(), 0, ZMQ_POLLIN, 0});
+      }
+      PollOrInterrupted(items.data(), items.size(), std::chrono::milliseconds(20));
       // Drain what is queued before polling again.
       for (int i = 0; i < 1024 && ReceiveOne(); ++i) {
       }
+      ReceivePeerAnswers();
     }
     // Drain: finish what already arrived, refuse what cannot complete.
     while (ReceiveOne()) {
@@ -83,6 +89,7 @@ class ParameterServerImpl : public ParameterServer {
     engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
+    peers_.clear();
     const EngineStats& s = engine_->stats();
     LOG(INFO) << "server " << index_ << " stopped: " << s.requests << " requests, " << s.errors << " errors, "
               << s.updates << " updates, " << s.bytes_in << " bytes in, " << s.bytes_out << " bytes out";
@@ -141,6 +148,44 @@ class ParameterServerImpl : public ParameterServer {
     if (payload != nullptr) (void)socket_.send(*payload, zmq::send_flags::none);
   }
 
+  // REPLICATE to a backup, on a DEALER connected on first use.
+  void SendToPeer(uint32_t server, DataHeader& header, zmq::message_t& payload) {
+    if (server >= peer_addresses_.size() || peer_addresses_[server].empty()) {
+      LOG(ERROR) << "server " << index_ << ": no address for backup server " << server;
+      return;
+    }
+    if (peers_.size() <= server) peers_.resize(server + 1);
+    if (!peers_[server]) {
+      auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+      socket->set(zmq::sockopt::sndhwm, 0);
+      socket->set(zmq::sockopt::rcvhwm, 0);
+      socket->set(zmq::sockopt::linger, 0);
+      socket->connect(peer_addresses_[server]);
+      peers_[server] = std::move(socket);
+    }
+    zmq::message_t head = HeaderFrame(header);
+    (void)peers_[server]->send(head, zmq::send_flags::sndmore);
+    (void)peers_[server]->send(payload, zmq::send_flags::none);
+  }
+
+  // Backups' confirmations of REPLICATE requests.
+  void ReceivePeerAnswers() {
+    for (uint32_t s = 0; s < peers_.size(); ++s) {
+      if (!peers_[s]) continue;
+      zmq::message_t head;
+      while (peers_[s]->recv(head, zmq::recv_flags::dontwait)) {
+        bool more = head.more();
+        while (more) {
+          zmq::message_t extra;
+          (void)peers_[s]->recv(extra);
+          more = extra.more();
+        }
+        DataHeader answer;
+        if (ParseDataHeaderInto(head.data(), head.size(), &answer).ok()) engine_->HandleReplicaAck(s, answer);
+      }
+    }
+  }
+
   void InstallPendingMap() {
     std::optional<ShardMap> map;
     {
@@ -148,6 +193,10 @@ class ParameterServerImpl : public ParameterServer {
       map.swap(pending_map_);
     }
     if (!map || map->epoch() <= engine_->epoch()) return;
+    for (const ServerInfo& s : map->servers()) {
+      if (peer_addresses_.size() <= s.index()) peer_addresses_.resize(s.index() + 1);
+      if (s.index() != index_) peer_addresses_[s.index()] = s.data_address();
+    }
     if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
       LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;
       absl::MutexLock lock(&mu_);
@@ -194,6 +243,9 @@ class ParameterServerImpl : public ParameterServer {
   uint32_t index_ = 0;
   ClusterConfig config_;
   std::unique_ptr<PartitionEngine> engine_;
+  // Engine thread only: DEALERs to the other servers (by index), for replication.
+  std::vector<std::string> peer_addresses_;
+  std::vector<std::unique_ptr<zmq::socket_t>> peers_;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
 

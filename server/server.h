@@ -22,13 +22,13 @@ namespace shardps {
 class SchedulerClient;
 
 struct ServerOptions {
-  std::string scheduler_address;              // host:port of the scheduler
+  std::string scheduler_address{};            // host:port of the scheduler
   std::string bind_address = "tcp://*:0";     // ZeroMQ endpoint; port 0 = any free port
   std::string advertise_host = "127.0.0.1";   // host workers use to reach this server
   absl::Duration register_timeout = absl::Seconds(30);
   // The scheduler to talk to; null (default): a gRPC client of
   // `scheduler_address`. Tests pass one that dies, stalls or publishes maps.
-  std::shared_ptr<SchedulerClient> scheduler_client;
+  std::shared_ptr<SchedulerClient> scheduler_client = nullptr;
 };
 
 class ParameterServer {

@@ -180,6 +180,9 @@ int TrainCommand(const Args& args) {
       result->test_accuracy, result->final_loss, result->steps, result->samples, result->wall_seconds,
       result->bytes_pushed, result->bytes_pulled);
   if (!result_file.empty()) {
+    if (absl::Status s = WriteFileDurably(result_file + ".sha256", WeightsSha256(result->params)); !s.ok()) {
+      return Fail("train", s);
+    }
     if (absl::Status s = WriteFileDurably(result_file, text); !s.ok()) return Fail("train", s);
   } else {
     std::cout << text;

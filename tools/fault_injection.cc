@@ -99,12 +99,6 @@ absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
     if (!restarted.ok()) return restarted.status();
     processes.daemons[0] = *restarted;
     restarted_at_ = absl::Now();
-    for (const Injected& i : injected_) {
-      FaultRecord& r = records_[i.record];
-      if (r.spec.role == FaultSpec::Role::kScheduler && r.detected_seconds < 0) {
-        r.detected_seconds = absl::ToDoubleSeconds(restarted_at_ - i.killed_at);
-      }
-    }
   }
   Measure(step);
   return absl::OkStatus();
@@ -122,11 +116,11 @@ void FaultInjector::Measure(int64_t step) {
     FaultRecord& r = records_[i.record];
     const double since_kill = absl::ToDoubleSeconds(now - i.killed_at);
     if (r.spec.role == FaultSpec::Role::kScheduler) {
-      if (r.detected_seconds < 0 || r.recovered_seconds >= 0) continue;
-      const int64_t since_restart = absl::ToInt64Milliseconds(now - restarted_at_);
+      if (restarted_at_ == absl::InfiniteFuture() || r.recovered_seconds >= 0) continue;
+      if (r.detected_seconds < 0) r.detected_seconds = since_kill;  // the restarted scheduler answers
       bool all = true;
       for (const NodeStatus& n : status->nodes()) {
-        if (!n.declared_dead() && static_cast<int64_t>(n.ms_since_heartbeat()) >= since_restart) all = false;
+        if (!n.declared_dead() && !n.heard_since_start()) all = false;
       }
       if (all) r.recovered_seconds = since_kill;
       continue;

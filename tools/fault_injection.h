@@ -38,8 +38,8 @@ struct FaultRecord {
   FaultSpec spec;
   // Seconds from the kill; negative while not (yet) seen. Server or worker:
   // detected = the scheduler declared it dead, recovered = rank 0 took a step
-  // after that. Scheduler: detected = a restarted scheduler serves again,
-  // recovered = every live node has heartbeated it.
+  // after that. Scheduler: detected = a restarted scheduler answers,
+  // recovered = every live node has reconnected to it.
   double detected_seconds = -1;
   double recovered_seconds = -1;
 };

@@ -72,6 +72,7 @@ struct Outcome {
   int64_t samples = 0;
   double wall_seconds = 0;
   std::vector<FaultRecord> faults;
+  std::string weights_sha256;  // rank 0's final weights
 };
 
 // Rank 0's step count, written by `shardps train --progress-file`.
@@ -193,7 +194,10 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     out.bytes_pushed += result["bytes_pushed"];
     out.bytes_pulled += result["bytes_pulled"];
     out.samples += result["samples"];
-    if (r == 0) out.rank0 = result;
+    if (r == 0) {
+      out.rank0 = result;
+      std::ifstream(absl::StrCat(dir, "/result.0.sha256")) >> out.weights_sha256;
+    }
   }
   for (size_t i = daemons.size(); i-- > 0;) {
     int code = Stop(daemons[i], absl::Seconds(10));
@@ -283,6 +287,7 @@ int LocalCommand(const Args& args) {
   }
   std::map<std::string, double> result;
   std::vector<FaultRecord> fault_records;
+  std::string weights_sha256;
   uint64_t pushed = 0, pulled = 0;
   int64_t samples = 0;
   double wall = 0;
@@ -310,6 +315,7 @@ int LocalCommand(const Args& args) {
     result = {{"test_accuracy", r->test_accuracy}, {"steps", double(r->steps)}, {"final_loss", r->final_loss}};
     samples = r->samples;
     wall = r->wall_seconds;
+    weights_sha256 = WeightsSha256(r->params);
   } else {
     auto outcome = RunCluster(o, *config, faults);
     if (!outcome.ok()) {
@@ -322,6 +328,7 @@ int LocalCommand(const Args& args) {
     samples = outcome->samples;
     wall = outcome->wall_seconds;
     fault_records = outcome->faults;
+    weights_sha256 = outcome->weights_sha256;
   }
   const std::string consistency = o.reference ? "reference" : ConsistencyName(config->consistency());
   std::cout << absl::StrFormat(
@@ -333,11 +340,11 @@ int LocalCommand(const Args& args) {
         "{\"test_accuracy\": %.6f, \"consistency\": \"%s\", \"servers\": %d, \"workers\": %d, \"epochs\": %d, "
         "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
         "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d, "
-        "\"faults\": %s, \"recovery_seconds\": %s}\n",
+        "\"faults\": %s, \"recovery_seconds\": %s, \"weights_sha256\": \"%s\"}\n",
         result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
         result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker,
-        FaultsJson(fault_records), RecoverySeconds(fault_records));
+        FaultsJson(fault_records), RecoverySeconds(fault_records), weights_sha256);
   }
   return 0;
 }

@@ -12,7 +12,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libzmq3-dev cppzmq-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  zlib1g-dev iproute2 iptables python3
+  zlib1g-dev libssl-dev iproute2 iptables python3
   dataset-fashion-mnist
   # The Python package's tests and example: torch for Debian's /usr/bin/python3
   # (about 48 MB to download, half a minute to install without recommends).

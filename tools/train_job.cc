@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include <openssl/evp.h>
 #include "common/tensor_spec.h"
 #include "common/status_macros.h"
 #include "scheduler/shard_assignment.h"
@@ -259,6 +260,19 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
 }
 
 }  // namespace
+
+std::string WeightsSha256(const std::vector<std::vector<float>>& params) {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  for (const auto& t : params) EVP_DigestUpdate(ctx, t.data(), t.size() * sizeof(float));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(ctx, digest, &n);
+  EVP_MD_CTX_free(ctx);
+  std::string hex;
+  for (unsigned int i = 0; i < n; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
 
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
   std::vector<int> layers = {train::kImagePixels};

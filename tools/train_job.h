@@ -53,6 +53,10 @@ struct TrainResult {
   std::vector<std::vector<float>> params;  // final weights
 };
 
+// SHA-256 of the weights, tensor after tensor as little-endian float32, in
+// hex: equal digests mean bitwise-equal models.
+std::string WeightsSha256(const std::vector<std::vector<float>>& params);
+
 // MLP layer widths from "256,128" (hidden layers): {784, 256, 128, 10}.
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden);
 

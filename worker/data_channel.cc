@@ -93,9 +93,13 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
       h.remaining = requests.size();
       for (size_t i = 0; i < requests.size(); ++i) {
         ids[i] = next_request_id_++;
-        const Request& r = requests[i];
-        pending_[ids[i]] = Pending{handle, r.server, r.header.partition_id(), r.header.num_elements(), r.out,
-                                   std::move(requests[i].on_answer)};
+        Request& r = requests[i];
+        r.header.set_request_id(ids[i]);
+        r.header.set_worker_rank(rank_);
+        Pending& p = pending_[ids[i]];
+        p = Pending{handle, r.server, r.header.partition_id(), r.header.num_elements(), r.out,
+                    std::move(r.on_answer), r.header, r.payload, zmq::message_t()};
+        if (r.encoded.size() > 0) p.encoded.copy(r.encoded);  // shares the frame, no copy of the bytes
         h.request_ids.push_back(ids[i]);
         if (!failed_[r.server].ok()) refused.push_back(i);
       }
@@ -107,19 +111,7 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
         continue;
       }
       Request& r = requests[i];
-      r.header.set_request_id(ids[i]);
-      r.header.set_worker_rank(rank_);
-      zmq::message_t head = HeaderFrame(r.header);
-      const bool has_payload = r.payload != nullptr || r.encoded.size() > 0;
-      zmq::socket_t& socket = servers_[r.server];
-      (void)socket.send(head, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-      if (has_payload) {
-        zmq::message_t payload = r.encoded.size() > 0
-                                     ? std::move(r.encoded)
-                                     : BorrowedFrame(r.payload, r.header.num_elements() * sizeof(float));
-        bytes_sent_.fetch_add(payload.size(), std::memory_order_relaxed);
-        (void)socket.send(payload, zmq::send_flags::none);
-      }
+      SendRequest(r.server, r.header, r.payload, r.encoded.size() > 0 ? &r.encoded : nullptr);
     }
     // Sending may consume the sockets' readiness signal: answers that became
     // readable meanwhile are handled here, or a poller could sleep on them.
@@ -128,6 +120,38 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
   requests_sent_.fetch_add(requests.size(), std::memory_order_relaxed);
   if (drained > 0) WakePoller();
   return handle;
+}
+
+void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* payload,
+                              zmq::message_t* encoded) {
+  zmq::message_t head = HeaderFrame(header);
+  const bool has_payload = payload != nullptr || encoded != nullptr;
+  zmq::socket_t& socket = servers_[server];
+  (void)socket.send(head, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  if (!has_payload) return;
+  zmq::message_t frame = encoded != nullptr ? std::move(*encoded)
+                                            : BorrowedFrame(payload, header.num_elements() * sizeof(float));
+  bytes_sent_.fetch_add(frame.size(), std::memory_order_relaxed);
+  (void)socket.send(frame, zmq::send_flags::none);
+}
+
+int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch) {
+  int resent = 0;
+  {
+    absl::MutexLock io_lock(&io_mu_);
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, p] : pending_) {
+      auto it = primary_of.find(p.partition);
+      if (it == primary_of.end() || it->second == p.server || it->second >= servers_.size()) continue;
+      p.server = it->second;
+      p.header.set_epoch(epoch);
+      zmq::message_t encoded;
+      if (p.encoded.size() > 0) encoded.copy(p.encoded);
+      SendRequest(p.server, p.header, p.payload, p.encoded.size() > 0 ? &encoded : nullptr);
+      ++resent;
+    }
+  }
+  return resent;
 }
 
 int DataChannel::DrainReady() {
@@ -186,7 +210,7 @@ void DataChannel::Receive(size_t server) {
 
 void DataChannel::Complete(uint64_t request_id, const absl::Status& status) {
   auto it = pending_.find(request_id);
-  const Pending p = it->second;
+  const Pending p = std::move(it->second);
   pending_.erase(it);
   HandleState& h = handles_[p.handle];
   if (!status.ok() && h.status.ok()) {

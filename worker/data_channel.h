@@ -70,6 +70,12 @@ class DataChannel {
   // FailServer for every server (this worker was removed from the job).
   void FailAll(const absl::Status& status);
 
+  // Sends every waiting request for a partition in `primary_of` (partition id
+  // -> server index) that now lives on another server there, with the same
+  // request id (the new primary recognises a retry) and shard-map `epoch`.
+  // Returns how many requests were re-sent.
+  int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch);
+
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
@@ -82,7 +88,15 @@ class DataChannel {
     uint64_t num_elements;
     float* out;
     AnswerHandler on_answer;
+    // What a failover re-sends: the header and the payload (borrowed raw
+    // floats, or a reference to the encoded frame).
+    DataHeader header;
+    const float* payload = nullptr;
+    zmq::message_t encoded;
   };
+  // Sends one request (header, then its payload if any) on `server`'s socket.
+  void SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   struct HandleState {
     std::string what;
     size_t remaining = 0;

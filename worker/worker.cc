@@ -92,10 +92,9 @@ class WorkerImpl : public Worker {
   absl::Status AdoptShardMap(const ShardMap& m) {
     const ShardMap* map = &m;
     absl::MutexLock lock(&mu_);
-    if (channel_ != nullptr) {
-      if (map->epoch() == epoch_) return absl::OkStatus();
-      return absl::UnimplementedError("shard map changed after tensors were defined");
-    }
+    // Defined already: the scheduler checked the tensors are the same; later
+    // epochs reach this worker through its watch (FollowMembership).
+    if (channel_ != nullptr) return absl::OkStatus();
     std::vector<std::string> addresses(map->servers_size());
     for (const ServerInfo& s : map->servers()) {
       if (s.index() >= addresses.size()) return absl::InternalError("shard map has a bad server index");
@@ -469,6 +468,28 @@ class WorkerImpl : public Worker {
   // Fails the requests to servers the scheduler declared dead, naming them.
   void FollowMembership(const ShardMap& map, DataChannel* channel) {
     if (channel == nullptr) return;
+    // Partitions whose primary moved (a backup promoted): route new requests
+    // there and re-send the waiting ones with their request ids.
+    absl::flat_hash_map<uint64_t, uint32_t> moved;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::flat_hash_map<uint64_t, uint32_t> primary_of;
+      for (const PartitionInfo& p : map.partitions()) primary_of[p.id()] = p.server();
+      for (auto& [name, route] : routes_) {
+        for (PartitionInfo& p : route.partitions) {
+          auto it = primary_of.find(p.id());
+          if (it == primary_of.end() || it->second == p.server() || map.epoch() <= epoch_) continue;
+          p.set_server(it->second);
+          moved[p.id()] = it->second;
+        }
+      }
+      epoch_ = std::max(epoch_, map.epoch());
+    }
+    if (!moved.empty()) {
+      const int resent = channel->Reroute(moved, map.epoch());
+      LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
+                   << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
+    }
     for (const ServerInfo& s : map.servers()) {
       if (!s.dead()) continue;
       LOG_FIRST_N(ERROR, 8) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()

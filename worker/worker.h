@@ -35,7 +35,7 @@ namespace shardps {
 class SchedulerClient;
 
 struct WorkerOptions {
-  std::string scheduler_address;  // host:port
+  std::string scheduler_address{};  // host:port
   uint32_t rank = 0;              // in [0, num_workers)
   std::string host = "localhost"; // shown in status and errors
   // How long Create() waits for the scheduler and the whole cluster.
@@ -46,7 +46,7 @@ struct WorkerOptions {
   absl::Duration control_timeout = absl::ZeroDuration();
   // The scheduler to talk to; null (default): a gRPC client of
   // `scheduler_address`. Tests pass one that dies, stalls or publishes maps.
-  std::shared_ptr<SchedulerClient> scheduler_client;
+  std::shared_ptr<SchedulerClient> scheduler_client = nullptr;
 };
 
 struct WorkerStats {

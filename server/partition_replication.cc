@@ -1,0 +1,179 @@
+// PartitionEngine, replication half: roles, REPLICATE requests and their
+// confirmations, promotion of a backup, requests deferred for an epoch.
+// See "Replication" in partition_engine.h for the protocol.
+#include <algorithm>
+#include <cstring>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/data_message.h"
+#include "server/partition_engine.h"
+
+namespace shardps {
+namespace {
+
+// The last update every backup has applied (all sent when there is none).
+uint64_t ConfirmedBy(const std::vector<uint64_t>& confirmed, uint64_t sent) {
+  return confirmed.empty() ? sent : *std::min_element(confirmed.begin(), confirmed.end());
+}
+
+}  // namespace
+
+void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info) {
+  const bool primary = info.server() == server_index_;
+  if (primary && !p.primary) {
+    // Promoted: take over with the last update applied here. Sync rounds
+    // before it are done for everyone; the open round starts empty, and
+    // every worker's retry of it (same request ids) counts once.
+    LOG(WARNING) << "server " << server_index_ << ": now the primary of partition " << p.id << " ("
+                 << p.completed << (config_.consistency() == SYNC ? " rounds" : " updates") << " applied here)";
+    if (config_.consistency() == SYNC) std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
+    p.arrivals = 0;
+    p.sent = 0;
+    p.confirmed.clear();
+  }
+  p.primary = primary;
+  std::vector<uint32_t> backups;
+  std::vector<uint64_t> confirmed;
+  if (primary) {
+    for (uint32_t b : info.backups()) {
+      auto it = std::find(p.backups.begin(), p.backups.end(), b);
+      backups.push_back(b);
+      // A copy that was listed keeps its confirmations; one that was not
+      // starts with what this primary has sent (copies are only ever removed).
+      confirmed.push_back(it != p.backups.end() ? p.confirmed[it - p.backups.begin()] : p.sent);
+    }
+  }
+  p.backups = std::move(backups);
+  p.confirmed = std::move(confirmed);
+  OnConfirmed(p);  // a backup that died holds nothing back any more
+}
+
+bool PartitionEngine::Settled(const Partition& p) const { return ConfirmedBy(p.confirmed, p.sent) == p.sent; }
+
+uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data, size_t bytes) {
+  if (p.backups.empty() || !replicate_) return 0;
+  ++p.sent;
+  h.set_op(REPLICATE);
+  h.set_request_id(p.sent);
+  h.set_partition_id(p.id);
+  h.set_epoch(epoch_);
+  h.set_num_elements(p.n);
+  h.set_dtype(FLOAT32);
+  for (uint32_t b : p.backups) {
+    zmq::message_t payload(data, bytes);
+    replicate_(b, h, payload);
+  }
+  return p.sent;
+}
+
+void PartitionEngine::AnswerWhenConfirmed(Partition& p, const zmq::message_t& peer, const DataHeader& request,
+                                          uint64_t sequence) {
+  if (sequence <= ConfirmedBy(p.confirmed, p.sent)) {
+    AnswerWeights(p, peer, request);
+    return;
+  }
+  p.unconfirmed.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), request});
+  p.unconfirmed.back().header.set_round(sequence);
+}
+
+void PartitionEngine::OnConfirmed(Partition& p) {
+  const uint64_t confirmed = ConfirmedBy(p.confirmed, p.sent);
+  std::vector<Waiter> still;
+  for (Waiter& waiter : p.unconfirmed) {
+    if (waiter.header.round() <= confirmed) {
+      AnswerWeights(p, waiter.peer, waiter.header);
+    } else {
+      still.push_back(std::move(waiter));
+    }
+  }
+  p.unconfirmed = std::move(still);
+  if (config_.consistency() == SYNC && confirmed == p.sent) FinishRound(p);
+}
+
+void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& answer) {
+  auto it = partitions_.find(answer.partition_id());
+  if (it == partitions_.end()) return;
+  Partition& p = *it->second;
+  auto b = std::find(p.backups.begin(), p.backups.end(), from_server);
+  if (!p.primary || b == p.backups.end()) return;  // from a copy the map no longer lists
+  if (absl::Status s = ResponseStatus(answer); !s.ok()) {
+    // The copies may differ from here on: say so loudly, and do not stall
+    // training on a copy that will never confirm.
+    ++stats_.errors;
+    LOG(ERROR) << "server " << server_index_ << ": backup server " << from_server << " refused update "
+               << answer.request_id() << " of partition " << p.id << ": " << s;
+  }
+  uint64_t& confirmed = p.confirmed[b - p.backups.begin()];
+  confirmed = std::max(confirmed, std::min(answer.request_id(), p.sent));
+  OnConfirmed(p);
+}
+
+void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload) {
+  absl::Status s;
+  auto it = partitions_.find(h.partition_id());
+  if (it == partitions_.end()) {
+    s = absl::NotFoundError(absl::StrCat("server ", server_index_, " holds no copy of partition ", h.partition_id()));
+  } else if (it->second->primary) {
+    s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
+                                                   h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
+  } else if (payload == nullptr || payload->size() != it->second->n * sizeof(float)) {
+    s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ",
+                                                payload ? payload->size() : 0, " bytes, expected ",
+                                                it->second->n * sizeof(float)));
+  } else {
+    s = ApplyReplica(*it->second, h, *payload);
+  }
+  if (!s.ok()) LOG(ERROR) << "server " << server_index_ << ": " << s;
+  Answer(peer, h, s);  // echoes the request id the primary matches
+}
+
+absl::Status PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+  const float* data = payload.data<float>();
+  if (h.replica_of() == INIT) {
+    if (!p.initialized && p.completed == 0) {
+      std::memcpy(WritableWeights(p), data, payload.size());
+      if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
+      p.initialized = true;
+      p.encoded_round = -1;
+    }
+    return absl::OkStatus();
+  }
+  if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
+  if (config_.consistency() == ASYNC) {
+    const uint32_t w = h.worker_rank();
+    if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
+    if (h.replica_request_id() <= p.last_request[w]) return absl::OkStatus();  // applied already
+  }
+  if (h.round() < p.completed) return absl::OkStatus();  // applied already
+  if (h.round() > p.completed) {
+    return absl::DataLossError(absl::StrCat("partition ", p.id, ": replica update ", h.round(), " arrived but this copy has applied ",
+                                            p.completed, " (an update is missing)"));
+  }
+  if (config_.consistency() == ASYNC) {
+    optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n);
+    p.last_request[h.worker_rank()] = h.replica_request_id();
+    ++p.completed;
+    ++stats_.updates;
+    return absl::OkStatus();
+  }
+  std::memcpy(p.acc.data(), data, payload.size());
+  p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
+  ApplyRound(p);
+  return absl::OkStatus();
+}
+
+void PartitionEngine::RunDeferred() {
+  std::vector<Deferred> ready = std::move(deferred_);
+  deferred_.clear();
+  for (Deferred& d : ready) {
+    if (d.header.epoch() > epoch_) {
+      deferred_.push_back(std::move(d));
+      continue;
+    }
+    Handle(d.peer, d.header, d.has_payload ? &d.payload : nullptr);
+  }
+}
+
+}  // namespace shardps
