@@ -94,6 +94,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->contributed.assign(workers, false);
     p->incarnation.assign(workers, 0);
     p->last_request.assign(workers, 0);
+    p->applied_by.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
     if (config_.consistency() == SYNC) {
       p->acc.assign(p->n, 0.0f);
@@ -171,6 +172,17 @@ absl::Status PartitionEngine::CheckIncarnation(Partition& p, const DataHeader& h
   }
   p.incarnation[w] = incarnation;
   return absl::OkStatus();
+}
+
+std::vector<PartitionUpdates> PartitionEngine::UpdateCounts() const {
+  std::vector<PartitionUpdates> out;
+  for (const auto& [id, p] : partitions_) {
+    if (!p->primary) continue;
+    PartitionUpdates u{id, p->completed, {}};
+    if (config_.consistency() == ASYNC) u.applied_by_worker = p->applied_by;
+    out.push_back(std::move(u));
+  }
+  return out;
 }
 
 const float* PartitionEngine::weights(uint64_t partition_id) const {
@@ -484,6 +496,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
     }
     optimizer_->Apply(p.completed, 1.0f, g, WritableWeights(p), p.state.data(), p.n);
     p.last_request[w] = h.request_id();
+    ++p.applied_by[w];
     ++p.completed;
     ++stats_.updates;
     DataHeader update;

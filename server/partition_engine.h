@@ -35,6 +35,14 @@ struct EngineStats {
   uint64_t updates = 0;    // optimizer steps applied
 };
 
+// What one partition's primary has applied, for the accounting of lost and
+// duplicate updates: sync rounds, and per worker the async pushes.
+struct PartitionUpdates {
+  uint64_t partition = 0;
+  uint64_t completed = 0;
+  std::vector<uint64_t> applied_by_worker;  // async only
+};
+
 class PartitionEngine {
  public:
   // Sends one answer to `peer`. `payload` may be null (errors, acks).
@@ -79,6 +87,8 @@ class PartitionEngine {
   void FailWaiting(const absl::Status& status);
 
   const EngineStats& stats() const { return stats_; }
+  // One entry per partition this server is the primary of.
+  std::vector<PartitionUpdates> UpdateCounts() const;
   // Current weights of a partition, for tests; null if not owned.
   const float* weights(uint64_t partition_id) const;
 
@@ -122,6 +132,7 @@ class PartitionEngine {
     uint32_t contributors = 0;             // sync: gradients in the last completed round
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
+    std::vector<uint64_t> applied_by;      // async: per worker, pushes applied
     std::vector<Waiter> waiting;           // pulls waiting for `completed`
     std::vector<ParkedPush> ahead;         // pushes for a later round
     // Replication: whether this server is the primary (else a backup), the

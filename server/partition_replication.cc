@@ -154,6 +154,7 @@ absl::Status PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, co
   if (config_.consistency() == ASYNC) {
     optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n);
     p.last_request[h.worker_rank()] = h.replica_request_id();
+    ++p.applied_by[h.worker_rank()];
     ++p.completed;
     ++stats_.updates;
     return absl::OkStatus();

@@ -98,6 +98,7 @@ class ParameterServerImpl : public ParameterServer {
 
   void RequestStop() override { stop_.store(true); }
   std::string data_address() const override { return data_address_; }
+  std::vector<PartitionUpdates> UpdateCounts() const override { return engine_->UpdateCounts(); }
   uint32_t index() const override { return index_; }
 
  private:

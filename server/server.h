@@ -45,6 +45,10 @@ class ParameterServer {
   // Async-signal-safe: only sets a flag that Run() polls.
   virtual void RequestStop() = 0;
 
+  // After Run(): what this server's primaries applied (lost/duplicate
+  // update accounting).
+  virtual std::vector<PartitionUpdates> UpdateCounts() const = 0;
+
   virtual std::string data_address() const = 0;
   virtual uint32_t index() const = 0;
 };

@@ -93,6 +93,8 @@ TEST(FailureTest, AWorkerKilledInSyncIsRemovedAndTheOthersFinish) {
   EXPECT_GE(recovered, detected) << run.out;
   EXPECT_LT(recovered, 120) << "recovered by a request timeout, not by failure detection";
   EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
 TEST(FailureTest, TrainingGoesOnWhileTheSchedulerIsDeadAndARestartedOneResumesTheCluster) {
@@ -133,6 +135,8 @@ TEST(FailureTest, AKilledServersPartitionsFailOverToTheirBackupsBitwiseUnchanged
   EXPECT_THAT(killed.err, HasSubstr("fail over to their backups"));
   EXPECT_THAT(killed.err, Not(HasSubstr("no answer within")));
   EXPECT_GE(Field(killed.out, "recovered_seconds"), Field(killed.out, "detected_seconds")) << killed.out;
+  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
+  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
   ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
   EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
@@ -143,6 +147,8 @@ TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_THAT(run.err, HasSubstr("fail over to their backups"));
   EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
 // Forwards to a real scheduler client; the test can publish shard maps of

@@ -99,8 +99,10 @@ int ServerCommand(const Args& args) {
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
-  std::string info_file;
+  std::string info_file, updates_file;
   flags.String("info-file", &info_file, "once registered, write 'INDEX DATA_ADDRESS' here");
+  flags.String("updates-file", &updates_file,
+               "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]'");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
   if (flags.help()) return 0;
@@ -121,6 +123,15 @@ int ServerCommand(const Args& args) {
   g_stop.store(true);
   stopper.join();
   if (!s.ok()) return Fail("server", s);
+  if (!updates_file.empty()) {
+    std::string text;
+    for (const PartitionUpdates& u : (*server)->UpdateCounts()) {
+      absl::StrAppend(&text, u.partition, " ", u.completed);
+      for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
+      text += "\n";
+    }
+    if (absl::Status w = WriteFileDurably(updates_file, text); !w.ok()) return Fail("server", w);
+  }
   return 0;
 }
 
@@ -179,6 +190,7 @@ int TrainCommand(const Args& args) {
       "bytes_pulled %d\n",
       result->test_accuracy, result->final_loss, result->steps, result->samples, result->wall_seconds,
       result->bytes_pushed, result->bytes_pulled);
+  for (const auto& [partition, n] : result->acked_pushes) absl::StrAppend(&text, "acked.", partition, " ", n, "\n");
   if (!result_file.empty()) {
     if (absl::Status s = WriteFileDurably(result_file + ".sha256", WeightsSha256(result->params)); !s.ok()) {
       return Fail("train", s);

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
@@ -73,7 +75,24 @@ struct Outcome {
   double wall_seconds = 0;
   std::vector<FaultRecord> faults;
   std::string weights_sha256;  // rank 0's final weights
+  UpdateAccounting updates;
 };
+
+// The surviving servers' --updates-file lines: ID COMPLETED [APPLIED_BY...].
+std::map<uint64_t, PartitionApplied> ReadApplied(const std::string& path) {
+  std::map<uint64_t, PartitionApplied> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    uint64_t id;
+    PartitionApplied a;
+    if (!(fields >> id >> a.completed)) continue;
+    for (uint64_t n; fields >> n;) a.applied_by_worker.push_back(n);
+    out[id] = std::move(a);
+  }
+  return out;
+}
 
 // Rank 0's step count, written by `shardps train --progress-file`.
 int64_t ReadProgress(const std::string& path) {
@@ -137,7 +156,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   for (int i = 0; i < o.servers; ++i) {
     auto server = Spawn(absl::StrCat("server ", i),
                         {self, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0", "--info-file",
-                         absl::StrCat(dir, "/server.", i), verbose},
+                         absl::StrCat(dir, "/server.", i), "--updates-file", absl::StrCat(dir, "/updates.", i), verbose},
                         true);
     if (!server.ok()) return fail(server.status());
     daemons.push_back(*server);
@@ -204,6 +223,20 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (code != 0) return fail(absl::InternalError(absl::StrCat(daemons[i].name, " ", DescribeExit(code),
                                                                 " on SIGTERM (expected a clean exit)")));
   }
+  // Each partition is reported by the server that is its primary at the end.
+  std::map<uint64_t, PartitionApplied> applied;
+  for (int i = 0; i < o.servers; ++i) applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+  std::map<int, std::map<uint64_t, uint64_t>> acked;
+  for (int r = 0; r < o.workers; ++r) {
+    if (injector != nullptr && injector->WorkerKilled(r)) continue;
+    for (const auto& [key, value] : ReadResult(absl::StrCat(dir, "/result.", r))) {
+      uint64_t partition;
+      if (absl::StartsWith(key, "acked.") && absl::SimpleAtoi(key.substr(6), &partition)) {
+        acked[r][partition] = static_cast<uint64_t>(value);
+      }
+    }
+  }
+  out.updates = AccountUpdates(config.consistency() == ASYNC, applied, acked);
   return out;
 }
 
@@ -288,6 +321,7 @@ int LocalCommand(const Args& args) {
   std::map<std::string, double> result;
   std::vector<FaultRecord> fault_records;
   std::string weights_sha256;
+  std::string lost = "null", duplicates = "null";  // measured on a cluster only
   uint64_t pushed = 0, pulled = 0;
   int64_t samples = 0;
   double wall = 0;
@@ -329,6 +363,8 @@ int LocalCommand(const Args& args) {
     wall = outcome->wall_seconds;
     fault_records = outcome->faults;
     weights_sha256 = outcome->weights_sha256;
+    lost = absl::StrCat(outcome->updates.lost);
+    duplicates = absl::StrCat(outcome->updates.duplicates);
   }
   const std::string consistency = o.reference ? "reference" : ConsistencyName(config->consistency());
   std::cout << absl::StrFormat(
@@ -340,11 +376,12 @@ int LocalCommand(const Args& args) {
         "{\"test_accuracy\": %.6f, \"consistency\": \"%s\", \"servers\": %d, \"workers\": %d, \"epochs\": %d, "
         "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
         "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d, "
-        "\"faults\": %s, \"recovery_seconds\": %s, \"weights_sha256\": \"%s\"}\n",
+        "\"faults\": %s, \"recovery_seconds\": %s, \"lost_updates\": %s, \"duplicate_updates\": %s, "
+        "\"weights_sha256\": \"%s\"}\n",
         result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
         result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker,
-        FaultsJson(fault_records), RecoverySeconds(fault_records), weights_sha256);
+        FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256);
   }
   return 0;
 }

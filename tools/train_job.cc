@@ -256,6 +256,7 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
   WorkerStats stats = worker.stats();
   result.bytes_pushed = stats.bytes_pushed;
   result.bytes_pulled = stats.bytes_pulled;
+  result.acked_pushes = stats.acked_pushes;
   return result;
 }
 
@@ -333,6 +334,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   WorkerStats stats = worker.stats();
   result.bytes_pushed = stats.bytes_pushed;
   result.bytes_pulled = stats.bytes_pulled;
+  result.acked_pushes = stats.acked_pushes;
   result.params = params;
   return result;
 }

@@ -4,6 +4,7 @@
 #define SHARDPS_TOOLS_TRAIN_JOB_H_
 
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ struct TrainResult {
   double wall_seconds = 0;
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
+  std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes acknowledged
   std::vector<std::vector<float>> params;  // final weights
 };
 

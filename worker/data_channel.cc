@@ -212,6 +212,7 @@ void DataChannel::Complete(uint64_t request_id, const absl::Status& status) {
   auto it = pending_.find(request_id);
   const Pending p = std::move(it->second);
   pending_.erase(it);
+  if (status.ok() && (p.header.op() == PUSH || p.header.op() == PUSH_PULL)) ++acked_pushes_[p.partition];
   HandleState& h = handles_[p.handle];
   if (!status.ok() && h.status.ok()) {
     h.status = absl::Status(status.code(), absl::StrCat(h.what, ": server ", p.server, " (", addresses_[p.server],

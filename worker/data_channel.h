@@ -79,6 +79,11 @@ class DataChannel {
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
+  // Per partition id, pushes (PUSH, PUSH_PULL) answered OK.
+  absl::flat_hash_map<uint64_t, uint64_t> acked_pushes() const {
+    absl::MutexLock lock(&mu_);
+    return acked_pushes_;
+  }
 
  private:
   struct Pending {
@@ -133,6 +138,7 @@ class DataChannel {
   absl::node_hash_map<uint64_t, HandleState> handles_ ABSL_GUARDED_BY(mu_);
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // per server; ok = serving
+  absl::flat_hash_map<uint64_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};
 };

@@ -192,6 +192,7 @@ class WorkerImpl : public Worker {
       s.bytes_pushed = channel_->bytes_sent();
       s.bytes_pulled = channel_->bytes_received();
       s.requests = channel_->requests_sent();
+      for (const auto& [partition, n] : channel_->acked_pushes()) s.acked_pushes[partition] = n;
     }
     return s;
   }

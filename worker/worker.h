@@ -21,6 +21,7 @@
 #define SHARDPS_WORKER_WORKER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,7 @@ struct WorkerStats {
   uint64_t bytes_pushed = 0;  // payload bytes sent (gradients and INIT)
   uint64_t bytes_pulled = 0;  // payload bytes received (weights)
   uint64_t requests = 0;      // data-plane requests sent
+  std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes answered OK
 };
 
 class Worker {
