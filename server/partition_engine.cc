@@ -418,12 +418,15 @@ void PartitionEngine::CompleteRound(Partition& p) {
   // was removed from the job.
   p.contributors = p.arrivals;
   SumRound(p);
-  ApplyRound(p);
+  // Sent before applying here, so this copy's optimizer pass overlaps the
+  // transfer and the backups' own pass.
   DataHeader update;
   update.set_replica_of(PUSH);
-  update.set_round(p.completed - 1);
+  update.set_round(p.completed);
   update.set_contributors(p.contributors);
-  if (Replicate(p, update, p.acc.data(), p.n * sizeof(float)) > 0) return;  // FinishRound once confirmed
+  const uint64_t sequence = Replicate(p, update, p.acc.data(), p.n * sizeof(float));
+  ApplyRound(p);
+  if (sequence > 0) return;  // FinishRound once confirmed
   FinishRound(p);
 }
 
@@ -494,17 +497,17 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
       }
       g = p.scratch.data();
     }
+    DataHeader update;  // sent first: the transfer overlaps the apply below
+    update.set_replica_of(PUSH);
+    update.set_round(p.completed);
+    update.set_worker_rank(w);
+    update.set_replica_request_id(h.request_id());
+    sequence = std::max(sequence, Replicate(p, update, g, p.n * sizeof(float)));
     optimizer_->Apply(p.completed, 1.0f, g, WritableWeights(p), p.state.data(), p.n);
     p.last_request[w] = h.request_id();
     ++p.applied_by[w];
     ++p.completed;
     ++stats_.updates;
-    DataHeader update;
-    update.set_replica_of(PUSH);
-    update.set_round(p.completed - 1);
-    update.set_worker_rank(w);
-    update.set_replica_request_id(h.request_id());
-    sequence = std::max(sequence, Replicate(p, update, g, p.n * sizeof(float)));
   }  // else: a retry of an applied push; answer without applying twice.
   AnswerWhenConfirmed(p, peer, h, sequence);
 }

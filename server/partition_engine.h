@@ -163,7 +163,11 @@ class PartitionEngine {
   // Answers what waited for confirmations, and lets the next round complete.
   void OnConfirmed(Partition& p);
   void HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload);
-  absl::Status ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // Validates replica update `h`: true when it is new, false when this copy
+  // has applied it already; an error for a gap or a malformed update.
+  absl::StatusOr<bool> ReplicaIsNew(const Partition& p, const DataHeader& h) const;
+  // REQUIRES: ReplicaIsNew(p, h) returned true; `payload` holds n floats.
+  void ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // Holds an answer until the backups confirm update `sequence`.
   void AnswerWhenConfirmed(Partition& p, const zmq::message_t& peer, const DataHeader& request, uint64_t sequence);
   // Applies the round in p.acc (p.contributors gradients), then encodes its

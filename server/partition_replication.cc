@@ -122,47 +122,56 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ",
                                                 payload ? payload->size() : 0, " bytes, expected ",
                                                 it->second->n * sizeof(float)));
-  } else {
-    s = ApplyReplica(*it->second, h, *payload);
+  }
+  bool apply = false;
+  if (s.ok()) {
+    auto is_new = ReplicaIsNew(*it->second, h);
+    s = is_new.status();
+    apply = is_new.ok() && *is_new;
   }
   if (!s.ok()) LOG(ERROR) << "server " << server_index_ << ": " << s;
+  // Confirmed before applying, to keep this pass off the primary's critical
+  // path: this thread applies it before it handles anything else, so no
+  // request can see this copy without it.
   Answer(peer, h, s);  // echoes the request id the primary matches
+  if (apply) ApplyReplica(*it->second, h, *payload);
 }
 
-absl::Status PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
-  const float* data = payload.data<float>();
-  if (h.replica_of() == INIT) {
-    if (!p.initialized && p.completed == 0) {
-      std::memcpy(WritableWeights(p), data, payload.size());
-      if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
-      p.initialized = true;
-      p.encoded_round = -1;
-    }
-    return absl::OkStatus();
-  }
+absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const DataHeader& h) const {
+  if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
   if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
   if (config_.consistency() == ASYNC) {
     const uint32_t w = h.worker_rank();
     if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
-    if (h.replica_request_id() <= p.last_request[w]) return absl::OkStatus();  // applied already
+    if (h.replica_request_id() <= p.last_request[w]) return false;
   }
-  if (h.round() < p.completed) return absl::OkStatus();  // applied already
+  if (h.round() < p.completed) return false;
   if (h.round() > p.completed) {
-    return absl::DataLossError(absl::StrCat("partition ", p.id, ": replica update ", h.round(), " arrived but this copy has applied ",
-                                            p.completed, " (an update is missing)"));
+    return absl::DataLossError(absl::StrCat("partition ", p.id, ": replica update ", h.round(),
+                                            " arrived but this copy has applied ", p.completed,
+                                            " (an update is missing)"));
   }
-  if (config_.consistency() == ASYNC) {
+  return true;
+}
+
+void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+  const float* data = payload.data<float>();
+  if (h.replica_of() == INIT) {
+    std::memcpy(WritableWeights(p), data, payload.size());
+    if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
+    p.initialized = true;
+    p.encoded_round = -1;
+  } else if (config_.consistency() == ASYNC) {
     optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n);
     p.last_request[h.worker_rank()] = h.replica_request_id();
     ++p.applied_by[h.worker_rank()];
     ++p.completed;
     ++stats_.updates;
-    return absl::OkStatus();
+  } else {
+    std::memcpy(p.acc.data(), data, payload.size());
+    p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
+    ApplyRound(p);
   }
-  std::memcpy(p.acc.data(), data, payload.size());
-  p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
-  ApplyRound(p);
-  return absl::OkStatus();
 }
 
 void PartitionEngine::RunDeferred() {

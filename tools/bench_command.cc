@@ -33,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 struct BenchOptions {
   int64_t servers = 1, workers = 1, bytes = 4 << 20, iters = 200, warmup = 20, partition_bytes = 1 << 20;
   std::string op = "pushpull", consistency = "sync";
+  std::vector<std::string> sets;  // config overrides, e.g. replication=1
   bool json = false;
 };
 
@@ -212,6 +213,9 @@ absl::Status RunBench(const BenchOptions& o) {
   if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) return s;
   config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
   config.mutable_optimizer()->set_learning_rate(1e-3f);
+  for (const std::string& s : o.sets) {
+    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
+  }
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
 
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-bench-", getpid());
@@ -307,6 +311,7 @@ int BenchCommand(const Args& args) {
   flags.String("op", &o.op, "pushpull (one request) or push-then-pull");
   flags.String("consistency", &o.consistency, "sync or async");
   flags.Bool("json", &o.json, "print one JSON object as the last line");
+  flags.Repeated("set", &o.sets, "override one config field, e.g. --set replication=1");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps bench: " << s.message() << "\n";
     return 2;
