@@ -72,11 +72,13 @@ class GrpcSchedulerClient : public SchedulerClient {
     return response;
   }
 
-  absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout) override {
+  absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout, BarrierResponse* out) override {
     BarrierResponse response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(true);
-    return FromGrpc(stub_->Barrier(ctx.get(), request, &response), address(),
+    grpc::Status s = stub_->Barrier(ctx.get(), request, &response);
+    if (s.ok() && out != nullptr) *out = std::move(response);
+    return FromGrpc(s, address(),
                     absl::StrCat("barrier '", request.name(), "'"));
   }
 
@@ -139,16 +141,19 @@ class GrpcSchedulerClient : public SchedulerClient {
           on_map(map);
         }
         grpc::Status s = reader->Finish();
-        absl::MutexLock lock(&mu_);
-        ctx_ = nullptr;
-        if (cancelled_) return;
+        {
+          absl::MutexLock lock(&mu_);
+          ctx_ = nullptr;
+          if (cancelled_) return;
+        }
         absl::Status st = FromGrpc(s, address, "watching the shard map");
         if (st.ok()) st = absl::UnavailableError(absl::StrCat("scheduler ", address, " closed the shard-map stream"));
-        mu_.Unlock();
         on_error(st);
-        mu_.Lock();
-        auto cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_; };
-        mu_.AwaitWithTimeout(absl::Condition(&cancelled), pause);
+        {
+          absl::MutexLock lock(&mu_);
+          auto cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_; };
+          mu_.AwaitWithTimeout(absl::Condition(&cancelled), pause);
+        }
         pause = std::min(pause * 2, absl::Seconds(2));
       }
     }

@@ -32,7 +32,9 @@ class SchedulerClient {
                                                       absl::Duration timeout) = 0;
   virtual absl::StatusOr<ShardMap> DefineTensors(const DefineTensorsRequest& request,
                                                  absl::Duration timeout) = 0;
-  virtual absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout) = 0;
+  // `response` (optional) receives the ranks in the job when it passed.
+  virtual absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout,
+                               BarrierResponse* response = nullptr) = 0;
   virtual absl::StatusOr<StatusResponse> Status(absl::Duration timeout) = 0;
 
   // Streams shard maps to `on_map` from a background thread until the

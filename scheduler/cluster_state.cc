@@ -288,6 +288,10 @@ void ClusterState::PassCompleteBarriers() {
     if (complete) {
       b.generation++;
       b.arrived.clear();
+      b.live_at_pass.clear();
+      for (uint32_t r = 0; r < config_.num_workers(); ++r) {
+        if (!Excluded(r)) b.live_at_pass.push_back(r);
+      }
     }
   }
 }
@@ -351,7 +355,8 @@ std::optional<ShardMap> ClusterState::WaitForMap(uint64_t known_epoch, absl::Tim
   return map_;
 }
 
-absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, absl::Time deadline) {
+absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
+                                   std::vector<uint32_t>* live) {
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->role != WORKER) {
@@ -365,7 +370,10 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   const uint64_t generation = b.generation;
   b.arrived.insert(node->rank);
   PassCompleteBarriers();
-  if (b.generation > generation) return absl::OkStatus();
+  if (b.generation > generation) {
+    if (live != nullptr) *live = b.live_at_pass;
+    return absl::OkStatus();
+  }
   const absl::Time start = clock_();
   auto passed = [&b, generation]() { return b.generation > generation; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&passed), deadline)) {
@@ -378,6 +386,7 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
                                                     absl::FormatDuration(clock_() - start),
                                                     "; missing worker ranks: ", absl::StrJoin(missing, ",")));
   }
+  if (live != nullptr) *live = b.live_at_pass;
   return absl::OkStatus();
 }
 

@@ -71,7 +71,10 @@ class ClusterState {
   // deadline (callers loop, checking for cancellation in between).
   std::optional<ShardMap> WaitForMap(uint64_t known_epoch, absl::Time deadline);
 
-  absl::Status Barrier(uint64_t node_id, const std::string& name, absl::Time deadline);
+  // Returns once every worker still in the job has entered barrier `name`;
+  // `live` (optional) receives the ranks in the job when it passed.
+  absl::Status Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
+                       std::vector<uint32_t>* live = nullptr);
 
   StatusResponse Status();
 
@@ -88,7 +91,8 @@ class ClusterState {
   };
   struct BarrierState {
     uint64_t generation = 0;
-    std::set<uint32_t> arrived;  // worker ranks
+    std::set<uint32_t> arrived;          // worker ranks
+    std::vector<uint32_t> live_at_pass;  // ranks in the job when it last passed
   };
 
   bool ClusterComplete() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -144,8 +144,11 @@ class SchedulerService final : public Scheduler::Service {
                             : grpc::Status::OK;
   }
 
-  grpc::Status Barrier(grpc::ServerContext* ctx, const BarrierRequest* req, BarrierResponse*) override {
-    return ToGrpc(state_.Barrier(req->node_id(), req->name(), Deadline(ctx)));
+  grpc::Status Barrier(grpc::ServerContext* ctx, const BarrierRequest* req, BarrierResponse* resp) override {
+    std::vector<uint32_t> live;
+    absl::Status s = state_.Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
+    for (uint32_t r : live) resp->add_live_workers(r);
+    return ToGrpc(s);
   }
 
   grpc::Status Status(grpc::ServerContext*, const StatusRequest*, StatusResponse* resp) override {

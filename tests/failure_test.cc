@@ -180,8 +180,8 @@ class ControlledScheduler : public SchedulerClient {
     if (dead_) return Gone();
     return real_->DefineTensors(r, t);
   }
-  absl::Status Barrier(const BarrierRequest& r, absl::Duration t) override {
-    return dead_ ? Gone() : real_->Barrier(r, t);
+  absl::Status Barrier(const BarrierRequest& r, absl::Duration t, BarrierResponse* out) override {
+    return dead_ ? Gone() : real_->Barrier(r, t, out);
   }
   absl::StatusOr<StatusResponse> Status(absl::Duration t) override {
     if (dead_) return Gone();

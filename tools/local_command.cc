@@ -102,6 +102,48 @@ int64_t ReadProgress(const std::string& path) {
   return step;
 }
 
+// The position in the launcher's daemons of the server the scheduler gave
+// `index` (from the servers' --info-file).
+absl::StatusOr<size_t> ServerSlot(const std::string& dir, int servers, int index) {
+  for (int i = 0; i < servers; ++i) {
+    std::ifstream in(absl::StrCat(dir, "/server.", i));
+    int registered = -1;
+    if (in >> registered && registered == index) return 1 + i;
+  }
+  return absl::NotFoundError(absl::StrCat("no server process reported index ", index));
+}
+
+// What the surviving workers and servers wrote once stopped: results, rank
+// 0's weights digest, and the lost/duplicate update accounting.
+Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, const ClusterConfig& config,
+                       const FaultInjector* injector) {
+  Outcome out;
+  if (injector != nullptr) out.faults = injector->records();
+  std::map<int, std::map<uint64_t, uint64_t>> acked;
+  for (int r = 0; r < o.workers; ++r) {
+    if (injector != nullptr && injector->WorkerKilled(r)) continue;
+    auto result = ReadResult(absl::StrCat(dir, "/result.", r));
+    out.bytes_pushed += result["bytes_pushed"];
+    out.bytes_pulled += result["bytes_pulled"];
+    out.samples += result["samples"];
+    for (const auto& [key, value] : result) {
+      uint64_t partition;
+      if (absl::StartsWith(key, "acked.") && absl::SimpleAtoi(key.substr(6), &partition)) {
+        acked[r][partition] = static_cast<uint64_t>(value);
+      }
+    }
+    if (r == 0) {
+      out.rank0 = result;
+      std::ifstream(absl::StrCat(dir, "/result.0.sha256")) >> out.weights_sha256;
+    }
+  }
+  // Each partition is reported by the server that is its primary at the end.
+  std::map<uint64_t, PartitionApplied> applied;
+  for (int i = 0; i < o.servers; ++i) applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+  out.updates = AccountUpdates(config.consistency() == ASYNC, applied, acked);
+  return out;
+}
+
 // Runs the cluster; every child is stopped before returning, success or not.
 absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& config,
                                    const std::vector<FaultSpec>& faults) {
@@ -178,14 +220,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
   for (;;) {
     if (injector != nullptr) {
-      auto server_slot = [&](int index) -> absl::StatusOr<size_t> {
-        for (int i = 0; i < o.servers; ++i) {
-          std::ifstream in(absl::StrCat(dir, "/server.", i));
-          int registered = -1;
-          if (in >> registered && registered == index) return 1 + i;
-        }
-        return absl::NotFoundError(absl::StrCat("no server process reported index ", index));
-      };
+      auto server_slot = [&](int index) { return ServerSlot(dir, o.servers, index); };
       if (absl::Status s = injector->Tick(ReadProgress(dir + "/progress.0"), {daemons, workers, server_slot});
           !s.ok()) {
         return fail(s);
@@ -204,39 +239,14 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (absl::Now() > deadline) return fail(absl::DeadlineExceededError("training did not finish within --timeout"));
     if (StopRequested()) return fail(absl::CancelledError("interrupted"));
   }
-  Outcome out;
-  out.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (injector != nullptr) out.faults = injector->records();
-  for (int r = 0; r < o.workers; ++r) {
-    if (injector != nullptr && injector->WorkerKilled(r)) continue;
-    auto result = ReadResult(absl::StrCat(dir, "/result.", r));
-    out.bytes_pushed += result["bytes_pushed"];
-    out.bytes_pulled += result["bytes_pulled"];
-    out.samples += result["samples"];
-    if (r == 0) {
-      out.rank0 = result;
-      std::ifstream(absl::StrCat(dir, "/result.0.sha256")) >> out.weights_sha256;
-    }
-  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (size_t i = daemons.size(); i-- > 0;) {
     int code = Stop(daemons[i], absl::Seconds(10));
     if (code != 0) return fail(absl::InternalError(absl::StrCat(daemons[i].name, " ", DescribeExit(code),
                                                                 " on SIGTERM (expected a clean exit)")));
   }
-  // Each partition is reported by the server that is its primary at the end.
-  std::map<uint64_t, PartitionApplied> applied;
-  for (int i = 0; i < o.servers; ++i) applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
-  std::map<int, std::map<uint64_t, uint64_t>> acked;
-  for (int r = 0; r < o.workers; ++r) {
-    if (injector != nullptr && injector->WorkerKilled(r)) continue;
-    for (const auto& [key, value] : ReadResult(absl::StrCat(dir, "/result.", r))) {
-      uint64_t partition;
-      if (absl::StartsWith(key, "acked.") && absl::SimpleAtoi(key.substr(6), &partition)) {
-        acked[r][partition] = static_cast<uint64_t>(value);
-      }
-    }
-  }
-  out.updates = AccountUpdates(config.consistency() == ASYNC, applied, acked);
+  Outcome out = CollectOutcome(dir, o, config, injector.get());
+  out.wall_seconds = wall;
   return out;
 }
 

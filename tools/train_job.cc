@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <future>
@@ -79,7 +80,6 @@ absl::Status JoinJob(Worker& worker, Mlp& model, const TrainOptions& o) {
 // batch's mean loss out.
 using BatchStep = absl::FunctionRef<absl::StatusOr<float>(const float* images, const uint8_t* labels)>;
 
-// Runs every epoch of one worker's shard through `step`.
 // The step counter another process watches: a fixed-width line rewritten in
 // place (one small pwrite per step).
 class ProgressFile {
@@ -100,15 +100,33 @@ class ProgressFile {
   const int fd_;
 };
 
-absl::Status TrainEpochs(const Data& data, const TrainOptions& o, uint32_t rank, int world, BatchStep step,
-                         std::ostream& log, TrainResult& result) {
-  const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
-  if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
+// Runs every epoch of this worker's shard through `step`. Each epoch after
+// the first starts with a barrier that says which ranks are still in the job:
+// once a worker was removed, the survivors split the whole training set
+// among themselves (in rank order), so no data is dropped for the rest of
+// the job. Until then the shards are exactly those of RunReference.
+absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker, BatchStep step, std::ostream& log,
+                         TrainResult& result) {
+  uint32_t rank = worker.rank();
+  int world = static_cast<int>(worker.config().num_workers());
   std::vector<float> images;
   std::vector<uint8_t> labels;
   ProgressFile progress(o.progress_file);
   const auto start = std::chrono::steady_clock::now();
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    if (epoch > 0) {
+      std::vector<uint32_t> live;
+      SHARDPS_RETURN_IF_ERROR(worker.Barrier(absl::StrCat("epoch ", epoch), &live));
+      auto me = std::find(live.begin(), live.end(), worker.rank());
+      if (me != live.end() && static_cast<int>(live.size()) != world) {
+        log << "worker " << worker.rank() << ": " << live.size() << " workers remain; epoch " << epoch + 1
+            << " splits the training set among them\n";
+        rank = static_cast<uint32_t>(me - live.begin());
+        world = static_cast<int>(live.size());
+      }
+    }
+    const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
+    if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
     std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
     for (int s = 0; s < steps_per_epoch; ++s) {
       if (o.max_steps > 0 && result.steps >= o.max_steps) break;
@@ -241,8 +259,7 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
     SHARDPS_RETURN_IF_ERROR(group->Round(o.step_timeout));
     return loss;
   };
-  const int world = static_cast<int>(worker.config().num_workers());
-  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker.rank(), world, step, log, result));
+  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   // Sum-only: the group's host weights are the job's weights (updated in
   // place by every round); the servers hold only the initial ones.
@@ -321,8 +338,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
     SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, &grads, o.step_timeout));
     return loss;
   };
-  const int world = static_cast<int>(worker.config().num_workers());
-  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker.rank(), world, step, log, result));
+  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
   // Everyone finishes, then evaluates the same (latest) weights.
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   // In sum-only mode the weights live on the workers (identical after every

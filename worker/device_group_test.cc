@@ -52,7 +52,7 @@ class FakeWorker : public Worker {
   absl::Status InitTensor(const std::string&, absl::Span<const float>, absl::Duration) override {
     return absl::UnimplementedError("fake");
   }
-  absl::Status Barrier(const std::string&) override { return absl::OkStatus(); }
+  absl::Status Barrier(const std::string&, std::vector<uint32_t>*) override { return absl::OkStatus(); }
   absl::StatusOr<Handle> Push(const std::string&, absl::Span<const float>) override {
     return absl::UnimplementedError("fake");
   }

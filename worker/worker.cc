@@ -133,7 +133,7 @@ class WorkerImpl : public Worker {
     return channel_->Wait(*handle, timeout);
   }
 
-  absl::Status Barrier(const std::string& name) override {
+  absl::Status Barrier(const std::string& name, std::vector<uint32_t>* live_ranks) override {
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);
@@ -141,7 +141,10 @@ class WorkerImpl : public Worker {
     // from its state) until the deadline.
     const absl::Time deadline = absl::Now() + options_.control_timeout;
     for (;;) {
-      absl::Status s = scheduler_->Barrier(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+      BarrierResponse response;
+      absl::Status s =
+          scheduler_->Barrier(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)), &response);
+      if (s.ok() && live_ranks != nullptr) live_ranks->assign(response.live_workers().begin(), response.live_workers().end());
       if (!absl::IsUnavailable(s) || absl::Now() >= deadline) return s;
       absl::SleepFor(absl::Milliseconds(200));
     }

@@ -80,8 +80,11 @@ class Worker {
   virtual absl::Status InitTensor(const std::string& name, absl::Span<const float> values,
                                   absl::Duration timeout) = 0;
 
-  // Returns once every worker has entered the barrier `name`.
-  virtual absl::Status Barrier(const std::string& name) = 0;
+  // Returns once every worker still in the job has entered the barrier
+  // `name`. `live_ranks` (optional) receives the ranks in the job when it
+  // passed: the same list for every worker, so they can agree on how to
+  // split the data once a worker was removed.
+  virtual absl::Status Barrier(const std::string& name, std::vector<uint32_t>* live_ranks = nullptr) = 0;
 
   // Sends this worker's gradient for its next round of `name`.
   virtual absl::StatusOr<Handle> Push(const std::string& name, absl::Span<const float> gradient) = 0;
