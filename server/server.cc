@@ -78,8 +78,11 @@ class ParameterServerImpl : public ParameterServer {
         if (peer) items.push_back({peer->handle(), 0, ZMQ_POLLIN, 0});
       }
       PollOrInterrupted(items.data(), items.size(), std::chrono::milliseconds(20));
-      // Drain what is queued before polling again.
+      // Confirmations first (they release answers workers wait for), then
+      // drain what is queued before polling again.
+      ReceivePeerAnswers();
       for (int i = 0; i < 1024 && ReceiveOne(); ++i) {
+        if ((i & 15) == 15) ReceivePeerAnswers();
       }
       ReceivePeerAnswers();
     }
