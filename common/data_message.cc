@@ -55,6 +55,26 @@ int PollOrInterrupted(zmq::pollitem_t* items, size_t count, std::chrono::millise
   }
 }
 
+zmq::send_result_t SendRetrying(zmq::socket_t& socket, zmq::message_t& message, zmq::send_flags flags) {
+  for (;;) {
+    try {
+      return socket.send(message, flags);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+  }
+}
+
+zmq::recv_result_t RecvRetrying(zmq::socket_t& socket, zmq::message_t& message, zmq::recv_flags flags) {
+  for (;;) {
+    try {
+      return socket.recv(message, flags);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+  }
+}
+
 absl::Status ResponseStatus(const DataHeader& header) {
   if (header.status_code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(header.status_code()), header.error());

@@ -32,6 +32,13 @@ zmq::message_t BorrowedFrame(const void* data, size_t bytes);
 // instead of throwing; daemons poll while SIGTERM may arrive.
 int PollOrInterrupted(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout);
 
+// socket.send / socket.recv that retry when a signal interrupts them (EINTR)
+// instead of throwing: daemons send and receive while SIGTERM may arrive.
+// Return what cppzmq returns (nullopt: would block, with dontwait).
+zmq::send_result_t SendRetrying(zmq::socket_t& socket, zmq::message_t& message, zmq::send_flags flags);
+zmq::recv_result_t RecvRetrying(zmq::socket_t& socket, zmq::message_t& message,
+                                zmq::recv_flags flags = zmq::recv_flags::none);
+
 // The status carried by a response header.
 absl::Status ResponseStatus(const DataHeader& header);
 // Fills the status fields of a response header.

@@ -108,23 +108,23 @@ class ParameterServerImpl : public ParameterServer {
   // Receives and handles one message without blocking; false if none queued.
   bool ReceiveOne() {
     zmq::message_t peer;
-    if (!socket_.recv(peer, zmq::recv_flags::dontwait)) return false;
+    if (!RecvRetrying(socket_, peer, zmq::recv_flags::dontwait)) return false;
     zmq::message_t header_frame, payload;
     int frames = 1;
     bool more = peer.more();
     if (more) {
-      (void)socket_.recv(header_frame);
+      (void)RecvRetrying(socket_, header_frame);
       ++frames;
       more = header_frame.more();
     }
     if (more) {
-      (void)socket_.recv(payload);
+      (void)RecvRetrying(socket_, payload);
       ++frames;
       more = payload.more();
     }
     while (more) {  // discard frames beyond the protocol's three
       zmq::message_t extra;
-      (void)socket_.recv(extra);
+      (void)RecvRetrying(socket_, extra);
       ++frames;
       more = extra.more();
     }
@@ -147,9 +147,9 @@ class ParameterServerImpl : public ParameterServer {
     zmq::message_t id(peer.data(), peer.size());
     zmq::message_t head = HeaderFrame(header);
     // A vanished peer is not an error for the server: its answer is dropped.
-    (void)socket_.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    (void)socket_.send(head, payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    if (payload != nullptr) (void)socket_.send(*payload, zmq::send_flags::none);
+    (void)SendRetrying(socket_, id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    (void)SendRetrying(socket_, head, payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    if (payload != nullptr) (void)SendRetrying(socket_, *payload, zmq::send_flags::none);
   }
 
   // REPLICATE to a backup, on a DEALER connected on first use.
@@ -168,8 +168,8 @@ class ParameterServerImpl : public ParameterServer {
       peers_[server] = std::move(socket);
     }
     zmq::message_t head = HeaderFrame(header);
-    (void)peers_[server]->send(head, zmq::send_flags::sndmore);
-    (void)peers_[server]->send(payload, zmq::send_flags::none);
+    (void)SendRetrying(*peers_[server], head, zmq::send_flags::sndmore);
+    (void)SendRetrying(*peers_[server], payload, zmq::send_flags::none);
   }
 
   // Backups' confirmations of REPLICATE requests.
@@ -177,11 +177,11 @@ class ParameterServerImpl : public ParameterServer {
     for (uint32_t s = 0; s < peers_.size(); ++s) {
       if (!peers_[s]) continue;
       zmq::message_t head;
-      while (peers_[s]->recv(head, zmq::recv_flags::dontwait)) {
+      while (RecvRetrying(*peers_[s], head, zmq::recv_flags::dontwait)) {
         bool more = head.more();
         while (more) {
           zmq::message_t extra;
-          (void)peers_[s]->recv(extra);
+          (void)RecvRetrying(*peers_[s], extra);
           more = extra.more();
         }
         DataHeader answer;
