@@ -26,4 +26,13 @@ inline absl::Status CudaStatus(cudaError_t err, const char* call, const char* fi
     if (!_st.ok()) return _st;                                                     \
   } while (0)
 
+// Checks a kernel launch. cudaGetLastError also returns (and clears) an error
+// left by an earlier call that nobody checked, which would then be blamed on
+// this launch: clear it first with SHARDPS_CUDA_CLEAR_STALE_ERROR() right
+// before the <<<...>>>, then check with SHARDPS_CUDA_RETURN_IF_LAUNCH_FAILED().
+// (Sticky errors, such as a lost device, survive the clearing and are
+// reported.)
+#define SHARDPS_CUDA_CLEAR_STALE_ERROR() (void)cudaGetLastError()
+#define SHARDPS_CUDA_RETURN_IF_LAUNCH_FAILED() SHARDPS_CUDA_RETURN_IF_ERROR(cudaGetLastError())
+
 #endif  // SHARDPS_COMMON_CUDA_STATUS_H_

@@ -422,8 +422,9 @@ template <typename Launch>
 absl::Status DeviceCheck(unsigned long long* flag, cudaStream_t s, Launch&& launch,
                          const char* what) {
   SHARDPS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0xff, sizeof(*flag), s));
+  SHARDPS_CUDA_CLEAR_STALE_ERROR();
   launch();
-  SHARDPS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  SHARDPS_CUDA_RETURN_IF_LAUNCH_FAILED();
   unsigned long long bad = 0;
   absl::Status st = Fetch(&bad, flag, sizeof(bad), s);
   if (!st.ok()) return st;

@@ -62,7 +62,9 @@ int Blocks(size_t len) {
 class CudaLocalReducer : public LocalReducer {
  public:
   CudaLocalReducer(std::vector<Device*> devices, bool use_nccl)
-      : LocalReducer(devices), use_nccl_(use_nccl) {}
+      : LocalReducer(devices), use_nccl_(use_nccl) {
+    for (Device* d : devices) ordinals_.push_back(AsCudaDevice(*d).ordinal());
+  }
   ~CudaLocalReducer() override;
 
   // Creates one event per device (and NCCL communicators when asked).
@@ -94,6 +96,11 @@ class CudaLocalReducer : public LocalReducer {
 #endif
 
   const bool use_nccl_;
+  // The devices' ordinals, kept so that teardown never dereferences a
+  // device: a reducer replaced after its devices were destroyed freed its
+  // memory through a dangling Device (an invalid ordinal, then a stale error
+  // blamed on the next kernel launch).
+  std::vector<int> ordinals_;
   std::vector<cudaEvent_t> events_;  // events_[d] lives on device d.
   float* scratch_ = nullptr;         // Device 0: D-1 peer slices + 1 result.
   size_t scratch_floats_ = 0;
@@ -107,12 +114,13 @@ CudaLocalReducer::~CudaLocalReducer() {
   for (ncclComm_t comm : comms_) ncclCommDestroy(comm);
 #endif
   for (int d = 0; d < static_cast<int>(events_.size()); ++d) {
-    ScopedCudaDevice scoped(cuda(d).ordinal());
+    ScopedCudaDevice scoped(ordinals_[d]);
     cudaEventDestroy(events_[d]);
   }
-  ScopedCudaDevice scoped(cuda(0).ordinal());
+  ScopedCudaDevice scoped(ordinals_[0]);
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
+  (void)cudaGetLastError();  // teardown errors have no caller: leave none behind for the next launch check
 }
 
 absl::Status CudaLocalReducer::Init() {
@@ -200,10 +208,11 @@ absl::Status CudaLocalReducer::MergeWithPeerCopies(absl::Span<const DeviceBuffer
                             cuda(p + 1).ordinal(), len * sizeof(float), root_stream()));
   }
   float* sum = scratch_ + peers * len;
+  SHARDPS_CUDA_CLEAR_STALE_ERROR();
   SumInDeviceOrderKernel<<<Blocks(len), kThreads, 0, root_stream()>>>(
       inputs[0]->data() + offset, scratch_, peers, len, len, op == MergeOp::kAverage,
       1.0f / static_cast<float>(num_devices()), sum);
-  SHARDPS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  SHARDPS_CUDA_RETURN_IF_LAUNCH_FAILED();
   *result = sum;
   return absl::OkStatus();
 }
@@ -272,9 +281,10 @@ absl::Status CudaLocalReducer::MergeWithNccl(absl::Span<const DeviceBuffer* cons
   if (op == MergeOp::kAverage) {
     ScopedCudaDevice scoped(cuda(0).ordinal());
     SHARDPS_RETURN_IF_ERROR(scoped.status());
+    SHARDPS_CUDA_CLEAR_STALE_ERROR();
     ScaleKernel<<<Blocks(len), kThreads, 0, root_stream()>>>(
         scratch_, len, 1.0f / static_cast<float>(num_devices()));
-    SHARDPS_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    SHARDPS_CUDA_RETURN_IF_LAUNCH_FAILED();
   }
   *result = scratch_;
   return absl::OkStatus();

@@ -63,6 +63,7 @@ TEST_F(CudaLocalReducerTest, CudaMergeIsBitwiseEqualToCpuOrder) {
   for (int d : {1, 2, 3, 5, 8}) {
     for (size_t n : {size_t{1}, size_t{1023}, (size_t{1} << 20) + 3}) {
       const auto grads = RandomGradients(d, n, 42 + d);
+      reducer_.reset();  // a reducer borrows its devices: it goes first
       buffers_.clear();
       devices_.clear();
       MakeTier(grads);
