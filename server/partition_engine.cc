@@ -72,6 +72,8 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->id = info.id();
     p->n = info.num_elements();
     const std::string& tensor = map.tensors(info.tensor()).name();
+    p->tensor = tensor;
+    p->offset = info.offset();
     auto codecs = compression::CodecsForPartition(config_, tensor, p->n);
     if (!codecs.ok()) return codecs.status();
     p->codecs = *std::move(codecs);
@@ -106,9 +108,13 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     } else if (push != nullptr) {
       p->scratch.assign(p->n, 0.0f);
     }
+    if (epoch_ == 0 && !config_.checkpoint().restore_dir().empty()) {
+      if (absl::Status s = RestorePartition(*p); !s.ok()) return s;
+    }
     UpdateRole(*p, info);
     partitions_.emplace(info.id(), std::move(p));
   }
+  NoteCheckpointOwners(map);
   epoch_ = map.epoch();
   ApplyMembership(map);
   RunDeferred();
@@ -407,6 +413,7 @@ void PartitionEngine::CompleteRound(Partition& p) {
   p.contributors = p.arrivals;
   SumRound(p);
   ApplyRound(p);
+  MaybeCheckpoint(p);
   DataHeader update;
   update.set_replica_of(PUSH);
   update.set_round(p.completed - 1);
