@@ -26,14 +26,12 @@ std::string CheckpointRoundDir(const std::string &dir, uint64_t round);
 
 // Writes `state` as its partition's file in `round_dir` (created if needed)
 // and returns the manifest entry describing it.
-absl::StatusOr<CheckpointManifest::Entry>
-WritePartitionCheckpoint(const std::string &round_dir,
-                         const PartitionCheckpoint &state);
+absl::StatusOr<CheckpointManifest::Entry> WritePartitionCheckpoint(const std::string &round_dir,
+                                                                   const PartitionCheckpoint &state);
 
 // Writes `manifest` as server manifest.server()'s manifest in `round_dir`.
 // REQUIRES: the files its entries name are written.
-absl::Status WriteCheckpointManifest(const std::string &round_dir,
-                                     const CheckpointManifest &manifest);
+absl::Status WriteCheckpointManifest(const std::string &round_dir, const CheckpointManifest &manifest);
 
 // Checks that `round_dir` holds a complete checkpoint: every manifest
 // intact, every partition of the map listed, every listed file present with
@@ -60,9 +58,8 @@ absl::Status SetRestorePoint(const std::string &dir, ClusterConfig *config);
 
 // Partition `partition_id`'s state from a verified round: found through the
 // manifests, its checksum checked again and its record unsealed.
-absl::StatusOr<PartitionCheckpoint>
-LoadPartitionCheckpoint(const std::string &round_dir, uint64_t partition_id);
+absl::StatusOr<PartitionCheckpoint> LoadPartitionCheckpoint(const std::string &round_dir, uint64_t partition_id);
 
-} // namespace shardps
+}  // namespace shardps
 
-#endif // SHARDPS_COMMON_CHECKPOINT_STORE_H_
+#endif  // SHARDPS_COMMON_CHECKPOINT_STORE_H_

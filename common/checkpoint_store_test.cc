@@ -1,10 +1,10 @@
 #include "common/checkpoint_store.h"
 
-#include <filesystem>
-#include <fstream>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "common/durable_file.h"
 
@@ -15,11 +15,9 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 class CheckpointStoreTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
-    dir_ = (fs::temp_directory_path() /
-            ("ckpt-store-" + std::to_string(::getpid())))
-               .string();
+    dir_ = (fs::temp_directory_path() / ("ckpt-store-" + std::to_string(::getpid()))).string();
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -74,15 +72,14 @@ TEST_F(CheckpointStoreTest, CorruptPartitionFileIsRefusedNamingIt) {
   const std::string round_dir = WriteRound(10, {0, 1});
   const std::string file = round_dir + "/partition-1.ckpt";
   std::string data = *ReadWholeFile(file);
-  data[data.size() - 3] ^= 0x40; // one flipped bit in the weights
+  data[data.size() - 3] ^= 0x40;  // one flipped bit in the weights
   ASSERT_TRUE(WriteFileDurably(file, data).ok());
   auto point = FindRestorePoint(dir_);
   ASSERT_FALSE(point.ok());
   EXPECT_EQ(point.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(point.status().message(), HasSubstr(file));
   EXPECT_FALSE(LoadPartitionCheckpoint(round_dir, 1).ok());
-  EXPECT_TRUE(LoadPartitionCheckpoint(round_dir, 0).ok())
-      << "the intact file still reads";
+  EXPECT_TRUE(LoadPartitionCheckpoint(round_dir, 0).ok()) << "the intact file still reads";
 }
 
 TEST_F(CheckpointStoreTest, MissingPartitionFileIsRefusedNamingIt) {
@@ -90,23 +87,19 @@ TEST_F(CheckpointStoreTest, MissingPartitionFileIsRefusedNamingIt) {
   fs::remove(round_dir + "/partition-0.ckpt");
   auto round = VerifyCheckpointRound(round_dir);
   ASSERT_FALSE(round.ok());
-  EXPECT_THAT(round.status().message(),
-              HasSubstr(round_dir + "/partition-0.ckpt"));
+  EXPECT_THAT(round.status().message(), HasSubstr(round_dir + "/partition-0.ckpt"));
 }
 
-TEST_F(CheckpointStoreTest,
-       RoundWithoutEveryManifestIsPartialAndNamesTheMissingOne) {
+TEST_F(CheckpointStoreTest, RoundWithoutEveryManifestIsPartialAndNamesTheMissingOne) {
   const std::string round_dir = WriteRound(10, {0});
   auto round = VerifyCheckpointRound(round_dir);
   ASSERT_FALSE(round.ok());
   EXPECT_EQ(round.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(round.status().message(),
-              HasSubstr(round_dir + "/server-1.manifest is missing"));
+  EXPECT_THAT(round.status().message(), HasSubstr(round_dir + "/server-1.manifest is missing"));
   auto point = FindRestorePoint(dir_);
   ASSERT_FALSE(point.ok()) << "no complete round to fall back to";
   EXPECT_THAT(point.status().message(), HasSubstr("server-1.manifest"));
-  EXPECT_FALSE(LoadPartitionCheckpoint(round_dir, 0).ok())
-      << "a partial round is never loaded";
+  EXPECT_FALSE(LoadPartitionCheckpoint(round_dir, 0).ok()) << "a partial round is never loaded";
 }
 
 TEST_F(CheckpointStoreTest, TornManifestIsRefusedNamingIt) {
@@ -119,10 +112,9 @@ TEST_F(CheckpointStoreTest, TornManifestIsRefusedNamingIt) {
   EXPECT_THAT(round.status().message(), HasSubstr(manifest));
 }
 
-TEST_F(CheckpointStoreTest,
-       LatestCompleteRoundIsTakenAndAnUnfinishedLaterOneSkipped) {
+TEST_F(CheckpointStoreTest, LatestCompleteRoundIsTakenAndAnUnfinishedLaterOneSkipped) {
   WriteRound(10, {0, 1});
-  WriteRound(20, {0}); // a server died before writing round 20
+  WriteRound(20, {0});  // a server died before writing round 20
   auto point = FindRestorePoint(dir_);
   ASSERT_TRUE(point.ok()) << point.status();
   EXPECT_EQ(point->round, 10u);
@@ -141,5 +133,5 @@ TEST_F(CheckpointStoreTest, RestorePointGoesIntoTheConfig) {
   EXPECT_FALSE(SetRestorePoint(dir_ + "/nothing-here", &config).ok());
 }
 
-} // namespace
-} // namespace shardps
+}  // namespace
+}  // namespace shardps
