@@ -20,6 +20,7 @@ int LaunchCommand(const Args& args);
 int BenchCommand(const Args& args);
 int BenchCodecCommand(const Args& args);
 int BenchLocalCommand(const Args& args);
+int BenchCheckpointCommand(const Args& args);
 int RunCommand(const Args& args);  // role and addresses from DMLC_* (tools/run_plan.h)
 
 // Set by SIGTERM/SIGINT once InstallStopSignals() ran.

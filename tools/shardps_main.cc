@@ -25,6 +25,7 @@ benchmarks:
   bench         push/pull round trips against real servers vs raw ZeroMQ
   bench-codec   compression codecs vs memcpy
   bench-local   local-tier merge/broadcast vs memcpy
+  bench-checkpoint  checkpoint write of the demo model vs a plain file write
 )";
 
 }  // namespace
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
       {"local", shardps::LocalCommand},           {"launch", shardps::LaunchCommand},
       {"bench", shardps::BenchCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
+      {"bench-checkpoint", shardps::BenchCheckpointCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
