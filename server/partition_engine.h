@@ -59,8 +59,9 @@ class PartitionEngine {
                                                                  ReplicaSink replicate = nullptr);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
-  // it now owns (zero weights; with the config's checkpoint.restore_dir, on
-  // the first map, the checkpoint's state) and keeps those it already had, and follows
+  // it now owns (zero weights; on the first map with the config's
+  // checkpoint.restore_dir, the checkpoint's state) and keeps those it
+  // already had, and follows
   // its membership: requests of workers in `excluded_workers` are refused
   // from then on, and sync rounds complete with the workers that remain
   // (a round a removed worker was holding up completes at once, averaged
