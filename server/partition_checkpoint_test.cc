@@ -122,5 +122,30 @@ TEST_F(PartitionCheckpointTest, ModelThatDoesNotMatchTheCheckpointIsRefused) {
   EXPECT_THAT(s.message(), HasSubstr("not the same model"));
 }
 
+TEST_F(PartitionCheckpointTest, ACheckpointTheMapAsksForIsWrittenAtItsRound) {
+  ClusterConfig config = config_;
+  config.clear_checkpoint();
+  auto engine = Engine(config);
+  Send(*engine, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  Round(*engine, 0);
+  Round(*engine, 1);
+  ShardMap map = Map(3);
+  map.set_epoch(2);
+  map.mutable_checkpoint()->set_dir(dir_ + "/later");
+  map.mutable_checkpoint()->set_round(3);
+  ASSERT_TRUE(engine->InstallShardMap(map, 0).ok());
+  EXPECT_FALSE(VerifyCheckpointRound(CheckpointRoundDir(dir_ + "/later", 3)).ok()) << "round 3 is not done yet";
+  Round(*engine, 2);
+  auto round = VerifyCheckpointRound(CheckpointRoundDir(dir_ + "/later", 3));
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(engine->completed_round(), 3u);
+  // Asked for the round the partition is at: written at once.
+  map.set_epoch(3);
+  map.mutable_checkpoint()->set_dir(dir_ + "/now");
+  ASSERT_TRUE(engine->InstallShardMap(map, 0).ok());
+  EXPECT_TRUE(VerifyCheckpointRound(CheckpointRoundDir(dir_ + "/now", 3)).ok());
+  EXPECT_TRUE(errors_.empty()) << errors_.front();
+}
+
 }  // namespace
 }  // namespace shardps

@@ -114,7 +114,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     UpdateRole(*p, info);
     partitions_.emplace(info.id(), std::move(p));
   }
-  NoteCheckpointOwners(map);
+  FollowCheckpoints(map);
   epoch_ = map.epoch();
   ApplyMembership(map);
   RunDeferred();

@@ -83,6 +83,9 @@ class PartitionEngine {
   void FailWaiting(const absl::Status& status);
 
   const EngineStats& stats() const { return stats_; }
+  // The most rounds a partition this server is primary for has completed
+  // (heartbeats report it; `shardps checkpoint` places its round after it).
+  uint64_t completed_round() const { return max_completed_; }
   // Current weights of a partition, for tests; null if not owned.
   const float* weights(uint64_t partition_id) const;
 
@@ -174,7 +177,10 @@ class PartitionEngine {
   // state when its completed rounds reach a multiple of every_rounds, and
   // the round's manifest once every such partition has been written.
   void MaybeCheckpoint(Partition& p);
-  void NoteCheckpointOwners(const ShardMap& map);
+  void WriteCheckpoint(Partition& p, const std::string& dir);
+  // Follows the map's partition owners and checkpoint request; writes at
+  // once the partitions already at the requested round.
+  void FollowCheckpoints(const ShardMap& map);
 
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
   // Refuses a push from a restarted worker process (new registration) that
@@ -219,7 +225,9 @@ class PartitionEngine {
   // Checkpoints: every partition of the map and its primary; per round being
   // written, the manifest of the files written so far.
   google::protobuf::RepeatedPtrField<CheckpointManifest::Owner> checkpoint_owners_;
-  absl::flat_hash_map<uint64_t, CheckpointManifest> open_checkpoints_;
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, CheckpointManifest> open_checkpoints_;  // (dir, round)
+  CheckpointRequest requested_checkpoint_;  // from the map: shardps checkpoint
+  uint64_t max_completed_ = 0;
 };
 
 }  // namespace shardps

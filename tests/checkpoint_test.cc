@@ -34,12 +34,9 @@ struct LocalJob {
   std::string out_path, err_path;
 };
 
-// Starts `shardps local` on a small deterministic sync job plus `extra`.
-LocalJob Start(const std::string& dir, const std::string& name, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {
-      SHARDPS_BINARY,  "local", "--servers",    "2",   "--workers",   "2", "--deterministic", "--epochs",  "2",
-      "--train-limit", "2560",  "--test-limit", "500", "--log-every", "0", "--json",          "--timeout", "120"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
+// Starts `argv` (stdout and stderr to DIR/NAME.out and .err) as the leader
+// of a new process group.
+LocalJob Spawn(std::vector<std::string> argv, const std::string& dir, const std::string& name) {
   std::vector<char*> args;
   for (std::string& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -56,6 +53,16 @@ LocalJob Start(const std::string& dir, const std::string& name, std::vector<std:
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   return run;
+}
+
+// Starts `shardps local` on a small deterministic sync job plus `extra`
+// (a flag given twice takes its last value).
+LocalJob Start(const std::string& dir, const std::string& name, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {
+      SHARDPS_BINARY,  "local", "--servers",    "2",   "--workers",   "2", "--deterministic", "--epochs",  "2",
+      "--train-limit", "2560",  "--test-limit", "500", "--log-every", "0", "--json",          "--timeout", "120"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return Spawn(argv, dir, name);
 }
 
 int Wait(const LocalJob& run) {
@@ -131,6 +138,42 @@ TEST_F(CheckpointTest, ACorruptCheckpointIsRefusedNamingTheFile) {
   LocalJob resumed = Start(dir_, "resumed", {"--resume", round_dir});
   EXPECT_NE(Wait(resumed), 0);
   EXPECT_THAT(Slurp(resumed.err_path), HasSubstr(file));
+}
+
+TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterruptedRunsWeights) {
+  // 400 rounds; heartbeats every 0.1 s, so the scheduler knows each server's
+  // round and pace, and places the checkpoint a few dozen rounds ahead.
+  std::vector<std::string> job = {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
+  LocalJob running = Start(dir_, "running", job);
+  ASSERT_GT(running.pid, 0);
+  // `shardps local` writes its scheduler's address into its temporary directory.
+  const std::string address_file =
+      (fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid) / "scheduler.addr").string();
+  std::string address;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (address.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    address = Slurp(address_file);
+  }
+  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // training under way, its pace reported
+  const std::string ckpt = dir_ + "/asked";
+  LocalJob asked =
+      Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
+  ASSERT_EQ(Wait(asked), 0) << Slurp(asked.err_path) << Slurp(running.err_path);
+  EXPECT_THAT(Slurp(asked.out_path), HasSubstr("complete"));
+  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
+  auto point = FindRestorePoint(ckpt);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_GT(point->round, 0u);
+  EXPECT_LT(point->round, 400u);
+  job.insert(job.end(), {"--resume", ckpt});
+  LocalJob resumed = Start(dir_, "resumed", job);
+  ASSERT_EQ(Wait(resumed), 0) << Slurp(resumed.err_path);
+  const std::string a = Slurp(running.out_path), b = Slurp(resumed.out_path);
+  ASSERT_EQ(JsonString(a, "weights_sha256").size(), 64u) << a;
+  EXPECT_EQ(JsonString(b, "weights_sha256"), JsonString(a, "weights_sha256")) << a << "\n" << b;
+  EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(400 - point->round));
 }
 
 }  // namespace
