@@ -146,17 +146,20 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
   std::vector<std::string> job = {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
   LocalJob running = Start(dir_, "running", job);
   ASSERT_GT(running.pid, 0);
-  // `shardps local` writes its scheduler's address into its temporary directory.
-  const std::string address_file =
-      (fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid) / "scheduler.addr").string();
+  // `shardps local` writes its scheduler's address and rank 0's step count
+  // into its temporary directory. Ask once training has run a few
+  // heartbeats, so the scheduler has seen its pace.
+  const fs::path local_dir = fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid);
   std::string address;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (address.empty() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    address = Slurp(address_file);
+  int64_t steps = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((address.empty() || steps < 60) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    address = Slurp((local_dir / "scheduler.addr").string());
+    std::istringstream(Slurp((local_dir / "progress.0").string())) >> steps;
   }
   ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // training under way, its pace reported
+  ASSERT_GE(steps, 60) << Slurp(running.err_path);
   const std::string ckpt = dir_ + "/asked";
   LocalJob asked =
       Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
