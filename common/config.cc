@@ -164,6 +164,7 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
   if (c.heartbeat_timeout_ms() <= c.heartbeat_interval_ms()) {
     return Invalid("heartbeat_timeout_ms", "must be greater than heartbeat_interval_ms");
   }
+  if (absl::Status s = ValidateCheckpointConfig(c); !s.ok()) return s;
   return ValidateOptimizer(c.optimizer());
 }
 
@@ -217,6 +218,39 @@ absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment)
     default:
       return absl::InvalidArgumentError(absl::StrCat("config field '", kv[0], "' cannot be set from a flag"));
   }
+}
+
+absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {
+  const CheckpointConfig& k = c.checkpoint();
+  const bool writes = !k.dir().empty();
+  const bool restores = !k.restore_dir().empty() || k.restore_round() > 0;
+  if (!writes && !restores) {
+    if (k.every_rounds() > 0) return Invalid("checkpoint.every_rounds", "needs checkpoint.dir");
+    return absl::OkStatus();
+  }
+  const absl::string_view field = writes ? "checkpoint.dir" : "checkpoint.restore_dir";
+  if (writes && k.every_rounds() == 0) {
+    return Invalid("checkpoint.every_rounds", "must be >= 1 when checkpoint.dir is set");
+  }
+  if (restores && (k.restore_dir().empty() || k.restore_round() == 0)) {
+    return Invalid("checkpoint.restore_dir",
+                   "and checkpoint.restore_round are set together (shardps scheduler --restore)");
+  }
+  if (c.consistency() != SYNC) {
+    return Invalid(field, "needs consistency: sync (async applies pushes as they arrive: there is no round at which "
+                          "every partition's state agrees)");
+  }
+  if (c.update_mode() == SUM_ONLY) {
+    return Invalid(field, "cannot be used with update_mode: sum_only (the weights and optimizer state live on the "
+                          "workers, which a server checkpoint does not hold)");
+  }
+  const CompressionConfig& z = c.compression();
+  const auto raw = [](const std::string& spec) { return spec.empty() || spec == "none"; };
+  if (!raw(z.codec()) || !raw(z.pull_codec()) || !z.tensor_codecs().empty()) {
+    return Invalid(field, "cannot be used with compression (error-feedback residuals and codec state live on the "
+                          "workers, which a server checkpoint does not hold)");
+  }
+  return absl::OkStatus();
 }
 
 std::string ConsistencyName(Consistency c) { return absl::AsciiStrToLower(Consistency_Name(c)); }

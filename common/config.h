@@ -18,6 +18,9 @@ absl::StatusOr<ClusterConfig> LoadConfigFile(const std::string& path);
 
 // Checks every field's range; the error names the field and the allowed values.
 absl::Status ValidateConfig(const ClusterConfig& config);
+// The checkpoint fields alone (part of ValidateConfig): a checkpoint holds
+// what the servers hold, so async, sum_only and compression are refused.
+absl::Status ValidateCheckpointConfig(const ClusterConfig& config);
 
 // Copies of each partition the cluster keeps: the config's `replication`, or
 // when 0, 2 with at least two servers and 1 otherwise.

@@ -84,5 +84,26 @@ TEST(ConfigTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadConfigFile("/nonexistent/cluster.pbtxt").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(ConfigTest, CheckpointsAreRefusedWhereTheServersDoNotHoldTheWholeState) {
+  ClusterConfig config;
+  config.mutable_checkpoint()->set_dir("/ckpt");
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("checkpoint.every_rounds"));
+  config.mutable_checkpoint()->set_every_rounds(10);
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  ClusterConfig async = config;
+  async.set_consistency(ASYNC);
+  EXPECT_THAT(ValidateConfig(async).message(), HasSubstr("needs consistency: sync"));
+  ClusterConfig sum_only = config;
+  sum_only.set_update_mode(SUM_ONLY);
+  EXPECT_THAT(ValidateConfig(sum_only).message(), HasSubstr("update_mode: sum_only"));
+  ClusterConfig compressed = config;
+  compressed.mutable_compression()->set_codec("2bit");
+  EXPECT_THAT(ValidateConfig(compressed).message(), HasSubstr("compression"));
+  ClusterConfig restore;
+  restore.mutable_checkpoint()->set_restore_round(10);
+  EXPECT_THAT(ValidateConfig(restore).message(), HasSubstr("checkpoint.restore_dir"));
+}
+
+
 }  // namespace
 }  // namespace shardps

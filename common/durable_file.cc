@@ -17,15 +17,6 @@ constexpr absl::string_view kMagic = "SPSREC1\n";
 constexpr size_t kKindBytes = 16;
 constexpr size_t kHeaderBytes = 8 + kKindBytes + 8 + 8;
 
-uint64_t Fnv1a64(absl::string_view data) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 void AppendU64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
@@ -41,6 +32,15 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
 }
 
 }  // namespace
+
+uint64_t Fnv1a64(absl::string_view data) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
 
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());  // two writers never share one

@@ -7,6 +7,7 @@
 #ifndef SHARDPS_COMMON_DURABLE_FILE_H_
 #define SHARDPS_COMMON_DURABLE_FILE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -22,6 +23,9 @@ absl::Status WriteFileDurably(const std::string& path, absl::string_view content
 
 // The whole file; NotFound if it does not exist.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
+// FNV-1a 64 of `data`: the checksum of sealed records and checkpoint files.
+uint64_t Fnv1a64(absl::string_view data);
 
 // Frames `payload` as a record of `kind` (at most 16 characters).
 std::string SealRecord(absl::string_view kind, absl::string_view payload);

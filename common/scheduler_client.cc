@@ -82,6 +82,16 @@ class GrpcSchedulerClient : public SchedulerClient {
                     absl::StrCat("barrier '", request.name(), "'"));
   }
 
+  absl::StatusOr<CheckpointResponse> RequestCheckpoint(const CheckpointRequest& request,
+                                                       absl::Duration timeout) override {
+    CheckpointResponse response;
+    auto ctx = Context(timeout);
+    absl::Status s = FromGrpc(stub_->RequestCheckpoint(ctx.get(), request, &response), address(),
+                              absl::StrCat("checkpoint into ", request.dir()));
+    if (!s.ok()) return s;
+    return response;
+  }
+
   absl::StatusOr<StatusResponse> Status(absl::Duration timeout) override {
     StatusResponse response;
     auto ctx = Context(timeout);

@@ -36,6 +36,9 @@ class SchedulerClient {
   virtual absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout,
                                BarrierResponse* response = nullptr) = 0;
   virtual absl::StatusOr<StatusResponse> Status(absl::Duration timeout) = 0;
+  // A checkpoint into request.dir at a round the scheduler picks (returned).
+  virtual absl::StatusOr<CheckpointResponse> RequestCheckpoint(const CheckpointRequest& request,
+                                                               absl::Duration timeout) = 0;
 
   // Streams shard maps to `on_map` from a background thread until the
   // returned handle is destroyed. When the stream breaks (the scheduler died

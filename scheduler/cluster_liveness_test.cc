@@ -208,5 +208,39 @@ TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {
   EXPECT_THAT(Advance(300), SizeIs(5)) << "silence after the pause still counts";
 }
 
+TEST_F(LivenessTest, ACheckpointIsPlacedPastEveryServersRoundByItsPaceInANewEpoch) {
+  auto report = [this](int server, uint64_t round) {
+    HeartbeatRequest h;
+    h.set_node_id(server_ids_[server]);
+    h.set_applied_epoch(1);
+    h.set_completed_round(round);
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  };
+  report(0, 0);
+  report(1, 0);
+  now_ += absl::Seconds(1);
+  report(0, 50);  // 50 rounds a second
+  report(1, 48);
+  auto r = state_->RequestCheckpoint("/ckpt");
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Two heartbeat intervals (1 s each) at 50 rounds a second past round 50, and one more.
+  EXPECT_EQ(r->round(), 50u + 100u + 1u);
+  const ShardMap map = state_->Status().shard_map();
+  EXPECT_EQ(map.epoch(), 2u);
+  EXPECT_EQ(map.checkpoint().dir(), "/ckpt");
+  EXPECT_EQ(map.checkpoint().round(), r->round());
+  ASSERT_TRUE(saved_.has_value());
+  EXPECT_EQ(saved_->shard_map().checkpoint().round(), r->round()) << "persisted for a restarted scheduler";
+}
+
+TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {
+  ClusterConfig config;
+  ClusterState early(config);
+  EXPECT_THAT(early.RequestCheckpoint("/ckpt").status().message(), HasSubstr("no tensors are defined yet"));
+  config.set_consistency(ASYNC);
+  ClusterState async(config);
+  EXPECT_THAT(async.RequestCheckpoint("/ckpt").status().message(), HasSubstr("needs consistency: sync"));
+}
+
 }  // namespace
 }  // namespace shardps

@@ -1,5 +1,7 @@
 #include "scheduler/cluster_state.h"
 
+#include <cmath>
+
 #include <algorithm>
 
 #include <google/protobuf/util/message_differencer.h>
@@ -194,6 +196,18 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   node->last_seen = clock_();
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
+  // The rate between the last two reports that differ (from the last one at
+  // round 0 for the first).
+  if (request.completed_round() > node->completed_round) {
+    const double seconds = absl::ToDoubleSeconds(node->last_seen - node->round_seen);
+    if (seconds > 0) {
+      node->round_rate = static_cast<double>(request.completed_round() - node->completed_round) / seconds;
+    }
+    node->completed_round = request.completed_round();
+    node->round_seen = node->last_seen;
+  } else if (node->completed_round == 0) {
+    node->round_seen = node->last_seen;
+  }
   HeartbeatResponse response;
   response.set_epoch(map_.epoch());
   return response;
@@ -344,6 +358,35 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
                                                     ServersBehind(epoch)));
   }
   return map_;
+}
+
+absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError("checkpoint: no directory given");
+  ClusterConfig wanted = config_;
+  wanted.mutable_checkpoint()->set_dir(dir);
+  wanted.mutable_checkpoint()->set_every_rounds(std::max<uint64_t>(1, wanted.checkpoint().every_rounds()));
+  if (absl::Status s = ValidateCheckpointConfig(wanted); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (map_.partitions_size() == 0) {
+    return absl::FailedPreconditionError("checkpoint: no tensors are defined yet, so there is nothing to save");
+  }
+  uint64_t reported = 0;
+  double rate = 0;
+  for (const auto& [index, node] : servers_) {
+    if (node.dead) continue;
+    reported = std::max(reported, node.completed_round);
+    rate = std::max(rate, node.round_rate);
+  }
+  const double lag_seconds = 2.0 * config_.heartbeat_interval_ms() / 1000.0;
+  const uint64_t round = reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
+  map_.set_epoch(map_.epoch() + 1);
+  map_.mutable_checkpoint()->set_dir(dir);
+  map_.mutable_checkpoint()->set_round(round);
+  Save();
+  CheckpointResponse response;
+  response.set_dir(dir);
+  response.set_round(round);
+  return response;
 }
 
 std::optional<ShardMap> ClusterState::WaitForMap(uint64_t known_epoch, absl::Time deadline) {

@@ -76,6 +76,14 @@ class ClusterState {
   absl::Status Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
                        std::vector<uint32_t>* live = nullptr);
 
+  // Asks every server for a checkpoint into `dir` (a new epoch whose map
+  // carries the request) at a round no partition has completed yet: past the
+  // most any server reported, by the rounds the fastest one completes in two
+  // heartbeat intervals (its report's age plus the map's way to it) and one
+  // more. Returns that round. Refused before the map exists, and for a
+  // config whose checkpoints would not be exact (ValidateConfig says why).
+  absl::StatusOr<CheckpointResponse> RequestCheckpoint(const std::string& dir);
+
   StatusResponse Status();
 
  private:
@@ -88,6 +96,11 @@ class ClusterState {
     uint64_t applied_epoch = 0;
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
+    // Servers: the rounds they report completed, when, and the rate (rounds
+    // per second) between their last two reports.
+    uint64_t completed_round = 0;
+    absl::Time round_seen = absl::InfinitePast();
+    double round_rate = 0;
   };
   struct BarrierState {
     uint64_t generation = 0;

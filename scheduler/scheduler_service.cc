@@ -156,6 +156,15 @@ class SchedulerService final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status RequestCheckpoint(grpc::ServerContext*, const CheckpointRequest* req,
+                                 CheckpointResponse* resp) override {
+    auto r = state_.RequestCheckpoint(req->dir());
+    if (!r.ok()) return ToGrpc(r.status());
+    LOG(INFO) << "checkpoint of round " << r->round() << " into " << r->dir() << " requested";
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
+
  private:
   // Declares silent nodes dead, a few times per heartbeat timeout.
   void LivenessLoop() {

@@ -72,6 +72,8 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->id = info.id();
     p->n = info.num_elements();
     const std::string& tensor = map.tensors(info.tensor()).name();
+    p->tensor = tensor;
+    p->offset = info.offset();
     auto codecs = compression::CodecsForPartition(config_, tensor, p->n);
     if (!codecs.ok()) return codecs.status();
     p->codecs = *std::move(codecs);
@@ -107,9 +109,13 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     } else if (push != nullptr) {
       p->scratch.assign(p->n, 0.0f);
     }
+    if (epoch_ == 0 && !config_.checkpoint().restore_dir().empty()) {
+      if (absl::Status s = RestorePartition(*p); !s.ok()) return s;
+    }
     UpdateRole(*p, info);
     partitions_.emplace(info.id(), std::move(p));
   }
+  FollowCheckpoints(map);
   epoch_ = map.epoch();
   ApplyMembership(map);
   RunDeferred();
@@ -426,6 +432,7 @@ void PartitionEngine::CompleteRound(Partition& p) {
   update.set_contributors(p.contributors);
   const uint64_t sequence = Replicate(p, update, p.acc.data(), p.n * sizeof(float));
   ApplyRound(p);
+  MaybeCheckpoint(p);
   if (sequence > 0) return;  // FinishRound once confirmed
   FinishRound(p);
 }

@@ -22,6 +22,7 @@
 #include "common/shared_buffer.h"
 #include "compression/codec_policy.h"
 #include "compression/error_feedback.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/cluster.pb.h"
 #include "proto/data.pb.h"
 
@@ -66,12 +67,15 @@ class PartitionEngine {
                                                                  ReplicaSink replicate = nullptr);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
-  // it now owns (zero weights) and keeps those it already had, and follows
+  // it now owns (zero weights; on the first map with the config's
+  // checkpoint.restore_dir, the checkpoint's state) and keeps those it
+  // already had, and follows
   // its membership: requests of workers in `excluded_workers` are refused
   // from then on, and sync rounds complete with the workers that remain
   // (a round a removed worker was holding up completes at once, averaged
   // over the workers that contributed to it).
-  // Fails if the config names a codec that cannot be created.
+  // Fails if the config names a codec that cannot be created, or a
+  // checkpoint to restore that is corrupt or does not match the map.
   absl::Status InstallShardMap(const ShardMap& map, uint32_t server_index);
   uint64_t epoch() const { return epoch_; }
 
@@ -89,6 +93,9 @@ class PartitionEngine {
   const EngineStats& stats() const { return stats_; }
   // One entry per partition this server is the primary of.
   std::vector<PartitionUpdates> UpdateCounts() const;
+  // The most rounds a partition this server is primary for has completed
+  // (heartbeats report it; `shardps checkpoint` places its round after it).
+  uint64_t completed_round() const { return max_completed_; }
   // Current weights of a partition, for tests; null if not owned.
   const float* weights(uint64_t partition_id) const;
 
@@ -105,6 +112,8 @@ class PartitionEngine {
   struct Partition {
     uint64_t id = 0;
     size_t n = 0;
+    std::string tensor;   // name, and the first element's offset in it
+    uint64_t offset = 0;
     compression::PartitionCodecs codecs;  // null codec: raw fp32
     SharedBufferPtr weights;
     // Sum only: the last completed round's gradient sum, and its encoding.
@@ -176,6 +185,17 @@ class PartitionEngine {
   // Answers the pulls a completed, confirmed round satisfies; replays pushes.
   void FinishRound(Partition& p);
   void RunDeferred();
+  // Checkpoints (partition_checkpoint.cc): see CheckpointConfig.
+  // Loads p's state from checkpoint.restore_dir.
+  absl::Status RestorePartition(Partition& p);
+  // After a round of a partition this server is primary for: writes its
+  // state when its completed rounds reach a multiple of every_rounds, and
+  // the round's manifest once every such partition has been written.
+  void MaybeCheckpoint(Partition& p);
+  void WriteCheckpoint(Partition& p, const std::string& dir);
+  // Follows the map's partition owners and checkpoint request; writes at
+  // once the partitions already at the requested round.
+  void FollowCheckpoints(const ShardMap& map);
 
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
   // Refuses a push from a restarted worker process (new registration) that
@@ -217,6 +237,12 @@ class PartitionEngine {
   uint32_t num_excluded_ = 0;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;
   EngineStats stats_;
+  // Checkpoints: every partition of the map and its primary; per round being
+  // written, the manifest of the files written so far.
+  google::protobuf::RepeatedPtrField<CheckpointManifest::Owner> checkpoint_owners_;
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, CheckpointManifest> open_checkpoints_;  // (dir, round)
+  CheckpointRequest requested_checkpoint_;  // from the map: shardps checkpoint
+  uint64_t max_completed_ = 0;
 };
 
 }  // namespace shardps

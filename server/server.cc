@@ -140,6 +140,7 @@ class ParameterServerImpl : public ParameterServer {
       return true;
     }
     engine_->Handle(peer, header_, frames == 3 ? &payload : nullptr);
+    completed_round_.store(engine_->completed_round(), std::memory_order_relaxed);
     return true;
   }
 
@@ -225,6 +226,7 @@ class ParameterServerImpl : public ParameterServer {
       HeartbeatRequest request;
       request.set_node_id(node_id_);
       request.set_applied_epoch(applied_epoch_);
+      request.set_completed_round(completed_round_.load(std::memory_order_relaxed));
       heartbeat_now_ = false;
       mu_.Unlock();
       auto r = scheduler_->Heartbeat(request, std::min(interval, absl::Milliseconds(config_.request_timeout_ms())));
@@ -252,6 +254,7 @@ class ParameterServerImpl : public ParameterServer {
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> completed_round_{0};  // engine thread -> heartbeats
 
   absl::Mutex mu_;
   std::optional<ShardMap> pending_map_ ABSL_GUARDED_BY(mu_);

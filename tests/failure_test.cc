@@ -183,6 +183,9 @@ class ControlledScheduler : public SchedulerClient {
   absl::Status Barrier(const BarrierRequest& r, absl::Duration t, BarrierResponse* out) override {
     return dead_ ? Gone() : real_->Barrier(r, t, out);
   }
+  absl::StatusOr<CheckpointResponse> RequestCheckpoint(const CheckpointRequest& r, absl::Duration t) override {
+    return dead_ ? absl::StatusOr<CheckpointResponse>(Gone()) : real_->RequestCheckpoint(r, t);
+  }
   absl::StatusOr<StatusResponse> Status(absl::Duration t) override {
     if (dead_) return Gone();
     return real_->Status(t);

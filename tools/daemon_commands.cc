@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_store.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/scheduler_client.h"
@@ -47,6 +48,7 @@ void InstallStopSignals() {
 
 int SchedulerCommand(const Args& args) {
   std::string listen = "0.0.0.0:7000", config_path, port_file, state_dir;
+  std::string restore;
   std::vector<std::string> sets;
   bool verbose = false;
   CliFlags flags("scheduler");
@@ -56,6 +58,8 @@ int SchedulerCommand(const Args& args) {
   flags.String("config", &config_path, "cluster configuration file (protobuf text, proto/config.proto)");
   flags.Repeated("set", &sets, "override one config field, e.g. --set consistency=async");
   flags.String("port-file", &port_file, "write the bound host:port to this file once serving");
+  flags.String("restore", &restore,
+               "restart the cluster from this checkpoint directory (its latest complete round) or round directory");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("scheduler", s);
   if (flags.help()) return 0;
@@ -68,6 +72,11 @@ int SchedulerCommand(const Args& args) {
   }
   for (const std::string& s : sets) {
     if (absl::Status st = SetConfigField(&config, s); !st.ok()) return Fail("scheduler", st);
+  }
+  if (!restore.empty()) {
+    if (absl::Status st = SetRestorePoint(restore, &config); !st.ok()) return Fail("scheduler", st);
+    std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
+              << config.checkpoint().restore_dir() << "\n";
   }
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.

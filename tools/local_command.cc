@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_store.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "compression/codec_policy.h"
@@ -33,9 +34,22 @@ struct LocalOptions {
           max_steps = 0, log_every = 100, devices_per_worker = 1;
   std::string consistency, config_path, compression, hidden = "256,128";
   std::vector<std::string> sets, kills;
+  std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
+  int64_t checkpoint_every = 0;
   bool json = false, reference = false, deterministic = false, verbose = false;
   double timeout_s = 3600, restart_after_s = 2;
 };
+
+// --checkpoint-dir, --checkpoint-every and --resume. The restore point is
+// resolved here, once: a scheduler restarted after a kill keeps that round.
+absl::Status ApplyCheckpointFlags(const LocalOptions& o, ClusterConfig* config) {
+  if (!o.checkpoint_dir.empty()) {
+    config->mutable_checkpoint()->set_dir(std::filesystem::absolute(o.checkpoint_dir).lexically_normal().string());
+  }
+  if (o.checkpoint_every > 0) config->mutable_checkpoint()->set_every_rounds(o.checkpoint_every);
+  if (o.resume.empty()) return absl::OkStatus();
+  return SetRestorePoint(o.resume, config);
+}
 
 absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
   ClusterConfig config;
@@ -54,6 +68,7 @@ absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
   for (const std::string& s : o.sets) {
     if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
   }
+  if (absl::Status s = ApplyCheckpointFlags(o, &config); !s.ok()) return s;
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return s;
   return config;
@@ -289,6 +304,9 @@ int LocalCommand(const Args& args) {
   flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
   flags.Repeated("kill", &o.kills,
                  "ROLE[:INDEX]@STEP: SIGKILL the scheduler, server INDEX or worker INDEX when worker 0 reaches STEP");
+  flags.String("checkpoint-dir", &o.checkpoint_dir, "write checkpoints here (config checkpoint.dir)");
+  flags.Int("checkpoint-every", &o.checkpoint_every, "rounds between checkpoints (config checkpoint.every_rounds)");
+  flags.String("resume", &o.resume, "restart from this checkpoint (directory or round directory) and train on");
   flags.Double("restart-after", &o.restart_after_s, "seconds after a scheduler kill to start a new one (same address)");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";

@@ -19,12 +19,14 @@ daemons:
   run           scheduler, server or train, chosen and addressed by DMLC_* variables (MXJob)
 operations:
   status        show the cluster as the scheduler sees it
+  checkpoint    ask a running cluster for a checkpoint at its next round boundary and wait for it
   local         scheduler + servers + workers as processes on this machine, training Fashion-MNIST
   launch        scheduler + servers on this machine, and W copies of any command as the workers
 benchmarks:
   bench         push/pull round trips against real servers vs raw ZeroMQ
   bench-codec   compression codecs vs memcpy
   bench-local   local-tier merge/broadcast vs memcpy
+  bench-checkpoint  checkpoint write of the demo model vs a plain file write
 )";
 
 }  // namespace
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
       {"local", shardps::LocalCommand},           {"launch", shardps::LaunchCommand},
       {"bench", shardps::BenchCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
+      {"bench-checkpoint", shardps::BenchCheckpointCommand}, {"checkpoint", shardps::CheckpointCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {

@@ -113,7 +113,11 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
   std::vector<uint8_t> labels;
   ProgressFile progress(o.progress_file);
   const auto start = std::chrono::steady_clock::now();
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  // A restored job skips the steps its checkpoint holds, epochs and data order as before.
+  const int initial_steps = StepsPerEpoch(data.train.size(), world, o.batch_size);
+  if (initial_steps == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
+  const int first_epoch = static_cast<int>(o.start_step / initial_steps);
+  for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     if (epoch > 0) {
       std::vector<uint32_t> live;
       SHARDPS_RETURN_IF_ERROR(worker.Barrier(absl::StrCat("epoch ", epoch), &live));
@@ -128,8 +132,9 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
     const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
     if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
     std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
-    for (int s = 0; s < steps_per_epoch; ++s) {
-      if (o.max_steps > 0 && result.steps >= o.max_steps) break;
+    const int first_step = epoch == first_epoch ? static_cast<int>(o.start_step % steps_per_epoch) : 0;
+    for (int s = first_step; s < steps_per_epoch; ++s) {
+      if (o.max_steps > 0 && o.start_step + result.steps >= o.max_steps) break;
       train::GatherBatch(data.train, absl::MakeConstSpan(order).subspan(s * o.batch_size, o.batch_size), &images,
                          &labels);
       SHARDPS_ASSIGN_OR_RETURN(result.final_loss, step(images.data(), labels.data()));
@@ -324,6 +329,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   SHARDPS_RETURN_IF_ERROR(ValidateTrainOptions(options));
   TrainOptions o = options;
   if (o.step_timeout <= absl::ZeroDuration()) o.step_timeout = worker.request_timeout();
+  o.start_step = static_cast<int64_t>(worker.config().checkpoint().restore_round());
   if (o.devices_per_worker > 1) return RunDeviceGroupWorker(worker, o, log);
   SHARDPS_ASSIGN_OR_RETURN(Data data, LoadData(o));
   SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));

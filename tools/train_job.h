@@ -34,6 +34,10 @@ struct TrainOptions {
   size_t train_limit = 0;    // first N training images only (0 = all 60k)
   size_t test_limit = 0;     // first N test images only (0 = all 10k)
   int max_steps = 0;         // stop after this many steps in total (0 = no limit)
+  // Steps taken before this run: a cluster restored from a checkpoint of
+  // round R starts at step R (its epoch and place in that epoch's order).
+  // RunTrainingWorker sets it from the config's checkpoint.restore_round.
+  int64_t start_step = 0;
   int log_every = 100;       // progress line every N steps (0 = none)
   std::vector<int> layers = {784, 256, 128, 10};
   // Deadline of one step's data requests; zero: the config's request_timeout_ms.

@@ -108,7 +108,8 @@ class WorkerImpl : public Worker {
       TensorRoute& route = routes[t.name()];
       route.num_elements += p.num_elements();
       route.partitions.push_back(p);
-      route.rounds_pushed.push_back(0);
+      // A cluster restored from a checkpoint continues at its round.
+      route.rounds_pushed.push_back(config_.checkpoint().restore_round());
       auto state = std::make_unique<PartitionState>();
       auto codecs = compression::CodecsForPartition(config_, t.name(), p.num_elements());
       if (!codecs.ok()) return codecs.status();

@@ -76,7 +76,9 @@ class Worker {
   // list; returns once the servers serve the resulting shard map.
   virtual absl::Status DefineTensors(const std::vector<TensorSpec>& tensors) = 0;
 
-  // Sets a tensor's initial weights (the first INIT of a partition wins).
+  // Sets a tensor's initial weights (the first INIT of a partition wins; a
+  // cluster restored from a checkpoint ignores it, and its rounds start at
+  // config().checkpoint().restore_round(), the step the job resumes at).
   virtual absl::Status InitTensor(const std::string& name, absl::Span<const float> values,
                                   absl::Duration timeout) = 0;
 

@@ -1,0 +1,151 @@
+// PartitionEngine's checkpoints: what a server writes at a round boundary is
+// enough for another engine to continue with bitwise the same weights.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "common/checkpoint_store.h"
+#include "server/partition_engine.h"
+
+namespace shardps {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kPartition = 5;
+
+ShardMap Map(uint64_t n) {
+  ShardMap map;
+  map.set_epoch(1);
+  map.add_tensors()->set_name("t");
+  PartitionInfo* info = map.add_partitions();
+  info->set_id(kPartition);
+  info->set_num_elements(n);
+  return map;
+}
+
+class PartitionCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("partition-ckpt-" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir_);
+    // Adam: its moments and step count must come back for the next step to match.
+    config_.set_num_workers(2);
+    config_.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+    config_.mutable_optimizer()->set_learning_rate(0.1f);
+    config_.mutable_checkpoint()->set_dir(dir_);
+    config_.mutable_checkpoint()->set_every_rounds(2);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<PartitionEngine> Engine(const ClusterConfig& config, uint64_t n = 3) {
+    auto engine = PartitionEngine::Create(config, [this](const zmq::message_t&, DataHeader& h, zmq::message_t*) {
+      if (!h.error().empty()) errors_.push_back(h.error());
+    });
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    absl::Status s = (*engine)->InstallShardMap(Map(n), 0);
+    EXPECT_TRUE(s.ok()) << s;
+    return *std::move(engine);
+  }
+
+  void Send(PartitionEngine& engine, Op op, uint32_t rank, uint64_t round, std::vector<float> values) {
+    DataHeader h;
+    h.set_op(op);
+    h.set_worker_rank(rank);
+    h.set_round(round);
+    h.set_epoch(1);
+    h.set_partition_id(kPartition);
+    h.set_request_id(++next_id_);
+    h.set_dtype(FLOAT32);
+    h.set_num_elements(values.size());
+    zmq::message_t peer("w" + std::to_string(rank));
+    zmq::message_t payload(values.data(), values.size() * sizeof(float));
+    engine.Handle(peer, h, &payload);
+  }
+
+  // Round `round`: both workers push gradients that differ by round.
+  void Round(PartitionEngine& engine, uint64_t round) {
+    const float r = static_cast<float>(round);
+    Send(engine, PUSH, 0, round, {0.5f + r, -1.0f, 0.25f * r});
+    Send(engine, PUSH, 1, round, {-0.125f, 2.0f - r, 1.0f});
+  }
+
+  static std::vector<float> Weights(const PartitionEngine& engine) {
+    const float* w = engine.weights(kPartition);
+    return std::vector<float>(w, w + 3);
+  }
+
+  std::string dir_;
+  ClusterConfig config_;
+  std::vector<std::string> errors_;
+  uint64_t next_id_ = 0;
+};
+
+TEST_F(PartitionCheckpointTest, RestoredEngineContinuesWithBitwiseTheSameWeights) {
+  auto original = Engine(config_);
+  Send(*original, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  Round(*original, 0);
+  Round(*original, 1);  // checkpoint of round 2
+  const std::vector<float> at_checkpoint = Weights(*original);
+  Round(*original, 2);
+  Round(*original, 3);  // and of round 4
+
+  ClusterConfig restore = config_;
+  ASSERT_TRUE(SetRestorePoint(CheckpointRoundDir(dir_, 2), &restore).ok());
+  EXPECT_EQ(restore.checkpoint().restore_round(), 2u);
+  restore.mutable_checkpoint()->clear_dir();
+  auto restored = Engine(restore);
+  EXPECT_EQ(Weights(*restored), at_checkpoint);
+  Send(*restored, INIT, 0, 2, {9.0f, 9.0f, 9.0f});  // a resumed job's INIT changes nothing
+  Round(*restored, 2);
+  Round(*restored, 3);
+  const std::vector<float> a = Weights(*original), b = Weights(*restored);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_TRUE(errors_.empty()) << errors_.front();
+}
+
+TEST_F(PartitionCheckpointTest, ModelThatDoesNotMatchTheCheckpointIsRefused) {
+  auto original = Engine(config_);
+  Send(*original, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  Round(*original, 0);
+  Round(*original, 1);
+  ClusterConfig restore = config_;
+  ASSERT_TRUE(SetRestorePoint(dir_, &restore).ok());
+  auto engine = PartitionEngine::Create(restore, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
+  ASSERT_TRUE(engine.ok());
+  absl::Status s = (*engine)->InstallShardMap(Map(4), 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("partition 5"));
+  EXPECT_THAT(s.message(), HasSubstr("not the same model"));
+}
+
+TEST_F(PartitionCheckpointTest, ACheckpointTheMapAsksForIsWrittenAtItsRound) {
+  ClusterConfig config = config_;
+  config.clear_checkpoint();
+  auto engine = Engine(config);
+  Send(*engine, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  Round(*engine, 0);
+  Round(*engine, 1);
+  ShardMap map = Map(3);
+  map.set_epoch(2);
+  map.mutable_checkpoint()->set_dir(dir_ + "/later");
+  map.mutable_checkpoint()->set_round(3);
+  ASSERT_TRUE(engine->InstallShardMap(map, 0).ok());
+  EXPECT_FALSE(VerifyCheckpointRound(CheckpointRoundDir(dir_ + "/later", 3)).ok()) << "round 3 is not done yet";
+  Round(*engine, 2);
+  auto round = VerifyCheckpointRound(CheckpointRoundDir(dir_ + "/later", 3));
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(engine->completed_round(), 3u);
+  // Asked for the round the partition is at: written at once.
+  map.set_epoch(3);
+  map.mutable_checkpoint()->set_dir(dir_ + "/now");
+  ASSERT_TRUE(engine->InstallShardMap(map, 0).ok());
+  EXPECT_TRUE(VerifyCheckpointRound(CheckpointRoundDir(dir_ + "/now", 3)).ok());
+  EXPECT_TRUE(errors_.empty()) << errors_.front();
+}
+
+}  // namespace
+}  // namespace shardps

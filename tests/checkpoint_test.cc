@@ -1,0 +1,183 @@
+// Checkpoints end to end, multi-process: `shardps local` writes a checkpoint
+// at the first epoch's last round, every process of the cluster is SIGKILLed,
+// and `shardps local --resume` trains the second epoch.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_store.h"
+#include "common/durable_file.h"
+
+namespace shardps {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// 2 workers x 32 images per step over 2560 images: 40 steps (rounds) an epoch.
+constexpr int kStepsPerEpoch = 40;
+
+struct LocalJob {
+  pid_t pid = -1;  // leads its own process group: the launcher and every node
+  std::string out_path, err_path;
+};
+
+// Starts `argv` (stdout and stderr to DIR/NAME.out and .err) as the leader
+// of a new process group.
+LocalJob Spawn(std::vector<std::string> argv, const std::string& dir, const std::string& name) {
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  LocalJob run{-1, dir + "/" + name + ".out", dir + "/" + name + ".err"};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, run.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, run.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  if (posix_spawn(&run.pid, args[0], &actions, &attr, args.data(), environ) != 0) run.pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  return run;
+}
+
+// Starts `shardps local` on a small deterministic sync job plus `extra`
+// (a flag given twice takes its last value).
+LocalJob Start(const std::string& dir, const std::string& name, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {
+      SHARDPS_BINARY,  "local", "--servers",    "2",   "--workers",   "2", "--deterministic", "--epochs",  "2",
+      "--train-limit", "2560",  "--test-limit", "500", "--log-every", "0", "--json",          "--timeout", "120"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return Spawn(argv, dir, name);
+}
+
+int Wait(const LocalJob& run) {
+  int status = 0;
+  if (run.pid <= 0 || waitpid(run.pid, &status, 0) != run.pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string JsonString(const std::string& json, const std::string& key) {
+  std::smatch m;
+  return std::regex_search(json, m, std::regex("\"" + key + "\": \"?([0-9a-f.]*)")) ? std::string(m[1]) : "";
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / absl::StrCat("checkpoint-test-", getpid())).string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Trains with checkpoints every epoch and SIGKILLs the launcher and every
+  // node as soon as the first epoch's checkpoint is complete. Returns its round directory.
+  std::string CheckpointThenKillEverything() {
+    const std::string ckpt = dir_ + "/ckpt";
+    LocalJob run =
+        Start(dir_, "checkpointed", {"--checkpoint-dir", ckpt, "--checkpoint-every", absl::StrCat(kStepsPerEpoch)});
+    EXPECT_GT(run.pid, 0);
+    const std::string round_dir = CheckpointRoundDir(ckpt, kStepsPerEpoch);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!VerifyCheckpointRound(round_dir).ok() && std::chrono::steady_clock::now() < deadline &&
+           waitpid(run.pid, nullptr, WNOHANG) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    kill(-run.pid, SIGKILL);
+    EXPECT_EQ(Wait(run), 128 + SIGKILL) << "the job ended before the kill: " << Slurp(run.err_path);
+    fs::remove_all(fs::temp_directory_path() / absl::StrCat("shardps-local-", run.pid));  // the launcher's
+    return round_dir;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CheckpointTest, ResumingAfterEveryProcessWasKilledEndsWithBitwiseTheStraightRunsWeights) {
+  LocalJob straight = Start(dir_, "straight", {});
+  ASSERT_EQ(Wait(straight), 0) << Slurp(straight.err_path);
+  const std::string round_dir = CheckpointThenKillEverything();
+  LocalJob resumed = Start(dir_, "resumed", {"--resume", round_dir});
+  ASSERT_EQ(Wait(resumed), 0) << Slurp(resumed.err_path);
+  const std::string a = Slurp(straight.out_path), b = Slurp(resumed.out_path);
+  ASSERT_EQ(JsonString(a, "weights_sha256").size(), 64u) << a;
+  EXPECT_EQ(JsonString(b, "weights_sha256"), JsonString(a, "weights_sha256")) << a << "\n" << b;
+  // The resumed job trained the second epoch only.
+  EXPECT_EQ(JsonString(a, "steps"), absl::StrCat(2 * kStepsPerEpoch));
+  EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(kStepsPerEpoch));
+}
+
+TEST_F(CheckpointTest, ACorruptCheckpointIsRefusedNamingTheFile) {
+  const std::string round_dir = CheckpointThenKillEverything();
+  const std::string file = round_dir + "/partition-0.ckpt";
+  auto data = ReadWholeFile(file);
+  ASSERT_TRUE(data.ok()) << data.status();
+  (*data)[data->size() / 2] ^= 1;
+  ASSERT_TRUE(WriteFileDurably(file, *data).ok());
+  LocalJob resumed = Start(dir_, "resumed", {"--resume", round_dir});
+  EXPECT_NE(Wait(resumed), 0);
+  EXPECT_THAT(Slurp(resumed.err_path), HasSubstr(file));
+}
+
+TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterruptedRunsWeights) {
+  // 400 rounds; heartbeats every 0.1 s, so the scheduler knows each server's
+  // round and pace, and places the checkpoint a few dozen rounds ahead.
+  std::vector<std::string> job = {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
+  LocalJob running = Start(dir_, "running", job);
+  ASSERT_GT(running.pid, 0);
+  // `shardps local` writes its scheduler's address and rank 0's step count
+  // into its temporary directory. Ask once training has run a few
+  // heartbeats, so the scheduler has seen its pace.
+  const fs::path local_dir = fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid);
+  std::string address;
+  int64_t steps = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((address.empty() || steps < 60) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    address = Slurp((local_dir / "scheduler.addr").string());
+    std::istringstream(Slurp((local_dir / "progress.0").string())) >> steps;
+  }
+  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
+  ASSERT_GE(steps, 60) << Slurp(running.err_path);
+  const std::string ckpt = dir_ + "/asked";
+  LocalJob asked =
+      Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
+  ASSERT_EQ(Wait(asked), 0) << Slurp(asked.err_path) << Slurp(running.err_path);
+  EXPECT_THAT(Slurp(asked.out_path), HasSubstr("complete"));
+  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
+  auto point = FindRestorePoint(ckpt);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_GT(point->round, 0u);
+  EXPECT_LT(point->round, 400u);
+  job.insert(job.end(), {"--resume", ckpt});
+  LocalJob resumed = Start(dir_, "resumed", job);
+  ASSERT_EQ(Wait(resumed), 0) << Slurp(resumed.err_path);
+  const std::string a = Slurp(running.out_path), b = Slurp(resumed.out_path);
+  ASSERT_EQ(JsonString(a, "weights_sha256").size(), 64u) << a;
+  EXPECT_EQ(JsonString(b, "weights_sha256"), JsonString(a, "weights_sha256")) << a << "\n" << b;
+  EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(400 - point->round));
+}
+
+}  // namespace
+}  // namespace shardps
