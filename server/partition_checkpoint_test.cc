@@ -99,7 +99,10 @@ TEST_F(PartitionCheckpointTest, RestoredEngineContinuesWithBitwiseTheSameWeights
   restore.mutable_checkpoint()->clear_dir();
   auto restored = Engine(restore);
   EXPECT_EQ(Weights(*restored), at_checkpoint);
-  Send(*restored, INIT, 0, 2, {9.0f, 9.0f, 9.0f});  // a resumed job's INIT changes nothing
+  Send(*restored, INIT, 0, 2, {9.0f, 9.0f, 9.0f});  // a resumed job's INIT is refused and changes nothing
+  ASSERT_EQ(errors_.size(), 1u);
+  EXPECT_NE(errors_[0].find("restored from a checkpoint"), std::string::npos) << errors_[0];
+  errors_.clear();
   Round(*restored, 2);
   Round(*restored, 3);
   const std::vector<float> a = Weights(*original), b = Weights(*restored);

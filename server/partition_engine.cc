@@ -301,16 +301,29 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
 void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataHeader& h,
                            const zmq::message_t& payload) {
   // First INIT wins, and only before any update, so a retried or concurrent
-  // INIT never rewinds training.
-  if (!p.initialized && p.completed == 0) {
-    std::memcpy(WritableWeights(p), payload.data(), payload.size());
-    if (p.delta_pulls) std::memcpy(p.mirror.data(), payload.data(), payload.size());
-    p.initialized = true;
-    p.encoded_round = -1;  // a cached encoding of the old weights is stale
-    DataHeader update;
-    update.set_replica_of(INIT);
-    Replicate(p, update, payload.data(), payload.size());
+  // INIT never rewinds training. A retry (same values, no update yet) is
+  // answered OK; any other INIT is refused with ALREADY_EXISTS, saying why,
+  // and changes nothing (never a silent no-op).
+  if (p.initialized || p.completed > 0) {
+    const bool retry = p.completed == 0 && payload.size() == p.n * sizeof(float) &&
+                       std::memcmp(p.weights->data(), payload.data(), payload.size()) == 0;
+    if (retry) {
+      AnswerWhenConfirmed(p, peer, h, p.sent);
+    } else {
+      Answer(peer, h, absl::AlreadyExistsError(absl::StrCat(
+                          "partition ", p.id, " was initialised already and has taken ", p.completed,
+                          " updates (trained, or restored from a checkpoint): INIT sets weights only before the "
+                          "first update; its weights are unchanged")));
+    }
+    return;
   }
+  std::memcpy(WritableWeights(p), payload.data(), payload.size());
+  if (p.delta_pulls) std::memcpy(p.mirror.data(), payload.data(), payload.size());
+  p.initialized = true;
+  p.encoded_round = -1;  // a cached encoding of the old weights is stale
+  DataHeader update;
+  update.set_replica_of(INIT);
+  Replicate(p, update, payload.data(), payload.size());
   AnswerWhenConfirmed(p, peer, h, p.sent);
 }
 

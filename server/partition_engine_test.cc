@@ -562,3 +562,24 @@ TEST_F(EngineTest, PushesParkedForTheNextRoundAreNotCountedWhenAWorkerIsRemoved)
 
 }  // namespace
 }  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST_F(EngineTest, InitIsNeverASilentNoOp) {
+  Make(SYNC, false, 1);
+  Send(INIT, 0, 0, {7, 8});
+  Send(INIT, 0, 0, {7, 8});  // a retry: same values, no update yet
+  Send(INIT, 0, 0, {1, 1});  // another INIT: refused, weights kept
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[1].header.status_code(), 0);
+  EXPECT_EQ(sent_[2].header.status_code(), static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(Weights(), (std::vector<float>{7, 8}));
+  Send(PUSH, 0, 0, {1, 1});
+  Send(INIT, 0, 0, {-1, -2});  // after an update: refused, saying why
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("has taken 1 updates"));
+  EXPECT_EQ(Weights(), (std::vector<float>{6, 7}));
+}
+
+}  // namespace
+}  // namespace shardps

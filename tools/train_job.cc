@@ -70,7 +70,10 @@ absl::Status JoinJob(Worker& worker, Mlp& model, const TrainOptions& o) {
   if (worker.rank() == 0) {
     model.InitParams(o.seed);
     for (size_t t = 0; t < model.params().size(); ++t) {
-      SHARDPS_RETURN_IF_ERROR(worker.InitTensor(model.tensors()[t].name, model.params()[t], o.step_timeout));
+      absl::Status s = worker.InitTensor(model.tensors()[t].name, model.params()[t], o.step_timeout);
+      // A restored cluster holds its weights already: keep them.
+      if (absl::IsAlreadyExists(s) && worker.config().checkpoint().restore_round() > 0) continue;
+      SHARDPS_RETURN_IF_ERROR(s);
     }
   }
   return worker.Barrier("init");

@@ -76,9 +76,12 @@ class Worker {
   // list; returns once the servers serve the resulting shard map.
   virtual absl::Status DefineTensors(const std::vector<TensorSpec>& tensors) = 0;
 
-  // Sets a tensor's initial weights (the first INIT of a partition wins; a
-  // cluster restored from a checkpoint ignores it, and its rounds start at
-  // config().checkpoint().restore_round(), the step the job resumes at).
+  // Sets a tensor's initial weights. The first INIT of a partition wins; the
+  // same values again (a retry) are answered OK, and anything else once a
+  // partition is initialised or has taken an update, a cluster restored from
+  // a checkpoint included, fails with ALREADY_EXISTS and changes nothing. A
+  // restored cluster's rounds start at config().checkpoint().restore_round(),
+  // the step the job resumes at.
   virtual absl::Status InitTensor(const std::string& name, absl::Span<const float> values,
                                   absl::Duration timeout) = 0;
 
