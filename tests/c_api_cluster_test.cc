@@ -52,6 +52,21 @@ TEST_F(CApiClusterTest, ReportsTheJobTheSchedulerHandedOut) {
   EXPECT_EQ(update_mode, SHARDPS_UPDATE_ON_SERVER);
 }
 
+TEST_F(CApiClusterTest, AFailedDefinitionIsResetAndDeclaredAgain) {
+  const int64_t bad[] = {0}, good[] = {8};
+  ASSERT_EQ(shardps_declare_tensor(w_, "w", bad, 1, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err_), HasSubstr("dimension 0"));
+  ASSERT_EQ(shardps_reset_declared(w_, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor(w_, "w", good, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << "defining again changes nothing";
+  const float init[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_EQ(shardps_init_tensor(w_, "w", init, 8, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  const float other[8] = {};
+  EXPECT_EQ(shardps_init_tensor(w_, "w", other, 8, 10.0, err_, sizeof(err_)), SHARDPS_ALREADY_EXISTS);
+}
+
 TEST_F(CApiClusterTest, ConfigTextAsksForABufferLargeEnough) {
   size_t needed = 0;
   ASSERT_EQ(shardps_config_text(w_, nullptr, 0, &needed, err_, sizeof(err_)), SHARDPS_OUT_OF_RANGE);

@@ -161,6 +161,14 @@ int shardps_define_done(shardps_worker* w, char* err, size_t err_len) {
   });
 }
 
+int shardps_reset_declared(shardps_worker* w, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    w->declared.clear();
+    return 0;
+  });
+}
+
 int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s, char* err,
                         size_t err_len) {
   return Guarded(__func__, err, err_len, [&] {

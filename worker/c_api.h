@@ -59,7 +59,13 @@ void shardps_worker_destroy(shardps_worker* w);
 /* Declares one float32 tensor; call for each tensor, then shardps_define_done. */
 int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, char* err,
                            size_t err_len);
+/* Defines the declared tensors (the same list on every worker). A failed call
+   changes nothing on the cluster: call it again (e.g. after a timeout), or
+   shardps_reset_declared and declare again (e.g. after a refused shape). Once it
+   succeeded, later calls with the same list succeed and change nothing. */
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len);
+/* Forgets the tensors declared so far (not the cluster's definition). */
+int shardps_reset_declared(shardps_worker* w, char* err, size_t err_len);
 
 int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s,
                         char* err, size_t err_len);

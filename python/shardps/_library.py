@@ -111,6 +111,7 @@ def _declare(lib):
         "shardps_worker_destroy": ([w], None),
         "shardps_declare_tensor": ([w, c.c_char_p, c.POINTER(c.c_int64), c.c_size_t] + err, c.c_int),
         "shardps_define_done": ([w] + err, c.c_int),
+        "shardps_reset_declared": ([w] + err, c.c_int),
         "shardps_init_tensor": ([w, c.c_char_p, c.c_void_p, c.c_size_t, c.c_double] + err, c.c_int),
         "shardps_barrier": ([w, c.c_char_p] + err, c.c_int),
         "shardps_push": ([w, c.c_char_p, c.c_void_p, c.c_size_t, c.POINTER(c.c_uint64)] + err, c.c_int),

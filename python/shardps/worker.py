@@ -155,6 +155,8 @@ class Worker:
         worker, and waits until every server serves them. Once per worker."""
         if self._shapes:
             raise ValueError("tensors are already defined on this worker")
+        # A failed define (refused shape, timeout) may simply be called again.
+        self._call("shardps_reset_declared", self._live())
         shapes = {}
         for name, shape in tensors:
             shape = [int(d) for d in shape]
