@@ -1,6 +1,7 @@
 // The C ABI's queries and per-partition calls against a real cluster (the
 // basic step is ClusterTest.CApiTrainsAStep).
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -65,6 +66,30 @@ TEST_F(CApiClusterTest, AFailedDefinitionIsResetAndDeclaredAgain) {
   ASSERT_EQ(shardps_init_tensor(w_, "w", init, 8, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
   const float other[8] = {};
   EXPECT_EQ(shardps_init_tensor(w_, "w", other, 8, 10.0, err_, sizeof(err_)), SHARDPS_ALREADY_EXISTS);
+}
+
+TEST(CApiTimeoutTest, ABarrierWithADeadlineSaysWhoIsMissing) {
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  shardps_worker* w[2] = {nullptr, nullptr};
+  char err[256] = "";
+  std::thread second([&] {
+    EXPECT_EQ(shardps_worker_create((*cluster)->scheduler_address().c_str(), 1, 20.0, &w[1], err, sizeof(err)),
+              SHARDPS_OK);
+  });
+  ASSERT_EQ(shardps_worker_create((*cluster)->scheduler_address().c_str(), 0, 20.0, &w[0], err, sizeof(err)),
+            SHARDPS_OK)
+      << err;
+  second.join();
+  char why[256] = "";
+  EXPECT_EQ(shardps_barrier_timeout(w[0], "b", 0.5, why, sizeof(why)), SHARDPS_DEADLINE_EXCEEDED);
+  EXPECT_THAT(std::string(why), HasSubstr("missing worker ranks: 1"));
+  EXPECT_EQ(shardps_barrier_timeout(w[0], "b", 0, why, sizeof(why)), SHARDPS_INVALID_ARGUMENT);
+  shardps_worker_destroy(w[0]);
+  shardps_worker_destroy(w[1]);
 }
 
 TEST_F(CApiClusterTest, ConfigTextAsksForABufferLargeEnough) {

@@ -161,6 +161,22 @@ int shardps_define_done(shardps_worker* w, char* err, size_t err_len) {
   });
 }
 
+int shardps_define_done_timeout(shardps_worker* w, double timeout_s, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    if (!(timeout_s > 0)) return Report(absl::InvalidArgumentError("timeout must be > 0 seconds"), err, err_len);
+    return Report(w->worker->DefineTensors(w->declared, Seconds(timeout_s)), err, err_len);
+  });
+}
+
+int shardps_barrier_timeout(shardps_worker* w, const char* name, double timeout_s, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr) return Null("worker or name", err, err_len);
+    if (!(timeout_s > 0)) return Report(absl::InvalidArgumentError("timeout must be > 0 seconds"), err, err_len);
+    return Report(w->worker->Barrier(name, nullptr, Seconds(timeout_s)), err, err_len);
+  });
+}
+
 int shardps_reset_declared(shardps_worker* w, char* err, size_t err_len) {
   return Guarded(__func__, err, err_len, [&] {
     if (w == nullptr) return Null("worker", err, err_len);

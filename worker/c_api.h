@@ -66,6 +66,11 @@ int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* s
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len);
 /* Forgets the tensors declared so far (not the cluster's definition). */
 int shardps_reset_declared(shardps_worker* w, char* err, size_t err_len);
+/* shardps_define_done and shardps_barrier with a deadline of their own
+   (seconds > 0; the calls without it wait the config's rendezvous_timeout_ms).
+   On timeout: SHARDPS_DEADLINE_EXCEEDED, naming what was missing. */
+int shardps_define_done_timeout(shardps_worker* w, double timeout_s, char* err, size_t err_len);
+int shardps_barrier_timeout(shardps_worker* w, const char* name, double timeout_s, char* err, size_t err_len);
 
 int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s,
                         char* err, size_t err_len);

@@ -48,11 +48,13 @@ class FakeWorker : public Worker {
   const ClusterConfig& config() const override { return config_; }
   uint32_t rank() const override { return 0; }
   absl::Duration request_timeout() const override { return absl::Seconds(30); }
-  absl::Status DefineTensors(const std::vector<TensorSpec>&) override { return absl::OkStatus(); }
+  absl::Status DefineTensors(const std::vector<TensorSpec>&, absl::Duration) override { return absl::OkStatus(); }
   absl::Status InitTensor(const std::string&, absl::Span<const float>, absl::Duration) override {
     return absl::UnimplementedError("fake");
   }
-  absl::Status Barrier(const std::string&, std::vector<uint32_t>*) override { return absl::OkStatus(); }
+  absl::Status Barrier(const std::string&, std::vector<uint32_t>*, absl::Duration) override {
+    return absl::OkStatus();
+  }
   absl::StatusOr<Handle> Push(const std::string&, absl::Span<const float>) override {
     return absl::UnimplementedError("fake");
   }

@@ -69,11 +69,11 @@ class WorkerImpl : public Worker {
   uint32_t rank() const override { return options_.rank; }
   absl::Duration request_timeout() const override { return absl::Milliseconds(config_.request_timeout_ms()); }
 
-  absl::Status DefineTensors(const std::vector<TensorSpec>& tensors) override {
+  absl::Status DefineTensors(const std::vector<TensorSpec>& tensors, absl::Duration timeout) override {
     DefineTensorsRequest request;
     request.set_node_id(node_id_);
     for (const TensorSpec& t : tensors) *request.add_tensors() = t;
-    auto map = scheduler_->DefineTensors(request, options_.control_timeout);
+    auto map = scheduler_->DefineTensors(request, timeout > absl::ZeroDuration() ? timeout : options_.control_timeout);
     if (!map.ok()) return map.status();
     absl::Status s = AdoptShardMap(*map);
     if (!s.ok() || watch_ != nullptr) return s;
@@ -134,13 +134,13 @@ class WorkerImpl : public Worker {
     return channel_->Wait(*handle, timeout);
   }
 
-  absl::Status Barrier(const std::string& name, std::vector<uint32_t>* live_ranks) override {
+  absl::Status Barrier(const std::string& name, std::vector<uint32_t>* live_ranks, absl::Duration timeout) override {
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);
     // A scheduler that dies mid-call is asked again (a restarted one resumes
     // from its state) until the deadline.
-    const absl::Time deadline = absl::Now() + options_.control_timeout;
+    const absl::Time deadline = absl::Now() + (timeout > absl::ZeroDuration() ? timeout : options_.control_timeout);
     for (;;) {
       BarrierResponse response;
       absl::Status s =

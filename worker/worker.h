@@ -73,8 +73,10 @@ class Worker {
   virtual absl::Duration request_timeout() const = 0;
 
   // Declares the job's tensors (float32). Every worker declares the same
-  // list; returns once the servers serve the resulting shard map.
-  virtual absl::Status DefineTensors(const std::vector<TensorSpec>& tensors) = 0;
+  // list; returns once the servers serve the resulting shard map. `timeout`
+  // zero: the options' control_timeout.
+  virtual absl::Status DefineTensors(const std::vector<TensorSpec>& tensors,
+                                     absl::Duration timeout = absl::ZeroDuration()) = 0;
 
   // Sets a tensor's initial weights. The first INIT of a partition wins; the
   // same values again (a retry) are answered OK, and anything else once a
@@ -89,7 +91,9 @@ class Worker {
   // `name`. `live_ranks` (optional) receives the ranks in the job when it
   // passed: the same list for every worker, so they can agree on how to
   // split the data once a worker was removed.
-  virtual absl::Status Barrier(const std::string& name, std::vector<uint32_t>* live_ranks = nullptr) = 0;
+  // `timeout` zero: the options' control_timeout.
+  virtual absl::Status Barrier(const std::string& name, std::vector<uint32_t>* live_ranks = nullptr,
+                               absl::Duration timeout = absl::ZeroDuration()) = 0;
 
   // Sends this worker's gradient for its next round of `name`.
   virtual absl::StatusOr<Handle> Push(const std::string& name, absl::Span<const float> gradient) = 0;

@@ -198,9 +198,13 @@ class Worker:
         ptr, n, _ = self._checked(name, values, False, "values")
         self._call("shardps_init_tensor", self._live(), name.encode(), ptr, n, self._timeout(timeout))
 
-    def barrier(self, name):
-        """Returns once every worker has entered the barrier `name`."""
-        self._call("shardps_barrier", self._live(), name.encode())
+    def barrier(self, name, timeout=None):
+        """Returns once every worker still in the job has entered the barrier `name`; with
+        `timeout` (seconds) raises DeadlineExceededError naming the missing ranks after it."""
+        if timeout is None:
+            self._call("shardps_barrier", self._live(), name.encode())
+        else:
+            self._call("shardps_barrier_timeout", self._live(), name.encode(), float(timeout))
 
     def push(self, name, grad):
         g, n, keep = self._checked(name, grad, False, "gradient")
