@@ -92,6 +92,38 @@ TEST(CApiTimeoutTest, ABarrierWithADeadlineSaysWhoIsMissing) {
   shardps_worker_destroy(w[1]);
 }
 
+TEST_F(CApiClusterTest, SixteenBitBuffersAreConvertedAndMismatchesRefused) {
+  const int64_t shape[] = {4};
+  ASSERT_EQ(shardps_declare_tensor_dtype(w_, "h", shape, 1, SHARDPS_FLOAT16, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor_dtype(w_, "b", shape, 1, SHARDPS_BFLOAT16, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  const float init[4] = {1, 2, 3, 4};
+  ASSERT_EQ(shardps_init_tensor(w_, "h", init, 4, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_init_tensor(w_, "b", init, 4, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  // 1.0 in float16 is 0x3c00, in bfloat16 0x3f80; lr 0.5 moves each weight by -0.5.
+  const uint16_t half_one[4] = {0x3c00, 0x3c00, 0x3c00, 0x3c00}, bf_one[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80};
+  uint16_t half_w[4] = {0x3c00, 0x4000, 0x4200, 0x4400}, bf_w[4] = {0x3f80, 0x4000, 0x4040, 0x4080};
+  uint64_t h = 0;
+  ASSERT_EQ(shardps_push_pull_typed(w_, "h", half_one, half_w, sizeof(half_w), SHARDPS_FLOAT16, &h, err_, sizeof(err_)),
+            SHARDPS_OK)
+      << err_;
+  ASSERT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  EXPECT_EQ(half_w[0], 0x3800);  // 0.5
+  EXPECT_EQ(half_w[3], 0x4300);  // 3.5
+  ASSERT_EQ(shardps_push_pull_typed(w_, "b", bf_one, bf_w, sizeof(bf_w), SHARDPS_BFLOAT16, &h, err_, sizeof(err_)),
+            SHARDPS_OK)
+      << err_;
+  ASSERT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  EXPECT_EQ(bf_w[0], 0x3f00);  // 0.5
+  EXPECT_EQ(bf_w[3], 0x4060);  // 3.5
+  EXPECT_EQ(shardps_push_pull_typed(w_, "h", bf_one, bf_w, sizeof(bf_w), SHARDPS_BFLOAT16, &h, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err_), HasSubstr("declared float16; the buffers are bfloat16"));
+  EXPECT_EQ(shardps_push_pull_typed(w_, "h", half_one, half_w, 6, SHARDPS_FLOAT16, &h, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err_), HasSubstr("the buffers hold 6 bytes"));
+}
+
 TEST_F(CApiClusterTest, ConfigTextAsksForABufferLargeEnough) {
   size_t needed = 0;
   ASSERT_EQ(shardps_config_text(w_, nullptr, 0, &needed, err_, sizeof(err_)), SHARDPS_OUT_OF_RANGE);

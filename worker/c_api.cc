@@ -4,16 +4,31 @@
 #include <cstring>
 #include <exception>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compression/codec_math.h"
 #include "google/protobuf/text_format.h"
 #include "worker/worker.h"
 
 struct shardps_worker {
+  // A 16-bit request's float32 staging and where its weights go back.
+  struct Staged {
+    std::vector<float> grad, weights;
+    void* out = nullptr;
+    int dtype = SHARDPS_FLOAT32;
+  };
   std::unique_ptr<shardps::Worker> worker;
   std::vector<shardps::TensorSpec> declared;
+  std::map<std::string, std::pair<int, uint64_t>> dtypes;  // declared name -> (dtype, elements)
+  std::mutex mu;  // guards staged and abandoned
+  std::map<uint64_t, std::unique_ptr<Staged>> staged;
+  // Staging of requests whose wait failed: a request may still leave later
+  // and read it, so it lives as long as the worker (worker/worker.h).
+  std::vector<std::unique_ptr<Staged>> abandoned;
 };
 
 // The header's codes are absl::StatusCode's, so Report can return s.code() as is.
@@ -101,6 +116,85 @@ int TooSmall(const char* what, size_t capacity, size_t needed, char* err, size_t
   return Report(absl::OutOfRangeError(absl::StrCat(what, " holds ", capacity, ", needs ", needed)), err, err_len);
 }
 
+
+size_t ElementBytes(int dtype) {
+  switch (dtype) {
+    case SHARDPS_FLOAT32:
+      return 4;
+    case SHARDPS_FLOAT16:
+    case SHARDPS_BFLOAT16:
+      return 2;
+  }
+  return 0;
+}
+
+const char* DtypeName(int dtype) {
+  switch (dtype) {
+    case SHARDPS_FLOAT32:
+      return "float32";
+    case SHARDPS_FLOAT16:
+      return "float16";
+    case SHARDPS_BFLOAT16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+absl::Status UnknownDtype(int dtype) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype ", dtype, " is not SHARDPS_FLOAT32, SHARDPS_FLOAT16 or SHARDPS_BFLOAT16"));
+}
+
+int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype) {
+  shardps::TensorSpec spec;
+  spec.set_name(name);
+  uint64_t n = 1;
+  for (size_t i = 0; i < ndim; ++i) {
+    spec.add_shape(shape[i]);
+    n *= shape[i] > 0 ? static_cast<uint64_t>(shape[i]) : 0;
+  }
+  spec.set_dtype(shardps::FLOAT32);  // on the wire; the buffers' dtype stays here
+  w->declared.push_back(std::move(spec));
+  w->dtypes[name] = {dtype, n};
+  return SHARDPS_OK;
+}
+
+// The element count of `name`, once its buffers' dtype and size match.
+absl::StatusOr<size_t> CheckTyped(const shardps_worker& w, const char* name, size_t bytes, int dtype) {
+  if (ElementBytes(dtype) == 0) return UnknownDtype(dtype);
+  auto it = w.dtypes.find(name);
+  if (it == w.dtypes.end()) return absl::NotFoundError(absl::StrCat("tensor '", name, "' was not declared here"));
+  const auto [declared, n] = it->second;
+  if (declared != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is declared ", DtypeName(declared),
+                                                   "; the buffers are ", DtypeName(dtype)));
+  }
+  if (bytes != n * ElementBytes(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has ", n, " ", DtypeName(dtype),
+                                                   " elements (", n * ElementBytes(dtype), " bytes); the buffers hold ",
+                                                   bytes, " bytes"));
+  }
+  return static_cast<size_t>(n);
+}
+
+std::vector<float> ToFloats(const void* data, size_t n, int dtype) {
+  std::vector<float> out(n);
+  const auto* h = static_cast<const uint16_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = dtype == SHARDPS_FLOAT16 ? shardps::compression::math::HalfToFloat(h[i])
+                                      : shardps::compression::math::Bf16ToFloat(h[i]);
+  }
+  return out;
+}
+
+void StoreWeights(const shardps_worker::Staged& s) {
+  auto* h = static_cast<uint16_t*>(s.out);
+  for (size_t i = 0; i < s.weights.size(); ++i) {
+    h[i] = s.dtype == SHARDPS_FLOAT16 ? shardps::compression::math::FloatToHalf(s.weights[i])
+                                     : shardps::compression::math::FloatToBf16(s.weights[i]);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -116,7 +210,9 @@ int shardps_worker_create(const char* scheduler_address, uint32_t rank, double r
     options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
     auto worker = shardps::Worker::Create(options);
     if (!worker.ok()) return Report(worker.status(), err, err_len);
-    *out = new shardps_worker{*std::move(worker), {}};
+    auto created = std::make_unique<shardps_worker>();
+    created->worker = *std::move(worker);
+    *out = created.release();
     return 0;
   });
 }
@@ -145,12 +241,17 @@ int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* s
   return Guarded(__func__, err, err_len, [&] {
     if (w == nullptr) return Null("worker", err, err_len);
     if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
-    shardps::TensorSpec spec;
-    spec.set_name(name);
-    for (size_t i = 0; i < ndim; ++i) spec.add_shape(shape[i]);
-    spec.set_dtype(shardps::FLOAT32);
-    w->declared.push_back(std::move(spec));
-    return 0;
+    return Declare(w, name, shape, ndim, SHARDPS_FLOAT32);
+  });
+}
+
+int shardps_declare_tensor_dtype(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
+                                 char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
+    if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
+    return Declare(w, name, shape, ndim, dtype);
   });
 }
 
@@ -229,7 +330,55 @@ int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, fl
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len) {
   return Guarded(__func__, err, err_len, [&] {
     if (w == nullptr) return Null("worker", err, err_len);
-    return Report(w->worker->Wait(handle, Seconds(timeout_s)), err, err_len);
+    absl::Status s = w->worker->Wait(handle, Seconds(timeout_s));
+    std::unique_ptr<shardps_worker::Staged> staged;
+    {
+      std::lock_guard<std::mutex> lock(w->mu);
+      auto it = w->staged.find(handle);
+      if (it != w->staged.end()) {
+        staged = std::move(it->second);
+        w->staged.erase(it);
+      }
+    }
+    if (staged != nullptr) {
+      if (s.ok()) {
+        StoreWeights(*staged);
+      } else {
+        std::lock_guard<std::mutex> lock(w->mu);
+        w->abandoned.push_back(std::move(staged));
+      }
+    }
+    return Report(s, err, err_len);
+  });
+}
+
+int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* grad, void* weights, size_t bytes,
+                            int dtype, uint64_t* handle, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr || grad == nullptr || weights == nullptr || handle == nullptr) {
+      return Null("worker, name, grad, weights or handle", err, err_len);
+    }
+    auto n = CheckTyped(*w, name, bytes, dtype);
+    if (!n.ok()) return Report(n.status(), err, err_len);
+    if (dtype == SHARDPS_FLOAT32) {
+      return StartRequest(w, handle, err, err_len, [&] {
+        return w->worker->PushPull(name, absl::MakeConstSpan(static_cast<const float*>(grad), *n),
+                                   absl::MakeSpan(static_cast<float*>(weights), *n));
+      });
+    }
+    auto staged = std::make_unique<shardps_worker::Staged>();
+    staged->out = weights;
+    staged->dtype = dtype;
+    staged->grad = ToFloats(grad, *n, dtype);
+    staged->weights = ToFloats(weights, *n, dtype);  // sum-only and delta pulls update them in place
+    const int rc = StartRequest(w, handle, err, err_len, [&] {
+      return w->worker->PushPull(name, staged->grad, absl::MakeSpan(staged->weights));
+    });
+    if (rc == SHARDPS_OK) {
+      std::lock_guard<std::mutex> lock(w->mu);
+      w->staged[*handle] = std::move(staged);
+    }
+    return rc;
   });
 }
 

@@ -64,6 +64,23 @@ int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* s
    shardps_reset_declared and declare again (e.g. after a refused shape). Once it
    succeeded, later calls with the same list succeed and change nothing. */
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len);
+/* Element types of a tensor's buffers. Values cross the network as float32 (or
+   the configured codec); float16 and bfloat16 buffers are converted on the way,
+   rounding to nearest even, so mixed-precision jobs keep 16-bit gradients. */
+enum { SHARDPS_FLOAT32 = 1, SHARDPS_FLOAT16 = 2, SHARDPS_BFLOAT16 = 3 };
+
+/* shardps_declare_tensor with the dtype of the buffers the job will pass for
+   it (shardps_push_pull_typed); shardps_declare_tensor declares float32. */
+int shardps_declare_tensor_dtype(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
+                                 char* err, size_t err_len);
+/* shardps_push_pull with buffers of `bytes` bytes of the tensor's declared
+   dtype, which `dtype` must name: another dtype or size is refused
+   (SHARDPS_INVALID_ARGUMENT, saying which). Both buffers are borrowed until
+   shardps_wait returns for the handle; 16-bit weights are written when it
+   returns SHARDPS_OK. */
+int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* grad, void* weights, size_t bytes,
+                            int dtype, uint64_t* handle, char* err, size_t err_len);
+
 /* Forgets the tensors declared so far (not the cluster's definition). */
 int shardps_reset_declared(shardps_worker* w, char* err, size_t err_len);
 /* shardps_define_done and shardps_barrier with a deadline of their own
