@@ -35,6 +35,12 @@ class GrpcSchedulerClient : public SchedulerClient {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A connection whose packets are dropped (a network partition) is noticed
+    // within seconds by keepalive pings, not after TCP gives up.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
 

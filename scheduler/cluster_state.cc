@@ -282,6 +282,26 @@ std::vector<std::string> ClusterState::CheckLiveness() {
       for (auto& [k, node] : *group) node.last_seen += gap;
     }
   }
+  // A scheduler cut off from the cluster hears from nobody: declaring every
+  // node dead would end a job that is training fine. Nodes are declared dead
+  // only while a majority of the live ones is still heard from.
+  size_t live = 0, heard = 0;
+  for (auto* group : {&servers_, &workers_}) {
+    for (auto& [k, node] : *group) {
+      if (node.dead) continue;
+      ++live;
+      if (now - node.last_seen <= timeout) ++heard;
+    }
+  }
+  if (heard * 2 <= live) {
+    if (heard < live && !isolated_) {
+      isolated_ = true;
+      return {absl::StrCat("hears from only ", heard, " of ", live, " live nodes within the heartbeat timeout: "
+                           "more likely cut off itself, so it declares no one dead until a majority is back")};
+    }
+    return {};
+  }
+  isolated_ = false;
   std::vector<std::string> declared;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {

@@ -60,7 +60,10 @@ class ClusterState {
   // Declares dead every node silent for longer than heartbeat_timeout_ms and
   // publishes a new epoch: a dead server is marked in the map (workers fail
   // its requests at once), a dead worker is excluded (sync rounds and
-  // barriers go on without it). Returns one line per node declared dead.
+  // barriers go on without it). Only while a majority of the live nodes is
+  // heard from: a scheduler that hears from fewer is more likely cut off
+  // itself and declares no one. Returns one line per node declared dead (or
+  // one saying it is cut off).
   std::vector<std::string> CheckLiveness();
 
   // First call: builds the shard map (next epoch). Later calls: must declare
@@ -137,6 +140,7 @@ class ClusterState {
   // in rendezvous sends no heartbeat yet), and a check that comes late (the
   // scheduler was paused) first forgives the pause.
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
+  bool isolated_ ABSL_GUARDED_BY(mu_) = false;  // said once: hears from no majority
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
 };
