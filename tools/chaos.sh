@@ -56,10 +56,11 @@ flags:
 
 Columns: exit (workers' exit statuses, then "ok" when all are 0), accuracy (test
 accuracy of worker 0), delta (against "none"), wall (seconds from the first
-process start to the last worker's exit), failover (whether the scheduler
-declared a server dead, and which), steps in fault (worker 0's steps taken
-while the fault was on: 0 means the job stalled), pass (every worker exited 0
-and |delta| <= 0.01).
+process start to the last worker's exit), stall (the longest time worker 0's
+step count stood still), steps in fault (worker 0's steps taken while the fault
+was on, and its step at the fault's start and end: 0 means the job stalled),
+pass (every worker exited 0 and |delta| <= 0.01), failover (the nodes the
+scheduler declared dead, from its log). Exit status 1 when a scenario fails.
 EOF
 }
 
@@ -174,7 +175,7 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # run_scenario NAME: one job (scheduler, 3 servers, WORKERS workers) with NAME's
 # fault; fills R_* for NAME.
-declare -A R_EXIT R_ACC R_WALL R_FAILOVER R_FAULT_STEPS R_FAULT_WINDOW R_PASS R_NOTE R_DROPPED R_DAEMONS
+declare -A R_EXIT R_ACC R_WALL R_FAILOVER R_FAULT_STEPS R_FAULT_WINDOW R_PASS R_NOTE R_DROPPED R_DAEMONS R_STALL
 run_scenario() {
   local name=$1 dir=$WORKDIR/$1
   mkdir -p "$dir"
@@ -209,10 +210,17 @@ run_scenario() {
       fault_secs=$LOSS_SECONDS fault_kind=loss ;;
   esac
   local phase=wait_first_step t_first="" t_fault="" t_heal="" steps_fault=0 steps_heal=0
+  # Longest stall: the longest time worker 0's step count stood still after its first step.
+  local seen_steps=0 t_change="" stall=0 p0
   [[ $name == none ]] && phase=run
   local deadline=$((SECONDS + RUN_TIMEOUT)) i rc failed=0 done_workers note=""
   declare -A finished=() wrc=()
   while :; do
+    p0=$(progress "$dir/progress.0")
+    if ((p0 != seen_steps)); then
+      [[ -n $t_change ]] && stall=$(awk -v a="$t_change" -v b="$(now)" -v m="$stall" 'BEGIN { d = b - a; printf "%.1f", (d > m ? d : m) }')
+      seen_steps=$p0 t_change=$(now)
+    fi
     case "$phase" in
       wait_first_step)
         if (($(progress "$dir/progress.0") > 0)); then t_first=$(now); phase=wait_fault; fi ;;
@@ -301,6 +309,7 @@ run_scenario() {
     R_FAULT_STEPS[$name]="-" R_FAULT_WINDOW[$name]="-"
   fi
   R_NOTE[$name]=$note
+  R_STALL[$name]=$stall
   # What the nodes said about the fault: warnings and errors of every process.
   {
     for f in "$dir"/h*.log; do
@@ -363,8 +372,8 @@ if ((JSON)); then
     d=$(delta "$s")
     printf '{"scenario":"%s","fault":"%s","workers_exit":"%s","test_accuracy":%s,"delta_vs_none":%s,' \
       "$s" "$(describe "$s")" "${R_EXIT[$s]}" "${R_ACC[$s]:-null}" "${d:-null}"
-    printf '"wall_seconds":%s,"failover":"%s","steps_during_fault":"%s","fault_steps":"%s",' \
-      "${R_WALL[$s]}" "${R_FAILOVER[$s]}" "${R_FAULT_STEPS[$s]}" "${R_FAULT_WINDOW[$s]}"
+    printf '"wall_seconds":%s,"failover":"%s","steps_during_fault":"%s","fault_steps":"%s","longest_stall_s":%s,' \
+      "${R_WALL[$s]}" "${R_FAILOVER[$s]}" "${R_FAULT_STEPS[$s]}" "${R_FAULT_WINDOW[$s]}" "${R_STALL[$s]}"
     printf '"packets_dropped":%s,"daemons":"%s","note":"%s","pass":%s}\n' "${R_DROPPED[$s]:-0}" \
       "${R_DAEMONS[$s]}" "${R_NOTE[$s]}" "$( ((R_PASS[$s])) && echo true || echo false)"
   done
@@ -372,12 +381,12 @@ else
   echo
   echo "sync, 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT, links $RATE;" \
     "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS; fault $FAULT_AFTER s after the first step"
-  printf '%-6s %-36s %-8s %9s %8s %8s %-22s %15s %5s\n' scenario fault exit accuracy delta "wall s" failover \
-    "steps in fault" pass
+  printf '%-8s %-34s %-8s %9s %8s %7s %8s %16s %4s  %s\n' scenario fault exit accuracy delta "wall s" "stall s" \
+    "steps in fault" pass failover
   for s in "${RUN_LIST[@]}"; do
-    printf '%-6s %-36s %-8s %9s %8s %8s %-22s %15s %5s\n' "$s" "$(describe "$s")" "${R_EXIT[$s]}" \
-      "${R_ACC[$s]:--}" "$(delta "$s")" "${R_WALL[$s]}" "${R_FAILOVER[$s]}" \
-      "${R_FAULT_STEPS[$s]} (${R_FAULT_WINDOW[$s]})" "$( ((R_PASS[$s])) && echo yes || echo NO)"
+    printf '%-8s %-34s %-8s %9s %8s %7s %8s %16s %4s  %s\n' "$s" "$(describe "$s")" "${R_EXIT[$s]}" \
+      "${R_ACC[$s]:--}" "$(delta "$s")" "${R_WALL[$s]}" "${R_STALL[$s]}" \
+      "${R_FAULT_STEPS[$s]} (${R_FAULT_WINDOW[$s]})" "$( ((R_PASS[$s])) && echo yes || echo NO)" "${R_FAILOVER[$s]}"
     [[ -n ${R_NOTE[$s]} ]] && echo "       note: ${R_NOTE[$s]}"
   done
   echo "daemons at the end of each run and what every node said: $WORKDIR/<scenario>/events.txt"
