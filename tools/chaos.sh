@@ -369,7 +369,7 @@ ALL_PASS=1
 for s in "${RUN_LIST[@]}"; do ((R_PASS[$s])) || ALL_PASS=0; done
 if ((JSON)); then
   for s in "${RUN_LIST[@]}"; do
-    d=$(delta "$s")
+    d=$(delta "$s"); d=${d#+}   # JSON numbers take no plus sign
     printf '{"scenario":"%s","fault":"%s","workers_exit":"%s","test_accuracy":%s,"delta_vs_none":%s,' \
       "$s" "$(describe "$s")" "${R_EXIT[$s]}" "${R_ACC[$s]:-null}" "${d:-null}"
     printf '"wall_seconds":%s,"failover":"%s","steps_during_fault":"%s","fault_steps":"%s","longest_stall_s":%s,' \
