@@ -60,8 +60,8 @@ flags:
 EOF
 }
 
-die() { echo "netbench: $*" >&2; exit 1; }
-log() { echo "netbench: $*" >&2; }
+TOOL=netbench
+source "$(dirname "$0")/fakehosts.sh"
 
 # ---------------------------------------------------------------- flags
 RATE=200mbit BURST=256kb HIDDEN=2048,2048 BATCH=32 STEPS=40 EPOCHS=0 ACC_HIDDEN=256,128
@@ -105,15 +105,7 @@ for tool in ip tc nsenter timeout awk; do
 done
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-if [[ -z $SHARDPS_BIN ]]; then
-  for c in "$ROOT/build/tools/shardps" /work/build-ci/tools/shardps; do
-    [[ -x $c ]] && { SHARDPS_BIN=$c; break; }
-  done
-fi
-[[ -n $SHARDPS_BIN && -x $SHARDPS_BIN ]] ||
-  die "no shardps binary (build it with tools/build.sh, or pass --shardps PATH)"
-SHARDPS_BIN=$(readlink -f "$SHARDPS_BIN")
-"$SHARDPS_BIN" train --help >/dev/null 2>&1 || die "$SHARDPS_BIN does not run ('shardps train --help' failed)"
+find_shardps
 
 # 2bit pushes with Adam (1-bit Adam's recipe): 150 rounds uncompressed, then
 # Adam's variance frozen and each worker compresses its own momentum in units
@@ -161,122 +153,9 @@ done
 
 # ---------------------------------------------------------------- fake hosts
 NHOSTS=5
-ns() { echo "$PREFIX-h$1"; }          # namespace of host i
-brlink() { echo "$PREFIX-h$1"; }      # bridge-side veth of host i (root namespace)
-BRIDGE=$PREFIX-br0
-ip_of() { echo "$SUBNET.$(($1 + 1))"; }
 SCHED_ADDR="$(ip_of 0):7000"
-in_ns() { local h=$1; shift; nsenter --net="/run/netns/$(ns "$h")" -- "$@"; }
-
-PIDS=() PNAMES=() PLOGS=()   # processes this script started (PIDs are shared across namespaces)
-
-kill_started() {
-  local i
-  for i in "${!PIDS[@]}"; do kill -TERM "${PIDS[$i]}" 2>/dev/null || true; done
-  for _ in $(seq 20); do
-    local alive=0
-    for i in "${!PIDS[@]}"; do kill -0 "${PIDS[$i]}" 2>/dev/null && alive=1; done
-    ((alive)) || break
-    sleep 0.1
-  done
-  for i in "${!PIDS[@]}"; do kill -KILL "${PIDS[$i]}" 2>/dev/null || true; done
-  for i in "${!PIDS[@]}"; do wait "${PIDS[$i]}" 2>/dev/null || true; done
-  PIDS=() PNAMES=() PLOGS=()
-}
-
-teardown_net() {
-  local i pids
-  for ((i = 0; i < NHOSTS; i++)); do
-    if [[ -e /run/netns/$(ns "$i") ]]; then
-      # Leftovers of an earlier run killed with SIGKILL: processes still in our namespace.
-      pids=$(ip netns pids "$(ns "$i")" 2>/dev/null || true)
-      for p in $pids; do kill -KILL "$p" 2>/dev/null || true; done
-      ip netns del "$(ns "$i")" 2>/dev/null || true
-    fi
-    ip link show "$(brlink "$i")" &>/dev/null && ip link del "$(brlink "$i")" 2>/dev/null || true
-  done
-  ip link show "$BRIDGE" &>/dev/null && ip link del "$BRIDGE" 2>/dev/null || true
-}
-
-CLEANED=1   # nothing to clean until this run holds the lock (below)
-cleanup() {
-  ((CLEANED)) && return
-  CLEANED=1
-  kill_started
-  teardown_net
-  [[ -n ${WORKDIR:-} ]] && log "logs, configs and results: $WORKDIR"
-}
-on_signal() {
-  log "interrupted ($1); cleaning up"
-  cleanup
-  trap - "$1"
-  exit 130
-}
-trap cleanup EXIT
-trap 'on_signal INT' INT
-trap 'on_signal TERM' TERM
-trap 'on_signal HUP' HUP
-
-# One run at a time: the names are fixed.
-exec {LOCKFD}>"/run/netbench-$PREFIX.lock"
-flock -n "$LOCKFD" || die "another netbench with prefix '$PREFIX' is running (lock /run/netbench-$PREFIX.lock)"
-CLEANED=0
-
-setup_net() {
-  teardown_net   # leftovers of a killed run
-  ip link add "$BRIDGE" type bridge
-  ip link set "$BRIDGE" up
-  local i n
-  for ((i = 0; i < NHOSTS; i++)); do
-    n=$(ns "$i")
-    ip netns add "$n"
-    ip link add "$(brlink "$i")" type veth peer name "$PREFIX-p$i"
-    ip link set "$PREFIX-p$i" netns "$n"
-    ip -n "$n" link set "$PREFIX-p$i" name eth0
-    ip -n "$n" addr add "$(ip_of "$i")/24" dev eth0
-    ip -n "$n" link set lo up
-    ip -n "$n" link set eth0 up
-    ip link set "$(brlink "$i")" master "$BRIDGE"
-    ip link set "$(brlink "$i")" up
-    # Egress of the host, and its ingress (egress of the bridge-side veth).
-    tc -n "$n" qdisc add dev eth0 root tbf rate "$RATE" burst "$BURST" latency 50ms
-    tc qdisc add dev "$(brlink "$i")" root tbf rate "$RATE" burst "$BURST" latency 50ms
-  done
-}
-
-# Reachability from host $1 to address $2: ping where installed; otherwise a TCP
-# connect to a closed port (a quick "refused" proves the path, a timeout does not).
-reachable() {
-  if command -v ping >/dev/null; then
-    in_ns "$1" ping -c 1 -W 2 "$2" >/dev/null 2>&1
-  else
-    local out rc=0
-    out=$(in_ns "$1" timeout 2 bash -c "exec 3<>/dev/tcp/$2/9" 2>&1) || rc=$?
-    ((rc == 0)) || [[ $out == *"refused"* ]]
-  fi
-}
-
-check_net() {
-  local i j
-  for ((i = 0; i < NHOSTS; i++)); do
-    for ((j = 0; j < NHOSTS; j++)); do
-      ((i == j)) && continue
-      reachable "$i" "$(ip_of "$j")" || die "host h$i ($(ns "$i")) cannot reach h$j at $(ip_of "$j")"
-    done
-  done
-  log "fake hosts up: h0..h$((NHOSTS - 1)) at $SUBNET.1-$NHOSTS, $RATE each way per link; all pairs reachable"
-}
-
-# ---------------------------------------------------------------- processes
-# start HOST NAME LOG CMD...: runs CMD in HOST's namespace in the background. The
-# `timeout` wrapper is a backstop that ends the process even if this script is
-# killed with SIGKILL.
-start() {
-  local h=$1 name=$2 logf=$3; shift 3
-  nsenter --net="/run/netns/$(ns "$h")" -- \
-    timeout --kill-after=5 $((RUN_TIMEOUT + 30)) "$@" >"$logf" 2>&1 {LOCKFD}>&- &
-  PIDS+=($!) PNAMES+=("h$h $name") PLOGS+=("$logf")
-}
+host_setup() { shape_host "$1" "$RATE" "$BURST"; }
+fakehosts_begin
 
 report_failure() {   # report_failure INDEX WHY [LABEL]
   local i=$1
@@ -376,7 +255,7 @@ cp "$SHARDPS_BIN" "$WORKDIR/shardps"
 log "binary: $SHARDPS_BIN (copied to $WORKDIR/shardps)"
 SHARDPS_BIN=$WORKDIR/shardps
 setup_net
-check_net
+check_net "$RATE each way per link"
 
 declare -A STEP_S WIRE_RESULT WIRE_IFACE ACC STEPS_DONE WARMUP ACC_STEPS
 SCHED_SET=()
