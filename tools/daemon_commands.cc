@@ -17,6 +17,7 @@
 #include "server/server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/daemon_metrics.h"
 #include "common/durable_file.h"
 #include "tools/process.h"
 #include "tools/train_job.h"
@@ -57,6 +58,8 @@ int SchedulerCommand(const Args& args) {
   flags.Repeated("set", &sets, "override one config field, e.g. --set consistency=async");
   flags.String("port-file", &port_file, "write the bound host:port to this file once serving");
   flags.Bool("verbose", &verbose, "log INFO messages");
+  std::string metrics_listen;
+  flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("scheduler", s);
   if (flags.help()) return 0;
   InitLogging("shardps-scheduler", verbose);
@@ -75,6 +78,14 @@ int SchedulerCommand(const Args& args) {
   InstallStopSignals();
   auto scheduler = SchedulerDaemon::Create({listen, config, state_dir});
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
+  std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
+  std::unique_ptr<MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    AddSchedulerMetrics(*metrics, **scheduler);
+    auto served = ServeMetrics("scheduler", metrics_listen, *metrics);
+    if (!served.ok()) return Fail("scheduler", served.status());
+    exposer = *std::move(served);
+  }
   std::cerr << "shardps scheduler: serving on " << (*scheduler)->address() << " ("
             << ConsistencyName(config.consistency()) << ", " << config.num_servers() << " servers, "
             << config.num_workers() << " workers)\n";
@@ -104,9 +115,19 @@ int ServerCommand(const Args& args) {
   flags.String("updates-file", &updates_file,
                "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]'");
   flags.Bool("verbose", &verbose, "log INFO messages");
+  std::string metrics_listen;
+  flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
   if (flags.help()) return 0;
   InitLogging("shardps-server", verbose);
+  std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
+  std::unique_ptr<MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    auto served = ServeMetrics("server", metrics_listen, *metrics);
+    if (!served.ok()) return Fail("server", served.status());
+    exposer = *std::move(served);
+    options.metrics = metrics.get();
+  }
   options.register_timeout = absl::Seconds(register_timeout_s);
   InstallStopSignals();
   auto server = ParameterServer::Create(options);

@@ -11,7 +11,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libzmq3-dev cppzmq-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   zlib1g-dev libssl-dev iproute2 iptables python3
   dataset-fashion-mnist
   # The Python package's tests and example: torch for Debian's /usr/bin/python3
