@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zmq.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/tensor_spec.h"
@@ -35,7 +36,19 @@ struct BenchOptions {
   std::string op = "pushpull", consistency = "sync";
   std::vector<std::string> sets;  // config overrides, e.g. replication=1
   bool json = false;
+  // HOST:PORT: server i serves /metrics on PORT + i (PORT 0: any free port).
+  std::string metrics_listen;
 };
+
+// The --metrics-listen of server `i` of a bench started with `listen`.
+absl::StatusOr<std::string> ServerMetricsListen(const std::string& listen, int i) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen '", listen, "' is not HOST:PORT"));
+  }
+  return absl::StrCat(listen.substr(0, colon), ":", port == 0 ? 0 : port + i);
+}
 
 struct Measured {
   std::vector<double> latencies_us;  // one per round trip, all clients
@@ -260,11 +273,13 @@ absl::Status RunBench(const BenchOptions& o) {
   auto scheduler = WaitForAddressFile(dir + "/scheduler.addr", children, absl::Now() + absl::Seconds(30));
   if (!scheduler.ok()) return scheduler.status();
   for (int i = 0; i < o.servers; ++i) {
-    if (absl::Status s = spawn(absl::StrCat("server ", i), {self, "server", "--scheduler", *scheduler, "--listen",
-                                                            "tcp://127.0.0.1:0"});
-        !s.ok()) {
-      return s;
+    std::vector<std::string> argv = {self, "server", "--scheduler", *scheduler, "--listen", "tcp://127.0.0.1:0"};
+    if (!o.metrics_listen.empty()) {
+      auto listen = ServerMetricsListen(o.metrics_listen, i);
+      if (!listen.ok()) return listen.status();
+      argv.insert(argv.end(), {"--metrics-listen", *listen});
     }
+    if (absl::Status s = spawn(absl::StrCat("server ", i), argv); !s.ok()) return s;
   }
   auto ours_fn = Ours(o, *scheduler);
   if (!ours_fn.ok()) return ours_fn.status();
@@ -311,6 +326,8 @@ int BenchCommand(const Args& args) {
   flags.String("op", &o.op, "pushpull (one request) or push-then-pull");
   flags.String("consistency", &o.consistency, "sync or async");
   flags.Bool("json", &o.json, "print one JSON object as the last line");
+  flags.String("metrics-listen", &o.metrics_listen,
+               "HOST:PORT: start the servers with Prometheus metrics, server i on PORT + i (0: any free port)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set replication=1");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps bench: " << s.message() << "\n";
