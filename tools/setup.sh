@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs every Debian package ShardPS needs to build, test and run its demo.
 # Idempotent: when everything is present it only checks and returns (a second or two).
-# Usage (as root, or with sudo available): tools/setup.sh [--deploy]
+# Usage (as root, or with sudo available): tools/setup.sh [--deploy] [--metrics]
 #   --deploy  also what deploy/check.sh uses: Slurm and munge, buildah and
 #             mmdebstrap (the container image), Node.js and npm (manifest
 #             validation), systemd-analyze. Not needed to build or test ShardPS.
+#   --metrics also Prometheus, for deploy/metrics_check.sh.
 set -euo pipefail
 
 packages=(
@@ -25,7 +26,8 @@ for arg in "$@"; do
       packages+=(slurm-wlm munge buildah mmdebstrap systemd)
       # Some Node.js builds (NodeSource's nodejs) carry npm and conflict with Debian's npm.
       if ! command -v npm >/dev/null; then packages+=(nodejs npm); fi ;;
-    *) echo "setup: unknown argument '$arg' (usage: tools/setup.sh [--deploy])" >&2; exit 2 ;;
+    --metrics) packages+=(prometheus curl) ;;
+    *) echo "setup: unknown argument '$arg' (usage: tools/setup.sh [--deploy] [--metrics])" >&2; exit 2 ;;
   esac
 done
 
