@@ -81,3 +81,15 @@ sed 's/^/  server /' <<<"$result"
 positive=$(awk '$2 > 0' <<<"$result" | wc -l)
 if ((positive != servers)); then echo "FAIL: $positive of $servers servers show a non-zero push rate"; exit 1; fi
 echo "PASS: every server ($servers) shows a non-zero push rate"
+
+# Every query of the Grafana dashboard is one Prometheus accepts.
+python3 - "http://127.0.0.1:$prom_port" deploy/grafana/shardps.json <<'PY'
+import json, sys, urllib.parse, urllib.request
+url, path = sys.argv[1], sys.argv[2]
+exprs = [t["expr"] for p in json.load(open(path))["panels"] for t in p["targets"]]
+for e in exprs:
+    q = urllib.parse.urlencode({"query": e.replace("$__rate_interval", "5s")})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{q}") as r:
+        assert json.load(r)["status"] == "success", e
+print(f"PASS: the {len(exprs)} queries of {path} evaluate")
+PY
