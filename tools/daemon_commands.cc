@@ -186,6 +186,8 @@ int TrainCommand(const Args& args) {
   flags.Double("rendezvous-timeout", &rendezvous_s, "seconds to wait for the cluster");
   flags.String("result-file", &result_file, "write the result (key value lines) here");
   flags.String("progress-file", &train.progress_file, "write the number of steps taken here after every step");
+  std::string metrics_listen;
+  flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve this worker's Prometheus /metrics on (off if empty)");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
   if (flags.help()) return 0;
@@ -206,6 +208,14 @@ int TrainCommand(const Args& args) {
   if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return Fail("train", s);
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
+  std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
+  std::unique_ptr<MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    AddWorkerMetrics(*metrics, **worker, worker_options.rank);
+    auto served = ServeMetrics("train", metrics_listen, *metrics);
+    if (!served.ok()) return Fail("train", served.status());
+    exposer = *std::move(served);
+  }
   auto result = RunTrainingWorker(**worker, train, std::cerr);
   if (!result.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
   std::string text = absl::StrFormat(

@@ -3,8 +3,10 @@
 #include <array>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "scheduler/scheduler.h"
+#include "worker/worker.h"
 
 namespace shardps {
 namespace {
@@ -59,7 +61,38 @@ class SchedulerSeries {
   uint64_t dead_published_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Counters of one worker, advanced by what its stats gained since the last scrape.
+class WorkerSeries {
+ public:
+  WorkerSeries(MetricsRegistry& r, const Worker& worker, uint32_t rank) : worker_(worker) {
+    const MetricLabels l = {{"rank", absl::StrCat(rank)}};
+    requests_ = r.Counter("shardps_worker_requests_total", "Data-plane requests sent", l);
+    pushed_ = r.Counter("shardps_worker_pushed_bytes_total", "Payload bytes pushed (as sent, encoded)", l);
+    pulled_ = r.Counter("shardps_worker_pulled_bytes_total", "Payload bytes pulled (as received, encoded)", l);
+  }
+
+  void Refresh() {
+    const WorkerStats s = worker_.stats();
+    absl::MutexLock lock(&mu_);
+    requests_.Add(s.requests - last_.requests);
+    pushed_.Add(s.bytes_pushed - last_.bytes_pushed);
+    pulled_.Add(s.bytes_pulled - last_.bytes_pulled);
+    last_ = s;
+  }
+
+ private:
+  const Worker& worker_;
+  MetricCounter requests_, pushed_, pulled_;
+  absl::Mutex mu_;
+  WorkerStats last_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
+
+void AddWorkerMetrics(MetricsRegistry& registry, const Worker& worker, uint32_t rank) {
+  auto series = std::make_shared<WorkerSeries>(registry, worker, rank);
+  registry.OnScrape([series] { series->Refresh(); });
+}
 
 void AddSchedulerMetrics(MetricsRegistry& registry, SchedulerDaemon& scheduler) {
   auto series = std::make_shared<SchedulerSeries>(registry, scheduler);
