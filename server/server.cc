@@ -143,7 +143,9 @@ class ParameterServerImpl : public ParameterServer {
       Send(peer, reply, nullptr);
       return true;
     }
+    const auto start = metrics_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     engine_->Handle(peer, header_, frames == 3 ? &payload : nullptr);
+    if (metrics_) metrics_->ObserveHandling(std::chrono::steady_clock::now() - start);
     return true;
   }
 

@@ -2,9 +2,10 @@
 //
 // The engine counts in plain integers (EngineStats); MaybePublish, called by
 // the engine thread once per poll-loop iteration, adds what changed to the
-// Prometheus counters at most every 100 ms, so the request path pays nothing
-// for metrics and a scrape is at most that much behind. Not thread-safe: one
-// engine thread drives it. The registry is borrowed and must outlive it.
+// Prometheus counters at most every 100 ms, so counting costs the request
+// path nothing and a scrape is at most that much behind. Per request there is
+// only ObserveHandling: two clock reads and a lock-free histogram observation.
+// Not thread-safe: one engine thread drives it. The registry is borrowed and must outlive it.
 #ifndef SHARDPS_SERVER_SERVER_METRICS_H_
 #define SHARDPS_SERVER_SERVER_METRICS_H_
 
@@ -26,12 +27,19 @@ class ServerMetrics {
   // `force`, e.g. when draining).
   void MaybePublish(const PartitionEngine& engine, bool force = false);
 
+  // One request's handling time in the engine thread (validate, apply,
+  // answer or park; not the time a parked request then waits).
+  void ObserveHandling(std::chrono::steady_clock::duration d) {
+    handling_.Observe(std::chrono::duration<double>(d).count());
+  }
+
  private:
   std::chrono::steady_clock::time_point next_ = {};
   EngineStats last_;
   std::array<MetricCounter, 7> requests_;   // by op
   std::array<MetricCounter, 17> errors_;    // by status code
   MetricCounter bytes_in_, bytes_out_, updates_, replicated_, promotions_;
+  MetricHistogram handling_;
   MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, epoch_;
 };
 

@@ -151,6 +151,7 @@ TEST_F(MetricsTest, ServerCountersGrowWithPushPulls) {
   EXPECT_EQ(Sample(*text, R"(shardps_server_received_bytes_total{server="0"})"), 12 * 4096);
   EXPECT_EQ(Sample(*text, R"(shardps_server_errors_total{code="invalid_argument",server="0"})"), 0);
   EXPECT_EQ(Sample(*text, R"(shardps_server_shard_map_epoch{server="0"})"), 1);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_request_handling_seconds_count{server="0"})"), 12);
 }
 
 TEST_F(MetricsTest, ServerAnswersHealthProbe) {
