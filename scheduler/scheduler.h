@@ -1,5 +1,7 @@
 // The scheduler daemon: serves the Scheduler gRPC service (proto/cluster.proto)
-// over the cluster state. Owns its gRPC server and the state.
+// over the cluster state. Owns its gRPC server and the state. The gRPC server
+// also answers the standard health check (grpc.health.v1.Health, service ""):
+// SERVING until Shutdown().
 //
 //   auto scheduler = SchedulerDaemon::Create({.listen_address = "0.0.0.0:7000", .config = c});
 //   (*scheduler)->Wait();   // until Shutdown() from another thread
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "proto/cluster.pb.h"
 #include "proto/config.pb.h"
 
 namespace shardps {
@@ -37,6 +40,9 @@ class SchedulerDaemon {
   virtual void Wait() = 0;
   // Ends open calls and streams and stops serving. Thread-safe, idempotent.
   virtual void Shutdown() = 0;
+  // What `shardps status` shows: config, nodes, shard map. Thread-safe
+  // (metrics read it on their HTTP thread).
+  virtual StatusResponse Status() = 0;
 };
 
 }  // namespace shardps

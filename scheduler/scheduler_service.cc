@@ -151,6 +151,8 @@ class SchedulerService final : public Scheduler::Service {
     return ToGrpc(s);
   }
 
+  StatusResponse Snapshot() { return state_.Status(); }
+
   grpc::Status Status(grpc::ServerContext*, const StatusRequest*, StatusResponse* resp) override {
     *resp = state_.Status();
     return grpc::Status::OK;
@@ -204,8 +206,10 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
 
   std::string address() const override { return address_; }
   void Wait() override { server_->Wait(); }
+  StatusResponse Status() override { return service_->Snapshot(); }
   void Shutdown() override {
     if (shut_down_.exchange(true)) return;
+    if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
     service_->Stop();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
@@ -249,6 +253,8 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
     state = std::make_unique<ClusterState>(options.config, absl::Now, StateWriter(options.state_dir));
   }
   auto service = std::make_unique<SchedulerService>(std::move(state));
+  // grpc.health.v1 (Kubernetes grpc probes, grpc_health_probe): SERVING while up.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);

@@ -258,6 +258,7 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
 
 void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload) {
   ++stats_.requests;
+  ++stats_.requests_by_op[StatSlot(h.op(), stats_.requests_by_op.size(), 0)];
   if (payload != nullptr) stats_.bytes_in += payload->size();
   if (h.op() == REPLICATE) {
     HandleReplica(peer, h, payload);
@@ -561,6 +562,7 @@ float* PartitionEngine::WritableWeights(Partition& p) {
 void PartitionEngine::Answer(const zmq::message_t& peer, const DataHeader& request, const absl::Status& status) {
   if (!status.ok()) {
     ++stats_.errors;
+    ++stats_.errors_by_code[StatSlot(static_cast<int>(status.code()), stats_.errors_by_code.size(), 2)];
     VLOG(1) << "request " << request.request_id() << " from worker " << request.worker_rank() << ": " << status;
   }
   DataHeader reply;

@@ -9,6 +9,7 @@
 #ifndef SHARDPS_SERVER_PARTITION_ENGINE_H_
 #define SHARDPS_SERVER_PARTITION_ENGINE_H_
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -34,6 +35,28 @@ struct EngineStats {
   uint64_t bytes_in = 0;   // payload bytes received
   uint64_t bytes_out = 0;  // payload bytes sent
   uint64_t updates = 0;    // optimizer steps applied
+  // For metrics (server/server_metrics.h): requests by op (DataHeader op
+  // value, 0 for unknown), error answers by absl::StatusCode, updates sent to
+  // backups (one per backup copy), and promotions from backup to primary.
+  std::array<uint64_t, 7> requests_by_op{};
+  std::array<uint64_t, 17> errors_by_code{};
+  uint64_t replicated = 0;
+  uint64_t promotions = 0;
+};
+
+// Index of `value` in a per-kind count array of `size` entries; `other` when
+// out of range.
+inline size_t StatSlot(int value, size_t size, size_t other) {
+  return value >= 0 && static_cast<size_t>(value) < size ? static_cast<size_t>(value) : other;
+}
+
+// Requests held by the engine, read for metrics.
+struct EngineQueues {
+  uint64_t waiting_pulls = 0;   // pulls waiting for their round
+  uint64_t parked_pushes = 0;   // pushes for a later round
+  uint64_t deferred = 0;        // requests of an epoch not installed yet
+  uint64_t unconfirmed = 0;     // answers waiting for the backups' confirmation
+  uint64_t replication_lag = 0; // updates sent to backups and not yet confirmed by all
 };
 
 // What one partition's primary has applied, for the accounting of lost and
@@ -91,6 +114,8 @@ class PartitionEngine {
   void FailWaiting(const absl::Status& status);
 
   const EngineStats& stats() const { return stats_; }
+  // Walks every partition: call at a low rate (metrics), not per request.
+  EngineQueues Queues() const;
   // One entry per partition this server is the primary of.
   std::vector<PartitionUpdates> UpdateCounts() const;
   // The most rounds a partition this server is primary for has completed

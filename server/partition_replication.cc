@@ -29,6 +29,7 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info) {
     LOG(WARNING) << "server " << server_index_ << ": now the primary of partition " << p.id << " ("
                  << p.completed << (config_.consistency() == SYNC ? " rounds" : " updates") << " applied here)";
     if (config_.consistency() == SYNC) std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
+    ++stats_.promotions;
     p.arrivals = 0;
     p.sent = 0;
     p.confirmed.clear();
@@ -61,6 +62,7 @@ uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data
   h.set_epoch(epoch_);
   h.set_num_elements(p.n);
   h.set_dtype(FLOAT32);
+  stats_.replicated += p.backups.size();
   for (uint32_t b : p.backups) {
     zmq::message_t payload(data, bytes);
     replicate_(b, h, payload);
@@ -102,6 +104,7 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
     // The copies may differ from here on: say so loudly, and do not stall
     // training on a copy that will never confirm.
     ++stats_.errors;
+    ++stats_.errors_by_code[StatSlot(static_cast<int>(s.code()), stats_.errors_by_code.size(), 2)];
     LOG(ERROR) << "server " << server_index_ << ": backup server " << from_server << " refused update "
                << answer.request_id() << " of partition " << p.id << ": " << s;
   }
@@ -184,6 +187,18 @@ void PartitionEngine::RunDeferred() {
     }
     Handle(d.peer, d.header, d.has_payload ? &d.payload : nullptr);
   }
+}
+
+EngineQueues PartitionEngine::Queues() const {
+  EngineQueues q;
+  q.deferred = deferred_.size();
+  for (const auto& [id, p] : partitions_) {
+    q.waiting_pulls += p->waiting.size();
+    q.parked_pushes += p->ahead.size();
+    q.unconfirmed += p->unconfirmed.size();
+    if (p->primary) q.replication_lag += p->sent - ConfirmedBy(p->confirmed, p->sent);
+  }
+  return q;
 }
 
 }  // namespace shardps

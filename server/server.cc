@@ -10,6 +10,7 @@
 #include "common/data_message.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
+#include "server/server_metrics.h"
 
 namespace shardps {
 namespace {
@@ -49,6 +50,7 @@ class ParameterServerImpl : public ParameterServer {
         [this](uint32_t server, DataHeader& h, zmq::message_t& payload) { SendToPeer(server, h, payload); });
     if (!engine.ok()) return engine.status();
     engine_ = *std::move(engine);
+    if (options.metrics != nullptr) metrics_ = std::make_unique<ServerMetrics>(*options.metrics, index_);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     watch_ = scheduler_->WatchShardMap(
         node_id_,
@@ -85,6 +87,7 @@ class ParameterServerImpl : public ParameterServer {
         if ((i & 15) == 15) ReceivePeerAnswers();
       }
       ReceivePeerAnswers();
+      if (metrics_) metrics_->MaybePublish(*engine_);
     }
     // Drain: finish what already arrived, refuse what cannot complete.
     while (ReceiveOne()) {
@@ -93,6 +96,7 @@ class ParameterServerImpl : public ParameterServer {
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
     peers_.clear();
+    if (metrics_) metrics_->MaybePublish(*engine_, /*force=*/true);
     const EngineStats& s = engine_->stats();
     LOG(INFO) << "server " << index_ << " stopped: " << s.requests << " requests, " << s.errors << " errors, "
               << s.updates << " updates, " << s.bytes_in << " bytes in, " << s.bytes_out << " bytes out";
@@ -139,8 +143,10 @@ class ParameterServerImpl : public ParameterServer {
       Send(peer, reply, nullptr);
       return true;
     }
+    const auto start = metrics_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     engine_->Handle(peer, header_, frames == 3 ? &payload : nullptr);
     completed_round_.store(engine_->completed_round(), std::memory_order_relaxed);
+    if (metrics_) metrics_->ObserveHandling(std::chrono::steady_clock::now() - start);
     return true;
   }
 
@@ -249,6 +255,7 @@ class ParameterServerImpl : public ParameterServer {
   uint32_t index_ = 0;
   ClusterConfig config_;
   std::unique_ptr<PartitionEngine> engine_;
+  std::unique_ptr<ServerMetrics> metrics_;  // null: metrics off
   // Engine thread only: DEALERs to the other servers (by index), for replication.
   std::vector<std::string> peer_addresses_;
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;

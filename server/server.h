@@ -19,6 +19,7 @@
 
 namespace shardps {
 
+class MetricsRegistry;
 class SchedulerClient;
 
 struct ServerOptions {
@@ -29,6 +30,9 @@ struct ServerOptions {
   // The scheduler to talk to; null (default): a gRPC client of
   // `scheduler_address`. Tests pass one that dies, stalls or publishes maps.
   std::shared_ptr<SchedulerClient> scheduler_client = nullptr;
+  // Where to publish this server's metrics (server/server_metrics.h); null
+  // (default): none. Borrowed: must outlive the server.
+  MetricsRegistry* metrics = nullptr;
 };
 
 class ParameterServer {

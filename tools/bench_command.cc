@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zmq.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/tensor_spec.h"
@@ -35,7 +36,22 @@ struct BenchOptions {
   std::string op = "pushpull", consistency = "sync";
   std::vector<std::string> sets;  // config overrides, e.g. replication=1
   bool json = false;
+  // HOST:PORT: server i serves /metrics on PORT + i (PORT 0: any free port).
+  std::string metrics_listen;
+  // Measure a cluster with server metrics against one without, instead of
+  // against raw ZeroMQ.
+  bool metrics_compare = false;
 };
+
+// The --metrics-listen of server `i` of a bench started with `listen`.
+absl::StatusOr<std::string> ServerMetricsListen(const std::string& listen, int i) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen '", listen, "' is not HOST:PORT"));
+  }
+  return absl::StrCat(listen.substr(0, colon), ":", port == 0 ? 0 : port + i);
+}
 
 struct Measured {
   std::vector<double> latencies_us;  // one per round trip, all clients
@@ -200,6 +216,29 @@ absl::StatusOr<std::pair<Measured, Measured>> Interleaved(const BenchOptions& o,
   return total;
 }
 
+// --metrics-compare: the same round trips against a cluster without and one
+// with server metrics, measured in alternating blocks.
+void ReportMetricsCost(const BenchOptions& o, const Measured& off, const Measured& on) {
+  const double off_rt_s = off.latencies_us.size() / off.seconds, on_rt_s = on.latencies_us.size() / on.seconds;
+  const double off_p50 = Percentile(off.latencies_us, 0.5), on_p50 = Percentile(on.latencies_us, 0.5);
+  std::cout << absl::StrFormat(
+      "bench %s: %d bytes, %d servers, %d workers, %d round trips each, server metrics off and on\n"
+      "  metrics off: %9.0f round trips/s, p50 %8.1f us\n"
+      "  metrics on : %9.0f round trips/s, p50 %8.1f us\n"
+      "  on / off   : round trips %.3f, latency %.3f\n",
+      o.op, o.bytes, o.servers, o.workers, o.iters, off_rt_s, off_p50, on_rt_s, on_p50, on_rt_s / off_rt_s,
+      on_p50 / off_p50);
+  if (o.json) {
+    std::cout << absl::StrFormat(
+        "{\"op\": \"%s\", \"bytes\": %d, \"servers\": %d, \"workers\": %d, \"iters\": %d, "
+        "\"metrics_off_round_trips_per_s\": %.1f, \"metrics_on_round_trips_per_s\": %.1f, "
+        "\"metrics_off_p50_us\": %.1f, \"metrics_on_p50_us\": %.1f, \"metrics_goodput_ratio\": %.4f, "
+        "\"metrics_latency_ratio\": %.4f}\n",
+        o.op, o.bytes, o.servers, o.workers, o.iters, off_rt_s, on_rt_s, off_p50, on_p50, on_rt_s / off_rt_s,
+        on_p50 / off_p50);
+  }
+}
+
 absl::Status RunBench(const BenchOptions& o) {
   if (o.op != "pushpull" && o.op != "push-then-pull") {
     return absl::InvalidArgumentError(absl::StrCat("--op '", o.op, "': allowed: pushpull, push-then-pull"));
@@ -252,22 +291,41 @@ absl::Status RunBench(const BenchOptions& o) {
   if (!map.ok()) return map.status();
   MeasureFn raw = RawEcho(o, *map, echo);
 
-  if (absl::Status s = spawn("scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config",
-                                           dir + "/cluster.pbtxt", "--port-file", dir + "/scheduler.addr"});
-      !s.ok()) {
-    return s;
-  }
-  auto scheduler = WaitForAddressFile(dir + "/scheduler.addr", children, absl::Now() + absl::Seconds(30));
-  if (!scheduler.ok()) return scheduler.status();
-  for (int i = 0; i < o.servers; ++i) {
-    if (absl::Status s = spawn(absl::StrCat("server ", i), {self, "server", "--scheduler", *scheduler, "--listen",
-                                                            "tcp://127.0.0.1:0"});
+  // A scheduler and its servers; `tag` keeps a second cluster's files apart.
+  auto start_cluster = [&](const std::string& tag, const std::string& metrics_listen) -> absl::StatusOr<std::string> {
+    const std::string addr_file = absl::StrCat(dir, "/", tag, "scheduler.addr");
+    if (absl::Status s = spawn(tag + "scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config",
+                                                   dir + "/cluster.pbtxt", "--port-file", addr_file});
         !s.ok()) {
       return s;
     }
-  }
+    auto scheduler = WaitForAddressFile(addr_file, children, absl::Now() + absl::Seconds(30));
+    if (!scheduler.ok()) return scheduler.status();
+    for (int i = 0; i < o.servers; ++i) {
+      std::vector<std::string> argv = {self, "server", "--scheduler", *scheduler, "--listen", "tcp://127.0.0.1:0"};
+      if (!metrics_listen.empty()) {
+        auto listen = ServerMetricsListen(metrics_listen, i);
+        if (!listen.ok()) return listen.status();
+        argv.insert(argv.end(), {"--metrics-listen", *listen});
+      }
+      if (absl::Status s = spawn(absl::StrCat(tag, "server ", i), argv); !s.ok()) return s;
+    }
+    return scheduler;
+  };
+  auto scheduler = start_cluster("", o.metrics_listen);
+  if (!scheduler.ok()) return scheduler.status();
   auto ours_fn = Ours(o, *scheduler);
   if (!ours_fn.ok()) return ours_fn.status();
+  if (o.metrics_compare) {
+    auto with = start_cluster("metrics-", "127.0.0.1:0");
+    if (!with.ok()) return with.status();
+    auto with_fn = Ours(o, *with);
+    if (!with_fn.ok()) return with_fn.status();
+    auto m = Interleaved(o, *ours_fn, *with_fn);
+    if (!m.ok()) return m.status();
+    ReportMetricsCost(o, m->first, m->second);
+    return absl::OkStatus();
+  }
   auto measured = Interleaved(o, *ours_fn, raw);
   if (!measured.ok()) return measured.status();
   const Measured* ours = &measured->first;
@@ -311,6 +369,10 @@ int BenchCommand(const Args& args) {
   flags.String("op", &o.op, "pushpull (one request) or push-then-pull");
   flags.String("consistency", &o.consistency, "sync or async");
   flags.Bool("json", &o.json, "print one JSON object as the last line");
+  flags.String("metrics-listen", &o.metrics_listen,
+               "HOST:PORT: start the servers with Prometheus metrics, server i on PORT + i (0: any free port)");
+  flags.Bool("metrics-compare", &o.metrics_compare,
+             "compare round trips against a second cluster whose servers serve metrics (instead of raw ZeroMQ)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set replication=1");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps bench: " << s.message() << "\n";

@@ -1,5 +1,6 @@
 // `shardps scheduler`, `server`, `train` and `status`.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +19,8 @@
 #include "server/server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/daemon_metrics.h"
+#include "tools/status_view.h"
 #include "common/durable_file.h"
 #include "tools/process.h"
 #include "tools/train_job.h"
@@ -61,6 +64,8 @@ int SchedulerCommand(const Args& args) {
   flags.String("restore", &restore,
                "restart the cluster from this checkpoint directory (its latest complete round) or round directory");
   flags.Bool("verbose", &verbose, "log INFO messages");
+  std::string metrics_listen;
+  flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("scheduler", s);
   if (flags.help()) return 0;
   InitLogging("shardps-scheduler", verbose);
@@ -84,6 +89,14 @@ int SchedulerCommand(const Args& args) {
   InstallStopSignals();
   auto scheduler = SchedulerDaemon::Create({listen, config, state_dir});
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
+  std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
+  std::unique_ptr<MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    AddSchedulerMetrics(*metrics, **scheduler);
+    auto served = ServeMetrics("scheduler", metrics_listen, *metrics);
+    if (!served.ok()) return Fail("scheduler", served.status());
+    exposer = *std::move(served);
+  }
   std::cerr << "shardps scheduler: serving on " << (*scheduler)->address() << " ("
             << ConsistencyName(config.consistency()) << ", " << config.num_servers() << " servers, "
             << config.num_workers() << " workers)\n";
@@ -113,9 +126,19 @@ int ServerCommand(const Args& args) {
   flags.String("updates-file", &updates_file,
                "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]'");
   flags.Bool("verbose", &verbose, "log INFO messages");
+  std::string metrics_listen;
+  flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
   if (flags.help()) return 0;
   InitLogging("shardps-server", verbose);
+  std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
+  std::unique_ptr<MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    auto served = ServeMetrics("server", metrics_listen, *metrics);
+    if (!served.ok()) return Fail("server", served.status());
+    exposer = *std::move(served);
+    options.metrics = metrics.get();
+  }
   options.register_timeout = absl::Seconds(register_timeout_s);
   InstallStopSignals();
   auto server = ParameterServer::Create(options);
@@ -172,6 +195,8 @@ int TrainCommand(const Args& args) {
   flags.Double("rendezvous-timeout", &rendezvous_s, "seconds to wait for the cluster");
   flags.String("result-file", &result_file, "write the result (key value lines) here");
   flags.String("progress-file", &train.progress_file, "write the number of steps taken here after every step");
+  std::string metrics_listen;
+  flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve this worker's Prometheus /metrics on (off if empty)");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
   if (flags.help()) return 0;
@@ -192,6 +217,14 @@ int TrainCommand(const Args& args) {
   if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return Fail("train", s);
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
+  std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
+  std::unique_ptr<MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    AddWorkerMetrics(*metrics, **worker, worker_options.rank);
+    auto served = ServeMetrics("train", metrics_listen, *metrics);
+    if (!served.ok()) return Fail("train", served.status());
+    exposer = *std::move(served);
+  }
   auto result = RunTrainingWorker(**worker, train, std::cerr);
   if (!result.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
   std::string text = absl::StrFormat(
@@ -213,32 +246,34 @@ int TrainCommand(const Args& args) {
 
 int StatusCommand(const Args& args) {
   std::string address = "127.0.0.1:7000";
-  double timeout_s = 5;
+  double timeout_s = 5, interval_s = 2;
+  bool watch = false, json = false;
   CliFlags flags("status");
   flags.String("scheduler", &address, "scheduler host:port");
   flags.Double("timeout", &timeout_s, "seconds to wait for an answer");
+  flags.Bool("watch", &watch, "refresh every --interval seconds until interrupted");
+  flags.Double("interval", &interval_s, "seconds between refreshes with --watch");
+  flags.Bool("json", &json, "print each snapshot as one line of JSON");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("status", s);
   if (flags.help()) return 0;
   auto client = SchedulerClient::Create(address);
   if (!client.ok()) return Fail("status", client.status());
-  auto status = (*client)->Status(absl::Seconds(timeout_s));
-  if (!status.ok()) return Fail("status", status.status());
-  const ClusterConfig& c = status->config();
-  std::cout << absl::StrFormat("cluster: %s, %d servers, %d workers, shard map epoch %d, %d partitions\n",
-                               ConsistencyName(c.consistency()), c.num_servers(), c.num_workers(),
-                               status->shard_map().epoch(), status->shard_map().partitions_size());
-  std::vector<uint64_t> bytes(c.num_servers(), 0);
-  for (const PartitionInfo& p : status->shard_map().partitions()) {
-    if (p.server() < bytes.size()) bytes[p.server()] += p.num_elements() * 4;
-  }
-  for (const NodeStatus& n : status->nodes()) {
-    const uint64_t served = n.rank() < bytes.size() ? bytes[n.rank()] : 0;
-    std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
-                                                            n.address(), served, n.applied_epoch())
-                                          : absl::StrFormat("worker %d  %s", n.rank(), n.host());
-    const char* state = n.declared_dead() ? "DEAD" : n.alive() ? "alive" : "SILENT";
-    std::cout << absl::StrFormat("  %-60s %s (heartbeat %d ms ago)\n", what, state, n.ms_since_heartbeat());
-  }
+  if (watch) InstallStopSignals();
+  const bool clear = watch && !json && isatty(STDOUT_FILENO);
+  do {
+    auto status = (*client)->Status(absl::Seconds(timeout_s));
+    if (!status.ok() && !watch) return Fail("status", status.status());
+    if (clear) std::cout << "\033[H\033[2J";
+    if (!status.ok()) {
+      std::cout << "scheduler " << address << ": " << status.status().message() << "\n";
+    } else {
+      std::cout << (json ? StatusJson(*status) + "\n" : StatusTable(*status));
+    }
+    std::cout.flush();
+    for (double waited = 0; watch && waited < interval_s && !StopRequested(); waited += 0.05) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } while (watch && !StopRequested());
   return 0;
 }
 

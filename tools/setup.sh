@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Installs every Debian package ShardPS needs to build, test and run its demo.
 # Idempotent: when everything is present it only checks and returns (a second or two).
-# Usage (as root, or with sudo available): tools/setup.sh [--deploy]
+# Usage (as root, or with sudo available): tools/setup.sh [--deploy] [--metrics]
 #   --deploy  also what deploy/check.sh uses: Slurm and munge, buildah and
 #             mmdebstrap (the container image), Node.js and npm (manifest
 #             validation), systemd-analyze. Not needed to build or test ShardPS.
+#   --metrics also Prometheus, for deploy/metrics_check.sh.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config ccache git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libzmq3-dev cppzmq-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   zlib1g-dev libssl-dev iproute2 iptables python3
   dataset-fashion-mnist
   # The Python package's tests and example: torch for Debian's /usr/bin/python3
@@ -25,7 +26,8 @@ for arg in "$@"; do
       packages+=(slurm-wlm munge buildah mmdebstrap systemd)
       # Some Node.js builds (NodeSource's nodejs) carry npm and conflict with Debian's npm.
       if ! command -v npm >/dev/null; then packages+=(nodejs npm); fi ;;
-    *) echo "setup: unknown argument '$arg' (usage: tools/setup.sh [--deploy])" >&2; exit 2 ;;
+    --metrics) packages+=(prometheus curl) ;;
+    *) echo "setup: unknown argument '$arg' (usage: tools/setup.sh [--deploy] [--metrics])" >&2; exit 2 ;;
   esac
 done
 

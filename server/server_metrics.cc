@@ -1,0 +1,81 @@
+#include "server/server_metrics.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardps {
+namespace {
+
+constexpr std::chrono::milliseconds kPublishEvery(100);
+
+// Label of DataHeader op value `op` (proto/data.proto).
+const char* OpLabel(size_t op) {
+  switch (op) {
+    case 1: return "init";
+    case 2: return "push";
+    case 3: return "pull";
+    case 4: return "push_pull";
+    case 6: return "replicate";
+    default: return "other";
+  }
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index) {
+  const std::string server = absl::StrCat(server_index);
+  for (size_t op = 0; op < requests_.size(); ++op) {
+    requests_[op] = r.Counter("shardps_server_requests_total", "Data requests received, by op",
+                              {{"server", server}, {"op", OpLabel(op)}});
+  }
+  for (size_t code = 1; code < errors_.size(); ++code) {
+    const std::string kind = absl::AsciiStrToLower(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
+    errors_[code] = r.Counter("shardps_server_errors_total",
+                              "Requests answered with an error (and backups' refusals), by status code",
+                              {{"server", server}, {"code", kind}});
+  }
+  const MetricLabels l = {{"server", server}};
+  bytes_in_ = r.Counter("shardps_server_received_bytes_total", "Payload bytes received (as sent, encoded)", l);
+  bytes_out_ = r.Counter("shardps_server_sent_bytes_total", "Payload bytes sent in answers (as sent, encoded)", l);
+  updates_ = r.Counter("shardps_server_updates_total",
+                       "Optimizer passes applied (sync: rounds completed per partition; async: pushes)", l);
+  replicated_ = r.Counter("shardps_server_replicated_updates_total", "Updates sent to backups (one per copy)", l);
+  promotions_ = r.Counter("shardps_server_promotions_total", "Partitions this server took over as primary", l);
+  handling_ = r.Histogram("shardps_server_request_handling_seconds",
+                          "Engine-thread time per request: validate, apply, answer or park (not time parked)",
+                          {1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3, 64e-3, 256e-3}, l);
+  waiting_pulls_ = r.Gauge("shardps_server_waiting_pulls", "Pulls waiting for their round", l);
+  parked_pushes_ = r.Gauge("shardps_server_parked_pushes", "Pushes parked for a later round", l);
+  deferred_ = r.Gauge("shardps_server_deferred_requests", "Requests waiting for a newer shard-map epoch", l);
+  unconfirmed_ = r.Gauge("shardps_server_unconfirmed_answers", "Answers held until the backups confirm", l);
+  replication_lag_ = r.Gauge("shardps_server_replication_lag_updates",
+                             "Updates sent to backups and not yet confirmed by all of them", l);
+  epoch_ = r.Gauge("shardps_server_shard_map_epoch", "Shard-map epoch this server serves", l);
+}
+
+void ServerMetrics::MaybePublish(const PartitionEngine& engine, bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && now < next_) return;
+  next_ = now + kPublishEvery;
+  const EngineStats& s = engine.stats();
+  for (size_t i = 0; i < requests_.size(); ++i) requests_[i].Add(s.requests_by_op[i] - last_.requests_by_op[i]);
+  for (size_t i = 1; i < errors_.size(); ++i) errors_[i].Add(s.errors_by_code[i] - last_.errors_by_code[i]);
+  bytes_in_.Add(s.bytes_in - last_.bytes_in);
+  bytes_out_.Add(s.bytes_out - last_.bytes_out);
+  updates_.Add(s.updates - last_.updates);
+  replicated_.Add(s.replicated - last_.replicated);
+  promotions_.Add(s.promotions - last_.promotions);
+  last_ = s;
+  const EngineQueues q = engine.Queues();
+  waiting_pulls_.Set(q.waiting_pulls);
+  parked_pushes_.Set(q.parked_pushes);
+  deferred_.Set(q.deferred);
+  unconfirmed_.Set(q.unconfirmed);
+  replication_lag_.Set(q.replication_lag);
+  epoch_.Set(engine.epoch());
+}
+
+}  // namespace shardps

@@ -1,0 +1,48 @@
+// The Prometheus series of one parameter server, fed from its engine thread.
+//
+// The engine counts in plain integers (EngineStats); MaybePublish, called by
+// the engine thread once per poll-loop iteration, adds what changed to the
+// Prometheus counters at most every 100 ms, so counting costs the request
+// path nothing and a scrape is at most that much behind. Per request there is
+// only ObserveHandling: two clock reads and a lock-free histogram observation.
+// Not thread-safe: one engine thread drives it. The registry is borrowed and must outlive it.
+#ifndef SHARDPS_SERVER_SERVER_METRICS_H_
+#define SHARDPS_SERVER_SERVER_METRICS_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+
+#include "common/metrics.h"
+#include "server/partition_engine.h"
+
+namespace shardps {
+
+class ServerMetrics {
+ public:
+  // Resolves every series of server `server_index` (label server="N") once.
+  ServerMetrics(MetricsRegistry& registry, uint32_t server_index);
+
+  // Publishes `engine`'s counts if 100 ms passed since the last time (or
+  // `force`, e.g. when draining).
+  void MaybePublish(const PartitionEngine& engine, bool force = false);
+
+  // One request's handling time in the engine thread (validate, apply,
+  // answer or park; not the time a parked request then waits).
+  void ObserveHandling(std::chrono::steady_clock::duration d) {
+    handling_.Observe(std::chrono::duration<double>(d).count());
+  }
+
+ private:
+  std::chrono::steady_clock::time_point next_ = {};
+  EngineStats last_;
+  std::array<MetricCounter, 7> requests_;   // by op
+  std::array<MetricCounter, 17> errors_;    // by status code
+  MetricCounter bytes_in_, bytes_out_, updates_, replicated_, promotions_;
+  MetricHistogram handling_;
+  MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, epoch_;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_SERVER_SERVER_METRICS_H_

@@ -1,0 +1,109 @@
+#include "tools/daemon_metrics.h"
+
+#include <array>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/scheduler.h"
+#include "worker/worker.h"
+
+namespace shardps {
+namespace {
+
+// Gauges and counters of the scheduler, refreshed from one status snapshot.
+class SchedulerSeries {
+ public:
+  SchedulerSeries(MetricsRegistry& r, SchedulerDaemon& scheduler) : scheduler_(scheduler) {
+    const std::array<const char*, 2> roles = {"server", "worker"};
+    const std::array<const char*, 3> states = {"alive", "silent", "dead"};
+    for (int role = 0; role < 2; ++role) {
+      for (int state = 0; state < 3; ++state) {
+        nodes_[role][state] = r.Gauge("shardps_scheduler_nodes",
+                                      "Registered nodes by role and state (silent: missed heartbeats, not yet "
+                                      "declared dead)",
+                                      {{"role", roles[role]}, {"state", states[state]}});
+      }
+    }
+    epoch_ = r.Gauge("shardps_scheduler_shard_map_epoch", "Epoch of the current shard map (0: no tensors yet)");
+    partitions_ = r.Gauge("shardps_scheduler_partitions", "Partitions in the shard map");
+    declared_dead_ = r.Counter("shardps_scheduler_nodes_declared_dead_total",
+                               "Nodes the scheduler declared dead (each publishes a new epoch)");
+  }
+
+  void Refresh() {
+    const StatusResponse status = scheduler_.Status();
+    std::array<std::array<int, 3>, 2> count{};
+    uint64_t dead = 0;
+    for (const NodeStatus& n : status.nodes()) {
+      const int state = n.declared_dead() ? 2 : n.alive() ? 0 : 1;
+      ++count[n.role() == SERVER ? 0 : 1][state];
+      if (n.declared_dead()) ++dead;
+    }
+    for (int role = 0; role < 2; ++role) {
+      for (int state = 0; state < 3; ++state) nodes_[role][state].Set(count[role][state]);
+    }
+    epoch_.Set(status.shard_map().epoch());
+    partitions_.Set(status.shard_map().partitions_size());
+    absl::MutexLock lock(&mu_);  // scrapes may run on two HTTP threads at once
+    if (dead > dead_published_) {
+      declared_dead_.Add(dead - dead_published_);
+      dead_published_ = dead;
+    }
+  }
+
+ private:
+  SchedulerDaemon& scheduler_;
+  std::array<std::array<MetricGauge, 3>, 2> nodes_;
+  MetricGauge epoch_, partitions_;
+  MetricCounter declared_dead_;
+  absl::Mutex mu_;
+  uint64_t dead_published_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Counters of one worker, advanced by what its stats gained since the last scrape.
+class WorkerSeries {
+ public:
+  WorkerSeries(MetricsRegistry& r, const Worker& worker, uint32_t rank) : worker_(worker) {
+    const MetricLabels l = {{"rank", absl::StrCat(rank)}};
+    requests_ = r.Counter("shardps_worker_requests_total", "Data-plane requests sent", l);
+    pushed_ = r.Counter("shardps_worker_pushed_bytes_total", "Payload bytes pushed (as sent, encoded)", l);
+    pulled_ = r.Counter("shardps_worker_pulled_bytes_total", "Payload bytes pulled (as received, encoded)", l);
+  }
+
+  void Refresh() {
+    const WorkerStats s = worker_.stats();
+    absl::MutexLock lock(&mu_);
+    requests_.Add(s.requests - last_.requests);
+    pushed_.Add(s.bytes_pushed - last_.bytes_pushed);
+    pulled_.Add(s.bytes_pulled - last_.bytes_pulled);
+    last_ = s;
+  }
+
+ private:
+  const Worker& worker_;
+  MetricCounter requests_, pushed_, pulled_;
+  absl::Mutex mu_;
+  WorkerStats last_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+void AddWorkerMetrics(MetricsRegistry& registry, const Worker& worker, uint32_t rank) {
+  auto series = std::make_shared<WorkerSeries>(registry, worker, rank);
+  registry.OnScrape([series] { series->Refresh(); });
+}
+
+void AddSchedulerMetrics(MetricsRegistry& registry, SchedulerDaemon& scheduler) {
+  auto series = std::make_shared<SchedulerSeries>(registry, scheduler);
+  registry.OnScrape([series] { series->Refresh(); });
+}
+
+absl::StatusOr<std::unique_ptr<MetricsExposer>> ServeMetrics(const std::string& command, const std::string& listen,
+                                                             MetricsRegistry& registry) {
+  auto exposer = MetricsExposer::Start(listen, registry);
+  if (exposer.ok()) std::cerr << "shardps " << command << ": metrics on http://" << (*exposer)->address() << "/metrics\n";
+  return exposer;
+}
+
+}  // namespace shardps
