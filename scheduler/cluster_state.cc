@@ -255,10 +255,43 @@ std::string ClusterState::FailOver(uint32_t dead) {
     backups->erase(backups->begin());
     ++promoted;
   }
+  const int recreated = Rereplicate();
   std::string out;
   if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
+  if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
   return out;
+}
+
+int ClusterState::Rereplicate() {
+  const uint32_t copies = EffectiveReplication(config_);
+  std::map<uint32_t, uint64_t> held;  // live server -> elements it holds
+  for (const auto& [index, node] : servers_) {
+    if (!node.dead) held[index] = 0;
+  }
+  for (const PartitionInfo& p : map_.partitions()) {
+    if (held.contains(p.server())) held[p.server()] += p.num_elements();
+    for (uint32_t b : p.backups()) {
+      if (held.contains(b)) held[b] += p.num_elements();
+    }
+  }
+  int recreated = 0;
+  for (PartitionInfo& p : *map_.mutable_partitions()) {
+    if (!held.contains(p.server())) continue;  // lost: nothing to copy from
+    while (p.backups_size() + 1 < static_cast<int>(copies)) {
+      std::optional<uint32_t> best;
+      for (const auto& [index, load] : held) {
+        const bool holds = index == p.server() ||
+                           std::find(p.backups().begin(), p.backups().end(), index) != p.backups().end();
+        if (!holds && (!best || load < held[*best])) best = index;
+      }
+      if (!best) break;  // fewer live servers than copies
+      p.add_backups(*best);  // its primary sends it the whole state first
+      held[*best] += p.num_elements();
+      ++recreated;
+    }
+  }
+  return recreated;
 }
 
 std::vector<std::string> ClusterState::CheckLiveness() {

@@ -125,6 +125,9 @@ class ClusterState {
   // Promotes the first live backup of every partition whose primary was
   // server `dead`, and drops `dead` from every backup list. Says what moved.
   std::string FailOver(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives every partition short of `replication` copies new backups on the
+  // live servers holding the fewest elements; returns how many.
+  int Rereplicate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterConfig config_;

@@ -65,7 +65,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
                        std::find(info.backups().begin(), info.backups().end(), server_index) != info.backups().end();
     if (!holds) continue;
     if (auto it = partitions_.find(info.id()); it != partitions_.end()) {
-      UpdateRole(*it->second, info);
+      UpdateRole(*it->second, info, /*created=*/false);
       continue;
     }
     auto p = std::make_unique<Partition>();
@@ -112,7 +112,10 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     if (epoch_ == 0 && !config_.checkpoint().restore_dir().empty()) {
       if (absl::Status s = RestorePartition(*p); !s.ok()) return s;
     }
-    UpdateRole(*p, info);
+    // A backup added to a running job holds nothing valid until its
+    // primary's snapshot arrives; one listed from the start begins equal.
+    p->synced = epoch_ == 0 || info.server() == server_index;
+    UpdateRole(*p, info, /*created=*/true);
     partitions_.emplace(info.id(), std::move(p));
   }
   FollowCheckpoints(map);
@@ -260,16 +263,17 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
   ++stats_.requests;
   ++stats_.requests_by_op[StatSlot(h.op(), stats_.requests_by_op.size(), 0)];
   if (payload != nullptr) stats_.bytes_in += payload->size();
-  if (h.op() == REPLICATE) {
-    HandleReplica(peer, h, payload);
-    return;
-  }
-  // A worker that learned of a failover before this server did: wait for
-  // the epoch (a few epochs ahead at most; further is a bad request).
+  // A worker (or a primary) that learned of a new epoch before this server
+  // did: wait for the epoch (a few epochs ahead at most; further is a bad
+  // request). A re-created copy's snapshot may arrive before its map.
   if (h.epoch() > epoch_ && h.epoch() <= epoch_ + 4 && deferred_.size() < 4096) {
     Deferred d{zmq::message_t(peer.data(), peer.size()), h, zmq::message_t(), payload != nullptr};
     if (payload != nullptr) d.payload.move(*payload);
     deferred_.push_back(std::move(d));
+    return;
+  }
+  if (h.op() == REPLICATE) {
+    HandleReplica(peer, h, payload);
     return;
   }
   Partition* p = nullptr;

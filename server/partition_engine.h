@@ -35,6 +35,7 @@ struct EngineStats {
   uint64_t bytes_in = 0;   // payload bytes received
   uint64_t bytes_out = 0;  // payload bytes sent
   uint64_t updates = 0;    // optimizer steps applied
+  uint64_t snapshots_sent = 0;  // whole partitions sent to re-created copies
   // For metrics (server/server_metrics.h): requests by op (DataHeader op
   // value, 0 for unknown), error answers by absl::StatusCode, updates sent to
   // backups (one per backup copy), and promotions from backup to primary.
@@ -172,8 +173,12 @@ class PartitionEngine {
     // Replication: whether this server is the primary (else a backup), the
     // backups' indices, and per backup the last update sequence it confirmed.
     bool primary = true;
+    // False on a backup added after the partition existed, until its
+    // primary's snapshot arrived: it holds no valid copy before that.
+    bool synced = true;
     std::vector<uint32_t> backups;
     std::vector<uint64_t> confirmed;
+    std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
     uint64_t sent = 0;                     // updates sent to the backups
     std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
   };
@@ -189,11 +194,21 @@ class PartitionEngine {
   PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer, ReplySink sink,
                   ReplicaSink replicate);
   // Replication (partition_replication.cc).
-  void UpdateRole(Partition& p, const PartitionInfo& info);
+  // `created`: the partition was just created here (no snapshot needed for
+  // the backups the map lists from the start).
+  void UpdateRole(Partition& p, const PartitionInfo& info, bool created);
+  // Sends backup `server` this partition's whole state (a re-created copy).
+  void SendSnapshot(Partition& p, uint32_t server);
+  void ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  size_t SnapshotBytes(const Partition& p) const;
   bool Settled(const Partition& p) const;
   // Sends update `h` (op REPLICATE, replica_of and round set) to every backup;
   // returns its sequence number, or 0 if the partition has no backup.
-  uint64_t Replicate(Partition& p, DataHeader h, const void* data, size_t bytes);
+  uint64_t Replicate(Partition& p, DataHeader h, const void* data, size_t bytes,
+                     std::optional<uint32_t> only = std::nullopt);
+  // The last update every backup has confirmed, counting as confirmed what
+  // was never sent to a backup that has confirmed all it was sent.
+  static uint64_t ConfirmedBy(const Partition& p);
   // Answers what waited for confirmations, and lets the next round complete.
   void OnConfirmed(Partition& p);
   void HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload);

@@ -13,15 +13,22 @@
 namespace shardps {
 namespace {
 
-// The last update every backup has applied (all sent when there is none).
-uint64_t ConfirmedBy(const std::vector<uint64_t>& confirmed, uint64_t sent) {
-  return confirmed.empty() ? sent : *std::min_element(confirmed.begin(), confirmed.end());
-}
-
 }  // namespace
 
-void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info) {
+uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
+  uint64_t confirmed = p.sent;
+  for (size_t i = 0; i < p.backups.size(); ++i) {
+    if (p.confirmed[i] < p.last_sent[i]) confirmed = std::min(confirmed, p.confirmed[i]);
+  }
+  return confirmed;
+}
+
+void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool created) {
   const bool primary = info.server() == server_index_;
+  if (primary && !p.primary && !p.synced) {
+    LOG(ERROR) << "server " << server_index_ << ": promoted to primary of partition " << p.id
+               << " before its copy was complete (its snapshot had not arrived): its state is not valid";
+  }
   if (primary && !p.primary) {
     // Promoted: take over with the last update applied here. Sync rounds
     // before it are done for everyone; the open round starts empty, and
@@ -33,27 +40,78 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info) {
     p.arrivals = 0;
     p.sent = 0;
     p.confirmed.clear();
+    p.last_sent.clear();
   }
   p.primary = primary;
-  std::vector<uint32_t> backups;
-  std::vector<uint64_t> confirmed;
+  std::vector<uint32_t> backups, added;
+  std::vector<uint64_t> confirmed, last_sent;
   if (primary) {
     for (uint32_t b : info.backups()) {
       auto it = std::find(p.backups.begin(), p.backups.end(), b);
       backups.push_back(b);
-      // A copy that was listed keeps its confirmations; one that was not
-      // starts with what this primary has sent (copies are only ever removed).
+      // A copy that was listed keeps its confirmations; a new one starts
+      // with what was sent so far and first gets the whole state.
       confirmed.push_back(it != p.backups.end() ? p.confirmed[it - p.backups.begin()] : p.sent);
+      last_sent.push_back(it != p.backups.end() ? p.last_sent[it - p.backups.begin()] : p.sent);
+      if (it == p.backups.end() && !created) added.push_back(b);
     }
   }
   p.backups = std::move(backups);
   p.confirmed = std::move(confirmed);
+  p.last_sent = std::move(last_sent);
+  for (uint32_t b : added) SendSnapshot(p, b);
   OnConfirmed(p);  // a backup that died holds nothing back any more
 }
 
-bool PartitionEngine::Settled(const Partition& p) const { return ConfirmedBy(p.confirmed, p.sent) == p.sent; }
+size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
+  const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0);
+  return floats * sizeof(float) + 2 * p.last_request.size() * sizeof(uint64_t);
+}
 
-uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data, size_t bytes) {
+// Layout: weights, optimizer state, [mirror], [aggregate] as float32, then
+// per worker last request id and pushes applied as uint64; completed rounds
+// in the header's round.
+void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
+  std::string bytes;
+  bytes.reserve(SnapshotBytes(p));
+  auto put = [&bytes](const void* data, size_t n) { bytes.append(static_cast<const char*>(data), n); };
+  put(p.weights->data(), p.n * sizeof(float));
+  put(p.state.data(), p.state.size() * sizeof(float));
+  if (p.delta_pulls) put(p.mirror.data(), p.n * sizeof(float));
+  if (sum_only_) put(p.aggregate->data(), p.n * sizeof(float));
+  put(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
+  put(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  DataHeader h;
+  h.set_replica_of(SNAPSHOT);
+  h.set_round(p.completed);
+  Replicate(p, h, bytes.data(), bytes.size(), server);  // this one only; the others have the state
+  ++stats_.snapshots_sent;
+  LOG(WARNING) << "server " << server_index_ << ": re-creating a copy of partition " << p.id << " on server "
+               << server << " (" << bytes.size() << " bytes at update " << p.completed << ")";
+}
+
+void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+  const char* in = payload.data<char>();
+  auto take = [&in](void* out, size_t n) {
+    std::memcpy(out, in, n);
+    in += n;
+  };
+  take(WritableWeights(p), p.n * sizeof(float));
+  take(p.state.data(), p.state.size() * sizeof(float));
+  if (p.delta_pulls) take(p.mirror.data(), p.n * sizeof(float));
+  if (sum_only_) take(p.aggregate->data(), p.n * sizeof(float));
+  take(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
+  take(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  p.completed = h.round();
+  p.initialized = true;
+  p.encoded_round = -1;
+  p.synced = true;
+}
+
+bool PartitionEngine::Settled(const Partition& p) const { return ConfirmedBy(p) == p.sent; }
+
+uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data, size_t bytes,
+                                    std::optional<uint32_t> only) {
   if (p.backups.empty() || !replicate_) return 0;
   ++p.sent;
   h.set_op(REPLICATE);
@@ -63,16 +121,18 @@ uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data
   h.set_num_elements(p.n);
   h.set_dtype(FLOAT32);
   stats_.replicated += p.backups.size();
-  for (uint32_t b : p.backups) {
+  for (size_t i = 0; i < p.backups.size(); ++i) {
+    if (only && p.backups[i] != *only) continue;
     zmq::message_t payload(data, bytes);
-    replicate_(b, h, payload);
+    replicate_(p.backups[i], h, payload);
+    p.last_sent[i] = p.sent;
   }
   return p.sent;
 }
 
 void PartitionEngine::AnswerWhenConfirmed(Partition& p, const zmq::message_t& peer, const DataHeader& request,
                                           uint64_t sequence) {
-  if (sequence <= ConfirmedBy(p.confirmed, p.sent)) {
+  if (sequence <= ConfirmedBy(p)) {
     AnswerWeights(p, peer, request);
     return;
   }
@@ -81,7 +141,7 @@ void PartitionEngine::AnswerWhenConfirmed(Partition& p, const zmq::message_t& pe
 }
 
 void PartitionEngine::OnConfirmed(Partition& p) {
-  const uint64_t confirmed = ConfirmedBy(p.confirmed, p.sent);
+  const uint64_t confirmed = ConfirmedBy(p);
   std::vector<Waiter> still;
   for (Waiter& waiter : p.unconfirmed) {
     if (waiter.header.round() <= confirmed) {
@@ -121,7 +181,9 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (it->second->primary) {
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
                                                    h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
-  } else if (payload == nullptr || payload->size() != it->second->n * sizeof(float)) {
+  } else if (payload == nullptr ||
+             payload->size() != (h.replica_of() == SNAPSHOT ? SnapshotBytes(*it->second)
+                                                             : it->second->n * sizeof(float))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ",
                                                 payload ? payload->size() : 0, " bytes, expected ",
                                                 it->second->n * sizeof(float)));
@@ -141,6 +203,11 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
 }
 
 absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const DataHeader& h) const {
+  if (h.replica_of() == SNAPSHOT) return true;
+  if (!p.synced) {
+    return absl::FailedPreconditionError(absl::StrCat("partition ", p.id, ": this copy is being re-created and its ",
+                                                      "snapshot has not arrived"));
+  }
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
   if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
   if (config_.consistency() == ASYNC) {
@@ -159,7 +226,9 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
 
 void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
   const float* data = payload.data<float>();
-  if (h.replica_of() == INIT) {
+  if (h.replica_of() == SNAPSHOT) {
+    ApplySnapshot(p, h, payload);
+  } else if (h.replica_of() == INIT) {
     std::memcpy(WritableWeights(p), data, payload.size());
     if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
     p.initialized = true;
@@ -196,7 +265,7 @@ EngineQueues PartitionEngine::Queues() const {
     q.waiting_pulls += p->waiting.size();
     q.parked_pushes += p->ahead.size();
     q.unconfirmed += p->unconfirmed.size();
-    if (p->primary) q.replication_lag += p->sent - ConfirmedBy(p->confirmed, p->sent);
+    if (p->primary) q.replication_lag += p->sent - ConfirmedBy(*p);
   }
   return q;
 }

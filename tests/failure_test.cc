@@ -141,6 +141,25 @@ TEST(FailureTest, AKilledServersPartitionsFailOverToTheirBackupsBitwiseUnchanged
   EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
 
+TEST(FailureTest, CopiesAreRecreatedSoASecondServerDeathLosesNothing) {
+  // After the first failover every partition gets a new backup on a
+  // survivor, so killing another server later still loses nothing.
+  const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
+                                        "--epochs", "2", "--deterministic"};
+  LocalRun clean = RunLocal(job);
+  std::vector<std::string> faulty = job;
+  faulty.insert(faulty.end(), {"--kill", "server:1@20", "--kill", "server:2@150"});
+  LocalRun killed = RunLocal(faulty);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  EXPECT_THAT(killed.err, HasSubstr("copies re-created on the surviving servers"));
+  EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
+  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
+  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
+  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
+}
+
 TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {
   LocalRun run = RunLocal({"--servers", "3", "--workers", "2", "--train-limit", "9000", "--consistency", "async",
                            "--kill", "server:0@20"});
