@@ -26,6 +26,7 @@
 #include "compression/codec_policy.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/local_cluster.h"
 #include "tools/process.h"
 
 extern char** environ;
@@ -45,19 +46,9 @@ struct LaunchOptions {
 // The config every node will receive: the file (if any), the process counts
 // of this launch, then each --set, validated as the scheduler would.
 absl::StatusOr<ClusterConfig> LaunchConfig(const LaunchOptions& o) {
-  ClusterConfig config;
-  if (!o.config_path.empty()) {
-    auto loaded = LoadConfigFile(o.config_path);
-    if (!loaded.ok()) return loaded.status();
-    config = *loaded;
-  }
-  config.set_num_servers(o.servers);
-  config.set_num_workers(o.workers);
-  for (const std::string& s : o.sets) {
-    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
-  }
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return s;
+  auto config = LoadLocalConfig(o.config_path, o.servers, o.workers);
+  if (!config.ok()) return config.status();
+  if (absl::Status s = FinishLocalConfig(o.sets, &*config); !s.ok()) return s;
   return config;
 }
 
@@ -226,20 +217,12 @@ class OutputRelay {
 // Starts the scheduler and the servers; returns the scheduler's address.
 absl::StatusOr<std::string> StartDaemons(const LaunchOptions& o, const std::string& dir,
                                          std::vector<ChildProcess>& daemons) {
-  const std::string self = SelfExecutable();
-  const std::string verbose = o.verbose ? "--verbose" : "--verbose=false";
-  auto scheduler = Spawn("scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config", dir + "/cluster.pbtxt",
-                                       "--port-file", dir + "/scheduler.addr", verbose}, true);
+  auto scheduler = SpawnScheduler("127.0.0.1:0", dir + "/cluster.pbtxt", dir + "/scheduler.addr", o.verbose);
   if (!scheduler.ok()) return scheduler.status();
   daemons.push_back(*scheduler);
   auto address = WaitForAddressFile(dir + "/scheduler.addr", daemons, absl::Now() + absl::Seconds(30));
   if (!address.ok()) return address.status();
-  for (int i = 0; i < o.servers; ++i) {
-    auto server = Spawn(absl::StrCat("server ", i),
-                        {self, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0", verbose}, true);
-    if (!server.ok()) return server.status();
-    daemons.push_back(*server);
-  }
+  if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, nullptr, daemons); !s.ok()) return s;
   return address;
 }
 

@@ -22,6 +22,7 @@
 #include "common/scheduler_client.h"
 #include "tools/cli_flags.h"
 #include "tools/fault_injection.h"
+#include "tools/local_cluster.h"
 #include "tools/commands.h"
 #include "tools/process.h"
 #include "tools/train_job.h"
@@ -52,25 +53,16 @@ absl::Status ApplyCheckpointFlags(const LocalOptions& o, ClusterConfig* config) 
 }
 
 absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
-  ClusterConfig config;
-  if (!o.config_path.empty()) {
-    auto loaded = LoadConfigFile(o.config_path);
-    if (!loaded.ok()) return loaded.status();
-    config = *loaded;
-  }
-  config.set_num_servers(o.servers);
-  config.set_num_workers(o.workers);
+  auto loaded = LoadLocalConfig(o.config_path, o.servers, o.workers);
+  if (!loaded.ok()) return loaded.status();
+  ClusterConfig config = *std::move(loaded);
   if (!o.consistency.empty()) {
     if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) return s;
   }
   if (o.deterministic) config.set_deterministic(true);
   if (!o.compression.empty()) config.mutable_compression()->set_codec(o.compression);
-  for (const std::string& s : o.sets) {
-    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
-  }
   if (absl::Status s = ApplyCheckpointFlags(o, &config); !s.ok()) return s;
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return s;
+  if (absl::Status s = FinishLocalConfig(o.sets, &config); !s.ok()) return s;
   return config;
 }
 
@@ -184,9 +176,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   };
   // The scheduler persists its state, so one restarted after a kill resumes.
   auto start_scheduler = [&](const std::string& listen, const std::string& port_file) {
-    return Spawn("scheduler", {self, "scheduler", "--listen", listen, "--config", dir + "/cluster.pbtxt",
-                               "--state-dir", dir + "/state", "--port-file", port_file, verbose},
-                 true);
+    return SpawnScheduler(listen, dir + "/cluster.pbtxt", port_file, o.verbose, {"--state-dir", dir + "/state"});
   };
   auto scheduler = start_scheduler("127.0.0.1:0", dir + "/scheduler.addr");
   if (!scheduler.ok()) return scheduler.status();
@@ -210,14 +200,11 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     injector = std::make_unique<FaultInjector>(faults, *std::move(client), absl::Seconds(o.restart_after_s),
                                                restart_scheduler);
   }
-  for (int i = 0; i < o.servers; ++i) {
-    auto server = Spawn(absl::StrCat("server ", i),
-                        {self, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0", "--info-file",
-                         absl::StrCat(dir, "/server.", i), "--updates-file", absl::StrCat(dir, "/updates.", i), verbose},
-                        true);
-    if (!server.ok()) return fail(server.status());
-    daemons.push_back(*server);
-  }
+  auto reports = [&dir](int i) {
+    return std::vector<std::string>{"--info-file", absl::StrCat(dir, "/server.", i), "--updates-file",
+                                    absl::StrCat(dir, "/updates.", i)};
+  };
+  if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, reports, daemons); !s.ok()) return fail(s);
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < o.workers; ++r) {
     auto worker = Spawn(absl::StrCat("worker ", r),

@@ -1,0 +1,60 @@
+#include "tools/local_cluster.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "compression/codec_policy.h"
+
+namespace shardps {
+namespace {
+
+std::string VerboseFlag(bool verbose) { return verbose ? "--verbose" : "--verbose=false"; }
+
+}  // namespace
+
+absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t servers, int64_t workers) {
+  ClusterConfig config;
+  if (!path.empty()) {
+    auto loaded = LoadConfigFile(path);
+    if (!loaded.ok()) return loaded.status();
+    config = *loaded;
+  }
+  config.set_num_servers(servers);
+  config.set_num_workers(workers);
+  return config;
+}
+
+absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config) {
+  for (const std::string& s : sets) {
+    if (absl::Status st = SetConfigField(config, s); !st.ok()) return st;
+  }
+  if (absl::Status s = ValidateConfig(*config); !s.ok()) return s;
+  return compression::ValidateCompressionConfig(*config);
+}
+
+absl::StatusOr<ChildProcess> SpawnScheduler(const std::string& listen, const std::string& config_file,
+                                            const std::string& port_file, bool verbose,
+                                            const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {SelfExecutable(), "scheduler", "--listen", listen, "--config", config_file,
+                                   "--port-file", port_file, VerboseFlag(verbose)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return Spawn("scheduler", argv, true);
+}
+
+absl::Status SpawnServers(const std::string& address, int64_t count, bool verbose,
+                          const std::function<std::vector<std::string>(int)>& extra,
+                          std::vector<ChildProcess>& daemons) {
+  for (int i = 0; i < count; ++i) {
+    std::vector<std::string> argv = {SelfExecutable(), "server", "--scheduler", address, "--listen",
+                                     "tcp://127.0.0.1:0", VerboseFlag(verbose)};
+    if (extra) {
+      std::vector<std::string> more = extra(i);
+      argv.insert(argv.end(), more.begin(), more.end());
+    }
+    auto server = Spawn(absl::StrCat("server ", i), argv, true);
+    if (!server.ok()) return server.status();
+    daemons.push_back(*server);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardps

@@ -1,0 +1,37 @@
+// What `shardps local` and `shardps launch` share: the cluster config built
+// from a file, the process counts and --set overrides, and the scheduler and
+// server processes started on loopback.
+#ifndef SHARDPS_TOOLS_LOCAL_CLUSTER_H_
+#define SHARDPS_TOOLS_LOCAL_CLUSTER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "tools/process.h"
+
+namespace shardps {
+
+// The config file at `path` (empty: defaults) with the process counts set.
+absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t servers, int64_t workers);
+// Applies each `--set field=value`, then validates the result as the
+// scheduler would (fields and compression).
+absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config);
+
+// Starts `shardps scheduler` on `listen` with the config file and writes its
+// address to `port_file`, with `extra` flags.
+absl::StatusOr<ChildProcess> SpawnScheduler(const std::string& listen, const std::string& config_file,
+                                            const std::string& port_file, bool verbose,
+                                            const std::vector<std::string>& extra = {});
+// Starts `count` servers of the scheduler at `address` on loopback, appending
+// them to `daemons`; `extra(i)` gives server i's additional flags.
+absl::Status SpawnServers(const std::string& address, int64_t count, bool verbose,
+                          const std::function<std::vector<std::string>(int)>& extra,
+                          std::vector<ChildProcess>& daemons);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_TOOLS_LOCAL_CLUSTER_H_
