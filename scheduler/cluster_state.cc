@@ -46,6 +46,16 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   return cs;
 }
 
+void ClusterState::WriteUnsaved() {
+  absl::MutexLock write_lock(&write_mu_);
+  std::optional<SchedulerState> state;
+  {
+    absl::MutexLock lock(&mu_);
+    state.swap(unsaved_);
+  }
+  if (state) persist_(*state);
+}
+
 void ClusterState::Save() {
   if (!persist_) return;
   SchedulerState state;
@@ -64,7 +74,7 @@ void ClusterState::Save() {
   }
   *state.mutable_shard_map() = map_;
   for (const TensorSpec& t : tensors_) *state.add_tensors() = t;
-  persist_(state);
+  unsaved_ = std::move(state);
 }
 
 ServerInfo* ClusterState::MapServer(uint32_t index) {
@@ -82,6 +92,7 @@ bool ClusterState::Excluded(uint32_t rank) const {
 size_t ClusterState::LiveWorkers() const { return config_.num_workers() - map_.excluded_workers_size(); }
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequest& request) {
+  const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.data_address().empty()) return absl::InvalidArgumentError("server registered without a data address");
   absl::MutexLock lock(&mu_);
@@ -125,6 +136,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
 }
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequest& request) {
+  const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.rank() >= config_.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", request.rank(), " is outside [0, ",
@@ -295,6 +307,7 @@ int ClusterState::Rereplicate() {
 }
 
 std::vector<std::string> ClusterState::CheckLiveness() {
+  const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_();
   const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
@@ -374,6 +387,7 @@ std::string ClusterState::ServersBehind(uint64_t epoch) const {
 
 absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpec>& tensors,
                                                      absl::Time deadline) {
+  const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = ValidateTensorSpecs(tensors); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto all_servers = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -414,6 +428,7 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
 }
 
 absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::string& dir) {
+  const WriteOnReturn write(this);  // after mu_ is released
   if (dir.empty()) return absl::InvalidArgumentError("checkpoint: no directory given");
   ClusterConfig wanted = config_;
   wanted.mutable_checkpoint()->set_dir(dir);

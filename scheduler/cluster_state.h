@@ -128,11 +128,25 @@ class ClusterState {
   // Gives every partition short of `replication` copies new backups on the
   // live servers holding the fewest elements; returns how many.
   int Rereplicate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Snapshots the state for WriteUnsaved; the file is written outside mu_,
+  // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the latest snapshot, if any (writes stay in order under write_mu_).
+  void WriteUnsaved() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // Declared first in every method that may Save: writes once the method's
+  // lock is released.
+  struct WriteOnReturn {
+    explicit WriteOnReturn(ClusterState* s) : state(s) {}
+    ~WriteOnReturn() {
+      if (state->persist_) state->WriteUnsaved();
+    }
+    ClusterState* state;
+  };
 
   const ClusterConfig config_;
   const Clock clock_;
   const Persist persist_;
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   uint64_t next_node_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint32_t, Node> servers_ ABSL_GUARDED_BY(mu_);  // by index
@@ -145,6 +159,7 @@ class ClusterState {
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   bool isolated_ ABSL_GUARDED_BY(mu_) = false;  // said once: hears from no majority
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
 };
 
