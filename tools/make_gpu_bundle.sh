@@ -82,19 +82,33 @@ RUN
 cat > "$bundle/run-gpu-checks.sh" <<'CHECKS'
 #!/usr/bin/env bash
 # run-gpu-checks.sh: runs the CUDA tests (gtest names containing "Cuda") of
-# every bundled test binary, then the GPU benchmarks. Writes one file per step
-# under $OUT (or ./gpu-results); exits non-zero if any step failed.
+# every bundled test binary, then the same tests under compute-sanitizer
+# (memcheck, racecheck) when it is installed, then the GPU benchmarks. Writes
+# one file per step into a results folder and packs it as one archive,
+# $OUT/gpu-results.tgz (or ./gpu-results.tgz); exits non-zero if any step failed.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-out=${OUT:-$PWD/gpu-results}
+dest=${OUT:-$PWD}
+out=$(mktemp -d)/gpu-results
 mkdir -p "$out"
 status=0
+pack() { tar czf "$dest/gpu-results.tgz" -C "$(dirname "$out")" gpu-results; }
+trap pack EXIT
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
 for t in "$here"/bin/*test*; do
   name=$(basename "$t")
+  "$here/run.sh" "$name" --gtest_list_tests --gtest_filter='*Cuda*' 2>/dev/null | grep -q '^  ' || continue
   "$here/run.sh" "$name" --gtest_filter='*Cuda*' --gtest_output="json:$out/$name.json" \
     > "$out/$name.txt" 2>&1 || { status=1; echo "FAILED $name"; }
   tail -n 3 "$out/$name.txt"
+  [[ -n "$sanitizer" ]] || continue
+  for tool in memcheck racecheck; do
+    "$here/run.sh" "$sanitizer" --tool "$tool" --error-exitcode 1 "$here/bin/$name" \
+      --gtest_filter='*Cuda*' > "$out/$name.$tool.txt" 2>&1 || { status=1; echo "FAILED $tool $name"; }
+    echo "== $tool $name: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$name.$tool.txt" | tail -n 1)"
+  done
 done
+[[ -n "$sanitizer" ]] || echo "compute-sanitizer not found: sanitizer runs skipped" | tee "$out/sanitizer.txt"
 bench() {  # bench FILE COMMAND...
   local file=$1; shift
   [[ -x "$here/bin/$1" ]] || return 0
