@@ -6,10 +6,10 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "compression/codec_math.h"
 #include "google/protobuf/text_format.h"
 #include "worker/worker.h"
@@ -24,11 +24,11 @@ struct shardps_worker {
   std::unique_ptr<shardps::Worker> worker;
   std::vector<shardps::TensorSpec> declared;
   std::map<std::string, std::pair<int, uint64_t>> dtypes;  // declared name -> (dtype, elements)
-  std::mutex mu;  // guards staged and abandoned
-  std::map<uint64_t, std::unique_ptr<Staged>> staged;
+  absl::Mutex mu;
+  std::map<uint64_t, std::unique_ptr<Staged>> staged ABSL_GUARDED_BY(mu);
   // Staging of requests whose wait failed: a request may still leave later
   // and read it, so it lives as long as the worker (worker/worker.h).
-  std::vector<std::unique_ptr<Staged>> abandoned;
+  std::vector<std::unique_ptr<Staged>> abandoned ABSL_GUARDED_BY(mu);
 };
 
 // The header's codes are absl::StatusCode's, so Report can return s.code() as is.
@@ -333,7 +333,7 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
     absl::Status s = w->worker->Wait(handle, Seconds(timeout_s));
     std::unique_ptr<shardps_worker::Staged> staged;
     {
-      std::lock_guard<std::mutex> lock(w->mu);
+      absl::MutexLock lock(&w->mu);
       auto it = w->staged.find(handle);
       if (it != w->staged.end()) {
         staged = std::move(it->second);
@@ -344,7 +344,7 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
       if (s.ok()) {
         StoreWeights(*staged);
       } else {
-        std::lock_guard<std::mutex> lock(w->mu);
+        absl::MutexLock lock(&w->mu);
         w->abandoned.push_back(std::move(staged));
       }
     }
@@ -375,7 +375,7 @@ int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* gra
       return w->worker->PushPull(name, staged->grad, absl::MakeSpan(staged->weights));
     });
     if (rc == SHARDPS_OK) {
-      std::lock_guard<std::mutex> lock(w->mu);
+      absl::MutexLock lock(&w->mu);
       w->staged[*handle] = std::move(staged);
     }
     return rc;

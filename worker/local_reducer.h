@@ -83,9 +83,9 @@ class LocalReducer {
 
   // Merge / Broadcast after argument checks, with calls serialised.
   virtual absl::Status DoMerge(absl::Span<const DeviceBuffer* const> inputs, size_t offset,
-                               absl::Span<float> out, MergeOp op) = 0;
-  virtual absl::Status DoBroadcast(absl::Span<const float> in,
-                                   absl::Span<DeviceBuffer* const> outputs, size_t offset) = 0;
+                               absl::Span<float> out, MergeOp op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_) = 0;
+  virtual absl::Status DoBroadcast(absl::Span<const float> in, absl::Span<DeviceBuffer* const> outputs,
+                                   size_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_) = 0;
 
  private:
   template <typename Buffer>
