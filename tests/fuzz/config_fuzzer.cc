@@ -37,6 +37,7 @@ void CheckAdmitted(const ClusterConfig& config) {
 }  // namespace shardps::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  shardps::fuzz::QuietProtobufLogs();
   using namespace shardps;
   const std::string input(reinterpret_cast<const char*>(data), size);
   const size_t nul = input.find('\0');

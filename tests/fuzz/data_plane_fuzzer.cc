@@ -7,7 +7,9 @@
 // header says, and nothing may crash, leak or read out of bounds.
 //
 // Input: [config][n] then up to 64 requests: [kind][...fields...]
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/data_message.h"
 #include "common/protocol.h"
@@ -91,11 +93,15 @@ void CheckAnswer(const DataHeader& answer, const zmq::message_t* payload) {
 }  // namespace shardps::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  shardps::fuzz::QuietProtobufLogs();
   using namespace shardps;
   using namespace shardps::fuzz;
   FuzzInput in(data, size);
   const uint8_t variant = in.Byte();
   const ClusterConfig config = Config(variant);
+  // Payload bytes that frames point into, as a receive buffer would; they
+  // outlive the engine, which may hold frames (parked pushes) until the end.
+  std::vector<std::unique_ptr<std::string>> buffers;
   const uint64_t n = 1 + in.Byte() % 64;
   auto engine = PartitionEngine::Create(
       config, [](const zmq::message_t&, DataHeader& h, zmq::message_t* p) { CheckAnswer(h, p); },
@@ -119,9 +125,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (*engine)->HandleReplicaAck(1, header);
       continue;
     }
-    const std::string bytes = in.Field();
+    // kind & 4: the payload starts at an odd address, as ZeroMQ may hand a
+    // frame over from anywhere in its receive buffer.
+    const size_t skew = kind & 4 ? 1 : 0;
+    buffers.push_back(std::make_unique<std::string>(std::string(skew, ' ') + in.Field()));
+    const std::string& buffer = *buffers.back();
     zmq::message_t peer(std::string("w") + std::to_string(header.worker_rank() % 4));
-    zmq::message_t payload(bytes.data(), bytes.size());
+    zmq::message_t payload(const_cast<char*>(buffer.data()) + skew, buffer.size() - skew, nullptr, nullptr);
     (*engine)->Handle(peer, header, kind & 2 ? &payload : nullptr);
   }
   (*engine)->FailWaiting(absl::UnavailableError("fuzz input ended"));

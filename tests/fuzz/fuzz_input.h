@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <google/protobuf/stubs/logging.h>
+
 namespace shardps::fuzz {
 
 class FuzzInput {
@@ -43,6 +45,13 @@ class FuzzInput {
   size_t size_;
   size_t pos_ = 0;
 };
+
+// Drops protobuf's own log lines (e.g. one per string field of invalid UTF-8
+// that a fuzzed message holds): they cost more than the run itself.
+inline void QuietProtobufLogs() {
+  static const bool quiet = (google::protobuf::SetLogHandler(nullptr), true);
+  (void)quiet;
+}
 
 // Ends the run with `what` when a harness's invariant does not hold (libFuzzer
 // records the input as a crash).

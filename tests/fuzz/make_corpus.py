@@ -95,6 +95,10 @@ def data_plane():
     built = bytes([0x01, 3, 3, 0, INIT - 1, 0, 1, 0, 4]) + lv(floats(*w))
     built += bytes([3, 0, PUSH - 1, 1, 2, 0, 4]) + lv(floats(*g))
     write("data_plane", "built_headers", built)
+    # Payloads at odd addresses (kind bit 4), as ZeroMQ may hand them over.
+    write("data_plane", "misaligned_payloads", bytes([0, 3]) + request(INIT, 0, 1, 0, w) +
+          bytes([6]) + lv(header(PUSH, 0, 2, 0, 4)) + lv(floats(*g)) +
+          bytes([6]) + lv(header(PUSH_PULL, 1, 1, 0, 4)) + lv(floats(*g)))
     # A membership change (kind 15) between rounds.
     write("data_plane", "membership", bytes([0, 3]) + request(INIT, 0, 1, 0, w) + bytes([15, 2]) +
           request(PUSH, 0, 2, 0, g))

@@ -105,6 +105,7 @@ void Call(Scheduler::Service& service, uint8_t method, const std::string& bytes)
 }  // namespace shardps::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  shardps::fuzz::QuietProtobufLogs();
   using namespace shardps;
   using namespace shardps::fuzz;
   FuzzInput in(data, size);
