@@ -33,9 +33,22 @@ Fn Real(const char* symbol) {
 
 constexpr unsigned kRead = __tsan_mutex_read_lock;
 
+// Set while a shim runs: the library's functions call each other through the
+// same interposed symbols (AwaitWithTimeout calls AwaitWithDeadline), and only
+// the outermost call is annotated.
+thread_local int shim_depth = 0;
+
+struct OutermostCall {
+  OutermostCall() { ++shim_depth; }
+  ~OutermostCall() { --shim_depth; }
+  static bool Nested() { return shim_depth > 0; }
+};
+
 // The mutex is released for the wait and held again after it.
 template <typename Wait>
 auto Released(void* mu, Wait wait) {
+  if (OutermostCall::Nested()) return wait();
+  OutermostCall outermost;
   __tsan_mutex_pre_unlock(mu, 0);
   __tsan_mutex_post_unlock(mu, 0);
   auto result = wait();
@@ -46,6 +59,8 @@ auto Released(void* mu, Wait wait) {
 
 template <typename Lock>
 auto Locked(void* mu, unsigned flags, Lock lock) {
+  if (OutermostCall::Nested()) return lock();
+  OutermostCall outermost;
   __tsan_mutex_pre_lock(mu, flags);
   auto result = lock();
   __tsan_mutex_post_lock(mu, flags, 0);
@@ -83,6 +98,8 @@ void Mutex::ReaderLock() {
 
 bool Mutex::TryLock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex7TryLockEv", bool (*)(Mutex*));
+  if (OutermostCall::Nested()) return real(this);
+  OutermostCall outermost;
   __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
   const bool ok = real(this);
   __tsan_mutex_post_lock(this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed), 0);
@@ -91,6 +108,8 @@ bool Mutex::TryLock() {
 
 void Mutex::Unlock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex6UnlockEv", void (*)(Mutex*));
+  if (OutermostCall::Nested()) return real(this);
+  OutermostCall outermost;
   __tsan_mutex_pre_unlock(this, 0);
   real(this);
   __tsan_mutex_post_unlock(this, 0);
@@ -98,6 +117,8 @@ void Mutex::Unlock() {
 
 void Mutex::ReaderUnlock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex12ReaderUnlockEv", void (*)(Mutex*));
+  if (OutermostCall::Nested()) return real(this);
+  OutermostCall outermost;
   __tsan_mutex_pre_unlock(this, kRead);
   real(this);
   __tsan_mutex_post_unlock(this, kRead);
