@@ -12,7 +12,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   # A report ends the process with an error; leaks are reported at exit.
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan/suppressions.txt}
   cd "$build"
   exec ctest --output-on-failure -j "$(nproc)" --timeout 1200 "$@"
 fi

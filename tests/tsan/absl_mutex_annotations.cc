@@ -44,11 +44,25 @@ struct OutermostCall {
   static bool Nested() { return shim_depth > 0; }
 };
 
+// Whether `caller` lies in this executable (instrumented code). Calls from
+// the shared libraries (gRPC's own mutexes) are not annotated: their other
+// accesses are invisible to TSan, so annotating their locks alone makes
+// reports of its own.
+bool FromExecutable(void* caller) {
+  static const void* const base = [] {
+    Dl_info self;
+    return dladdr(reinterpret_cast<void*>(&FromExecutable), &self) ? self.dli_fbase : nullptr;
+  }();
+  Dl_info info;
+  return dladdr(caller, &info) != 0 && info.dli_fbase == base;
+}
+
 // The mutex is released for the wait and held again after it.
 template <typename Wait>
-auto Released(void* mu, Wait wait) {
-  if (OutermostCall::Nested()) return wait();
-  OutermostCall outermost;
+auto Released(void* mu, void* caller, Wait wait) {
+  const bool annotate = !OutermostCall::Nested() && FromExecutable(caller);
+  OutermostCall call;  // nested calls, tail calls included, are never annotated
+  if (!annotate) return wait();
   __tsan_mutex_pre_unlock(mu, 0);
   __tsan_mutex_post_unlock(mu, 0);
   auto result = wait();
@@ -58,9 +72,10 @@ auto Released(void* mu, Wait wait) {
 }
 
 template <typename Lock>
-auto Locked(void* mu, unsigned flags, Lock lock) {
-  if (OutermostCall::Nested()) return lock();
-  OutermostCall outermost;
+auto Locked(void* mu, unsigned flags, void* caller, Lock lock) {
+  const bool annotate = !OutermostCall::Nested() && FromExecutable(caller);
+  OutermostCall call;
+  if (!annotate) return lock();
   __tsan_mutex_pre_lock(mu, flags);
   auto result = lock();
   __tsan_mutex_post_lock(mu, flags, 0);
@@ -88,18 +103,19 @@ ABSL_NAMESPACE_BEGIN
 
 void Mutex::Lock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex4LockEv", void (*)(Mutex*));
-  Locked(this, 0, [&] { real(this); return 0; });
+  Locked(this, 0, __builtin_return_address(0), [&] { real(this); return 0; });
 }
 
 void Mutex::ReaderLock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex10ReaderLockEv", void (*)(Mutex*));
-  Locked(this, kRead, [&] { real(this); return 0; });
+  Locked(this, kRead, __builtin_return_address(0), [&] { real(this); return 0; });
 }
 
 bool Mutex::TryLock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex7TryLockEv", bool (*)(Mutex*));
-  if (OutermostCall::Nested()) return real(this);
-  OutermostCall outermost;
+  const bool annotate = !OutermostCall::Nested() && FromExecutable(__builtin_return_address(0));
+  OutermostCall call;
+  if (!annotate) return real(this);
   __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
   const bool ok = real(this);
   __tsan_mutex_post_lock(this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed), 0);
@@ -108,8 +124,9 @@ bool Mutex::TryLock() {
 
 void Mutex::Unlock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex6UnlockEv", void (*)(Mutex*));
-  if (OutermostCall::Nested()) return real(this);
-  OutermostCall outermost;
+  const bool annotate = !OutermostCall::Nested() && FromExecutable(__builtin_return_address(0));
+  OutermostCall call;
+  if (!annotate) return real(this);
   __tsan_mutex_pre_unlock(this, 0);
   real(this);
   __tsan_mutex_post_unlock(this, 0);
@@ -117,8 +134,9 @@ void Mutex::Unlock() {
 
 void Mutex::ReaderUnlock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex12ReaderUnlockEv", void (*)(Mutex*));
-  if (OutermostCall::Nested()) return real(this);
-  OutermostCall outermost;
+  const bool annotate = !OutermostCall::Nested() && FromExecutable(__builtin_return_address(0));
+  OutermostCall call;
+  if (!annotate) return real(this);
   __tsan_mutex_pre_unlock(this, kRead);
   real(this);
   __tsan_mutex_post_unlock(this, kRead);
@@ -128,7 +146,7 @@ void Mutex::LockWhen(const Condition& cond) {
   AnnotatedCondition annotated{&cond, this};
   const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE", void (*)(Mutex*, const Condition&));
-  Locked(this, 0, [&] { real(this, wrapped); return 0; });
+  Locked(this, 0, __builtin_return_address(0), [&] { real(this, wrapped); return 0; });
 }
 
 bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
@@ -136,14 +154,14 @@ bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE",
               bool (*)(Mutex*, const Condition&, absl::Duration));
-  return Locked(this, 0, [&] { return real(this, wrapped, timeout); });
+  return Locked(this, 0, __builtin_return_address(0), [&] { return real(this, wrapped, timeout); });
 }
 
 void Mutex::Await(const Condition& cond) {
   AnnotatedCondition annotated{&cond, this};
   const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE", void (*)(Mutex*, const Condition&));
-  Released(this, [&] { real(this, wrapped); return 0; });
+  Released(this, __builtin_return_address(0), [&] { real(this, wrapped); return 0; });
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
@@ -151,7 +169,7 @@ bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE",
               bool (*)(Mutex*, const Condition&, absl::Duration));
-  return Released(this, [&] { return real(this, wrapped, timeout); });
+  return Released(this, __builtin_return_address(0), [&] { return real(this, wrapped, timeout); });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
@@ -159,24 +177,24 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
   const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE",
               bool (*)(Mutex*, const Condition&, absl::Time));
-  return Released(this, [&] { return real(this, wrapped, deadline); });
+  return Released(this, __builtin_return_address(0), [&] { return real(this, wrapped, deadline); });
 }
 
 void CondVar::Wait(Mutex* mu) {
   SHIM_SYMBOL(real, "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE", void (*)(CondVar*, Mutex*));
-  Released(mu, [&] { real(this, mu); return 0; });
+  Released(mu, __builtin_return_address(0), [&] { real(this, mu); return 0; });
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, absl::Duration timeout) {
   SHIM_SYMBOL(real, "_ZN4absl7debian37CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE",
               bool (*)(CondVar*, Mutex*, absl::Duration));
-  return Released(mu, [&] { return real(this, mu, timeout); });
+  return Released(mu, __builtin_return_address(0), [&] { return real(this, mu, timeout); });
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, absl::Time deadline) {
   SHIM_SYMBOL(real, "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE",
               bool (*)(CondVar*, Mutex*, absl::Time));
-  return Released(mu, [&] { return real(this, mu, deadline); });
+  return Released(mu, __builtin_return_address(0), [&] { return real(this, mu, deadline); });
 }
 
 ABSL_NAMESPACE_END
