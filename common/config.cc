@@ -165,6 +165,7 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
     return Invalid("heartbeat_timeout_ms", "must be greater than heartbeat_interval_ms");
   }
   if (absl::Status s = ValidateCheckpointConfig(c); !s.ok()) return s;
+  if (absl::Status s = ValidateLimits(c.limits()); !s.ok()) return s;
   return ValidateOptimizer(c.optimizer());
 }
 
@@ -218,6 +219,19 @@ absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment)
     default:
       return absl::InvalidArgumentError(absl::StrCat("config field '", kv[0], "' cannot be set from a flag"));
   }
+}
+
+absl::Status ValidateLimits(const ResourceLimits& l) {
+  if (l.max_model_bytes() == 0) return Invalid("limits.max_model_bytes", "must be > 0");
+  if (l.max_inflight_bytes_per_worker() == 0) return Invalid("limits.max_inflight_bytes_per_worker", "must be > 0");
+  if (l.socket_send_hwm() == 0 || l.socket_send_hwm() > 1000000) {
+    return Invalid("limits.socket_send_hwm", "must be in [1, 1000000] messages");
+  }
+  if (l.socket_receive_hwm() == 0 || l.socket_receive_hwm() > 1000000) {
+    return Invalid("limits.socket_receive_hwm", "must be in [1, 1000000] messages");
+  }
+  if (l.max_connections_per_server() == 0) return Invalid("limits.max_connections_per_server", "must be > 0");
+  return absl::OkStatus();
 }
 
 absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {

@@ -21,6 +21,8 @@ absl::Status ValidateConfig(const ClusterConfig& config);
 // The checkpoint fields alone (part of ValidateConfig): a checkpoint holds
 // what the servers hold, so async, sum_only and compression are refused.
 absl::Status ValidateCheckpointConfig(const ClusterConfig& config);
+// The resource limits alone (part of ValidateConfig): every bound finite and > 0.
+absl::Status ValidateLimits(const ResourceLimits& limits);
 
 // Copies of each partition the cluster keeps: the config's `replication`, or
 // when 0, 2 with at least two servers and 1 otherwise.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/endpoint.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace shardps {
@@ -192,10 +193,7 @@ class GrpcSchedulerClient : public SchedulerClient {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address) {
-  if (address.empty() || address.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scheduler address '", address, "' is not host:port"));
-  }
+  if (auto e = ParseHostPort(address, "scheduler address", {.allow_wildcard = true}); !e.ok()) return e.status();
   return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address));
 }
 

@@ -39,7 +39,7 @@ class LivenessTest : public ::testing::Test {
     state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
                                             [this](const SchedulerState& s) { saved_ = s; });
     for (uint32_t i = 0; i < 2; ++i) {
-      auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i)));
+      auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)));
       ASSERT_TRUE(r.ok()) << r.status();
       server_ids_.push_back(r->node_id());
     }
@@ -140,11 +140,11 @@ TEST_F(LivenessTest, ARemovedWorkerCannotRejoinAndAReplacementServerCannotTakeOv
   ASSERT_THAT(Advance(200), SizeIs(2));
   EXPECT_THAT(state_->RegisterWorker(Node(WORKER, 2)).status().message(),
               HasSubstr("rejoining a running job is not supported yet"));
-  auto replacement = state_->RegisterServer(Node(SERVER, 0, "tcp://s:1"));
+  auto replacement = state_->RegisterServer(Node(SERVER, 0, "tcp://s:2"));
   EXPECT_EQ(replacement.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(replacement.status().message(), HasSubstr("state died with it"));
   // While the server at an address is alive, no second one takes it over.
-  EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://s:0")).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://s:1")).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
@@ -188,8 +188,8 @@ namespace {
 TEST_F(LivenessTest, AWorkerWaitingInRendezvousIsNotDeclaredDead) {
   // A second job on a fresh state: worker 0 registers long before worker 1.
   ClusterState state(config_, [this] { return now_; });
-  ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:0")).ok());
   ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:1")).ok());
+  ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:2")).ok());
   ASSERT_TRUE(state.RegisterWorker(Node(WORKER, 0)).ok());
   for (int t = 0; t < 30; ++t) {
     now_ += absl::Milliseconds(100);

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/endpoint.h"
 #include "common/protocol.h"
+#include "scheduler/model_limits.h"
 #include "scheduler/shard_assignment.h"
 
 namespace shardps {
@@ -95,10 +97,18 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.data_address().empty()) return absl::InvalidArgumentError("server registered without a data address");
+  if (auto e = ParseTcpEndpoint(request.data_address(), "server data address"); !e.ok()) return e.status();
   absl::MutexLock lock(&mu_);
   std::optional<uint32_t> index;
   for (auto& [i, node] : servers_) {
     if (node.address == request.data_address()) index = i;
+  }
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  if (index && tensors_.empty() && !servers_[*index].dead && clock_() - servers_[*index].last_seen < timeout) {
+    const Node& old = servers_[*index];
+    return absl::AlreadyExistsError(absl::StrCat(
+        "server ", *index, " at ", old.address, " is alive (heard ", absl::FormatDuration(clock_() - old.last_seen),
+        " ago); refusing a second server at its address"));
   }
   if (index && !tensors_.empty()) {
     const Node& old = servers_[*index];
@@ -121,6 +131,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   }
   Node& node = servers_[*index];
   node = Node{next_node_id_++, SERVER, *index, request.data_address(), request.host(), clock_(), 0};
+  node.memory_bytes = request.memory_bytes();
   ServerInfo* info = MapServer(*index);
   if (info == nullptr) info = map_.add_servers();
   info->set_index(*index);
@@ -148,8 +159,21 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
         "worker rank ", request.rank(), " was declared dead and removed from the running job (shard map epoch ",
         map_.epoch(), "); rejoining a running job is not supported yet"));
   }
+  if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
+    const Node& old = it->second;
+    const absl::Duration silent = clock_() - old.last_seen;
+    const bool live = old.rendezvous || (ClusterComplete() && old.heard &&
+                                         silent < absl::Milliseconds(config_.heartbeat_timeout_ms()));
+    if (live) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
+          old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
+          "); refusing a second registration of rank ", request.rank(), " from '", request.host(), "'"));
+    }
+  }
   Node& node = workers_[request.rank()];
   node = Node{next_node_id_++, WORKER, request.rank(), "", request.host(), clock_(), 0};
+  node.rendezvous = true;
   RegisterResponse response;
   response.set_node_id(node.id);
   *response.mutable_config() = config_;
@@ -172,11 +196,13 @@ std::string ClusterState::MissingNodes() const {
   return out;
 }
 
-absl::Status ClusterState::WaitForCluster(absl::Time deadline) {
+absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id) {
   absl::MutexLock lock(&mu_);
   const absl::Time start = clock_();
   auto complete = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ClusterComplete(); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&complete), deadline)) {
+  const bool formed = mu_.AwaitWithDeadline(absl::Condition(&complete), deadline);
+  if (Node* node = node_id != 0 ? FindNode(node_id) : nullptr; node != nullptr) node->rendezvous = false;
+  if (!formed) {
     return absl::DeadlineExceededError(absl::StrCat("rendezvous: waited ",
                                                     absl::FormatDuration(clock_() - start),
                                                     " for the cluster; ", MissingNodes()));
@@ -399,9 +425,13 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
   if (tensors_.empty()) {
     std::vector<ServerInfo> servers(map_.servers().begin(), map_.servers().end());
     std::sort(servers.begin(), servers.end(), [](auto& a, auto& b) { return a.index() < b.index(); });
+    if (absl::Status s = CheckModelSize(tensors, config_); !s.ok()) return s;
     auto map = BuildShardMap(tensors, servers, config_.partition_bytes(), map_.epoch() + 1,
                              EffectiveReplication(config_));
     if (!map.ok()) return map.status();
+    absl::flat_hash_map<uint32_t, uint64_t> capacity;
+    for (const auto& [i, node] : servers_) capacity[i] = node.memory_bytes;
+    if (absl::Status s = CheckServerCapacity(*map, config_, capacity); !s.ok()) return s;
     *map->mutable_excluded_workers() = map_.excluded_workers();  // removed before the map existed
     map_ = *std::move(map);
     tensors_ = tensors;
