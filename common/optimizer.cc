@@ -1,6 +1,7 @@
 #include "common/optimizer.h"
 
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "common/config.h"
@@ -131,6 +132,25 @@ void Optimizer::FrozenDivisor(const float* state, size_t n, float* d) const {
 
 void AddInto(float* __restrict acc, const float* __restrict g, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+}
+
+bool AllFinite(const float* x, size_t n) {
+  // An all-ones exponent (Inf or NaN) plus one exponent step carries into
+  // bit 31; every finite exponent stays below it.
+  uint32_t carry = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    carry |= (bits & 0x7f800000u) + 0x00800000u;
+  }
+  return (carry & 0x80000000u) == 0;
+}
+
+size_t FirstNonFinite(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
+  }
+  return n;
 }
 
 }  // namespace shardps

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 namespace shardps {
 namespace {
@@ -137,6 +138,29 @@ TEST(OptimizerTest, RejectsInvalidConfig) {
   OptimizerConfig c = Kind(OptimizerConfig::ADAM, 0.1f);
   c.set_beta2(1.0f);
   EXPECT_FALSE(Optimizer::Create(c).ok());
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST(AllFiniteTest, FindsNanAndInfAnywhere) {
+  std::vector<float> x(1027, 1.5f);
+  x[5] = -std::numeric_limits<float>::max();
+  x[6] = std::numeric_limits<float>::denorm_min();
+  EXPECT_TRUE(AllFinite(x.data(), x.size()));
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (size_t at : {size_t{0}, size_t{513}, x.size() - 1}) {
+      std::vector<float> y = x;
+      y[at] = bad;
+      EXPECT_FALSE(AllFinite(y.data(), y.size())) << bad << " at " << at;
+      EXPECT_EQ(FirstNonFinite(y.data(), y.size()), at);
+    }
+  }
+  EXPECT_EQ(FirstNonFinite(x.data(), x.size()), x.size());
 }
 
 }  // namespace

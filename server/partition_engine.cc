@@ -16,6 +16,13 @@ namespace {
 // before its pushes or pulls are refused (bounds parked memory).
 constexpr uint64_t kMaxRoundsAhead = 4;
 
+// How far ahead of the highest request id this server accepted from a worker
+// (on any partition) a request id may be. A worker numbers all its requests,
+// to every server, in one sequence, so a server sees gaps as large as what
+// the worker sent elsewhere in between: 2^20 leaves room for a million
+// requests to other servers between two of its own.
+constexpr uint64_t kRequestIdWindow = uint64_t{1} << 20;
+
 bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL; }
 
 // In async mode each push is one worker's share of what a sync round does
@@ -55,7 +62,8 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       sum_only_(config.update_mode() == SUM_ONLY),
       sink_(std::move(sink)),
       replicate_(std::move(replicate)),
-      replicated_(EffectiveReplication(config) > 1) {}
+      replicated_(EffectiveReplication(config) > 1),
+      worker_last_id_(config.num_workers(), 0) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
@@ -252,10 +260,44 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
       return absl::InvalidArgumentError(absl::StrCat("payload of ", payload->size(), " bytes for partition ", p.id,
                                                      " (expected ", p.n * sizeof(float), ")"));
     }
+    if (expected.empty() && config_.reject_non_finite()) {
+      if (absl::Status s = CheckFinite(p, h, *payload); !s.ok()) return s;
+    }
   } else if (payload != nullptr) {
     return absl::InvalidArgumentError("pull request carries a payload frame");
   }
   *out = &p;
+  return absl::OkStatus();
+}
+
+absl::Status PartitionEngine::CheckFinite(const Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+  const float* x = payload.data<float>();
+  if (AllFinite(x, p.n)) return absl::OkStatus();
+  ++stats_.non_finite;
+  const size_t i = FirstNonFinite(x, p.n);
+  const std::string what = absl::StrCat(h.op() == INIT ? "INIT" : "gradient", " from worker ", h.worker_rank(),
+                                        " for partition ", p.id, " (tensor ", p.tensor, ") holds ", x[i],
+                                        " at element ", i, ": refused (reject_non_finite), weights unchanged");
+  LOG_EVERY_N(WARNING, 1000) << "server " << server_index_ << ": " << what << " [" << google::COUNTER
+                             << " such requests so far]";
+  return absl::InvalidArgumentError(what);
+}
+
+absl::Status PartitionEngine::CheckRequestId(const Partition& p, const DataHeader& h) {
+  // Sync rounds are told apart by round, not by request id.
+  if (config_.consistency() != ASYNC) return absl::OkStatus();
+  const uint32_t w = h.worker_rank();
+  uint64_t& last = worker_last_id_[w];
+  const uint64_t base = std::max(last, p.last_request[w]);
+  const uint64_t id = h.request_id();
+  if (id > base && id - base > kRequestIdWindow) {
+    ++stats_.bad_request_ids;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request id ", id, " from worker ", w, " for partition ", p.id, " is ", id - base,
+        " ahead of the last one server ", server_index_, " accepted from it (", base, "; at most ", kRequestIdWindow,
+        " allowed): refused, since later pushes would be taken for retries of it"));
+  }
+  last = std::max(last, id);
   return absl::OkStatus();
 }
 
@@ -277,8 +319,10 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
     return;
   }
   Partition* p = nullptr;
-  if (absl::Status s = Validate(h, payload, &p); !s.ok()) {
-    Answer(peer, h, s);
+  absl::Status valid = Validate(h, payload, &p);
+  if (valid.ok()) valid = CheckRequestId(*p, h);
+  if (!valid.ok()) {
+    Answer(peer, h, valid);
     return;
   }
   switch (h.op()) {

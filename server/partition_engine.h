@@ -43,6 +43,10 @@ struct EngineStats {
   std::array<uint64_t, 17> errors_by_code{};
   uint64_t replicated = 0;
   uint64_t promotions = 0;
+  // Refused requests, by reason: gradients holding NaN/Inf, request ids far
+  // ahead of the worker's sequence.
+  uint64_t non_finite = 0;
+  uint64_t bad_request_ids = 0;
 };
 
 // Index of `value` in a per-kind count array of `size` entries; `other` when
@@ -238,6 +242,13 @@ class PartitionEngine {
   void FollowCheckpoints(const ShardMap& map);
 
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
+  // Refuses a raw gradient or INIT holding NaN or Inf (config
+  // reject_non_finite), counting and logging it.
+  absl::Status CheckFinite(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // Async pushes are told from retries by request id, so an id far ahead of
+  // the worker's sequence (forged or corrupt) would make every later push
+  // look like a retry: such ids are refused. Records accepted ids.
+  absl::Status CheckRequestId(const Partition& p, const DataHeader& h);
   // Refuses a push from a restarted worker process (new registration) that
   // would restart the rounds the old process had reached.
   absl::Status CheckIncarnation(Partition& p, const DataHeader& h) const;
@@ -270,6 +281,7 @@ class PartitionEngine {
   const ReplySink sink_;
   const ReplicaSink replicate_;
   const bool replicated_;  // the config keeps more than one copy
+  std::vector<uint64_t> worker_last_id_;  // async, per worker rank: highest request id accepted
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
   uint32_t server_index_ = 0;

@@ -439,6 +439,7 @@ TEST_F(EngineTest, NonFiniteWeightDeltaIsAnErrorNotACrash) {
   const int n = 4096;
   ClusterConfig c = Config(SYNC, false, 1);
   c.mutable_compression()->set_pull_codec("onebit");
+  c.set_reject_non_finite(false);  // let the Inf reach the weights
   MakeFromConfig(c, n);
   std::vector<float> g(n, 1.0f);
   g[7] = std::numeric_limits<float>::infinity();
@@ -446,6 +447,59 @@ TEST_F(EngineTest, NonFiniteWeightDeltaIsAnErrorNotACrash) {
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_THAT(sent_[0].header.error(), HasSubstr("non-finite"));
+}
+
+TEST_F(EngineTest, NonFiniteGradientsAreRefusedAndCountedWeightsUnchanged) {
+  for (Consistency mode : {SYNC, ASYNC}) {
+    sent_.clear();
+    Make(mode, false, 1);
+    Send(INIT, 0, 0, {1, 2});
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      for (Op op : {PUSH, PUSH_PULL, INIT}) {
+        sent_.clear();
+        Send(op, 0, 0, {0.5f, bad});
+        ASSERT_EQ(sent_.size(), 1u);
+        EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+        EXPECT_THAT(sent_[0].header.error(), HasSubstr("worker 0 for partition 5"));
+        EXPECT_THAT(sent_[0].header.error(), HasSubstr("at element 1"));
+      }
+    }
+    EXPECT_EQ(Weights(), (std::vector<float>{1, 2})) << "mode " << mode;
+    EXPECT_EQ(engine_->stats().non_finite, 6u);
+    // A finite push still goes through after all that.
+    sent_.clear();
+    Send(PUSH, 0, 0, {1, 1});
+    ASSERT_FALSE(sent_.empty());
+    EXPECT_EQ(sent_[0].header.status_code(), 0) << sent_[0].header.error();
+    EXPECT_NE(Weights(), (std::vector<float>{1, 2}));
+  }
+}
+
+TEST_F(EngineTest, AsyncRequestIdFarAheadIsRefusedAndDoesNotPoisonLaterPushes) {
+  Make(ASYNC, false, 2);
+  Send(INIT, 0, 0, {0, 0});
+  Send(PUSH, 0, 0, {1, 1});  // applied
+  const std::vector<float> after_one = Weights();
+  sent_.clear();
+  for (uint64_t forged : {UINT64_MAX, next_id_ + (uint64_t{1} << 21)}) {
+    Send(PUSH, 0, 0, {0, 0}, forged);
+    ASSERT_EQ(sent_.size(), 1u);
+    EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(sent_[0].header.error(), HasSubstr(absl::StrCat("request id ", forged, " from worker 0")));
+    sent_.clear();
+  }
+  EXPECT_EQ(Weights(), after_one);
+  // The worker's own next pushes are applied, not taken for retries.
+  Send(PUSH, 0, 0, {1, 1});
+  Send(PUSH, 0, 0, {1, 1});
+  EXPECT_EQ(engine_->UpdateCounts()[0].applied_by_worker[0], 3u);
+  // A retry (same id as an applied push) is still answered without applying.
+  Send(PUSH, 0, 0, {1, 1}, next_id_);
+  EXPECT_EQ(engine_->UpdateCounts()[0].applied_by_worker[0], 3u);
+  // Ids within the window are fine (the worker sent elsewhere meanwhile).
+  Send(PUSH, 0, 0, {1, 1}, next_id_ + 1000);
+  EXPECT_EQ(engine_->UpdateCounts()[0].applied_by_worker[0], 4u);
+  EXPECT_EQ(engine_->stats().bad_request_ids, 2u);
 }
 
 TEST_F(EngineTest, ShutdownAnswersWaitingPulls) {

@@ -236,6 +236,7 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
   } else if (config_.consistency() == ASYNC) {
     optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n);
     p.last_request[h.worker_rank()] = h.replica_request_id();
+    worker_last_id_[h.worker_rank()] = std::max(worker_last_id_[h.worker_rank()], h.replica_request_id());
     ++p.applied_by[h.worker_rank()];
     ++p.completed;
     ++stats_.updates;

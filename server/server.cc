@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <thread>
 
@@ -8,12 +10,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
+#include "common/endpoint.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
+#include "server/peer_admission.h"
 #include "server/server_metrics.h"
 
 namespace shardps {
 namespace {
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
 
 class ParameterServerImpl : public ParameterServer {
  public:
@@ -40,11 +50,15 @@ class ParameterServerImpl : public ParameterServer {
     request.set_role(SERVER);
     request.set_data_address(data_address_);
     request.set_host(options.advertise_host);
+    request.set_memory_bytes(options.memory_bytes != 0 ? options.memory_bytes : PhysicalMemoryBytes());
     auto registered = scheduler_->Register(request, options.register_timeout);
     if (!registered.ok()) return registered.status();
     node_id_ = registered->node_id();
     index_ = registered->server_index();
     config_ = registered->config();
+    if (absl::Status s = ApplySocketLimits(); !s.ok()) return s;
+    admission_ = std::make_unique<PeerAdmission>(config_.limits().max_inflight_bytes_per_worker(),
+                                                 config_.limits().max_connections_per_server());
     auto engine = PartitionEngine::Create(
         config_, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* payload) { Send(peer, h, payload); },
         [this](uint32_t server, DataHeader& h, zmq::message_t& payload) { SendToPeer(server, h, payload); });
@@ -135,6 +149,7 @@ class ParameterServerImpl : public ParameterServer {
     header_.Clear();
     absl::Status s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
     if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
+    if (s.ok()) s = Admit(peer);
     if (!s.ok()) {
       DataHeader reply;
       reply.set_op(RESPONSE);
@@ -153,10 +168,57 @@ class ParameterServerImpl : public ParameterServer {
   void Send(const zmq::message_t& peer, DataHeader& header, zmq::message_t* payload) {
     zmq::message_t id(peer.data(), peer.size());
     zmq::message_t head = HeaderFrame(header);
-    // A vanished peer is not an error for the server: its answer is dropped.
+    // A vanished peer is not an error for the server: its answer is dropped,
+    // and so is one to a peer whose queue is at the high-water mark.
     (void)SendRetrying(socket_, id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     (void)SendRetrying(socket_, head, payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    if (payload != nullptr) (void)SendRetrying(socket_, *payload, zmq::send_flags::none);
+    if (payload != nullptr) {
+      zmq::message_t charged = admission_->Track(peer, std::move(*payload));
+      (void)SendRetrying(socket_, charged, zmq::send_flags::none);
+    }
+  }
+
+  // Whether the sender of header_ may be served now (PeerAdmission).
+  absl::Status Admit(const zmq::message_t& peer) {
+    const std::string who = header_.op() == REPLICATE ? std::string("a primary server")
+                                                      : absl::StrCat("worker ", header_.worker_rank());
+    absl::Status error;
+    switch (admission_->Admit(peer, who, &error)) {
+      case PeerAdmission::Verdict::kAdmitted:
+        return absl::OkStatus();
+      case PeerAdmission::Verdict::kOverInflight:
+        if (metrics_) metrics_->CountOverInflight();
+        break;
+      case PeerAdmission::Verdict::kOverPeers:
+        if (metrics_) metrics_->CountOverConnections();
+        break;
+    }
+    LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": " << error << " [" << google::COUNTER
+                               << " refused so far]";
+    return error;
+  }
+
+  // The config's high-water marks and largest frame (limits), set on the
+  // data socket. A listener copies a socket's options when it binds, so the
+  // socket binds its port again to apply them (no worker has connected yet:
+  // workers learn the address after every server registered).
+  absl::Status ApplySocketLimits() {
+    const ResourceLimits& l = config_.limits();
+    // The largest frame a peer may send: a snapshot of a partition (weights,
+    // two optimizer slots, mirror, aggregate) and per-worker counters.
+    const int64_t max_frame = static_cast<int64_t>(8 * config_.partition_bytes() + 16 * config_.num_workers() + 65536);
+    const std::string endpoint = socket_.get(zmq::sockopt::last_endpoint);
+    try {
+      socket_.set(zmq::sockopt::sndhwm, static_cast<int>(l.socket_send_hwm()));
+      socket_.set(zmq::sockopt::rcvhwm, static_cast<int>(l.socket_receive_hwm()));
+      socket_.set(zmq::sockopt::maxmsgsize, max_frame);
+      socket_.unbind(endpoint);
+      socket_.bind(endpoint);
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(absl::StrCat("server cannot bind ", endpoint, " again with its socket limits: ",
+                                                 e.what()));
+    }
+    return absl::OkStatus();
   }
 
   // REPLICATE to a backup, on a DEALER connected on first use.
@@ -256,6 +318,7 @@ class ParameterServerImpl : public ParameterServer {
   ClusterConfig config_;
   std::unique_ptr<PartitionEngine> engine_;
   std::unique_ptr<ServerMetrics> metrics_;  // null: metrics off
+  std::unique_ptr<PeerAdmission> admission_;  // engine thread only
   // Engine thread only: DEALERs to the other servers (by index), for replication.
   std::vector<std::string> peer_addresses_;
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;
@@ -282,10 +345,16 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
     if (!created.ok()) return created.status();
     scheduler = *std::move(created);
   }
+  if (auto e = ParseTcpEndpoint(options.bind_address, "server listen address",
+                                {.allow_port_zero = true, .allow_wildcard = true});
+      !e.ok()) {
+    return e.status();
+  }
+  if (auto host = ParseHostPort(absl::StrCat(options.advertise_host, ":1"), "server advertise host"); !host.ok()) {
+    return host.status();
+  }
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::router);
-  socket.set(zmq::sockopt::sndhwm, 0);  // never drop an answer for a slow reader
-  socket.set(zmq::sockopt::rcvhwm, 0);
   std::string bind = options.bind_address;
   if (bind.size() > 2 && bind.substr(bind.size() - 2) == ":0") bind = bind.substr(0, bind.size() - 1) + "*";
   try {

@@ -33,6 +33,10 @@ struct ServerOptions {
   // Where to publish this server's metrics (server/server_metrics.h); null
   // (default): none. Borrowed: must outlive the server.
   MetricsRegistry* metrics = nullptr;
+  // Bytes of partitions this server can hold, told to the scheduler, which
+  // refuses a model that would give it more; 0 (default): the machine's
+  // physical memory.
+  uint64_t memory_bytes = 0;
 };
 
 class ParameterServer {
