@@ -1,7 +1,13 @@
 #include "common/endpoint.h"
 
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -68,6 +74,44 @@ absl::Status CheckResolvable(const std::string& host, absl::string_view what) {
   if (found != nullptr) freeaddrinfo(found);
   if (rc != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": host '", host, "' does not resolve: ", gai_strerror(rc)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReachable(const Endpoint& e, absl::Duration timeout, absl::string_view what) {
+  const std::string where = absl::StrCat(e.host, ":", e.port);
+  auto fail = [&](absl::string_view why) {
+    return absl::UnavailableError(absl::StrCat(what, " ", where, " is not reachable: ", why));
+  };
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(e.host.c_str(), std::to_string(e.port).c_str(), &hints, &found); rc != 0) {
+    return fail(gai_strerror(rc));
+  }
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(found);
+    return fail(strerror(errno));
+  }
+  int rc = connect(fd, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  int error = rc == 0 ? 0 : errno;
+  if (error == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+    socklen_t len = sizeof(error);
+    if (rc == 0) {
+      error = ETIMEDOUT;
+    } else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) {
+      error = errno;
+    }
+  }
+  close(fd);
+  if (error != 0) {
+    return fail(error == ETIMEDOUT ? absl::StrCat("no connection within ", absl::FormatDuration(timeout))
+                                   : std::string(strerror(error)));
   }
   return absl::OkStatus();
 }

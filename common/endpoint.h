@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace shardps {
 
@@ -31,6 +32,9 @@ absl::StatusOr<Endpoint> ParseTcpEndpoint(absl::string_view text, absl::string_v
 // Whether `host` resolves (numeric hosts without a lookup); the error names
 // `what`, the host and the resolver's reason.
 absl::Status CheckResolvable(const std::string& host, absl::string_view what);
+// Whether a TCP connection to `e` opens within `timeout` (it is closed at
+// once); the error names `what`, the address and why.
+absl::Status CheckReachable(const Endpoint& e, absl::Duration timeout, absl::string_view what);
 
 }  // namespace shardps
 

@@ -48,3 +48,18 @@ TEST(EndpointTest, UnresolvableHostIsNamed) {
 
 }  // namespace
 }  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST(EndpointTest, ReachableOnlyWhereSomeoneListens) {
+  // A port nobody listens on: refused at once.
+  auto closed = ParseHostPort("127.0.0.1:1", "x");
+  ASSERT_TRUE(closed.ok());
+  absl::Status s = CheckReachable(*closed, absl::Seconds(1), "server data address");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("127.0.0.1:1 is not reachable"));
+}
+
+}  // namespace
+}  // namespace shardps

@@ -82,12 +82,13 @@ absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) 
 }
 
 // A server's data address must be tcp://host:port with a host that
-// resolves here (workers resolve it the same way). Reachability is not
-// checked: a server registers before it is ready to answer.
+// resolves here and a port that accepts connections (a server binds before
+// it registers), so addresses no worker could reach do not take the slots.
 absl::Status CheckDataAddress(const std::string& address) {
   auto endpoint = ParseTcpEndpoint(address, "server data address");
   if (!endpoint.ok()) return endpoint.status();
-  return CheckResolvable(endpoint->host, "server data address");
+  if (absl::Status s = CheckResolvable(endpoint->host, "server data address"); !s.ok()) return s;
+  return CheckReachable(*endpoint, absl::Seconds(1), "server data address");
 }
 
 // Calls that wait (rendezvous, tensor definition, barriers, map watches) each

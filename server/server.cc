@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <thread>
 
 #include <glog/logging.h>
@@ -213,12 +214,24 @@ class ParameterServerImpl : public ParameterServer {
       socket_.set(zmq::sockopt::rcvhwm, static_cast<int>(l.socket_receive_hwm()));
       socket_.set(zmq::sockopt::maxmsgsize, max_frame);
       socket_.unbind(endpoint);
-      socket_.bind(endpoint);
     } catch (const zmq::error_t& e) {
-      return absl::UnavailableError(absl::StrCat("server cannot bind ", endpoint, " again with its socket limits: ",
-                                                 e.what()));
+      return absl::UnavailableError(absl::StrCat("server cannot unbind ", endpoint, ": ", e.what()));
     }
-    return absl::OkStatus();
+    // ZeroMQ's I/O thread closes the old listener asynchronously: until it
+    // has, the port is still in use.
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (true) {
+      try {
+        socket_.bind(endpoint);
+        return absl::OkStatus();
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EADDRINUSE || absl::Now() > deadline) {
+          return absl::UnavailableError(
+              absl::StrCat("server cannot bind ", endpoint, " again with its socket limits: ", e.what()));
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
   }
 
   // REPLICATE to a backup, on a DEALER connected on first use.

@@ -22,6 +22,9 @@ class TestCluster {
   const std::string& scheduler_address() const { return scheduler_address_; }
   // Data addresses of the servers, by index (from the scheduler's status).
   absl::StatusOr<std::vector<std::string>> ServerAddresses();
+  // Process ids, to read their threads and memory from /proc.
+  pid_t scheduler_pid() const { return scheduler_.pid; }
+  pid_t server_pid(size_t i) const { return servers_[i].pid; }
   // SIGTERM to server `i`; returns its exit code.
   int StopServer(size_t i);
 
