@@ -34,22 +34,6 @@ size_t ThreadCount(pid_t pid) {
   return n;
 }
 
-// Resident memory of process `pid` in bytes (VmRSS).
-uint64_t ResidentBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) != 0) continue;
-    uint64_t kb = 0;
-    std::string digits;
-    for (char c : line) {
-      if (c >= '0' && c <= '9') digits += c;
-    }
-    if (absl::SimpleAtoi(digits, &kb)) return kb * 1024;
-  }
-  return 0;
-}
-
 // Runs a shell command; returns its exit status and output.
 std::pair<int, std::string> RunCommand(const std::string& command) {
   std::string out;

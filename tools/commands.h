@@ -22,6 +22,7 @@ int BenchCommand(const Args& args);
 int BenchCodecCommand(const Args& args);
 int BenchLocalCommand(const Args& args);
 int BenchCheckpointCommand(const Args& args);
+int FloodCommand(const Args& args);  // server memory under a push flood
 int RunCommand(const Args& args);  // role and addresses from DMLC_* (tools/run_plan.h)
 
 // Set by SIGTERM/SIGINT once InstallStopSignals() ran.

@@ -27,6 +27,7 @@ benchmarks:
   bench-codec   compression codecs vs memcpy
   bench-local   local-tier merge/broadcast vs memcpy
   bench-checkpoint  checkpoint write of the demo model vs a plain file write
+  flood         8 workers flood one server with 64 MiB async pushes; its RSS must stay bounded
 )";
 
 }  // namespace
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
       {"train", shardps::TrainCommand},           {"status", shardps::StatusCommand},
       {"local", shardps::LocalCommand},           {"launch", shardps::LaunchCommand},
       {"bench", shardps::BenchCommand},
+      {"flood", shardps::FloodCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
       {"bench-checkpoint", shardps::BenchCheckpointCommand}, {"checkpoint", shardps::CheckpointCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
