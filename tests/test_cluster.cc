@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/scheduler_client.h"
+#include "common/tensor_spec.h"
 
 namespace shardps {
 
@@ -66,5 +67,25 @@ absl::StatusOr<std::vector<std::string>> TestCluster::ServerAddresses() {
 }
 
 int TestCluster::StopServer(size_t i) { return Stop(servers_[i], absl::Seconds(10)); }
+
+absl::StatusOr<RawClientCluster> StartWithRawClient(const ClusterConfig& config, int n, float init,
+                                                    zmq::context_t& context) {
+  RawClientCluster out;
+  auto cluster = TestCluster::Start(config);
+  if (!cluster.ok()) return cluster.status();
+  out.cluster = *std::move(cluster);
+  auto worker = Worker::Create({.scheduler_address = out.cluster->scheduler_address(), .rank = 0});
+  if (!worker.ok()) return worker.status();
+  out.worker = *std::move(worker);
+  if (absl::Status s = out.worker->DefineTensors({Float32Tensor("w", n)}); !s.ok()) return s;
+  if (absl::Status s = out.worker->InitTensor("w", std::vector<float>(n, init), absl::Seconds(10)); !s.ok()) return s;
+  auto addresses = out.cluster->ServerAddresses();
+  if (!addresses.ok()) return addresses.status();
+  out.socket = zmq::socket_t(context, zmq::socket_type::dealer);
+  out.socket.set(zmq::sockopt::rcvtimeo, 5000);
+  out.socket.set(zmq::sockopt::linger, 0);
+  out.socket.connect((*addresses)[0]);
+  return out;
+}
 
 }  // namespace shardps

@@ -8,9 +8,12 @@
 #include <string>
 #include <vector>
 
+#include <zmq.hpp>
+
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
 #include "tools/process.h"
+#include "worker/worker.h"
 
 namespace shardps {
 
@@ -34,6 +37,17 @@ class TestCluster {
   std::vector<ChildProcess> servers_;
   ChildProcess scheduler_;
 };
+
+// A cluster of `config` with tensor "w" of `n` floats initialised to
+// `init` by worker 0, and a raw ZeroMQ DEALER on `context` connected to
+// server 0: an independent client for the bad-input and attack tests.
+struct RawClientCluster {
+  std::unique_ptr<TestCluster> cluster;
+  std::unique_ptr<Worker> worker;
+  zmq::socket_t socket;
+};
+absl::StatusOr<RawClientCluster> StartWithRawClient(const ClusterConfig& config, int n, float init,
+                                                    zmq::context_t& context);
 
 }  // namespace shardps
 
