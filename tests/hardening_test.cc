@@ -7,7 +7,7 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <iostream>
 #include <limits>
 #include <thread>
 
@@ -266,6 +266,8 @@ TEST(BlockedCallsTest, AThousandWaitingCallsDoNotCostTheSchedulerAThreadEach) {
   while (refused.load() < kCalls - 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const size_t threads_during = ThreadCount((*cluster)->scheduler_pid());
   for (std::thread& t : callers) t.join();
+  std::cerr << "scheduler threads: " << threads_before << " before, " << threads_during << " with " << kCalls
+            << " calls (" << refused.load() << " refused at once)\n";
   EXPECT_GE(refused.load(), kCalls - 200);
   EXPECT_LT(threads_during, threads_before + 250) << "scheduler threads: " << threads_before << " before, "
                                                   << threads_during << " with " << kCalls << " waiting calls";
