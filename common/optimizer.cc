@@ -146,6 +146,13 @@ bool AllFinite(const float* x, size_t n) {
   return (carry & 0x80000000u) == 0;
 }
 
+bool AllFinite16(const uint16_t* x, size_t n, uint16_t exponent_mask) {
+  const uint32_t mask = exponent_mask, step = mask & (~mask + 1);  // lowest exponent bit
+  uint32_t carry = 0;
+  for (size_t i = 0; i < n; ++i) carry |= (x[i] & mask) + step;
+  return (carry & 0x8000u) == 0;
+}
+
 size_t FirstNonFinite(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (!std::isfinite(x[i])) return i;

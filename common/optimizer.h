@@ -54,6 +54,9 @@ void AddInto(float* acc, const float* g, size_t n);
 // integer operations on the bits, with no early exit, so the compiler
 // vectorises it: a memory-bound read, cheaper than the optimizer pass after it.
 bool AllFinite(const float* x, size_t n);
+// The same for n 16-bit floats whose exponent bits are `exponent_mask`
+// (0x7c00 for IEEE half, 0x7f80 for bfloat16).
+bool AllFinite16(const uint16_t* x, size_t n, uint16_t exponent_mask);
 // Index of the first NaN or Inf in x, or n if there is none (for errors).
 size_t FirstNonFinite(const float* x, size_t n);
 

@@ -163,5 +163,22 @@ TEST(AllFiniteTest, FindsNanAndInfAnywhere) {
   EXPECT_EQ(FirstNonFinite(x.data(), x.size()), x.size());
 }
 
+TEST(AllFiniteTest, SixteenBitFloats) {
+  // fp16: 0x3c00 = 1, 0x7bff = max finite, 0x7c00 = Inf, 0xfe00 = NaN.
+  std::vector<uint16_t> half = {0x3c00, 0x7bff, 0xfbff, 0x0001, 0x3c00};
+  EXPECT_TRUE(AllFinite16(half.data(), half.size(), 0x7c00));
+  for (uint16_t bad : {0x7c00, 0xfc00, 0xfe00}) {
+    half[4] = bad;
+    EXPECT_FALSE(AllFinite16(half.data(), half.size(), 0x7c00)) << bad;
+  }
+  // bf16: 0x3f80 = 1, 0x7f7f = max finite, 0x7f80 = Inf, 0x7fc0 = NaN.
+  std::vector<uint16_t> bf = {0x3f80, 0x7f7f, 0xff7f, 0x3f80};
+  EXPECT_TRUE(AllFinite16(bf.data(), bf.size(), 0x7f80));
+  for (uint16_t bad : {0x7f80, 0xff80, 0x7fc0}) {
+    bf[3] = bad;
+    EXPECT_FALSE(AllFinite16(bf.data(), bf.size(), 0x7f80)) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace shardps

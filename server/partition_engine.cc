@@ -260,8 +260,9 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
       return absl::InvalidArgumentError(absl::StrCat("payload of ", payload->size(), " bytes for partition ", p.id,
                                                      " (expected ", p.n * sizeof(float), ")"));
     }
-    if (expected.empty() && config_.reject_non_finite()) {
-      if (absl::Status s = CheckFinite(p, h, *payload); !s.ok()) return s;
+    if (config_.reject_non_finite()) {
+      absl::Status s = expected.empty() ? CheckFinite(p, h, payload->data<float>()) : CheckFinite16(p, h, *payload);
+      if (!s.ok()) return s;
     }
   } else if (payload != nullptr) {
     return absl::InvalidArgumentError("pull request carries a payload frame");
@@ -270,8 +271,20 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
   return absl::OkStatus();
 }
 
-absl::Status PartitionEngine::CheckFinite(const Partition& p, const DataHeader& h, const zmq::message_t& payload) {
-  const float* x = payload.data<float>();
+absl::Status PartitionEngine::CheckFinite16(const Partition& p, const DataHeader& h,
+                                           const zmq::message_t& payload) {
+  const uint16_t mask = h.codec() == "fp16" ? 0x7c00 : h.codec() == "bf16" ? 0x7f80 : 0;
+  if (mask == 0 || AllFinite16(payload.data<uint16_t>(), payload.size() / 2, mask)) return absl::OkStatus();
+  ++stats_.non_finite;
+  const std::string what = absl::StrCat("gradient from worker ", h.worker_rank(), " for partition ", p.id,
+                                        " (tensor ", p.tensor, ") holds NaN or Inf in its ", h.codec(),
+                                        " payload: refused (reject_non_finite), weights unchanged");
+  LOG_EVERY_N(WARNING, 1000) << "server " << server_index_ << ": " << what << " [" << google::COUNTER
+                             << " such requests so far]";
+  return absl::InvalidArgumentError(what);
+}
+
+absl::Status PartitionEngine::CheckFinite(const Partition& p, const DataHeader& h, const float* x) {
   if (AllFinite(x, p.n)) return absl::OkStatus();
   ++stats_.non_finite;
   const size_t i = FirstNonFinite(x, p.n);
@@ -438,7 +451,16 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
   }
   const uint64_t seed = compression::CodecSeed(p.id, round);
   auto bytes = absl::MakeConstSpan(payload->data<uint8_t>(), payload->size());
-  if (config_.deterministic()) return codec->Decode(bytes, seed, absl::MakeSpan(p.decoded[w]));
+  if (config_.deterministic()) {
+    // Each rank's gradient has its own buffer: check it before it counts.
+    absl::Status s = codec->Decode(bytes, seed, absl::MakeSpan(p.decoded[w]));
+    if (s.ok() && config_.reject_non_finite()) {
+      DataHeader from;
+      from.set_worker_rank(w);
+      s = CheckFinite(p, from, p.decoded[w].data());
+    }
+    return s;
+  }
   if (!p.acc_encoded.empty()) {
     // Summable codec: aggregate in the compressed domain, decode once.
     if (payload->size() != p.acc_encoded.size() * sizeof(float)) {
@@ -560,6 +582,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
     if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
       absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
                                              compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
+      if (s.ok() && config_.reject_non_finite()) s = CheckFinite(p, h, p.scratch.data());
       if (!s.ok()) {
         Answer(peer, h, s);
         return;

@@ -244,7 +244,10 @@ class PartitionEngine {
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
   // Refuses a raw gradient or INIT holding NaN or Inf (config
   // reject_non_finite), counting and logging it.
-  absl::Status CheckFinite(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // `x`: the payload's floats, or a compressed payload once decoded.
+  absl::Status CheckFinite(const Partition& p, const DataHeader& h, const float* x);
+  // The same for fp16/bf16 payloads, before decoding (others: no-op).
+  absl::Status CheckFinite16(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // Async pushes are told from retries by request id, so an id far ahead of
   // the worker's sequence (forged or corrupt) would make every later push
   // look like a retry: such ids are refused. Records accepted ids.

@@ -245,6 +245,32 @@ TEST_F(EngineTest, CompressedPushesAreDecodedAndSummed) {
   EXPECT_EQ(Weights(n), std::vector<float>(n, -0.25f));
 }
 
+TEST_F(EngineTest, NonFiniteCompressedGradientsAreRefused) {
+  const int n = 4096;
+  std::vector<float> bad(n, 1.0f);
+  bad[9] = std::numeric_limits<float>::quiet_NaN();
+  // fp16/bf16 payloads are checked before decoding; async and deterministic
+  // sync check what other codecs decode (topk keeps the NaN as a value).
+  struct Case {
+    std::string codec;
+    Consistency mode;
+    bool deterministic;
+  };
+  for (const Case& c : std::vector<Case>{{"fp16", SYNC, false},
+                                         {"bf16", ASYNC, false},
+                                         {"topk:ratio=0.5", ASYNC, false},
+                                         {"topk:ratio=0.5", SYNC, true}}) {
+    sent_.clear();
+    Make(c.mode, c.deterministic, 1, c.codec, UPDATE_ON_SERVER, n);
+    const std::string spec = compression::ParseCodecSpec(c.codec)->ToString();
+    SendEncoded(PUSH, 0, 0, spec, Encode(spec, bad, 5, 0), n);
+    ASSERT_EQ(sent_.size(), 1u) << c.codec;
+    EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << c.codec;
+    EXPECT_THAT(sent_[0].header.error(), HasSubstr("reject_non_finite")) << c.codec;
+    EXPECT_EQ(Weights(n), std::vector<float>(n, 0.0f)) << c.codec;
+  }
+}
+
 TEST_F(EngineTest, SummableCodecIsAggregatedWithoutDecodingEachPush) {
   const int n = 4096;
   Make(SYNC, false, 2, "randomk:ratio=0.5", UPDATE_ON_SERVER, n);
