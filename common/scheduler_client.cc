@@ -24,14 +24,31 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
   return absl::Status(code, absl::StrCat("scheduler ", address, ": ", what, ": ", detail));
 }
 
+// The metadata key of the cluster token (common/security.h).
+constexpr char kTokenKey[] = "authorization";
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const SecurityCredentials& security,
+                                                             grpc::ChannelArguments& args) {
+  if (!security.enabled) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = security.ca_pem;
+  tls.pem_private_key = security.key_pem;
+  tls.pem_cert_chain = security.cert_pem;
+  // Without an override the certificate must name the address's host (a DNS
+  // name or an IP address; `shardps certs --hosts`).
+  if (!security.server_name.empty()) args.SetSslTargetNameOverride(security.server_name);
+  return grpc::SslCredentials(tls);
+}
+
 class GrpcSchedulerClient : public SchedulerClient {
  public:
-  explicit GrpcSchedulerClient(const std::string& address)
-      : SchedulerClient(address), stub_(shardps::Scheduler::NewStub(Channel(address))) {}
+  GrpcSchedulerClient(const std::string& address, const SecurityCredentials& security)
+      : SchedulerClient(address), token_(security.enabled ? "Bearer " + security.token : ""),
+        stub_(shardps::Scheduler::NewStub(Channel(address, security))) {}
 
   // gRPC's default reconnect backoff grows to 2 minutes: a scheduler that
   // restarts after a minute would be found late. Retry every second at most.
-  static std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  static std::shared_ptr<grpc::Channel> Channel(const std::string& address, const SecurityCredentials& security) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
@@ -41,7 +58,8 @@ class GrpcSchedulerClient : public SchedulerClient {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto credentials = ChannelCredentials(security, args);
+    return grpc::CreateCustomChannel(address, credentials, args);
   }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request,
@@ -110,19 +128,19 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   std::unique_ptr<Watch> WatchShardMap(uint64_t node_id, std::function<void(const ShardMap&)> on_map,
                                        std::function<void(const absl::Status&)> on_error) override {
-    return std::make_unique<StreamWatch>(stub_.get(), address(), node_id, std::move(on_map),
+    return std::make_unique<StreamWatch>(stub_.get(), address(), token_, node_id, std::move(on_map),
                                          std::move(on_error));
   }
 
  private:
   class StreamWatch : public Watch {
    public:
-    StreamWatch(shardps::Scheduler::Stub* stub, std::string address, uint64_t node_id,
+    StreamWatch(shardps::Scheduler::Stub* stub, std::string address, std::string token, uint64_t node_id,
                 std::function<void(const ShardMap&)> on_map,
                 std::function<void(const absl::Status&)> on_error) {
-      thread_ = std::thread([this, stub, address, node_id, on_map = std::move(on_map),
+      thread_ = std::thread([this, stub, address, token, node_id, on_map = std::move(on_map),
                              on_error = std::move(on_error)] {
-        Loop(stub, address, node_id, on_map, on_error);
+        Loop(stub, address, token, node_id, on_map, on_error);
       });
     }
     ~StreamWatch() override {
@@ -135,7 +153,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     }
 
    private:
-    void Loop(shardps::Scheduler::Stub* stub, const std::string& address, uint64_t node_id,
+    void Loop(shardps::Scheduler::Stub* stub, const std::string& address, const std::string& token, uint64_t node_id,
               const std::function<void(const ShardMap&)>& on_map,
               const std::function<void(const absl::Status&)>& on_error) {
       WatchShardMapRequest request;
@@ -144,6 +162,7 @@ class GrpcSchedulerClient : public SchedulerClient {
       for (;;) {
         grpc::ClientContext ctx;
         ctx.set_wait_for_ready(true);  // a restarting scheduler is waited for
+        if (!token.empty()) ctx.AddMetadata(kTokenKey, token);
         {
           absl::MutexLock lock(&mu_);
           if (cancelled_) return;
@@ -183,20 +202,23 @@ class GrpcSchedulerClient : public SchedulerClient {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    if (!token_.empty()) ctx->AddMetadata(kTokenKey, token_);
     return ctx;
   }
 
+  const std::string token_;  // "Bearer <token>", or empty: security off
   std::unique_ptr<shardps::Scheduler::Stub> stub_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address) {
+absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address,
+                                                                        const SecurityCredentials& security) {
   if (address.empty() || address.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("scheduler address '", address, "' is not host:port"));
   }
-  return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address));
+  return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address, security));
 }
 
 }  // namespace shardps

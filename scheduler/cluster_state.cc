@@ -95,6 +95,10 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.data_address().empty()) return absl::InvalidArgumentError("server registered without a data address");
+  if (!request.curve_public_key().empty() && request.curve_public_key().size() != 40) {
+    return absl::InvalidArgumentError(absl::StrCat("server ", request.data_address(), " registered a CURVE public key of ",
+                                                   request.curve_public_key().size(), " characters (Z85: 40)"));
+  }
   absl::MutexLock lock(&mu_);
   std::optional<uint32_t> index;
   for (auto& [i, node] : servers_) {
@@ -125,6 +129,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   if (info == nullptr) info = map_.add_servers();
   info->set_index(*index);
   info->set_data_address(request.data_address());
+  info->set_curve_public_key(request.curve_public_key());
   info->set_dead(false);
   info->clear_dead_reason();
   RegisterResponse response;

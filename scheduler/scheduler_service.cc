@@ -21,6 +21,7 @@
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_credentials.h"
 
 namespace shardps {
 namespace {
@@ -224,8 +225,12 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& options) {
+absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& given) {
+  SchedulerOptions options = given;
+  options.config.clear_security();  // secrets stay with the scheduler
   if (absl::Status s = ValidateConfig(options.config); !s.ok()) return s;
+  auto credentials = SchedulerCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
   int lock = -1;
   if (!options.state_dir.empty()) {
     auto locked = LockStateDir(options.state_dir);
@@ -257,7 +262,7 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, *credentials, &port);
   builder.RegisterService(service.get());
   // Clients ping every 2 s to notice dead connections (common/scheduler_client.cc).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);

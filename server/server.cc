@@ -10,6 +10,7 @@
 #include "common/data_message.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
+#include "common/security.h"
 #include "server/server_metrics.h"
 
 namespace shardps {
@@ -18,11 +19,12 @@ namespace {
 class ParameterServerImpl : public ParameterServer {
  public:
   ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context, zmq::socket_t socket,
-                      std::string data_address)
+                      std::string data_address, std::string curve_public_key)
       : scheduler_(std::move(scheduler)),
         context_(std::move(context)),
         socket_(std::move(socket)),
-        data_address_(std::move(data_address)) {}
+        data_address_(std::move(data_address)),
+        curve_public_key_(std::move(curve_public_key)) {}
 
   ~ParameterServerImpl() override {
     RequestStop();
@@ -40,6 +42,7 @@ class ParameterServerImpl : public ParameterServer {
     request.set_role(SERVER);
     request.set_data_address(data_address_);
     request.set_host(options.advertise_host);
+    request.set_curve_public_key(curve_public_key_);
     auto registered = scheduler_->Register(request, options.register_timeout);
     if (!registered.ok()) return registered.status();
     node_id_ = registered->node_id();
@@ -171,6 +174,12 @@ class ParameterServerImpl : public ParameterServer {
       socket->set(zmq::sockopt::sndhwm, 0);
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::linger, 0);
+      if (const std::string& key = peer_keys_[server]; !key.empty()) {
+        if (absl::Status s = MakeCurveClient(*socket, key); !s.ok()) {
+          LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << s;
+          return;
+        }
+      }
       socket->connect(peer_addresses_[server]);
       peers_[server] = std::move(socket);
     }
@@ -206,7 +215,11 @@ class ParameterServerImpl : public ParameterServer {
     if (!map || map->epoch() <= engine_->epoch()) return;
     for (const ServerInfo& s : map->servers()) {
       if (peer_addresses_.size() <= s.index()) peer_addresses_.resize(s.index() + 1);
-      if (s.index() != index_) peer_addresses_[s.index()] = s.data_address();
+      if (peer_keys_.size() <= s.index()) peer_keys_.resize(s.index() + 1);
+      if (s.index() != index_) {
+        peer_addresses_[s.index()] = s.data_address();
+        peer_keys_[s.index()] = s.curve_public_key();
+      }
     }
     if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
       LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;
@@ -251,6 +264,7 @@ class ParameterServerImpl : public ParameterServer {
   zmq::context_t context_;
   zmq::socket_t socket_;
   const std::string data_address_;
+  const std::string curve_public_key_;  // Z85; empty: the data socket is plain
   uint64_t node_id_ = 0;
   uint32_t index_ = 0;
   ClusterConfig config_;
@@ -258,6 +272,7 @@ class ParameterServerImpl : public ParameterServer {
   std::unique_ptr<ServerMetrics> metrics_;  // null: metrics off
   // Engine thread only: DEALERs to the other servers (by index), for replication.
   std::vector<std::string> peer_addresses_;
+  std::vector<std::string> peer_keys_;  // their CURVE public keys (empty: plain)
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
@@ -278,7 +293,7 @@ class ParameterServerImpl : public ParameterServer {
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const ServerOptions& options) {
   std::shared_ptr<SchedulerClient> scheduler = options.scheduler_client;
   if (scheduler == nullptr) {
-    auto created = SchedulerClient::Create(options.scheduler_address);
+    auto created = SchedulerClient::Create(options.scheduler_address, options.security);
     if (!created.ok()) return created.status();
     scheduler = *std::move(created);
   }
@@ -286,6 +301,13 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   zmq::socket_t socket(context, zmq::socket_type::router);
   socket.set(zmq::sockopt::sndhwm, 0);  // never drop an answer for a slow reader
   socket.set(zmq::sockopt::rcvhwm, 0);
+  CurveKeyPair keys;
+  if (options.security.enabled) {
+    auto made = NewCurveKeyPair();
+    if (!made.ok()) return absl::Status(made.status().code(), absl::StrCat("server data socket: ", made.status().message()));
+    keys = *std::move(made);
+    MakeCurveServer(socket, keys);
+  }
   std::string bind = options.bind_address;
   if (bind.size() > 2 && bind.substr(bind.size() - 2) == ":0") bind = bind.substr(0, bind.size() - 1) + "*";
   try {
@@ -297,7 +319,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   std::string port = endpoint.substr(endpoint.rfind(':') + 1);
   std::string address = absl::StrCat("tcp://", options.advertise_host, ":", port);
   auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(socket),
-                                                      address);
+                                                      address, keys.public_key);
   if (absl::Status s = server->Start(options); !s.ok()) return s;
   return std::unique_ptr<ParameterServer>(std::move(server));
 }

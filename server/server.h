@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "server/partition_engine.h"
 
 namespace shardps {
@@ -33,6 +34,12 @@ struct ServerOptions {
   // Where to publish this server's metrics (server/server_metrics.h); null
   // (default): none. Borrowed: must outlive the server.
   MetricsRegistry* metrics = nullptr;
+  // Default: off. On: the scheduler is reached over TLS with the token, and
+  // the data socket is a CURVE server with a key pair made for this process,
+  // whose public key is registered (workers get it in the shard map); a
+  // client without it gets no answer. Replication to other servers uses
+  // their keys from the map.
+  SecurityCredentials security{};
 };
 
 class ParameterServer {

@@ -21,6 +21,7 @@
 #include "compression/codec_policy.h"
 #include "common/scheduler_client.h"
 #include "tools/cli_flags.h"
+#include "tools/cluster_credentials.h"
 #include "tools/fault_injection.h"
 #include "tools/local_cluster.h"
 #include "tools/commands.h"
@@ -37,7 +38,7 @@ struct LocalOptions {
   std::vector<std::string> sets, kills;
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
-  bool json = false, reference = false, deterministic = false, verbose = false;
+  bool json = false, reference = false, deterministic = false, verbose = false, secure = false;
   double timeout_s = 3600, restart_after_s = 2;
 };
 
@@ -160,6 +161,19 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     std::string dir;
     ~Cleanup() { std::filesystem::remove_all(dir); }
   } cleanup{dir};
+  // --secure: fresh credentials for this run, and every process uses them.
+  std::vector<std::string> node_security;
+  SecurityCredentials client_security;
+  std::vector<std::string> scheduler_flags = {"--state-dir", dir + "/state"};
+  if (o.secure) {
+    auto files = WriteClusterCredentials(dir + "/credentials", {}, /*mutual=*/true);
+    if (!files.ok()) return files.status();
+    node_security = {"--security-config", files->node_config};
+    scheduler_flags.insert(scheduler_flags.end(), {"--security-config", files->scheduler_config});
+    auto loaded = LoadSecurityCredentialsFile(files->node_config, /*for_scheduler=*/false);
+    if (!loaded.ok()) return loaded.status();
+    client_security = *std::move(loaded);
+  }
   {
     std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
   }
@@ -176,7 +190,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   };
   // The scheduler persists its state, so one restarted after a kill resumes.
   auto start_scheduler = [&](const std::string& listen, const std::string& port_file) {
-    return SpawnScheduler(listen, dir + "/cluster.pbtxt", port_file, o.verbose, {"--state-dir", dir + "/state"});
+    return SpawnScheduler(listen, dir + "/cluster.pbtxt", port_file, o.verbose, scheduler_flags);
   };
   auto scheduler = start_scheduler("127.0.0.1:0", dir + "/scheduler.addr");
   if (!scheduler.ok()) return scheduler.status();
@@ -195,27 +209,29 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   };
   std::unique_ptr<FaultInjector> injector;
   if (!faults.empty()) {
-    auto client = SchedulerClient::Create(*address);
+    auto client = SchedulerClient::Create(*address, client_security);
     if (!client.ok()) return fail(client.status());
     injector = std::make_unique<FaultInjector>(faults, *std::move(client), absl::Seconds(o.restart_after_s),
                                                restart_scheduler);
   }
-  auto reports = [&dir](int i) {
-    return std::vector<std::string>{"--info-file", absl::StrCat(dir, "/server.", i), "--updates-file",
-                                    absl::StrCat(dir, "/updates.", i)};
+  auto reports = [&dir, &node_security](int i) {
+    std::vector<std::string> flags = {"--info-file", absl::StrCat(dir, "/server.", i), "--updates-file",
+                                      absl::StrCat(dir, "/updates.", i)};
+    flags.insert(flags.end(), node_security.begin(), node_security.end());
+    return flags;
   };
   if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, reports, daemons); !s.ok()) return fail(s);
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < o.workers; ++r) {
-    auto worker = Spawn(absl::StrCat("worker ", r),
-                        {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
+    std::vector<std::string> argv = {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
                          absl::StrCat(o.epochs), "--batch-size", absl::StrCat(o.batch), "--seed", absl::StrCat(o.seed),
                          "--train-limit", absl::StrCat(o.train_limit), "--test-limit", absl::StrCat(o.test_limit),
                          "--max-steps", absl::StrCat(o.max_steps), "--hidden", o.hidden, "--devices-per-worker",
                          absl::StrCat(o.devices_per_worker), "--log-every",
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
-                         "--progress-file", r == 0 ? dir + "/progress.0" : "", verbose},
-                        true);
+                         "--progress-file", r == 0 ? dir + "/progress.0" : "", verbose};
+    argv.insert(argv.end(), node_security.begin(), node_security.end());
+    auto worker = Spawn(absl::StrCat("worker ", r), argv, true);
     if (!worker.ok()) return fail(worker.status());
     workers.push_back(*worker);
   }
@@ -289,6 +305,9 @@ int LocalCommand(const Args& args) {
   flags.Int("log-every", &o.log_every, "progress line every N steps");
   flags.Double("timeout", &o.timeout_s, "seconds before the run is abandoned");
   flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
+  flags.Bool("secure", &o.secure,
+             "make fresh credentials (CA, certificates, token) and run with TLS + token on the control plane "
+             "and CURVE on the data plane");
   flags.Repeated("kill", &o.kills,
                  "ROLE[:INDEX]@STEP: SIGKILL the scheduler, server INDEX or worker INDEX when worker 0 reaches STEP");
   flags.String("checkpoint-dir", &o.checkpoint_dir, "write checkpoints here (config checkpoint.dir)");
@@ -392,11 +411,12 @@ int LocalCommand(const Args& args) {
         "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
         "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d, "
         "\"faults\": %s, \"recovery_seconds\": %s, \"lost_updates\": %s, \"duplicate_updates\": %s, "
-        "\"weights_sha256\": \"%s\"}\n",
+        "\"weights_sha256\": \"%s\", \"secure\": %s}\n",
         result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
         result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker,
-        FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256);
+        FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256,
+        o.secure && !o.reference ? "true" : "false");
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data_message.h"
+#include "common/security.h"
 
 namespace shardps {
 namespace {
@@ -22,8 +23,10 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<std::string>& addresses,
+absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<ServerEndpoint>& servers,
                                                                  uint32_t rank) {
+  std::vector<std::string> addresses;
+  for (const ServerEndpoint& e : servers) addresses.push_back(e.address);
   zmq::context_t context(1);
   std::unique_ptr<DataChannel> channel(new DataChannel(std::move(context), addresses, rank));
   channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -34,6 +37,11 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
     s.set(zmq::sockopt::sndhwm, 0);
     s.set(zmq::sockopt::rcvhwm, 0);
     s.set(zmq::sockopt::linger, 0);
+    if (!servers[i].curve_public_key.empty()) {
+      if (absl::Status st = MakeCurveClient(s, servers[i].curve_public_key); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("server ", i, " at '", addresses[i], "': ", st.message()));
+      }
+    }
     try {
       s.connect(addresses[i]);
     } catch (const zmq::error_t& e) {

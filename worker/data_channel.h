@@ -51,8 +51,15 @@ class DataChannel {
     AnswerHandler on_answer;
   };
 
-  // Connects to `server_addresses` (index = server index) and starts the I/O thread.
-  static absl::StatusOr<std::unique_ptr<DataChannel>> Create(const std::vector<std::string>& server_addresses,
+  // Where a server is reached: its ZeroMQ endpoint and, when its socket is a
+  // CURVE server, its Z85 public key (the channel then encrypts with it).
+  struct ServerEndpoint {
+    std::string address;
+    std::string curve_public_key;  // empty: plain
+  };
+
+  // Connects to `servers` (index = server index).
+  static absl::StatusOr<std::unique_ptr<DataChannel>> Create(const std::vector<ServerEndpoint>& servers,
                                                              uint32_t worker_rank);
   ~DataChannel();
 

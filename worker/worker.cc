@@ -95,10 +95,10 @@ class WorkerImpl : public Worker {
     // Defined already: the scheduler checked the tensors are the same; later
     // epochs reach this worker through its watch (FollowMembership).
     if (channel_ != nullptr) return absl::OkStatus();
-    std::vector<std::string> addresses(map->servers_size());
+    std::vector<DataChannel::ServerEndpoint> addresses(map->servers_size());
     for (const ServerInfo& s : map->servers()) {
       if (s.index() >= addresses.size()) return absl::InternalError("shard map has a bad server index");
-      addresses[s.index()] = s.data_address();
+      addresses[s.index()] = {s.data_address(), s.curve_public_key()};
     }
     if (absl::Status s = SetUpCompression(); !s.ok()) return s;
     // Built aside and adopted only when complete: a failure leaves no half state.
@@ -528,7 +528,7 @@ class WorkerImpl : public Worker {
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options) {
   std::shared_ptr<SchedulerClient> scheduler = options.scheduler_client;
   if (scheduler == nullptr) {
-    auto created = SchedulerClient::Create(options.scheduler_address);
+    auto created = SchedulerClient::Create(options.scheduler_address, options.security);
     if (!created.ok()) return created.status();
     scheduler = *std::move(created);
   }
