@@ -43,7 +43,7 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const SecurityCrede
 class GrpcSchedulerClient : public SchedulerClient {
  public:
   GrpcSchedulerClient(const std::string& address, const SecurityCredentials& security)
-      : SchedulerClient(address), token_(security.enabled ? "Bearer " + security.token : ""),
+      : SchedulerClient(address), token_(security.enabled && !security.token.empty() ? "Bearer " + security.token : ""),
         stub_(shardps::Scheduler::NewStub(Channel(address, security))) {}
 
   // gRPC's default reconnect backoff grows to 2 minutes: a scheduler that
