@@ -22,12 +22,14 @@
 #include "tests/test_training.h"
 #include "tools/cluster_credentials.h"
 #include "tools/process.h"
+#include "worker/c_api.h"
 #include "worker/worker.h"
 
 namespace shardps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Collects the WARNING lines of this process's log.
 class WarningLines : public google::LogSink {
@@ -210,6 +212,20 @@ TEST_F(SecurityTest, ClientWithoutTheCurveKeyGetsNoAnswerAndChangesNoWeight) {
   // above came from the missing key, not from the message.
   EXPECT_TRUE(ForgedPushAnswered([&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, server_key_).ok()); }));
   EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
+}
+
+TEST_F(SecurityTest, CApiWorkerPassesAuthenticationOnlyWithItsSecurityConfig) {
+  // No server runs: a worker that got in waits out the rendezvous, and the
+  // scheduler's answer names who is missing.
+  char err[512];
+  shardps_worker* w = nullptr;
+  EXPECT_NE(shardps_worker_create_secure(scheduler_->address().c_str(), 0, 1.0, files_.node_config.c_str(), &w, err,
+                                         sizeof(err)),
+            0);
+  EXPECT_THAT(std::string(err), HasSubstr("servers registered 0/1"));
+  EXPECT_NE(shardps_worker_create_secure(scheduler_->address().c_str(), 0, 1.0, nullptr, &w, err, sizeof(err)), 0);
+  EXPECT_THAT(std::string(err), Not(HasSubstr("servers registered")));
+  EXPECT_EQ(w, nullptr);
 }
 
 // `shardps local` with `extra` flags; the JSON line it prints.

@@ -329,35 +329,32 @@ absl::Status RunBench(const BenchOptions& o) {
   if (!scheduler.ok()) return scheduler.status();
   auto ours_fn = Ours(o, *scheduler);
   if (!ours_fn.ok()) return ours_fn.status();
+  // Measures the same round trips against a second cluster, in alternating blocks.
+  auto compare = [&](const std::string& tag, const std::string& metrics_listen,
+                     const ClusterCredentialFiles* credentials, const SecurityCredentials& security,
+                     const Comparison& comparison) -> absl::Status {
+    auto other = start_cluster(tag, metrics_listen, credentials);
+    if (!other.ok()) return other.status();
+    auto other_fn = Ours(o, *other, security);
+    if (!other_fn.ok()) return other_fn.status();
+    auto m = Interleaved(o, *ours_fn, *other_fn);
+    if (!m.ok()) return m.status();
+    ReportComparison(o, comparison, m->first, m->second);
+    return absl::OkStatus();
+  };
   if (o.secure) {
     auto credentials = WriteClusterCredentials(dir + "/credentials", {}, /*mutual=*/true);
     if (!credentials.ok()) return credentials.status();
     auto security = LoadSecurityCredentialsFile(credentials->node_config, /*for_scheduler=*/false);
     if (!security.ok()) return security.status();
-    auto secured = start_cluster("secure-", "", &*credentials);
-    if (!secured.ok()) return secured.status();
-    auto secured_fn = Ours(o, *secured, *security);
-    if (!secured_fn.ok()) return secured_fn.status();
-    auto m = Interleaved(o, *ours_fn, *secured_fn);
-    if (!m.ok()) return m.status();
-    ReportComparison(o,
-                     {"plain and secured (TLS + token, CURVE)", "plain", "secured", "plain", "secure",
-                      "secure_ratio", "secure_p50_ratio"},
-                     m->first, m->second);
-    return absl::OkStatus();
+    return compare("secure-", "", &*credentials, *security,
+                   {"plain and secured (TLS + token, CURVE)", "plain", "secured", "plain", "secure", "secure_ratio",
+                    "secure_p50_ratio"});
   }
   if (o.metrics_compare) {
-    auto with = start_cluster("metrics-", "127.0.0.1:0");
-    if (!with.ok()) return with.status();
-    auto with_fn = Ours(o, *with);
-    if (!with_fn.ok()) return with_fn.status();
-    auto m = Interleaved(o, *ours_fn, *with_fn);
-    if (!m.ok()) return m.status();
-    ReportComparison(o,
-                     {"server metrics off and on", "metrics off", "metrics on", "metrics_off", "metrics_on",
-                      "metrics_goodput_ratio", "metrics_latency_ratio"},
-                     m->first, m->second);
-    return absl::OkStatus();
+    return compare("metrics-", "127.0.0.1:0", nullptr, {},
+                   {"server metrics off and on", "metrics off", "metrics on", "metrics_off", "metrics_on",
+                    "metrics_goodput_ratio", "metrics_latency_ratio"});
   }
   auto measured = Interleaved(o, *ours_fn, raw);
   if (!measured.ok()) return measured.status();

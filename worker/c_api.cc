@@ -201,6 +201,11 @@ extern "C" {
 
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len) {
+  return shardps_worker_create_secure(scheduler_address, rank, rendezvous_timeout_s, nullptr, out, err, err_len);
+}
+
+int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
+                                 const char* security_config, shardps_worker** out, char* err, size_t err_len) {
   return Guarded(__func__, err, err_len, [&] {
     if (scheduler_address == nullptr) return Null("scheduler_address", err, err_len);
     if (out == nullptr) return Null("out", err, err_len);
@@ -208,6 +213,10 @@ int shardps_worker_create(const char* scheduler_address, uint32_t rank, double r
     options.scheduler_address = scheduler_address;
     options.rank = rank;
     options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
+    auto security = shardps::LoadSecurityCredentialsFile(security_config == nullptr ? "" : security_config,
+                                                         /*for_scheduler=*/false);
+    if (!security.ok()) return Report(security.status(), err, err_len);
+    options.security = *std::move(security);
     auto worker = shardps::Worker::Create(options);
     if (!worker.ok()) return Report(worker.status(), err, err_len);
     auto created = std::make_unique<shardps_worker>();

@@ -54,6 +54,12 @@ const char* shardps_status_name(int code);
  * message are written, NUL-terminated. */
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len);
+/* The same, reaching a secured cluster (README "Security"): the `security { }`
+ * block of the config file at `security_config` (its token, CA and, for
+ * mutual TLS, this node's certificate). NULL or "": plain, as
+ * shardps_worker_create. */
+int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
+                                 const char* security_config, shardps_worker** out, char* err, size_t err_len);
 void shardps_worker_destroy(shardps_worker* w);
 
 /* Declares one float32 tensor; call for each tensor, then shardps_define_done. */
