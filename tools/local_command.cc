@@ -173,6 +173,12 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     auto loaded = LoadSecurityCredentialsFile(files->node_config, /*for_scheduler=*/false);
     if (!loaded.ok()) return loaded.status();
     client_security = *std::move(loaded);
+  } else if (config.security().enabled()) {
+    // The --config file's own credentials: every process reads that file's block.
+    node_security = {"--security-config", std::filesystem::absolute(o.config_path).string()};
+    auto loaded = LoadSecurityCredentials(config.security(), /*for_scheduler=*/false);
+    if (!loaded.ok()) return loaded.status();
+    client_security = *std::move(loaded);
   }
   {
     std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
@@ -416,7 +422,7 @@ int LocalCommand(const Args& args) {
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
         result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker,
         FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256,
-        o.secure && !o.reference ? "true" : "false");
+        (o.secure || config->security().enabled()) && !o.reference ? "true" : "false");
   }
   return 0;
 }
