@@ -44,7 +44,7 @@ class GrpcSchedulerClient : public SchedulerClient {
  public:
   GrpcSchedulerClient(const std::string& address, const SecurityCredentials& security)
       : SchedulerClient(address), token_(security.enabled && !security.token.empty() ? "Bearer " + security.token : ""),
-        stub_(shardps::Scheduler::NewStub(Channel(address, security))) {}
+        secure_(security.enabled), channel_(Channel(address, security)), stub_(shardps::Scheduler::NewStub(channel_)) {}
 
   // gRPC's default reconnect backoff grows to 2 minutes: a scheduler that
   // restarts after a minute would be found late. Retry every second at most.
@@ -70,7 +70,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     std::string what = request.role() == SERVER
                            ? absl::StrCat("registering server ", request.data_address())
                            : absl::StrCat("registering worker rank ", request.rank());
-    absl::Status s = FromGrpc(stub_->Register(ctx.get(), request, &response), address(),
+    absl::Status s = Check(stub_->Register(ctx.get(), request, &response), address(),
                               absl::StrCat(what, " (waited up to ", absl::FormatDuration(timeout), ")"));
     if (!s.ok()) return s;
     return response;
@@ -80,7 +80,7 @@ class GrpcSchedulerClient : public SchedulerClient {
                                               absl::Duration timeout) override {
     HeartbeatResponse response;
     auto ctx = Context(timeout);
-    absl::Status s = FromGrpc(stub_->Heartbeat(ctx.get(), request, &response), address(), "heartbeat");
+    absl::Status s = Check(stub_->Heartbeat(ctx.get(), request, &response), address(), "heartbeat");
     if (!s.ok()) return s;
     return response;
   }
@@ -90,7 +90,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     ShardMap response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(true);
-    absl::Status s = FromGrpc(stub_->DefineTensors(ctx.get(), request, &response), address(),
+    absl::Status s = Check(stub_->DefineTensors(ctx.get(), request, &response), address(),
                               "defining tensors");
     if (!s.ok()) return s;
     return response;
@@ -102,7 +102,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     ctx->set_wait_for_ready(true);
     grpc::Status s = stub_->Barrier(ctx.get(), request, &response);
     if (s.ok() && out != nullptr) *out = std::move(response);
-    return FromGrpc(s, address(),
+    return Check(s, address(),
                     absl::StrCat("barrier '", request.name(), "'"));
   }
 
@@ -110,7 +110,7 @@ class GrpcSchedulerClient : public SchedulerClient {
                                                        absl::Duration timeout) override {
     CheckpointResponse response;
     auto ctx = Context(timeout);
-    absl::Status s = FromGrpc(stub_->RequestCheckpoint(ctx.get(), request, &response), address(),
+    absl::Status s = Check(stub_->RequestCheckpoint(ctx.get(), request, &response), address(),
                               absl::StrCat("checkpoint into ", request.dir()));
     if (!s.ok()) return s;
     return response;
@@ -120,7 +120,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     StatusResponse response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(true);  // within the deadline, a restarting scheduler is waited for
-    absl::Status s = FromGrpc(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
+    absl::Status s = Check(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
                               "cluster status");
     if (!s.ok()) return s;
     return response;
@@ -206,7 +206,23 @@ class GrpcSchedulerClient : public SchedulerClient {
     return ctx;
   }
 
+  // FromGrpc, plus a hint when a call waited out its deadline on a connection
+  // that keeps failing: with TLS on, a handshake refused by either side.
+  absl::Status Check(const grpc::Status& s, const std::string& address, absl::string_view what) {
+    absl::Status status = FromGrpc(s, address, what);
+    if (status.ok() || s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
+        channel_->GetState(false) != GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      return status;
+    }
+    return absl::Status(status.code(), absl::StrCat(status.message(), secure_
+        ? " (connections keep failing: does the scheduler's certificate come from this node's "
+          "security.tls_ca_file, and does the scheduler accept this node's certificate?)"
+        : " (connections keep failing: a secured scheduler needs --security-config)"));
+  }
+
   const std::string token_;  // "Bearer <token>", or empty: security off
+  const bool secure_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<shardps::Scheduler::Stub> stub_;
 };
 

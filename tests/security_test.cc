@@ -174,6 +174,7 @@ TEST_F(SecurityTest, PlainClientCannotTalkToASecuredScheduler) {
   absl::Status s = RegisterWith(SecurityCredentials());
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(s.message(), HasSubstr(scheduler_->address()));
+  EXPECT_THAT(s.message(), HasSubstr("a secured scheduler needs --security-config"));
 }
 
 TEST_F(SecurityTest, NodeCertificateOfAnotherCaIsRefusedWithALogLine) {
