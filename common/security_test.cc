@@ -13,19 +13,26 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string WriteTemp(const std::string& name, const std::string& content) {
-  const std::string path = std::filesystem::temp_directory_path() / absl::StrCat("security-test-", getpid(), "-", name);
-  std::ofstream(path) << content;
-  return path;
-}
+// Files written by the test, removed when it ends.
+class SecurityCredentialsTest : public ::testing::Test {
+ protected:
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string WriteTemp(const std::string& name, const std::string& content) {
+    std::filesystem::create_directories(dir_);
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << content;
+    return path;
+  }
+  const std::string dir_ = std::filesystem::temp_directory_path() / absl::StrCat("security-test-", getpid());
+};
 
-TEST(SecurityCredentialsTest, DisabledNeedsNothing) {
+TEST_F(SecurityCredentialsTest, DisabledNeedsNothing) {
   auto creds = LoadSecurityCredentials(SecurityConfig(), /*for_scheduler=*/true);
   ASSERT_TRUE(creds.ok()) << creds.status();
   EXPECT_FALSE(creds->enabled);
 }
 
-TEST(SecurityCredentialsTest, ShortTokenIsRefused) {
+TEST_F(SecurityCredentialsTest, ShortTokenIsRefused) {
   SecurityConfig config;
   config.set_enabled(true);
   config.set_token("short");
@@ -35,7 +42,7 @@ TEST(SecurityCredentialsTest, ShortTokenIsRefused) {
   EXPECT_THAT(creds.status().message(), HasSubstr("at least 16"));
 }
 
-TEST(SecurityCredentialsTest, TokenFileLosesItsTrailingNewline) {
+TEST_F(SecurityCredentialsTest, TokenFileLosesItsTrailingNewline) {
   SecurityConfig config;
   config.set_enabled(true);
   config.set_token_file(WriteTemp("token", "0123456789abcdef0123\n"));
@@ -45,7 +52,7 @@ TEST(SecurityCredentialsTest, TokenFileLosesItsTrailingNewline) {
   EXPECT_EQ(creds->token, "0123456789abcdef0123");
 }
 
-TEST(SecurityCredentialsTest, SchedulerWithoutCertificateNamesTheField) {
+TEST_F(SecurityCredentialsTest, SchedulerWithoutCertificateNamesTheField) {
   SecurityConfig config;
   config.set_enabled(true);
   config.set_token("0123456789abcdef0123");
@@ -55,7 +62,7 @@ TEST(SecurityCredentialsTest, SchedulerWithoutCertificateNamesTheField) {
   EXPECT_THAT(creds.status().message(), HasSubstr("security.tls_cert_file is required"));
 }
 
-TEST(SecurityCredentialsTest, MissingFileIsNamed) {
+TEST_F(SecurityCredentialsTest, MissingFileIsNamed) {
   SecurityConfig config;
   config.set_enabled(true);
   config.set_token("0123456789abcdef0123");
