@@ -99,17 +99,23 @@ void MakeCurveServer(zmq::socket_t& socket, const CurveKeyPair& keys) {
   socket.set(zmq::sockopt::curve_secretkey, keys.secret_key);
 }
 
-absl::Status MakeCurveClient(zmq::socket_t& socket, const std::string& server_public_key) {
+absl::Status MakeCurveClient(zmq::socket_t& socket, const std::string& server_public_key, const CurveKeyPair* own) {
   if (server_public_key.size() != 40) {
     return absl::InvalidArgumentError(
         absl::StrCat("CURVE server key has ", server_public_key.size(), " characters (Z85: 40)"));
   }
-  auto own = NewCurveKeyPair();
-  if (!own.ok()) return own.status();
+  CurveKeyPair keys;
+  if (own != nullptr) {
+    keys = *own;
+  } else {
+    auto fresh = NewCurveKeyPair();
+    if (!fresh.ok()) return fresh.status();
+    keys = *std::move(fresh);
+  }
   try {
     socket.set(zmq::sockopt::curve_serverkey, server_public_key);
-    socket.set(zmq::sockopt::curve_publickey, own->public_key);
-    socket.set(zmq::sockopt::curve_secretkey, own->secret_key);
+    socket.set(zmq::sockopt::curve_publickey, keys.public_key);
+    socket.set(zmq::sockopt::curve_secretkey, keys.secret_key);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError(absl::StrCat("CURVE server key '", server_public_key, "': ", e.what()));
   }

@@ -51,9 +51,11 @@ absl::StatusOr<CurveKeyPair> NewCurveKeyPair();
 // only to clients that know keys.public_key, encrypted.
 void MakeCurveServer(zmq::socket_t& socket, const CurveKeyPair& keys);
 // Makes `socket` (not yet connected) a CURVE client of the server whose
-// public key is `server_public_key`, with a fresh key pair of its own.
+// public key is `server_public_key`, with the key pair `own` (null: a fresh
+// one; servers admit only registered keys, so real clients pass theirs).
 // InvalidArgument when the key is not 40 Z85 characters.
-absl::Status MakeCurveClient(zmq::socket_t& socket, const std::string& server_public_key);
+absl::Status MakeCurveClient(zmq::socket_t& socket, const std::string& server_public_key,
+                             const CurveKeyPair* own = nullptr);
 
 }  // namespace shardps
 

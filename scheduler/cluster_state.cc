@@ -15,6 +15,14 @@
 namespace shardps {
 namespace {
 
+absl::Status CheckCurveKey(const RegisterRequest& r) {
+  if (r.curve_public_key().empty() || r.curve_public_key().size() == 40) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(r.role() == SERVER ? "server " + r.data_address()
+                                                                     : absl::StrCat("worker rank ", r.rank()),
+                                                 " registered a CURVE public key of ", r.curve_public_key().size(),
+                                                 " characters (Z85: 40)"));
+}
+
 absl::Status CheckVersion(const RegisterRequest& r) {
   if (r.protocol_version() == kProtocolVersion) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("protocol version ", r.protocol_version(), " of ",
@@ -95,10 +103,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.data_address().empty()) return absl::InvalidArgumentError("server registered without a data address");
-  if (!request.curve_public_key().empty() && request.curve_public_key().size() != 40) {
-    return absl::InvalidArgumentError(absl::StrCat("server ", request.data_address(), " registered a CURVE public key of ",
-                                                   request.curve_public_key().size(), " characters (Z85: 40)"));
-  }
+  if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::optional<uint32_t> index;
   for (auto& [i, node] : servers_) {
@@ -147,6 +152,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", request.rank(), " is outside [0, ",
                                                    config_.num_workers(), ") (config num_workers)"));
   }
+  if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (Excluded(request.rank())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -155,6 +161,12 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   }
   Node& node = workers_[request.rank()];
   node = Node{next_node_id_++, WORKER, request.rank(), "", request.host(), clock_(), 0};
+  while (map_.worker_curve_keys_size() < static_cast<int>(config_.num_workers())) map_.add_worker_curve_keys();
+  if (map_.worker_curve_keys(request.rank()) != request.curve_public_key()) {
+    map_.set_worker_curve_keys(request.rank(), request.curve_public_key());
+    // Servers admit data clients by key: a new key (a restarted worker) must reach them.
+    if (!tensors_.empty()) map_.set_epoch(map_.epoch() + 1);
+  }
   RegisterResponse response;
   response.set_node_id(node.id);
   *response.mutable_config() = config_;
@@ -408,6 +420,7 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
                              EffectiveReplication(config_));
     if (!map.ok()) return map.status();
     *map->mutable_excluded_workers() = map_.excluded_workers();  // removed before the map existed
+    *map->mutable_worker_curve_keys() = map_.worker_curve_keys();
     map_ = *std::move(map);
     tensors_ = tensors;
     Save();

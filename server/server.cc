@@ -11,6 +11,7 @@
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "common/security.h"
+#include "server/curve_authenticator.h"
 #include "server/server_metrics.h"
 
 namespace shardps {
@@ -18,13 +19,15 @@ namespace {
 
 class ParameterServerImpl : public ParameterServer {
  public:
-  ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context, zmq::socket_t socket,
-                      std::string data_address, std::string curve_public_key)
+  ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context,
+                      std::unique_ptr<CurveAuthenticator> authenticator, zmq::socket_t socket,
+                      std::string data_address, CurveKeyPair curve_keys)
       : scheduler_(std::move(scheduler)),
         context_(std::move(context)),
+        authenticator_(std::move(authenticator)),
         socket_(std::move(socket)),
         data_address_(std::move(data_address)),
-        curve_public_key_(std::move(curve_public_key)) {}
+        curve_keys_(std::move(curve_keys)) {}
 
   ~ParameterServerImpl() override {
     RequestStop();
@@ -42,7 +45,7 @@ class ParameterServerImpl : public ParameterServer {
     request.set_role(SERVER);
     request.set_data_address(data_address_);
     request.set_host(options.advertise_host);
-    request.set_curve_public_key(curve_public_key_);
+    request.set_curve_public_key(curve_keys_.public_key);
     auto registered = scheduler_->Register(request, options.register_timeout);
     if (!registered.ok()) return registered.status();
     node_id_ = registered->node_id();
@@ -175,7 +178,7 @@ class ParameterServerImpl : public ParameterServer {
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::linger, 0);
       if (const std::string& key = peer_keys_[server]; !key.empty()) {
-        if (absl::Status s = MakeCurveClient(*socket, key); !s.ok()) {
+        if (absl::Status s = MakeCurveClient(*socket, key, &curve_keys_); !s.ok()) {
           LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << s;
           return;
         }
@@ -221,6 +224,11 @@ class ParameterServerImpl : public ParameterServer {
         peer_keys_[s.index()] = s.curve_public_key();
       }
     }
+    if (authenticator_) {
+      std::vector<std::string> allowed(map->worker_curve_keys().begin(), map->worker_curve_keys().end());
+      for (const ServerInfo& s : map->servers()) allowed.push_back(s.curve_public_key());
+      authenticator_->Allow(allowed);
+    }
     if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
       LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;
       absl::MutexLock lock(&mu_);
@@ -262,9 +270,12 @@ class ParameterServerImpl : public ParameterServer {
 
   std::shared_ptr<SchedulerClient> scheduler_;
   zmq::context_t context_;
+  // Admits registered CURVE clients only; null: plain. Stopped (by its
+  // destructor) before context_ goes.
+  std::unique_ptr<CurveAuthenticator> authenticator_;
   zmq::socket_t socket_;
   const std::string data_address_;
-  const std::string curve_public_key_;  // Z85; empty: the data socket is plain
+  const CurveKeyPair curve_keys_;  // Z85; empty: the data socket is plain
   uint64_t node_id_ = 0;
   uint32_t index_ = 0;
   ClusterConfig config_;
@@ -302,10 +313,14 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   socket.set(zmq::sockopt::sndhwm, 0);  // never drop an answer for a slow reader
   socket.set(zmq::sockopt::rcvhwm, 0);
   CurveKeyPair keys;
+  std::unique_ptr<CurveAuthenticator> authenticator;
   if (options.security.enabled) {
     auto made = NewCurveKeyPair();
     if (!made.ok()) return absl::Status(made.status().code(), absl::StrCat("server data socket: ", made.status().message()));
     keys = *std::move(made);
+    auto created = CurveAuthenticator::Create(context, "server at " + options.bind_address);
+    if (!created.ok()) return created.status();
+    authenticator = *std::move(created);
     MakeCurveServer(socket, keys);
   }
   std::string bind = options.bind_address;
@@ -318,8 +333,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
   std::string port = endpoint.substr(endpoint.rfind(':') + 1);
   std::string address = absl::StrCat("tcp://", options.advertise_host, ":", port);
-  auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(socket),
-                                                      address, keys.public_key);
+  auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(authenticator),
+                                                      std::move(socket), address, std::move(keys));
   if (absl::Status s = server->Start(options); !s.ok()) return s;
   return std::unique_ptr<ParameterServer>(std::move(server));
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <regex>
+#include <thread>
 
 #include <glog/logging.h>
 #include <zmq.hpp>
@@ -67,7 +68,7 @@ class SecurityTest : public ::testing::Test {
     SchedulerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.config.set_num_servers(1);
-    options.config.set_num_workers(1);
+    options.config.set_num_workers(2);  // rank 1: a raw client that registers a key
     options.config.set_consistency(ASYNC);
     options.security = *scheduler_security;
     auto scheduler = SchedulerDaemon::Create(options);
@@ -92,14 +93,29 @@ class SecurityTest : public ::testing::Test {
     return (*client)->Register(request, absl::Seconds(2)).status();
   }
 
-  // A secured server process, a worker with the node's credentials, and a
+  // A secured server process, a worker (rank 0) with the node's credentials,
+  // a raw client registered as rank 1 with the key pair `registered_`, and a
   // tensor of kN sevens.
   void StartJob() {
+    auto keys = NewCurveKeyPair();
+    ASSERT_TRUE(keys.ok());
+    registered_ = *keys;
+    auto client = SchedulerClient::Create(scheduler_->address(), node_);
+    ASSERT_TRUE(client.ok());
+    std::thread rank1([&] {
+      RegisterRequest request;
+      request.set_protocol_version(kProtocolVersion);
+      request.set_role(WORKER);
+      request.set_rank(1);
+      request.set_curve_public_key(registered_.public_key);
+      EXPECT_TRUE((*client)->Register(request, absl::Seconds(30)).ok());
+    });
     auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", scheduler_->address(), "--listen",
                                    "tcp://127.0.0.1:0", "--security-config", files_.node_config}, true);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *server;
     auto worker = Worker::Create({.scheduler_address = scheduler_->address(), .rank = 0, .security = node_});
+    rank1.join();
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = *std::move(worker);
     ASSERT_TRUE(worker_->DefineTensors({Float32Tensor("w", kN)}).ok());
@@ -143,6 +159,7 @@ class SecurityTest : public ::testing::Test {
   ChildProcess server_;
   std::unique_ptr<Worker> worker_;
   std::string server_address_, server_key_;
+  CurveKeyPair registered_;
   zmq::context_t context_{1};
   int next_id_ = 0;
 };
@@ -208,10 +225,14 @@ TEST_F(SecurityTest, ClientWithoutTheCurveKeyGetsNoAnswerAndChangesNoWeight) {
   ASSERT_TRUE(stranger.ok());
   EXPECT_FALSE(ForgedPushAnswered([&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, stranger->public_key).ok()); }))
       << "a client with a wrong server key got an answer";
+  EXPECT_FALSE(ForgedPushAnswered([&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, server_key_).ok()); }))
+      << "a client with the server's key but an unregistered key of its own got an answer";
   EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
-  // The same push with the server's key is answered and applied: the refusals
-  // above came from the missing key, not from the message.
-  EXPECT_TRUE(ForgedPushAnswered([&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, server_key_).ok()); }));
+  // The same push from a registered key is answered and applied: the
+  // refusals above came from the keys, not from the message.
+  EXPECT_TRUE(ForgedPushAnswered([&](zmq::socket_t& s) {
+    ASSERT_TRUE(MakeCurveClient(s, server_key_, &registered_).ok());
+  }));
   EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
 }
 
@@ -224,6 +245,7 @@ TEST_F(SecurityTest, CApiWorkerPassesAuthenticationOnlyWithItsSecurityConfig) {
                                          sizeof(err)),
             0);
   EXPECT_THAT(std::string(err), HasSubstr("servers registered 0/1"));
+  w = nullptr;
   EXPECT_NE(shardps_worker_create_secure(scheduler_->address().c_str(), 0, 1.0, nullptr, &w, err, sizeof(err)), 0);
   EXPECT_THAT(std::string(err), Not(HasSubstr("servers registered")));
   EXPECT_EQ(w, nullptr);

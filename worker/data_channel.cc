@@ -24,7 +24,7 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<ServerEndpoint>& servers,
-                                                                 uint32_t rank) {
+                                                                 uint32_t rank, const CurveKeyPair* curve_keys) {
   std::vector<std::string> addresses;
   for (const ServerEndpoint& e : servers) addresses.push_back(e.address);
   zmq::context_t context(1);
@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
     s.set(zmq::sockopt::rcvhwm, 0);
     s.set(zmq::sockopt::linger, 0);
     if (!servers[i].curve_public_key.empty()) {
-      if (absl::Status st = MakeCurveClient(s, servers[i].curve_public_key); !st.ok()) {
+      if (absl::Status st = MakeCurveClient(s, servers[i].curve_public_key, curve_keys); !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("server ", i, " at '", addresses[i], "': ", st.message()));
       }
     }

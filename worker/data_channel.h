@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "proto/data.pb.h"
 
 namespace shardps {
@@ -58,9 +59,11 @@ class DataChannel {
     std::string curve_public_key;  // empty: plain
   };
 
-  // Connects to `servers` (index = server index).
+  // Connects to `servers` (index = server index). CURVE servers are reached
+  // with `curve_keys` (this worker's registered pair; null: a fresh pair).
   static absl::StatusOr<std::unique_ptr<DataChannel>> Create(const std::vector<ServerEndpoint>& servers,
-                                                             uint32_t worker_rank);
+                                                             uint32_t worker_rank,
+                                                             const CurveKeyPair* curve_keys = nullptr);
   ~DataChannel();
 
   // Sends all `requests` as one handle. `what` names the operation in errors

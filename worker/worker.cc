@@ -48,8 +48,10 @@ struct TensorRoute {
 
 class WorkerImpl : public Worker {
  public:
-  WorkerImpl(std::shared_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg)
-      : scheduler_(std::move(scheduler)), options_(options), node_id_(reg.node_id()), config_(reg.config()) {
+  WorkerImpl(std::shared_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg,
+             CurveKeyPair curve_keys)
+      : scheduler_(std::move(scheduler)), options_(options), curve_keys_(std::move(curve_keys)),
+        node_id_(reg.node_id()), config_(reg.config()) {
     if (options_.control_timeout <= absl::ZeroDuration()) {
       options_.control_timeout = absl::Milliseconds(config_.rendezvous_timeout_ms());
     }
@@ -120,7 +122,7 @@ class WorkerImpl : public Worker {
       }
       route.states.push_back(std::move(state));
     }
-    auto channel = DataChannel::Create(addresses, options_.rank);
+    auto channel = DataChannel::Create(addresses, options_.rank, curve_keys_.public_key.empty() ? nullptr : &curve_keys_);
     if (!channel.ok()) return channel.status();
     routes_ = std::move(routes);
     channel_ = *std::move(channel);
@@ -507,6 +509,9 @@ class WorkerImpl : public Worker {
 
   const std::shared_ptr<SchedulerClient> scheduler_;
   WorkerOptions options_;  // control_timeout resolved at construction
+  // Registered with the scheduler; secured servers admit only such keys.
+  // Empty: security off (a fresh pair per socket, should a server use CURVE).
+  const CurveKeyPair curve_keys_;
   const uint64_t node_id_;
   const ClusterConfig config_;
   absl::Mutex send_mu_;  // held from numbering a request to handing it to the channel; before mu_
@@ -537,9 +542,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   request.set_role(WORKER);
   request.set_rank(options.rank);
   request.set_host(options.host);
+  CurveKeyPair curve_keys;
+  if (options.security.enabled) {
+    auto made = NewCurveKeyPair();
+    if (!made.ok()) return made.status();
+    curve_keys = *std::move(made);
+    request.set_curve_public_key(curve_keys.public_key);
+  }
   auto registered = scheduler->Register(request, options.rendezvous_timeout);
   if (!registered.ok()) return registered.status();
-  return std::unique_ptr<Worker>(new WorkerImpl(std::move(scheduler), options, *std::move(registered)));
+  return std::unique_ptr<Worker>(
+      new WorkerImpl(std::move(scheduler), options, *std::move(registered), std::move(curve_keys)));
 }
 
 }  // namespace shardps
