@@ -1,6 +1,10 @@
 #include "compression/codec_policy.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace shardps::compression {
 namespace {
@@ -42,6 +46,14 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
         "' cannot carry weights; allowed with consistency async: none, fp16, bf16 (in sync mode any codec "
         "compresses the weight deltas)"));
   }
+  if (config.update_mode() == SUM_ONLY && pull->name == "2bit" && pull->scale > 0) {
+    // Measured: the threshold grows with the server's own residual and the
+    // run diverges (docs/performance.md); a fixed threshold or onebit is fine.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field 'compression.pull_codec': '", c.pull_codec(),
+        "' (adaptive 2bit threshold) diverges on the servers' compressed aggregate in sum-only mode; use "
+        "onebit or a fixed threshold (2bit:threshold=T)"));
+  }
   if (!(c.momentum() >= 0 && c.momentum() < 1)) {
     return absl::InvalidArgumentError("config field 'compression.momentum' must be in [0, 1)");
   }
@@ -73,6 +85,61 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
         "pushes in sum-only mode (1-bit Adam); use update_mode UPDATE_ON_SERVER for weight decay");
   }
   return absl::OkStatus();
+}
+
+std::string ApplyCompressionRecipe(ClusterConfig* config) {
+  CompressionConfig& c = *config->mutable_compression();
+  auto push = ParseCodecSpec(c.codec());
+  if (!push.ok() || (push->name != "2bit" && push->name != "onebit" && push->name != "topk")) return "";
+  const std::string what = absl::StrCat("compression '", c.codec(), "' ");
+  const OptimizerConfig& o = config->optimizer();
+  if (o.kind() != OptimizerConfig::ADAM) return "";  // linear updates keep error feedback exact
+  if (config->consistency() != SYNC) {
+    return what + "with Adam in async mode: no measured recipe keeps its accuracy there (it needs update_mode "
+                  "sum_only, which is sync only); expect a loss (docs/performance.md)";
+  }
+  if (config->has_update_mode() && config->update_mode() != SUM_ONLY) {
+    return what + "with Adam: update_mode is set, so the accuracy recipe (sum_only, frozen variance) is not "
+                  "applied; expect a loss (docs/performance.md)";
+  }
+  if (o.weight_decay() != 0 || c.momentum() != 0) {
+    return what + "with Adam: the accuracy recipe (1-bit Adam) needs optimizer.weight_decay and "
+                  "compression.momentum 0, so it is not applied; expect a loss (docs/performance.md)";
+  }
+  constexpr uint32_t kWarmupRounds = 150;
+  std::vector<std::string> set;
+  if (!config->has_update_mode()) {
+    config->set_update_mode(SUM_ONLY);
+    set.push_back("update_mode=SUM_ONLY");
+  }
+  if (!c.has_uncompressed_rounds()) {
+    c.set_uncompressed_rounds(static_cast<uint32_t>(std::max<uint64_t>(kWarmupRounds, o.freeze_variance_after())));
+    set.push_back(absl::StrCat("compression.uncompressed_rounds=", c.uncompressed_rounds()));
+  }
+  OptimizerConfig& opt = *config->mutable_optimizer();
+  if (!opt.has_freeze_variance_after()) {
+    opt.set_freeze_variance_after(c.uncompressed_rounds());
+    set.push_back(absl::StrCat("optimizer.freeze_variance_after=", opt.freeze_variance_after()));
+  }
+  if (!opt.has_epsilon()) {
+    // A frozen variance with epsilon 1e-8 lets a coordinate whose gradient
+    // grows after the freeze take unbounded steps.
+    opt.set_epsilon(1e-4f);
+    set.push_back("optimizer.epsilon=0.0001");
+  }
+  if (push->name == "2bit" && c.codec().find(':') == std::string::npos) {
+    // Measured best: scale 1 with onebit pulls; scale 0.25 with raw pulls.
+    const bool pull_onebit = !c.has_pull_codec();
+    c.set_codec(pull_onebit ? "2bit:scale=1" : "2bit:scale=0.25");
+    set.push_back(absl::StrCat("compression.codec=", c.codec()));
+    if (pull_onebit) {
+      c.set_pull_codec("onebit");
+      set.push_back("compression.pull_codec=onebit");
+    }
+  }
+  if (set.empty()) return "";
+  return absl::StrCat(what, "with Adam: applying the measured accuracy recipe (docs/performance.md): ",
+                      absl::StrJoin(set, ", "), "; set any of these to override");
 }
 
 absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,

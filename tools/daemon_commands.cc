@@ -83,6 +83,9 @@ int SchedulerCommand(const Args& args) {
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
               << config.checkpoint().restore_dir() << "\n";
   }
+  if (std::string recipe = compression::ApplyCompressionRecipe(&config); !recipe.empty()) {
+    std::cerr << "shardps scheduler: " << recipe << "\n";
+  }
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);
