@@ -9,7 +9,7 @@
 #include "compression/codec_bench.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
-#include "worker/local_bench.h"
+#include "worker/local_tier/local_bench.h"
 
 namespace shardps {
 namespace {
