@@ -48,6 +48,9 @@ absl::StatusOr<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(Worker& worker,
     for (size_t t = 0; t < tensors.size(); ++t) order.push_back(t);
   }
   if (absl::Status s = CheckPermutation(order, tensors.size()); !s.ok()) return s;
+  if (options.reducer.push_codec.has_value()) {
+    return absl::InvalidArgumentError("DeviceGroup: the reducer must push fp32 (the Worker encodes)");
+  }
   std::vector<Device*> raw;
   for (const auto& device : devices) raw.push_back(device.get());
   auto reducer = LocalReducer::Create(std::move(raw), options.reducer);
@@ -99,32 +102,33 @@ absl::Status DeviceGroup::Allocate() {
   gradient_lists_.resize(num_tensors);
   weight_lists_.resize(num_tensors);
   for (size_t t = 0; t < num_tensors; ++t) {
-    host_[t].gradient.assign(tensors_[t].num_elements, 0.0f);
     host_[t].weights.assign(tensors_[t].num_elements, 0.0f);
     for (const DeviceSlot& slot : slots_) {
       gradient_lists_[t].push_back(slot.gradients[t].get());
       weight_lists_[t].push_back(slot.weights[t].get());
     }
   }
+  for (const Step& step : steps_) {
+    ranges_.push_back({gradient_lists_[step.tensor], step.offset, step.length, 0, 0});
+  }
   return absl::OkStatus();
 }
 
 absl::Status DeviceGroup::Round(absl::Duration timeout) {
   handles_.clear();
-  absl::Status status;
-  for (const Step& step : steps_) {
-    HostTensor& host = host_[step.tensor];
-    absl::Span<float> gradient = absl::MakeSpan(host.gradient).subspan(step.offset, step.length);
-    status = reducer_->Merge(gradient_lists_[step.tensor], step.offset, gradient, MergeOp::kAverage);
-    if (!status.ok()) break;
-    auto handle = worker_.PushPullPartition(tensors_[step.tensor].name, step.partition, gradient,
-                                            absl::MakeSpan(host.weights).subspan(step.offset, step.length));
-    if (!handle.ok()) {
-      status = handle.status();
-      break;
-    }
-    handles_.push_back(*handle);
-  }
+  // The payloads stay in the reducer's staging until the next MergeEncode,
+  // i.e. past every Wait below: the Worker may borrow them.
+  absl::Status status = reducer_->MergeEncode(
+      ranges_, MergeOp::kAverage, [&](size_t i, absl::Span<const uint8_t> payload) -> absl::Status {
+        const Step& step = steps_[i];
+        absl::Span<const float> gradient(reinterpret_cast<const float*>(payload.data()), step.length);
+        auto handle = worker_.PushPullPartition(
+            tensors_[step.tensor].name, step.partition, gradient,
+            absl::MakeSpan(host_[step.tensor].weights).subspan(step.offset, step.length));
+        if (!handle.ok()) return handle.status();
+        handles_.push_back(*handle);
+        return absl::OkStatus();
+      });
   return WaitAndBroadcast(handles_.size(), timeout, std::move(status));
 }
 

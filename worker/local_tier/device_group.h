@@ -1,8 +1,9 @@
 // DeviceGroup: the worker's local first tier in the training step. A worker
 // drives D devices; after each device wrote its gradients, one Round()
-//   - merges the D device gradients of each partition (MergeOp::kAverage) into
-//     one host buffer and at once issues PushPullPartition for it, so
-//     partition k is on the wire while partition k+1 is merged;
+//   - merges the D device gradients of each partition (MergeOp::kAverage)
+//     with LocalReducer::MergeEncode, straight into the reducer's host staging
+//     (pinned for CUDA), and issues PushPullPartition from there, so partition
+//     k is on the wire while partition k+1 is merged (no second host copy);
 //   - then waits for the partitions in the order they were issued and
 //     broadcasts each pulled partition into the D devices' weight buffers.
 // Exactly one push per partition per round leaves the worker, whatever D is.
@@ -14,8 +15,8 @@
 // bitwise reproducible by a single-process reference.
 //
 // Memory: every buffer (per device: one gradient and one weight buffer per
-// tensor; per tensor: one host gradient and one host weight buffer; handle
-// list) is allocated by Create. Round() and Pull() allocate nothing in this
+// tensor; per tensor: one host weight buffer; handle list) is allocated by
+// Create. Round() and Pull() allocate nothing in this
 // class (the reducer reuses its staging after the first call).
 //
 // Ownership: owns the devices, the reducer and all buffers; borrows the
@@ -51,6 +52,7 @@ struct DeviceGroupOptions {
   // list (a permutation). Default empty = the order of the tensor list.
   std::vector<size_t> priority;
   // Passed to LocalReducer::Create. Default: all cores, no NCCL (bitwise).
+  // No push_codec: the Worker encodes what the group pushes.
   LocalReducerOptions reducer;
 };
 
@@ -60,7 +62,8 @@ class DeviceGroup {
   // partitions it reads from `worker`.
   // REQUIRES: worker.DefineTensors() has returned for these tensors.
   // InvalidArgument for no devices, no tensors, a size that differs from the
-  // shard map or a priority that is not a permutation; NotFound for a tensor
+  // shard map, a priority that is not a permutation or a reducer push_codec;
+  // NotFound for a tensor
   // the worker does not know; ResourceExhausted when buffers cannot be had.
   static absl::StatusOr<std::unique_ptr<DeviceGroup>> Create(
       Worker& worker, std::vector<std::unique_ptr<Device>> devices, std::vector<GroupTensor> tensors,
@@ -102,8 +105,7 @@ class DeviceGroup {
     size_t length = 0;
   };
   struct HostTensor {
-    std::vector<float> gradient;  // merged gradient, pushed from here
-    std::vector<float> weights;   // pulled weights, broadcast from here
+    std::vector<float> weights;  // pulled weights, broadcast from here
   };
   struct DeviceSlot {
     std::vector<std::unique_ptr<DeviceBuffer>> gradients;  // per tensor
@@ -125,6 +127,7 @@ class DeviceGroup {
   std::vector<DeviceSlot> slots_;          // Per device; buffers borrow devices_.
   std::vector<HostTensor> host_;           // Per tensor.
   std::vector<Step> steps_;                // Every partition, in push order.
+  std::vector<EncodeRange> ranges_;        // Per step: what MergeEncode merges.
   // Scratch reused by every call: per-tensor buffer lists and handles.
   std::vector<std::vector<const DeviceBuffer*>> gradient_lists_;
   std::vector<std::vector<DeviceBuffer*>> weight_lists_;
