@@ -1,3 +1,7 @@
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "worker/local_tier/device_cuda.h"
@@ -120,6 +124,51 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, int index)
   }
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(ordinal, index));
   return std::unique_ptr<Device>(std::move(device));
+}
+
+namespace {
+
+// Times `iters` device-to-host copies after one warm-up; `stream` on `ordinal`.
+absl::StatusOr<double> TimePinnedCopies(void* host, const void* device, size_t bytes, int iters,
+                                        cudaStream_t stream) {
+  std::vector<double> seconds;
+  for (int i = 0; i <= iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    SHARDPS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream));
+    SHARDPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    const auto end = std::chrono::steady_clock::now();
+    if (i > 0) seconds.push_back(std::chrono::duration<double>(end - start).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+}  // namespace
+
+absl::StatusOr<double> CudaPinnedToHostSeconds(int ordinal, size_t bytes, int iters) {
+  if (bytes == 0 || iters < 1) {
+    return absl::InvalidArgumentError("pinned copy: bytes and iters must be positive");
+  }
+  ScopedCudaDevice scoped(ordinal);
+  SHARDPS_RETURN_IF_ERROR(scoped.status());
+  void* device = nullptr;
+  void* host = nullptr;
+  cudaStream_t stream = nullptr;
+  absl::StatusOr<double> result = absl::InternalError("pinned copy: not run");
+  absl::Status setup = CudaStatus(cudaMalloc(&device, bytes), "cudaMalloc", __FILE__, __LINE__);
+  if (setup.ok()) {
+    setup = CudaStatus(cudaHostAlloc(&host, bytes, cudaHostAllocDefault), "cudaHostAlloc", __FILE__, __LINE__);
+  }
+  if (setup.ok()) {
+    setup = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+  }
+  result = setup.ok() ? TimePinnedCopies(host, device, bytes, iters, stream) : setup;
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (host != nullptr) cudaFreeHost(host);
+  if (device != nullptr) cudaFree(device);
+  return result;
 }
 
 }  // namespace shardps

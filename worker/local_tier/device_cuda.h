@@ -23,6 +23,12 @@ int CudaDeviceCount();
 // FailedPrecondition when the build has no CUDA or the GPU is absent.
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, int index);
 
+// Median seconds of one cudaMemcpyAsync of `bytes` from GPU `ordinal` into
+// pinned host memory (cudaHostAlloc) plus a stream synchronize, over `iters`
+// runs after a warm-up: the limit the local tier's host copies are measured
+// against. FailedPrecondition without CUDA; InvalidArgument for bytes == 0.
+absl::StatusOr<double> CudaPinnedToHostSeconds(int ordinal, size_t bytes, int iters);
+
 }  // namespace shardps
 
 #endif  // SHARDPS_WORKER_LOCAL_TIER_DEVICE_CUDA_H_

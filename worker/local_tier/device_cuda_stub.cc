@@ -13,4 +13,9 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, int /*inde
       absl::StrCat("cuda:", ordinal, " requested but this build has no CUDA support"));
 }
 
+absl::StatusOr<double> CudaPinnedToHostSeconds(int ordinal, size_t /*bytes*/, int /*iters*/) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("pinned copy from cuda:", ordinal, " requested but this build has no CUDA support"));
+}
+
 }  // namespace shardps

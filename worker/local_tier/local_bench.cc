@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "worker/local_tier/device_cpu.h"
 #include "worker/local_tier/device_cuda.h"
+#include "compression/codec_params.h"
 #include "worker/local_tier/local_reducer.h"
 
 namespace shardps {
@@ -24,6 +25,9 @@ struct Figures {
   int gpus = 0;
   size_t bytes = 0;
   double merge_gbps = 0, broadcast_gbps = 0, copy_gbps = 0, to_host_gbps = 0;
+  // Push path, with a codec only.
+  double encode_gbps = 0, raw_gbps = 0, host_copy_gbps = 0, pinned_gbps = 0;
+  size_t payload_bytes = 0;
 };
 
 absl::StatusOr<DeviceList> MakeDevices(DeviceKind kind, int count) {
@@ -59,6 +63,62 @@ absl::StatusOr<double> MedianSeconds(int iters, const std::function<absl::Status
 }
 
 double Gbps(double bytes, double seconds) { return bytes / seconds / 1e9; }
+
+// Ranges of options.range_bytes over n values of `inputs`.
+std::vector<EncodeRange> Ranges(const LocalBenchOptions& options, size_t n,
+                                absl::Span<const DeviceBuffer* const> inputs) {
+  const size_t step = std::max<size_t>(1, options.range_bytes / sizeof(float));
+  std::vector<EncodeRange> ranges;
+  for (size_t offset = 0; offset < n; offset += step) {
+    ranges.push_back({inputs, offset, std::min(step, n - offset), offset, offset});
+  }
+  return ranges;
+}
+
+// Median seconds of MergeEncode over `ranges` with a reducer on `devices`
+// (codec spec empty: fp32); adds up the payload bytes of one call.
+absl::StatusOr<double> MergeEncodeSeconds(const LocalBenchOptions& options,
+                                          const std::vector<Device*>& devices,
+                                          const std::string& codec,
+                                          const std::vector<EncodeRange>& ranges,
+                                          size_t* payload_bytes) {
+  LocalReducerOptions reducer_options;
+  reducer_options.num_threads = options.num_threads;
+  if (!codec.empty()) {
+    SHARDPS_ASSIGN_OR_RETURN(reducer_options.push_codec, compression::ParseCodecSpec(codec));
+    reducer_options.error_feedback = true;
+  }
+  SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<LocalReducer> reducer,
+                           LocalReducer::Create(devices, reducer_options));
+  return MedianSeconds(options.iters, [&] {
+    *payload_bytes = 0;
+    return reducer->MergeEncode(ranges, MergeOp::kAverage,
+                                [&](size_t, absl::Span<const uint8_t> payload) {
+                                  *payload_bytes += payload.size();
+                                  return absl::OkStatus();
+                                });
+  });
+}
+
+absl::Status MeasurePushPath(const LocalBenchOptions& options, const std::vector<Device*>& devices,
+                             absl::Span<const DeviceBuffer* const> inputs, size_t n, Figures& f) {
+  const std::vector<EncodeRange> ranges = Ranges(options, n, inputs);
+  size_t raw_bytes = 0;
+  SHARDPS_ASSIGN_OR_RETURN(double encode,
+                           MergeEncodeSeconds(options, devices, options.codec, ranges, &f.payload_bytes));
+  SHARDPS_ASSIGN_OR_RETURN(double raw, MergeEncodeSeconds(options, devices, "", ranges, &raw_bytes));
+  const double all_bytes = static_cast<double>(devices.size()) * n * sizeof(float);
+  f.encode_gbps = Gbps(all_bytes, encode);
+  f.raw_gbps = Gbps(all_bytes, raw);
+  f.host_copy_gbps = Gbps(static_cast<double>(n) * sizeof(float), raw);
+  f.pinned_gbps = f.copy_gbps;
+  if (options.kind == DeviceKind::kCuda) {
+    SHARDPS_ASSIGN_OR_RETURN(double pinned, CudaPinnedToHostSeconds(devices[0]->ordinal(),
+                                                                    n * sizeof(float), options.iters));
+    f.pinned_gbps = Gbps(static_cast<double>(n) * sizeof(float), pinned);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Figures> Measure(const LocalBenchOptions& options, int d, size_t bytes) {
   const size_t n = bytes / sizeof(float);
@@ -105,6 +165,8 @@ absl::StatusOr<Figures> Measure(const LocalBenchOptions& options, int d, size_t 
   f.broadcast_gbps = Gbps(all_bytes, broadcast);
   f.copy_gbps = Gbps(static_cast<double>(bytes), copy_s);
   f.to_host_gbps = Gbps(static_cast<double>(bytes), to_host);
+  reducer.reset();  // One reducer's staging at a time.
+  if (!options.codec.empty()) SHARDPS_RETURN_IF_ERROR(MeasurePushPath(options, raw, inputs, n, f));
   return f;
 }
 
@@ -119,24 +181,51 @@ void PrintHeader(const LocalBenchOptions& options, int threads, std::ostream& ou
                          "merge_GB/s", "bcast_GB/s", "copy_GB/s", "to_host_GB/s", "merge/copy");
 }
 
+// The push-path fields of a JSON row (with a codec), starting with a comma.
+std::string PushPathJson(const LocalBenchOptions& options, const Figures& f) {
+  if (options.codec.empty()) return "";
+  return absl::StrFormat(
+      ",\"codec\":\"%s\",\"range_bytes\":%d,\"payload_bytes\":%d,\"encode_gbps\":%.3f,"
+      "\"raw_gbps\":%.3f,\"host_copy_gbps\":%.3f,\"pinned_gbps\":%.3f,"
+      "\"encode_vs_raw\":%.3f,\"host_copy_vs_pinned\":%.3f,\"pinned_kind\":\"%s\"",
+      options.codec, options.range_bytes, f.payload_bytes, f.encode_gbps, f.raw_gbps,
+      f.host_copy_gbps, f.pinned_gbps, f.encode_gbps / f.raw_gbps, f.host_copy_gbps / f.pinned_gbps,
+      options.kind == DeviceKind::kCuda ? "cudaMemcpyAsync to pinned" : "memcpy");
+}
+
 void PrintRow(const LocalBenchOptions& options, int threads, const Figures& f, std::ostream& out) {
   const std::string kind = DeviceKindName(options.kind);
   if (options.json) {
     out << absl::StrFormat(
         "{\"kind\":\"%s\",\"devices\":%d,\"gpus\":%d,\"cpu_threads\":%d,\"bytes\":%d,"
         "\"merge_gbps\":%.3f,\"broadcast_gbps\":%.3f,\"copy_gbps\":%.3f,"
-        "\"to_host_gbps\":%.3f,\"merge_bytes_counted\":\"input\",\"iters\":%d}\n",
+        "\"to_host_gbps\":%.3f,\"merge_bytes_counted\":\"input\",\"iters\":%d%s}\n",
         kind, f.devices, f.gpus, threads, f.bytes, f.merge_gbps, f.broadcast_gbps, f.copy_gbps,
-        f.to_host_gbps, options.iters);
+        f.to_host_gbps, options.iters, PushPathJson(options, f));
     return;
   }
   out << absl::StrFormat("%-5s %7d %10.1f %11.2f %11.2f %10.2f %12.2f %11.2f\n", kind, f.devices,
                          f.bytes / 1048576.0, f.merge_gbps, f.broadcast_gbps, f.copy_gbps,
                          f.to_host_gbps, f.merge_gbps / f.copy_gbps);
+  if (options.codec.empty()) return;
+  out << absl::StrFormat(
+      "      push path, %s: encode %.2f GB/s, raw %.2f GB/s (x%.2f); host copy %.2f GB/s vs "
+      "pinned %.2f GB/s (x%.2f); payload %d bytes\n",
+      options.codec, f.encode_gbps, f.raw_gbps, f.encode_gbps / f.raw_gbps, f.host_copy_gbps,
+      f.pinned_gbps, f.host_copy_gbps / f.pinned_gbps, f.payload_bytes);
 }
 
 absl::Status CheckOptions(const LocalBenchOptions& options) {
   if (options.iters < 1) return absl::InvalidArgumentError("bench-local: iters must be >= 1");
+  if (options.range_bytes < sizeof(float)) {
+    return absl::InvalidArgumentError("bench-local: range bytes must be >= 4");
+  }
+  if (!options.codec.empty()) {
+    auto params = compression::ParseCodecSpec(options.codec);
+    if (!params.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("bench-local --codec: ", params.status().message()));
+    }
+  }
   for (int d : options.devices) {
     if (d < 1) return absl::InvalidArgumentError(absl::StrCat("bench-local: devices ", d));
   }

@@ -9,12 +9,25 @@
 //                   (memcpy on CPU, device-to-device on CUDA)
 //   to_host_gbps    n * 4 bytes / time of DeviceBuffer::CopyToHost into
 //                   pageable host memory
+// With a codec (`codec` set), each row adds the push path of the tier, over
+// ranges of `range_bytes` (partitions, pipelined by MergeEncode):
+//   encode_gbps     D * n * 4 / time of MergeEncode with the codec and error
+//                   feedback (merge + residual + encode + payload to host)
+//   raw_gbps        D * n * 4 / time of MergeEncode without a codec (merge +
+//                   fp32 sum into the host staging the data plane sends from)
+//   host_copy_gbps  n * 4 / that same time: the uncompressed host copy
+//   pinned_gbps     n * 4 / time of one plain device-to-host cudaMemcpyAsync
+//                   into pinned memory (CPU: the memcpy of copy_gbps), the
+//                   limit host_copy_gbps is held against
+//   encode_vs_raw = encode_gbps / raw_gbps, host_copy_vs_pinned =
+//   host_copy_gbps / pinned_gbps, payload_bytes = encoded bytes of one call.
 // Thread safety: runs on the calling thread (plus the reducer's threads).
 #ifndef SHARDPS_WORKER_LOCAL_TIER_LOCAL_BENCH_H_
 #define SHARDPS_WORKER_LOCAL_TIER_LOCAL_BENCH_H_
 
 #include <cstddef>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +50,10 @@ struct LocalBenchOptions {
   bool json = false;
   // CPU reducer threads; default 0 = all cores.
   int num_threads = 0;
+  // Push codec spec (e.g. "2bit"); empty (default): no push-path figures.
+  std::string codec;
+  // Bytes per MergeEncode range in the push-path figures. Default 4 MiB.
+  size_t range_bytes = size_t{4} << 20;
 };
 
 // Runs the benchmark and writes the results to `out`. InvalidArgument for bad

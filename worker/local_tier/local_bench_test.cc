@@ -37,6 +37,35 @@ TEST(LocalBenchTest, JsonModePrintsOneObjectPerFigure) {
   EXPECT_EQ(count, 4);
 }
 
+TEST(LocalBenchTest, CodecAddsThePushPathFiguresAndTheirLimit) {
+  LocalBenchOptions options = Tiny();
+  options.json = true;
+  options.codec = "2bit";
+  options.range_bytes = 1024;
+  std::ostringstream out;
+  ASSERT_TRUE(RunLocalBench(options, out).ok());
+  std::istringstream lines(out.str());
+  for (std::string line; std::getline(lines, line);) {
+    for (const char* key : {"\"codec\":\"2bit\"", "\"encode_gbps\":", "\"raw_gbps\":",
+                            "\"host_copy_gbps\":", "\"pinned_gbps\":", "\"encode_vs_raw\":",
+                            "\"host_copy_vs_pinned\":"}) {
+      EXPECT_THAT(line, HasSubstr(key));
+    }
+  }
+  // 4096 bytes = 1024 values in ranges of 256: four 2bit payloads of 4 + 64 bytes.
+  EXPECT_THAT(out.str(), HasSubstr("\"bytes\":4096,"));
+  EXPECT_THAT(out.str(), HasSubstr("\"payload_bytes\":272,"));
+}
+
+TEST(LocalBenchTest, UnknownCodecIsInvalidArgumentNamingIt) {
+  LocalBenchOptions options = Tiny();
+  options.codec = "nonesuch";
+  std::ostringstream out;
+  absl::Status s = RunLocalBench(options, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nonesuch"));
+}
+
 TEST(LocalBenchTest, TableSaysWhatMergeBandwidthCounts) {
   std::ostringstream out;
   ASSERT_TRUE(RunLocalBench(Tiny(), out).ok());

@@ -64,7 +64,7 @@ TEST_P(CudaMergeEncodeTest, CudaDecodeBroadcastGivesTheCpuValues) {
   ASSERT_TRUE(cpu.Init(DeviceKind::kCpu, same, Options()).ok());
   absl::Status made = gpu.Init(DeviceKind::kCuda, same, Options());
   ASSERT_TRUE(made.ok()) << made;
-  auto payloads = source.Encode({{offset, len, 77, 0}});
+  auto payloads = source.Encode({{{}, offset, len, 77, 0}});
   ASSERT_TRUE(payloads.ok()) << payloads.status();
   for (bool accumulate : {true, false}) {
     auto cpu_out = cpu.raw_buffers();

@@ -85,8 +85,7 @@ class CudaLocalReducer : public LocalReducer {
                        absl::Span<float> out, MergeOp op) override;
   absl::Status DoBroadcast(absl::Span<const float> in, absl::Span<DeviceBuffer* const> outputs,
                            size_t offset) override;
-  absl::Status DoMergeEncode(absl::Span<const DeviceBuffer* const> inputs,
-                             absl::Span<const EncodeRange> ranges, MergeOp op,
+  absl::Status DoMergeEncode(absl::Span<const EncodeRange> ranges, MergeOp op,
                              PayloadSink sink) override;
   absl::Status DoDecodeBroadcast(absl::Span<const uint8_t> payload, uint64_t seed, size_t length,
                                  bool accumulate, absl::Span<DeviceBuffer* const> outputs,
@@ -111,8 +110,7 @@ class CudaLocalReducer : public LocalReducer {
   absl::Status EnsureWorkspace(const compression::CodecParams& params, size_t len);
   // Queues merge + encode of ranges[i] on the root stream and its payload's
   // copy to pinned staging on the copy stream.
-  absl::Status QueueEncode(absl::Span<const DeviceBuffer* const> inputs, const EncodeRange& range,
-                           size_t i, MergeOp op);
+  absl::Status QueueEncode(const EncodeRange& range, size_t i, MergeOp op);
   // The key's residual on device 0 (zeroed when new).
   absl::StatusOr<float*> Residual(uint64_t key, size_t len);
   // Waits for both streams (after an error: nothing may still write staging).
@@ -381,13 +379,12 @@ absl::StatusOr<float*> CudaLocalReducer::Residual(uint64_t key, size_t len) {
   return data;
 }
 
-absl::Status CudaLocalReducer::QueueEncode(absl::Span<const DeviceBuffer* const> inputs,
-                                           const EncodeRange& range, size_t i, MergeOp op) {
+absl::Status CudaLocalReducer::QueueEncode(const EncodeRange& range, size_t i, MergeOp op) {
   uint8_t* payload = device_payloads_ + payload_offsets()[i];
   const size_t bytes = PayloadBytes(range.length);
   const compression::CodecParams* params = push_params();
   const float* merged = nullptr;
-  SHARDPS_RETURN_IF_ERROR(MergeWithPeerCopies(inputs, range.offset, range.length, op,
+  SHARDPS_RETURN_IF_ERROR(MergeWithPeerCopies(range.inputs, range.offset, range.length, op,
                                               params ? nullptr : reinterpret_cast<float*>(payload),
                                               &merged));
   ScopedCudaDevice scoped(cuda(0).ordinal());
@@ -421,17 +418,16 @@ void CudaLocalReducer::Drain() {
   (void)cudaStreamSynchronize(copy_stream_);
 }
 
-absl::Status CudaLocalReducer::DoMergeEncode(absl::Span<const DeviceBuffer* const> inputs,
-                                             absl::Span<const EncodeRange> ranges, MergeOp op,
+absl::Status CudaLocalReducer::DoMergeEncode(absl::Span<const EncodeRange> ranges, MergeOp op,
                                              PayloadSink sink) {
 #if defined(SHARDPS_WITH_NCCL)
-  if (use_nccl_) return LocalReducer::DoMergeEncode(inputs, ranges, op, sink);
+  if (use_nccl_) return LocalReducer::DoMergeEncode(ranges, op, sink);
 #endif
   const size_t total = PlanPayloads(ranges);
   absl::Status status = EnsureEncodeBuffers(ranges, total);
   // Range i is queued before range i-1 is waited for and sunk.
   for (size_t i = 0; status.ok() && i <= ranges.size(); ++i) {
-    if (i < ranges.size()) status = QueueEncode(inputs, ranges[i], i, op);
+    if (i < ranges.size()) status = QueueEncode(ranges[i], i, op);
     if (!status.ok() || i == 0) continue;
     status = CudaStatus(cudaEventSynchronize(copied_[i - 1]), "cudaEventSynchronize", __FILE__,
                         __LINE__);

@@ -48,9 +48,11 @@ TEST(MergeEncodeTest, PayloadsStayValidUntilTheNextCall) {
   EncodeTier tier;
   ASSERT_TRUE(tier.Init(DeviceKind::kCpu, grads, {}).ok());
   std::vector<absl::Span<const uint8_t>> seen;
-  const auto ranges = ThreeRanges(n, 0);
+  const auto inputs = tier.inputs();
+  auto ranges = ThreeRanges(n, 0);
+  for (EncodeRange& r : ranges) r.inputs = inputs;
   ASSERT_TRUE(tier.reducer()
-                  .MergeEncode(tier.inputs(), ranges, MergeOp::kSum,
+                  .MergeEncode(ranges, MergeOp::kSum,
                                [&](size_t, absl::Span<const uint8_t> payload) {
                                  seen.push_back(payload);
                                  return absl::OkStatus();
@@ -97,8 +99,11 @@ TEST(MergeEncodeTest, SinkErrorStopsTheCall) {
   EncodeTier tier;
   ASSERT_TRUE(tier.Init(DeviceKind::kCpu, RandomGradients(2, 300, 1), {}).ok());
   int calls = 0;
+  const auto inputs = tier.inputs();
+  auto ranges = ThreeRanges(300, 0);
+  for (EncodeRange& r : ranges) r.inputs = inputs;
   absl::Status s = tier.reducer().MergeEncode(
-      tier.inputs(), ThreeRanges(300, 0), MergeOp::kSum, [&](size_t, absl::Span<const uint8_t>) {
+      ranges, MergeOp::kSum, [&](size_t, absl::Span<const uint8_t>) {
         ++calls;
         return absl::UnavailableError("wire down");
       });
@@ -109,9 +114,10 @@ TEST(MergeEncodeTest, SinkErrorStopsTheCall) {
 TEST(MergeEncodeTest, RangeOutsideTheBuffersIsRefusedNamingIt) {
   EncodeTier tier;
   ASSERT_TRUE(tier.Init(DeviceKind::kCpu, RandomGradients(2, 100, 1), {}).ok());
-  std::vector<EncodeRange> ranges = {{0, 50, 0, 0}, {50, 51, 0, 1}};
+  const auto inputs = tier.inputs();
+  std::vector<EncodeRange> ranges = {{inputs, 0, 50, 0, 0}, {inputs, 50, 51, 0, 1}};
   absl::Status s = tier.reducer().MergeEncode(
-      tier.inputs(), ranges, MergeOp::kSum,
+      ranges, MergeOp::kSum,
       [](size_t, absl::Span<const uint8_t>) { return absl::OkStatus(); });
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("range 1"), absl::string_view::npos) << s;

@@ -58,11 +58,14 @@ class EncodeTier {
 
   // MergeEncode over `ranges`; payloads copied out in sink order. The sink
   // also checks that it is called in range order.
-  absl::StatusOr<std::vector<std::vector<uint8_t>>> Encode(const std::vector<EncodeRange>& ranges,
+  // Ranges get this tier's buffers as inputs.
+  absl::StatusOr<std::vector<std::vector<uint8_t>>> Encode(std::vector<EncodeRange> ranges,
                                                            MergeOp op = MergeOp::kAverage) {
+    const std::vector<const DeviceBuffer*> in = inputs();
+    for (EncodeRange& range : ranges) range.inputs = in;
     std::vector<std::vector<uint8_t>> payloads;
     SHARDPS_RETURN_IF_ERROR(reducer_->MergeEncode(
-        inputs(), ranges, op, [&](size_t index, absl::Span<const uint8_t> payload) {
+        ranges, op, [&](size_t index, absl::Span<const uint8_t> payload) {
           if (index != payloads.size()) return absl::InternalError("sink called out of order");
           payloads.emplace_back(payload.begin(), payload.end());
           return absl::OkStatus();
@@ -91,7 +94,9 @@ class EncodeTier {
 // Three uneven ranges covering [0, n), seeds and residual keys per range.
 inline std::vector<EncodeRange> ThreeRanges(size_t n, uint64_t round) {
   const size_t a = n / 3 + 5, b = n / 3 - 7;
-  return {{0, a, round * 31 + 1, 10}, {a, b, round * 31 + 2, 11}, {a + b, n - a - b, round * 31 + 3, 12}};
+  return {{{}, 0, a, round * 31 + 1, 10},
+          {{}, a, b, round * 31 + 2, 11},
+          {{}, a + b, n - a - b, round * 31 + 3, 12}};
 }
 
 }  // namespace shardps

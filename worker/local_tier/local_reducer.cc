@@ -90,18 +90,17 @@ absl::Status LocalReducer::Broadcast(absl::Span<const float> in,
   return DoBroadcast(in, outputs, offset);
 }
 
-absl::Status LocalReducer::MergeEncode(absl::Span<const DeviceBuffer* const> inputs,
-                                       absl::Span<const EncodeRange> ranges, MergeOp op,
+absl::Status LocalReducer::MergeEncode(absl::Span<const EncodeRange> ranges, MergeOp op,
                                        PayloadSink sink) {
   for (size_t i = 0; i < ranges.size(); ++i) {
-    absl::Status valid = CheckBuffers(inputs, ranges[i].offset, ranges[i].length);
+    absl::Status valid = CheckBuffers(ranges[i].inputs, ranges[i].offset, ranges[i].length);
     if (valid.ok() && ranges[i].length == 0) valid = absl::InvalidArgumentError("empty range");
     if (!valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("MergeEncode range ", i, ": ", valid.message()));
     }
   }
   absl::MutexLock lock(&call_mu_);
-  return DoMergeEncode(inputs, ranges, op, sink);
+  return DoMergeEncode(ranges, op, sink);
 }
 
 absl::Status LocalReducer::DecodeBroadcast(absl::Span<const uint8_t> payload, uint64_t seed,
@@ -113,8 +112,7 @@ absl::Status LocalReducer::DecodeBroadcast(absl::Span<const uint8_t> payload, ui
   return DoDecodeBroadcast(payload, seed, length, accumulate, outputs, offset);
 }
 
-absl::Status LocalReducer::DoMergeEncode(absl::Span<const DeviceBuffer* const> inputs,
-                                         absl::Span<const EncodeRange> ranges, MergeOp op,
+absl::Status LocalReducer::DoMergeEncode(absl::Span<const EncodeRange> ranges, MergeOp op,
                                          PayloadSink sink) {
   host_payloads_.resize(PlanPayloads(ranges));
   for (size_t i = 0; i < ranges.size(); ++i) {
@@ -123,10 +121,10 @@ absl::Status LocalReducer::DoMergeEncode(absl::Span<const DeviceBuffer* const> i
     const size_t bytes = PayloadBytes(r.length);
     if (push_codec_ == nullptr) {  // Merge straight into the payload: no second copy.
       SHARDPS_RETURN_IF_ERROR(
-          DoMerge(inputs, r.offset, absl::MakeSpan(reinterpret_cast<float*>(payload), r.length), op));
+          DoMerge(r.inputs, r.offset, absl::MakeSpan(reinterpret_cast<float*>(payload), r.length), op));
     } else {
       host_values_.resize(r.length);
-      SHARDPS_RETURN_IF_ERROR(DoMerge(inputs, r.offset, absl::MakeSpan(host_values_), op));
+      SHARDPS_RETURN_IF_ERROR(DoMerge(r.inputs, r.offset, absl::MakeSpan(host_values_), op));
       absl::Span<uint8_t> out(payload, bytes);
       SHARDPS_ASSIGN_OR_RETURN(size_t written,
                                feedback_ ? feedback_->Encode(r.residual_key, host_values_, r.seed, out)

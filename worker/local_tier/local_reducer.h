@@ -70,6 +70,8 @@ struct LocalReducerOptions {
 
 // One range (e.g. a partition) of a MergeEncode call.
 struct EncodeRange {
+  // The D buffers to merge (one per device, as Merge's inputs); borrowed.
+  absl::Span<const DeviceBuffer* const> inputs;
   size_t offset = 0;          // First value, in every input buffer.
   size_t length = 0;          // Values.
   uint64_t seed = 0;          // Codec seed (e.g. compression::CodecSeed).
@@ -115,8 +117,7 @@ class LocalReducer {
   // exact bytes the CPU codec produces for the merged values; CUDA copies only
   // it to the host. Returns the first error (a device, a range, the sink).
   // REQUIRES: as Merge; a residual key keeps its length.
-  absl::Status MergeEncode(absl::Span<const DeviceBuffer* const> inputs,
-                           absl::Span<const EncodeRange> ranges, MergeOp op, PayloadSink sink);
+  absl::Status MergeEncode(absl::Span<const EncodeRange> ranges, MergeOp op, PayloadSink sink);
 
   // outputs[d][offset + i] = v[i] (or += v[i] with `accumulate`), v the
   // `length` values `payload` decodes to with pull_codec (fp32 without one),
@@ -143,8 +144,7 @@ class LocalReducer {
                                    absl::Span<DeviceBuffer* const> outputs, size_t offset) = 0;
   // MergeEncode / DecodeBroadcast after argument checks, calls serialised.
   // The defaults merge to host memory with DoMerge and run the CPU codecs.
-  virtual absl::Status DoMergeEncode(absl::Span<const DeviceBuffer* const> inputs,
-                                     absl::Span<const EncodeRange> ranges, MergeOp op,
+  virtual absl::Status DoMergeEncode(absl::Span<const EncodeRange> ranges, MergeOp op,
                                      PayloadSink sink);
   virtual absl::Status DoDecodeBroadcast(absl::Span<const uint8_t> payload, uint64_t seed,
                                          size_t length, bool accumulate,
