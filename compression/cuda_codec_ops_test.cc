@@ -128,6 +128,36 @@ TEST_P(CudaCodecOpsTest, MalformedPayloadIsRejectedOnDevice) {
 #endif
 }
 
+// Many equal magnitudes around the k-th value: the GPU must break ties by
+// index exactly like the CPU (smaller index first), and the onebit ballot must
+// give the CPU's words for sizes that end mid-word.
+TEST(CudaCodecTiesTest, CudaTopKBreaksTiesByIndexLikeTheCpu) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+#if SHARDPS_WITH_CUDA
+  auto params = ParseCodecSpec("topk:ratio=0.01");
+  ASSERT_TRUE(params.ok());
+  auto codec = CreateCodec(*params);
+  for (size_t n : {size_t{5000}, size_t{200003}, size_t{1} << 22}) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 7) - 3);
+    ASSERT_TRUE(MustEncode(**codec, x, 1) == RunOnDevice(*params, x, nullptr, 1).payload) << "n=" << n;
+  }
+#endif
+}
+
+TEST(CudaCodecTiesTest, CudaOneBitWordsMatchTheCpuForEveryTail) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+#if SHARDPS_WITH_CUDA
+  auto params = ParseCodecSpec("onebit");
+  ASSERT_TRUE(params.ok());
+  auto codec = CreateCodec(*params);
+  for (size_t n : {size_t{1}, size_t{31}, size_t{33}, size_t{8191}, size_t{8193}, size_t{70001}}) {
+    const auto x = RandomGradient(n, 95);
+    ASSERT_TRUE(MustEncode(**codec, x, 1) == RunOnDevice(*params, x, nullptr, 1).payload) << "n=" << n;
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(AllCodecs, CudaCodecOpsTest,
                          ::testing::Values("none", "fp16", "bf16", "2bit:threshold=0.7", "onebit",
                                            "topk:ratio=0.01", "randomk:ratio=0.05",
