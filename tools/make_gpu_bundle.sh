@@ -7,7 +7,9 @@
 #                  BUNDLE_DIR defaults to BUILD_DIR/gpu-bundle; keep it under
 #                  the repo (e.g. build/gpu-bundle) and pass it in `carry`.
 # Usage (on GPU):  BUNDLE/run.sh shardps bench-local --json   # any bundled command
-#                  BUNDLE/run-gpu-checks.sh                   # CUDA tests + GPU benches;
+#                  BUNDLE/run-gpu-checks.sh                   # CUDA tests + GPU benches
+#                                                             # (bench-codec, bench-local
+#                                                             # with and without --codec);
 #                                                             # results under $OUT if set
 # What goes in: every executable ELF file under BUILD_DIR (outside CMakeFiles),
 # i.e. the `shardps` CLI and the test binaries, copied with
@@ -118,6 +120,11 @@ bench() {  # bench FILE COMMAND...
 bench bench-codec.jsonl shardps bench-codec --json
 bench bench-local-cpu.jsonl shardps bench-local --kind cpu --json
 bench bench-local-cuda.jsonl shardps bench-local --kind cuda --json
+# The push path (merge + encode + copy to host) against no codec and a pinned
+# device-to-host copy, measured in the same run (bars: encode_vs_raw >= 8,
+# host_copy_vs_pinned >= 0.8 for D = 4 at 16 and 64 MiB).
+bench bench-local-cuda-2bit.jsonl shardps bench-local --kind cuda --codec 2bit --devices 1,4 --json
+bench bench-local-cuda-onebit.jsonl shardps bench-local --kind cuda --codec onebit --devices 4 --json
 exit $status
 CHECKS
 chmod +x "$bundle/run.sh" "$bundle/run-gpu-checks.sh"
