@@ -20,8 +20,8 @@
 #include "common/optimizer.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train/mlp.h"
-#include "worker/device.h"
-#include "worker/device_group.h"
+#include "worker/local_tier/device.h"
+#include "worker/local_tier/device_group.h"
 
 namespace shardps {
 namespace {
@@ -177,7 +177,7 @@ absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<f
 
 // The local tier's merge, written out: for every element, in float,
 // acc = g_0 + g_1 + ... + g_{D-1} (device order), then acc * (1.0f / D).
-// See worker/local_reducer.h; the reference must not share its code.
+// See worker/local_tier/local_reducer.h; the reference must not share its code.
 void AverageInDeviceOrder(const std::vector<std::vector<std::vector<float>>>& slice_grads,
                           std::vector<std::vector<float>>* out) {
   const size_t devices = slice_grads.size();

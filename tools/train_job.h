@@ -25,7 +25,7 @@ struct TrainOptions {
   // Devices are CPU devices ("cpu:D") unless `devices` names them.
   // 1 = one model, no local tier.
   int devices_per_worker = 1;
-  // Device spec of the local tier (worker/device.h), e.g. "cuda:0,cuda:1";
+  // Device spec of the local tier (worker/local_tier/device.h), e.g. "cuda:0,cuda:1";
   // must name devices_per_worker devices. Empty: "cpu:D". The model math runs
   // on the CPU either way; the devices hold the gradients and weights that
   // are merged and broadcast.
