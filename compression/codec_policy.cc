@@ -1,6 +1,5 @@
 #include "compression/codec_policy.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -98,29 +97,23 @@ std::string ApplyCompressionRecipe(ClusterConfig* config) {
     return what + "with Adam in async mode: no measured recipe keeps its accuracy there (it needs update_mode "
                   "sum_only, which is sync only); expect a loss (docs/performance.md)";
   }
-  if (config->has_update_mode() && config->update_mode() != SUM_ONLY) {
-    return what + "with Adam: update_mode is set, so the accuracy recipe (sum_only, frozen variance) is not "
-                  "applied; expect a loss (docs/performance.md)";
+  if (config->has_update_mode() || c.has_uncompressed_rounds() || o.has_freeze_variance_after()) {
+    // Tuned by hand (or the recipe applied already): a partial recipe is a
+    // combination nobody measured.
+    return "";
   }
   if (o.weight_decay() != 0 || c.momentum() != 0) {
     return what + "with Adam: the accuracy recipe (1-bit Adam) needs optimizer.weight_decay and "
                   "compression.momentum 0, so it is not applied; expect a loss (docs/performance.md)";
   }
   constexpr uint32_t kWarmupRounds = 150;
-  std::vector<std::string> set;
-  if (!config->has_update_mode()) {
-    config->set_update_mode(SUM_ONLY);
-    set.push_back("update_mode=SUM_ONLY");
-  }
-  if (!c.has_uncompressed_rounds()) {
-    c.set_uncompressed_rounds(static_cast<uint32_t>(std::max<uint64_t>(kWarmupRounds, o.freeze_variance_after())));
-    set.push_back(absl::StrCat("compression.uncompressed_rounds=", c.uncompressed_rounds()));
-  }
+  std::vector<std::string> set = {"update_mode=SUM_ONLY",
+                                  absl::StrCat("compression.uncompressed_rounds=", kWarmupRounds),
+                                  absl::StrCat("optimizer.freeze_variance_after=", kWarmupRounds)};
+  config->set_update_mode(SUM_ONLY);
+  c.set_uncompressed_rounds(kWarmupRounds);
   OptimizerConfig& opt = *config->mutable_optimizer();
-  if (!opt.has_freeze_variance_after()) {
-    opt.set_freeze_variance_after(c.uncompressed_rounds());
-    set.push_back(absl::StrCat("optimizer.freeze_variance_after=", opt.freeze_variance_after()));
-  }
+  opt.set_freeze_variance_after(kWarmupRounds);
   if (!opt.has_epsilon()) {
     // A frozen variance with epsilon 1e-8 lets a coordinate whose gradient
     // grows after the freeze take unbounded steps.
@@ -137,9 +130,10 @@ std::string ApplyCompressionRecipe(ClusterConfig* config) {
       set.push_back("compression.pull_codec=onebit");
     }
   }
-  if (set.empty()) return "";
   return absl::StrCat(what, "with Adam: applying the measured accuracy recipe (docs/performance.md): ",
-                      absl::StrJoin(set, ", "), "; set any of these to override");
+                      absl::StrJoin(set, ", "),
+                      "; setting update_mode, compression.uncompressed_rounds or optimizer.freeze_variance_after "
+                      "yourself turns it off");
 }
 
 absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,
