@@ -5,6 +5,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/data_message.h"
@@ -60,10 +61,12 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
   const uint32_t workers = config_.num_workers();
+  absl::flat_hash_set<uint64_t> held;
   for (const PartitionInfo& info : map.partitions()) {
     const bool holds = info.server() == server_index ||
                        std::find(info.backups().begin(), info.backups().end(), server_index) != info.backups().end();
     if (!holds) continue;
+    held.insert(info.id());
     if (auto it = partitions_.find(info.id()); it != partitions_.end()) {
       UpdateRole(*it->second, info, /*created=*/false);
       continue;
@@ -109,14 +112,27 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     } else if (push != nullptr) {
       p->scratch.assign(p->n, 0.0f);
     }
-    if (epoch_ == 0 && !config_.checkpoint().restore_dir().empty()) {
+    const bool first_map = epoch_ == 0 && !joined_running_job_;
+    if (first_map && !config_.checkpoint().restore_dir().empty()) {
       if (absl::Status s = RestorePartition(*p); !s.ok()) return s;
     }
     // A backup added to a running job holds nothing valid until its
     // primary's snapshot arrives; one listed from the start begins equal.
-    p->synced = epoch_ == 0 || info.server() == server_index;
+    p->synced = first_map || info.server() == server_index;
     UpdateRole(*p, info, /*created=*/true);
     partitions_.emplace(info.id(), std::move(p));
+  }
+  // A backup copy moved elsewhere: dropped, so that a later map giving it
+  // back starts from a snapshot again instead of stale state. (A primary's
+  // partition only leaves it with its death.)
+  for (auto it = partitions_.begin(); it != partitions_.end();) {
+    if (held.contains(it->first) || it->second->primary) {
+      ++it;
+    } else {
+      LOG(INFO) << "server " << server_index << ": copy of partition " << it->first << " moved away at shard map epoch "
+                << map.epoch();
+      partitions_.erase(it++);
+    }
   }
   FollowCheckpoints(map);
   epoch_ = map.epoch();

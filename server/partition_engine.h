@@ -100,8 +100,15 @@ class PartitionEngine {
   // over the workers that contributed to it).
   // Fails if the config names a codec that cannot be created, or a
   // checkpoint to restore that is corrupt or does not match the map.
+  // Copies this server holds in no later map are dropped (a copy moved to
+  // a server that joined).
   absl::Status InstallShardMap(const ShardMap& map, uint32_t server_index);
   uint64_t epoch() const { return epoch_; }
+
+  // This server joined a job that was already training (it replaces a dead
+  // one): every copy its maps give it holds nothing valid until its primary's
+  // snapshot arrives, the first map included, and no checkpoint is restored.
+  void JoinRunningJob() { joined_running_job_ = true; }
 
   // Handles one request. `payload` is null when the message had no payload
   // frame. Every outcome, including bad input, is answered through the sink
@@ -272,6 +279,7 @@ class PartitionEngine {
   const bool replicated_;  // the config keeps more than one copy
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
+  bool joined_running_job_ = false;
   uint32_t server_index_ = 0;
   std::vector<bool> excluded_;  // per worker rank: removed from the job
   uint32_t num_excluded_ = 0;

@@ -50,6 +50,11 @@ class ParameterServerImpl : public ParameterServer {
         [this](uint32_t server, DataHeader& h, zmq::message_t& payload) { SendToPeer(server, h, payload); });
     if (!engine.ok()) return engine.status();
     engine_ = *std::move(engine);
+    if (registered->joins_running_job()) {
+      engine_->JoinRunningJob();
+      LOG(WARNING) << "server " << index_ << " at " << data_address_
+                   << " joins a running job in a dead server's place: its copies arrive as snapshots";
+    }
     if (options.metrics != nullptr) metrics_ = std::make_unique<ServerMetrics>(*options.metrics, index_);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     watch_ = scheduler_->WatchShardMap(
@@ -206,7 +211,10 @@ class ParameterServerImpl : public ParameterServer {
     if (!map || map->epoch() <= engine_->epoch()) return;
     for (const ServerInfo& s : map->servers()) {
       if (peer_addresses_.size() <= s.index()) peer_addresses_.resize(s.index() + 1);
-      if (s.index() != index_) peer_addresses_[s.index()] = s.data_address();
+      if (s.index() == index_ || peer_addresses_[s.index()] == s.data_address()) continue;
+      // A server that joined in a dead one's place: connect to it afresh.
+      if (s.index() < peers_.size()) peers_[s.index()].reset();
+      peer_addresses_[s.index()] = s.data_address();
     }
     if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
       LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;

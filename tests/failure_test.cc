@@ -26,6 +26,7 @@
 namespace shardps {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -154,6 +155,30 @@ TEST(FailureTest, CopiesAreRecreatedSoASecondServerDeathLosesNothing) {
   ASSERT_EQ(killed.exit_code, 0) << killed.err;
   EXPECT_THAT(killed.err, HasSubstr("copies re-created on the surviving servers"));
   EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
+  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
+  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
+  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
+}
+
+TEST(FailureTest, ReplacementServersTakeTheDeadOnesPlacesUntilNoOriginalIsLeft) {
+  // Each killed server is replaced (new process, new address) once declared
+  // dead; the replacement gets copies again, so every original server can
+  // die in turn and the weights stay bitwise those of the run without faults.
+  const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
+                                        "--epochs", "2", "--deterministic"};
+  LocalRun clean = RunLocal(job);
+  std::vector<std::string> faulty = job;
+  faulty.insert(faulty.end(), {"--replace", "--kill", "server:1@20", "--kill", "server:0@150", "--kill", "server:2@250"});
+  LocalRun killed = RunLocal(faulty);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  for (int index : {0, 1, 2}) {
+    EXPECT_THAT(killed.err, ContainsRegex(absl::StrCat("server ", index, " \\(tcp://[^)]*\\) joins the running job")))
+        << "no replacement for server " << index;
+  }
+  EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_THAT(killed.err, Not(HasSubstr("no answer within")));
   EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
   EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
   ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;

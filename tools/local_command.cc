@@ -38,6 +38,7 @@ struct LocalOptions {
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
   bool json = false, reference = false, deterministic = false, verbose = false;
+  bool replace = false;  // start a new server in the place of each killed one once it is declared dead
   double timeout_s = 3600, restart_after_s = 2;
 };
 
@@ -110,9 +111,10 @@ int64_t ReadProgress(const std::string& path) {
 }
 
 // The position in the launcher's daemons of the server the scheduler gave
-// `index` (from the servers' --info-file).
-absl::StatusOr<size_t> ServerSlot(const std::string& dir, int servers, int index) {
-  for (int i = 0; i < servers; ++i) {
+// `index` (from the servers' --info-file); of `spawned` server processes, the
+// latest to report it (a replacement takes a dead server's index).
+absl::StatusOr<size_t> ServerSlot(const std::string& dir, int spawned, int index) {
+  for (int i = spawned; i-- > 0;) {
     std::ifstream in(absl::StrCat(dir, "/server.", i));
     int registered = -1;
     if (in >> registered && registered == index) return 1 + i;
@@ -122,8 +124,8 @@ absl::StatusOr<size_t> ServerSlot(const std::string& dir, int servers, int index
 
 // What the surviving workers and servers wrote once stopped: results, rank
 // 0's weights digest, and the lost/duplicate update accounting.
-Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, const ClusterConfig& config,
-                       const FaultInjector* injector) {
+Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawned_servers,
+                       const ClusterConfig& config, const FaultInjector* injector) {
   Outcome out;
   if (injector != nullptr) out.faults = injector->records();
   std::map<int, std::map<uint64_t, uint64_t>> acked;
@@ -146,7 +148,7 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, const Clus
   }
   // Each partition is reported by the server that is its primary at the end.
   std::map<uint64_t, PartitionApplied> applied;
-  for (int i = 0; i < o.servers; ++i) applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+  for (int i = 0; i < spawned_servers; ++i) applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
   out.updates = AccountUpdates(config.consistency() == ASYNC, applied, acked);
   return out;
 }
@@ -205,6 +207,26 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                                     absl::StrCat(dir, "/updates.", i)};
   };
   if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, reports, daemons); !s.ok()) return fail(s);
+  int spawned_servers = static_cast<int>(o.servers);
+  size_t replaced = 0;  // server faults, in record order, that have a replacement
+  // --replace: once the scheduler has declared a killed server dead, a new
+  // server process (at a new address) registers and takes its place.
+  auto replace_dead_servers = [&]() -> absl::Status {
+    const std::vector<FaultRecord>& records = injector->records();
+    for (; replaced < records.size(); ++replaced) {
+      const FaultRecord& r = records[replaced];
+      if (r.spec.role != FaultSpec::Role::kServer) continue;
+      if (r.detected_seconds < 0) break;
+      const int n = spawned_servers;
+      auto numbered = [&](int) { return reports(n); };
+      if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
+      daemons.back().name = absl::StrCat("server ", n, " (replacing server ", r.spec.index, ")");
+      ++spawned_servers;
+      std::cerr << "shardps local: server " << r.spec.index << " was declared dead " << r.detected_seconds
+                << " s after its kill; starting a replacement\n";
+    }
+    return absl::OkStatus();
+  };
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < o.workers; ++r) {
     auto worker = Spawn(absl::StrCat("worker ", r),
@@ -222,10 +244,13 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
   for (;;) {
     if (injector != nullptr) {
-      auto server_slot = [&](int index) { return ServerSlot(dir, o.servers, index); };
+      auto server_slot = [&](int index) { return ServerSlot(dir, spawned_servers, index); };
       if (absl::Status s = injector->Tick(ReadProgress(dir + "/progress.0"), {daemons, workers, server_slot});
           !s.ok()) {
         return fail(s);
+      }
+      if (o.replace) {
+        if (absl::Status s = replace_dead_servers(); !s.ok()) return fail(s);
       }
     }
     int code;
@@ -247,7 +272,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (code != 0) return fail(absl::InternalError(absl::StrCat(daemons[i].name, " ", DescribeExit(code),
                                                                 " on SIGTERM (expected a clean exit)")));
   }
-  Outcome out = CollectOutcome(dir, o, config, injector.get());
+  Outcome out = CollectOutcome(dir, o, spawned_servers, config, injector.get());
   out.wall_seconds = wall;
   return out;
 }
@@ -294,6 +319,8 @@ int LocalCommand(const Args& args) {
   flags.String("checkpoint-dir", &o.checkpoint_dir, "write checkpoints here (config checkpoint.dir)");
   flags.Int("checkpoint-every", &o.checkpoint_every, "rounds between checkpoints (config checkpoint.every_rounds)");
   flags.String("resume", &o.resume, "restart from this checkpoint (directory or round directory) and train on");
+  flags.Bool("replace", &o.replace,
+             "start a new server (new address) in the place of each killed server once it is declared dead");
   flags.Double("restart-after", &o.restart_after_s, "seconds after a scheduler kill to start a new one (same address)");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";

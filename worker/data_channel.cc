@@ -64,7 +64,32 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
-  for (uint32_t s = 0; s < addresses_.size(); ++s) FailServer(s, status);
+  for (uint32_t s = 0; s < failed_.size(); ++s) FailServer(s, status);
+}
+
+absl::Status DataChannel::Readdress(uint32_t server, const std::string& address) {
+  absl::MutexLock io_lock(&io_mu_);
+  std::string old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= addresses_.size() || addresses_[server] == address) return absl::OkStatus();
+    old = addresses_[server];
+  }
+  try {
+    servers_[server].disconnect(old);
+  } catch (const zmq::error_t&) {
+    // Already gone: nothing to undo.
+  }
+  try {
+    servers_[server].connect(address);
+  } catch (const zmq::error_t& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", server, " at '", address,
+                                                   "': ", e.what()));
+  }
+  absl::MutexLock lock(&mu_);
+  addresses_[server] = address;
+  failed_[server] = absl::OkStatus();
+  return absl::OkStatus();
 }
 
 DataChannel::~DataChannel() {

@@ -76,6 +76,11 @@ class DataChannel {
   // Returns how many requests were re-sent.
   int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch);
 
+  // Server index `server` is now at `address` (a server took a dead one's
+  // place): its socket reconnects there and requests to it are sent again.
+  // Nothing changes when the address is the same.
+  absl::Status Readdress(uint32_t server, const std::string& address);
+
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
@@ -121,7 +126,7 @@ class DataChannel {
   std::string Outstanding(const HandleState& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   zmq::context_t context_;
-  const std::vector<std::string> addresses_;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // size fixed after Create
   const uint32_t rank_;
 
   absl::Mutex io_mu_;

@@ -496,6 +496,13 @@ class WorkerImpl : public Worker {
                    << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
     }
     for (const ServerInfo& s : map.servers()) {
+      if (s.dead()) continue;
+      // A server that took a dead one's place: its index's new address.
+      if (absl::Status r = channel->Readdress(s.index(), s.data_address()); !r.ok()) {
+        LOG(ERROR) << "worker " << options_.rank << ": " << r;
+      }
+    }
+    for (const ServerInfo& s : map.servers()) {
       if (!s.dead()) continue;
       LOG_FIRST_N(ERROR, 8) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
                             << ") was declared dead by the scheduler: " << s.dead_reason();
