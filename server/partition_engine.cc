@@ -55,7 +55,18 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       sum_only_(config.update_mode() == SUM_ONLY),
       sink_(std::move(sink)),
       replicate_(std::move(replicate)),
-      replicated_(EffectiveReplication(config) > 1) {}
+      replicated_(EffectiveReplication(config) > 1),
+      staleness_(StalenessBound(config)),
+      // Replicated, a push is acknowledged once its round is on every copy
+      // (a parked push lives on the primary only), so ssp answers as sync.
+      answer_staleness_(replicated_ ? 0 : staleness_),
+      max_ahead_(kMaxRoundsAhead + staleness_) {
+  if (staleness_ > 0 && replicated_) {
+    LOG(WARNING) << "consistency ssp with replication " << EffectiveReplication(config)
+                 << ": pushes are acknowledged once their round is on every copy, so workers wait as in sync "
+                    "(set replication: 1 for bounded staleness)";
+  }
+}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
@@ -98,7 +109,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->last_request.assign(workers, 0);
     p->applied_by.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
-    if (config_.consistency() == SYNC) {
+    if (RoundBased(config_)) {
       p->acc.assign(p->n, 0.0f);
       if (config_.deterministic()) {
         p->held.resize(workers);
@@ -135,7 +146,7 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
     excluded_[r] = removed[r] = any = true;
     ++num_excluded_;
     LOG(WARNING) << "server " << server_index_ << ": worker " << r << " was removed from the job (shard map epoch "
-                 << epoch_ << "); " << (config_.consistency() == SYNC ? "rounds complete without it" : "");
+                 << epoch_ << "); " << (RoundBased(config_) ? "rounds complete without it" : "");
   }
   if (!any) return;
   const absl::Status gone = absl::UnavailableError("this worker was removed from the job");
@@ -154,7 +165,7 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
       }
     }
     p.ahead = std::move(ahead);
-    if (config_.consistency() == SYNC && RoundComplete(p)) CompleteRound(p);
+    if (RoundBased(config_) && RoundComplete(p)) CompleteRound(p);
   }
 }
 
@@ -171,12 +182,12 @@ absl::Status PartitionEngine::CheckIncarnation(Partition& p, const DataHeader& h
   const uint32_t w = h.worker_rank();
   const uint64_t incarnation = h.worker_incarnation();
   if (incarnation == 0 || incarnation == p.incarnation[w]) return absl::OkStatus();
-  const bool started = config_.consistency() == SYNC ? p.next_round[w] > 0 : p.last_request[w] > 0;
+  const bool started = RoundBased(config_) ? p.next_round[w] > 0 : p.last_request[w] > 0;
   if (p.incarnation[w] != 0 && started) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", w, " restarted (registration ", incarnation, ", was ", p.incarnation[w], ") and pushes round ",
         h.round(), " of partition ", p.id, ", which its previous process had taken to round ",
-        config_.consistency() == SYNC ? p.next_round[w] : p.completed,
+        RoundBased(config_) ? p.next_round[w] : p.completed,
         ": a restarted worker cannot rejoin a running job yet (its pushes would be taken for retries)"));
   }
   p.incarnation[w] = incarnation;
@@ -289,7 +300,7 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
     case PUSH_PULL:
       if (absl::Status s = CheckIncarnation(*p, h); !s.ok()) {
         Answer(peer, h, s);
-      } else if (config_.consistency() == SYNC) {
+      } else if (RoundBased(config_)) {
         PushSync(*p, peer, h, payload);
       } else {
         PushAsync(*p, peer, h, *payload);
@@ -333,16 +344,12 @@ void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataH
 }
 
 void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
-                               zmq::message_t* payload) {
+                               zmq::message_t* payload, bool answer) {
   const uint32_t w = h.worker_rank();
   const uint64_t round = h.round();
   if (round < p.next_round[w]) {
     // A retry of a push already counted: do not apply it twice.
-    if (h.op() == PUSH_PULL || replicated_) {
-      PullOrWait(p, peer, h, round + 1);
-    } else {
-      Answer(peer, h, absl::OkStatus());
-    }
+    if (answer) AnswerPush(p, peer, h, round);
     return;
   }
   if (round > p.next_round[w]) {
@@ -351,13 +358,17 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
     return;
   }
   if (round > p.completed) {
-    if (round > p.completed + kMaxRoundsAhead) {
-      Answer(peer, h, absl::ResourceExhaustedError(absl::StrCat("worker ", w, " is more than ", kMaxRoundsAhead,
+    if (round > p.completed + max_ahead_) {
+      Answer(peer, h, absl::ResourceExhaustedError(absl::StrCat("worker ", w, " is more than ", max_ahead_,
                                                                 " rounds ahead on partition ", p.id)));
       return;
     }
-    p.ahead.push_back(ParkedPush{zmq::message_t(peer.data(), peer.size()), h, std::move(*payload)});
+    // SSP answers at once what the staleness bound allows; sync answers
+    // when the push is replayed into its round.
+    const bool early = answer && answer_staleness_ > 0;
+    p.ahead.push_back(ParkedPush{zmq::message_t(peer.data(), peer.size()), h, std::move(*payload), early});
     p.next_round[w] = round + 1;
+    if (early) AnswerPush(p, peer, h, round);
     return;
   }
   if (absl::Status s = Accumulate(p, w, round, payload); !s.ok()) {
@@ -367,15 +378,34 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   p.next_round[w] = round + 1;
   p.contributed[w] = true;
   ++p.arrivals;
+  p.round_staleness += MeasureStaleness(h, round, 1.0);
+  if (answer) AnswerPush(p, peer, h, round);
+  if (Settled(p) && RoundComplete(p)) CompleteRound(p);
+}
+
+void PartitionEngine::AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
   // Replicated, a push is acknowledged once its round is on every copy (a
   // counted push could otherwise die with the primary).
-  if (h.op() == PUSH_PULL || replicated_) {
-    p.waiting.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
-    p.waiting.back().header.set_round(round + 1);
-  } else {
+  if (h.op() != PUSH_PULL && !replicated_) {
     Answer(peer, h, absl::OkStatus());
+    return;
   }
-  if (Settled(p) && RoundComplete(p)) CompleteRound(p);
+  const uint64_t needed = round + 1 - std::min<uint64_t>(round + 1, answer_staleness_);
+  PullOrWait(p, peer, h, needed);
+}
+
+double PartitionEngine::MeasureStaleness(const DataHeader& h, uint64_t applied, double updates_per_round) {
+  if (!h.has_based_on() || h.based_on() > applied) return 0;
+  const double tau = static_cast<double>(applied - h.based_on()) / updates_per_round;
+  ++stats_.stale_gradients;
+  stats_.staleness_sum += tau;
+  stats_.staleness_max = std::max(stats_.staleness_max, tau);
+  return tau;
+}
+
+float PartitionEngine::StalenessLrScale(double tau) const {
+  if (!config_.staleness_aware_lr() || tau <= 1.0) return 1.0f;
+  return static_cast<float>(1.0 / tau);
 }
 
 absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
@@ -444,10 +474,14 @@ void PartitionEngine::CompleteRound(Partition& p) {
   SumRound(p);
   // Sent before applying here, so this copy's optimizer pass overlaps the
   // transfer and the backups' own pass.
+  // Staleness-aware: the round's rate divided by its gradients' mean
+  // staleness (1 in sync, where every gradient saw the round before).
+  p.lr_scale = StalenessLrScale(p.round_staleness / std::max<uint32_t>(p.contributors, 1));
   DataHeader update;
   update.set_replica_of(PUSH);
   update.set_round(p.completed);
   update.set_contributors(p.contributors);
+  update.set_lr_scale(p.lr_scale);
   const uint64_t sequence = Replicate(p, update, p.acc.data(), p.n * sizeof(float));
   ApplyRound(p);
   MaybeCheckpoint(p);
@@ -462,13 +496,14 @@ void PartitionEngine::ApplyRound(Partition& p) {
     std::memcpy(p.aggregate->data(), p.acc.data(), p.n * sizeof(float));
   } else {
     optimizer_->Apply(p.completed, 1.0f / static_cast<float>(p.contributors), p.acc.data(), WritableWeights(p),
-                      p.state.data(), p.n);
+                      p.state.data(), p.n, p.lr_scale);
   }
   ++stats_.updates;
   ++p.completed;
   p.arrivals = 0;
+  p.round_staleness = 0;
   std::fill(p.contributed.begin(), p.contributed.end(), false);
-  if (replicated_ && p.codecs.pull != nullptr && config_.consistency() == SYNC) {
+  if (replicated_ && p.codecs.pull != nullptr && RoundBased(config_)) {
     // Every copy encodes each round's answer once, right after the round, so
     // error feedback and the weight-delta mirror agree on every copy.
     DataHeader scratch;
@@ -497,7 +532,7 @@ void PartitionEngine::FinishRound(Partition& p) {
       const uint32_t w = push.header.worker_rank();
       const uint64_t owed = p.next_round[w];
       p.next_round[w] = push.header.round();
-      PushSync(p, push.peer, push.header, &push.payload);
+      PushSync(p, push.peer, push.header, &push.payload, /*answer=*/!push.answered);
       p.next_round[w] = std::max(p.next_round[w], owed);
     } else {
       p.ahead.push_back(std::move(push));
@@ -522,13 +557,17 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
       }
       g = p.scratch.data();
     }
+    // Staleness in rounds: W pushes make a round, as for the schedule.
+    const float lr_scale =
+        StalenessLrScale(MeasureStaleness(h, p.completed, std::max<uint32_t>(config_.num_workers(), 1)));
     DataHeader update;  // sent first: the transfer overlaps the apply below
     update.set_replica_of(PUSH);
     update.set_round(p.completed);
     update.set_worker_rank(w);
     update.set_replica_request_id(h.request_id());
+    update.set_lr_scale(lr_scale);
     sequence = std::max(sequence, Replicate(p, update, g, p.n * sizeof(float)));
-    optimizer_->Apply(p.completed, 1.0f, g, WritableWeights(p), p.state.data(), p.n);
+    optimizer_->Apply(p.completed, 1.0f, g, WritableWeights(p), p.state.data(), p.n, lr_scale);
     p.last_request[w] = h.request_id();
     ++p.applied_by[w];
     ++p.completed;
@@ -544,7 +583,7 @@ void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const
     AnswerWeights(p, peer, h);
     return;
   }
-  if (round > p.completed + kMaxRoundsAhead) {
+  if (round > p.completed + max_ahead_) {
     Answer(peer, h, absl::InvalidArgumentError(absl::StrCat("pull waits for round ", round, " of partition ", p.id,
                                                             " which has completed ", p.completed)));
     return;

@@ -43,6 +43,13 @@ struct EngineStats {
   std::array<uint64_t, 17> errors_by_code{};
   uint64_t replicated = 0;
   uint64_t promotions = 0;
+  // Staleness of the gradients applied (async, ssp and sync alike), in
+  // rounds: rounds of the partition applied between the weights a gradient
+  // was computed on and its own update (async: pushes / W). Counted per
+  // gradient that says what it was computed on (DataHeader.based_on).
+  uint64_t stale_gradients = 0;
+  double staleness_sum = 0;
+  double staleness_max = 0;
 };
 
 // Index of `value` in a per-kind count array of `size` entries; `other` when
@@ -134,6 +141,7 @@ class PartitionEngine {
     zmq::message_t peer;
     DataHeader header;
     zmq::message_t payload;
+    bool answered = false;  // ssp: answered before its round was counted
   };
   struct Partition {
     uint64_t id = 0;
@@ -165,6 +173,8 @@ class PartitionEngine {
     std::vector<bool> contributed;         // sync: per worker, counted in the open round
     std::vector<uint64_t> incarnation;     // per worker: registration of its pushes
     uint32_t contributors = 0;             // sync: gradients in the last completed round
+    double round_staleness = 0;            // sync/ssp: staleness summed over the open round's gradients
+    float lr_scale = 1.0f;                 // sync/ssp: learning-rate factor of the round being applied
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
     std::vector<uint64_t> applied_by;      // async: per worker, pushes applied
@@ -248,7 +258,18 @@ class PartitionEngine {
   // for a later round is not, until it is replayed).
   static bool Contributed(const Partition& p, uint32_t w) { return p.contributed[w]; }
   void Init(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
-  void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload);
+  // Counts a push toward its round (or parks it for a later one). `answer`
+  // false: a replayed push whose answer went out already (ssp).
+  void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload,
+                bool answer = true);
+  // Answers a counted or parked push of `round` once the weights it may use
+  // are there: round + 1 - staleness complete (sync: its own round).
+  void AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
+  // Records a gradient's staleness in rounds; returns it (0 when the push
+  // does not say what it was computed on).
+  double MeasureStaleness(const DataHeader& h, uint64_t applied, double updates_per_round);
+  // The learning-rate factor of an update of staleness `tau` rounds.
+  float StalenessLrScale(double tau) const;
   void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
   void PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
   void CompleteRound(Partition& p);
@@ -270,6 +291,12 @@ class PartitionEngine {
   const ReplySink sink_;
   const ReplicaSink replicate_;
   const bool replicated_;  // the config keeps more than one copy
+  // Rounds a worker may run ahead of the slowest (ssp; 0 for sync), the
+  // staleness its push-pulls are answered with, and the farthest ahead a
+  // push or pull may be before it is refused (bounds parked memory).
+  const uint32_t staleness_;
+  const uint32_t answer_staleness_;
+  const uint64_t max_ahead_;
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
   uint32_t server_index_ = 0;

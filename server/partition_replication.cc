@@ -7,6 +7,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/data_message.h"
 #include "server/partition_engine.h"
 
@@ -34,8 +35,8 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     // before it are done for everyone; the open round starts empty, and
     // every worker's retry of it (same request ids) counts once.
     LOG(WARNING) << "server " << server_index_ << ": now the primary of partition " << p.id << " ("
-                 << p.completed << (config_.consistency() == SYNC ? " rounds" : " updates") << " applied here)";
-    if (config_.consistency() == SYNC) std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
+                 << p.completed << (RoundBased(config_) ? " rounds" : " updates") << " applied here)";
+    if (RoundBased(config_)) std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
     ++stats_.promotions;
     p.arrivals = 0;
     p.sent = 0;
@@ -151,7 +152,7 @@ void PartitionEngine::OnConfirmed(Partition& p) {
     }
   }
   p.unconfirmed = std::move(still);
-  if (config_.consistency() == SYNC && confirmed == p.sent) FinishRound(p);
+  if (RoundBased(config_) && confirmed == p.sent) FinishRound(p);
 }
 
 void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& answer) {
@@ -234,7 +235,8 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     p.initialized = true;
     p.encoded_round = -1;
   } else if (config_.consistency() == ASYNC) {
-    optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n);
+    optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n,
+                      h.lr_scale() > 0 ? h.lr_scale() : 1.0f);
     p.last_request[h.worker_rank()] = h.replica_request_id();
     ++p.applied_by[h.worker_rank()];
     ++p.completed;
@@ -242,6 +244,7 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
   } else {
     std::memcpy(p.acc.data(), data, payload.size());
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
+    p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
     ApplyRound(p);
   }
 }
