@@ -57,16 +57,9 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       replicate_(std::move(replicate)),
       replicated_(EffectiveReplication(config) > 1),
       staleness_(StalenessBound(config)),
-      // Replicated, a push is acknowledged once its round is on every copy
-      // (a parked push lives on the primary only), so ssp answers as sync.
-      answer_staleness_(replicated_ ? 0 : staleness_),
-      max_ahead_(kMaxRoundsAhead + staleness_) {
-  if (staleness_ > 0 && replicated_) {
-    LOG(WARNING) << "consistency ssp with replication " << EffectiveReplication(config)
-                 << ": pushes are acknowledged once their round is on every copy, so workers wait as in sync "
-                    "(set replication: 1 for bounded staleness)";
-  }
-}
+      answer_staleness_(staleness_),
+      max_ahead_(kMaxRoundsAhead + staleness_),
+      forwards_pushes_(replicated_ && staleness_ > 0) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
@@ -357,12 +350,13 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
                                                             p.id, " but owes round ", p.next_round[w])));
     return;
   }
+  if (round > p.completed + max_ahead_) {
+    Answer(peer, h, absl::ResourceExhaustedError(absl::StrCat("worker ", w, " is more than ", max_ahead_,
+                                                              " rounds ahead on partition ", p.id)));
+    return;
+  }
+  if (answer && forwards_pushes_) ForwardPush(p, h, *payload);
   if (round > p.completed) {
-    if (round > p.completed + max_ahead_) {
-      Answer(peer, h, absl::ResourceExhaustedError(absl::StrCat("worker ", w, " is more than ", max_ahead_,
-                                                                " rounds ahead on partition ", p.id)));
-      return;
-    }
     // SSP answers at once what the staleness bound allows; sync answers
     // when the push is replayed into its round.
     const bool early = answer && answer_staleness_ > 0;
@@ -379,8 +373,9 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   p.contributed[w] = true;
   ++p.arrivals;
   p.round_staleness += MeasureStaleness(h, round, 1.0);
-  if (answer) AnswerPush(p, peer, h, round);
+  // The round first: a push that completes it is answered with it.
   if (Settled(p) && RoundComplete(p)) CompleteRound(p);
+  if (answer) AnswerPush(p, peer, h, round);
 }
 
 void PartitionEngine::AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
@@ -391,6 +386,11 @@ void PartitionEngine::AnswerPush(Partition& p, const zmq::message_t& peer, const
     return;
   }
   const uint64_t needed = round + 1 - std::min<uint64_t>(round + 1, answer_staleness_);
+  if (forwards_pushes_ && needed <= p.completed) {
+    // Not before the backups hold this push (and the rounds it may see).
+    AnswerWhenConfirmed(p, peer, h, p.sent);
+    return;
+  }
   PullOrWait(p, peer, h, needed);
 }
 

@@ -191,6 +191,9 @@ class PartitionEngine {
     std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
     uint64_t sent = 0;                     // updates sent to the backups
     std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
+    // Backup, ssp: the pushes of rounds not complete yet, as the primary
+    // forwarded them; a promoted copy counts them again.
+    std::vector<ParkedPush> forwarded;
   };
   // A request routed with an epoch this server does not serve yet (a worker
   // that learned of a failover first); handled once the epoch is installed.
@@ -262,6 +265,11 @@ class PartitionEngine {
   // false: a replayed push whose answer went out already (ssp).
   void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload,
                 bool answer = true);
+  // SSP with backups: sends a worker's push to the backups (kept there until
+  // its round is applied).
+  void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // A promoted copy counts the forwarded pushes of the rounds still open.
+  void ReplayForwarded(Partition& p);
   // Answers a counted or parked push of `round` once the weights it may use
   // are there: round + 1 - staleness complete (sync: its own round).
   void AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
@@ -297,6 +305,9 @@ class PartitionEngine {
   const uint32_t staleness_;
   const uint32_t answer_staleness_;
   const uint64_t max_ahead_;
+  // SSP with backups: each push is forwarded to the backups before it is
+  // answered ahead of its round, so a failover loses none.
+  const bool forwards_pushes_;
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
   uint32_t server_index_ = 0;

@@ -61,7 +61,31 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   p.confirmed = std::move(confirmed);
   p.last_sent = std::move(last_sent);
   for (uint32_t b : added) SendSnapshot(p, b);
+  if (primary) ReplayForwarded(p);
   OnConfirmed(p);  // a backup that died holds nothing back any more
+}
+
+void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+  DataHeader f;
+  f.set_replica_of(PUSH_PULL);
+  f.set_round(h.round());
+  f.set_worker_rank(h.worker_rank());
+  f.set_replica_request_id(h.request_id());
+  f.set_codec(h.codec());
+  if (h.has_based_on()) f.set_based_on(h.based_on());
+  Replicate(p, f, payload.data(), payload.size());
+}
+
+void PartitionEngine::ReplayForwarded(Partition& p) {
+  // In the order the old primary received them, so each worker's rounds
+  // come in order; their answers went out already or come with the
+  // workers' retries.
+  std::vector<ParkedPush> pushes = std::move(p.forwarded);
+  p.forwarded.clear();
+  for (ParkedPush& push : pushes) {
+    if (push.header.round() < p.completed) continue;
+    PushSync(p, push.peer, push.header, &push.payload, /*answer=*/false);
+  }
 }
 
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
@@ -183,8 +207,10 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
                                                    h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
   } else if (payload == nullptr ||
-             payload->size() != (h.replica_of() == SNAPSHOT ? SnapshotBytes(*it->second)
-                                                             : it->second->n * sizeof(float))) {
+             (h.replica_of() == PUSH_PULL ? payload->size() == 0
+                                          : payload->size() != (h.replica_of() == SNAPSHOT
+                                                                    ? SnapshotBytes(*it->second)
+                                                                    : it->second->n * sizeof(float)))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ",
                                                 payload ? payload->size() : 0, " bytes, expected ",
                                                 it->second->n * sizeof(float)));
@@ -210,6 +236,14 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
                                                       "snapshot has not arrived"));
   }
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
+  if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp)
+    if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
+    if (h.round() < p.completed) return false;  // its round is applied here already
+    for (const ParkedPush& f : p.forwarded) {
+      if (f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round()) return false;
+    }
+    return true;
+  }
   if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
   if (config_.consistency() == ASYNC) {
     const uint32_t w = h.worker_rank();
@@ -229,6 +263,19 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
   const float* data = payload.data<float>();
   if (h.replica_of() == SNAPSHOT) {
     ApplySnapshot(p, h, payload);
+  } else if (h.replica_of() == PUSH_PULL) {
+    // Kept as the worker sent it, until its round is applied here.
+    DataHeader push;
+    push.set_op(PUSH_PULL);
+    push.set_worker_rank(h.worker_rank());
+    push.set_partition_id(p.id);
+    push.set_round(h.round());
+    push.set_request_id(h.replica_request_id());
+    push.set_codec(h.codec());
+    push.set_num_elements(p.n);
+    push.set_dtype(FLOAT32);
+    if (h.has_based_on()) push.set_based_on(h.based_on());
+    p.forwarded.push_back(ParkedPush{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true});
   } else if (h.replica_of() == INIT) {
     std::memcpy(WritableWeights(p), data, payload.size());
     if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
@@ -246,6 +293,7 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
     p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
     ApplyRound(p);
+    std::erase_if(p.forwarded, [&p](const ParkedPush& f) { return f.header.round() < p.completed; });
   }
 }
 
