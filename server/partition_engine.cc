@@ -545,35 +545,73 @@ void PartitionEngine::FinishRound(Partition& p) {
 void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
                                 const zmq::message_t& payload) {
   const uint32_t w = h.worker_rank();
-  uint64_t sequence = p.sent;  // a retry waits for what was sent before it
-  if (h.request_id() > p.last_request[w]) {
-    const float* g = payload.data<float>();
-    if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
-      absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
-                                             compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
-      if (!s.ok()) {
-        Answer(peer, h, s);
-        return;
-      }
-      g = p.scratch.data();
+  if (h.request_id() <= p.last_request[w]) {
+    // A retry of a push taken already: answer without applying it twice,
+    // after what was sent before it (or with the batch that holds it).
+    if (p.batch_count > 0) {
+      p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
+    } else {
+      AnswerWhenConfirmed(p, peer, h, p.sent);
     }
-    // Staleness in rounds: W pushes make a round, as for the schedule.
-    const float lr_scale =
-        StalenessLrScale(MeasureStaleness(h, p.completed, std::max<uint32_t>(config_.num_workers(), 1)));
-    DataHeader update;  // sent first: the transfer overlaps the apply below
-    update.set_replica_of(PUSH);
-    update.set_round(p.completed);
-    update.set_worker_rank(w);
-    update.set_replica_request_id(h.request_id());
-    update.set_lr_scale(lr_scale);
-    sequence = std::max(sequence, Replicate(p, update, g, p.n * sizeof(float)));
-    optimizer_->Apply(p.completed, 1.0f, g, WritableWeights(p), p.state.data(), p.n, lr_scale);
-    p.last_request[w] = h.request_id();
-    ++p.applied_by[w];
-    ++p.completed;
-    ++stats_.updates;
-  }  // else: a retry of an applied push; answer without applying twice.
-  AnswerWhenConfirmed(p, peer, h, sequence);
+    return;
+  }
+  const float* g = payload.data<float>();
+  if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
+    absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
+                                           compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
+    if (!s.ok()) {
+      Answer(peer, h, s);
+      return;
+    }
+    g = p.scratch.data();
+  }
+  if (p.batch_count == 0) {
+    p.batch_sum.resize(p.n);
+    std::memcpy(p.batch_sum.data(), g, p.n * sizeof(float));
+  } else {
+    AddInto(p.batch_sum.data(), g, p.n);
+  }
+  ++p.batch_count;
+  // Staleness in rounds: W pushes make a round, as for the schedule.
+  p.batch_staleness += MeasureStaleness(h, p.completed, std::max<uint32_t>(config_.num_workers(), 1));
+  p.batch_ids.emplace_back(w, h.request_id());
+  p.last_request[w] = h.request_id();
+  p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
+  if (!batching_ || p.batch_count >= config_.num_workers()) ApplyAsyncBatch(p);
+}
+
+void PartitionEngine::ApplyAsyncBatch(Partition& p) {
+  const uint32_t k = p.batch_count;
+  const float lr_scale = static_cast<float>(k) * StalenessLrScale(p.batch_staleness / k);
+  DataHeader update;  // sent first: the transfer overlaps the apply below
+  update.set_replica_of(PUSH);
+  update.set_round(p.completed);
+  update.set_contributors(k);
+  update.set_lr_scale(lr_scale);
+  for (const auto& [w, id] : p.batch_ids) {
+    update.add_batch_workers(w);
+    update.add_batch_request_ids(id);
+  }
+  const uint64_t sequence = std::max(p.sent, Replicate(p, update, p.batch_sum.data(), p.n * sizeof(float)));
+  // k = 1: grad_scale and lr_scale exactly those of a single push.
+  optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), p.batch_sum.data(), WritableWeights(p),
+                    p.state.data(), p.n, lr_scale);
+  for (const auto& [w, id] : p.batch_ids) ++p.applied_by[w];
+  p.completed += k;
+  ++stats_.updates;
+  p.batch_count = 0;
+  p.batch_staleness = 0;
+  p.batch_ids.clear();
+  std::vector<Waiter> answers = std::move(p.batch_answers);
+  p.batch_answers.clear();
+  for (Waiter& a : answers) AnswerWhenConfirmed(p, a.peer, a.header, sequence);
+}
+
+void PartitionEngine::EndBatch() {
+  batching_ = false;
+  for (auto& [id, p] : partitions_) {
+    if (p->batch_count > 0) ApplyAsyncBatch(*p);
+  }
 }
 
 void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {

@@ -115,6 +115,19 @@ class PartitionEngine {
   // or parked until it can be (a pull waiting for its round).
   void Handle(const zmq::message_t& peer, const DataHeader& header, zmq::message_t* payload);
 
+  // Async: between BeginBatch and EndBatch, the pushes a partition receives
+  // are summed and applied as one update when the batch ends (or W pushes
+  // are in): one optimizer pass, one copy to the backups and one weights
+  // buffer for all their answers, instead of one each. k pushes step once
+  // with their mean gradient and k times the per-push learning rate
+  // (lr / W), as k of a sync round's W workers would. The server brackets
+  // what it drains from its socket in one go, so pushes coalesce only when
+  // they queue up (the engine thread is the bottleneck); a lone push is
+  // applied at once, as before. Outside a batch every push applies on
+  // arrival.
+  void BeginBatch() { batching_ = true; }
+  void EndBatch();
+
   // A backup's answer to a REPLICATE request sent by this server.
   void HandleReplicaAck(uint32_t from_server, const DataHeader& answer);
 
@@ -191,6 +204,13 @@ class PartitionEngine {
     std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
     uint64_t sent = 0;                     // updates sent to the backups
     std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
+    // Async batch (BeginBatch): the sum of the pushes not applied yet, their
+    // count, staleness, workers and request ids, and the answers they owe.
+    std::vector<float> batch_sum;
+    uint32_t batch_count = 0;
+    double batch_staleness = 0;
+    std::vector<std::pair<uint32_t, uint64_t>> batch_ids;
+    std::vector<Waiter> batch_answers;
     // Backup, ssp: the pushes of rounds not complete yet, as the primary
     // forwarded them; a promoted copy counts them again.
     std::vector<ParkedPush> forwarded;
@@ -279,6 +299,8 @@ class PartitionEngine {
   // The learning-rate factor of an update of staleness `tau` rounds.
   float StalenessLrScale(double tau) const;
   void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
+  // Applies p's async batch as one update and answers its pushes.
+  void ApplyAsyncBatch(Partition& p);
   void PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
   void CompleteRound(Partition& p);
   absl::Status Accumulate(Partition& p, uint32_t worker, uint64_t round, zmq::message_t* payload);
@@ -308,6 +330,7 @@ class PartitionEngine {
   // SSP with backups: each push is forwarded to the backups before it is
   // answered ahead of its round, so a failover loses none.
   const bool forwards_pushes_;
+  bool batching_ = false;  // between BeginBatch and EndBatch
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
   uint32_t server_index_ = 0;

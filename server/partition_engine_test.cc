@@ -711,3 +711,37 @@ TEST_F(EngineTest, AsyncStalenessIsCountedInRoundsOfWPushes) {
 
 }  // namespace
 }  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST_F(EngineTest, AsyncPushesDrainedTogetherApplyAsOneUpdate) {
+  Make(ASYNC, false, 3);  // lr 1 / W = 1/3 per push
+  engine_->BeginBatch();
+  Send(PUSH_PULL, 0, 0, {2, 2});
+  Send(PUSH_PULL, 1, 0, {4, 4});
+  EXPECT_TRUE(sent_.empty()) << "answered with the batch";
+  EXPECT_EQ(Weights(), (std::vector<float>{0, 0}));
+  engine_->EndBatch();
+  // One SGD step with the mean {3, 3} and 2 x 1/3: what the two pushes would
+  // have done one by one.
+  EXPECT_FLOAT_EQ(Weights()[0], -2.0f);
+  EXPECT_EQ(engine_->stats().updates, 1u);
+  ASSERT_EQ(sent_.size(), 2u);
+  for (const Sent& s : sent_) EXPECT_EQ(s.header.completed_rounds(), 2u) << "both pushes counted";
+}
+
+TEST_F(EngineTest, AnAsyncBatchIsAppliedOnceWPushesAreIn) {
+  Make(ASYNC, false, 2);
+  engine_->BeginBatch();
+  Send(PUSH_PULL, 0, 0, {2, 2});
+  Send(PUSH_PULL, 1, 0, {2, 2});
+  EXPECT_EQ(sent_.size(), 2u) << "a round's worth of pushes does not wait for the end of the batch";
+  Send(PUSH_PULL, 0, 0, {2, 2}, /*id=*/1);
+  engine_->EndBatch();
+  EXPECT_EQ(engine_->stats().updates, 1u) << "a retry is answered, not applied again";
+  EXPECT_EQ(sent_.size(), 3u);
+}
+
+}  // namespace
+}  // namespace shardps

@@ -246,9 +246,16 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
   }
   if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
   if (config_.consistency() == ASYNC) {
-    const uint32_t w = h.worker_rank();
-    if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
-    if (h.replica_request_id() <= p.last_request[w]) return false;
+    if (h.batch_workers_size() == 0 || h.batch_workers_size() != h.batch_request_ids_size()) {
+      return absl::InvalidArgumentError("async replica update names no pushes");
+    }
+    bool any_new = false;
+    for (int i = 0; i < h.batch_workers_size(); ++i) {
+      const uint32_t w = h.batch_workers(i);
+      if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
+      any_new = any_new || h.batch_request_ids(i) > p.last_request[w];
+    }
+    if (!any_new) return false;
   }
   if (h.round() < p.completed) return false;
   if (h.round() > p.completed) {
@@ -282,11 +289,16 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     p.initialized = true;
     p.encoded_round = -1;
   } else if (config_.consistency() == ASYNC) {
-    optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n,
+    // The primary's batch of k pushes: one pass with the same scales.
+    const uint32_t k = static_cast<uint32_t>(h.batch_workers_size());
+    optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), data, WritableWeights(p), p.state.data(), p.n,
                       h.lr_scale() > 0 ? h.lr_scale() : 1.0f);
-    p.last_request[h.worker_rank()] = h.replica_request_id();
-    ++p.applied_by[h.worker_rank()];
-    ++p.completed;
+    for (int i = 0; i < h.batch_workers_size(); ++i) {
+      const uint32_t w = h.batch_workers(i);
+      p.last_request[w] = std::max(p.last_request[w], h.batch_request_ids(i));
+      ++p.applied_by[w];
+    }
+    p.completed += k;
     ++stats_.updates;
   } else {
     std::memcpy(p.acc.data(), data, payload.size());
