@@ -63,6 +63,12 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
+  const bool first_map = epoch_ == 0;
+  // Before the partitions follow the map: what they send the backups now (a
+  // re-created copy's snapshot) must carry the new epoch, so a backup that
+  // has not installed it yet holds it until it has, instead of refusing a
+  // partition it does not know yet.
+  epoch_ = map.epoch();
   const uint32_t workers = config_.num_workers();
   for (const PartitionInfo& info : map.partitions()) {
     const bool holds = info.server() == server_index ||
@@ -113,17 +119,16 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     } else if (push != nullptr) {
       p->scratch.assign(p->n, 0.0f);
     }
-    if (epoch_ == 0 && !config_.checkpoint().restore_dir().empty()) {
+    if (first_map && !config_.checkpoint().restore_dir().empty()) {
       if (absl::Status s = RestorePartition(*p); !s.ok()) return s;
     }
     // A backup added to a running job holds nothing valid until its
     // primary's snapshot arrives; one listed from the start begins equal.
-    p->synced = epoch_ == 0 || info.server() == server_index;
+    p->synced = first_map || info.server() == server_index;
     UpdateRole(*p, info, /*created=*/true);
     partitions_.emplace(info.id(), std::move(p));
   }
   FollowCheckpoints(map);
-  epoch_ = map.epoch();
   ApplyMembership(map);
   RunDeferred();
   return absl::OkStatus();
