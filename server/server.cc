@@ -88,15 +88,20 @@ class ParameterServerImpl : public ParameterServer {
       // Confirmations first (they release answers workers wait for), then
       // drain what is queued before polling again.
       ReceivePeerAnswers();
+      // Async pushes drained in one go coalesce (PartitionEngine::BeginBatch).
+      engine_->BeginBatch();
       for (int i = 0; i < 1024 && ReceiveOne(); ++i) {
         if ((i & 15) == 15) ReceivePeerAnswers();
       }
+      engine_->EndBatch();
       ReceivePeerAnswers();
       if (metrics_) metrics_->MaybePublish(*engine_);
     }
     // Drain: finish what already arrived, refuse what cannot complete.
+    engine_->BeginBatch();
     while (ReceiveOne()) {
     }
+    engine_->EndBatch();
     engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
@@ -111,6 +116,7 @@ class ParameterServerImpl : public ParameterServer {
   void RequestStop() override { stop_.store(true); }
   std::string data_address() const override { return data_address_; }
   std::vector<PartitionUpdates> UpdateCounts() const override { return engine_->UpdateCounts(); }
+  EngineStats Stats() const override { return engine_->stats(); }
   uint32_t index() const override { return index_; }
 
  private:

@@ -195,6 +195,19 @@ TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
+TEST(FailureTest, SspPushesAnsweredAheadOfTheirRoundSurviveAServerKill) {
+  // Workers run up to 2 rounds ahead (one of them slowed down, so they do);
+  // the pushes of the open rounds were forwarded to the backups, so the
+  // promoted copies count them and nothing acknowledged is lost.
+  LocalRun run = RunLocal({"--servers", "3", "--workers", "3", "--train-limit", "9000", "--consistency", "ssp",
+                           "--set", "staleness=2", "--slow", "worker:2=3", "--kill", "server:1@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("fail over to their backups"));
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
 // Forwards to a real scheduler client; the test can publish shard maps of
 // its own to the watchers and make every call fail as if the scheduler died.
 class ControlledScheduler : public SchedulerClient {

@@ -34,7 +34,8 @@ struct LocalOptions {
   int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
           max_steps = 0, log_every = 100, devices_per_worker = 1;
   std::string consistency, config_path, compression, hidden = "256,128";
-  std::vector<std::string> sets, kills;
+  std::vector<std::string> sets, kills, slow;
+  std::map<int64_t, double> slow_factors;  // rank -> compute slow-down, from --slow
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
   bool json = false, reference = false, deterministic = false, verbose = false;
@@ -76,8 +77,54 @@ std::map<std::string, double> ReadResult(const std::string& path) {
   return out;
 }
 
+// --slow worker:R=F: worker R computes F times slower.
+absl::Status ParseSlowFlags(LocalOptions& o) {
+  for (const std::string& spec : o.slow) {
+    const std::string prefix = "worker:";
+    const size_t eq = spec.find('=');
+    int64_t rank;
+    double factor;
+    if (!absl::StartsWith(spec, prefix) || eq == std::string::npos ||
+        !absl::SimpleAtoi(spec.substr(prefix.size(), eq - prefix.size()), &rank) ||
+        !absl::SimpleAtod(spec.substr(eq + 1), &factor)) {
+      return absl::InvalidArgumentError(absl::StrCat("--slow '", spec, "': expected worker:RANK=FACTOR, e.g. worker:1=3"));
+    }
+    if (rank < 0 || rank >= o.workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--slow '", spec, "': worker rank ", rank, " is outside [0, ", o.workers, ")"));
+    }
+    if (!(factor >= 1.0 && factor <= 1000.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--slow '", spec, "': factor ", factor, " is not in [1, 1000]"));
+    }
+    o.slow_factors[rank] = factor;
+  }
+  return absl::OkStatus();
+}
+
+// Staleness of the gradients the servers applied (their --updates-file
+// 'staleness GRADIENTS SUM MAX' lines), in rounds.
+struct StalenessSummary {
+  uint64_t gradients = 0;
+  double sum = 0, max = 0;
+};
+
+void ReadStaleness(const std::string& path, StalenessSummary* out) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    StalenessSummary s;
+    if (!(fields >> key >> s.gradients >> s.sum >> s.max) || key != "staleness") continue;
+    out->gradients += s.gradients;
+    out->sum += s.sum;
+    out->max = std::max(out->max, s.max);
+  }
+}
+
 struct Outcome {
   std::map<std::string, double> rank0;
+  StalenessSummary staleness;
   uint64_t bytes_pushed = 0, bytes_pulled = 0;
   int64_t samples = 0;
   double wall_seconds = 0;
@@ -148,7 +195,10 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
   }
   // Each partition is reported by the server that is its primary at the end.
   std::map<uint64_t, PartitionApplied> applied;
-  for (int i = 0; i < spawned_servers; ++i) applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+  for (int i = 0; i < spawned_servers; ++i) {
+    applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+    ReadStaleness(absl::StrCat(dir, "/updates.", i), &out.staleness);
+  }
   out.updates = AccountUpdates(config.consistency() == ASYNC, applied, acked);
   return out;
 }
@@ -236,7 +286,8 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                          "--max-steps", absl::StrCat(o.max_steps), "--hidden", o.hidden, "--devices-per-worker",
                          absl::StrCat(o.devices_per_worker), "--log-every",
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
-                         "--progress-file", r == 0 ? dir + "/progress.0" : "", verbose},
+                         "--progress-file", r == 0 ? dir + "/progress.0" : "", "--slow-factor",
+                         absl::StrCat(o.slow_factors.count(r) ? o.slow_factors.at(r) : 1.0), verbose},
                         true);
     if (!worker.ok()) return fail(worker.status());
     workers.push_back(*worker);
@@ -295,7 +346,9 @@ int LocalCommand(const Args& args) {
   CliFlags flags("local");
   flags.Int("servers", &o.servers, "server processes");
   flags.Int("workers", &o.workers, "worker (training) processes");
-  flags.String("consistency", &o.consistency, "sync or async (overrides the config file)");
+  flags.String("consistency", &o.consistency,
+               "sync, ssp or async (overrides the config file; ssp's bound: --set staleness=S)");
+  flags.Repeated("slow", &o.slow, "worker:R=F: worker R computes F times slower (sleeps), e.g. worker:1=3");
   flags.Int("epochs", &o.epochs, "training epochs");
   flags.String("config", &o.config_path, "cluster configuration file (protobuf text)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set optimizer.learning_rate=0.1");
@@ -327,6 +380,10 @@ int LocalCommand(const Args& args) {
     return 2;
   }
   if (flags.help()) return 0;
+  if (absl::Status s = ParseSlowFlags(o); !s.ok()) {
+    std::cerr << "shardps local: " << s.message() << "\n";
+    return 2;
+  }
   InitLogging("shardps-local", o.verbose);
   InstallStopSignals();
   auto config = BuildConfig(o);
@@ -366,6 +423,7 @@ int LocalCommand(const Args& args) {
   std::string lost = "null", duplicates = "null";  // measured on a cluster only
   uint64_t pushed = 0, pulled = 0;
   int64_t samples = 0;
+  StalenessSummary staleness;
   double wall = 0;
   if (o.reference) {
     TrainOptions t;
@@ -407,6 +465,7 @@ int LocalCommand(const Args& args) {
     weights_sha256 = outcome->weights_sha256;
     lost = absl::StrCat(outcome->updates.lost);
     duplicates = absl::StrCat(outcome->updates.duplicates);
+    staleness = outcome->staleness;
   }
   const std::string consistency = o.reference ? "reference" : ConsistencyName(config->consistency());
   std::cout << absl::StrFormat(
@@ -419,11 +478,12 @@ int LocalCommand(const Args& args) {
         "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
         "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d, "
         "\"faults\": %s, \"recovery_seconds\": %s, \"lost_updates\": %s, \"duplicate_updates\": %s, "
-        "\"weights_sha256\": \"%s\"}\n",
+        "\"weights_sha256\": \"%s\", \"staleness_mean\": %.4f, \"staleness_max\": %.4f}\n",
         result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
         result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker,
-        FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256);
+        FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256,
+        staleness.gradients > 0 ? staleness.sum / staleness.gradients : 0.0, staleness.max);
   }
   return 0;
 }

@@ -61,6 +61,7 @@ static_assert(SHARDPS_DATA_LOSS == static_cast<int>(absl::StatusCode::kDataLoss)
 static_assert(SHARDPS_UNAUTHENTICATED == static_cast<int>(absl::StatusCode::kUnauthenticated));
 static_assert(SHARDPS_CONSISTENCY_SYNC == static_cast<int>(shardps::SYNC));
 static_assert(SHARDPS_CONSISTENCY_ASYNC == static_cast<int>(shardps::ASYNC));
+static_assert(SHARDPS_CONSISTENCY_SSP == static_cast<int>(shardps::SSP));
 static_assert(SHARDPS_UPDATE_ON_SERVER == static_cast<int>(shardps::UPDATE_ON_SERVER));
 static_assert(SHARDPS_UPDATE_SUM_ONLY == static_cast<int>(shardps::SUM_ONLY));
 

@@ -123,7 +123,7 @@ int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t inde
 /* ---- Queries: what the scheduler handed this worker at registration. ---- */
 
 /* ClusterConfig's values (proto/config.proto). */
-enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2 };
+enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2, SHARDPS_CONSISTENCY_SSP = 3 };
 enum shardps_update_mode { SHARDPS_UPDATE_ON_SERVER = 0, SHARDPS_UPDATE_SUM_ONLY = 1 };
 
 int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len);

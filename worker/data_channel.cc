@@ -230,6 +230,7 @@ void DataChannel::Receive(size_t server) {
       std::memcpy(p.out, payload.data(), bytes);
     }
   }
+  if (s.ok() && has_payload) versions_[p.partition] = response_.completed_rounds();
   Complete(response_.request_id(), s);
 }
 

@@ -84,6 +84,13 @@ class DataChannel {
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
+  // The completed rounds of the last weights received for `partition` (0
+  // before any): what the next gradient is computed on.
+  uint64_t weights_version(uint64_t partition) const {
+    absl::MutexLock lock(&mu_);
+    auto it = versions_.find(partition);
+    return it == versions_.end() ? 0 : it->second;
+  }
   // Per partition id, pushes (PUSH, PUSH_PULL) answered OK.
   absl::flat_hash_map<uint64_t, uint64_t> acked_pushes() const {
     absl::MutexLock lock(&mu_);
@@ -144,6 +151,7 @@ class DataChannel {
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // per server; ok = serving
   absl::flat_hash_map<uint64_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> versions_ ABSL_GUARDED_BY(mu_);  // see weights_version
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};
 };

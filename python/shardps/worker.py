@@ -18,7 +18,7 @@ from .errors import check, ShardPSError
 _ERR_LEN = 1024
 _FLOAT32 = 1  # SHARDPS_FLOAT32
 
-CONSISTENCY_NAMES = {1: "sync", 2: "async"}
+CONSISTENCY_NAMES = {1: "sync", 2: "async", 3: "ssp"}
 UPDATE_MODE_NAMES = {0: "on_server", 1: "sum_only"}
 
 
