@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include <algorithm>
+#include <map>
 
+#include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
@@ -109,17 +111,36 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   for (auto& [i, node] : servers_) {
     if (node.address == request.data_address()) index = i;
   }
-  if (index && !tensors_.empty()) {
-    const Node& old = servers_[*index];
-    if (!old.dead) {
+  if (index && !servers_[*index].dead) {
+    if (!tensors_.empty()) {
+      const Node& old = servers_[*index];
       return absl::AlreadyExistsError(absl::StrCat(
           "server ", *index, " at ", old.address, " is alive (last heartbeat ",
           absl::FormatDuration(clock_() - old.last_seen), " ago); refusing a second server at its address"));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "server ", *index, " at ", old.address, " was declared dead and its partitions' state died with it "
-        "(no replica or checkpoint to restore them from); a new server there would serve empty partitions: "
-        "restart the job"));
+  } else if (!tensors_.empty()) {
+    // The job is training: a server may only take a dead one's place (its
+    // own address's first), and only where no state died with it.
+    if (!index) {
+      for (const auto& [i, node] : servers_) {
+        if (node.dead) {
+          index = i;
+          break;
+        }
+      }
+    }
+    if (!index) {
+      return absl::ResourceExhaustedError(absl::StrCat("cluster already has its ", config_.num_servers(),
+                                                       " servers, all alive; refusing ", request.data_address()));
+    }
+    for (const PartitionInfo& p : map_.partitions()) {
+      if (p.server() != *index) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server ", *index, " at ", servers_[*index].address, " was declared dead and its partitions' state died "
+          "with it (partition ", p.id(), " had no replica; replication ", EffectiveReplication(config_),
+          "); a new server there would serve empty partitions: restart the job from a checkpoint"));
+    }
+    return JoinRunningJob(*index, request);
   }
   if (!index) {
     if (servers_.size() >= config_.num_servers()) {
@@ -292,8 +313,7 @@ std::string ClusterState::FailOver(uint32_t dead) {
   return out;
 }
 
-int ClusterState::Rereplicate() {
-  const uint32_t copies = EffectiveReplication(config_);
+std::map<uint32_t, uint64_t> ClusterState::LiveServerLoads() const {
   std::map<uint32_t, uint64_t> held;  // live server -> elements it holds
   for (const auto& [index, node] : servers_) {
     if (!node.dead) held[index] = 0;
@@ -304,6 +324,12 @@ int ClusterState::Rereplicate() {
       if (held.contains(b)) held[b] += p.num_elements();
     }
   }
+  return held;
+}
+
+int ClusterState::Rereplicate() {
+  const uint32_t copies = EffectiveReplication(config_);
+  std::map<uint32_t, uint64_t> held = LiveServerLoads();
   int recreated = 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     if (!held.contains(p.server())) continue;  // lost: nothing to copy from
@@ -321,6 +347,59 @@ int ClusterState::Rereplicate() {
     }
   }
   return recreated;
+}
+
+absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, const RegisterRequest& request) {
+  const std::string dead_address = servers_[index].address;
+  Node& node = servers_[index];
+  node = Node{next_node_id_++, SERVER, index, request.data_address(), request.host(), clock_(), 0};
+  ServerInfo* info = MapServer(index);
+  info->set_data_address(request.data_address());
+  info->set_curve_public_key(request.curve_public_key());
+  info->set_dead(false);
+  info->clear_dead_reason();
+  map_.set_epoch(map_.epoch() + 1);
+  const int recreated = Rereplicate();
+  const int moved = Rebalance(index);
+  LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
+               << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
+               << map_.epoch() << ": " << recreated << " missing copies and " << moved
+               << " moved copies go to it (its primaries send snapshots)";
+  RegisterResponse response;
+  response.set_node_id(node.id);
+  response.set_server_index(index);
+  response.set_joins_running_job(true);
+  *response.mutable_config() = config_;
+  Save();
+  return response;
+}
+
+int ClusterState::Rebalance(uint32_t joined) {
+  std::map<uint32_t, uint64_t> held = LiveServerLoads();
+  // Backup copies move from the fullest server to the one that joined while
+  // that narrows the gap between them, largest first: the fewest moves.
+  // Primaries stay where the workers send to (moving one would stall its
+  // round); a backup only needs a snapshot.
+  int moved = 0;
+  for (;;) {
+    auto fullest = std::max_element(held.begin(), held.end(),
+                                    [](const auto& a, const auto& b) { return a.second < b.second; });
+    PartitionInfo* best = nullptr;
+    for (PartitionInfo& p : *map_.mutable_partitions()) {
+      const auto& backups = p.backups();
+      if (std::find(backups.begin(), backups.end(), fullest->first) == backups.end()) continue;
+      if (p.server() == joined || std::find(backups.begin(), backups.end(), joined) != backups.end()) continue;
+      if (held[joined] + p.num_elements() > fullest->second - p.num_elements()) continue;
+      if (best == nullptr || p.num_elements() > best->num_elements()) best = &p;
+    }
+    if (best == nullptr) return moved;
+    for (int i = 0; i < best->backups_size(); ++i) {
+      if (best->backups(i) == fullest->first) best->set_backups(i, joined);
+    }
+    held[joined] += best->num_elements();
+    fullest->second -= best->num_elements();
+    ++moved;
+  }
 }
 
 std::vector<std::string> ClusterState::CheckLiveness() {

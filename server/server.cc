@@ -56,6 +56,11 @@ class ParameterServerImpl : public ParameterServer {
         [this](uint32_t server, DataHeader& h, zmq::message_t& payload) { SendToPeer(server, h, payload); });
     if (!engine.ok()) return engine.status();
     engine_ = *std::move(engine);
+    if (registered->joins_running_job()) {
+      engine_->JoinRunningJob();
+      LOG(WARNING) << "server " << index_ << " at " << data_address_
+                   << " joins a running job in a dead server's place: its copies arrive as snapshots";
+    }
     if (options.metrics != nullptr) metrics_ = std::make_unique<ServerMetrics>(*options.metrics, index_);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     watch_ = scheduler_->WatchShardMap(
@@ -89,15 +94,20 @@ class ParameterServerImpl : public ParameterServer {
       // Confirmations first (they release answers workers wait for), then
       // drain what is queued before polling again.
       ReceivePeerAnswers();
+      // Async pushes drained in one go coalesce (PartitionEngine::BeginBatch).
+      engine_->BeginBatch();
       for (int i = 0; i < 1024 && ReceiveOne(); ++i) {
         if ((i & 15) == 15) ReceivePeerAnswers();
       }
+      engine_->EndBatch();
       ReceivePeerAnswers();
       if (metrics_) metrics_->MaybePublish(*engine_);
     }
     // Drain: finish what already arrived, refuse what cannot complete.
+    engine_->BeginBatch();
     while (ReceiveOne()) {
     }
+    engine_->EndBatch();
     engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
@@ -112,6 +122,7 @@ class ParameterServerImpl : public ParameterServer {
   void RequestStop() override { stop_.store(true); }
   std::string data_address() const override { return data_address_; }
   std::vector<PartitionUpdates> UpdateCounts() const override { return engine_->UpdateCounts(); }
+  EngineStats Stats() const override { return engine_->stats(); }
   uint32_t index() const override { return index_; }
 
  private:
@@ -219,10 +230,12 @@ class ParameterServerImpl : public ParameterServer {
     for (const ServerInfo& s : map->servers()) {
       if (peer_addresses_.size() <= s.index()) peer_addresses_.resize(s.index() + 1);
       if (peer_keys_.size() <= s.index()) peer_keys_.resize(s.index() + 1);
-      if (s.index() != index_) {
-        peer_addresses_[s.index()] = s.data_address();
-        peer_keys_[s.index()] = s.curve_public_key();
-      }
+      if (s.index() == index_) continue;
+      if (peer_addresses_[s.index()] == s.data_address() && peer_keys_[s.index()] == s.curve_public_key()) continue;
+      // A server that joined in a dead one's place: connect to it afresh.
+      if (s.index() < peers_.size()) peers_[s.index()].reset();
+      peer_addresses_[s.index()] = s.data_address();
+      peer_keys_[s.index()] = s.curve_public_key();
     }
     if (authenticator_) {
       std::vector<std::string> allowed(map->worker_curve_keys().begin(), map->worker_curve_keys().end());

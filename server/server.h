@@ -59,6 +59,9 @@ class ParameterServer {
   // After Run(): what this server's primaries applied (lost/duplicate
   // update accounting).
   virtual std::vector<PartitionUpdates> UpdateCounts() const = 0;
+  // After Run(): the engine's counts (staleness of the applied gradients
+  // among them).
+  virtual EngineStats Stats() const = 0;
 
   virtual std::string data_address() const = 0;
   virtual uint32_t index() const = 0;

@@ -39,6 +39,8 @@ class ServerMetrics {
   std::array<MetricCounter, 7> requests_;   // by op
   std::array<MetricCounter, 17> errors_;    // by status code
   MetricCounter bytes_in_, bytes_out_, updates_, replicated_, promotions_;
+  MetricCounter stale_gradients_, staleness_sum_;
+  MetricGauge staleness_max_;
   MetricHistogram handling_;
   MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, epoch_;
 };

@@ -86,6 +86,9 @@ int SchedulerCommand(const Args& args) {
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
               << config.checkpoint().restore_dir() << "\n";
   }
+  if (std::string recipe = compression::ApplyCompressionRecipe(&config); !recipe.empty()) {
+    std::cerr << "shardps scheduler: " << recipe << "\n";
+  }
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);
@@ -144,7 +147,8 @@ int ServerCommand(const Args& args) {
   std::string info_file, updates_file;
   flags.String("info-file", &info_file, "once registered, write 'INDEX DATA_ADDRESS' here");
   flags.String("updates-file", &updates_file,
-               "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]'");
+               "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]', "
+               "then 'staleness GRADIENTS SUM MAX' (rounds)");
   flags.Bool("verbose", &verbose, "log INFO messages");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
@@ -185,6 +189,9 @@ int ServerCommand(const Args& args) {
       for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
       text += "\n";
     }
+    const EngineStats stats = (*server)->Stats();
+    absl::StrAppendFormat(&text, "staleness %d %.17g %.17g\n", stats.stale_gradients, stats.staleness_sum,
+                          stats.staleness_max);
     if (absl::Status w = WriteFileDurably(updates_file, text); !w.ok()) return Fail("server", w);
   }
   return 0;
@@ -199,6 +206,8 @@ int TrainCommand(const Args& args) {
   std::string result_file;
   bool verbose = false;
   CliFlags flags("train");
+  flags.Double("slow-factor", &train.slow_factor,
+               "make this worker's compute F times slower (sleeps (F-1) x each step's compute time)");
   flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port");
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");

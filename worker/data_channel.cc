@@ -31,6 +31,10 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
   std::unique_ptr<DataChannel> channel(new DataChannel(std::move(context), addresses, rank));
   channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (channel->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+  {
+    absl::MutexLock lock(&channel->mu_);
+    for (const ServerEndpoint& e : servers) channel->server_keys_.push_back(e.curve_public_key);
+  }
   absl::MutexLock lock(&channel->io_mu_);
   for (size_t i = 0; i < addresses.size(); ++i) {
     zmq::socket_t s(channel->context_, zmq::socket_type::dealer);
@@ -72,7 +76,39 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
-  for (uint32_t s = 0; s < addresses_.size(); ++s) FailServer(s, status);
+  for (uint32_t s = 0; s < failed_.size(); ++s) FailServer(s, status);
+}
+
+absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpoint) {
+  const std::string& address = endpoint.address;
+  absl::MutexLock io_lock(&io_mu_);
+  std::string old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= addresses_.size() ||
+        (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key)) {
+      return absl::OkStatus();
+    }
+    old = addresses_[server];
+  }
+  try {
+    servers_[server].disconnect(old);
+  } catch (const zmq::error_t&) {
+    // Already gone: nothing to undo.
+  }
+  try {
+    // Applies to the connection made next (the old one is gone).
+    if (!endpoint.curve_public_key.empty()) servers_[server].set(zmq::sockopt::curve_serverkey, endpoint.curve_public_key);
+    servers_[server].connect(address);
+  } catch (const zmq::error_t& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", server, " at '", address,
+                                                   "': ", e.what()));
+  }
+  absl::MutexLock lock(&mu_);
+  addresses_[server] = address;
+  server_keys_[server] = endpoint.curve_public_key;
+  failed_[server] = absl::OkStatus();
+  return absl::OkStatus();
 }
 
 DataChannel::~DataChannel() {
@@ -213,6 +249,7 @@ void DataChannel::Receive(size_t server) {
       std::memcpy(p.out, payload.data(), bytes);
     }
   }
+  if (s.ok() && has_payload) versions_[p.partition] = response_.completed_rounds();
   Complete(response_.request_id(), s);
 }
 

@@ -191,6 +191,17 @@ class WorkerImpl : public Worker {
     return channel->Wait(handle, timeout);
   }
 
+  absl::StatusOr<uint64_t> WeightsVersion(const std::string& name) const override {
+    absl::MutexLock lock(&mu_);
+    auto it = routes_.find(name);
+    if (channel_ == nullptr || it == routes_.end()) {
+      return absl::NotFoundError(absl::StrCat("weights version: unknown tensor '", name, "'"));
+    }
+    uint64_t version = UINT64_MAX;
+    for (const PartitionInfo& p : it->second.partitions) version = std::min(version, channel_->weights_version(p.id()));
+    return version == UINT64_MAX ? 0 : version;
+  }
+
   WorkerStats stats() const override {
     absl::MutexLock lock(&mu_);
     WorkerStats s;
@@ -282,6 +293,11 @@ class WorkerImpl : public Worker {
       if (op == PUSH || op == PUSH_PULL) {
         for (size_t i = first; i < last; ++i) ++route.rounds_pushed[i];
       }
+    }
+    if (op == PUSH || op == PUSH_PULL) {
+      // The weights this gradient was computed on: servers measure its
+      // staleness from them (async and ssp learning rates).
+      for (DataChannel::Request& r : requests) r.header.set_based_on(channel_->weights_version(r.header.partition_id()));
     }
     return channel_->Submit(std::move(requests), std::move(what));
   }
@@ -496,6 +512,13 @@ class WorkerImpl : public Worker {
       const int resent = channel->Reroute(moved, map.epoch());
       LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
                    << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
+    }
+    for (const ServerInfo& s : map.servers()) {
+      if (s.dead()) continue;
+      // A server that took a dead one's place: its index's new address.
+      if (absl::Status r = channel->Readdress(s.index(), {s.data_address(), s.curve_public_key()}); !r.ok()) {
+        LOG(ERROR) << "worker " << options_.rank << ": " << r;
+      }
     }
     for (const ServerInfo& s : map.servers()) {
       if (!s.dead()) continue;

@@ -136,6 +136,13 @@ class Worker {
   virtual absl::Status Wait(Handle handle, absl::Duration timeout) = 0;
 
   virtual WorkerStats stats() const = 0;
+
+  // The fewest completed rounds (async: pushes applied) among the weights
+  // last received for the partitions of `name`: how far the cluster had got
+  // when this worker last pulled. 0 before any answer; NotFound for an
+  // unknown tensor. Async jobs stop on it once the cluster has applied
+  // their whole budget of pushes.
+  virtual absl::StatusOr<uint64_t> WeightsVersion(const std::string& name) const = 0;
 };
 
 }  // namespace shardps

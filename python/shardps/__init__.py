@@ -14,12 +14,12 @@ import os
 from . import environment
 from ._library import LibraryNotFoundError
 from .errors import (DeadlineExceededError, InvalidArgumentError, NotFoundError, ShardPSError,
-                     UnavailableError)
+                     UnavailableError, UnimplementedError)
 from .worker import Handle, Worker
 
 __all__ = ["init", "shutdown", "is_initialized", "worker", "rank", "size", "local_rank", "version",
            "Worker", "Handle", "ShardPSError", "InvalidArgumentError", "DeadlineExceededError",
-           "NotFoundError", "UnavailableError", "LibraryNotFoundError"]
+           "NotFoundError", "UnavailableError", "UnimplementedError", "LibraryNotFoundError"]
 
 _worker = None
 
