@@ -359,12 +359,14 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   info->set_dead(false);
   info->clear_dead_reason();
   map_.set_epoch(map_.epoch() + 1);
+  // Only missing copies go to it. Moving a backup here would leave its
+  // partition with one valid copy until the snapshot arrived, so a death in
+  // that window would lose it; later failovers re-create copies on the
+  // least loaded servers, this one first.
   const int recreated = Rereplicate();
-  const int moved = Rebalance(index);
   LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
                << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
-               << map_.epoch() << ": " << recreated << " missing copies and " << moved
-               << " moved copies go to it (its primaries send snapshots)";
+               << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots)";
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);
@@ -372,34 +374,6 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   *response.mutable_config() = config_;
   Save();
   return response;
-}
-
-int ClusterState::Rebalance(uint32_t joined) {
-  std::map<uint32_t, uint64_t> held = LiveServerLoads();
-  // Backup copies move from the fullest server to the one that joined while
-  // that narrows the gap between them, largest first: the fewest moves.
-  // Primaries stay where the workers send to (moving one would stall its
-  // round); a backup only needs a snapshot.
-  int moved = 0;
-  for (;;) {
-    auto fullest = std::max_element(held.begin(), held.end(),
-                                    [](const auto& a, const auto& b) { return a.second < b.second; });
-    PartitionInfo* best = nullptr;
-    for (PartitionInfo& p : *map_.mutable_partitions()) {
-      const auto& backups = p.backups();
-      if (std::find(backups.begin(), backups.end(), fullest->first) == backups.end()) continue;
-      if (p.server() == joined || std::find(backups.begin(), backups.end(), joined) != backups.end()) continue;
-      if (held[joined] + p.num_elements() > fullest->second - p.num_elements()) continue;
-      if (best == nullptr || p.num_elements() > best->num_elements()) best = &p;
-    }
-    if (best == nullptr) return moved;
-    for (int i = 0; i < best->backups_size(); ++i) {
-      if (best->backups(i) == fullest->first) best->set_backups(i, joined);
-    }
-    held[joined] += best->num_elements();
-    fullest->second -= best->num_elements();
-    ++moved;
-  }
 }
 
 std::vector<std::string> ClusterState::CheckLiveness() {

@@ -131,13 +131,9 @@ class ClusterState {
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Server `request` takes dead server `index`'s place in the running job:
-  // a new epoch gives it the copies that are missing, then backup copies
-  // from the fullest servers (Rebalance).
+  // a new epoch gives it the copies that are missing.
   absl::StatusOr<RegisterResponse> JoinRunningJob(uint32_t index, const RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves backup copies to server `joined` while that narrows the element
-  // gap to the fullest server, largest first; returns how many moved.
-  int Rebalance(uint32_t joined) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

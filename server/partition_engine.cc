@@ -64,6 +64,10 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
+  for (const ServerInfo& s : map.servers()) {
+    if (server_addresses_.size() <= s.index()) server_addresses_.resize(s.index() + 1);
+    server_addresses_[s.index()] = s.data_address();
+  }
   const bool first_map = epoch_ == 0 && !joined_running_job_;
   // Before the partitions follow the map: what they send the backups now (a
   // re-created copy's snapshot) must carry the new epoch, so a backup that

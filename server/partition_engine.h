@@ -207,6 +207,10 @@ class PartitionEngine {
     // primary's snapshot arrived: it holds no valid copy before that.
     bool synced = true;
     std::vector<uint32_t> backups;
+    // Per backup: the data address it had when listed. A new address under
+    // the same index is a server that joined in a dead one's place (the maps
+    // between may have been skipped): a new copy that needs a snapshot.
+    std::vector<std::string> backup_addresses;
     std::vector<uint64_t> confirmed;
     std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
     uint64_t sent = 0;                     // updates sent to the backups
@@ -342,6 +346,7 @@ class PartitionEngine {
   uint64_t epoch_ = 0;
   bool joined_running_job_ = false;
   uint32_t server_index_ = 0;
+  std::vector<std::string> server_addresses_;  // per server index, from the latest map
   std::vector<bool> excluded_;  // per worker rank: removed from the job
   uint32_t num_excluded_ = 0;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;

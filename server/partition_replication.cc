@@ -45,11 +45,15 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   }
   p.primary = primary;
   std::vector<uint32_t> backups, added;
+  std::vector<std::string> addresses;
   std::vector<uint64_t> confirmed, last_sent;
   if (primary) {
     for (uint32_t b : info.backups()) {
+      const std::string address = b < server_addresses_.size() ? server_addresses_[b] : "";
       auto it = std::find(p.backups.begin(), p.backups.end(), b);
+      if (it != p.backups.end() && p.backup_addresses[it - p.backups.begin()] != address) it = p.backups.end();
       backups.push_back(b);
+      addresses.push_back(address);
       // A copy that was listed keeps its confirmations; a new one starts
       // with what was sent so far and first gets the whole state.
       confirmed.push_back(it != p.backups.end() ? p.confirmed[it - p.backups.begin()] : p.sent);
@@ -58,6 +62,7 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     }
   }
   p.backups = std::move(backups);
+  p.backup_addresses = std::move(addresses);
   p.confirmed = std::move(confirmed);
   p.last_sent = std::move(last_sent);
   for (uint32_t b : added) SendSnapshot(p, b);
