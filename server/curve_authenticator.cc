@@ -40,6 +40,7 @@ void CurveAuthenticator::Allow(const std::vector<std::string>& z85_keys) {
   }
   absl::MutexLock lock(&mu_);
   allowed_ = std::move(allowed);
+  listed_ = true;
 }
 
 void CurveAuthenticator::Loop() {
@@ -67,6 +68,7 @@ void CurveAuthenticator::Answer(std::vector<zmq::message_t>& request) {
     bool known;
     {
       absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&listed_), kFirstListWait);
       known = allowed_.contains(request[6].to_string());
     }
     status = known ? "200" : "400";

@@ -21,18 +21,23 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace shardps {
 
 class CurveAuthenticator {
  public:
+  static constexpr absl::Duration kFirstListWait = absl::Seconds(10);
+
   // Binds the ZAP endpoint; call before any CURVE server socket of `context`
   // binds. `name` (e.g. "server 0") starts its log lines.
   static absl::StatusOr<std::unique_ptr<CurveAuthenticator>> Create(zmq::context_t& context, std::string name);
   ~CurveAuthenticator();
 
   // Replaces the allow list with `z85_keys` (40-character keys; others are
-  // skipped).
+  // skipped). Until the first call, handshakes wait for it (up to
+  // kFirstListWait): a server that just joined a running job is reached by
+  // workers and peers that got its address in the same shard map as it.
   void Allow(const std::vector<std::string>& z85_keys);
 
  private:
@@ -46,6 +51,7 @@ class CurveAuthenticator {
   std::atomic<bool> stop_{false};
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> allowed_ ABSL_GUARDED_BY(mu_);  // 32-byte binary keys
+  bool listed_ ABSL_GUARDED_BY(mu_) = false;  // Allow was called at least once
   std::thread thread_;
 };
 

@@ -185,6 +185,27 @@ TEST(FailureTest, ReplacementServersTakeTheDeadOnesPlacesUntilNoOriginalIsLeft) 
   EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
 
+TEST(FailureTest, ASecuredClustersReplacementServersAreAdmittedWithTheirNewKeys) {
+  // A replacement has a new address and a new CURVE key: the workers and
+  // its peers must reach it with that key, and it must admit them as soon
+  // as it has its first map.
+  const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
+                                        "--epochs", "2", "--deterministic"};
+  LocalRun clean = RunLocal(job);
+  std::vector<std::string> faulty = job;
+  faulty.insert(faulty.end(), {"--secure", "--replace", "--kill", "server:1@20", "--kill", "server:0@150"});
+  LocalRun killed = RunLocal(faulty);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  EXPECT_THAT(killed.out, HasSubstr("\"secure\": true"));
+  EXPECT_THAT(killed.err, ContainsRegex("server 0 \\(tcp://[^)]*\\) joins the running job"));
+  EXPECT_THAT(killed.err, Not(HasSubstr("unregistered CURVE key")));
+  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
+  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
+  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
+  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
+}
+
 TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {
   LocalRun run = RunLocal({"--servers", "3", "--workers", "2", "--train-limit", "9000", "--consistency", "async",
                            "--kill", "server:0@20"});
