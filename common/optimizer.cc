@@ -46,8 +46,9 @@ float Optimizer::LearningRate(uint64_t step) const {
 }
 
 void Optimizer::Apply(uint64_t step, float grad_scale, const float* __restrict grad,
-                      float* __restrict w, float* __restrict state, size_t n) const {
-  const float lr = LearningRate(step);
+                      float* __restrict w, float* __restrict state, size_t n, float lr_scale) const {
+  // lr_scale 1 leaves lr's bits unchanged (x * 1.0f == x).
+  const float lr = LearningRate(step) * lr_scale;
   const float wd = config_.weight_decay();
   switch (config_.kind()) {
     case OptimizerConfig::SGD:

@@ -28,8 +28,10 @@ class Optimizer {
 
   // One update of `n` weights. `state` holds state_slots() * n floats laid
   // out slot by slot (slot k at state + k * n), zero before the first step.
+  // `lr_scale` multiplies the step's learning rate (the staleness-aware
+  // rate of async and ssp updates); 1 changes no bit.
   void Apply(uint64_t step, float grad_scale, const float* grad, float* weights, float* state,
-             size_t n) const;
+             size_t n, float lr_scale = 1.0f) const;
 
   // Adam with freeze_variance_after = N: true from update N on, when the
   // update is linear in the gradient: w -= lr * mhat / d with a fixed d.

@@ -137,6 +137,12 @@ class ClusterState {
   // Gives every partition short of `replication` copies new backups on the
   // live servers holding the fewest elements; returns how many.
   int Rereplicate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Live server index -> elements of the copies (primary or backup) it holds.
+  std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Server `request` takes dead server `index`'s place in the running job:
+  // a new epoch gives it the copies that are missing.
+  absl::StatusOr<RegisterResponse> JoinRunningJob(uint32_t index, const RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -23,6 +23,7 @@
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_credentials.h"
 
 namespace shardps {
 namespace {
@@ -282,11 +283,15 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& options) {
+absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& given) {
+  SchedulerOptions options = given;
+  options.config.clear_security();  // secrets stay with the scheduler
   if (absl::Status s = ValidateConfig(options.config); !s.ok()) return s;
   auto listen = ParseHostPort(options.listen_address, "scheduler listen address",
                               {.allow_port_zero = true, .allow_wildcard = true});
   if (!listen.ok()) return listen.status();
+  auto credentials = SchedulerCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
   int lock = -1;
   if (!options.state_dir.empty()) {
     auto locked = LockStateDir(options.state_dir);
@@ -318,7 +323,7 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, *credentials, &port);
   builder.RegisterService(service.get());
   // Backstop for the waiting-call limit: gRPC never runs more threads than
   // the calls one cluster needs plus room for heartbeats and status.

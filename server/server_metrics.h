@@ -45,6 +45,8 @@ class ServerMetrics {
   MetricCounter bytes_in_, bytes_out_, updates_, replicated_, promotions_;
   // shardps_server_refused_total{reason}.
   MetricCounter non_finite_, bad_request_ids_, over_inflight_, over_connections_;
+  MetricCounter stale_gradients_, staleness_sum_;
+  MetricGauge staleness_max_;
   MetricHistogram handling_;
   MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, epoch_;
 };

@@ -55,13 +55,7 @@ class BadInputTest : public ::testing::Test {
     return h;
   }
 
-  std::vector<float> Weights() {
-    std::vector<float> out(kN);
-    auto h = worker_->Pull("w", absl::MakeSpan(out));
-    EXPECT_TRUE(h.ok());
-    EXPECT_TRUE(worker_->Wait(*h, absl::Seconds(10)).ok());
-    return out;
-  }
+  std::vector<float> Weights() { return PullWeights(*worker_, "w", kN); }
 
   static constexpr int kN = 64;
   std::unique_ptr<TestCluster> cluster_;

@@ -64,6 +64,9 @@ class AttackedServerTest : public ::testing::Test {
     config.set_consistency(ASYNC);
     config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
     config.mutable_optimizer()->set_learning_rate(1.0f);
+    // Plain arithmetic on the weights: pushes without pulls in between are
+    // stale, and would otherwise get smaller steps.
+    config.set_staleness_aware_lr(false);
     return config;
   }
 

@@ -7,9 +7,12 @@
 #include <fstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
+#include "worker/worker.h"
 
 namespace shardps {
 
@@ -64,6 +67,14 @@ absl::StatusOr<std::vector<std::string>> TestCluster::ServerAddresses() {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return absl::DeadlineExceededError("servers did not register");
+}
+
+std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t n) {
+  std::vector<float> out(n);
+  auto h = worker.Pull(tensor, absl::MakeSpan(out));
+  EXPECT_TRUE(h.ok()) << h.status();
+  if (h.ok()) EXPECT_TRUE(worker.Wait(*h, absl::Seconds(10)).ok());
+  return out;
 }
 
 int TestCluster::StopServer(size_t i) { return Stop(servers_[i], absl::Seconds(10)); }

@@ -17,6 +17,12 @@
 
 namespace shardps {
 
+class Worker;
+
+// The `n` weights of `tensor` as `worker` pulls them (the test fails, and the
+// result is zeros, when the pull does).
+std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t n);
+
 class TestCluster {
  public:
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const ClusterConfig& config);
