@@ -1,6 +1,9 @@
 #include "compression/codec_policy.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace shardps::compression {
 namespace {
@@ -35,12 +38,20 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
   }
   auto pull = ParseCodecSpec(c.pull_codec());
   if (!pull.ok()) return Named(pull.status(), "compression.pull_codec");
-  if (config.update_mode() == UPDATE_ON_SERVER && config.consistency() == ASYNC && pull->name != "none" &&
+  if (config.update_mode() == UPDATE_ON_SERVER && config.consistency() != SYNC && pull->name != "none" &&
       pull->name != "fp16" && pull->name != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat(
         "config field 'compression.pull_codec': '", c.pull_codec(),
-        "' cannot carry weights; allowed with consistency async: none, fp16, bf16 (in sync mode any codec "
-        "compresses the weight deltas)"));
+        "' cannot carry weights; allowed with consistency async or ssp: none, fp16, bf16 (in sync mode any codec "
+        "compresses the weight deltas, which needs every worker to receive every round once)"));
+  }
+  if (config.update_mode() == SUM_ONLY && pull->name == "2bit" && pull->scale > 0) {
+    // Measured: the threshold grows with the server's own residual and the
+    // run diverges (docs/performance.md); a fixed threshold or onebit is fine.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field 'compression.pull_codec': '", c.pull_codec(),
+        "' (adaptive 2bit threshold) diverges on the servers' compressed aggregate in sum-only mode; use "
+        "onebit or a fixed threshold (2bit:threshold=T)"));
   }
   if (!(c.momentum() >= 0 && c.momentum() < 1)) {
     return absl::InvalidArgumentError("config field 'compression.momentum' must be in [0, 1)");
@@ -73,6 +84,56 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
         "pushes in sum-only mode (1-bit Adam); use update_mode UPDATE_ON_SERVER for weight decay");
   }
   return absl::OkStatus();
+}
+
+std::string ApplyCompressionRecipe(ClusterConfig* config) {
+  CompressionConfig& c = *config->mutable_compression();
+  auto push = ParseCodecSpec(c.codec());
+  if (!push.ok() || (push->name != "2bit" && push->name != "onebit" && push->name != "topk")) return "";
+  const std::string what = absl::StrCat("compression '", c.codec(), "' ");
+  const OptimizerConfig& o = config->optimizer();
+  if (o.kind() != OptimizerConfig::ADAM) return "";  // linear updates keep error feedback exact
+  if (config->consistency() != SYNC) {
+    return what + "with Adam in async mode: no measured recipe keeps its accuracy there (it needs update_mode "
+                  "sum_only, which is sync only); expect a loss (docs/performance.md)";
+  }
+  if (config->has_update_mode() || c.has_uncompressed_rounds() || o.has_freeze_variance_after()) {
+    // Tuned by hand (or the recipe applied already): a partial recipe is a
+    // combination nobody measured.
+    return "";
+  }
+  if (o.weight_decay() != 0 || c.momentum() != 0) {
+    return what + "with Adam: the accuracy recipe (1-bit Adam) needs optimizer.weight_decay and "
+                  "compression.momentum 0, so it is not applied; expect a loss (docs/performance.md)";
+  }
+  constexpr uint32_t kWarmupRounds = 150;
+  std::vector<std::string> set = {"update_mode=SUM_ONLY",
+                                  absl::StrCat("compression.uncompressed_rounds=", kWarmupRounds),
+                                  absl::StrCat("optimizer.freeze_variance_after=", kWarmupRounds)};
+  config->set_update_mode(SUM_ONLY);
+  c.set_uncompressed_rounds(kWarmupRounds);
+  OptimizerConfig& opt = *config->mutable_optimizer();
+  opt.set_freeze_variance_after(kWarmupRounds);
+  if (!opt.has_epsilon()) {
+    // A frozen variance with epsilon 1e-8 lets a coordinate whose gradient
+    // grows after the freeze take unbounded steps.
+    opt.set_epsilon(1e-4f);
+    set.push_back("optimizer.epsilon=0.0001");
+  }
+  if (push->name == "2bit" && c.codec().find(':') == std::string::npos) {
+    // Measured best: scale 1 with onebit pulls; scale 0.25 with raw pulls.
+    const bool pull_onebit = !c.has_pull_codec();
+    c.set_codec(pull_onebit ? "2bit:scale=1" : "2bit:scale=0.25");
+    set.push_back(absl::StrCat("compression.codec=", c.codec()));
+    if (pull_onebit) {
+      c.set_pull_codec("onebit");
+      set.push_back("compression.pull_codec=onebit");
+    }
+  }
+  return absl::StrCat(what, "with Adam: applying the measured accuracy recipe (docs/performance.md): ",
+                      absl::StrJoin(set, ", "),
+                      "; setting update_mode, compression.uncompressed_rounds or optimizer.freeze_variance_after "
+                      "yourself turns it off");
 }
 
 absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,

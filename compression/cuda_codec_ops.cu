@@ -102,14 +102,28 @@ __global__ void TwoBitValidateKernel(const uint32_t* in, size_t n, unsigned long
 // ---- onebit: fixed-order mean |v| (see codec_math.h), then pack ----
 
 // One warp per kSumBlock values: lane l sums elements l, l+32, ... in double.
-__global__ void BlockAbsSumKernel(const float* in, const float* residual, size_t n, double* sums) {
+// Loads are issued kSumUnroll at a time (a kSumBlock has 256 per lane and
+// there are few warps), the adds still go one by one in element order.
+constexpr int kSumUnroll = 8;
+__global__ void BlockAbsSumKernel(const float* __restrict__ in, const float* __restrict__ residual,
+                                  size_t n, double* sums) {
   const size_t warp = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
   const unsigned lane = threadIdx.x % 32;
   const size_t begin = warp * m::kSumBlock;
   if (begin >= n) return;
   const size_t end = min(n, begin + m::kSumBlock);
   double acc = 0;
-  for (size_t i = begin + lane; i < end; i += 32) {
+  size_t i = begin + lane;
+  for (; i + 32 * (kSumUnroll - 1) < end; i += 32 * kSumUnroll) {
+    float v[kSumUnroll];
+#pragma unroll
+    for (int u = 0; u < kSumUnroll; ++u) {
+      v[u] = residual ? in[i + 32 * u] + residual[i + 32 * u] : in[i + 32 * u];
+    }
+#pragma unroll
+    for (int u = 0; u < kSumUnroll; ++u) acc += fabs(static_cast<double>(v[u]));
+  }
+  for (; i < end; i += 32) {
     acc += fabs(static_cast<double>(residual ? in[i] + residual[i] : in[i]));
   }
   for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
@@ -125,18 +139,25 @@ __global__ void MeanAbsKernel(const double* sums, size_t num_blocks, size_t n, u
   if (lane == 0) out[0] = m::FloatBits(n == 0 ? 0.0f : static_cast<float>(acc / static_cast<double>(n)));
 }
 
-__global__ void OneBitPackKernel(const float* in, float* residual, size_t n, uint32_t* out) {
+// One warp per 32-value word: lane b reads value b (coalesced) and the warp
+// ballot is the word (bit b = value b negative; padding lanes vote 0).
+__global__ void OneBitPackKernel(const float* __restrict__ in, float* __restrict__ residual,
+                                 size_t n, uint32_t* out) {
   const size_t words = (n + 31) / 32;
   const float s = m::BitsFloat(out[0]);
-  GRID_STRIDE(w, words) {
-    uint32_t word = 0;
-    for (size_t i = w * 32, b = 0; i < n && b < 32; ++i, ++b) {
+  const unsigned lane = threadIdx.x % 32;
+  const size_t warps = size_t{gridDim.x} * blockDim.x / 32;
+  // w is the same for the whole warp, so every lane reaches the ballot.
+  for (size_t w = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32; w < words; w += warps) {
+    const size_t i = w * 32 + lane;
+    bool negative = false;
+    if (i < n) {
       const float v = residual ? in[i] + residual[i] : in[i];
-      const bool negative = v < 0.0f;
-      word |= static_cast<uint32_t>(negative) << b;
+      negative = v < 0.0f;
       if (residual) residual[i] = v - (negative ? -s : s);
     }
-    out[1 + w] = word;
+    const uint32_t word = __ballot_sync(0xffffffffu, negative);
+    if (lane == 0) out[1 + w] = word;
   }
 }
 
@@ -193,11 +214,18 @@ struct AtLeastKth {
   __device__ bool operator()(uint32_t i) const { return m::TopKKey(src[i], i) >= *kth; }
 };
 
-__global__ void KeysKernel(const float* src, const uint32_t* cand, size_t c, uint64_t* keys) {
-  GRID_STRIDE(j, c) keys[j] = m::TopKKey(src[cand[j]], cand[j]);
+// |x| bits of each candidate: the sort key (the index rides along as value).
+__global__ void KeysKernel(const float* src, const uint32_t* cand, size_t c, uint32_t* keys) {
+  GRID_STRIDE(j, c) keys[j] = m::FloatBits(src[cand[j]]) & 0x7fffffffu;
 }
 
-__global__ void PickKthKernel(const uint64_t* sorted, size_t k, uint64_t* kth) { *kth = sorted[k - 1]; }
+// The k-th largest TopKKey: a stable descending sort of |x| bits over
+// candidates in index order puts equal values smallest index first, which is
+// TopKKey's order.
+__global__ void PickKthKernel(const uint32_t* sorted_keys, const uint32_t* sorted_index, size_t k,
+                              uint64_t* kth) {
+  *kth = (static_cast<uint64_t>(sorted_keys[k - 1]) << 32) | (0xffffffffu - sorted_index[k - 1]);
+}
 
 __global__ void PickThresholdKernel(const uint32_t* sorted, size_t rank, uint32_t* threshold) {
   *threshold = sorted[rank];
@@ -252,8 +280,9 @@ struct TopKWorkspace {
   int* num_selected;
   uint32_t* cand;
   uint32_t* sel;
-  uint64_t* keys_in;
-  uint64_t* keys_out;
+  uint32_t* keys_in;
+  uint32_t* keys_out;
+  uint32_t* sorted_index;
   void* temp;
   size_t temp_bytes;
   size_t total;
@@ -265,8 +294,9 @@ absl::StatusOr<TopKWorkspace> LayoutTopK(size_t n, void* base) {
   SHARDPS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeysDescending(
       nullptr, q, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), int{kSamples}));
   temp = std::max(temp, q);
-  SHARDPS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeysDescending(
-      nullptr, q, static_cast<uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr), nn));
+  SHARDPS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, q, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), nn, 0, 31));
   temp = std::max(temp, q);
   SHARDPS_CUDA_RETURN_IF_ERROR(cub::DeviceSelect::If(
       nullptr, q, thrust::counting_iterator<uint32_t>(0), static_cast<uint32_t*>(nullptr),
@@ -287,8 +317,9 @@ absl::StatusOr<TopKWorkspace> LayoutTopK(size_t n, void* base) {
   w.num_selected = static_cast<int*>(take(8));
   w.cand = static_cast<uint32_t*>(take(4 * n));
   w.sel = static_cast<uint32_t*>(take(4 * n));
-  w.keys_in = static_cast<uint64_t*>(take(8 * n));
-  w.keys_out = static_cast<uint64_t*>(take(8 * n));
+  w.keys_in = static_cast<uint32_t*>(take(4 * n));
+  w.keys_out = static_cast<uint32_t*>(take(4 * n));
+  w.sorted_index = static_cast<uint32_t*>(take(4 * n));
   w.temp_bytes = temp;
   w.temp = take(temp);
   w.total = off;
@@ -337,9 +368,10 @@ absl::Status TopKEncode(const CodecParams& p, float* src, bool fused, size_t n, 
     const size_t c = *count;
     KeysKernel<<<GridFor(c), kThreads, 0, s>>>(src, w.cand, c, w.keys_in);
     size_t temp = w.temp_bytes;
-    SHARDPS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeysDescending(
-        w.temp, temp, w.keys_in, w.keys_out, static_cast<int>(c), 0, 64, s));
-    PickKthKernel<<<1, 1, 0, s>>>(w.keys_out, k, w.kth);
+    // |x| < 2^31: bit 31 is always clear, so 31 key bits suffice.
+    SHARDPS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(
+        w.temp, temp, w.keys_in, w.keys_out, w.cand, w.sorted_index, static_cast<int>(c), 0, 31, s));
+    PickKthKernel<<<1, 1, 0, s>>>(w.keys_out, w.sorted_index, k, w.kth);
     temp = w.temp_bytes;
     SHARDPS_CUDA_RETURN_IF_ERROR(cub::DeviceSelect::If(w.temp, temp, w.cand, w.sel,
                                                        w.num_selected, static_cast<int>(c),
@@ -359,7 +391,7 @@ absl::Status OneBitEncode(const float* in, float* residual, size_t n, uint32_t* 
     BlockAbsSumKernel<<<(threads + kThreads - 1) / kThreads, kThreads, 0, s>>>(in, residual, n, sums);
   }
   MeanAbsKernel<<<1, 32, 0, s>>>(sums, blocks, n, out);
-  OneBitPackKernel<<<GridFor((n + 31) / 32), kThreads, 0, s>>>(in, residual, n, out);
+  OneBitPackKernel<<<GridFor((n + 31) / 32 * 32), kThreads, 0, s>>>(in, residual, n, out);
   return CudaStatus(cudaGetLastError(), "OneBitPackKernel", __FILE__, __LINE__);
 }
 

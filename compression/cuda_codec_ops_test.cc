@@ -128,6 +128,40 @@ TEST_P(CudaCodecOpsTest, MalformedPayloadIsRejectedOnDevice) {
 #endif
 }
 
+#if SHARDPS_WITH_CUDA
+// The GPU payload of `x` under `spec` equals the CPU's.
+void ExpectGpuBytesEqualCpu(const char* spec, const std::vector<float>& x) {
+  auto params = ParseCodecSpec(spec);
+  ASSERT_TRUE(params.ok());
+  auto codec = CreateCodec(*params);
+  EXPECT_TRUE(MustEncode(**codec, x, 1) == RunOnDevice(*params, x, nullptr, 1).payload)
+      << spec << " n=" << x.size();
+}
+#endif
+
+// Many equal magnitudes around the k-th value: the GPU must break ties by
+// index exactly like the CPU (smaller index first).
+TEST(CudaCodecTiesTest, CudaTopKBreaksTiesByIndexLikeTheCpu) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+#if SHARDPS_WITH_CUDA
+  for (size_t n : {size_t{5000}, size_t{200003}, size_t{1} << 22}) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 7) - 3);
+    ExpectGpuBytesEqualCpu("topk:ratio=0.01", x);
+  }
+#endif
+}
+
+// The onebit ballot gives the CPU's words for sizes that end mid-word.
+TEST(CudaCodecTiesTest, CudaOneBitWordsMatchTheCpuForEveryTail) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+#if SHARDPS_WITH_CUDA
+  for (size_t n : {size_t{1}, size_t{31}, size_t{33}, size_t{8191}, size_t{8193}, size_t{70001}}) {
+    ExpectGpuBytesEqualCpu("onebit", RandomGradient(n, 95));
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(AllCodecs, CudaCodecOpsTest,
                          ::testing::Values("none", "fp16", "bf16", "2bit:threshold=0.7", "onebit",
                                            "topk:ratio=0.01", "randomk:ratio=0.05",

@@ -8,6 +8,11 @@
 #include "gtest/gtest.h"
 #include "tests/test_cluster.h"
 #include "worker/c_api.h"
+#include "worker/cuda_transfer.h"
+
+#if SHARDPS_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace shardps {
 namespace {
@@ -122,6 +127,76 @@ TEST_F(CApiClusterTest, SixteenBitBuffersAreConvertedAndMismatchesRefused) {
   EXPECT_EQ(shardps_push_pull_typed(w_, "h", half_one, half_w, 6, SHARDPS_FLOAT16, &h, err_, sizeof(err_)),
             SHARDPS_INVALID_ARGUMENT);
   EXPECT_THAT(std::string(err_), HasSubstr("the buffers hold 6 bytes"));
+}
+
+TEST_F(CApiClusterTest, CudaPushPullSaysWhyItCannotTakeTheseBuffers) {
+  const int64_t shape[] = {4};
+  ASSERT_EQ(shardps_declare_tensor(w_, "g", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  float grad[4] = {}, weights[4] = {};
+  uint64_t h = 0;
+  const int rc = shardps_push_pull_cuda(w_, "g", grad, weights, sizeof(grad), SHARDPS_FLOAT32, nullptr, &h, err_,
+                                        sizeof(err_));
+  if (!CudaTransfersBuilt()) {
+    EXPECT_EQ(rc, SHARDPS_UNIMPLEMENTED);
+    EXPECT_THAT(std::string(err_), HasSubstr("built without CUDA"));
+  } else if (!CudaTransferDevicePresent()) {
+    EXPECT_EQ(rc, SHARDPS_FAILED_PRECONDITION);
+    EXPECT_THAT(std::string(err_), HasSubstr("gradient: no usable CUDA device"));
+  } else {
+    EXPECT_EQ(rc, SHARDPS_INVALID_ARGUMENT);
+    EXPECT_THAT(std::string(err_), HasSubstr("gradient is not CUDA memory"));
+  }
+  EXPECT_EQ(shardps_push_pull_cuda(w_, "g", nullptr, weights, sizeof(grad), SHARDPS_FLOAT32, nullptr, &h, err_,
+                                   sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+}
+
+TEST_F(CApiClusterTest, CudaPushPullMovesDeviceTensorsOnTheStream) {
+  if (!CudaTransferDevicePresent()) GTEST_SKIP() << "no CUDA device (built with CUDA: " << CudaTransfersBuilt() << ")";
+#if SHARDPS_WITH_CUDA
+  const int64_t shape[] = {600}, half_shape[] = {4};
+  ASSERT_EQ(shardps_declare_tensor(w_, "w", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor_dtype(w_, "h", half_shape, 1, SHARDPS_FLOAT16, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  std::vector<float> init(600), grad(600, 2.0f);
+  for (int i = 0; i < 600; ++i) init[i] = static_cast<float>(i);
+  const float half_init[4] = {1, 2, 3, 4};
+  ASSERT_EQ(shardps_init_tensor(w_, "w", init.data(), 600, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_init_tensor(w_, "h", half_init, 4, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  float *d_grad = nullptr, *d_w = nullptr;
+  uint16_t* d_half = nullptr;  // gradient (4), then weights (4)
+  ASSERT_EQ(cudaMalloc(&d_grad, 600 * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_w, 600 * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_half, 8 * 2), cudaSuccess);
+  const uint16_t half_host[8] = {0x3c00, 0x3c00, 0x3c00, 0x3c00, 0x3c00, 0x4000, 0x4200, 0x4400};
+  ASSERT_EQ(cudaMemcpyAsync(d_grad, grad.data(), 600 * 4, cudaMemcpyHostToDevice, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d_w, init.data(), 600 * 4, cudaMemcpyHostToDevice, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d_half, half_host, sizeof(half_host), cudaMemcpyHostToDevice, stream), cudaSuccess);
+  uint64_t h = 0, hh = 0;
+  ASSERT_EQ(shardps_push_pull_cuda(w_, "w", d_grad, d_w, 600 * 4, SHARDPS_FLOAT32, stream, &h, err_, sizeof(err_)),
+            SHARDPS_OK)
+      << err_;
+  ASSERT_EQ(shardps_push_pull_cuda(w_, "h", d_half, d_half + 4, 8, SHARDPS_FLOAT16, stream, &hh, err_, sizeof(err_)),
+            SHARDPS_OK)
+      << err_;
+  ASSERT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_wait(w_, hh, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  std::vector<float> got(600);
+  uint16_t half_got[4] = {};
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), d_w, 600 * 4, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(half_got, d_half + 4, 8, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  for (int i = 0; i < 600; ++i) ASSERT_EQ(got[i], init[i] - 1.0f) << i;  // lr 0.5 * gradient 2
+  EXPECT_EQ(half_got[0], 0x3800);  // 1 - 0.5
+  EXPECT_EQ(half_got[3], 0x4300);  // 4 - 0.5
+  cudaFree(d_grad);
+  cudaFree(d_w);
+  cudaFree(d_half);
+  cudaStreamDestroy(stream);
+#endif
 }
 
 TEST_F(CApiClusterTest, ConfigTextAsksForABufferLargeEnough) {

@@ -9,7 +9,7 @@
 #include "compression/codec_bench.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
-#include "worker/local_bench.h"
+#include "worker/local_tier/local_bench.h"
 
 namespace shardps {
 namespace {
@@ -68,6 +68,11 @@ int BenchLocalCommand(const Args& args) {
   flags.Int("iters", &iters, "timed iterations per figure (median reported)");
   flags.Int("threads", &threads, "CPU reducer threads (0 = all cores)");
   flags.Bool("json", &o.json, "one JSON object per line");
+  flags.String("codec", &o.codec,
+               "push codec (e.g. 2bit): also measure merge + encode + copy to host, the same "
+               "without a codec, and a pinned device-to-host copy (default sizes then 16,64 MiB)");
+  int64_t range_bytes = static_cast<int64_t>(o.range_bytes);
+  flags.Int("range-bytes", &range_bytes, "bytes per pipelined range (partition) with --codec");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Report("bench-local", s);
   if (flags.help()) return 0;
   InitLogging("shardps-bench-local", false);
@@ -80,6 +85,9 @@ int BenchLocalCommand(const Args& args) {
   }
   if (absl::Status s = ParseList("devices", devices, &o.devices); !s.ok()) return Report("bench-local", s);
   if (absl::Status s = ParseList("sizes", sizes, &o.sizes_bytes); !s.ok()) return Report("bench-local", s);
+  if (!o.codec.empty() && sizes.empty()) o.sizes_bytes = {size_t{16} << 20, size_t{64} << 20};
+  if (range_bytes < 4) return Report("bench-local", absl::InvalidArgumentError("--range-bytes must be >= 4"));
+  o.range_bytes = static_cast<size_t>(range_bytes);
   o.iters = static_cast<int>(iters);
   o.num_threads = static_cast<int>(threads);
   return Report("bench-local", RunLocalBench(o, std::cout));

@@ -1,5 +1,7 @@
 #include "tools/local_cluster.h"
 
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "compression/codec_policy.h"
@@ -26,6 +28,9 @@ absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t s
 absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config) {
   for (const std::string& s : sets) {
     if (absl::Status st = SetConfigField(config, s); !st.ok()) return st;
+  }
+  if (std::string recipe = compression::ApplyCompressionRecipe(config); !recipe.empty()) {
+    std::cerr << "shardps: " << recipe << "\n";
   }
   if (absl::Status s = ValidateConfig(*config); !s.ok()) return s;
   return compression::ValidateCompressionConfig(*config);

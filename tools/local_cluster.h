@@ -17,8 +17,9 @@ namespace shardps {
 
 // The config file at `path` (empty: defaults) with the process counts set.
 absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t servers, int64_t workers);
-// Applies each `--set field=value`, then validates the result as the
-// scheduler would (fields and compression).
+// Applies each `--set field=value` and the lossy codecs' accuracy recipe
+// (printing what it set), then validates the result as the scheduler would
+// (fields and compression).
 absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config);
 
 // Starts `shardps scheduler` on `listen` with the config file and writes its

@@ -7,11 +7,13 @@
 #                  BUNDLE_DIR defaults to BUILD_DIR/gpu-bundle; keep it under
 #                  the repo (e.g. build/gpu-bundle) and pass it in `carry`.
 # Usage (on GPU):  BUNDLE/run.sh shardps bench-local --json   # any bundled command
-#                  BUNDLE/run-gpu-checks.sh                   # CUDA tests + GPU benches;
+#                  BUNDLE/run-gpu-checks.sh                   # CUDA tests + GPU benches
+#                                                             # (bench-codec, bench-local
+#                                                             # with and without --codec);
 #                                                             # results under $OUT if set
 # What goes in: every executable ELF file under BUILD_DIR (outside CMakeFiles),
 # i.e. the `shardps` CLI and the test binaries, copied with
-# `strip --strip-debug`; every shared library they load except glibc's own
+# `strip --strip-debug`; libshardps.so and the Python package (python/); every shared library they load except glibc's own
 # (libc, libm, libmvec, libpthread, libdl, librt, libresolv, ld-linux) and the
 # CUDA driver (libcuda, libnvidia-*). libstdc++ and libgcc_s are included.
 # libnccl (over 200 MiB) is left out when the bundle would pass 64 MiB: run.sh
@@ -44,8 +46,19 @@ for f in "${bins[@]}"; do
   echo "bin  $(basename "$f")"
 done
 
+# The C ABI library and the Python package, for the PyTorch check on the GPU.
+if [[ -f "$build/worker/libshardps.so" ]]; then
+  strip --strip-debug -o "$bundle/lib/libshardps.so" "$(readlink -f "$build/worker/libshardps.so")"
+  mkdir -p "$bundle/python"
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  cp -r "$repo/python/shardps" "$repo/python/tests" "$repo/python/examples" "$bundle/python/"
+  find "$bundle/python" -name __pycache__ -prune -exec rm -rf {} +
+  echo "lib  libshardps.so (+ python/)"
+fi
+
 declare -A libs=()
-for f in "$bundle"/bin/*; do
+for f in "$bundle"/bin/* "$bundle"/lib/libshardps.so; do
+  [[ -f "$f" ]] || continue
   while read -r name _ path _; do
     [[ -n "${path:-}" && -f "$path" ]] || continue
     system_lib "$name" || libs[$name]=$path
@@ -118,6 +131,32 @@ bench() {  # bench FILE COMMAND...
 bench bench-codec.jsonl shardps bench-codec --json
 bench bench-local-cpu.jsonl shardps bench-local --kind cpu --json
 bench bench-local-cuda.jsonl shardps bench-local --kind cuda --json
+# The push path (merge + encode + copy to host) against no codec and a pinned
+# device-to-host copy, measured in the same run (bars: encode_vs_raw >= 8,
+# host_copy_vs_pinned >= 0.8 for D = 4 at 16 and 64 MiB).
+bench bench-local-cuda-2bit.jsonl shardps bench-local --kind cuda --codec 2bit --devices 1,4 --json
+bench bench-local-cuda-onebit.jsonl shardps bench-local --kind cuda --codec onebit --devices 4 --json
+# PyTorch on the GPU through shardps_push_pull_cuda (needs python3 with CUDA torch): the
+# training test (2 workers on one GPU, sync, against the one-process reference), then the
+# Fashion-MNIST example when $SHARDPS_FASHION_MNIST names the dataset's directory.
+pyenv=(env SHARDPS_BINARY="$here/bin/shardps" SHARDPS_LIBRARY="$here/lib/libshardps.so")
+if [[ -d "$here/python" ]] && python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  (cd "$here/python/tests" && "$here/run.sh" "${pyenv[@]}" python3 -m unittest -v \
+     test_torch_sync.TorchSyncTest.test_cuda_parameters_train_through_device_pointers) \
+    > "$out/python-torch-cuda.txt" 2>&1 || { status=1; echo "FAILED python torch cuda test"; }
+  tail -n 3 "$out/python-torch-cuda.txt"
+  if [[ -d "${SHARDPS_FASHION_MNIST:-}" ]]; then
+    for device in cuda cpu; do
+      "$here/run.sh" "${pyenv[@]}" PYTHONPATH="$here/python" shardps launch --servers 2 --workers 2 \
+        --set consistency=sync -- python3 "$here/python/examples/train_fashion_mnist.py" --epochs 1 --json \
+        --device "$device" --data-dir "$SHARDPS_FASHION_MNIST" > "$out/fashion-mnist-$device.txt" 2>&1 ||
+        { status=1; echo "FAILED fashion-mnist $device"; }
+      grep '^{' "$out/fashion-mnist-$device.txt" || true
+    done
+  fi
+else
+  echo "python3 with CUDA torch not found: PyTorch GPU check skipped" | tee "$out/python-torch-cuda.txt"
+fi
 exit $status
 CHECKS
 chmod +x "$bundle/run.sh" "$bundle/run-gpu-checks.sh"

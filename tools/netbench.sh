@@ -25,7 +25,6 @@ to 2/2). Default: none 2bit. Built-in configurations:
   2bit         2bit:scale=1 pushes, onebit aggregate pulls (SUM_ONLY), 150 uncompressed
                rounds, then Adam's variance frozen (optimizer epsilon 1e-4)
   2bit-delta   2bit:scale=2 pushes, onebit weight-delta pulls (optimizer on the servers)
-  2bit-sum-only  SUM_ONLY, 2bit:scale=2 both ways, no warm-up
   2bit-push    compression { codec: "2bit:scale=2" error_feedback: true }   (push only)
 
 A configuration with compression.uncompressed_rounds R is timed without them (its
@@ -121,15 +120,15 @@ config_snippet() {
   case "$1" in
     none) echo '' ;;
     2bit) echo "$ADAM_2BIT" ;;
-    2bit-delta) echo 'compression { codec: "2bit:scale=2" pull_codec: "onebit" error_feedback: true }' ;;
-    2bit-sum-only) echo 'update_mode: SUM_ONLY
-compression { codec: "2bit:scale=2" pull_codec: "2bit:scale=2" error_feedback: true }' ;;
-    2bit-push) echo 'compression { codec: "2bit:scale=2" error_feedback: true }' ;;
+    2bit-delta) echo 'update_mode: UPDATE_ON_SERVER
+compression { codec: "2bit:scale=2" pull_codec: "onebit" error_feedback: true }' ;;
+    2bit-push) echo 'update_mode: UPDATE_ON_SERVER
+compression { codec: "2bit:scale=2" error_feedback: true }' ;;
     fp16) echo 'compression { codec: "fp16" pull_codec: "fp16" }' ;;
     onebit) echo 'update_mode: SUM_ONLY
-compression { codec: "onebit" pull_codec: "onebit" error_feedback: true }' ;;
+compression { codec: "onebit" pull_codec: "onebit" error_feedback: true uncompressed_rounds: 0 }' ;;
     topk) echo 'update_mode: SUM_ONLY
-compression { codec: "topk:ratio=0.01" pull_codec: "topk:ratio=0.01" error_feedback: true }' ;;
+compression { codec: "topk:ratio=0.01" pull_codec: "topk:ratio=0.01" error_feedback: true uncompressed_rounds: 0 }' ;;
     *) return 1 ;;
   esac
 }
@@ -146,7 +145,7 @@ for c in "${CONFIGS[@]}"; do
     [[ -r $file ]] || die "config '$name': cannot read $file"
     CONFIG_NAMES+=("$name") CONFIG_FILES+=("$(readlink -f "$file")")
   else
-    config_snippet "$c" >/dev/null || die "unknown configuration '$c' (built-in: none 2bit 2bit-delta 2bit-sum-only 2bit-push fp16 onebit topk; or NAME=FILE)"
+    config_snippet "$c" >/dev/null || die "unknown configuration '$c' (built-in: none 2bit 2bit-delta 2bit-push fp16 onebit topk; or NAME=FILE)"
     CONFIG_NAMES+=("$c") CONFIG_FILES+=("")
   fi
 done

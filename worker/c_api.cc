@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "compression/codec_math.h"
 #include "google/protobuf/text_format.h"
+#include "worker/cuda_transfer.h"
 #include "worker/worker.h"
 
 struct shardps_worker {
@@ -20,6 +21,13 @@ struct shardps_worker {
     std::vector<float> grad, weights;
     void* out = nullptr;
     int dtype = SHARDPS_FLOAT32;
+    // shardps_push_pull_cuda: the device buffers' bytes (gradient, then
+    // weights) in pinned memory, the device weights and the stream to copy
+    // them back on.
+    std::unique_ptr<shardps::PinnedHostBuffer> pinned;
+    size_t bytes = 0;  // Of each device buffer.
+    void* device_out = nullptr;
+    void* stream = nullptr;
   };
   std::unique_ptr<shardps::Worker> worker;
   std::vector<shardps::TensorSpec> declared;
@@ -29,6 +37,8 @@ struct shardps_worker {
   // Staging of requests whose wait failed: a request may still leave later
   // and read it, so it lives as long as the worker (worker/worker.h).
   std::vector<std::unique_ptr<Staged>> abandoned ABSL_GUARDED_BY(mu);
+  // Pinned buffers of finished CUDA requests, reused by later ones.
+  std::vector<std::unique_ptr<shardps::PinnedHostBuffer>> pinned_free ABSL_GUARDED_BY(mu);
 };
 
 // The header's codes are absl::StatusCode's, so Report can return s.code() as is.
@@ -51,6 +61,7 @@ static_assert(SHARDPS_DATA_LOSS == static_cast<int>(absl::StatusCode::kDataLoss)
 static_assert(SHARDPS_UNAUTHENTICATED == static_cast<int>(absl::StatusCode::kUnauthenticated));
 static_assert(SHARDPS_CONSISTENCY_SYNC == static_cast<int>(shardps::SYNC));
 static_assert(SHARDPS_CONSISTENCY_ASYNC == static_cast<int>(shardps::ASYNC));
+static_assert(SHARDPS_CONSISTENCY_SSP == static_cast<int>(shardps::SSP));
 static_assert(SHARDPS_UPDATE_ON_SERVER == static_cast<int>(shardps::UPDATE_ON_SERVER));
 static_assert(SHARDPS_UPDATE_SUM_ONLY == static_cast<int>(shardps::SUM_ONLY));
 
@@ -195,12 +206,70 @@ void StoreWeights(const shardps_worker::Staged& s) {
   }
 }
 
+// A pinned buffer of at least `bytes`, from the free list or new.
+absl::StatusOr<std::unique_ptr<shardps::PinnedHostBuffer>> TakePinned(shardps_worker& w, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    for (auto it = w.pinned_free.begin(); it != w.pinned_free.end(); ++it) {
+      if ((*it)->size() < bytes) continue;
+      auto buffer = std::move(*it);
+      w.pinned_free.erase(it);
+      return buffer;
+    }
+  }
+  return shardps::PinnedHostBuffer::Create(bytes);
+}
+
+// Copies the device gradient and weights (`bytes` each) into pinned staging
+// in `stream`'s order; 16-bit dtypes are widened into grad/weights.
+absl::StatusOr<std::unique_ptr<shardps_worker::Staged>> StageFromDevice(shardps_worker& w, const void* grad,
+                                                                       void* weights, size_t bytes, size_t n,
+                                                                       int dtype, void* stream) {
+  absl::Status valid = shardps::CheckDeviceMemory(grad, "gradient");
+  if (valid.ok()) valid = shardps::CheckDeviceMemory(weights, "weights");
+  if (!valid.ok()) return valid;
+  auto pinned = TakePinned(w, 2 * bytes);
+  if (!pinned.ok()) return pinned.status();
+  auto staged = std::make_unique<shardps_worker::Staged>();
+  staged->pinned = std::move(*pinned);
+  staged->dtype = dtype;
+  staged->bytes = bytes;
+  staged->device_out = weights;
+  staged->stream = stream;
+  auto* host = static_cast<uint8_t*>(staged->pinned->data());
+  absl::Status s = shardps::CopyFromDevice(host, grad, bytes, stream, "gradient");
+  if (s.ok()) s = shardps::CopyFromDevice(host + bytes, weights, bytes, stream, "weights");
+  if (!s.ok()) return s;
+  if (dtype != SHARDPS_FLOAT32) {
+    staged->grad = ToFloats(host, n, dtype);
+    staged->weights = ToFloats(host + bytes, n, dtype);  // sum-only and delta pulls update them in place
+    staged->out = host + bytes;
+  }
+  return staged;
+}
+
+// After a successful wait: the new weights to the device (narrowed first for
+// 16-bit dtypes); the pinned buffer goes back to the free list.
+absl::Status StoreDeviceWeights(shardps_worker& w, shardps_worker::Staged& s) {
+  if (s.dtype != SHARDPS_FLOAT32) StoreWeights(s);
+  absl::Status status = shardps::CopyToDevice(s.device_out, static_cast<uint8_t*>(s.pinned->data()) + s.bytes,
+                                              s.bytes, s.stream, "weights");
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.pinned_free.push_back(std::move(s.pinned));
+  return status;
+}
+
 }  // namespace
 
 extern "C" {
 
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len) {
+  return shardps_worker_create_secure(scheduler_address, rank, rendezvous_timeout_s, nullptr, out, err, err_len);
+}
+
+int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
+                                 const char* security_config, shardps_worker** out, char* err, size_t err_len) {
   return Guarded(__func__, err, err_len, [&] {
     if (scheduler_address == nullptr) return Null("scheduler_address", err, err_len);
     if (out == nullptr) return Null("out", err, err_len);
@@ -208,6 +277,10 @@ int shardps_worker_create(const char* scheduler_address, uint32_t rank, double r
     options.scheduler_address = scheduler_address;
     options.rank = rank;
     options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
+    auto security = shardps::LoadSecurityCredentialsFile(security_config == nullptr ? "" : security_config,
+                                                         /*for_scheduler=*/false);
+    if (!security.ok()) return Report(security.status(), err, err_len);
+    options.security = *std::move(security);
     auto worker = shardps::Worker::Create(options);
     if (!worker.ok()) return Report(worker.status(), err, err_len);
     auto created = std::make_unique<shardps_worker>();
@@ -341,7 +414,9 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
       }
     }
     if (staged != nullptr) {
-      if (s.ok()) {
+      if (s.ok() && staged->pinned != nullptr) {
+        s = StoreDeviceWeights(*w, *staged);
+      } else if (s.ok()) {
         StoreWeights(*staged);
       } else {
         absl::MutexLock lock(&w->mu);
@@ -377,6 +452,38 @@ int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* gra
     if (rc == SHARDPS_OK) {
       absl::MutexLock lock(&w->mu);
       w->staged[*handle] = std::move(staged);
+    }
+    return rc;
+  });
+}
+
+int shardps_push_pull_cuda(shardps_worker* w, const char* name, const void* grad, void* weights, size_t bytes,
+                           int dtype, void* stream, uint64_t* handle, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr || name == nullptr || grad == nullptr || weights == nullptr || handle == nullptr) {
+      return Null("worker, name, grad, weights or handle", err, err_len);
+    }
+    if (!shardps::CudaTransfersBuilt()) {
+      return Report(absl::UnimplementedError("shardps_push_pull_cuda: this libshardps was built without CUDA; "
+                                             "copy the tensors to the host and use shardps_push_pull_typed"),
+                    err, err_len);
+    }
+    auto n = CheckTyped(*w, name, bytes, dtype);
+    if (!n.ok()) return Report(n.status(), err, err_len);
+    auto staged = StageFromDevice(*w, grad, weights, bytes, *n, dtype, stream);
+    if (!staged.ok()) return Report(staged.status(), err, err_len);
+    shardps_worker::Staged& s = **staged;
+    auto* host = static_cast<float*>(s.pinned->data());
+    const bool wide = dtype == SHARDPS_FLOAT32;  // pushed from and pulled into the pinned bytes
+    const int rc = StartRequest(w, handle, err, err_len, [&] {
+      return w->worker->PushPull(name, wide ? absl::MakeConstSpan(host, *n) : absl::MakeConstSpan(s.grad),
+                                 wide ? absl::MakeSpan(host + *n, *n) : absl::MakeSpan(s.weights));
+    });
+    std::lock_guard<std::mutex> lock(w->mu);
+    if (rc == SHARDPS_OK) {
+      w->staged[*handle] = std::move(*staged);
+    } else {
+      w->pinned_free.push_back(std::move(s.pinned));
     }
     return rc;
   });

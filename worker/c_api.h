@@ -54,6 +54,12 @@ const char* shardps_status_name(int code);
  * message are written, NUL-terminated. */
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len);
+/* The same, reaching a secured cluster (README "Security"): the `security { }`
+ * block of the config file at `security_config` (its token, CA and, for
+ * mutual TLS, this node's certificate). NULL or "": plain, as
+ * shardps_worker_create. */
+int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
+                                 const char* security_config, shardps_worker** out, char* err, size_t err_len);
 void shardps_worker_destroy(shardps_worker* w);
 
 /* Declares one float32 tensor; call for each tensor, then shardps_define_done. */
@@ -80,6 +86,19 @@ int shardps_declare_tensor_dtype(shardps_worker* w, const char* name, const int6
    returns SHARDPS_OK. */
 int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* grad, void* weights, size_t bytes,
                             int dtype, uint64_t* handle, char* err, size_t err_len);
+
+/* shardps_push_pull_typed for buffers in CUDA device memory (e.g. a PyTorch
+   CUDA tensor's data_ptr()), `bytes` bytes each of the declared dtype.
+   `stream` is the cudaStream_t the tensors are used on (e.g.
+   torch.cuda.current_stream().cuda_stream; NULL = the legacy default
+   stream). The call copies the gradient and the current weights into pinned
+   host memory after the work queued on `stream` and starts the request; the
+   shardps_wait that returns SHARDPS_OK has copied the new weights back to
+   `weights` in `stream`'s order. SHARDPS_UNIMPLEMENTED when the library was
+   built without CUDA; SHARDPS_INVALID_ARGUMENT when a pointer is not device
+   memory. */
+int shardps_push_pull_cuda(shardps_worker* w, const char* name, const void* grad, void* weights, size_t bytes,
+                           int dtype, void* stream, uint64_t* handle, char* err, size_t err_len);
 
 /* Forgets the tensors declared so far (not the cluster's definition). */
 int shardps_reset_declared(shardps_worker* w, char* err, size_t err_len);
@@ -110,7 +129,7 @@ int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t inde
 /* ---- Queries: what the scheduler handed this worker at registration. ---- */
 
 /* ClusterConfig's values (proto/config.proto). */
-enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2 };
+enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2, SHARDPS_CONSISTENCY_SSP = 3 };
 enum shardps_update_mode { SHARDPS_UPDATE_ON_SERVER = 0, SHARDPS_UPDATE_SUM_ONLY = 1 };
 
 int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len);

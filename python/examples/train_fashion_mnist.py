@@ -10,6 +10,8 @@ consistency=async`, `--set optimizer.learning_rate=0.01`). --standalone trains t
 in one process without ShardPS, with torch's version of the configuration's default optimizer
 (Adam, learning rate 0.001) and the same batch size and torch threads, for comparison.
 Each worker takes every W-th example of a shuffled epoch (the same shuffle on every worker).
+--device cuda trains on the GPU (several workers may share one): parameters and batches live
+there and DistributedOptimizer hands the CUDA tensors to the library (shardps_push_pull_cuda).
 """
 
 import argparse
@@ -89,13 +91,15 @@ def main():
     parser.add_argument("--log-every", type=int, default=500, help="rank 0 progress line every N steps (0: none)")
     parser.add_argument("--json", action="store_true", help="rank 0 prints one JSON line with the results")
     parser.add_argument("--standalone", action="store_true", help="one process, no ShardPS, local optimizer")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = make_model()
-    x_train, y_train = load(args.data_dir, "train")
-    x_test, y_test = load(args.data_dir, "test")
+    device = torch.device(args.device)
+    model = make_model().to(device)
+    x_train, y_train = (t.to(device) for t in load(args.data_dir, "train"))
+    x_test, y_test = (t.to(device) for t in load(args.data_dir, "test"))
 
     if args.standalone:
         rank, workers, consistency = 0, 1, "standalone"
@@ -116,7 +120,7 @@ def main():
     start = time.perf_counter()
     for epoch in range(args.epochs):
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))
-        mine = order[rank::workers]
+        mine = order[rank::workers].to(device)
         for step in range(steps_per_epoch):
             batch = mine[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
@@ -139,6 +143,8 @@ def main():
         "wait_fraction": round(getattr(optimizer, "wait_seconds", 0.0) / wall, 3),
         "consistency": consistency,
         "workers": workers,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
     print("test accuracy %.4f after %d epochs (%s, %d workers) in %.1f s"
           % (result["test_accuracy"], args.epochs, consistency, workers, wall), flush=True)

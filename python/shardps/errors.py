@@ -27,11 +27,16 @@ class UnavailableError(ShardPSError, ConnectionError):
     pass
 
 
+class UnimplementedError(ShardPSError, NotImplementedError):
+    """E.g. push_pull_cuda on a library built without CUDA."""
+
+
 _BY_NAME = {
     "INVALID_ARGUMENT": InvalidArgumentError,
     "DEADLINE_EXCEEDED": DeadlineExceededError,
     "NOT_FOUND": NotFoundError,
     "UNAVAILABLE": UnavailableError,
+    "UNIMPLEMENTED": UnimplementedError,
 }
 
 

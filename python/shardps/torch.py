@@ -17,8 +17,11 @@ optimizer's own step() is not called (its param_groups, zero_grad and state_dict
 as they are), so the optimizer and learning rate are those of the cluster configuration.
 
 CPU float32 contiguous parameters go zero-copy: the gradient is sent from p.grad and the
-weights land in p.data. Other parameters (float16, bfloat16, CUDA) are staged through
-float32 CPU copies, since the C ABI carries float32 only.
+weights land in p.data. CUDA float32 contiguous parameters go through
+shardps_push_pull_cuda: the library copies p.grad and p.data to pinned host memory on the
+current CUDA stream and the new weights back into p.data on that stream, with no CPU tensor
+in between (a library built without CUDA falls back to CPU copies). Other parameters
+(float16, bfloat16, float64) are staged through float32 CPU copies.
 """
 
 import itertools
@@ -35,6 +38,10 @@ def _zero_copy(p):
     return p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
 
 
+def _device_path(p):
+    return p.device.type == "cuda" and p.dtype == torch.float32 and p.is_contiguous()
+
+
 class _Slot:
     """One parameter's transfer state."""
 
@@ -42,7 +49,8 @@ class _Slot:
         self.name, self.param = name, param
         self.passes = 0
         self.handle = None
-        if _zero_copy(param):
+        self.on_device = _device_path(param)  # cleared if the library has no CUDA
+        if _zero_copy(param) or self.on_device:
             self.grad32 = self.weights32 = None
         else:
             self.grad32 = torch.zeros(param.shape, dtype=torch.float32)
@@ -121,6 +129,16 @@ class DistributedOptimizer:
         grad = p.grad
         if grad is None:
             grad = torch.zeros_like(p.data)
+        if slot.on_device:
+            grad = grad.contiguous()
+            stream = torch.cuda.current_stream(p.device).cuda_stream
+            try:
+                slot.handle = self.worker.push_pull_cuda(slot.name, grad, p.data, stream)
+                return
+            except shardps.UnimplementedError:
+                slot.on_device = False  # no CUDA in the library: stage through the CPU from now on
+                slot.grad32 = torch.zeros(p.shape, dtype=torch.float32)
+                slot.weights32 = torch.zeros(p.shape, dtype=torch.float32)
         if slot.grad32 is None:
             if not _zero_copy(grad):
                 grad = grad.float().contiguous()

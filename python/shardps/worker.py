@@ -1,7 +1,7 @@
 """One ShardPS worker over the C ABI (worker/c_api.h).
 
 Buffers are float32, contiguous and on the CPU: torch tensors, numpy arrays or writable
-buffer-protocol objects of format 'f'. They are passed to the library as they are (no copy)
+buffer-protocol objects of format 'f' (push_pull_cuda takes CUDA tensors instead). They are passed to the library as they are (no copy)
 and borrowed until the request's handle is waited on; a Handle keeps them alive until then.
 After a wait that times out the request may still leave later, so its buffers are kept for
 the worker's lifetime.
@@ -16,8 +16,9 @@ from . import _library
 from .errors import check, ShardPSError
 
 _ERR_LEN = 1024
+_FLOAT32 = 1  # SHARDPS_FLOAT32
 
-CONSISTENCY_NAMES = {1: "sync", 2: "async"}
+CONSISTENCY_NAMES = {1: "sync", 2: "async", 3: "ssp"}
 UPDATE_MODE_NAMES = {0: "on_server", 1: "sum_only"}
 
 
@@ -65,15 +66,17 @@ class Worker:
     once every server and worker has registered (or fails after rendezvous_timeout seconds,
     saying who is missing). `timeout` is the default for every later blocking call."""
 
-    def __init__(self, scheduler, rank, rendezvous_timeout=60.0, timeout=60.0):
+    def __init__(self, scheduler, rank, rendezvous_timeout=60.0, timeout=60.0, security_config=None):
+        """security_config: a config file whose security { } block reaches a secured
+        cluster (README "Security"); None: plain."""
         self._lib = _library.load()
         self._ptr = None
         self.timeout = float(timeout)
         self._shapes = {}
         self._orphans = []
         ptr = ctypes.c_void_p()
-        self._call("shardps_worker_create", scheduler.encode(), int(rank), float(rendezvous_timeout),
-                   ctypes.byref(ptr))
+        self._call("shardps_worker_create_secure", scheduler.encode(), int(rank), float(rendezvous_timeout),
+                   security_config.encode() if security_config else None, ctypes.byref(ptr))
         self._ptr = ptr
 
     # ---- plumbing ----
@@ -221,6 +224,30 @@ class Worker:
         g, n, keep_g = self._checked(name, grad, False, "gradient")
         w, _, keep_w = self._checked(name, out, True, "weights")
         return self._start("shardps_push_pull", name, (g, w, n), (keep_g, keep_w))
+
+    def push_pull_cuda(self, name, grad, out, stream=None):
+        """push_pull for float32 tensors in CUDA memory (torch tensors, or objects with
+        data_ptr(), numel() and element_size()), without a CPU tensor in between: the library
+        copies the gradient and the current weights to pinned host memory in the order of
+        `stream` (a cudaStream_t as an int, e.g. torch.cuda.current_stream().cuda_stream;
+        None: the default stream), and wait() copies the new weights back into `out` in that
+        order. Both tensors must stay alive until wait() returns. Raises UnimplementedError
+        when the library was built without CUDA."""
+        if name not in self._shapes:
+            raise KeyError("tensor %r is not defined on this worker" % name)
+        for what, t in (("gradient", grad), ("weights", out)):
+            if t.element_size() != 4 or not t.is_contiguous():
+                raise ValueError("%s of %r must be a contiguous float32 CUDA tensor" % (what, name))
+        expected = 1
+        for d in self._shapes[name]:
+            expected *= d
+        if grad.numel() != expected or out.numel() != expected:
+            raise ValueError("gradient and weights of %r must have %d elements (shape %s), got %d and %d"
+                             % (name, expected, self._shapes[name], grad.numel(), out.numel()))
+        nbytes = expected * 4
+        args = (ctypes.c_void_p(grad.data_ptr()), ctypes.c_void_p(out.data_ptr()), nbytes, _FLOAT32,
+                ctypes.c_void_p(stream or 0))
+        return self._start("shardps_push_pull_cuda", name, args, (grad, out))
 
     def _start(self, fn, name, args, keep):
         ident = ctypes.c_uint64()

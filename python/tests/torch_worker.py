@@ -1,6 +1,7 @@
 """A worker of test_torch_sync: trains torch_job's model through DistributedOptimizer and
-saves its final weights to OUT_DIR/rank<R>.pt. Usage: torch_worker.py KIND LR OUT_DIR [DTYPE]
-(DTYPE float64 trains a float64 model: its tensors travel through float32 staging copies)."""
+saves its final weights to OUT_DIR/rank<R>.pt. Usage: torch_worker.py KIND LR OUT_DIR [DTYPE [DEVICE]]
+(DTYPE float64 trains a float64 model: its tensors travel through float32 staging copies;
+DEVICE cuda trains on the GPU, its float32 tensors going through shardps_push_pull_cuda)."""
 
 import os
 import sys
@@ -14,16 +15,17 @@ import torch_job
 
 kind, lr, out_dir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 dtype = getattr(torch, sys.argv[4]) if len(sys.argv) > 4 else torch.float32
+device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
 torch.set_num_threads(1)
 worker = shardps.init()
-model = torch_job.make_model(seed=worker.rank + 1).to(dtype)  # rank 0's weights must win the broadcast
+model = torch_job.make_model(seed=worker.rank + 1).to(device=device, dtype=dtype)  # rank 0's weights win
 optimizer = shardps.torch.DistributedOptimizer(torch_job.torch_optimizer(kind, model.parameters(), lr),
                                                named_parameters=model.named_parameters())
 shardps.torch.broadcast_parameters(model.named_parameters(), root_rank=0)
 for step in range(torch_job.STEPS):
     x, y = torch_job.batch(step, worker.rank)
-    x = x.to(dtype)
+    x, y = x.to(device=device, dtype=dtype), y.to(device)
     optimizer.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     optimizer.step()
-torch.save({n: p.detach() for n, p in model.named_parameters()}, os.path.join(out_dir, "rank%d.pt" % worker.rank))
+torch.save({n: p.detach().cpu() for n, p in model.named_parameters()}, os.path.join(out_dir, "rank%d.pt" % worker.rank))
