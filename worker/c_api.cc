@@ -209,7 +209,7 @@ void StoreWeights(const shardps_worker::Staged& s) {
 // A pinned buffer of at least `bytes`, from the free list or new.
 absl::StatusOr<std::unique_ptr<shardps::PinnedHostBuffer>> TakePinned(shardps_worker& w, size_t bytes) {
   {
-    std::lock_guard<std::mutex> lock(w.mu);
+    absl::MutexLock lock(&w.mu);
     for (auto it = w.pinned_free.begin(); it != w.pinned_free.end(); ++it) {
       if ((*it)->size() < bytes) continue;
       auto buffer = std::move(*it);
@@ -254,7 +254,7 @@ absl::Status StoreDeviceWeights(shardps_worker& w, shardps_worker::Staged& s) {
   if (s.dtype != SHARDPS_FLOAT32) StoreWeights(s);
   absl::Status status = shardps::CopyToDevice(s.device_out, static_cast<uint8_t*>(s.pinned->data()) + s.bytes,
                                               s.bytes, s.stream, "weights");
-  std::lock_guard<std::mutex> lock(w.mu);
+  absl::MutexLock lock(&w.mu);
   w.pinned_free.push_back(std::move(s.pinned));
   return status;
 }
@@ -479,7 +479,7 @@ int shardps_push_pull_cuda(shardps_worker* w, const char* name, const void* grad
       return w->worker->PushPull(name, wide ? absl::MakeConstSpan(host, *n) : absl::MakeConstSpan(s.grad),
                                  wide ? absl::MakeSpan(host + *n, *n) : absl::MakeSpan(s.weights));
     });
-    std::lock_guard<std::mutex> lock(w->mu);
+    absl::MutexLock lock(&w->mu);
     if (rc == SHARDPS_OK) {
       w->staged[*handle] = std::move(*staged);
     } else {
