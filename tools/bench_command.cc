@@ -96,20 +96,29 @@ absl::StatusOr<Measured> RunClients(int clients, int64_t iters, int64_t warmup, 
 using MeasureFn = std::function<absl::StatusOr<Measured>(int64_t iters, int64_t warmup)>;
 
 // The limit: each round trip sends every partition to its echo process and
-// copies every echoed partition into an output buffer, as a worker does.
+// copies every echoed partition into an output buffer, as a worker does. It
+// scales the way the cluster does: one echo process per server (one I/O
+// thread and one loop each, as a server has), partitions placed by the same
+// shard map, and one ZeroMQ context per client.
 MeasureFn RawEcho(const BenchOptions& o, const ShardMap& map, const std::vector<std::string>& echo) {
+  // One context (one I/O thread) per client, as each Worker's DataChannel has:
+  // a shared one would funnel every client through one I/O thread and make
+  // the baseline, not the servers, the limit at many workers.
   struct State {
-    zmq::context_t ctx{1};
+    std::vector<zmq::context_t> contexts;
     std::vector<std::vector<zmq::socket_t>> sockets;
     std::vector<std::vector<float>> in, out;
   };
   auto st = std::make_shared<State>();
   const size_t n = o.bytes / 4;
+  st->contexts.resize(o.workers);
   st->sockets.resize(o.workers);
-  for (auto& per_client : st->sockets) {
+  for (int c = 0; c < o.workers; ++c) {
     for (const std::string& address : echo) {
-      per_client.emplace_back(st->ctx, zmq::socket_type::dealer);
-      per_client.back().connect(address);
+      st->sockets[c].emplace_back(st->contexts[c], zmq::socket_type::dealer);
+      st->sockets[c].back().set(zmq::sockopt::sndhwm, 0);
+      st->sockets[c].back().set(zmq::sockopt::rcvhwm, 0);
+      st->sockets[c].back().connect(address);
     }
   }
   st->in.assign(o.workers, std::vector<float>(n, 1.0f));
@@ -397,6 +406,7 @@ int EchoServerCommand(const Args& args) {
   zmq::context_t ctx(1);
   zmq::socket_t router(ctx, zmq::socket_type::router);
   router.set(zmq::sockopt::sndhwm, 0);
+  router.set(zmq::sockopt::rcvhwm, 0);
   router.bind("tcp://127.0.0.1:*");
   if (!WriteFileDurably(port_file, router.get(zmq::sockopt::last_endpoint)).ok()) return 1;
   zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
