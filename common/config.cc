@@ -148,15 +148,23 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
   if (c.partition_bytes() < 4 || c.partition_bytes() > (1ull << 30) || c.partition_bytes() % 4 != 0) {
     return Invalid("partition_bytes", "must be a multiple of 4 in [4, 1 GiB]");
   }
-  if (c.deterministic() && c.consistency() != SYNC) {
-    return Invalid("deterministic", "applies only to consistency: sync");
+  if (c.deterministic() && !RoundBased(c)) {
+    return Invalid("deterministic", "applies only to consistency: sync or ssp");
+  }
+  if (c.consistency() != SSP && c.staleness() != 0) {
+    return Invalid("staleness", "applies only to consistency: ssp");
+  }
+  if (c.staleness() > kMaxStaleness) {
+    return Invalid("staleness", absl::StrCat("must be at most ", kMaxStaleness,
+                                             " (servers hold the pushes of rounds not yet complete)"));
   }
   if (c.replication() > c.num_servers()) {
     return Invalid("replication", absl::StrCat("must be at most num_servers (", c.num_servers(),
                                                "): each copy lives on its own server"));
   }
   if (c.update_mode() == SUM_ONLY && c.consistency() != SYNC) {
-    return Invalid("update_mode", "sum_only applies only to consistency: sync");
+    return Invalid("update_mode", "sum_only applies only to consistency: sync (workers apply every round's "
+                                  "aggregate once, in order; ssp and async answer with weights)");
   }
   if (c.rendezvous_timeout_ms() == 0) return Invalid("rendezvous_timeout_ms", "must be > 0");
   if (c.request_timeout_ms() == 0) return Invalid("request_timeout_ms", "must be > 0");
@@ -165,6 +173,7 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
     return Invalid("heartbeat_timeout_ms", "must be greater than heartbeat_interval_ms");
   }
   if (absl::Status s = ValidateCheckpointConfig(c); !s.ok()) return s;
+  if (absl::Status s = ValidateLimits(c.limits()); !s.ok()) return s;
   return ValidateOptimizer(c.optimizer());
 }
 
@@ -220,6 +229,19 @@ absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment)
   }
 }
 
+absl::Status ValidateLimits(const ResourceLimits& l) {
+  if (l.max_model_bytes() == 0) return Invalid("limits.max_model_bytes", "must be > 0");
+  if (l.max_inflight_bytes_per_worker() == 0) return Invalid("limits.max_inflight_bytes_per_worker", "must be > 0");
+  if (l.socket_send_hwm() == 0 || l.socket_send_hwm() > 1000000) {
+    return Invalid("limits.socket_send_hwm", "must be in [1, 1000000] messages");
+  }
+  if (l.socket_receive_hwm() == 0 || l.socket_receive_hwm() > 1000000) {
+    return Invalid("limits.socket_receive_hwm", "must be in [1, 1000000] messages");
+  }
+  if (l.max_connections_per_server() == 0) return Invalid("limits.max_connections_per_server", "must be > 0");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {
   const CheckpointConfig& k = c.checkpoint();
   const bool writes = !k.dir().empty();
@@ -238,7 +260,8 @@ absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {
   }
   if (c.consistency() != SYNC) {
     return Invalid(field, "needs consistency: sync (async applies pushes as they arrive: there is no round at which "
-                          "every partition's state agrees)");
+                          "every partition's state agrees; ssp holds pushes of later rounds that a checkpoint "
+                          "does not)");
   }
   if (c.update_mode() == SUM_ONLY) {
     return Invalid(field, "cannot be used with update_mode: sum_only (the weights and optimizer state live on the "
@@ -251,6 +274,14 @@ absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {
                           "workers, which a server checkpoint does not hold)");
   }
   return absl::OkStatus();
+}
+
+bool RoundBased(const ClusterConfig& config) {
+  return config.consistency() == SYNC || config.consistency() == SSP;
+}
+
+uint32_t StalenessBound(const ClusterConfig& config) {
+  return config.consistency() == SSP ? config.staleness() : 0;
 }
 
 std::string ConsistencyName(Consistency c) { return absl::AsciiStrToLower(Consistency_Name(c)); }

@@ -21,10 +21,23 @@ absl::Status ValidateConfig(const ClusterConfig& config);
 // The checkpoint fields alone (part of ValidateConfig): a checkpoint holds
 // what the servers hold, so async, sum_only and compression are refused.
 absl::Status ValidateCheckpointConfig(const ClusterConfig& config);
+// The resource limits alone (part of ValidateConfig): every bound finite and > 0.
+absl::Status ValidateLimits(const ResourceLimits& limits);
 
 // Copies of each partition the cluster keeps: the config's `replication`, or
 // when 0, 2 with at least two servers and 1 otherwise.
 uint32_t EffectiveReplication(const ClusterConfig& config);
+
+// The largest `staleness` accepted: a server parks the pushes of rounds
+// that are not complete yet, up to this many per worker and partition.
+inline constexpr uint32_t kMaxStaleness = 256;
+
+// Whether gradients are applied per round, all workers' at once (sync and
+// ssp), rather than one push at a time (async).
+bool RoundBased(const ClusterConfig& config);
+// How many rounds a worker may run ahead of the slowest: ssp's staleness, 0
+// for sync (async has no bound and is not round based).
+uint32_t StalenessBound(const ClusterConfig& config);
 
 // Sets one field from "path=value", e.g. "optimizer.learning_rate=0.1" or
 // "consistency=async" (enum values are case-insensitive).

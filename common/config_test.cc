@@ -107,3 +107,32 @@ TEST(ConfigTest, CheckpointsAreRefusedWhereTheServersDoNotHoldTheWholeState) {
 
 }  // namespace
 }  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST(ConfigTest, SspTakesAStalenessBoundAndDeterministicMode) {
+  ClusterConfig config;
+  ASSERT_TRUE(SetConfigField(&config, "consistency=ssp").ok());
+  ASSERT_TRUE(SetConfigField(&config, "staleness=2").ok());
+  config.set_deterministic(true);
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  EXPECT_EQ(StalenessBound(config), 2u);
+  EXPECT_TRUE(RoundBased(config));
+}
+
+TEST(ConfigTest, StalenessOutsideSspOrAboveTheLimitIsRefusedNamingTheField) {
+  ClusterConfig config;
+  config.set_staleness(2);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("staleness"));
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("only to consistency: ssp"));
+  config.set_consistency(SSP);
+  config.set_staleness(kMaxStaleness + 1);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("at most 256"));
+  config.set_staleness(2);
+  config.set_update_mode(SUM_ONLY);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("sum_only applies only to consistency: sync"));
+}
+
+}  // namespace
+}  // namespace shardps

@@ -1,6 +1,7 @@
 #include "common/optimizer.h"
 
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "common/config.h"
@@ -45,8 +46,9 @@ float Optimizer::LearningRate(uint64_t step) const {
 }
 
 void Optimizer::Apply(uint64_t step, float grad_scale, const float* __restrict grad,
-                      float* __restrict w, float* __restrict state, size_t n) const {
-  const float lr = LearningRate(step);
+                      float* __restrict w, float* __restrict state, size_t n, float lr_scale) const {
+  // lr_scale 1 leaves lr's bits unchanged (x * 1.0f == x).
+  const float lr = LearningRate(step) * lr_scale;
   const float wd = config_.weight_decay();
   switch (config_.kind()) {
     case OptimizerConfig::SGD:
@@ -131,6 +133,32 @@ void Optimizer::FrozenDivisor(const float* state, size_t n, float* d) const {
 
 void AddInto(float* __restrict acc, const float* __restrict g, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += g[i];
+}
+
+bool AllFinite(const float* x, size_t n) {
+  // An all-ones exponent (Inf or NaN) plus one exponent step carries into
+  // bit 31; every finite exponent stays below it.
+  uint32_t carry = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    carry |= (bits & 0x7f800000u) + 0x00800000u;
+  }
+  return (carry & 0x80000000u) == 0;
+}
+
+bool AllFinite16(const uint16_t* x, size_t n, uint16_t exponent_mask) {
+  const uint32_t mask = exponent_mask, step = mask & (~mask + 1);  // lowest exponent bit
+  uint32_t carry = 0;
+  for (size_t i = 0; i < n; ++i) carry |= (x[i] & mask) + step;
+  return (carry & 0x8000u) == 0;
+}
+
+size_t FirstNonFinite(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return i;
+  }
+  return n;
 }
 
 }  // namespace shardps

@@ -28,8 +28,10 @@ class Optimizer {
 
   // One update of `n` weights. `state` holds state_slots() * n floats laid
   // out slot by slot (slot k at state + k * n), zero before the first step.
+  // `lr_scale` multiplies the step's learning rate (the staleness-aware
+  // rate of async and ssp updates); 1 changes no bit.
   void Apply(uint64_t step, float grad_scale, const float* grad, float* weights, float* state,
-             size_t n) const;
+             size_t n, float lr_scale = 1.0f) const;
 
   // Adam with freeze_variance_after = N: true from update N on, when the
   // update is linear in the gradient: w -= lr * mhat / d with a fixed d.
@@ -49,6 +51,16 @@ class Optimizer {
 // acc[i] += g[i]. The aggregate of W gradients is g_0, then += g_1, ..., in
 // worker-rank order in deterministic mode.
 void AddInto(float* acc, const float* g, size_t n);
+
+// Whether every one of the n floats is finite (no NaN, no Inf). One pass of
+// integer operations on the bits, with no early exit, so the compiler
+// vectorises it: a memory-bound read, cheaper than the optimizer pass after it.
+bool AllFinite(const float* x, size_t n);
+// The same for n 16-bit floats whose exponent bits are `exponent_mask`
+// (0x7c00 for IEEE half, 0x7f80 for bfloat16).
+bool AllFinite16(const uint16_t* x, size_t n, uint16_t exponent_mask);
+// Index of the first NaN or Inf in x, or n if there is none (for errors).
+size_t FirstNonFinite(const float* x, size_t n);
 
 }  // namespace shardps
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 namespace shardps {
 namespace {
@@ -137,6 +138,46 @@ TEST(OptimizerTest, RejectsInvalidConfig) {
   OptimizerConfig c = Kind(OptimizerConfig::ADAM, 0.1f);
   c.set_beta2(1.0f);
   EXPECT_FALSE(Optimizer::Create(c).ok());
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST(AllFiniteTest, FindsNanAndInfAnywhere) {
+  std::vector<float> x(1027, 1.5f);
+  x[5] = -std::numeric_limits<float>::max();
+  x[6] = std::numeric_limits<float>::denorm_min();
+  EXPECT_TRUE(AllFinite(x.data(), x.size()));
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (size_t at : {size_t{0}, size_t{513}, x.size() - 1}) {
+      std::vector<float> y = x;
+      y[at] = bad;
+      EXPECT_FALSE(AllFinite(y.data(), y.size())) << bad << " at " << at;
+      EXPECT_EQ(FirstNonFinite(y.data(), y.size()), at);
+    }
+  }
+  EXPECT_EQ(FirstNonFinite(x.data(), x.size()), x.size());
+}
+
+TEST(AllFiniteTest, SixteenBitFloats) {
+  // fp16: 0x3c00 = 1, 0x7bff = max finite, 0x7c00 = Inf, 0xfe00 = NaN.
+  std::vector<uint16_t> half = {0x3c00, 0x7bff, 0xfbff, 0x0001, 0x3c00};
+  EXPECT_TRUE(AllFinite16(half.data(), half.size(), 0x7c00));
+  for (uint16_t bad : {0x7c00, 0xfc00, 0xfe00}) {
+    half[4] = bad;
+    EXPECT_FALSE(AllFinite16(half.data(), half.size(), 0x7c00)) << bad;
+  }
+  // bf16: 0x3f80 = 1, 0x7f7f = max finite, 0x7f80 = Inf, 0x7fc0 = NaN.
+  std::vector<uint16_t> bf = {0x3f80, 0x7f7f, 0xff7f, 0x3f80};
+  EXPECT_TRUE(AllFinite16(bf.data(), bf.size(), 0x7f80));
+  for (uint16_t bad : {0x7f80, 0xff80, 0x7fc0}) {
+    bf[3] = bad;
+    EXPECT_FALSE(AllFinite16(bf.data(), bf.size(), 0x7f80)) << bad;
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/endpoint.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace shardps {
@@ -24,14 +25,31 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
   return absl::Status(code, absl::StrCat("scheduler ", address, ": ", what, ": ", detail));
 }
 
+// The metadata key of the cluster token (common/security.h).
+constexpr char kTokenKey[] = "authorization";
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const SecurityCredentials& security,
+                                                             grpc::ChannelArguments& args) {
+  if (!security.enabled) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = security.ca_pem;
+  tls.pem_private_key = security.key_pem;
+  tls.pem_cert_chain = security.cert_pem;
+  // Without an override the certificate must name the address's host (a DNS
+  // name or an IP address; `shardps certs --hosts`).
+  if (!security.server_name.empty()) args.SetSslTargetNameOverride(security.server_name);
+  return grpc::SslCredentials(tls);
+}
+
 class GrpcSchedulerClient : public SchedulerClient {
  public:
-  explicit GrpcSchedulerClient(const std::string& address)
-      : SchedulerClient(address), stub_(shardps::Scheduler::NewStub(Channel(address))) {}
+  GrpcSchedulerClient(const std::string& address, const SecurityCredentials& security)
+      : SchedulerClient(address), token_(security.enabled && !security.token.empty() ? "Bearer " + security.token : ""),
+        secure_(security.enabled), channel_(Channel(address, security)), stub_(shardps::Scheduler::NewStub(channel_)) {}
 
   // gRPC's default reconnect backoff grows to 2 minutes: a scheduler that
   // restarts after a minute would be found late. Retry every second at most.
-  static std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  static std::shared_ptr<grpc::Channel> Channel(const std::string& address, const SecurityCredentials& security) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
@@ -41,7 +59,8 @@ class GrpcSchedulerClient : public SchedulerClient {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto credentials = ChannelCredentials(security, args);
+    return grpc::CreateCustomChannel(address, credentials, args);
   }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request,
@@ -52,7 +71,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     std::string what = request.role() == SERVER
                            ? absl::StrCat("registering server ", request.data_address())
                            : absl::StrCat("registering worker rank ", request.rank());
-    absl::Status s = FromGrpc(stub_->Register(ctx.get(), request, &response), address(),
+    absl::Status s = Check(stub_->Register(ctx.get(), request, &response), address(),
                               absl::StrCat(what, " (waited up to ", absl::FormatDuration(timeout), ")"));
     if (!s.ok()) return s;
     return response;
@@ -62,7 +81,7 @@ class GrpcSchedulerClient : public SchedulerClient {
                                               absl::Duration timeout) override {
     HeartbeatResponse response;
     auto ctx = Context(timeout);
-    absl::Status s = FromGrpc(stub_->Heartbeat(ctx.get(), request, &response), address(), "heartbeat");
+    absl::Status s = Check(stub_->Heartbeat(ctx.get(), request, &response), address(), "heartbeat");
     if (!s.ok()) return s;
     return response;
   }
@@ -72,7 +91,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     ShardMap response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(true);
-    absl::Status s = FromGrpc(stub_->DefineTensors(ctx.get(), request, &response), address(),
+    absl::Status s = Check(stub_->DefineTensors(ctx.get(), request, &response), address(),
                               "defining tensors");
     if (!s.ok()) return s;
     return response;
@@ -84,7 +103,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     ctx->set_wait_for_ready(true);
     grpc::Status s = stub_->Barrier(ctx.get(), request, &response);
     if (s.ok() && out != nullptr) *out = std::move(response);
-    return FromGrpc(s, address(),
+    return Check(s, address(),
                     absl::StrCat("barrier '", request.name(), "'"));
   }
 
@@ -92,7 +111,7 @@ class GrpcSchedulerClient : public SchedulerClient {
                                                        absl::Duration timeout) override {
     CheckpointResponse response;
     auto ctx = Context(timeout);
-    absl::Status s = FromGrpc(stub_->RequestCheckpoint(ctx.get(), request, &response), address(),
+    absl::Status s = Check(stub_->RequestCheckpoint(ctx.get(), request, &response), address(),
                               absl::StrCat("checkpoint into ", request.dir()));
     if (!s.ok()) return s;
     return response;
@@ -102,7 +121,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     StatusResponse response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(true);  // within the deadline, a restarting scheduler is waited for
-    absl::Status s = FromGrpc(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
+    absl::Status s = Check(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
                               "cluster status");
     if (!s.ok()) return s;
     return response;
@@ -110,19 +129,19 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   std::unique_ptr<Watch> WatchShardMap(uint64_t node_id, std::function<void(const ShardMap&)> on_map,
                                        std::function<void(const absl::Status&)> on_error) override {
-    return std::make_unique<StreamWatch>(stub_.get(), address(), node_id, std::move(on_map),
+    return std::make_unique<StreamWatch>(stub_.get(), address(), token_, node_id, std::move(on_map),
                                          std::move(on_error));
   }
 
  private:
   class StreamWatch : public Watch {
    public:
-    StreamWatch(shardps::Scheduler::Stub* stub, std::string address, uint64_t node_id,
+    StreamWatch(shardps::Scheduler::Stub* stub, std::string address, std::string token, uint64_t node_id,
                 std::function<void(const ShardMap&)> on_map,
                 std::function<void(const absl::Status&)> on_error) {
-      thread_ = std::thread([this, stub, address, node_id, on_map = std::move(on_map),
+      thread_ = std::thread([this, stub, address, token, node_id, on_map = std::move(on_map),
                              on_error = std::move(on_error)] {
-        Loop(stub, address, node_id, on_map, on_error);
+        Loop(stub, address, token, node_id, on_map, on_error);
       });
     }
     ~StreamWatch() override {
@@ -135,7 +154,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     }
 
    private:
-    void Loop(shardps::Scheduler::Stub* stub, const std::string& address, uint64_t node_id,
+    void Loop(shardps::Scheduler::Stub* stub, const std::string& address, const std::string& token, uint64_t node_id,
               const std::function<void(const ShardMap&)>& on_map,
               const std::function<void(const absl::Status&)>& on_error) {
       WatchShardMapRequest request;
@@ -144,6 +163,7 @@ class GrpcSchedulerClient : public SchedulerClient {
       for (;;) {
         grpc::ClientContext ctx;
         ctx.set_wait_for_ready(true);  // a restarting scheduler is waited for
+        if (!token.empty()) ctx.AddMetadata(kTokenKey, token);
         {
           absl::MutexLock lock(&mu_);
           if (cancelled_) return;
@@ -183,20 +203,36 @@ class GrpcSchedulerClient : public SchedulerClient {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    if (!token_.empty()) ctx->AddMetadata(kTokenKey, token_);
     return ctx;
   }
 
+  // FromGrpc, plus a hint when a call waited out its deadline on a connection
+  // that keeps failing: with TLS on, a handshake refused by either side.
+  absl::Status Check(const grpc::Status& s, const std::string& address, absl::string_view what) {
+    absl::Status status = FromGrpc(s, address, what);
+    if (status.ok() || s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
+        channel_->GetState(false) != GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      return status;
+    }
+    return absl::Status(status.code(), absl::StrCat(status.message(), secure_
+        ? " (connections keep failing: does the scheduler's certificate come from this node's "
+          "security.tls_ca_file, and does the scheduler accept this node's certificate?)"
+        : " (connections keep failing: a secured scheduler needs --security-config)"));
+  }
+
+  const std::string token_;  // "Bearer <token>", or empty: security off
+  const bool secure_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<shardps::Scheduler::Stub> stub_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address) {
-  if (address.empty() || address.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scheduler address '", address, "' is not host:port"));
-  }
-  return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address));
+absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address,
+                                                                        const SecurityCredentials& security) {
+  if (auto e = ParseHostPort(address, "scheduler address", {.allow_wildcard = true}); !e.ok()) return e.status();
+  return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address, security));
 }
 
 }  // namespace shardps

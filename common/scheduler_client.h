@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "proto/cluster.pb.h"
 
 namespace shardps {
@@ -20,7 +21,11 @@ namespace shardps {
 class SchedulerClient {
  public:
   // `address` is host:port. Creating does not connect; the first call does.
-  static absl::StatusOr<std::unique_ptr<SchedulerClient>> Create(const std::string& address);
+  // With `security` enabled, calls go over TLS (the scheduler's certificate
+  // checked against the cluster CA; this node's certificate shown when it
+  // has one) and carry the cluster token.
+  static absl::StatusOr<std::unique_ptr<SchedulerClient>> Create(const std::string& address,
+                                                                 const SecurityCredentials& security = {});
   virtual ~SchedulerClient() = default;
 
   const std::string& address() const { return address_; }

@@ -38,12 +38,12 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
   }
   auto pull = ParseCodecSpec(c.pull_codec());
   if (!pull.ok()) return Named(pull.status(), "compression.pull_codec");
-  if (config.update_mode() == UPDATE_ON_SERVER && config.consistency() == ASYNC && pull->name != "none" &&
+  if (config.update_mode() == UPDATE_ON_SERVER && config.consistency() != SYNC && pull->name != "none" &&
       pull->name != "fp16" && pull->name != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat(
         "config field 'compression.pull_codec': '", c.pull_codec(),
-        "' cannot carry weights; allowed with consistency async: none, fp16, bf16 (in sync mode any codec "
-        "compresses the weight deltas)"));
+        "' cannot carry weights; allowed with consistency async or ssp: none, fp16, bf16 (in sync mode any codec "
+        "compresses the weight deltas, which needs every worker to receive every round once)"));
   }
   if (config.update_mode() == SUM_ONLY && pull->name == "2bit" && pull->scale > 0) {
     // Measured: the threshold grows with the server's own residual and the

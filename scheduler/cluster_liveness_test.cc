@@ -39,7 +39,7 @@ class LivenessTest : public ::testing::Test {
     state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
                                             [this](const SchedulerState& s) { saved_ = s; });
     for (uint32_t i = 0; i < 2; ++i) {
-      auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i)));
+      auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)));
       ASSERT_TRUE(r.ok()) << r.status();
       server_ids_.push_back(r->node_id());
     }
@@ -134,17 +134,72 @@ TEST_F(LivenessTest, ABarrierPassesWhenTheWorkerItWaitsForIsDeclaredDead) {
   EXPECT_EQ(state_->Barrier(worker_ids_[2], "done", absl::Now()).code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(LivenessTest, ARemovedWorkerCannotRejoinAndAReplacementServerCannotTakeOverLostState) {
+TEST_F(LivenessTest, ARemovedWorkerCannotRejoinAndAReplacementServerTakesTheDeadOnesPlace) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0}, {0, 1}, 1);
   ASSERT_THAT(Advance(200), SizeIs(2));
   EXPECT_THAT(state_->RegisterWorker(Node(WORKER, 2)).status().message(),
               HasSubstr("rejoining a running job is not supported yet"));
-  auto replacement = state_->RegisterServer(Node(SERVER, 0, "tcp://s:1"));
+  // While the server at an address is alive, no second one takes it over.
+  EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://s:1")).status().code(), absl::StatusCode::kAlreadyExists);
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  // Every partition had a copy on server 0 (replication 2), so a new server,
+  // at another address, takes server 1's index and gets copies again.
+  auto replacement = state_->RegisterServer(Node(SERVER, 0, "tcp://t:1"));
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  EXPECT_EQ(replacement->server_index(), 1u);
+  EXPECT_TRUE(replacement->joins_running_job());
+  const ShardMap map = state_->Status().shard_map();
+  EXPECT_GT(map.epoch(), epoch);
+  EXPECT_EQ(map.servers(1).data_address(), "tcp://t:1");
+  EXPECT_FALSE(map.servers(1).dead());
+  for (const PartitionInfo& p : map.partitions()) {
+    EXPECT_EQ(p.server(), 0u) << p.ShortDebugString();  // primaries stay where workers send
+    EXPECT_THAT(p.backups(), ElementsAre(1u)) << p.ShortDebugString();
+  }
+  // The cluster is whole again: a third server is refused.
+  EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://u:2")).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_replication(1);
+  config.set_heartbeat_timeout_ms(1000);
+  ClusterState state(config, [&now] { return now; });
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 2; ++i) ids.push_back(state.RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
+  ids.push_back(state.RegisterWorker(Node(WORKER, 0))->node_id());
+  auto beat = [&](std::vector<size_t> which, uint64_t epoch) {
+    for (size_t i : which) {
+      HeartbeatRequest h;
+      h.set_node_id(ids[i]);
+      h.set_applied_epoch(epoch);
+      ASSERT_TRUE(state.Heartbeat(h).ok());
+    }
+  };
+  beat({0, 1, 2}, 0);
+  std::thread serve([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    beat({0, 1}, 1);
+  });
+  auto defined = state.DefineTensors({Tensor("w", 1000), Tensor("v", 1000)}, absl::Now() + absl::Seconds(5));
+  serve.join();
+  ASSERT_TRUE(defined.ok()) << defined.status();
+  ASSERT_THAT(state.CheckLiveness(), IsEmpty());
+  for (int t = 0; t < 12; ++t) {
+    now += absl::Milliseconds(100);
+    beat({0, 2}, 1);
+    state.CheckLiveness();
+  }
+  ASSERT_TRUE(state.Status().shard_map().servers(1).dead());
+  auto replacement = state.RegisterServer(Node(SERVER, 0, "tcp://s:2"));
   EXPECT_EQ(replacement.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(replacement.status().message(), HasSubstr("state died with it"));
-  // While the server at an address is alive, no second one takes it over.
-  EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://s:0")).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(replacement.status().message(), HasSubstr("replication 1"));
 }
 
 TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
@@ -188,8 +243,8 @@ namespace {
 TEST_F(LivenessTest, AWorkerWaitingInRendezvousIsNotDeclaredDead) {
   // A second job on a fresh state: worker 0 registers long before worker 1.
   ClusterState state(config_, [this] { return now_; });
-  ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:0")).ok());
   ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:1")).ok());
+  ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:2")).ok());
   ASSERT_TRUE(state.RegisterWorker(Node(WORKER, 0)).ok());
   for (int t = 0; t < 30; ++t) {
     now_ += absl::Milliseconds(100);

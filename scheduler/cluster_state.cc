@@ -3,17 +3,29 @@
 #include <cmath>
 
 #include <algorithm>
+#include <map>
 
+#include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/endpoint.h"
 #include "common/protocol.h"
+#include "scheduler/model_limits.h"
 #include "scheduler/shard_assignment.h"
 
 namespace shardps {
 namespace {
+
+absl::Status CheckCurveKey(const RegisterRequest& r) {
+  if (r.curve_public_key().empty() || r.curve_public_key().size() == 40) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(r.role() == SERVER ? "server " + r.data_address()
+                                                                     : absl::StrCat("worker rank ", r.rank()),
+                                                 " registered a CURVE public key of ", r.curve_public_key().size(),
+                                                 " characters (Z85: 40)"));
+}
 
 absl::Status CheckVersion(const RegisterRequest& r) {
   if (r.protocol_version() == kProtocolVersion) return absl::OkStatus();
@@ -95,22 +107,50 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.data_address().empty()) return absl::InvalidArgumentError("server registered without a data address");
+  if (auto e = ParseTcpEndpoint(request.data_address(), "server data address"); !e.ok()) return e.status();
+  if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::optional<uint32_t> index;
   for (auto& [i, node] : servers_) {
     if (node.address == request.data_address()) index = i;
   }
-  if (index && !tensors_.empty()) {
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  if (index && tensors_.empty() && !servers_[*index].dead && clock_() - servers_[*index].last_seen < timeout) {
     const Node& old = servers_[*index];
-    if (!old.dead) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "server ", *index, " at ", old.address, " is alive (heard ", absl::FormatDuration(clock_() - old.last_seen),
+        " ago); refusing a second server at its address"));
+  }
+  if (index && !servers_[*index].dead) {
+    if (!tensors_.empty()) {
+      const Node& old = servers_[*index];
       return absl::AlreadyExistsError(absl::StrCat(
           "server ", *index, " at ", old.address, " is alive (last heartbeat ",
           absl::FormatDuration(clock_() - old.last_seen), " ago); refusing a second server at its address"));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "server ", *index, " at ", old.address, " was declared dead and its partitions' state died with it "
-        "(no replica or checkpoint to restore them from); a new server there would serve empty partitions: "
-        "restart the job"));
+  } else if (!tensors_.empty()) {
+    // The job is training: a server may only take a dead one's place (its
+    // own address's first), and only where no state died with it.
+    if (!index) {
+      for (const auto& [i, node] : servers_) {
+        if (node.dead) {
+          index = i;
+          break;
+        }
+      }
+    }
+    if (!index) {
+      return absl::ResourceExhaustedError(absl::StrCat("cluster already has its ", config_.num_servers(),
+                                                       " servers, all alive; refusing ", request.data_address()));
+    }
+    for (const PartitionInfo& p : map_.partitions()) {
+      if (p.server() != *index) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server ", *index, " at ", servers_[*index].address, " was declared dead and its partitions' state died "
+          "with it (partition ", p.id(), " had no replica; replication ", EffectiveReplication(config_),
+          "); a new server there would serve empty partitions: restart the job from a checkpoint"));
+    }
+    return JoinRunningJob(*index, request);
   }
   if (!index) {
     if (servers_.size() >= config_.num_servers()) {
@@ -121,10 +161,12 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   }
   Node& node = servers_[*index];
   node = Node{next_node_id_++, SERVER, *index, request.data_address(), request.host(), clock_(), 0};
+  node.memory_bytes = request.memory_bytes();
   ServerInfo* info = MapServer(*index);
   if (info == nullptr) info = map_.add_servers();
   info->set_index(*index);
   info->set_data_address(request.data_address());
+  info->set_curve_public_key(request.curve_public_key());
   info->set_dead(false);
   info->clear_dead_reason();
   RegisterResponse response;
@@ -142,14 +184,34 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", request.rank(), " is outside [0, ",
                                                    config_.num_workers(), ") (config num_workers)"));
   }
+  if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (Excluded(request.rank())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", request.rank(), " was declared dead and removed from the running job (shard map epoch ",
         map_.epoch(), "); rejoining a running job is not supported yet"));
   }
+  if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
+    const Node& old = it->second;
+    const absl::Duration silent = clock_() - old.last_seen;
+    const bool live = old.rendezvous || (ClusterComplete() && old.heard &&
+                                         silent < absl::Milliseconds(config_.heartbeat_timeout_ms()));
+    if (live) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
+          old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
+          "); refusing a second registration of rank ", request.rank(), " from '", request.host(), "'"));
+    }
+  }
   Node& node = workers_[request.rank()];
   node = Node{next_node_id_++, WORKER, request.rank(), "", request.host(), clock_(), 0};
+  node.rendezvous = true;
+  while (map_.worker_curve_keys_size() < static_cast<int>(config_.num_workers())) map_.add_worker_curve_keys();
+  if (map_.worker_curve_keys(request.rank()) != request.curve_public_key()) {
+    map_.set_worker_curve_keys(request.rank(), request.curve_public_key());
+    // Servers admit data clients by key: a new key (a restarted worker) must reach them.
+    if (!tensors_.empty()) map_.set_epoch(map_.epoch() + 1);
+  }
   RegisterResponse response;
   response.set_node_id(node.id);
   *response.mutable_config() = config_;
@@ -172,11 +234,13 @@ std::string ClusterState::MissingNodes() const {
   return out;
 }
 
-absl::Status ClusterState::WaitForCluster(absl::Time deadline) {
+absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id) {
   absl::MutexLock lock(&mu_);
   const absl::Time start = clock_();
   auto complete = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ClusterComplete(); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&complete), deadline)) {
+  const bool formed = mu_.AwaitWithDeadline(absl::Condition(&complete), deadline);
+  if (Node* node = node_id != 0 ? FindNode(node_id) : nullptr; node != nullptr) node->rendezvous = false;
+  if (!formed) {
     return absl::DeadlineExceededError(absl::StrCat("rendezvous: waited ",
                                                     absl::FormatDuration(clock_() - start),
                                                     " for the cluster; ", MissingNodes()));
@@ -275,8 +339,7 @@ std::string ClusterState::FailOver(uint32_t dead) {
   return out;
 }
 
-int ClusterState::Rereplicate() {
-  const uint32_t copies = EffectiveReplication(config_);
+std::map<uint32_t, uint64_t> ClusterState::LiveServerLoads() const {
   std::map<uint32_t, uint64_t> held;  // live server -> elements it holds
   for (const auto& [index, node] : servers_) {
     if (!node.dead) held[index] = 0;
@@ -287,6 +350,12 @@ int ClusterState::Rereplicate() {
       if (held.contains(b)) held[b] += p.num_elements();
     }
   }
+  return held;
+}
+
+int ClusterState::Rereplicate() {
+  const uint32_t copies = EffectiveReplication(config_);
+  std::map<uint32_t, uint64_t> held = LiveServerLoads();
   int recreated = 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     if (!held.contains(p.server())) continue;  // lost: nothing to copy from
@@ -304,6 +373,34 @@ int ClusterState::Rereplicate() {
     }
   }
   return recreated;
+}
+
+absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, const RegisterRequest& request) {
+  const std::string dead_address = servers_[index].address;
+  Node& node = servers_[index];
+  node = Node{next_node_id_++, SERVER, index, request.data_address(), request.host(), clock_(), 0};
+  node.memory_bytes = request.memory_bytes();
+  ServerInfo* info = MapServer(index);
+  info->set_data_address(request.data_address());
+  info->set_curve_public_key(request.curve_public_key());
+  info->set_dead(false);
+  info->clear_dead_reason();
+  map_.set_epoch(map_.epoch() + 1);
+  // Only missing copies go to it. Moving a backup here would leave its
+  // partition with one valid copy until the snapshot arrived, so a death in
+  // that window would lose it; later failovers re-create copies on the
+  // least loaded servers, this one first.
+  const int recreated = Rereplicate();
+  LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
+               << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
+               << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots)";
+  RegisterResponse response;
+  response.set_node_id(node.id);
+  response.set_server_index(index);
+  response.set_joins_running_job(true);
+  *response.mutable_config() = config_;
+  Save();
+  return response;
 }
 
 std::vector<std::string> ClusterState::CheckLiveness() {
@@ -399,10 +496,15 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
   if (tensors_.empty()) {
     std::vector<ServerInfo> servers(map_.servers().begin(), map_.servers().end());
     std::sort(servers.begin(), servers.end(), [](auto& a, auto& b) { return a.index() < b.index(); });
+    if (absl::Status s = CheckModelSize(tensors, config_); !s.ok()) return s;
     auto map = BuildShardMap(tensors, servers, config_.partition_bytes(), map_.epoch() + 1,
                              EffectiveReplication(config_));
     if (!map.ok()) return map.status();
+    absl::flat_hash_map<uint32_t, uint64_t> capacity;
+    for (const auto& [i, node] : servers_) capacity[i] = node.memory_bytes;
+    if (absl::Status s = CheckServerCapacity(*map, config_, capacity); !s.ok()) return s;
     *map->mutable_excluded_workers() = map_.excluded_workers();  // removed before the map existed
+    *map->mutable_worker_curve_keys() = map_.worker_curve_keys();
     map_ = *std::move(map);
     tensors_ = tensors;
     Save();

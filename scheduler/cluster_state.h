@@ -41,17 +41,24 @@ class ClusterState {
   const ClusterConfig& config() const { return config_; }
 
   // Servers get the next free index, or their old one when their address
-  // registers again before any tensor is defined. Once partitions exist, an
-  // address whose server is alive, or whose state died with it, is refused
-  // (a new process there would serve empty partitions). Refuses more servers
-  // than configured.
+  // registers again before any tensor is defined and its server has been
+  // silent for heartbeat_timeout_ms (a restart). An address whose server is
+  // alive is refused (no takeover), and so is, once partitions exist, one
+  // whose state died with it (a new process there would serve empty
+  // partitions). Refuses more servers than configured and data addresses
+  // that are not tcp://host:port with a port in [1, 65535].
   absl::StatusOr<RegisterResponse> RegisterServer(const RegisterRequest& request);
-  // Refuses ranks outside [0, num_workers) and ranks removed from the running
-  // job. A rank registering again replaces its old entry (a restarted worker
-  // gets a new node id; servers refuse its pushes that would restart rounds).
+  // Refuses ranks outside [0, num_workers), ranks removed from the running
+  // job, and a rank held by a live registration: one still waiting for the
+  // cluster, or, once it formed, one heard from within heartbeat_timeout_ms.
+  // A rank registering again after that replaces its old entry (a restarted
+  // worker gets a new node id; servers refuse its pushes that would restart
+  // rounds).
   absl::StatusOr<RegisterResponse> RegisterWorker(const RegisterRequest& request);
-  // Blocks until every server and worker has registered.
-  absl::Status WaitForCluster(absl::Time deadline);
+  // Blocks until every server and worker has registered. `node_id`: the
+  // worker whose Register call waits (its rank is free again once the wait
+  // fails); 0 for none.
+  absl::Status WaitForCluster(absl::Time deadline, uint64_t node_id = 0);
 
   // NotFound for an unknown node id; FailedPrecondition for a node already
   // declared dead (it must not act as a member any more).
@@ -104,6 +111,8 @@ class ClusterState {
     uint64_t completed_round = 0;
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
+    uint64_t memory_bytes = 0;  // servers: what they said they can hold
+    bool rendezvous = false;    // workers: their Register call waits for the cluster
   };
   struct BarrierState {
     uint64_t generation = 0;
@@ -128,6 +137,12 @@ class ClusterState {
   // Gives every partition short of `replication` copies new backups on the
   // live servers holding the fewest elements; returns how many.
   int Rereplicate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Live server index -> elements of the copies (primary or backup) it holds.
+  std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Server `request` takes dead server `index`'s place in the running job:
+  // a new epoch gives it the copies that are missing.
+  absl::StatusOr<RegisterResponse> JoinRunningJob(uint32_t index, const RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

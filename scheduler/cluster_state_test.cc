@@ -60,15 +60,82 @@ TEST(ClusterStateTest, RefusesWrongVersionExtraServersAndBadRanks) {
   EXPECT_THAT(state.RegisterWorker(Worker(1)).status().message(), HasSubstr("outside [0, 1)"));
 }
 
-TEST(ClusterStateTest, ServerRegisteringAgainKeepsItsIndex) {
-  ClusterState state(Config(2, 1));
+TEST(ClusterStateTest, ServerRestartedAtItsAddressKeepsItsIndexButALiveOneCannotBeTakenOver) {
+  absl::Time now = absl::Now();
+  ClusterState state(Config(2, 1), [&now] { return now; });
   auto a = state.RegisterServer(Server("tcp://a:1"));
   auto b = state.RegisterServer(Server("tcp://b:1"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto takeover = state.RegisterServer(Server("tcp://a:1"));
+  EXPECT_EQ(takeover.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(takeover.status().message(), HasSubstr("server 0 at tcp://a:1 is alive"));
+  now += absl::Milliseconds(Config(2, 1).heartbeat_timeout_ms() + 1);  // a's process died and went silent
   auto a2 = state.RegisterServer(Server("tcp://a:1"));
-  ASSERT_TRUE(a.ok() && b.ok() && a2.ok());
+  ASSERT_TRUE(a2.ok()) << a2.status();
   EXPECT_EQ(a->server_index(), 0u);
   EXPECT_EQ(b->server_index(), 1u);
   EXPECT_EQ(a2->server_index(), 0u);
+}
+
+TEST(ClusterStateTest, InvalidServerAddressesAreRefused) {
+  ClusterState state(Config(1, 1));
+  for (const char* bad : {"not-an-endpoint", "tcp://h:99999", "tcp://h:0", "tcp://*:5", "tcp://:5", "udp://h:5"}) {
+    auto r = state.RegisterServer(Server(bad));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr("server data address")) << bad;
+  }
+  EXPECT_TRUE(state.RegisterServer(Server("tcp://h:5")).ok()) << "the slot is still free";
+}
+
+TEST(ClusterStateTest, ALiveRankCannotRegisterTwice) {
+  absl::Time now = absl::Now();
+  ClusterState state(Config(1, 2), [&now] { return now; });
+  ASSERT_TRUE(state.RegisterServer(Server("tcp://a:1")).ok());
+  auto first = state.RegisterWorker(Worker(0));
+  ASSERT_TRUE(first.ok());
+  // Rank 0 waits in rendezvous: a second rank 0 is refused, naming it.
+  auto second = state.RegisterWorker(Worker(0));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(second.status().message(), HasSubstr("worker rank 0 is already registered"));
+  // Its wait gave up: the rank may register again (a retry).
+  EXPECT_FALSE(state.WaitForCluster(absl::Now(), first->node_id()).ok());
+  auto retry = state.RegisterWorker(Worker(0));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  auto one = state.RegisterWorker(Worker(1));
+  ASSERT_TRUE(one.ok());
+  ASSERT_TRUE(state.WaitForCluster(absl::Now() + absl::Seconds(1), one->node_id()).ok());
+  ASSERT_TRUE(state.WaitForCluster(absl::Now() + absl::Seconds(1), retry->node_id()).ok());
+  // Formed and heard from: still refused; silent past the timeout: a restart.
+  EXPECT_EQ(state.RegisterWorker(Worker(1)).status().code(), absl::StatusCode::kAlreadyExists);
+  now += absl::Milliseconds(Config(1, 2).heartbeat_timeout_ms() + 1);
+  EXPECT_TRUE(state.RegisterWorker(Worker(1)).ok());
+}
+
+TEST(ClusterStateTest, AModelOverTheLimitOrWhatServersHoldIsRefusedBeforeAnyMap) {
+  ClusterConfig config = Config(1, 1);
+  config.mutable_limits()->set_max_model_bytes(1 << 20);
+  ClusterState state(config);
+  RegisterRequest server = Server("tcp://a:1");
+  server.set_memory_bytes(3 << 20);
+  ASSERT_TRUE(state.RegisterServer(server).ok());
+  // 100 GB, and a shape whose element count overflows 64 bits.
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{25000000000}, {int64_t{1} << 40, int64_t{1} << 40}}) {
+    TensorSpec t;
+    t.set_name("huge");
+    t.set_dtype(FLOAT32);
+    for (int64_t d : shape) t.add_shape(d);
+    auto r = state.DefineTensors({t}, Soon());
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.status().message(), ::testing::AnyOf(HasSubstr("limits.max_model_bytes"), HasSubstr("too large")));
+  }
+  // Within the limit, but Adam's weights, two moments and the accumulator
+  // (16 bytes per element) of 256 Ki elements exceed the 3 MiB the server holds.
+  config.mutable_limits()->set_max_model_bytes(uint64_t{1} << 30);
+  ClusterState small(config);
+  ASSERT_TRUE(small.RegisterServer(server).ok());
+  auto r = small.DefineTensors({Float32Tensor("w", 256 * 1024)}, Soon());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("server 0 would hold"));
 }
 
 TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }

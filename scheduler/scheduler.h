@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/security.h"
 #include "proto/cluster.pb.h"
 #include "proto/config.pb.h"
 
@@ -20,7 +21,13 @@ namespace shardps {
 struct SchedulerOptions {
   // host:port; port 0 picks a free port (see SchedulerDaemon::address()).
   std::string listen_address = "0.0.0.0:7000";
-  ClusterConfig config;  // validated by Create()
+  // Validated by Create(). Its `security` block is not read here (see
+  // `security`) and is dropped: nodes never receive it.
+  ClusterConfig config;
+  // Default: off. On: gRPC over TLS with this certificate, and every call
+  // must carry the token (and with require_client_cert, a certificate of the
+  // CA); refusals are logged naming the peer.
+  SecurityCredentials security{};
   // Where the cluster state (membership, shard map and epoch, config) is
   // persisted after every change; empty: nowhere. A scheduler started on a
   // directory that holds a state resumes that cluster (its config wins over

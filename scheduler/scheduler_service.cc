@@ -14,13 +14,16 @@
 #include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/durable_file.h"
+#include "common/endpoint.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_credentials.h"
 
 namespace shardps {
 namespace {
@@ -79,10 +82,28 @@ absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) 
   return state;
 }
 
+// A server's data address must be tcp://host:port with a host that
+// resolves here and a port that accepts connections (a server binds before
+// it registers), so addresses no worker could reach do not take the slots.
+absl::Status CheckDataAddress(const std::string& address) {
+  auto endpoint = ParseTcpEndpoint(address, "server data address");
+  if (!endpoint.ok()) return endpoint.status();
+  if (absl::Status s = CheckResolvable(endpoint->host, "server data address"); !s.ok()) return s;
+  return CheckReachable(*endpoint, absl::Seconds(1), "server data address");
+}
+
+// Calls that wait (rendezvous, tensor definition, barriers, map watches) each
+// hold one of gRPC's sync-server threads while they wait. What one cluster
+// needs is a few per node; more are refused at once, so callers that never
+// complete cannot make the scheduler grow a thread each, and heartbeats and
+// status always find a thread.
+uint32_t MaxWaitingCalls(const ClusterConfig& c) { return 4 * (c.num_servers() + c.num_workers()) + 64; }
+
 class SchedulerService final : public Scheduler::Service {
  public:
   explicit SchedulerService(std::unique_ptr<ClusterState> state) : state_owner_(std::move(state)),
-                                                                    state_(*state_owner_) {
+                                                                    state_(*state_owner_),
+                                                                    max_waiting_(MaxWaitingCalls(state_.config())) {
     liveness_ = std::thread([this] { LivenessLoop(); });
   }
   ~SchedulerService() override { Stop(); }
@@ -96,22 +117,32 @@ class SchedulerService final : public Scheduler::Service {
   }
 
   grpc::Status Register(grpc::ServerContext* ctx, const RegisterRequest* req, RegisterResponse* resp) override {
+    WaitingCall waiting(this);
+    if (!waiting.admitted()) return waiting.Refusal("Register");
     absl::StatusOr<RegisterResponse> r;
     if (req->role() == SERVER) {
-      r = state_.RegisterServer(*req);
+      if (absl::Status s = CheckDataAddress(req->data_address()); !s.ok()) {
+        r = s;
+      } else {
+        r = state_.RegisterServer(*req);
+      }
       if (r.ok()) LOG(INFO) << "server " << r->server_index() << " registered at " << req->data_address();
     } else if (req->role() == WORKER) {
       r = state_.RegisterWorker(*req);
       if (r.ok()) {
         LOG(INFO) << "worker rank " << req->rank() << " registered from " << req->host();
         absl::Time limit = absl::Now() + absl::Milliseconds(state_.config().rendezvous_timeout_ms());
-        absl::Status s = state_.WaitForCluster(std::min(limit, Deadline(ctx)));
+        absl::Status s = state_.WaitForCluster(std::min(limit, Deadline(ctx)), r->node_id());
         if (!s.ok()) r = s;
       }
     } else {
       r = absl::InvalidArgumentError("register: role must be server or worker");
     }
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) {
+      LOG(WARNING) << "scheduler: Register failed (" << (req->role() == SERVER ? "server at " : "worker from ")
+                   << (req->role() == SERVER ? req->data_address() : req->host()) << "): " << r.status();
+      return ToGrpc(r.status());
+    }
     *resp = *std::move(r);
     return grpc::Status::OK;
   }
@@ -124,6 +155,8 @@ class SchedulerService final : public Scheduler::Service {
   }
 
   grpc::Status DefineTensors(grpc::ServerContext* ctx, const DefineTensorsRequest* req, ShardMap* resp) override {
+    WaitingCall waiting(this);
+    if (!waiting.admitted()) return waiting.Refusal("DefineTensors");
     std::vector<TensorSpec> tensors(req->tensors().begin(), req->tensors().end());
     auto r = state_.DefineTensors(tensors, Deadline(ctx));
     if (!r.ok()) return ToGrpc(r.status());
@@ -133,6 +166,8 @@ class SchedulerService final : public Scheduler::Service {
 
   grpc::Status WatchShardMap(grpc::ServerContext* ctx, const WatchShardMapRequest* req,
                              grpc::ServerWriter<ShardMap>* writer) override {
+    WaitingCall waiting(this);
+    if (!waiting.admitted()) return waiting.Refusal("WatchShardMap");
     uint64_t known = req->known_epoch();
     while (!ctx->IsCancelled() && !stopping_.load()) {
       std::optional<ShardMap> map = state_.WaitForMap(known, absl::Now() + absl::Milliseconds(200));
@@ -145,6 +180,8 @@ class SchedulerService final : public Scheduler::Service {
   }
 
   grpc::Status Barrier(grpc::ServerContext* ctx, const BarrierRequest* req, BarrierResponse* resp) override {
+    WaitingCall waiting(this);
+    if (!waiting.admitted()) return waiting.Refusal("Barrier");
     std::vector<uint32_t> live;
     absl::Status s = state_.Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
     for (uint32_t r : live) resp->add_live_workers(r);
@@ -186,8 +223,30 @@ class SchedulerService final : public Scheduler::Service {
     return d - absl::Milliseconds(200);
   }
 
+  // Counts one call that may wait; admitted() is false beyond max_waiting_.
+  class WaitingCall {
+   public:
+    explicit WaitingCall(SchedulerService* service)
+        : service_(service), count_(service->waiting_.fetch_add(1) + 1) {}
+    ~WaitingCall() { service_->waiting_.fetch_sub(1); }
+    bool admitted() const { return count_ <= service_->max_waiting_; }
+    grpc::Status Refusal(const char* call) const {
+      LOG_EVERY_N(WARNING, 100) << "scheduler: refused " << call << ": " << service_->max_waiting_
+                                << " calls already waiting [" << google::COUNTER << " refused so far]";
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("scheduler: ", service_->max_waiting_, " calls already wait (rendezvous, ",
+                                       "tensor definition, barriers, map watches); refusing ", call));
+    }
+
+   private:
+    SchedulerService* service_;
+    const uint32_t count_;
+  };
+
   std::unique_ptr<ClusterState> state_owner_;
   ClusterState& state_;
+  const uint32_t max_waiting_;
+  std::atomic<uint32_t> waiting_{0};
   absl::Mutex stop_mu_;
   std::atomic<bool> stopping_{false};
   std::thread liveness_;
@@ -224,8 +283,15 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& options) {
+absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& given) {
+  SchedulerOptions options = given;
+  options.config.clear_security();  // secrets stay with the scheduler
   if (absl::Status s = ValidateConfig(options.config); !s.ok()) return s;
+  auto listen = ParseHostPort(options.listen_address, "scheduler listen address",
+                              {.allow_port_zero = true, .allow_wildcard = true});
+  if (!listen.ok()) return listen.status();
+  auto credentials = SchedulerCredentials(options.security);
+  if (!credentials.ok()) return credentials.status();
   int lock = -1;
   if (!options.state_dir.empty()) {
     auto locked = LockStateDir(options.state_dir);
@@ -257,8 +323,13 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, *credentials, &port);
   builder.RegisterService(service.get());
+  // Backstop for the waiting-call limit: gRPC never runs more threads than
+  // the calls one cluster needs plus room for heartbeats and status.
+  grpc::ResourceQuota quota("shardps-scheduler");
+  quota.SetMaxThreads(static_cast<int>(MaxWaitingCalls(options.config)) + 64);
+  builder.SetResourceQuota(quota);
   // Clients ping every 2 s to notice dead connections (common/scheduler_client.cc).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -9,8 +9,14 @@
 namespace shardps {
 
 uint64_t ElementCount(const TensorSpec& tensor) {
+  // Saturates: a shape whose product overflows counts as UINT64_MAX, which
+  // every size limit refuses, instead of wrapping to a small number.
   uint64_t n = 1;
-  for (int64_t d : tensor.shape()) n *= static_cast<uint64_t>(d);
+  for (int64_t d : tensor.shape()) {
+    const uint64_t u = d < 0 ? 0 : static_cast<uint64_t>(d);
+    if (u != 0 && n > UINT64_MAX / u) return UINT64_MAX;
+    n *= u;
+  }
   return n;
 }
 

@@ -5,6 +5,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/data_message.h"
@@ -15,6 +16,13 @@ namespace {
 // How many rounds a worker may run ahead of a partition's completed round
 // before its pushes or pulls are refused (bounds parked memory).
 constexpr uint64_t kMaxRoundsAhead = 4;
+
+// How far ahead of the highest request id this server accepted from a worker
+// (on any partition) a request id may be. A worker numbers all its requests,
+// to every server, in one sequence, so a server sees gaps as large as what
+// the worker sent elsewhere in between: 2^20 leaves room for a million
+// requests to other servers between two of its own.
+constexpr uint64_t kRequestIdWindow = uint64_t{1} << 20;
 
 bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL; }
 
@@ -55,15 +63,32 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       sum_only_(config.update_mode() == SUM_ONLY),
       sink_(std::move(sink)),
       replicate_(std::move(replicate)),
-      replicated_(EffectiveReplication(config) > 1) {}
+      replicated_(EffectiveReplication(config) > 1),
+      worker_last_id_(config.num_workers(), 0),
+      staleness_(StalenessBound(config)),
+      answer_staleness_(staleness_),
+      max_ahead_(kMaxRoundsAhead + staleness_),
+      forwards_pushes_(replicated_ && staleness_ > 0) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
+  for (const ServerInfo& s : map.servers()) {
+    if (server_addresses_.size() <= s.index()) server_addresses_.resize(s.index() + 1);
+    server_addresses_[s.index()] = s.data_address();
+  }
+  const bool first_map = epoch_ == 0 && !joined_running_job_;
+  // Before the partitions follow the map: what they send the backups now (a
+  // re-created copy's snapshot) must carry the new epoch, so a backup that
+  // has not installed it yet holds it until it has, instead of refusing a
+  // partition it does not know yet.
+  epoch_ = map.epoch();
   const uint32_t workers = config_.num_workers();
+  absl::flat_hash_set<uint64_t> held;
   for (const PartitionInfo& info : map.partitions()) {
     const bool holds = info.server() == server_index ||
                        std::find(info.backups().begin(), info.backups().end(), server_index) != info.backups().end();
     if (!holds) continue;
+    held.insert(info.id());
     if (auto it = partitions_.find(info.id()); it != partitions_.end()) {
       UpdateRole(*it->second, info, /*created=*/false);
       continue;
@@ -98,7 +123,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->last_request.assign(workers, 0);
     p->applied_by.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
-    if (config_.consistency() == SYNC) {
+    if (RoundBased(config_)) {
       p->acc.assign(p->n, 0.0f);
       if (config_.deterministic()) {
         p->held.resize(workers);
@@ -109,17 +134,28 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     } else if (push != nullptr) {
       p->scratch.assign(p->n, 0.0f);
     }
-    if (epoch_ == 0 && !config_.checkpoint().restore_dir().empty()) {
+    if (first_map && !config_.checkpoint().restore_dir().empty()) {
       if (absl::Status s = RestorePartition(*p); !s.ok()) return s;
     }
     // A backup added to a running job holds nothing valid until its
     // primary's snapshot arrives; one listed from the start begins equal.
-    p->synced = epoch_ == 0 || info.server() == server_index;
+    p->synced = first_map || info.server() == server_index;
     UpdateRole(*p, info, /*created=*/true);
     partitions_.emplace(info.id(), std::move(p));
   }
+  // A backup copy moved elsewhere: dropped, so that a later map giving it
+  // back starts from a snapshot again instead of stale state. (A primary's
+  // partition only leaves it with its death.)
+  for (auto it = partitions_.begin(); it != partitions_.end();) {
+    if (held.contains(it->first) || it->second->primary) {
+      ++it;
+    } else {
+      LOG(INFO) << "server " << server_index << ": copy of partition " << it->first << " moved away at shard map epoch "
+                << map.epoch();
+      partitions_.erase(it++);
+    }
+  }
   FollowCheckpoints(map);
-  epoch_ = map.epoch();
   ApplyMembership(map);
   RunDeferred();
   return absl::OkStatus();
@@ -135,7 +171,7 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
     excluded_[r] = removed[r] = any = true;
     ++num_excluded_;
     LOG(WARNING) << "server " << server_index_ << ": worker " << r << " was removed from the job (shard map epoch "
-                 << epoch_ << "); " << (config_.consistency() == SYNC ? "rounds complete without it" : "");
+                 << epoch_ << "); " << (RoundBased(config_) ? "rounds complete without it" : "");
   }
   if (!any) return;
   const absl::Status gone = absl::UnavailableError("this worker was removed from the job");
@@ -154,7 +190,7 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
       }
     }
     p.ahead = std::move(ahead);
-    if (config_.consistency() == SYNC && RoundComplete(p)) CompleteRound(p);
+    if (RoundBased(config_) && RoundComplete(p)) CompleteRound(p);
   }
 }
 
@@ -171,12 +207,12 @@ absl::Status PartitionEngine::CheckIncarnation(Partition& p, const DataHeader& h
   const uint32_t w = h.worker_rank();
   const uint64_t incarnation = h.worker_incarnation();
   if (incarnation == 0 || incarnation == p.incarnation[w]) return absl::OkStatus();
-  const bool started = config_.consistency() == SYNC ? p.next_round[w] > 0 : p.last_request[w] > 0;
+  const bool started = RoundBased(config_) ? p.next_round[w] > 0 : p.last_request[w] > 0;
   if (p.incarnation[w] != 0 && started) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", w, " restarted (registration ", incarnation, ", was ", p.incarnation[w], ") and pushes round ",
         h.round(), " of partition ", p.id, ", which its previous process had taken to round ",
-        config_.consistency() == SYNC ? p.next_round[w] : p.completed,
+        RoundBased(config_) ? p.next_round[w] : p.completed,
         ": a restarted worker cannot rejoin a running job yet (its pushes would be taken for retries)"));
   }
   p.incarnation[w] = incarnation;
@@ -252,10 +288,57 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
       return absl::InvalidArgumentError(absl::StrCat("payload of ", payload->size(), " bytes for partition ", p.id,
                                                      " (expected ", p.n * sizeof(float), ")"));
     }
+    if (config_.reject_non_finite()) {
+      absl::Status s = expected.empty() ? CheckFinite(p, h, payload->data<float>()) : CheckFinite16(p, h, *payload);
+      if (!s.ok()) return s;
+    }
   } else if (payload != nullptr) {
     return absl::InvalidArgumentError("pull request carries a payload frame");
   }
   *out = &p;
+  return absl::OkStatus();
+}
+
+absl::Status PartitionEngine::CheckFinite16(const Partition& p, const DataHeader& h,
+                                           const zmq::message_t& payload) {
+  const uint16_t mask = h.codec() == "fp16" ? 0x7c00 : h.codec() == "bf16" ? 0x7f80 : 0;
+  if (mask == 0 || AllFinite16(payload.data<uint16_t>(), payload.size() / 2, mask)) return absl::OkStatus();
+  ++stats_.non_finite;
+  const std::string what = absl::StrCat("gradient from worker ", h.worker_rank(), " for partition ", p.id,
+                                        " (tensor ", p.tensor, ") holds NaN or Inf in its ", h.codec(),
+                                        " payload: refused (reject_non_finite), weights unchanged");
+  LOG_EVERY_N(WARNING, 1000) << "server " << server_index_ << ": " << what << " [" << google::COUNTER
+                             << " such requests so far]";
+  return absl::InvalidArgumentError(what);
+}
+
+absl::Status PartitionEngine::CheckFinite(const Partition& p, const DataHeader& h, const float* x) {
+  if (AllFinite(x, p.n)) return absl::OkStatus();
+  ++stats_.non_finite;
+  const size_t i = FirstNonFinite(x, p.n);
+  const std::string what = absl::StrCat(h.op() == INIT ? "INIT" : "gradient", " from worker ", h.worker_rank(),
+                                        " for partition ", p.id, " (tensor ", p.tensor, ") holds ", x[i],
+                                        " at element ", i, ": refused (reject_non_finite), weights unchanged");
+  LOG_EVERY_N(WARNING, 1000) << "server " << server_index_ << ": " << what << " [" << google::COUNTER
+                             << " such requests so far]";
+  return absl::InvalidArgumentError(what);
+}
+
+absl::Status PartitionEngine::CheckRequestId(const Partition& p, const DataHeader& h) {
+  // Sync rounds are told apart by round, not by request id.
+  if (config_.consistency() != ASYNC) return absl::OkStatus();
+  const uint32_t w = h.worker_rank();
+  uint64_t& last = worker_last_id_[w];
+  const uint64_t base = std::max(last, p.last_request[w]);
+  const uint64_t id = h.request_id();
+  if (id > base && id - base > kRequestIdWindow) {
+    ++stats_.bad_request_ids;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request id ", id, " from worker ", w, " for partition ", p.id, " is ", id - base,
+        " ahead of the last one server ", server_index_, " accepted from it (", base, "; at most ", kRequestIdWindow,
+        " allowed): refused, since later pushes would be taken for retries of it"));
+  }
+  last = std::max(last, id);
   return absl::OkStatus();
 }
 
@@ -277,8 +360,10 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
     return;
   }
   Partition* p = nullptr;
-  if (absl::Status s = Validate(h, payload, &p); !s.ok()) {
-    Answer(peer, h, s);
+  absl::Status valid = Validate(h, payload, &p);
+  if (valid.ok()) valid = CheckRequestId(*p, h);
+  if (!valid.ok()) {
+    Answer(peer, h, valid);
     return;
   }
   switch (h.op()) {
@@ -289,7 +374,7 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
     case PUSH_PULL:
       if (absl::Status s = CheckIncarnation(*p, h); !s.ok()) {
         Answer(peer, h, s);
-      } else if (config_.consistency() == SYNC) {
+      } else if (RoundBased(config_)) {
         PushSync(*p, peer, h, payload);
       } else {
         PushAsync(*p, peer, h, *payload);
@@ -333,16 +418,12 @@ void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataH
 }
 
 void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
-                               zmq::message_t* payload) {
+                               zmq::message_t* payload, bool answer) {
   const uint32_t w = h.worker_rank();
   const uint64_t round = h.round();
   if (round < p.next_round[w]) {
     // A retry of a push already counted: do not apply it twice.
-    if (h.op() == PUSH_PULL || replicated_) {
-      PullOrWait(p, peer, h, round + 1);
-    } else {
-      Answer(peer, h, absl::OkStatus());
-    }
+    if (answer) AnswerPush(p, peer, h, round);
     return;
   }
   if (round > p.next_round[w]) {
@@ -350,14 +431,19 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
                                                             p.id, " but owes round ", p.next_round[w])));
     return;
   }
+  if (round > p.completed + max_ahead_) {
+    Answer(peer, h, absl::ResourceExhaustedError(absl::StrCat("worker ", w, " is more than ", max_ahead_,
+                                                              " rounds ahead on partition ", p.id)));
+    return;
+  }
+  if (answer && forwards_pushes_) ForwardPush(p, h, *payload);
   if (round > p.completed) {
-    if (round > p.completed + kMaxRoundsAhead) {
-      Answer(peer, h, absl::ResourceExhaustedError(absl::StrCat("worker ", w, " is more than ", kMaxRoundsAhead,
-                                                                " rounds ahead on partition ", p.id)));
-      return;
-    }
-    p.ahead.push_back(ParkedPush{zmq::message_t(peer.data(), peer.size()), h, std::move(*payload)});
+    // SSP answers at once what the staleness bound allows; sync answers
+    // when the push is replayed into its round.
+    const bool early = answer && answer_staleness_ > 0;
+    p.ahead.push_back(ParkedPush{zmq::message_t(peer.data(), peer.size()), h, std::move(*payload), early});
     p.next_round[w] = round + 1;
+    if (early) AnswerPush(p, peer, h, round);
     return;
   }
   if (absl::Status s = Accumulate(p, w, round, payload); !s.ok()) {
@@ -367,15 +453,40 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   p.next_round[w] = round + 1;
   p.contributed[w] = true;
   ++p.arrivals;
+  p.round_staleness += MeasureStaleness(h, round, 1.0);
+  // The round first: a push that completes it is answered with it.
+  if (Settled(p) && RoundComplete(p)) CompleteRound(p);
+  if (answer) AnswerPush(p, peer, h, round);
+}
+
+void PartitionEngine::AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
   // Replicated, a push is acknowledged once its round is on every copy (a
   // counted push could otherwise die with the primary).
-  if (h.op() == PUSH_PULL || replicated_) {
-    p.waiting.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
-    p.waiting.back().header.set_round(round + 1);
-  } else {
+  if (h.op() != PUSH_PULL && !replicated_) {
     Answer(peer, h, absl::OkStatus());
+    return;
   }
-  if (Settled(p) && RoundComplete(p)) CompleteRound(p);
+  const uint64_t needed = round + 1 - std::min<uint64_t>(round + 1, answer_staleness_);
+  if (forwards_pushes_ && needed <= p.completed) {
+    // Not before the backups hold this push (and the rounds it may see).
+    AnswerWhenConfirmed(p, peer, h, p.sent);
+    return;
+  }
+  PullOrWait(p, peer, h, needed);
+}
+
+double PartitionEngine::MeasureStaleness(const DataHeader& h, uint64_t applied, double updates_per_round) {
+  if (!h.has_based_on() || h.based_on() > applied) return 0;
+  const double tau = static_cast<double>(applied - h.based_on()) / updates_per_round;
+  ++stats_.stale_gradients;
+  stats_.staleness_sum += tau;
+  stats_.staleness_max = std::max(stats_.staleness_max, tau);
+  return tau;
+}
+
+float PartitionEngine::StalenessLrScale(double tau) const {
+  if (!config_.staleness_aware_lr() || tau <= 1.0) return 1.0f;
+  return static_cast<float>(1.0 / tau);
 }
 
 absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
@@ -394,7 +505,16 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
   }
   const uint64_t seed = compression::CodecSeed(p.id, round);
   auto bytes = absl::MakeConstSpan(payload->data<uint8_t>(), payload->size());
-  if (config_.deterministic()) return codec->Decode(bytes, seed, absl::MakeSpan(p.decoded[w]));
+  if (config_.deterministic()) {
+    // Each rank's gradient has its own buffer: check it before it counts.
+    absl::Status s = codec->Decode(bytes, seed, absl::MakeSpan(p.decoded[w]));
+    if (s.ok() && config_.reject_non_finite()) {
+      DataHeader from;
+      from.set_worker_rank(w);
+      s = CheckFinite(p, from, p.decoded[w].data());
+    }
+    return s;
+  }
   if (!p.acc_encoded.empty()) {
     // Summable codec: aggregate in the compressed domain, decode once.
     if (payload->size() != p.acc_encoded.size() * sizeof(float)) {
@@ -444,10 +564,14 @@ void PartitionEngine::CompleteRound(Partition& p) {
   SumRound(p);
   // Sent before applying here, so this copy's optimizer pass overlaps the
   // transfer and the backups' own pass.
+  // Staleness-aware: the round's rate divided by its gradients' mean
+  // staleness (1 in sync, where every gradient saw the round before).
+  p.lr_scale = StalenessLrScale(p.round_staleness / std::max<uint32_t>(p.contributors, 1));
   DataHeader update;
   update.set_replica_of(PUSH);
   update.set_round(p.completed);
   update.set_contributors(p.contributors);
+  update.set_lr_scale(p.lr_scale);
   const uint64_t sequence = Replicate(p, update, p.acc.data(), p.n * sizeof(float));
   ApplyRound(p);
   MaybeCheckpoint(p);
@@ -462,13 +586,14 @@ void PartitionEngine::ApplyRound(Partition& p) {
     std::memcpy(p.aggregate->data(), p.acc.data(), p.n * sizeof(float));
   } else {
     optimizer_->Apply(p.completed, 1.0f / static_cast<float>(p.contributors), p.acc.data(), WritableWeights(p),
-                      p.state.data(), p.n);
+                      p.state.data(), p.n, p.lr_scale);
   }
   ++stats_.updates;
   ++p.completed;
   p.arrivals = 0;
+  p.round_staleness = 0;
   std::fill(p.contributed.begin(), p.contributed.end(), false);
-  if (replicated_ && p.codecs.pull != nullptr && config_.consistency() == SYNC) {
+  if (replicated_ && p.codecs.pull != nullptr && RoundBased(config_)) {
     // Every copy encodes each round's answer once, right after the round, so
     // error feedback and the weight-delta mirror agree on every copy.
     DataHeader scratch;
@@ -497,7 +622,7 @@ void PartitionEngine::FinishRound(Partition& p) {
       const uint32_t w = push.header.worker_rank();
       const uint64_t owed = p.next_round[w];
       p.next_round[w] = push.header.round();
-      PushSync(p, push.peer, push.header, &push.payload);
+      PushSync(p, push.peer, push.header, &push.payload, /*answer=*/!push.answered);
       p.next_round[w] = std::max(p.next_round[w], owed);
     } else {
       p.ahead.push_back(std::move(push));
@@ -510,31 +635,74 @@ void PartitionEngine::FinishRound(Partition& p) {
 void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
                                 const zmq::message_t& payload) {
   const uint32_t w = h.worker_rank();
-  uint64_t sequence = p.sent;  // a retry waits for what was sent before it
-  if (h.request_id() > p.last_request[w]) {
-    const float* g = payload.data<float>();
-    if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
-      absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
-                                             compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
-      if (!s.ok()) {
-        Answer(peer, h, s);
-        return;
-      }
-      g = p.scratch.data();
+  if (h.request_id() <= p.last_request[w]) {
+    // A retry of a push taken already: answer without applying it twice,
+    // after what was sent before it (or with the batch that holds it).
+    if (p.batch_count > 0) {
+      p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
+    } else {
+      AnswerWhenConfirmed(p, peer, h, p.sent);
     }
-    DataHeader update;  // sent first: the transfer overlaps the apply below
-    update.set_replica_of(PUSH);
-    update.set_round(p.completed);
-    update.set_worker_rank(w);
-    update.set_replica_request_id(h.request_id());
-    sequence = std::max(sequence, Replicate(p, update, g, p.n * sizeof(float)));
-    optimizer_->Apply(p.completed, 1.0f, g, WritableWeights(p), p.state.data(), p.n);
-    p.last_request[w] = h.request_id();
-    ++p.applied_by[w];
-    ++p.completed;
-    ++stats_.updates;
-  }  // else: a retry of an applied push; answer without applying twice.
-  AnswerWhenConfirmed(p, peer, h, sequence);
+    return;
+  }
+  const float* g = payload.data<float>();
+  if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
+    absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
+                                           compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
+    if (s.ok() && config_.reject_non_finite()) s = CheckFinite(p, h, p.scratch.data());
+    if (!s.ok()) {
+      Answer(peer, h, s);
+      return;
+    }
+    g = p.scratch.data();
+  }
+  if (p.batch_count == 0) {
+    p.batch_sum.resize(p.n);
+    std::memcpy(p.batch_sum.data(), g, p.n * sizeof(float));
+  } else {
+    AddInto(p.batch_sum.data(), g, p.n);
+  }
+  ++p.batch_count;
+  // Staleness in rounds: W pushes make a round, as for the schedule.
+  p.batch_staleness += MeasureStaleness(h, p.completed, std::max<uint32_t>(config_.num_workers(), 1));
+  p.batch_ids.emplace_back(w, h.request_id());
+  p.last_request[w] = h.request_id();
+  p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
+  if (!batching_ || p.batch_count >= config_.num_workers()) ApplyAsyncBatch(p);
+}
+
+void PartitionEngine::ApplyAsyncBatch(Partition& p) {
+  const uint32_t k = p.batch_count;
+  const float lr_scale = static_cast<float>(k) * StalenessLrScale(p.batch_staleness / k);
+  DataHeader update;  // sent first: the transfer overlaps the apply below
+  update.set_replica_of(PUSH);
+  update.set_round(p.completed);
+  update.set_contributors(k);
+  update.set_lr_scale(lr_scale);
+  for (const auto& [w, id] : p.batch_ids) {
+    update.add_batch_workers(w);
+    update.add_batch_request_ids(id);
+  }
+  const uint64_t sequence = std::max(p.sent, Replicate(p, update, p.batch_sum.data(), p.n * sizeof(float)));
+  // k = 1: grad_scale and lr_scale exactly those of a single push.
+  optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), p.batch_sum.data(), WritableWeights(p),
+                    p.state.data(), p.n, lr_scale);
+  for (const auto& [w, id] : p.batch_ids) ++p.applied_by[w];
+  p.completed += k;
+  ++stats_.updates;
+  p.batch_count = 0;
+  p.batch_staleness = 0;
+  p.batch_ids.clear();
+  std::vector<Waiter> answers = std::move(p.batch_answers);
+  p.batch_answers.clear();
+  for (Waiter& a : answers) AnswerWhenConfirmed(p, a.peer, a.header, sequence);
+}
+
+void PartitionEngine::EndBatch() {
+  batching_ = false;
+  for (auto& [id, p] : partitions_) {
+    if (p->batch_count > 0) ApplyAsyncBatch(*p);
+  }
 }
 
 void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
@@ -544,7 +712,7 @@ void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const
     AnswerWeights(p, peer, h);
     return;
   }
-  if (round > p.completed + kMaxRoundsAhead) {
+  if (round > p.completed + max_ahead_) {
     Answer(peer, h, absl::InvalidArgumentError(absl::StrCat("pull waits for round ", round, " of partition ", p.id,
                                                             " which has completed ", p.completed)));
     return;

@@ -43,6 +43,17 @@ struct EngineStats {
   std::array<uint64_t, 17> errors_by_code{};
   uint64_t replicated = 0;
   uint64_t promotions = 0;
+  // Refused requests, by reason: gradients holding NaN/Inf, request ids far
+  // ahead of the worker's sequence.
+  uint64_t non_finite = 0;
+  uint64_t bad_request_ids = 0;
+  // Staleness of the gradients applied (async, ssp and sync alike), in
+  // rounds: rounds of the partition applied between the weights a gradient
+  // was computed on and its own update (async: pushes / W). Counted per
+  // gradient that says what it was computed on (DataHeader.based_on).
+  uint64_t stale_gradients = 0;
+  double staleness_sum = 0;
+  double staleness_max = 0;
 };
 
 // Index of `value` in a per-kind count array of `size` entries; `other` when
@@ -100,13 +111,33 @@ class PartitionEngine {
   // over the workers that contributed to it).
   // Fails if the config names a codec that cannot be created, or a
   // checkpoint to restore that is corrupt or does not match the map.
+  // Copies this server holds in no later map are dropped (a copy moved to
+  // a server that joined).
   absl::Status InstallShardMap(const ShardMap& map, uint32_t server_index);
   uint64_t epoch() const { return epoch_; }
+
+  // This server joined a job that was already training (it replaces a dead
+  // one): every copy its maps give it holds nothing valid until its primary's
+  // snapshot arrives, the first map included, and no checkpoint is restored.
+  void JoinRunningJob() { joined_running_job_ = true; }
 
   // Handles one request. `payload` is null when the message had no payload
   // frame. Every outcome, including bad input, is answered through the sink
   // or parked until it can be (a pull waiting for its round).
   void Handle(const zmq::message_t& peer, const DataHeader& header, zmq::message_t* payload);
+
+  // Async: between BeginBatch and EndBatch, the pushes a partition receives
+  // are summed and applied as one update when the batch ends (or W pushes
+  // are in): one optimizer pass, one copy to the backups and one weights
+  // buffer for all their answers, instead of one each. k pushes step once
+  // with their mean gradient and k times the per-push learning rate
+  // (lr / W), as k of a sync round's W workers would. The server brackets
+  // what it drains from its socket in one go, so pushes coalesce only when
+  // they queue up (the engine thread is the bottleneck); a lone push is
+  // applied at once, as before. Outside a batch every push applies on
+  // arrival.
+  void BeginBatch() { batching_ = true; }
+  void EndBatch();
 
   // A backup's answer to a REPLICATE request sent by this server.
   void HandleReplicaAck(uint32_t from_server, const DataHeader& answer);
@@ -134,6 +165,7 @@ class PartitionEngine {
     zmq::message_t peer;
     DataHeader header;
     zmq::message_t payload;
+    bool answered = false;  // ssp: answered before its round was counted
   };
   struct Partition {
     uint64_t id = 0;
@@ -165,6 +197,8 @@ class PartitionEngine {
     std::vector<bool> contributed;         // sync: per worker, counted in the open round
     std::vector<uint64_t> incarnation;     // per worker: registration of its pushes
     uint32_t contributors = 0;             // sync: gradients in the last completed round
+    double round_staleness = 0;            // sync/ssp: staleness summed over the open round's gradients
+    float lr_scale = 1.0f;                 // sync/ssp: learning-rate factor of the round being applied
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
     std::vector<uint64_t> applied_by;      // async: per worker, pushes applied
@@ -177,10 +211,24 @@ class PartitionEngine {
     // primary's snapshot arrived: it holds no valid copy before that.
     bool synced = true;
     std::vector<uint32_t> backups;
+    // Per backup: the data address it had when listed. A new address under
+    // the same index is a server that joined in a dead one's place (the maps
+    // between may have been skipped): a new copy that needs a snapshot.
+    std::vector<std::string> backup_addresses;
     std::vector<uint64_t> confirmed;
     std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
     uint64_t sent = 0;                     // updates sent to the backups
     std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
+    // Async batch (BeginBatch): the sum of the pushes not applied yet, their
+    // count, staleness, workers and request ids, and the answers they owe.
+    std::vector<float> batch_sum;
+    uint32_t batch_count = 0;
+    double batch_staleness = 0;
+    std::vector<std::pair<uint32_t, uint64_t>> batch_ids;
+    std::vector<Waiter> batch_answers;
+    // Backup, ssp: the pushes of rounds not complete yet, as the primary
+    // forwarded them; a promoted copy counts them again.
+    std::vector<ParkedPush> forwarded;
   };
   // A request routed with an epoch this server does not serve yet (a worker
   // that learned of a failover first); handled once the epoch is installed.
@@ -238,6 +286,16 @@ class PartitionEngine {
   void FollowCheckpoints(const ShardMap& map);
 
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
+  // Refuses a raw gradient or INIT holding NaN or Inf (config
+  // reject_non_finite), counting and logging it.
+  // `x`: the payload's floats, or a compressed payload once decoded.
+  absl::Status CheckFinite(const Partition& p, const DataHeader& h, const float* x);
+  // The same for fp16/bf16 payloads, before decoding (others: no-op).
+  absl::Status CheckFinite16(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // Async pushes are told from retries by request id, so an id far ahead of
+  // the worker's sequence (forged or corrupt) would make every later push
+  // look like a retry: such ids are refused. Records accepted ids.
+  absl::Status CheckRequestId(const Partition& p, const DataHeader& h);
   // Refuses a push from a restarted worker process (new registration) that
   // would restart the rounds the old process had reached.
   absl::Status CheckIncarnation(Partition& p, const DataHeader& h) const;
@@ -248,8 +306,26 @@ class PartitionEngine {
   // for a later round is not, until it is replayed).
   static bool Contributed(const Partition& p, uint32_t w) { return p.contributed[w]; }
   void Init(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
-  void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload);
+  // Counts a push toward its round (or parks it for a later one). `answer`
+  // false: a replayed push whose answer went out already (ssp).
+  void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload,
+                bool answer = true);
+  // SSP with backups: sends a worker's push to the backups (kept there until
+  // its round is applied).
+  void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // A promoted copy counts the forwarded pushes of the rounds still open.
+  void ReplayForwarded(Partition& p);
+  // Answers a counted or parked push of `round` once the weights it may use
+  // are there: round + 1 - staleness complete (sync: its own round).
+  void AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
+  // Records a gradient's staleness in rounds; returns it (0 when the push
+  // does not say what it was computed on).
+  double MeasureStaleness(const DataHeader& h, uint64_t applied, double updates_per_round);
+  // The learning-rate factor of an update of staleness `tau` rounds.
+  float StalenessLrScale(double tau) const;
   void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
+  // Applies p's async batch as one update and answers its pushes.
+  void ApplyAsyncBatch(Partition& p);
   void PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
   void CompleteRound(Partition& p);
   absl::Status Accumulate(Partition& p, uint32_t worker, uint64_t round, zmq::message_t* payload);
@@ -270,9 +346,22 @@ class PartitionEngine {
   const ReplySink sink_;
   const ReplicaSink replicate_;
   const bool replicated_;  // the config keeps more than one copy
+  std::vector<uint64_t> worker_last_id_;  // async, per worker rank: highest request id accepted
+  // Rounds a worker may run ahead of the slowest (ssp; 0 for sync), the
+  // staleness its push-pulls are answered with, and the farthest ahead a
+  // push or pull may be before it is refused (bounds parked memory).
+  const uint32_t staleness_;
+  const uint32_t answer_staleness_;
+  const uint64_t max_ahead_;
+  // SSP with backups: each push is forwarded to the backups before it is
+  // answered ahead of its round, so a failover loses none.
+  const bool forwards_pushes_;
+  bool batching_ = false;  // between BeginBatch and EndBatch
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
+  bool joined_running_job_ = false;
   uint32_t server_index_ = 0;
+  std::vector<std::string> server_addresses_;  // per server index, from the latest map
   std::vector<bool> excluded_;  // per worker rank: removed from the job
   uint32_t num_excluded_ = 0;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;

@@ -245,6 +245,32 @@ TEST_F(EngineTest, CompressedPushesAreDecodedAndSummed) {
   EXPECT_EQ(Weights(n), std::vector<float>(n, -0.25f));
 }
 
+TEST_F(EngineTest, NonFiniteCompressedGradientsAreRefused) {
+  const int n = 4096;
+  std::vector<float> bad(n, 1.0f);
+  bad[9] = std::numeric_limits<float>::quiet_NaN();
+  // fp16/bf16 payloads are checked before decoding; async and deterministic
+  // sync check what other codecs decode (topk keeps the NaN as a value).
+  struct Case {
+    std::string codec;
+    Consistency mode;
+    bool deterministic;
+  };
+  for (const Case& c : std::vector<Case>{{"fp16", SYNC, false},
+                                         {"bf16", ASYNC, false},
+                                         {"topk:ratio=0.5", ASYNC, false},
+                                         {"topk:ratio=0.5", SYNC, true}}) {
+    sent_.clear();
+    Make(c.mode, c.deterministic, 1, c.codec, UPDATE_ON_SERVER, n);
+    const std::string spec = compression::ParseCodecSpec(c.codec)->ToString();
+    SendEncoded(PUSH, 0, 0, spec, Encode(spec, bad, 5, 0), n);
+    ASSERT_EQ(sent_.size(), 1u) << c.codec;
+    EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << c.codec;
+    EXPECT_THAT(sent_[0].header.error(), HasSubstr("reject_non_finite")) << c.codec;
+    EXPECT_EQ(Weights(n), std::vector<float>(n, 0.0f)) << c.codec;
+  }
+}
+
 TEST_F(EngineTest, SummableCodecIsAggregatedWithoutDecodingEachPush) {
   const int n = 4096;
   Make(SYNC, false, 2, "randomk:ratio=0.5", UPDATE_ON_SERVER, n);
@@ -439,6 +465,7 @@ TEST_F(EngineTest, NonFiniteWeightDeltaIsAnErrorNotACrash) {
   const int n = 4096;
   ClusterConfig c = Config(SYNC, false, 1);
   c.mutable_compression()->set_pull_codec("onebit");
+  c.set_reject_non_finite(false);  // let the Inf reach the weights
   MakeFromConfig(c, n);
   std::vector<float> g(n, 1.0f);
   g[7] = std::numeric_limits<float>::infinity();
@@ -446,6 +473,59 @@ TEST_F(EngineTest, NonFiniteWeightDeltaIsAnErrorNotACrash) {
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_THAT(sent_[0].header.error(), HasSubstr("non-finite"));
+}
+
+TEST_F(EngineTest, NonFiniteGradientsAreRefusedAndCountedWeightsUnchanged) {
+  for (Consistency mode : {SYNC, ASYNC}) {
+    sent_.clear();
+    Make(mode, false, 1);
+    Send(INIT, 0, 0, {1, 2});
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      for (Op op : {PUSH, PUSH_PULL, INIT}) {
+        sent_.clear();
+        Send(op, 0, 0, {0.5f, bad});
+        ASSERT_EQ(sent_.size(), 1u);
+        EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+        EXPECT_THAT(sent_[0].header.error(), HasSubstr("worker 0 for partition 5"));
+        EXPECT_THAT(sent_[0].header.error(), HasSubstr("at element 1"));
+      }
+    }
+    EXPECT_EQ(Weights(), (std::vector<float>{1, 2})) << "mode " << mode;
+    EXPECT_EQ(engine_->stats().non_finite, 6u);
+    // A finite push still goes through after all that.
+    sent_.clear();
+    Send(PUSH, 0, 0, {1, 1});
+    ASSERT_FALSE(sent_.empty());
+    EXPECT_EQ(sent_[0].header.status_code(), 0) << sent_[0].header.error();
+    EXPECT_NE(Weights(), (std::vector<float>{1, 2}));
+  }
+}
+
+TEST_F(EngineTest, AsyncRequestIdFarAheadIsRefusedAndDoesNotPoisonLaterPushes) {
+  Make(ASYNC, false, 2);
+  Send(INIT, 0, 0, {0, 0});
+  Send(PUSH, 0, 0, {1, 1});  // applied
+  const std::vector<float> after_one = Weights();
+  sent_.clear();
+  for (uint64_t forged : {UINT64_MAX, next_id_ + (uint64_t{1} << 21)}) {
+    Send(PUSH, 0, 0, {0, 0}, forged);
+    ASSERT_EQ(sent_.size(), 1u);
+    EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(sent_[0].header.error(), HasSubstr(absl::StrCat("request id ", forged, " from worker 0")));
+    sent_.clear();
+  }
+  EXPECT_EQ(Weights(), after_one);
+  // The worker's own next pushes are applied, not taken for retries.
+  Send(PUSH, 0, 0, {1, 1});
+  Send(PUSH, 0, 0, {1, 1});
+  EXPECT_EQ(engine_->UpdateCounts()[0].applied_by_worker[0], 3u);
+  // A retry (same id as an applied push) is still answered without applying.
+  Send(PUSH, 0, 0, {1, 1}, next_id_);
+  EXPECT_EQ(engine_->UpdateCounts()[0].applied_by_worker[0], 3u);
+  // Ids within the window are fine (the worker sent elsewhere meanwhile).
+  Send(PUSH, 0, 0, {1, 1}, next_id_ + 1000);
+  EXPECT_EQ(engine_->UpdateCounts()[0].applied_by_worker[0], 4u);
+  EXPECT_EQ(engine_->stats().bad_request_ids, 2u);
 }
 
 TEST_F(EngineTest, ShutdownAnswersWaitingPulls) {
@@ -579,6 +659,168 @@ TEST_F(EngineTest, InitIsNeverASilentNoOp) {
   Send(INIT, 0, 0, {-1, -2});  // after an update: refused, saying why
   EXPECT_THAT(sent_.back().header.error(), HasSubstr("has taken 1 updates"));
   EXPECT_EQ(Weights(), (std::vector<float>{6, 7}));
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+class SspEngineTest : public EngineTest {
+ protected:
+  void MakeSsp(uint32_t staleness, int workers, bool staleness_aware = true) {
+    ClusterConfig c = Config(SSP, false, workers);
+    c.set_staleness(staleness);
+    c.set_staleness_aware_lr(staleness_aware);
+    MakeFromConfig(c, 2);
+  }
+  // A push-pull of `round` computed on the weights of `based_on` rounds.
+  void PushPullBasedOn(uint32_t rank, uint64_t round, uint64_t based_on, std::vector<float> g) {
+    DataHeader h;
+    h.set_op(PUSH_PULL);
+    h.set_worker_rank(rank);
+    h.set_round(round);
+    h.set_based_on(based_on);
+    h.set_epoch(3);
+    h.set_partition_id(5);
+    h.set_request_id(++next_id_);
+    h.set_dtype(FLOAT32);
+    h.set_num_elements(g.size());
+    zmq::message_t peer(std::string("w") + std::to_string(rank));
+    zmq::message_t payload(g.data(), g.size() * 4);
+    engine_->Handle(peer, h, &payload);
+  }
+};
+
+TEST_F(SspEngineTest, AWorkerRunsAtMostStalenessRoundsAheadOfTheSlowest) {
+  MakeSsp(1, 2);
+  PushPullBasedOn(0, 0, 0, {2, 2});
+  ASSERT_EQ(sent_.size(), 1u) << "round 0 + 1 - 1 = 0 rounds needed: answered at once";
+  EXPECT_EQ(sent_[0].header.completed_rounds(), 0u);
+  EXPECT_EQ(Weights(), (std::vector<float>{0, 0})) << "the round is not applied before worker 1's push";
+  PushPullBasedOn(0, 1, 0, {4, 4});
+  EXPECT_EQ(sent_.size(), 1u) << "round 1 needs round 0 complete: worker 0 waits for worker 1";
+  PushPullBasedOn(1, 0, 0, {0, 0});
+  // Round 0 (mean {1, 1}) completes: worker 1's answer and worker 0's round-1
+  // answer both carry it.
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(Weights(), (std::vector<float>{-1, -1}));
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(sent_[i].header.completed_rounds(), 1u);
+    EXPECT_EQ(sent_[i].payload, (std::vector<float>{-1, -1}));
+  }
+}
+
+TEST_F(SspEngineTest, StalenessZeroAnswersOnlyOnceTheRoundIsComplete) {
+  MakeSsp(0, 2);
+  PushPullBasedOn(0, 0, 0, {2, 2});
+  EXPECT_TRUE(sent_.empty());
+  PushPullBasedOn(1, 0, 0, {0, 0});
+  EXPECT_EQ(sent_.size(), 2u);
+}
+
+TEST_F(SspEngineTest, AStaleRoundStepsByTheLearningRateOverItsMeanStaleness) {
+  MakeSsp(3, 2);
+  // Rounds 0 and 1 from both workers on fresh weights.
+  for (uint64_t r = 0; r < 2; ++r) {
+    PushPullBasedOn(0, r, r, {0, 0});
+    PushPullBasedOn(1, r, r, {0, 0});
+  }
+  ASSERT_EQ(Weights(), (std::vector<float>{0, 0}));
+  // Round 2: gradients computed on the weights of round 0, i.e. 2 rounds
+  // stale each: lr 1 / 2 on the mean gradient {4, 4}.
+  PushPullBasedOn(0, 2, 0, {4, 4});
+  PushPullBasedOn(1, 2, 0, {4, 4});
+  EXPECT_EQ(Weights(), (std::vector<float>{-2, -2}));
+  EXPECT_EQ(engine_->stats().staleness_max, 2.0);
+  EXPECT_EQ(engine_->stats().stale_gradients, 6u);
+}
+
+TEST_F(SspEngineTest, TheStalenessAwareRateCanBeSwitchedOff) {
+  MakeSsp(3, 1, /*staleness_aware=*/false);
+  PushPullBasedOn(0, 0, 0, {0, 0});
+  PushPullBasedOn(0, 1, 0, {0, 0});
+  PushPullBasedOn(0, 2, 0, {4, 4});
+  EXPECT_EQ(Weights(), (std::vector<float>{-4, -4}));
+  EXPECT_EQ(engine_->stats().staleness_max, 2.0) << "measured all the same";
+}
+
+TEST_F(SspEngineTest, AWorkerFarAheadIsRefusedNamingTheBound) {
+  MakeSsp(1, 2);
+  // Worker 0 alone: rounds 0..5 are parked (max ahead = 4 + staleness 1).
+  for (uint64_t r = 0; r <= 6; ++r) PushPullBasedOn(0, r, 0, {1, 1});
+  ASSERT_FALSE(sent_.empty());
+  EXPECT_EQ(sent_.back().header.status_code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("more than 5 rounds ahead"));
+}
+
+TEST_F(SspEngineTest, ARemovedWorkerNoLongerHoldsTheOthersBack) {
+  MakeSsp(1, 2);
+  PushPullBasedOn(0, 0, 0, {2, 2});
+  PushPullBasedOn(0, 1, 0, {2, 2});
+  ASSERT_EQ(sent_.size(), 1u);
+  RemoveWorkers({1});
+  // Round 0 completes with worker 0's gradient; its round-1 answer goes out.
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_EQ(sent_[1].header.completed_rounds(), 1u);
+}
+
+TEST_F(EngineTest, AsyncStalenessIsCountedInRoundsOfWPushes) {
+  ClusterConfig c = Config(ASYNC, false, 2);
+  MakeFromConfig(c, 2);
+  // lr 1 / W = 0.5 per push. Four pushes on version 0: the last is 3
+  // pushes = 1.5 rounds stale, so it steps by 0.5 / 1.5.
+  for (int i = 0; i < 3; ++i) Send(PUSH_PULL, 0, 0, {0, 0});
+  DataHeader h;
+  h.set_op(PUSH_PULL);
+  h.set_worker_rank(1);
+  h.set_based_on(0);
+  h.set_epoch(3);
+  h.set_partition_id(5);
+  h.set_request_id(++next_id_);
+  h.set_dtype(FLOAT32);
+  h.set_num_elements(2);
+  std::vector<float> g = {3, 3};
+  zmq::message_t peer("w1", 2);
+  zmq::message_t payload(g.data(), 8);
+  engine_->Handle(peer, h, &payload);
+  EXPECT_FLOAT_EQ(Weights()[0], -1.0f);
+  EXPECT_EQ(engine_->stats().staleness_max, 1.5);
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST_F(EngineTest, AsyncPushesDrainedTogetherApplyAsOneUpdate) {
+  Make(ASYNC, false, 3);  // lr 1 / W = 1/3 per push
+  engine_->BeginBatch();
+  Send(PUSH_PULL, 0, 0, {2, 2});
+  Send(PUSH_PULL, 1, 0, {4, 4});
+  EXPECT_TRUE(sent_.empty()) << "answered with the batch";
+  EXPECT_EQ(Weights(), (std::vector<float>{0, 0}));
+  engine_->EndBatch();
+  // One SGD step with the mean {3, 3} and 2 x 1/3: what the two pushes would
+  // have done one by one.
+  EXPECT_FLOAT_EQ(Weights()[0], -2.0f);
+  EXPECT_EQ(engine_->stats().updates, 1u);
+  ASSERT_EQ(sent_.size(), 2u);
+  for (const Sent& s : sent_) EXPECT_EQ(s.header.completed_rounds(), 2u) << "both pushes counted";
+}
+
+TEST_F(EngineTest, AnAsyncBatchIsAppliedOnceWPushesAreIn) {
+  Make(ASYNC, false, 2);
+  engine_->BeginBatch();
+  Send(PUSH_PULL, 0, 0, {2, 2});
+  Send(PUSH_PULL, 1, 0, {2, 2});
+  EXPECT_EQ(sent_.size(), 2u) << "a round's worth of pushes does not wait for the end of the batch";
+  Send(PUSH_PULL, 0, 0, {2, 2}, /*id=*/1);
+  engine_->EndBatch();
+  EXPECT_EQ(engine_->stats().updates, 1u) << "a retry is answered, not applied again";
+  EXPECT_EQ(sent_.size(), 3u);
 }
 
 }  // namespace

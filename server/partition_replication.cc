@@ -7,6 +7,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/data_message.h"
 #include "server/partition_engine.h"
 
@@ -34,8 +35,8 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     // before it are done for everyone; the open round starts empty, and
     // every worker's retry of it (same request ids) counts once.
     LOG(WARNING) << "server " << server_index_ << ": now the primary of partition " << p.id << " ("
-                 << p.completed << (config_.consistency() == SYNC ? " rounds" : " updates") << " applied here)";
-    if (config_.consistency() == SYNC) std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
+                 << p.completed << (RoundBased(config_) ? " rounds" : " updates") << " applied here)";
+    if (RoundBased(config_)) std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
     ++stats_.promotions;
     p.arrivals = 0;
     p.sent = 0;
@@ -44,11 +45,15 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   }
   p.primary = primary;
   std::vector<uint32_t> backups, added;
+  std::vector<std::string> addresses;
   std::vector<uint64_t> confirmed, last_sent;
   if (primary) {
     for (uint32_t b : info.backups()) {
+      const std::string address = b < server_addresses_.size() ? server_addresses_[b] : "";
       auto it = std::find(p.backups.begin(), p.backups.end(), b);
+      if (it != p.backups.end() && p.backup_addresses[it - p.backups.begin()] != address) it = p.backups.end();
       backups.push_back(b);
+      addresses.push_back(address);
       // A copy that was listed keeps its confirmations; a new one starts
       // with what was sent so far and first gets the whole state.
       confirmed.push_back(it != p.backups.end() ? p.confirmed[it - p.backups.begin()] : p.sent);
@@ -57,10 +62,35 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     }
   }
   p.backups = std::move(backups);
+  p.backup_addresses = std::move(addresses);
   p.confirmed = std::move(confirmed);
   p.last_sent = std::move(last_sent);
   for (uint32_t b : added) SendSnapshot(p, b);
+  if (primary) ReplayForwarded(p);
   OnConfirmed(p);  // a backup that died holds nothing back any more
+}
+
+void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+  DataHeader f;
+  f.set_replica_of(PUSH_PULL);
+  f.set_round(h.round());
+  f.set_worker_rank(h.worker_rank());
+  f.set_replica_request_id(h.request_id());
+  f.set_codec(h.codec());
+  if (h.has_based_on()) f.set_based_on(h.based_on());
+  Replicate(p, f, payload.data(), payload.size());
+}
+
+void PartitionEngine::ReplayForwarded(Partition& p) {
+  // In the order the old primary received them, so each worker's rounds
+  // come in order; their answers went out already or come with the
+  // workers' retries.
+  std::vector<ParkedPush> pushes = std::move(p.forwarded);
+  p.forwarded.clear();
+  for (ParkedPush& push : pushes) {
+    if (push.header.round() < p.completed) continue;
+    PushSync(p, push.peer, push.header, &push.payload, /*answer=*/false);
+  }
 }
 
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
@@ -151,7 +181,7 @@ void PartitionEngine::OnConfirmed(Partition& p) {
     }
   }
   p.unconfirmed = std::move(still);
-  if (config_.consistency() == SYNC && confirmed == p.sent) FinishRound(p);
+  if (RoundBased(config_) && confirmed == p.sent) FinishRound(p);
 }
 
 void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& answer) {
@@ -182,8 +212,10 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
                                                    h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
   } else if (payload == nullptr ||
-             payload->size() != (h.replica_of() == SNAPSHOT ? SnapshotBytes(*it->second)
-                                                             : it->second->n * sizeof(float))) {
+             (h.replica_of() == PUSH_PULL ? payload->size() == 0
+                                          : payload->size() != (h.replica_of() == SNAPSHOT
+                                                                    ? SnapshotBytes(*it->second)
+                                                                    : it->second->n * sizeof(float)))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ",
                                                 payload ? payload->size() : 0, " bytes, expected ",
                                                 it->second->n * sizeof(float)));
@@ -209,11 +241,26 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
                                                       "snapshot has not arrived"));
   }
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
+  if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp)
+    if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
+    if (h.round() < p.completed) return false;  // its round is applied here already
+    for (const ParkedPush& f : p.forwarded) {
+      if (f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round()) return false;
+    }
+    return true;
+  }
   if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
   if (config_.consistency() == ASYNC) {
-    const uint32_t w = h.worker_rank();
-    if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
-    if (h.replica_request_id() <= p.last_request[w]) return false;
+    if (h.batch_workers_size() == 0 || h.batch_workers_size() != h.batch_request_ids_size()) {
+      return absl::InvalidArgumentError("async replica update names no pushes");
+    }
+    bool any_new = false;
+    for (int i = 0; i < h.batch_workers_size(); ++i) {
+      const uint32_t w = h.batch_workers(i);
+      if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
+      any_new = any_new || h.batch_request_ids(i) > p.last_request[w];
+    }
+    if (!any_new) return false;
   }
   if (h.round() < p.completed) return false;
   if (h.round() > p.completed) {
@@ -228,21 +275,43 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
   const float* data = payload.data<float>();
   if (h.replica_of() == SNAPSHOT) {
     ApplySnapshot(p, h, payload);
+  } else if (h.replica_of() == PUSH_PULL) {
+    // Kept as the worker sent it, until its round is applied here.
+    DataHeader push;
+    push.set_op(PUSH_PULL);
+    push.set_worker_rank(h.worker_rank());
+    push.set_partition_id(p.id);
+    push.set_round(h.round());
+    push.set_request_id(h.replica_request_id());
+    push.set_codec(h.codec());
+    push.set_num_elements(p.n);
+    push.set_dtype(FLOAT32);
+    if (h.has_based_on()) push.set_based_on(h.based_on());
+    p.forwarded.push_back(ParkedPush{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true});
   } else if (h.replica_of() == INIT) {
     std::memcpy(WritableWeights(p), data, payload.size());
     if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
     p.initialized = true;
     p.encoded_round = -1;
   } else if (config_.consistency() == ASYNC) {
-    optimizer_->Apply(p.completed, 1.0f, data, WritableWeights(p), p.state.data(), p.n);
-    p.last_request[h.worker_rank()] = h.replica_request_id();
-    ++p.applied_by[h.worker_rank()];
-    ++p.completed;
+    // The primary's batch of k pushes: one pass with the same scales.
+    const uint32_t k = static_cast<uint32_t>(h.batch_workers_size());
+    optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), data, WritableWeights(p), p.state.data(), p.n,
+                      h.lr_scale() > 0 ? h.lr_scale() : 1.0f);
+    for (int i = 0; i < h.batch_workers_size(); ++i) {
+      const uint32_t w = h.batch_workers(i);
+      p.last_request[w] = std::max(p.last_request[w], h.batch_request_ids(i));
+      worker_last_id_[w] = std::max(worker_last_id_[w], h.batch_request_ids(i));
+      ++p.applied_by[w];
+    }
+    p.completed += k;
     ++stats_.updates;
   } else {
     std::memcpy(p.acc.data(), data, payload.size());
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
+    p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
     ApplyRound(p);
+    std::erase_if(p.forwarded, [&p](const ParkedPush& f) { return f.header.round() < p.completed; });
   }
 }
 

@@ -1,6 +1,9 @@
 #include "server/server.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <thread>
 
 #include <glog/logging.h>
@@ -8,21 +11,53 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
+#include "common/endpoint.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
+#include "server/peer_admission.h"
+#include "common/security.h"
+#include "server/curve_authenticator.h"
 #include "server/server_metrics.h"
 
 namespace shardps {
 namespace {
 
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+// The largest frame a peer may send: a snapshot of a partition (weights,
+// two optimizer slots, mirror, aggregate) and per-worker counters.
+int64_t MaxFrameBytes(const ClusterConfig& config) {
+  return static_cast<int64_t>(8 * config.partition_bytes() + 16 * std::max<uint32_t>(config.num_workers(), 4096) +
+                              65536);
+}
+
+void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
+  socket.set(zmq::sockopt::sndhwm, static_cast<int>(config.limits().socket_send_hwm()));
+  socket.set(zmq::sockopt::rcvhwm, static_cast<int>(config.limits().socket_receive_hwm()));
+  socket.set(zmq::sockopt::maxmsgsize, MaxFrameBytes(config));
+}
+
+bool SocketLimitsSet(zmq::socket_t& socket, const ClusterConfig& config) {
+  return socket.get(zmq::sockopt::sndhwm) == static_cast<int>(config.limits().socket_send_hwm()) &&
+         socket.get(zmq::sockopt::rcvhwm) == static_cast<int>(config.limits().socket_receive_hwm()) &&
+         socket.get(zmq::sockopt::maxmsgsize) == MaxFrameBytes(config);
+}
+
 class ParameterServerImpl : public ParameterServer {
  public:
-  ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context, zmq::socket_t socket,
-                      std::string data_address)
+  ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context,
+                      std::unique_ptr<CurveAuthenticator> authenticator, zmq::socket_t socket,
+                      std::string data_address, CurveKeyPair curve_keys)
       : scheduler_(std::move(scheduler)),
         context_(std::move(context)),
+        authenticator_(std::move(authenticator)),
         socket_(std::move(socket)),
-        data_address_(std::move(data_address)) {}
+        data_address_(std::move(data_address)),
+        curve_keys_(std::move(curve_keys)) {}
 
   ~ParameterServerImpl() override {
     RequestStop();
@@ -40,16 +75,26 @@ class ParameterServerImpl : public ParameterServer {
     request.set_role(SERVER);
     request.set_data_address(data_address_);
     request.set_host(options.advertise_host);
+    request.set_memory_bytes(options.memory_bytes != 0 ? options.memory_bytes : PhysicalMemoryBytes());
+    request.set_curve_public_key(curve_keys_.public_key);
     auto registered = scheduler_->Register(request, options.register_timeout);
     if (!registered.ok()) return registered.status();
     node_id_ = registered->node_id();
     index_ = registered->server_index();
     config_ = registered->config();
+    if (absl::Status s = ApplySocketLimits(); !s.ok()) return s;
+    admission_ = std::make_unique<PeerAdmission>(config_.limits().max_inflight_bytes_per_worker(),
+                                                 config_.limits().max_connections_per_server());
     auto engine = PartitionEngine::Create(
         config_, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* payload) { Send(peer, h, payload); },
         [this](uint32_t server, DataHeader& h, zmq::message_t& payload) { SendToPeer(server, h, payload); });
     if (!engine.ok()) return engine.status();
     engine_ = *std::move(engine);
+    if (registered->joins_running_job()) {
+      engine_->JoinRunningJob();
+      LOG(WARNING) << "server " << index_ << " at " << data_address_
+                   << " joins a running job in a dead server's place: its copies arrive as snapshots";
+    }
     if (options.metrics != nullptr) metrics_ = std::make_unique<ServerMetrics>(*options.metrics, index_);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     watch_ = scheduler_->WatchShardMap(
@@ -83,15 +128,20 @@ class ParameterServerImpl : public ParameterServer {
       // Confirmations first (they release answers workers wait for), then
       // drain what is queued before polling again.
       ReceivePeerAnswers();
+      // Async pushes drained in one go coalesce (PartitionEngine::BeginBatch).
+      engine_->BeginBatch();
       for (int i = 0; i < 1024 && ReceiveOne(); ++i) {
         if ((i & 15) == 15) ReceivePeerAnswers();
       }
+      engine_->EndBatch();
       ReceivePeerAnswers();
       if (metrics_) metrics_->MaybePublish(*engine_);
     }
     // Drain: finish what already arrived, refuse what cannot complete.
+    engine_->BeginBatch();
     while (ReceiveOne()) {
     }
+    engine_->EndBatch();
     engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
@@ -106,6 +156,7 @@ class ParameterServerImpl : public ParameterServer {
   void RequestStop() override { stop_.store(true); }
   std::string data_address() const override { return data_address_; }
   std::vector<PartitionUpdates> UpdateCounts() const override { return engine_->UpdateCounts(); }
+  EngineStats Stats() const override { return engine_->stats(); }
   uint32_t index() const override { return index_; }
 
  private:
@@ -135,6 +186,7 @@ class ParameterServerImpl : public ParameterServer {
     header_.Clear();
     absl::Status s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
     if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
+    if (s.ok()) s = Admit(peer);
     if (!s.ok()) {
       DataHeader reply;
       reply.set_op(RESPONSE);
@@ -153,10 +205,66 @@ class ParameterServerImpl : public ParameterServer {
   void Send(const zmq::message_t& peer, DataHeader& header, zmq::message_t* payload) {
     zmq::message_t id(peer.data(), peer.size());
     zmq::message_t head = HeaderFrame(header);
-    // A vanished peer is not an error for the server: its answer is dropped.
+    // A vanished peer is not an error for the server: its answer is dropped,
+    // and so is one to a peer whose queue is at the high-water mark.
     (void)SendRetrying(socket_, id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     (void)SendRetrying(socket_, head, payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    if (payload != nullptr) (void)SendRetrying(socket_, *payload, zmq::send_flags::none);
+    if (payload != nullptr) {
+      zmq::message_t charged = admission_->Track(peer, std::move(*payload));
+      (void)SendRetrying(socket_, charged, zmq::send_flags::none);
+    }
+  }
+
+  // Whether the sender of header_ may be served now (PeerAdmission).
+  absl::Status Admit(const zmq::message_t& peer) {
+    const std::string who = header_.op() == REPLICATE ? std::string("a primary server")
+                                                      : absl::StrCat("worker ", header_.worker_rank());
+    absl::Status error;
+    switch (admission_->Admit(peer, who, &error)) {
+      case PeerAdmission::Verdict::kAdmitted:
+        return absl::OkStatus();
+      case PeerAdmission::Verdict::kOverInflight:
+        if (metrics_) metrics_->CountOverInflight();
+        break;
+      case PeerAdmission::Verdict::kOverPeers:
+        if (metrics_) metrics_->CountOverConnections();
+        break;
+    }
+    LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": " << error << " [" << google::COUNTER
+                               << " refused so far]";
+    return error;
+  }
+
+  // The config's high-water marks and largest frame (limits), set on the
+  // data socket. A listener copies a socket's options when it binds, so the
+  // socket binds its port again to apply them, unless they are those it was
+  // bound with (the usual config's): a server that joins a running job is
+  // reached by workers as soon as it registered, and a rebind would drop
+  // their first requests.
+  absl::Status ApplySocketLimits() {
+    if (SocketLimitsSet(socket_, config_)) return absl::OkStatus();
+    const std::string endpoint = socket_.get(zmq::sockopt::last_endpoint);
+    try {
+      SetSocketLimits(socket_, config_);
+      socket_.unbind(endpoint);
+    } catch (const zmq::error_t& e) {
+      return absl::UnavailableError(absl::StrCat("server cannot unbind ", endpoint, ": ", e.what()));
+    }
+    // ZeroMQ's I/O thread closes the old listener asynchronously: until it
+    // has, the port is still in use.
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (true) {
+      try {
+        socket_.bind(endpoint);
+        return absl::OkStatus();
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EADDRINUSE || absl::Now() > deadline) {
+          return absl::UnavailableError(
+              absl::StrCat("server cannot bind ", endpoint, " again with its socket limits: ", e.what()));
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
   }
 
   // REPLICATE to a backup, on a DEALER connected on first use.
@@ -171,6 +279,12 @@ class ParameterServerImpl : public ParameterServer {
       socket->set(zmq::sockopt::sndhwm, 0);
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::linger, 0);
+      if (const std::string& key = peer_keys_[server]; !key.empty()) {
+        if (absl::Status s = MakeCurveClient(*socket, key, &curve_keys_); !s.ok()) {
+          LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << s;
+          return;
+        }
+      }
       socket->connect(peer_addresses_[server]);
       peers_[server] = std::move(socket);
     }
@@ -206,7 +320,18 @@ class ParameterServerImpl : public ParameterServer {
     if (!map || map->epoch() <= engine_->epoch()) return;
     for (const ServerInfo& s : map->servers()) {
       if (peer_addresses_.size() <= s.index()) peer_addresses_.resize(s.index() + 1);
-      if (s.index() != index_) peer_addresses_[s.index()] = s.data_address();
+      if (peer_keys_.size() <= s.index()) peer_keys_.resize(s.index() + 1);
+      if (s.index() == index_) continue;
+      if (peer_addresses_[s.index()] == s.data_address() && peer_keys_[s.index()] == s.curve_public_key()) continue;
+      // A server that joined in a dead one's place: connect to it afresh.
+      if (s.index() < peers_.size()) peers_[s.index()].reset();
+      peer_addresses_[s.index()] = s.data_address();
+      peer_keys_[s.index()] = s.curve_public_key();
+    }
+    if (authenticator_) {
+      std::vector<std::string> allowed(map->worker_curve_keys().begin(), map->worker_curve_keys().end());
+      for (const ServerInfo& s : map->servers()) allowed.push_back(s.curve_public_key());
+      authenticator_->Allow(allowed);
     }
     if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
       LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;
@@ -249,15 +374,21 @@ class ParameterServerImpl : public ParameterServer {
 
   std::shared_ptr<SchedulerClient> scheduler_;
   zmq::context_t context_;
+  // Admits registered CURVE clients only; null: plain. Stopped (by its
+  // destructor) before context_ goes.
+  std::unique_ptr<CurveAuthenticator> authenticator_;
   zmq::socket_t socket_;
   const std::string data_address_;
+  const CurveKeyPair curve_keys_;  // Z85; empty: the data socket is plain
   uint64_t node_id_ = 0;
   uint32_t index_ = 0;
   ClusterConfig config_;
   std::unique_ptr<PartitionEngine> engine_;
   std::unique_ptr<ServerMetrics> metrics_;  // null: metrics off
+  std::unique_ptr<PeerAdmission> admission_;  // engine thread only
   // Engine thread only: DEALERs to the other servers (by index), for replication.
   std::vector<std::string> peer_addresses_;
+  std::vector<std::string> peer_keys_;  // their CURVE public keys (empty: plain)
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
@@ -278,14 +409,34 @@ class ParameterServerImpl : public ParameterServer {
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const ServerOptions& options) {
   std::shared_ptr<SchedulerClient> scheduler = options.scheduler_client;
   if (scheduler == nullptr) {
-    auto created = SchedulerClient::Create(options.scheduler_address);
+    auto created = SchedulerClient::Create(options.scheduler_address, options.security);
     if (!created.ok()) return created.status();
     scheduler = *std::move(created);
   }
+  if (auto e = ParseTcpEndpoint(options.bind_address, "server listen address",
+                                {.allow_port_zero = true, .allow_wildcard = true});
+      !e.ok()) {
+    return e.status();
+  }
+  if (auto host = ParseHostPort(absl::StrCat(options.advertise_host, ":1"), "server advertise host"); !host.ok()) {
+    return host.status();
+  }
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::router);
-  socket.set(zmq::sockopt::sndhwm, 0);  // never drop an answer for a slow reader
-  socket.set(zmq::sockopt::rcvhwm, 0);
+  // The config's socket limits for the usual config, before binding: the
+  // rebind that another config needs (ApplySocketLimits) is then skipped.
+  SetSocketLimits(socket, ClusterConfig());
+  CurveKeyPair keys;
+  std::unique_ptr<CurveAuthenticator> authenticator;
+  if (options.security.enabled) {
+    auto made = NewCurveKeyPair();
+    if (!made.ok()) return absl::Status(made.status().code(), absl::StrCat("server data socket: ", made.status().message()));
+    keys = *std::move(made);
+    auto created = CurveAuthenticator::Create(context, "server at " + options.bind_address);
+    if (!created.ok()) return created.status();
+    authenticator = *std::move(created);
+    MakeCurveServer(socket, keys);
+  }
   std::string bind = options.bind_address;
   if (bind.size() > 2 && bind.substr(bind.size() - 2) == ":0") bind = bind.substr(0, bind.size() - 1) + "*";
   try {
@@ -296,8 +447,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
   std::string port = endpoint.substr(endpoint.rfind(':') + 1);
   std::string address = absl::StrCat("tcp://", options.advertise_host, ":", port);
-  auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(socket),
-                                                      address);
+  auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(authenticator),
+                                                      std::move(socket), address, std::move(keys));
   if (absl::Status s = server->Start(options); !s.ok()) return s;
   return std::unique_ptr<ParameterServer>(std::move(server));
 }

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "server/partition_engine.h"
 
 namespace shardps {
@@ -33,6 +34,16 @@ struct ServerOptions {
   // Where to publish this server's metrics (server/server_metrics.h); null
   // (default): none. Borrowed: must outlive the server.
   MetricsRegistry* metrics = nullptr;
+  // Bytes of partitions this server can hold, told to the scheduler, which
+  // refuses a model that would give it more; 0 (default): the machine's
+  // physical memory.
+  uint64_t memory_bytes = 0;
+  // Default: off. On: the scheduler is reached over TLS with the token, and
+  // the data socket is a CURVE server with a key pair made for this process,
+  // whose public key is registered (workers get it in the shard map); a
+  // client without it gets no answer. Replication to other servers uses
+  // their keys from the map.
+  SecurityCredentials security{};
 };
 
 class ParameterServer {
@@ -52,6 +63,9 @@ class ParameterServer {
   // After Run(): what this server's primaries applied (lost/duplicate
   // update accounting).
   virtual std::vector<PartitionUpdates> UpdateCounts() const = 0;
+  // After Run(): the engine's counts (staleness of the applied gradients
+  // among them).
+  virtual EngineStats Stats() const = 0;
 
   virtual std::string data_address() const = 0;
   virtual uint32_t index() const = 0;

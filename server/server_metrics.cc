@@ -41,9 +41,27 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index) {
   bytes_in_ = r.Counter("shardps_server_received_bytes_total", "Payload bytes received (as sent, encoded)", l);
   bytes_out_ = r.Counter("shardps_server_sent_bytes_total", "Payload bytes sent in answers (as sent, encoded)", l);
   updates_ = r.Counter("shardps_server_updates_total",
-                       "Optimizer passes applied (sync: rounds completed per partition; async: pushes)", l);
+                       "Optimizer passes applied (sync, ssp: rounds completed per partition; async: pushes, or "
+                       "batches of pushes drained together)",
+                       l);
   replicated_ = r.Counter("shardps_server_replicated_updates_total", "Updates sent to backups (one per copy)", l);
+  stale_gradients_ = r.Counter("shardps_server_gradients_total",
+                               "Gradients applied whose staleness was measured (they say what they were computed on)", l);
+  staleness_sum_ = r.Counter("shardps_server_gradient_staleness_rounds_total",
+                             "Staleness of the gradients applied, summed, in rounds (async: W pushes = 1 round); "
+                             "divide its rate by shardps_server_gradients_total's for the mean",
+                             l);
+  staleness_max_ = r.Gauge("shardps_server_gradient_staleness_max_rounds",
+                           "Largest staleness of a gradient applied so far, in rounds", l);
   promotions_ = r.Counter("shardps_server_promotions_total", "Partitions this server took over as primary", l);
+  const char* refused_help = "Requests refused to protect the server, by reason";
+  non_finite_ = r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "non_finite"}});
+  bad_request_ids_ =
+      r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "request_id"}});
+  over_inflight_ =
+      r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "inflight_bytes"}});
+  over_connections_ =
+      r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "connections"}});
   handling_ = r.Histogram("shardps_server_request_handling_seconds",
                           "Engine-thread time per request: validate, apply, answer or park (not time parked)",
                           {1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3, 64e-3, 256e-3}, l);
@@ -68,6 +86,11 @@ void ServerMetrics::MaybePublish(const PartitionEngine& engine, bool force) {
   updates_.Add(s.updates - last_.updates);
   replicated_.Add(s.replicated - last_.replicated);
   promotions_.Add(s.promotions - last_.promotions);
+  non_finite_.Add(s.non_finite - last_.non_finite);
+  bad_request_ids_.Add(s.bad_request_ids - last_.bad_request_ids);
+  stale_gradients_.Add(s.stale_gradients - last_.stale_gradients);
+  staleness_sum_.Add(s.staleness_sum - last_.staleness_sum);
+  staleness_max_.Set(s.staleness_max);
   last_ = s;
   const EngineQueues q = engine.Queues();
   waiting_pulls_.Set(q.waiting_pulls);

@@ -29,6 +29,10 @@ class ServerMetrics {
 
   // One request's handling time in the engine thread (validate, apply,
   // answer or park; not the time a parked request then waits).
+  // Requests the server itself refused before the engine saw them.
+  void CountOverInflight() { over_inflight_.Add(1); }
+  void CountOverConnections() { over_connections_.Add(1); }
+
   void ObserveHandling(std::chrono::steady_clock::duration d) {
     handling_.Observe(std::chrono::duration<double>(d).count());
   }
@@ -39,6 +43,10 @@ class ServerMetrics {
   std::array<MetricCounter, 7> requests_;   // by op
   std::array<MetricCounter, 17> errors_;    // by status code
   MetricCounter bytes_in_, bytes_out_, updates_, replicated_, promotions_;
+  // shardps_server_refused_total{reason}.
+  MetricCounter non_finite_, bad_request_ids_, over_inflight_, over_connections_;
+  MetricCounter stale_gradients_, staleness_sum_;
+  MetricGauge staleness_max_;
   MetricHistogram handling_;
   MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, epoch_;
 };

@@ -23,20 +23,11 @@ class BadInputTest : public ::testing::Test {
     config.set_num_servers(1);
     config.set_num_workers(1);
     config.set_consistency(ASYNC);
-    auto cluster = TestCluster::Start(config);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    auto worker = Worker::Create({.scheduler_address = cluster_->scheduler_address(), .rank = 0});
-    ASSERT_TRUE(worker.ok()) << worker.status();
-    worker_ = *std::move(worker);
-    ASSERT_TRUE(worker_->DefineTensors({Float32Tensor("w", kN)}).ok());
-    ASSERT_TRUE(worker_->InitTensor("w", std::vector<float>(kN, 7.0f), absl::Seconds(10)).ok());
-    auto addresses = cluster_->ServerAddresses();
-    ASSERT_TRUE(addresses.ok());
-    socket_ = zmq::socket_t(context_, zmq::socket_type::dealer);
-    socket_.set(zmq::sockopt::rcvtimeo, 5000);
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect((*addresses)[0]);
+    auto started = StartWithRawClient(config, kN, 7.0f, context_);
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = std::move(started->cluster);
+    worker_ = std::move(started->worker);
+    socket_ = std::move(started->socket);
   }
 
   // Sends raw frames; returns the answer's header (fails the test on no answer).
@@ -64,13 +55,7 @@ class BadInputTest : public ::testing::Test {
     return h;
   }
 
-  std::vector<float> Weights() {
-    std::vector<float> out(kN);
-    auto h = worker_->Pull("w", absl::MakeSpan(out));
-    EXPECT_TRUE(h.ok());
-    EXPECT_TRUE(worker_->Wait(*h, absl::Seconds(10)).ok());
-    return out;
-  }
+  std::vector<float> Weights() { return PullWeights(*worker_, "w", kN); }
 
   static constexpr int kN = 64;
   std::unique_ptr<TestCluster> cluster_;

@@ -26,6 +26,7 @@
 namespace shardps {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -160,9 +161,67 @@ TEST(FailureTest, CopiesAreRecreatedSoASecondServerDeathLosesNothing) {
   EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
 
+TEST(FailureTest, ReplacementServersTakeTheDeadOnesPlacesUntilNoOriginalIsLeft) {
+  // Each killed server is replaced (new process, new address) once declared
+  // dead; the replacement gets copies again, so every original server can
+  // die in turn and the weights stay bitwise those of the run without faults.
+  const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
+                                        "--epochs", "2", "--deterministic"};
+  LocalRun clean = RunLocal(job);
+  std::vector<std::string> faulty = job;
+  faulty.insert(faulty.end(), {"--replace", "--kill", "server:1@20", "--kill", "server:0@150", "--kill", "server:2@250"});
+  LocalRun killed = RunLocal(faulty);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  for (int index : {0, 1, 2}) {
+    EXPECT_THAT(killed.err, ContainsRegex(absl::StrCat("server ", index, " \\(tcp://[^)]*\\) joins the running job")))
+        << "no replacement for server " << index;
+  }
+  EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_THAT(killed.err, Not(HasSubstr("no answer within")));
+  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
+  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
+  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
+  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
+}
+
+TEST(FailureTest, ASecuredClustersReplacementServersAreAdmittedWithTheirNewKeys) {
+  // A replacement has a new address and a new CURVE key: the workers and
+  // its peers must reach it with that key, and it must admit them as soon
+  // as it has its first map.
+  const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
+                                        "--epochs", "2", "--deterministic"};
+  LocalRun clean = RunLocal(job);
+  std::vector<std::string> faulty = job;
+  faulty.insert(faulty.end(), {"--secure", "--replace", "--kill", "server:1@20", "--kill", "server:0@150"});
+  LocalRun killed = RunLocal(faulty);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  EXPECT_THAT(killed.out, HasSubstr("\"secure\": true"));
+  EXPECT_THAT(killed.err, ContainsRegex("server 0 \\(tcp://[^)]*\\) joins the running job"));
+  EXPECT_THAT(killed.err, Not(HasSubstr("unregistered CURVE key")));
+  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
+  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
+  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
+  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
+}
+
 TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {
   LocalRun run = RunLocal({"--servers", "3", "--workers", "2", "--train-limit", "9000", "--consistency", "async",
                            "--kill", "server:0@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("fail over to their backups"));
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
+TEST(FailureTest, SspPushesAnsweredAheadOfTheirRoundSurviveAServerKill) {
+  // Workers run up to 2 rounds ahead (one of them slowed down, so they do);
+  // the pushes of the open rounds were forwarded to the backups, so the
+  // promoted copies count them and nothing acknowledged is lost.
+  LocalRun run = RunLocal({"--servers", "3", "--workers", "3", "--train-limit", "9000", "--consistency", "ssp",
+                           "--set", "staleness=2", "--slow", "worker:2=3", "--kill", "server:1@20"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_THAT(run.err, HasSubstr("fail over to their backups"));
   EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;

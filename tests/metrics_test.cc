@@ -152,6 +152,9 @@ TEST_F(MetricsTest, ServerCountersGrowWithPushPulls) {
   EXPECT_EQ(Sample(*text, R"(shardps_server_errors_total{code="invalid_argument",server="0"})"), 0);
   EXPECT_EQ(Sample(*text, R"(shardps_server_shard_map_epoch{server="0"})"), 1);
   EXPECT_EQ(Sample(*text, R"(shardps_server_request_handling_seconds_count{server="0"})"), 12);
+  // Every push says which weights it was computed on; in sync none is stale.
+  EXPECT_EQ(Sample(*text, R"(shardps_server_gradients_total{server="0"})"), 12);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_gradient_staleness_rounds_total{server="0"})"), 0);
 }
 
 TEST_F(MetricsTest, ServerAnswersHealthProbe) {

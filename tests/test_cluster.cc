@@ -7,8 +7,12 @@
 #include <fstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/scheduler_client.h"
+#include "common/tensor_spec.h"
+#include "worker/worker.h"
 
 namespace shardps {
 
@@ -65,6 +69,34 @@ absl::StatusOr<std::vector<std::string>> TestCluster::ServerAddresses() {
   return absl::DeadlineExceededError("servers did not register");
 }
 
+std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t n) {
+  std::vector<float> out(n);
+  auto h = worker.Pull(tensor, absl::MakeSpan(out));
+  EXPECT_TRUE(h.ok()) << h.status();
+  if (h.ok()) EXPECT_TRUE(worker.Wait(*h, absl::Seconds(10)).ok());
+  return out;
+}
+
 int TestCluster::StopServer(size_t i) { return Stop(servers_[i], absl::Seconds(10)); }
+
+absl::StatusOr<RawClientCluster> StartWithRawClient(const ClusterConfig& config, int n, float init,
+                                                    zmq::context_t& context) {
+  RawClientCluster out;
+  auto cluster = TestCluster::Start(config);
+  if (!cluster.ok()) return cluster.status();
+  out.cluster = *std::move(cluster);
+  auto worker = Worker::Create({.scheduler_address = out.cluster->scheduler_address(), .rank = 0});
+  if (!worker.ok()) return worker.status();
+  out.worker = *std::move(worker);
+  if (absl::Status s = out.worker->DefineTensors({Float32Tensor("w", n)}); !s.ok()) return s;
+  if (absl::Status s = out.worker->InitTensor("w", std::vector<float>(n, init), absl::Seconds(10)); !s.ok()) return s;
+  auto addresses = out.cluster->ServerAddresses();
+  if (!addresses.ok()) return addresses.status();
+  out.socket = zmq::socket_t(context, zmq::socket_type::dealer);
+  out.socket.set(zmq::sockopt::rcvtimeo, 5000);
+  out.socket.set(zmq::sockopt::linger, 0);
+  out.socket.connect((*addresses)[0]);
+  return out;
+}
 
 }  // namespace shardps

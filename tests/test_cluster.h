@@ -8,11 +8,20 @@
 #include <string>
 #include <vector>
 
+#include <zmq.hpp>
+
 #include "absl/status/statusor.h"
 #include "proto/config.pb.h"
 #include "tools/process.h"
+#include "worker/worker.h"
 
 namespace shardps {
+
+class Worker;
+
+// The `n` weights of `tensor` as `worker` pulls them (the test fails, and the
+// result is zeros, when the pull does).
+std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t n);
 
 class TestCluster {
  public:
@@ -22,6 +31,9 @@ class TestCluster {
   const std::string& scheduler_address() const { return scheduler_address_; }
   // Data addresses of the servers, by index (from the scheduler's status).
   absl::StatusOr<std::vector<std::string>> ServerAddresses();
+  // Process ids, to read their threads and memory from /proc.
+  pid_t scheduler_pid() const { return scheduler_.pid; }
+  pid_t server_pid(size_t i) const { return servers_[i].pid; }
   // SIGTERM to server `i`; returns its exit code.
   int StopServer(size_t i);
 
@@ -31,6 +43,17 @@ class TestCluster {
   std::vector<ChildProcess> servers_;
   ChildProcess scheduler_;
 };
+
+// A cluster of `config` with tensor "w" of `n` floats initialised to
+// `init` by worker 0, and a raw ZeroMQ DEALER on `context` connected to
+// server 0: an independent client for the bad-input and attack tests.
+struct RawClientCluster {
+  std::unique_ptr<TestCluster> cluster;
+  std::unique_ptr<Worker> worker;
+  zmq::socket_t socket;
+};
+absl::StatusOr<RawClientCluster> StartWithRawClient(const ClusterConfig& config, int n, float init,
+                                                    zmq::context_t& context);
 
 }  // namespace shardps
 

@@ -24,6 +24,7 @@
 #include "common/logging.h"
 #include "scheduler/shard_assignment.h"
 #include "tools/cli_flags.h"
+#include "tools/cluster_credentials.h"
 #include "tools/commands.h"
 #include "common/durable_file.h"
 #include "tools/process.h"
@@ -44,6 +45,8 @@ struct BenchOptions {
   // Measure a cluster with server metrics against one without, instead of
   // against raw ZeroMQ.
   bool metrics_compare = false;
+  // Measure a cluster with both planes secured against a plain one.
+  bool secure = false;
   // HOST:PORT of a running scheduler: no processes are started, the workers
   // are ranks rank .. rank + workers - 1 of that cluster, no raw baseline.
   std::string scheduler;
@@ -183,7 +186,8 @@ MeasureFn RawEcho(const BenchOptions& o, const ShardMap& map, const std::vector<
   };
 }
 
-absl::StatusOr<MeasureFn> Ours(const BenchOptions& o, const std::string& scheduler) {
+absl::StatusOr<MeasureFn> Ours(const BenchOptions& o, const std::string& scheduler,
+                               const SecurityCredentials& security = {}) {
   auto tensors = BenchTensors(o);
   if (!tensors.ok()) return tensors.status();
   std::vector<std::unique_ptr<Worker>> workers(o.workers);
@@ -191,7 +195,8 @@ absl::StatusOr<MeasureFn> Ours(const BenchOptions& o, const std::string& schedul
   std::vector<std::thread> threads;
   for (int r = 0; r < o.workers; ++r) {
     threads.emplace_back([&, r] {
-      auto w = Worker::Create({.scheduler_address = scheduler, .rank = static_cast<uint32_t>(o.rank + r)});
+      auto w = Worker::Create(
+          {.scheduler_address = scheduler, .rank = static_cast<uint32_t>(o.rank + r), .security = security});
       if (!w.ok()) {
         created[r] = w.status();
         return;
@@ -270,26 +275,33 @@ absl::StatusOr<std::pair<Measured, Measured>> Interleaved(const BenchOptions& o,
   return total;
 }
 
-// --metrics-compare: the same round trips against a cluster without and one
-// with server metrics, measured in alternating blocks.
-void ReportMetricsCost(const BenchOptions& o, const Measured& off, const Measured& on) {
+// What a comparison of two clusters calls its sides and its JSON keys.
+struct Comparison {
+  std::string what;             // e.g. "server metrics off and on"
+  std::string off, on;          // row labels
+  std::string off_key, on_key;  // JSON key prefixes of each side's figures
+  std::string goodput_key, latency_key;
+};
+
+// The same round trips against two clusters ("off" and "on"), measured in
+// alternating blocks: round trips/s and p50 of each, and on over off.
+void ReportComparison(const BenchOptions& o, const Comparison& c, const Measured& off, const Measured& on) {
   const double off_rt_s = off.latencies_us.size() / off.seconds, on_rt_s = on.latencies_us.size() / on.seconds;
   const double off_p50 = Percentile(off.latencies_us, 0.5), on_p50 = Percentile(on.latencies_us, 0.5);
   std::cout << absl::StrFormat(
-      "bench %s: %d bytes, %d servers, %d workers, %d round trips each, server metrics off and on\n"
-      "  metrics off: %9.0f round trips/s, p50 %8.1f us\n"
-      "  metrics on : %9.0f round trips/s, p50 %8.1f us\n"
+      "bench %s: %d bytes, %d servers, %d workers, %d round trips each, %s\n"
+      "  %-11s: %9.0f round trips/s, p50 %8.1f us\n"
+      "  %-11s: %9.0f round trips/s, p50 %8.1f us\n"
       "  on / off   : round trips %.3f, latency %.3f\n",
-      o.op, o.bytes, o.servers, o.workers, o.iters, off_rt_s, off_p50, on_rt_s, on_p50, on_rt_s / off_rt_s,
-      on_p50 / off_p50);
+      o.op, o.bytes, o.servers, o.workers, o.iters, c.what, c.off, off_rt_s, off_p50, c.on, on_rt_s, on_p50,
+      on_rt_s / off_rt_s, on_p50 / off_p50);
   if (o.json) {
     std::cout << absl::StrFormat(
         "{\"op\": \"%s\", \"bytes\": %d, \"servers\": %d, \"workers\": %d, \"iters\": %d, "
-        "\"metrics_off_round_trips_per_s\": %.1f, \"metrics_on_round_trips_per_s\": %.1f, "
-        "\"metrics_off_p50_us\": %.1f, \"metrics_on_p50_us\": %.1f, \"metrics_goodput_ratio\": %.4f, "
-        "\"metrics_latency_ratio\": %.4f}\n",
-        o.op, o.bytes, o.servers, o.workers, o.iters, off_rt_s, on_rt_s, off_p50, on_p50, on_rt_s / off_rt_s,
-        on_p50 / off_p50);
+        "\"%s_round_trips_per_s\": %.1f, \"%s_round_trips_per_s\": %.1f, "
+        "\"%s_p50_us\": %.1f, \"%s_p50_us\": %.1f, \"%s\": %.4f, \"%s\": %.4f}\n",
+        o.op, o.bytes, o.servers, o.workers, o.iters, c.off_key, off_rt_s, c.on_key, on_rt_s, c.off_key, off_p50,
+        c.on_key, on_p50, c.goodput_key, on_rt_s / off_rt_s, c.latency_key, on_p50 / off_p50);
   }
 }
 
@@ -378,17 +390,19 @@ absl::Status RunBench(const BenchOptions& o) {
   MeasureFn raw = RawEcho(o, *map, echo);
 
   // A scheduler and its servers; `tag` keeps a second cluster's files apart.
-  auto start_cluster = [&](const std::string& tag, const std::string& metrics_listen) -> absl::StatusOr<std::string> {
+  // With `credentials`, every process gets the matching --security-config.
+  auto start_cluster = [&](const std::string& tag, const std::string& metrics_listen,
+                           const ClusterCredentialFiles* credentials = nullptr) -> absl::StatusOr<std::string> {
     const std::string addr_file = absl::StrCat(dir, "/", tag, "scheduler.addr");
-    if (absl::Status s = spawn(tag + "scheduler", {self, "scheduler", "--listen", "127.0.0.1:0", "--config",
-                                                   dir + "/cluster.pbtxt", "--port-file", addr_file});
-        !s.ok()) {
-      return s;
-    }
+    std::vector<std::string> scheduler_argv = {self, "scheduler", "--listen", "127.0.0.1:0", "--config",
+                                               dir + "/cluster.pbtxt", "--port-file", addr_file};
+    if (credentials) scheduler_argv.insert(scheduler_argv.end(), {"--security-config", credentials->scheduler_config});
+    if (absl::Status s = spawn(tag + "scheduler", scheduler_argv); !s.ok()) return s;
     auto scheduler = WaitForAddressFile(addr_file, children, absl::Now() + absl::Seconds(30));
     if (!scheduler.ok()) return scheduler.status();
     for (int i = 0; i < o.servers; ++i) {
       std::vector<std::string> argv = {self, "server", "--scheduler", *scheduler, "--listen", "tcp://127.0.0.1:0"};
+      if (credentials) argv.insert(argv.end(), {"--security-config", credentials->node_config});
       if (!metrics_listen.empty()) {
         auto listen = ServerMetricsListen(metrics_listen, i);
         if (!listen.ok()) return listen.status();
@@ -402,15 +416,32 @@ absl::Status RunBench(const BenchOptions& o) {
   if (!scheduler.ok()) return scheduler.status();
   auto ours_fn = Ours(o, *scheduler);
   if (!ours_fn.ok()) return ours_fn.status();
-  if (o.metrics_compare) {
-    auto with = start_cluster("metrics-", "127.0.0.1:0");
-    if (!with.ok()) return with.status();
-    auto with_fn = Ours(o, *with);
-    if (!with_fn.ok()) return with_fn.status();
-    auto m = Interleaved(o, *ours_fn, *with_fn);
+  // Measures the same round trips against a second cluster, in alternating blocks.
+  auto compare = [&](const std::string& tag, const std::string& metrics_listen,
+                     const ClusterCredentialFiles* credentials, const SecurityCredentials& security,
+                     const Comparison& comparison) -> absl::Status {
+    auto other = start_cluster(tag, metrics_listen, credentials);
+    if (!other.ok()) return other.status();
+    auto other_fn = Ours(o, *other, security);
+    if (!other_fn.ok()) return other_fn.status();
+    auto m = Interleaved(o, *ours_fn, *other_fn);
     if (!m.ok()) return m.status();
-    ReportMetricsCost(o, m->first, m->second);
+    ReportComparison(o, comparison, m->first, m->second);
     return absl::OkStatus();
+  };
+  if (o.secure) {
+    auto credentials = WriteClusterCredentials(dir + "/credentials", {}, /*mutual=*/true);
+    if (!credentials.ok()) return credentials.status();
+    auto security = LoadSecurityCredentialsFile(credentials->node_config, /*for_scheduler=*/false);
+    if (!security.ok()) return security.status();
+    return compare("secure-", "", &*credentials, *security,
+                   {"plain and secured (TLS + token, CURVE)", "plain", "secured", "plain", "secure", "secure_ratio",
+                    "secure_p50_ratio"});
+  }
+  if (o.metrics_compare) {
+    return compare("metrics-", "127.0.0.1:0", nullptr, {},
+                   {"server metrics off and on", "metrics off", "metrics on", "metrics_off", "metrics_on",
+                    "metrics_goodput_ratio", "metrics_latency_ratio"});
   }
   auto measured = Interleaved(o, *ours_fn, raw);
   if (!measured.ok()) return measured.status();
@@ -459,6 +490,8 @@ int BenchCommand(const Args& args) {
                "HOST:PORT: start the servers with Prometheus metrics, server i on PORT + i (0: any free port)");
   flags.Bool("metrics-compare", &o.metrics_compare,
              "compare round trips against a second cluster whose servers serve metrics (instead of raw ZeroMQ)");
+  flags.Bool("secure", &o.secure,
+             "compare round trips against a second cluster with both planes secured (instead of raw ZeroMQ)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set replication=1");
   flags.String("scheduler", &o.scheduler,
                "HOST:PORT of a running cluster: start nothing, measure only its round trips (no raw baseline)");

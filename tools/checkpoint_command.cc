@@ -14,9 +14,12 @@
 namespace shardps {
 namespace {
 
-absl::Status Checkpoint(const std::string& address, const std::string& dir, double wait_s) {
+absl::Status Checkpoint(const std::string& address, const std::string& security_config, const std::string& dir,
+                        double wait_s) {
   if (dir.empty()) return absl::InvalidArgumentError("--dir is required");
-  auto client = SchedulerClient::Create(address);
+  auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
+  if (!security.ok()) return security.status();
+  auto client = SchedulerClient::Create(address, *security);
   if (!client.ok()) return client.status();
   CheckpointRequest request;
   // The servers write where this names, so it must mean the same to them.
@@ -51,9 +54,11 @@ int CheckpointCommand(const Args& args) {
   flags.String("scheduler", &address, "scheduler host:port");
   flags.String("dir", &dir, "checkpoint directory, the same path on every server (rounds go in round-N/)");
   flags.Double("wait", &wait_s, "seconds to wait for the checkpoint to be complete (0: return once requested)");
+  std::string security_config;
+  flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
   absl::Status s = flags.Parse(args);
   if (s.ok() && flags.help()) return 0;
-  if (s.ok()) s = Checkpoint(address, dir, wait_s);
+  if (s.ok()) s = Checkpoint(address, security_config, dir, wait_s);
   if (s.ok()) return 0;
   std::cerr << "shardps checkpoint: " << s.message() << "\n";
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -16,12 +16,14 @@ int ServerCommand(const Args& args);
 int TrainCommand(const Args& args);
 int StatusCommand(const Args& args);
 int CheckpointCommand(const Args& args);
+int CertsCommand(const Args& args);
 int LocalCommand(const Args& args);
 int LaunchCommand(const Args& args);
 int BenchCommand(const Args& args);
 int BenchCodecCommand(const Args& args);
 int BenchLocalCommand(const Args& args);
 int BenchCheckpointCommand(const Args& args);
+int FloodCommand(const Args& args);  // server memory under a push flood
 int RunCommand(const Args& args);  // role and addresses from DMLC_* (tools/run_plan.h)
 
 // Set by SIGTERM/SIGINT once InstallStopSignals() ran.

@@ -59,6 +59,9 @@ int SchedulerCommand(const Args& args) {
                "persist the cluster state here after every change; a restarted scheduler resumes it");
   flags.String("listen", &listen, "host:port to serve the scheduler on (port 0 = any free port)");
   flags.String("config", &config_path, "cluster configuration file (protobuf text, proto/config.proto)");
+  std::string security_config;
+  flags.String("security-config", &security_config,
+               "config file whose security { } block replaces the cluster config's (README: Security)");
   flags.Repeated("set", &sets, "override one config field, e.g. --set consistency=async");
   flags.String("port-file", &port_file, "write the bound host:port to this file once serving");
   flags.String("restore", &restore,
@@ -89,8 +92,20 @@ int SchedulerCommand(const Args& args) {
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);
+  if (!security_config.empty()) {
+    auto loaded = LoadConfigFile(security_config);
+    if (!loaded.ok()) return Fail("scheduler", loaded.status());
+    *config.mutable_security() = loaded->security();
+  }
+  auto security = LoadSecurityCredentials(config.security(), /*for_scheduler=*/true);
+  if (!security.ok()) return Fail("scheduler", security.status());
   InstallStopSignals();
-  auto scheduler = SchedulerDaemon::Create({listen, config, state_dir});
+  SchedulerOptions options;
+  options.listen_address = listen;
+  options.config = config;
+  options.state_dir = state_dir;
+  options.security = *std::move(security);
+  auto scheduler = SchedulerDaemon::Create(options);
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
   std::unique_ptr<MetricsExposer> exposer;
@@ -100,7 +115,9 @@ int SchedulerCommand(const Args& args) {
     if (!served.ok()) return Fail("scheduler", served.status());
     exposer = *std::move(served);
   }
-  std::cerr << "shardps scheduler: serving on " << (*scheduler)->address() << " ("
+  std::cerr << "shardps scheduler: serving on " << (*scheduler)->address() << (options.security.enabled ? " (TLS, token" : "")
+            << (options.security.require_client_cert ? ", client certificates" : "")
+            << (options.security.enabled ? ")" : "") << " ("
             << ConsistencyName(config.consistency()) << ", " << config.num_servers() << " servers, "
             << config.num_workers() << " workers)\n";
   if (!port_file.empty()) {
@@ -124,10 +141,14 @@ int ServerCommand(const Args& args) {
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
+  std::string security_config;
+  flags.String("security-config", &security_config,
+               "config file whose security { } block this node uses to reach a secured cluster (README: Security)");
   std::string info_file, updates_file;
   flags.String("info-file", &info_file, "once registered, write 'INDEX DATA_ADDRESS' here");
   flags.String("updates-file", &updates_file,
-               "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]'");
+               "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]', "
+               "then 'staleness GRADIENTS SUM MAX' (rounds)");
   flags.Bool("verbose", &verbose, "log INFO messages");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
@@ -143,6 +164,9 @@ int ServerCommand(const Args& args) {
     options.metrics = metrics.get();
   }
   options.register_timeout = absl::Seconds(register_timeout_s);
+  auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
+  if (!security.ok()) return Fail("server", security.status());
+  options.security = *std::move(security);
   InstallStopSignals();
   auto server = ParameterServer::Create(options);
   if (!server.ok()) return Fail("server", server.status());
@@ -165,6 +189,9 @@ int ServerCommand(const Args& args) {
       for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
       text += "\n";
     }
+    const EngineStats stats = (*server)->Stats();
+    absl::StrAppendFormat(&text, "staleness %d %.17g %.17g\n", stats.stale_gradients, stats.staleness_sum,
+                          stats.staleness_max);
     if (absl::Status w = WriteFileDurably(updates_file, text); !w.ok()) return Fail("server", w);
   }
   return 0;
@@ -179,6 +206,8 @@ int TrainCommand(const Args& args) {
   std::string result_file;
   bool verbose = false;
   CliFlags flags("train");
+  flags.Double("slow-factor", &train.slow_factor,
+               "make this worker's compute F times slower (sleeps (F-1) x each step's compute time)");
   flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port");
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");
@@ -196,6 +225,9 @@ int TrainCommand(const Args& args) {
   std::string hidden = "256,128";
   flags.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   flags.Double("rendezvous-timeout", &rendezvous_s, "seconds to wait for the cluster");
+  std::string security_config;
+  flags.String("security-config", &security_config,
+               "config file whose security { } block this node uses to reach a secured cluster (README: Security)");
   flags.String("result-file", &result_file, "write the result (key value lines) here");
   flags.String("progress-file", &train.progress_file, "write the number of steps taken here after every step");
   std::string metrics_listen;
@@ -218,6 +250,9 @@ int TrainCommand(const Args& args) {
   if (!layers.ok()) return Fail("train", layers.status());
   train.layers = *layers;
   if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return Fail("train", s);
+  auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
+  if (!security.ok()) return Fail("train", security.status());
+  worker_options.security = *std::move(security);
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
@@ -257,9 +292,13 @@ int StatusCommand(const Args& args) {
   flags.Bool("watch", &watch, "refresh every --interval seconds until interrupted");
   flags.Double("interval", &interval_s, "seconds between refreshes with --watch");
   flags.Bool("json", &json, "print each snapshot as one line of JSON");
+  std::string security_config;
+  flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("status", s);
   if (flags.help()) return 0;
-  auto client = SchedulerClient::Create(address);
+  auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
+  if (!security.ok()) return Fail("status", security.status());
+  auto client = SchedulerClient::Create(address, *security);
   if (!client.ok()) return Fail("status", client.status());
   if (watch) InstallStopSignals();
   const bool clear = watch && !json && isatty(STDOUT_FILENO);

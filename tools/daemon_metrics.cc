@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/endpoint.h"
 #include "scheduler/scheduler.h"
 #include "worker/worker.h"
 
@@ -101,6 +102,8 @@ void AddSchedulerMetrics(MetricsRegistry& registry, SchedulerDaemon& scheduler) 
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> ServeMetrics(const std::string& command, const std::string& listen,
                                                              MetricsRegistry& registry) {
+  auto endpoint = ParseHostPort(listen, "--metrics-listen", {.allow_port_zero = true, .allow_wildcard = true});
+  if (!endpoint.ok()) return endpoint.status();
   auto exposer = MetricsExposer::Start(listen, registry);
   if (exposer.ok()) std::cerr << "shardps " << command << ": metrics on http://" << (*exposer)->address() << "/metrics\n";
   return exposer;

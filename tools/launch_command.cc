@@ -25,6 +25,7 @@
 #include "common/config.h"
 #include "compression/codec_policy.h"
 #include "tools/cli_flags.h"
+#include "tools/cluster_credentials.h"
 #include "tools/commands.h"
 #include "tools/local_cluster.h"
 #include "tools/process.h"
@@ -40,7 +41,10 @@ struct LaunchOptions {
   std::vector<std::string> sets;
   double timeout_s = 0;  // 0: no limit
   bool verbose = false;
+  bool secure = false;
   std::vector<std::string> command;
+  // Set by StartDaemons with --secure: what the workers get as SHARDPS_SECURITY_CONFIG.
+  std::string node_security_config;
 };
 
 // The config every node will receive: the file (if any), the process counts
@@ -90,7 +94,8 @@ absl::StatusOr<WorkerProcess> SpawnWorker(int rank, const LaunchOptions& o, cons
                                                     {"SHARDPS_RANK", absl::StrCat(rank)},
                                                     {"SHARDPS_LOCAL_RANK", absl::StrCat(rank)},
                                                     {"SHARDPS_WORKERS", absl::StrCat(o.workers)},
-                                                    {"SHARDPS_SERVERS", absl::StrCat(o.servers)}});
+                                                    {"SHARDPS_SERVERS", absl::StrCat(o.servers)},
+                                                    {"SHARDPS_SECURITY_CONFIG", o.node_security_config}});
   std::vector<std::string> argv = o.command;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -215,14 +220,25 @@ class OutputRelay {
 };
 
 // Starts the scheduler and the servers; returns the scheduler's address.
-absl::StatusOr<std::string> StartDaemons(const LaunchOptions& o, const std::string& dir,
+// With --secure, fresh credentials first, and every process uses them.
+absl::StatusOr<std::string> StartDaemons(LaunchOptions& o, const std::string& dir,
                                          std::vector<ChildProcess>& daemons) {
-  auto scheduler = SpawnScheduler("127.0.0.1:0", dir + "/cluster.pbtxt", dir + "/scheduler.addr", o.verbose);
+  std::vector<std::string> scheduler_flags, node_flags;
+  if (o.secure) {
+    auto files = WriteClusterCredentials(dir + "/credentials", {}, /*mutual=*/true);
+    if (!files.ok()) return files.status();
+    scheduler_flags = {"--security-config", files->scheduler_config};
+    node_flags = {"--security-config", files->node_config};
+    o.node_security_config = files->node_config;
+  }
+  auto scheduler = SpawnScheduler("127.0.0.1:0", dir + "/cluster.pbtxt", dir + "/scheduler.addr", o.verbose,
+                                  scheduler_flags);
   if (!scheduler.ok()) return scheduler.status();
   daemons.push_back(*scheduler);
   auto address = WaitForAddressFile(dir + "/scheduler.addr", daemons, absl::Now() + absl::Seconds(30));
   if (!address.ok()) return address.status();
-  if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, nullptr, daemons); !s.ok()) return s;
+  auto server_flags = [&node_flags](int) { return node_flags; };
+  if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, server_flags, daemons); !s.ok()) return s;
   return address;
 }
 
@@ -263,7 +279,7 @@ int Supervise(const LaunchOptions& o, std::vector<WorkerProcess>& workers, std::
   return 0;
 }
 
-int Launch(const LaunchOptions& o, const ClusterConfig& config) {
+int Launch(LaunchOptions o, const ClusterConfig& config) {
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-launch-", getpid());
   std::filesystem::create_directories(dir);
   struct Cleanup {
@@ -322,6 +338,8 @@ int LaunchCommand(const Args& args) {
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set consistency=async");
   flags.Double("timeout", &o.timeout_s, "seconds before the workers are stopped (0 = no limit)");
   flags.Bool("verbose", &o.verbose, "log INFO messages of the scheduler and servers");
+  flags.Bool("secure", &o.secure,
+             "make fresh credentials, secure both planes, and give workers SHARDPS_SECURITY_CONFIG");
   if (absl::Status s = flags.Parse(flag_args); !s.ok()) {
     std::cerr << "shardps launch: " << s.message() << "\n";
     return 2;

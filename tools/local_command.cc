@@ -21,6 +21,7 @@
 #include "compression/codec_policy.h"
 #include "common/scheduler_client.h"
 #include "tools/cli_flags.h"
+#include "tools/cluster_credentials.h"
 #include "tools/fault_injection.h"
 #include "tools/local_cluster.h"
 #include "tools/commands.h"
@@ -34,10 +35,12 @@ struct LocalOptions {
   int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
           max_steps = 0, log_every = 100, devices_per_worker = 1;
   std::string consistency, config_path, compression, hidden = "256,128";
-  std::vector<std::string> sets, kills;
+  std::vector<std::string> sets, kills, slow;
+  std::map<int64_t, double> slow_factors;  // rank -> compute slow-down, from --slow
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
-  bool json = false, reference = false, deterministic = false, verbose = false;
+  bool json = false, reference = false, deterministic = false, verbose = false, secure = false;
+  bool replace = false;  // start a new server in the place of each killed one once it is declared dead
   double timeout_s = 3600, restart_after_s = 2;
 };
 
@@ -75,8 +78,54 @@ std::map<std::string, double> ReadResult(const std::string& path) {
   return out;
 }
 
+// --slow worker:R=F: worker R computes F times slower.
+absl::Status ParseSlowFlags(LocalOptions& o) {
+  for (const std::string& spec : o.slow) {
+    const std::string prefix = "worker:";
+    const size_t eq = spec.find('=');
+    int64_t rank;
+    double factor;
+    if (!absl::StartsWith(spec, prefix) || eq == std::string::npos ||
+        !absl::SimpleAtoi(spec.substr(prefix.size(), eq - prefix.size()), &rank) ||
+        !absl::SimpleAtod(spec.substr(eq + 1), &factor)) {
+      return absl::InvalidArgumentError(absl::StrCat("--slow '", spec, "': expected worker:RANK=FACTOR, e.g. worker:1=3"));
+    }
+    if (rank < 0 || rank >= o.workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--slow '", spec, "': worker rank ", rank, " is outside [0, ", o.workers, ")"));
+    }
+    if (!(factor >= 1.0 && factor <= 1000.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--slow '", spec, "': factor ", factor, " is not in [1, 1000]"));
+    }
+    o.slow_factors[rank] = factor;
+  }
+  return absl::OkStatus();
+}
+
+// Staleness of the gradients the servers applied (their --updates-file
+// 'staleness GRADIENTS SUM MAX' lines), in rounds.
+struct StalenessSummary {
+  uint64_t gradients = 0;
+  double sum = 0, max = 0;
+};
+
+void ReadStaleness(const std::string& path, StalenessSummary* out) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    StalenessSummary s;
+    if (!(fields >> key >> s.gradients >> s.sum >> s.max) || key != "staleness") continue;
+    out->gradients += s.gradients;
+    out->sum += s.sum;
+    out->max = std::max(out->max, s.max);
+  }
+}
+
 struct Outcome {
   std::map<std::string, double> rank0;
+  StalenessSummary staleness;
   uint64_t bytes_pushed = 0, bytes_pulled = 0;
   int64_t samples = 0;
   double wall_seconds = 0;
@@ -110,9 +159,10 @@ int64_t ReadProgress(const std::string& path) {
 }
 
 // The position in the launcher's daemons of the server the scheduler gave
-// `index` (from the servers' --info-file).
-absl::StatusOr<size_t> ServerSlot(const std::string& dir, int servers, int index) {
-  for (int i = 0; i < servers; ++i) {
+// `index` (from the servers' --info-file); of `spawned` server processes, the
+// latest to report it (a replacement takes a dead server's index).
+absl::StatusOr<size_t> ServerSlot(const std::string& dir, int spawned, int index) {
+  for (int i = spawned; i-- > 0;) {
     std::ifstream in(absl::StrCat(dir, "/server.", i));
     int registered = -1;
     if (in >> registered && registered == index) return 1 + i;
@@ -122,8 +172,8 @@ absl::StatusOr<size_t> ServerSlot(const std::string& dir, int servers, int index
 
 // What the surviving workers and servers wrote once stopped: results, rank
 // 0's weights digest, and the lost/duplicate update accounting.
-Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, const ClusterConfig& config,
-                       const FaultInjector* injector) {
+Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawned_servers,
+                       const ClusterConfig& config, const FaultInjector* injector) {
   Outcome out;
   if (injector != nullptr) out.faults = injector->records();
   std::map<int, std::map<uint64_t, uint64_t>> acked;
@@ -146,7 +196,10 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, const Clus
   }
   // Each partition is reported by the server that is its primary at the end.
   std::map<uint64_t, PartitionApplied> applied;
-  for (int i = 0; i < o.servers; ++i) applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+  for (int i = 0; i < spawned_servers; ++i) {
+    applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+    ReadStaleness(absl::StrCat(dir, "/updates.", i), &out.staleness);
+  }
   out.updates = AccountUpdates(config.consistency() == ASYNC, applied, acked);
   return out;
 }
@@ -160,6 +213,25 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     std::string dir;
     ~Cleanup() { std::filesystem::remove_all(dir); }
   } cleanup{dir};
+  // --secure: fresh credentials for this run, and every process uses them.
+  std::vector<std::string> node_security;
+  SecurityCredentials client_security;
+  std::vector<std::string> scheduler_flags = {"--state-dir", dir + "/state"};
+  if (o.secure) {
+    auto files = WriteClusterCredentials(dir + "/credentials", {}, /*mutual=*/true);
+    if (!files.ok()) return files.status();
+    node_security = {"--security-config", files->node_config};
+    scheduler_flags.insert(scheduler_flags.end(), {"--security-config", files->scheduler_config});
+    auto loaded = LoadSecurityCredentialsFile(files->node_config, /*for_scheduler=*/false);
+    if (!loaded.ok()) return loaded.status();
+    client_security = *std::move(loaded);
+  } else if (config.security().enabled()) {
+    // The --config file's own credentials: every process reads that file's block.
+    node_security = {"--security-config", std::filesystem::absolute(o.config_path).string()};
+    auto loaded = LoadSecurityCredentials(config.security(), /*for_scheduler=*/false);
+    if (!loaded.ok()) return loaded.status();
+    client_security = *std::move(loaded);
+  }
   {
     std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
   }
@@ -176,7 +248,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   };
   // The scheduler persists its state, so one restarted after a kill resumes.
   auto start_scheduler = [&](const std::string& listen, const std::string& port_file) {
-    return SpawnScheduler(listen, dir + "/cluster.pbtxt", port_file, o.verbose, {"--state-dir", dir + "/state"});
+    return SpawnScheduler(listen, dir + "/cluster.pbtxt", port_file, o.verbose, scheduler_flags);
   };
   auto scheduler = start_scheduler("127.0.0.1:0", dir + "/scheduler.addr");
   if (!scheduler.ok()) return scheduler.status();
@@ -195,37 +267,63 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   };
   std::unique_ptr<FaultInjector> injector;
   if (!faults.empty()) {
-    auto client = SchedulerClient::Create(*address);
+    auto client = SchedulerClient::Create(*address, client_security);
     if (!client.ok()) return fail(client.status());
     injector = std::make_unique<FaultInjector>(faults, *std::move(client), absl::Seconds(o.restart_after_s),
                                                restart_scheduler);
   }
-  auto reports = [&dir](int i) {
-    return std::vector<std::string>{"--info-file", absl::StrCat(dir, "/server.", i), "--updates-file",
-                                    absl::StrCat(dir, "/updates.", i)};
+  auto reports = [&dir, &node_security](int i) {
+    std::vector<std::string> flags = {"--info-file", absl::StrCat(dir, "/server.", i), "--updates-file",
+                                      absl::StrCat(dir, "/updates.", i)};
+    flags.insert(flags.end(), node_security.begin(), node_security.end());
+    return flags;
   };
   if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, reports, daemons); !s.ok()) return fail(s);
+  int spawned_servers = static_cast<int>(o.servers);
+  size_t replaced = 0;  // server faults, in record order, that have a replacement
+  // --replace: once the scheduler has declared a killed server dead, a new
+  // server process (at a new address) registers and takes its place.
+  auto replace_dead_servers = [&]() -> absl::Status {
+    const std::vector<FaultRecord>& records = injector->records();
+    for (; replaced < records.size(); ++replaced) {
+      const FaultRecord& r = records[replaced];
+      if (r.spec.role != FaultSpec::Role::kServer) continue;
+      if (r.detected_seconds < 0) break;
+      const int n = spawned_servers;
+      auto numbered = [&](int) { return reports(n); };
+      if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
+      daemons.back().name = absl::StrCat("server ", n, " (replacing server ", r.spec.index, ")");
+      ++spawned_servers;
+      std::cerr << "shardps local: server " << r.spec.index << " was declared dead " << r.detected_seconds
+                << " s after its kill; starting a replacement\n";
+    }
+    return absl::OkStatus();
+  };
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < o.workers; ++r) {
-    auto worker = Spawn(absl::StrCat("worker ", r),
-                        {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
+    std::vector<std::string> argv = {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
                          absl::StrCat(o.epochs), "--batch-size", absl::StrCat(o.batch), "--seed", absl::StrCat(o.seed),
                          "--train-limit", absl::StrCat(o.train_limit), "--test-limit", absl::StrCat(o.test_limit),
                          "--max-steps", absl::StrCat(o.max_steps), "--hidden", o.hidden, "--devices-per-worker",
                          absl::StrCat(o.devices_per_worker), "--log-every",
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
-                         "--progress-file", r == 0 ? dir + "/progress.0" : "", verbose},
-                        true);
+                         "--progress-file", r == 0 ? dir + "/progress.0" : "", "--slow-factor",
+                         absl::StrCat(o.slow_factors.count(r) ? o.slow_factors.at(r) : 1.0), verbose};
+    argv.insert(argv.end(), node_security.begin(), node_security.end());
+    auto worker = Spawn(absl::StrCat("worker ", r), argv, true);
     if (!worker.ok()) return fail(worker.status());
     workers.push_back(*worker);
   }
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
   for (;;) {
     if (injector != nullptr) {
-      auto server_slot = [&](int index) { return ServerSlot(dir, o.servers, index); };
+      auto server_slot = [&](int index) { return ServerSlot(dir, spawned_servers, index); };
       if (absl::Status s = injector->Tick(ReadProgress(dir + "/progress.0"), {daemons, workers, server_slot});
           !s.ok()) {
         return fail(s);
+      }
+      if (o.replace) {
+        if (absl::Status s = replace_dead_servers(); !s.ok()) return fail(s);
       }
     }
     int code;
@@ -247,7 +345,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (code != 0) return fail(absl::InternalError(absl::StrCat(daemons[i].name, " ", DescribeExit(code),
                                                                 " on SIGTERM (expected a clean exit)")));
   }
-  Outcome out = CollectOutcome(dir, o, config, injector.get());
+  Outcome out = CollectOutcome(dir, o, spawned_servers, config, injector.get());
   out.wall_seconds = wall;
   return out;
 }
@@ -270,7 +368,9 @@ int LocalCommand(const Args& args) {
   CliFlags flags("local");
   flags.Int("servers", &o.servers, "server processes");
   flags.Int("workers", &o.workers, "worker (training) processes");
-  flags.String("consistency", &o.consistency, "sync or async (overrides the config file)");
+  flags.String("consistency", &o.consistency,
+               "sync, ssp or async (overrides the config file; ssp's bound: --set staleness=S)");
+  flags.Repeated("slow", &o.slow, "worker:R=F: worker R computes F times slower (sleeps), e.g. worker:1=3");
   flags.Int("epochs", &o.epochs, "training epochs");
   flags.String("config", &o.config_path, "cluster configuration file (protobuf text)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set optimizer.learning_rate=0.1");
@@ -289,17 +389,26 @@ int LocalCommand(const Args& args) {
   flags.Int("log-every", &o.log_every, "progress line every N steps");
   flags.Double("timeout", &o.timeout_s, "seconds before the run is abandoned");
   flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
+  flags.Bool("secure", &o.secure,
+             "make fresh credentials (CA, certificates, token) and run with TLS + token on the control plane "
+             "and CURVE on the data plane");
   flags.Repeated("kill", &o.kills,
                  "ROLE[:INDEX]@STEP: SIGKILL the scheduler, server INDEX or worker INDEX when worker 0 reaches STEP");
   flags.String("checkpoint-dir", &o.checkpoint_dir, "write checkpoints here (config checkpoint.dir)");
   flags.Int("checkpoint-every", &o.checkpoint_every, "rounds between checkpoints (config checkpoint.every_rounds)");
   flags.String("resume", &o.resume, "restart from this checkpoint (directory or round directory) and train on");
+  flags.Bool("replace", &o.replace,
+             "start a new server (new address) in the place of each killed server once it is declared dead");
   flags.Double("restart-after", &o.restart_after_s, "seconds after a scheduler kill to start a new one (same address)");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";
     return 2;
   }
   if (flags.help()) return 0;
+  if (absl::Status s = ParseSlowFlags(o); !s.ok()) {
+    std::cerr << "shardps local: " << s.message() << "\n";
+    return 2;
+  }
   InitLogging("shardps-local", o.verbose);
   InstallStopSignals();
   auto config = BuildConfig(o);
@@ -339,6 +448,7 @@ int LocalCommand(const Args& args) {
   std::string lost = "null", duplicates = "null";  // measured on a cluster only
   uint64_t pushed = 0, pulled = 0;
   int64_t samples = 0;
+  StalenessSummary staleness;
   double wall = 0;
   if (o.reference) {
     TrainOptions t;
@@ -380,6 +490,7 @@ int LocalCommand(const Args& args) {
     weights_sha256 = outcome->weights_sha256;
     lost = absl::StrCat(outcome->updates.lost);
     duplicates = absl::StrCat(outcome->updates.duplicates);
+    staleness = outcome->staleness;
   }
   const std::string consistency = o.reference ? "reference" : ConsistencyName(config->consistency());
   std::cout << absl::StrFormat(
@@ -392,11 +503,13 @@ int LocalCommand(const Args& args) {
         "\"steps\": %d, \"wall_seconds\": %.3f, \"samples_per_second\": %.1f, \"bytes_pushed\": %d, "
         "\"bytes_pulled\": %d, \"final_loss\": %.6f, \"deterministic\": %s, \"devices_per_worker\": %d, "
         "\"faults\": %s, \"recovery_seconds\": %s, \"lost_updates\": %s, \"duplicate_updates\": %s, "
-        "\"weights_sha256\": \"%s\"}\n",
+        "\"weights_sha256\": \"%s\", \"staleness_mean\": %.4f, \"staleness_max\": %.4f, \"secure\": %s}\n",
         result["test_accuracy"], consistency, o.reference ? 0 : o.servers, o.workers, o.epochs,
         static_cast<int64_t>(result["steps"]), wall, wall > 0 ? samples / wall : 0.0, pushed, pulled,
         result["final_loss"], config->deterministic() ? "true" : "false", o.devices_per_worker,
-        FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256);
+        FaultsJson(fault_records), RecoverySeconds(fault_records), lost, duplicates, weights_sha256,
+        staleness.gradients > 0 ? staleness.sum / staleness.gradients : 0.0, staleness.max,
+        (o.secure || config->security().enabled()) && !o.reference ? "true" : "false");
   }
   return 0;
 }

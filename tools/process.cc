@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 extern char** environ;
@@ -115,6 +116,25 @@ absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vec
 std::string DescribeExit(int code) {
   if (code > 128) return absl::StrCat("was killed by signal ", code - 128);
   return absl::StrCat("exited with status ", code);
+}
+
+}  // namespace shardps
+
+namespace shardps {
+
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) != 0) continue;
+    uint64_t kb = 0;
+    std::string digits;
+    for (char c : line) {
+      if (c >= '0' && c <= '9') digits += c;
+    }
+    return absl::SimpleAtoi(digits, &kb) ? kb * 1024 : 0;
+  }
+  return 0;
 }
 
 }  // namespace shardps

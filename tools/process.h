@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ int Stop(ChildProcess& child, absl::Duration grace);
 // if one of `watch` exits; DeadlineExceeded at the deadline.
 absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vector<ChildProcess>& watch,
                                                absl::Time deadline);
+
+// Resident memory of process `pid` in bytes (VmRSS of /proc/PID/status);
+// 0 if it cannot be read (the process is gone).
+uint64_t ResidentBytes(pid_t pid);
 
 // Describes an exit code: "exited with 3" / "killed by signal 9".
 std::string DescribeExit(int code);

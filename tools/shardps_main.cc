@@ -22,11 +22,13 @@ operations:
   checkpoint    ask a running cluster for a checkpoint at its next round boundary and wait for it
   local         scheduler + servers + workers as processes on this machine, training Fashion-MNIST
   launch        scheduler + servers on this machine, and W copies of any command as the workers
+  certs         a CA, TLS certificates, a cluster token and security configs for a test cluster
 benchmarks:
   bench         push/pull round trips against real servers vs raw ZeroMQ
   bench-codec   compression codecs vs memcpy
   bench-local   local-tier merge/broadcast vs memcpy
   bench-checkpoint  checkpoint write of the demo model vs a plain file write
+  flood         8 workers flood one server with 64 MiB async pushes; its RSS must stay bounded
 )";
 
 }  // namespace
@@ -38,8 +40,10 @@ int main(int argc, char** argv) {
       {"train", shardps::TrainCommand},           {"status", shardps::StatusCommand},
       {"local", shardps::LocalCommand},           {"launch", shardps::LaunchCommand},
       {"bench", shardps::BenchCommand},
+      {"flood", shardps::FloodCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
       {"bench-checkpoint", shardps::BenchCheckpointCommand}, {"checkpoint", shardps::CheckpointCommand},
+      {"certs", shardps::CertsCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <thread>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,70 @@ class ProgressFile {
   const int fd_;
 };
 
+// One training step after another: gathers batch `s` of an epoch's order,
+// runs it, counts it and reports progress.
+class StepLoop {
+ public:
+  StepLoop(const Data& data, const TrainOptions& o, std::ostream& log)
+      : data_(data), o_(o), log_(log), progress_(o.progress_file), start_(std::chrono::steady_clock::now()) {}
+
+  absl::Status Step(const std::vector<uint32_t>& order, int s, int epoch, BatchStep step, TrainResult& result) {
+    train::GatherBatch(data_.train, absl::MakeConstSpan(order).subspan(s * o_.batch_size, o_.batch_size), &images_,
+                       &labels_);
+    SHARDPS_ASSIGN_OR_RETURN(result.final_loss, step(images_.data(), labels_.data()));
+    ++result.steps;
+    progress_.Set(result.steps);
+    result.samples += o_.batch_size;
+    Progress(log_, o_, epoch, result.steps, result.final_loss, result.samples, seconds());
+    return absl::OkStatus();
+  }
+  double seconds() const { return Seconds(start_); }
+
+ private:
+  const Data& data_;
+  const TrainOptions& o_;
+  std::ostream& log_;
+  ProgressFile progress_;
+  const std::chrono::steady_clock::time_point start_;
+  std::vector<float> images_;
+  std::vector<uint8_t> labels_;
+};
+
+// Compute time stretched by the straggler switch (TrainOptions::slow_factor).
+void SlowDown(const TrainOptions& o, std::chrono::steady_clock::time_point compute_start) {
+  if (o.slow_factor <= 1.0) return;
+  const auto took = std::chrono::steady_clock::now() - compute_start;
+  std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(took * (o.slow_factor - 1.0)));
+}
+
+// Async: no barrier between epochs; this worker's shard again and again until
+// the cluster has applied the job's budget of pushes (RunTrainingWorker).
+// `tensor` is one the model pushes every step: its weights' version counts
+// the pushes applied.
+absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker, const std::string& tensor,
+                        BatchStep step, std::ostream& log, TrainResult& result) {
+  const uint32_t rank = worker.rank();
+  const int world = static_cast<int>(worker.config().num_workers());
+  const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
+  if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
+  const uint64_t budget = static_cast<uint64_t>(o.epochs) * steps_per_epoch * world;
+  StepLoop loop(data, o, log);
+  // At most every epoch of every worker's share (this worker alone).
+  for (int epoch = 0; epoch < o.epochs * world; ++epoch) {
+    std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
+    for (int s = 0; s < steps_per_epoch; ++s) {
+      SHARDPS_ASSIGN_OR_RETURN(uint64_t applied, worker.WeightsVersion(tensor));
+      if (applied >= budget || (o.max_steps > 0 && result.steps >= o.max_steps)) {
+        result.wall_seconds = loop.seconds();
+        return absl::OkStatus();
+      }
+      SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
+    }
+  }
+  result.wall_seconds = loop.seconds();
+  return absl::OkStatus();
+}
+
 // Runs every epoch of this worker's shard through `step`. Each epoch after
 // the first starts with a barrier that says which ranks are still in the job:
 // once a worker was removed, the survivors split the whole training set
@@ -112,10 +177,7 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
                          TrainResult& result) {
   uint32_t rank = worker.rank();
   int world = static_cast<int>(worker.config().num_workers());
-  std::vector<float> images;
-  std::vector<uint8_t> labels;
-  ProgressFile progress(o.progress_file);
-  const auto start = std::chrono::steady_clock::now();
+  StepLoop loop(data, o, log);
   // A restored job skips the steps its checkpoint holds, epochs and data order as before.
   const int initial_steps = StepsPerEpoch(data.train.size(), world, o.batch_size);
   if (initial_steps == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
@@ -138,16 +200,10 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
     const int first_step = epoch == first_epoch ? static_cast<int>(o.start_step % steps_per_epoch) : 0;
     for (int s = first_step; s < steps_per_epoch; ++s) {
       if (o.max_steps > 0 && o.start_step + result.steps >= o.max_steps) break;
-      train::GatherBatch(data.train, absl::MakeConstSpan(order).subspan(s * o.batch_size, o.batch_size), &images,
-                         &labels);
-      SHARDPS_ASSIGN_OR_RETURN(result.final_loss, step(images.data(), labels.data()));
-      ++result.steps;
-      progress.Set(result.steps);
-      result.samples += o.batch_size;
-      Progress(log, o, epoch, result.steps, result.final_loss, result.samples, Seconds(start));
+      SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
     }
   }
-  result.wall_seconds = Seconds(start);
+  result.wall_seconds = loop.seconds();
   return absl::OkStatus();
 }
 
@@ -263,11 +319,17 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
 
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    const auto compute_start = std::chrono::steady_clock::now();
     SHARDPS_ASSIGN_OR_RETURN(float loss, RunReplicas(*group, replicas, images, labels, o.batch_size / num_devices));
+    SlowDown(o, compute_start);
     SHARDPS_RETURN_IF_ERROR(group->Round(o.step_timeout));
     return loss;
   };
-  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+  if (worker.config().consistency() == ASYNC) {
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, step, log, result));
+  } else {
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+  }
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   // Sum-only: the group's host weights are the job's weights (updated in
   // place by every round); the servers hold only the initial ones.
@@ -320,6 +382,9 @@ absl::Status ValidateTrainOptions(const TrainOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("devices per worker ", o.devices_per_worker, " is not in [1, 1024]"));
   }
+  if (!(o.slow_factor >= 1.0 && o.slow_factor <= 1000.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("slow factor ", o.slow_factor, " is not in [1, 1000]"));
+  }
   if (o.batch_size % o.devices_per_worker != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size ", o.batch_size, " is not divisible by ", o.devices_per_worker,
@@ -343,11 +408,17 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   std::vector<std::vector<float>> grads;
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    const auto compute_start = std::chrono::steady_clock::now();
     const float loss = model.ForwardBackward(images, labels, o.batch_size, &grads);
+    SlowDown(o, compute_start);
     SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, &grads, o.step_timeout));
     return loss;
   };
-  SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+  if (worker.config().consistency() == ASYNC) {
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, step, log, result));
+  } else {
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+  }
   // Everyone finishes, then evaluates the same (latest) weights.
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   // In sum-only mode the weights live on the workers (identical after every

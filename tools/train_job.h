@@ -45,6 +45,10 @@ struct TrainOptions {
   // When set, the number of steps taken is written here after every step
   // (`shardps local --kill ...@STEP` watches rank 0's).
   std::string progress_file;
+  // Straggler switch for experiments: after each step's forward/backward,
+  // sleep (slow_factor - 1) times the time it took, so this worker computes
+  // slow_factor times slower on any machine. 1 = full speed.
+  double slow_factor = 1.0;
 };
 
 struct TrainResult {
@@ -66,11 +70,17 @@ std::string WeightsSha256(const std::vector<std::vector<float>>& params);
 // MLP layer widths from "256,128" (hidden layers): {784, 256, 128, 10}.
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden);
 
-// InvalidArgument unless batch_size >= 1, devices_per_worker in [1, 1024] and
-// batch_size divisible by devices_per_worker (the message says which).
+// InvalidArgument unless batch_size >= 1, devices_per_worker in [1, 1024],
+// batch_size divisible by devices_per_worker and slow_factor in [1, 1000]
+// (the message says which).
 absl::Status ValidateTrainOptions(const TrainOptions& options);
 
-// Runs one worker of the job. Rank 0 initialises the weights.
+// Runs one worker of the job. Rank 0 initialises the weights. Sync and ssp
+// workers each run `epochs` passes over their shard, meeting at a barrier
+// between epochs. Async workers wait for no one: each runs through its shard
+// again and again until the cluster has applied epochs x steps-per-epoch x W
+// pushes (the samples a sync job trains on), so a slow worker takes fewer
+// steps and the others more.
 absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions& options, std::ostream& log);
 
 // The same job in one process: each step averages the gradients of the

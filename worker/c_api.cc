@@ -61,6 +61,7 @@ static_assert(SHARDPS_DATA_LOSS == static_cast<int>(absl::StatusCode::kDataLoss)
 static_assert(SHARDPS_UNAUTHENTICATED == static_cast<int>(absl::StatusCode::kUnauthenticated));
 static_assert(SHARDPS_CONSISTENCY_SYNC == static_cast<int>(shardps::SYNC));
 static_assert(SHARDPS_CONSISTENCY_ASYNC == static_cast<int>(shardps::ASYNC));
+static_assert(SHARDPS_CONSISTENCY_SSP == static_cast<int>(shardps::SSP));
 static_assert(SHARDPS_UPDATE_ON_SERVER == static_cast<int>(shardps::UPDATE_ON_SERVER));
 static_assert(SHARDPS_UPDATE_SUM_ONLY == static_cast<int>(shardps::SUM_ONLY));
 
@@ -264,6 +265,11 @@ extern "C" {
 
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len) {
+  return shardps_worker_create_secure(scheduler_address, rank, rendezvous_timeout_s, nullptr, out, err, err_len);
+}
+
+int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
+                                 const char* security_config, shardps_worker** out, char* err, size_t err_len) {
   return Guarded(__func__, err, err_len, [&] {
     if (scheduler_address == nullptr) return Null("scheduler_address", err, err_len);
     if (out == nullptr) return Null("out", err, err_len);
@@ -271,6 +277,10 @@ int shardps_worker_create(const char* scheduler_address, uint32_t rank, double r
     options.scheduler_address = scheduler_address;
     options.rank = rank;
     options.rendezvous_timeout = Seconds(rendezvous_timeout_s);
+    auto security = shardps::LoadSecurityCredentialsFile(security_config == nullptr ? "" : security_config,
+                                                         /*for_scheduler=*/false);
+    if (!security.ok()) return Report(security.status(), err, err_len);
+    options.security = *std::move(security);
     auto worker = shardps::Worker::Create(options);
     if (!worker.ok()) return Report(worker.status(), err, err_len);
     auto created = std::make_unique<shardps_worker>();

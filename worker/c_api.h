@@ -54,6 +54,12 @@ const char* shardps_status_name(int code);
  * message are written, NUL-terminated. */
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len);
+/* The same, reaching a secured cluster (README "Security"): the `security { }`
+ * block of the config file at `security_config` (its token, CA and, for
+ * mutual TLS, this node's certificate). NULL or "": plain, as
+ * shardps_worker_create. */
+int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
+                                 const char* security_config, shardps_worker** out, char* err, size_t err_len);
 void shardps_worker_destroy(shardps_worker* w);
 
 /* Declares one float32 tensor; call for each tensor, then shardps_define_done. */
@@ -123,7 +129,7 @@ int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t inde
 /* ---- Queries: what the scheduler handed this worker at registration. ---- */
 
 /* ClusterConfig's values (proto/config.proto). */
-enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2 };
+enum shardps_consistency { SHARDPS_CONSISTENCY_SYNC = 1, SHARDPS_CONSISTENCY_ASYNC = 2, SHARDPS_CONSISTENCY_SSP = 3 };
 enum shardps_update_mode { SHARDPS_UPDATE_ON_SERVER = 0, SHARDPS_UPDATE_SUM_ONLY = 1 };
 
 int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data_message.h"
+#include "common/security.h"
 
 namespace shardps {
 namespace {
@@ -22,18 +23,29 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<std::string>& addresses,
-                                                                 uint32_t rank) {
+absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<ServerEndpoint>& servers,
+                                                                 uint32_t rank, const CurveKeyPair* curve_keys) {
+  std::vector<std::string> addresses;
+  for (const ServerEndpoint& e : servers) addresses.push_back(e.address);
   zmq::context_t context(1);
   std::unique_ptr<DataChannel> channel(new DataChannel(std::move(context), addresses, rank));
   channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (channel->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+  {
+    absl::MutexLock lock(&channel->mu_);
+    for (const ServerEndpoint& e : servers) channel->server_keys_.push_back(e.curve_public_key);
+  }
   absl::MutexLock lock(&channel->io_mu_);
   for (size_t i = 0; i < addresses.size(); ++i) {
     zmq::socket_t s(channel->context_, zmq::socket_type::dealer);
     s.set(zmq::sockopt::sndhwm, 0);
     s.set(zmq::sockopt::rcvhwm, 0);
     s.set(zmq::sockopt::linger, 0);
+    if (!servers[i].curve_public_key.empty()) {
+      if (absl::Status st = MakeCurveClient(s, servers[i].curve_public_key, curve_keys); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("server ", i, " at '", addresses[i], "': ", st.message()));
+      }
+    }
     try {
       s.connect(addresses[i]);
     } catch (const zmq::error_t& e) {
@@ -64,7 +76,39 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
-  for (uint32_t s = 0; s < addresses_.size(); ++s) FailServer(s, status);
+  for (uint32_t s = 0; s < failed_.size(); ++s) FailServer(s, status);
+}
+
+absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpoint) {
+  const std::string& address = endpoint.address;
+  absl::MutexLock io_lock(&io_mu_);
+  std::string old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= addresses_.size() ||
+        (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key)) {
+      return absl::OkStatus();
+    }
+    old = addresses_[server];
+  }
+  try {
+    servers_[server].disconnect(old);
+  } catch (const zmq::error_t&) {
+    // Already gone: nothing to undo.
+  }
+  try {
+    // Applies to the connection made next (the old one is gone).
+    if (!endpoint.curve_public_key.empty()) servers_[server].set(zmq::sockopt::curve_serverkey, endpoint.curve_public_key);
+    servers_[server].connect(address);
+  } catch (const zmq::error_t& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", server, " at '", address,
+                                                   "': ", e.what()));
+  }
+  absl::MutexLock lock(&mu_);
+  addresses_[server] = address;
+  server_keys_[server] = endpoint.curve_public_key;
+  failed_[server] = absl::OkStatus();
+  return absl::OkStatus();
 }
 
 DataChannel::~DataChannel() {
@@ -205,6 +249,7 @@ void DataChannel::Receive(size_t server) {
       std::memcpy(p.out, payload.data(), bytes);
     }
   }
+  if (s.ok() && has_payload) versions_[p.partition] = response_.completed_rounds();
   Complete(response_.request_id(), s);
 }
 

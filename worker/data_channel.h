@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "proto/data.pb.h"
 
 namespace shardps {
@@ -51,9 +52,18 @@ class DataChannel {
     AnswerHandler on_answer;
   };
 
-  // Connects to `server_addresses` (index = server index) and starts the I/O thread.
-  static absl::StatusOr<std::unique_ptr<DataChannel>> Create(const std::vector<std::string>& server_addresses,
-                                                             uint32_t worker_rank);
+  // Where a server is reached: its ZeroMQ endpoint and, when its socket is a
+  // CURVE server, its Z85 public key (the channel then encrypts with it).
+  struct ServerEndpoint {
+    std::string address;
+    std::string curve_public_key;  // empty: plain
+  };
+
+  // Connects to `servers` (index = server index). CURVE servers are reached
+  // with `curve_keys` (this worker's registered pair; null: a fresh pair).
+  static absl::StatusOr<std::unique_ptr<DataChannel>> Create(const std::vector<ServerEndpoint>& servers,
+                                                             uint32_t worker_rank,
+                                                             const CurveKeyPair* curve_keys = nullptr);
   ~DataChannel();
 
   // Sends all `requests` as one handle. `what` names the operation in errors
@@ -76,9 +86,22 @@ class DataChannel {
   // Returns how many requests were re-sent.
   int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch);
 
+  // Server index `server` is now at `endpoint` (a server took a dead one's
+  // place): its socket reconnects there, with the new CURVE key if it has
+  // one, and requests to it are sent again. Nothing changes when address and
+  // key are the same.
+  absl::Status Readdress(uint32_t server, const ServerEndpoint& endpoint);
+
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
+  // The completed rounds of the last weights received for `partition` (0
+  // before any): what the next gradient is computed on.
+  uint64_t weights_version(uint64_t partition) const {
+    absl::MutexLock lock(&mu_);
+    auto it = versions_.find(partition);
+    return it == versions_.end() ? 0 : it->second;
+  }
   // Per partition id, pushes (PUSH, PUSH_PULL) answered OK.
   absl::flat_hash_map<uint64_t, uint64_t> acked_pushes() const {
     absl::MutexLock lock(&mu_);
@@ -121,7 +144,8 @@ class DataChannel {
   std::string Outstanding(const HandleState& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   zmq::context_t context_;
-  const std::vector<std::string> addresses_;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // size fixed after Create
+  std::vector<std::string> server_keys_ ABSL_GUARDED_BY(mu_);  // CURVE public keys; empty: plain
   const uint32_t rank_;
 
   absl::Mutex io_mu_;
@@ -139,6 +163,7 @@ class DataChannel {
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // per server; ok = serving
   absl::flat_hash_map<uint64_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> versions_ ABSL_GUARDED_BY(mu_);  // see weights_version
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};
 };

@@ -48,8 +48,10 @@ struct TensorRoute {
 
 class WorkerImpl : public Worker {
  public:
-  WorkerImpl(std::shared_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg)
-      : scheduler_(std::move(scheduler)), options_(options), node_id_(reg.node_id()), config_(reg.config()) {
+  WorkerImpl(std::shared_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg,
+             CurveKeyPair curve_keys)
+      : scheduler_(std::move(scheduler)), options_(options), curve_keys_(std::move(curve_keys)),
+        node_id_(reg.node_id()), config_(reg.config()) {
     if (options_.control_timeout <= absl::ZeroDuration()) {
       options_.control_timeout = absl::Milliseconds(config_.rendezvous_timeout_ms());
     }
@@ -95,10 +97,10 @@ class WorkerImpl : public Worker {
     // Defined already: the scheduler checked the tensors are the same; later
     // epochs reach this worker through its watch (FollowMembership).
     if (channel_ != nullptr) return absl::OkStatus();
-    std::vector<std::string> addresses(map->servers_size());
+    std::vector<DataChannel::ServerEndpoint> addresses(map->servers_size());
     for (const ServerInfo& s : map->servers()) {
       if (s.index() >= addresses.size()) return absl::InternalError("shard map has a bad server index");
-      addresses[s.index()] = s.data_address();
+      addresses[s.index()] = {s.data_address(), s.curve_public_key()};
     }
     if (absl::Status s = SetUpCompression(); !s.ok()) return s;
     // Built aside and adopted only when complete: a failure leaves no half state.
@@ -120,7 +122,7 @@ class WorkerImpl : public Worker {
       }
       route.states.push_back(std::move(state));
     }
-    auto channel = DataChannel::Create(addresses, options_.rank);
+    auto channel = DataChannel::Create(addresses, options_.rank, curve_keys_.public_key.empty() ? nullptr : &curve_keys_);
     if (!channel.ok()) return channel.status();
     routes_ = std::move(routes);
     channel_ = *std::move(channel);
@@ -187,6 +189,17 @@ class WorkerImpl : public Worker {
     }
     if (channel == nullptr) return absl::FailedPreconditionError("Wait before DefineTensors");
     return channel->Wait(handle, timeout);
+  }
+
+  absl::StatusOr<uint64_t> WeightsVersion(const std::string& name) const override {
+    absl::MutexLock lock(&mu_);
+    auto it = routes_.find(name);
+    if (channel_ == nullptr || it == routes_.end()) {
+      return absl::NotFoundError(absl::StrCat("weights version: unknown tensor '", name, "'"));
+    }
+    uint64_t version = UINT64_MAX;
+    for (const PartitionInfo& p : it->second.partitions) version = std::min(version, channel_->weights_version(p.id()));
+    return version == UINT64_MAX ? 0 : version;
   }
 
   WorkerStats stats() const override {
@@ -280,6 +293,11 @@ class WorkerImpl : public Worker {
       if (op == PUSH || op == PUSH_PULL) {
         for (size_t i = first; i < last; ++i) ++route.rounds_pushed[i];
       }
+    }
+    if (op == PUSH || op == PUSH_PULL) {
+      // The weights this gradient was computed on: servers measure its
+      // staleness from them (async and ssp learning rates).
+      for (DataChannel::Request& r : requests) r.header.set_based_on(channel_->weights_version(r.header.partition_id()));
     }
     return channel_->Submit(std::move(requests), std::move(what));
   }
@@ -496,6 +514,13 @@ class WorkerImpl : public Worker {
                    << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
     }
     for (const ServerInfo& s : map.servers()) {
+      if (s.dead()) continue;
+      // A server that took a dead one's place: its index's new address.
+      if (absl::Status r = channel->Readdress(s.index(), {s.data_address(), s.curve_public_key()}); !r.ok()) {
+        LOG(ERROR) << "worker " << options_.rank << ": " << r;
+      }
+    }
+    for (const ServerInfo& s : map.servers()) {
       if (!s.dead()) continue;
       LOG_FIRST_N(ERROR, 8) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
                             << ") was declared dead by the scheduler: " << s.dead_reason();
@@ -507,6 +532,9 @@ class WorkerImpl : public Worker {
 
   const std::shared_ptr<SchedulerClient> scheduler_;
   WorkerOptions options_;  // control_timeout resolved at construction
+  // Registered with the scheduler; secured servers admit only such keys.
+  // Empty: security off (a fresh pair per socket, should a server use CURVE).
+  const CurveKeyPair curve_keys_;
   const uint64_t node_id_;
   const ClusterConfig config_;
   absl::Mutex send_mu_;  // held from numbering a request to handing it to the channel; before mu_
@@ -528,7 +556,7 @@ class WorkerImpl : public Worker {
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options) {
   std::shared_ptr<SchedulerClient> scheduler = options.scheduler_client;
   if (scheduler == nullptr) {
-    auto created = SchedulerClient::Create(options.scheduler_address);
+    auto created = SchedulerClient::Create(options.scheduler_address, options.security);
     if (!created.ok()) return created.status();
     scheduler = *std::move(created);
   }
@@ -537,9 +565,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   request.set_role(WORKER);
   request.set_rank(options.rank);
   request.set_host(options.host);
+  CurveKeyPair curve_keys;
+  if (options.security.enabled) {
+    auto made = NewCurveKeyPair();
+    if (!made.ok()) return made.status();
+    curve_keys = *std::move(made);
+    request.set_curve_public_key(curve_keys.public_key);
+  }
   auto registered = scheduler->Register(request, options.rendezvous_timeout);
   if (!registered.ok()) return registered.status();
-  return std::unique_ptr<Worker>(new WorkerImpl(std::move(scheduler), options, *std::move(registered)));
+  return std::unique_ptr<Worker>(
+      new WorkerImpl(std::move(scheduler), options, *std::move(registered), std::move(curve_keys)));
 }
 
 }  // namespace shardps

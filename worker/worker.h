@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/security.h"
 #include "proto/cluster.pb.h"
 
 namespace shardps {
@@ -48,6 +49,10 @@ struct WorkerOptions {
   // The scheduler to talk to; null (default): a gRPC client of
   // `scheduler_address`. Tests pass one that dies, stalls or publishes maps.
   std::shared_ptr<SchedulerClient> scheduler_client = nullptr;
+  // Default: off. On: the scheduler is reached over TLS with the token. The
+  // data plane follows the servers: a server that published a CURVE key in
+  // the shard map is always reached with CURVE (whatever this setting).
+  SecurityCredentials security{};
 };
 
 struct WorkerStats {
@@ -131,6 +136,13 @@ class Worker {
   virtual absl::Status Wait(Handle handle, absl::Duration timeout) = 0;
 
   virtual WorkerStats stats() const = 0;
+
+  // The fewest completed rounds (async: pushes applied) among the weights
+  // last received for the partitions of `name`: how far the cluster had got
+  // when this worker last pulled. 0 before any answer; NotFound for an
+  // unknown tensor. Async jobs stop on it once the cluster has applied
+  // their whole budget of pushes.
+  virtual absl::StatusOr<uint64_t> WeightsVersion(const std::string& name) const = 0;
 };
 
 }  // namespace shardps

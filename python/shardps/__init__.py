@@ -24,9 +24,10 @@ __all__ = ["init", "shutdown", "is_initialized", "worker", "rank", "size", "loca
 _worker = None
 
 
-def init(scheduler=None, rank=None, rendezvous_timeout=None, timeout=60.0):
+def init(scheduler=None, rank=None, rendezvous_timeout=None, timeout=60.0, security_config=None):
     """Joins the job as a worker and returns the Worker. The scheduler address and rank
-    come from the arguments, else from the environment (see shardps.environment). Returns
+    come from the arguments, else from the environment (see shardps.environment); so does
+    the security config file of a secured cluster (SHARDPS_SECURITY_CONFIG). Returns
     once every server and worker has registered. Once per process."""
     global _worker
     if _worker is not None:
@@ -35,7 +36,10 @@ def init(scheduler=None, rank=None, rendezvous_timeout=None, timeout=60.0):
     worker_rank, _ = environment.worker_rank(rank)
     if rendezvous_timeout is None:
         rendezvous_timeout = float(os.environ.get("SHARDPS_RENDEZVOUS_TIMEOUT", "60"))
-    _worker = Worker(address, worker_rank, rendezvous_timeout=rendezvous_timeout, timeout=timeout)
+    if security_config is None:
+        security_config = os.environ.get("SHARDPS_SECURITY_CONFIG") or None
+    _worker = Worker(address, worker_rank, rendezvous_timeout=rendezvous_timeout, timeout=timeout,
+                     security_config=security_config)
     return _worker
 
 

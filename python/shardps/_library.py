@@ -108,6 +108,8 @@ def _declare(lib):
         "shardps_version": ([], c.c_char_p),
         "shardps_status_name": ([c.c_int], c.c_char_p),
         "shardps_worker_create": ([c.c_char_p, c.c_uint32, c.c_double, c.POINTER(c.c_void_p)] + err, c.c_int),
+        "shardps_worker_create_secure": ([c.c_char_p, c.c_uint32, c.c_double, c.c_char_p, c.POINTER(c.c_void_p)]
+                                         + err, c.c_int),
         "shardps_worker_destroy": ([w], None),
         "shardps_declare_tensor": ([w, c.c_char_p, c.POINTER(c.c_int64), c.c_size_t] + err, c.c_int),
         "shardps_define_done": ([w] + err, c.c_int),

@@ -6,6 +6,8 @@ Scheduler address: SHARDPS_SCHEDULER ("host:port"), else DMLC_PS_ROOT_URI + DMLC
 Rank: SHARDPS_RANK, RANK (torchrun and most launchers), DMLC_WORKER_ID, SLURM_PROCID,
 JOB_COMPLETION_INDEX (Kubernetes indexed Jobs), OMPI_COMM_WORLD_RANK, PMI_RANK.
 Local rank: SHARDPS_LOCAL_RANK, LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK, else 0.
+Security (a secured cluster): SHARDPS_SECURITY_CONFIG, the config file whose security { } block
+the worker uses (shardps.init() reads it).
 """
 
 import os

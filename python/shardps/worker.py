@@ -18,7 +18,7 @@ from .errors import check, ShardPSError
 _ERR_LEN = 1024
 _FLOAT32 = 1  # SHARDPS_FLOAT32
 
-CONSISTENCY_NAMES = {1: "sync", 2: "async"}
+CONSISTENCY_NAMES = {1: "sync", 2: "async", 3: "ssp"}
 UPDATE_MODE_NAMES = {0: "on_server", 1: "sum_only"}
 
 
@@ -66,15 +66,17 @@ class Worker:
     once every server and worker has registered (or fails after rendezvous_timeout seconds,
     saying who is missing). `timeout` is the default for every later blocking call."""
 
-    def __init__(self, scheduler, rank, rendezvous_timeout=60.0, timeout=60.0):
+    def __init__(self, scheduler, rank, rendezvous_timeout=60.0, timeout=60.0, security_config=None):
+        """security_config: a config file whose security { } block reaches a secured
+        cluster (README "Security"); None: plain."""
         self._lib = _library.load()
         self._ptr = None
         self.timeout = float(timeout)
         self._shapes = {}
         self._orphans = []
         ptr = ctypes.c_void_p()
-        self._call("shardps_worker_create", scheduler.encode(), int(rank), float(rendezvous_timeout),
-                   ctypes.byref(ptr))
+        self._call("shardps_worker_create_secure", scheduler.encode(), int(rank), float(rendezvous_timeout),
+                   security_config.encode() if security_config else None, ctypes.byref(ptr))
         self._ptr = ptr
 
     # ---- plumbing ----

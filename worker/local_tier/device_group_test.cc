@@ -68,6 +68,7 @@ class FakeWorker : public Worker {
       std::copy(w.begin(), w.end(), weights.begin());
     });
   }
+  absl::StatusOr<uint64_t> WeightsVersion(const std::string&) const override { return 0; }
   absl::StatusOr<std::vector<PartitionExtent>> Partitions(const std::string& name) const override {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) return absl::NotFoundError(name);

@@ -1,0 +1,65 @@
+#include "common/endpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(EndpointTest, ParsesHostPortAndBracketedIpv6) {
+  auto e = ParseHostPort("127.0.0.1:7000", "--listen");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->host, "127.0.0.1");
+  EXPECT_EQ(e->port, 7000);
+  auto v6 = ParseTcpEndpoint("tcp://[::1]:65535", "data address");
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 65535);
+}
+
+TEST(EndpointTest, PortOutOfRangeIsAnErrorNamingTheFlag) {
+  auto e = ParseHostPort("127.0.0.1:99999", "--listen", {.allow_port_zero = true, .allow_wildcard = true});
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("--listen"));
+  EXPECT_THAT(e.status().message(), HasSubstr("99999"));
+  for (const char* bad : {"host:", "host:-1", "host:+80", "host:80x", ":80", "host", "1:2:3:4", "a b:80"}) {
+    EXPECT_FALSE(ParseHostPort(bad, "x").ok()) << bad;
+  }
+}
+
+TEST(EndpointTest, PortZeroAndWildcardOnlyWhereAllowed) {
+  EXPECT_FALSE(ParseHostPort("127.0.0.1:0", "x").ok());
+  EXPECT_TRUE(ParseHostPort("127.0.0.1:0", "x", {.allow_port_zero = true}).ok());
+  EXPECT_FALSE(ParseTcpEndpoint("tcp://*:5000", "x").ok());
+  EXPECT_TRUE(ParseTcpEndpoint("tcp://*:0", "x", {.allow_port_zero = true, .allow_wildcard = true}).ok());
+  EXPECT_FALSE(ParseTcpEndpoint("not-an-endpoint", "x").ok());
+  EXPECT_FALSE(ParseTcpEndpoint("ipc:///tmp/x", "x").ok());
+}
+
+TEST(EndpointTest, UnresolvableHostIsNamed) {
+  EXPECT_TRUE(CheckResolvable("127.0.0.1", "x").ok());
+  EXPECT_TRUE(CheckResolvable("localhost", "x").ok());
+  absl::Status s = CheckResolvable("no-such-host.invalid", "data address");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("no-such-host.invalid"));
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST(EndpointTest, ReachableOnlyWhereSomeoneListens) {
+  // A port nobody listens on: refused at once.
+  auto closed = ParseHostPort("127.0.0.1:1", "x");
+  ASSERT_TRUE(closed.ok());
+  absl::Status s = CheckReachable(*closed, absl::Seconds(1), "server data address");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("127.0.0.1:1 is not reachable"));
+}
+
+}  // namespace
+}  // namespace shardps

@@ -1,0 +1,297 @@
+// The defects an attacker found with an independent client (issue 12), each
+// against real scheduler and server processes: forged request ids, NaN
+// gradients, bad and stolen addresses, duplicate ranks, oversized models,
+// calls that block, bad ports, and a reader that never reads.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/data_message.h"
+#include "common/protocol.h"
+#include "common/scheduler_client.h"
+#include "common/tensor_spec.h"
+#include "tests/test_cluster.h"
+#include "worker/worker.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Threads of process `pid` (/proc/PID/task).
+size_t ThreadCount(pid_t pid) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"))) ++n;
+  return n;
+}
+
+// Runs a shell command; returns its exit status and output.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  return {pclose(pipe), out};
+}
+
+// One async server holding tensor "w" (kN floats at 7.0), worker 0 in the
+// test, and a raw ZeroMQ client that plays an attacker.
+class AttackedServerTest : public ::testing::Test {
+ protected:
+  static constexpr int kN = 64;
+
+  void StartCluster(ClusterConfig config, int n = kN) {
+    n_ = n;
+    auto started = StartWithRawClient(config, n, 7.0f, context_);
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = std::move(started->cluster);
+    worker_ = std::move(started->worker);
+    socket_ = std::move(started->socket);
+  }
+
+  static ClusterConfig AsyncSgd() {
+    ClusterConfig config;
+    config.set_consistency(ASYNC);
+    config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+    config.mutable_optimizer()->set_learning_rate(1.0f);
+    // Plain arithmetic on the weights: pushes without pulls in between are
+    // stale, and would otherwise get smaller steps.
+    config.set_staleness_aware_lr(false);
+    return config;
+  }
+
+  DataHeader Forged(Op op, uint64_t request_id) {
+    DataHeader h;
+    h.set_protocol_version(kProtocolVersion);
+    h.set_op(op);
+    h.set_epoch(1);
+    h.set_partition_id(0);
+    h.set_worker_rank(0);
+    h.set_request_id(request_id);
+    h.set_dtype(FLOAT32);
+    h.set_num_elements(n_);
+    return h;
+  }
+
+  DataHeader Exchange(const DataHeader& h, const std::vector<float>& payload) {
+    const std::string head = h.SerializeAsString();
+    socket_.send(zmq::buffer(head), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(payload), zmq::send_flags::none);
+    zmq::message_t answer;
+    EXPECT_TRUE(socket_.recv(answer).has_value()) << "no answer from the server";
+    DataHeader out;
+    out.ParseFromArray(answer.data(), answer.size());
+    while (answer.more()) (void)socket_.recv(answer);
+    return out;
+  }
+
+  std::vector<float> Weights() {
+    std::vector<float> out(n_);
+    auto h = worker_->Pull("w", absl::MakeSpan(out));
+    EXPECT_TRUE(h.ok());
+    EXPECT_TRUE(worker_->Wait(*h, absl::Seconds(10)).ok());
+    return out;
+  }
+
+  void PushOnes() {
+    std::vector<float> g(n_, 1.0f);
+    auto h = worker_->Push("w", g);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(worker_->Wait(*h, absl::Seconds(10)).ok());
+  }
+
+  int n_ = kN;
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<Worker> worker_;
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+};
+
+TEST_F(AttackedServerTest, AForgedRequestIdDoesNotMakeTheServerDropTheWorkersLaterPushes) {
+  StartCluster(AsyncSgd());
+  DataHeader answer = Exchange(Forged(PUSH, std::numeric_limits<uint64_t>::max()), std::vector<float>(kN, 0.0f));
+  EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(answer.error(), HasSubstr("request id 18446744073709551615 from worker 0"));
+  // Every push of the real worker 0 is applied: 7 - 5 * 1.0.
+  for (int i = 0; i < 5; ++i) PushOnes();
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 2.0f)) << "pushes after the forged id were dropped";
+}
+
+TEST_F(AttackedServerTest, NonFiniteGradientsAreRefusedWithAnErrorAndChangeNoWeight) {
+  StartCluster(AsyncSgd());
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> g(kN, 0.5f);
+    g[3] = bad;
+    DataHeader answer = Exchange(Forged(PUSH, 5), g);
+    EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(answer.error(), HasSubstr("at element 3"));
+    EXPECT_THAT(answer.error(), HasSubstr("reject_non_finite"));
+  }
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+  // The worker's own push error says the same.
+  std::vector<float> g(kN, std::numeric_limits<float>::quiet_NaN());
+  auto h = worker_->Push("w", g);
+  ASSERT_TRUE(h.ok());
+  absl::Status s = worker_->Wait(*h, absl::Seconds(10));
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("nan"));
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+}
+
+TEST_F(AttackedServerTest, AReaderThatNeverReadsCannotGrowTheServer) {
+  constexpr int kBig = 1 << 20;  // 4 MiB partition
+  ClusterConfig config = AsyncSgd();
+  config.set_partition_bytes(4 << 20);
+  config.mutable_optimizer()->set_learning_rate(1e-6f);
+  config.mutable_limits()->set_max_inflight_bytes_per_worker(16 << 20);
+  config.mutable_limits()->set_socket_receive_hwm(4);
+  StartCluster(config, kBig);
+  const uint64_t before = ResidentBytes(cluster_->server_pid(0));
+  // 200 push-pulls (800 MiB of answers) sent, none read.
+  const std::string head = Forged(PUSH_PULL, 0).SerializeAsString();
+  const std::vector<float> g(kBig, 1.0f);
+  socket_.set(zmq::sockopt::sndtimeo, 2000);
+  for (uint64_t i = 0; i < 200; ++i) {
+    DataHeader h = Forged(PUSH_PULL, 10 + i);
+    const std::string bytes = h.SerializeAsString();
+    if (!socket_.send(zmq::buffer(bytes), zmq::send_flags::sndmore)) break;
+    (void)socket_.send(zmq::buffer(g), zmq::send_flags::none);
+  }
+  // The server still answers a legitimate worker...
+  PushOnes();
+  EXPECT_EQ(Weights().size(), static_cast<size_t>(kBig));
+  // ...and holds at most the in-flight limit, a few queued requests and one
+  // copy of the weights more than before, not 800 MiB of answers.
+  const uint64_t after = ResidentBytes(cluster_->server_pid(0));
+  EXPECT_LT(after, before + (120u << 20)) << "server RSS grew from " << before << " to " << after << " bytes";
+}
+
+TEST(RegisterTest, InvalidUnreachableAndStolenAddressesAndDuplicateRanksAreRefused) {
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto addresses = (*cluster)->ServerAddresses();
+  ASSERT_TRUE(addresses.ok()) << addresses.status();
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok());
+  auto server = [](const std::string& address) {
+    RegisterRequest r;
+    r.set_protocol_version(kProtocolVersion);
+    r.set_role(SERVER);
+    r.set_data_address(address);
+    return r;
+  };
+  struct Case {
+    std::string address, expect;
+  };
+  for (const Case& c : std::vector<Case>{{"not-an-endpoint", "is not tcp://host:port"},
+                                         {"tcp://127.0.0.1:99999", "no valid port"},
+                                         {"tcp://no-such-host.invalid:5000", "does not resolve"},
+                                         {"tcp://127.0.0.1:1", "not reachable"},
+                                         {(*addresses)[0], "is alive"}}) {
+    auto r = (*client)->Register(server(c.address), absl::Seconds(10));
+    ASSERT_FALSE(r.ok()) << c.address;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.expect)) << c.address;
+  }
+  // Rank 0 waits for rank 1; a second rank 0 is refused at once.
+  RegisterRequest rank0;
+  rank0.set_protocol_version(kProtocolVersion);
+  rank0.set_role(WORKER);
+  rank0.set_rank(0);
+  std::thread first([&] {
+    auto r = (*client)->Register(rank0, absl::Seconds(30));
+    EXPECT_TRUE(r.ok()) << r.status();
+  });
+  bool waiting = false;
+  while (!waiting) {
+    auto status = (*client)->Status(absl::Seconds(5));
+    ASSERT_TRUE(status.ok()) << status.status();
+    for (const NodeStatus& n : status->nodes()) waiting |= n.role() == WORKER;
+  }
+  auto dup = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(dup.status().message(), HasSubstr("worker rank 0 is already registered"));
+  auto second = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 1});
+  EXPECT_TRUE(second.ok()) << second.status() << " (the real nodes still form the cluster)";
+  first.join();
+}
+
+TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {
+  ClusterConfig config;
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::Status s = (*worker)->DefineTensors({Float32Tensor("huge", int64_t{25} * 1000 * 1000 * 1000)});  // 100 GB
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("limits.max_model_bytes"));
+  EXPECT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 16)}).ok()) << "a model that fits is still accepted";
+  EXPECT_EQ((*cluster)->StopServer(0), 0) << "the server was not asked to allocate the model";
+}
+
+TEST(BlockedCallsTest, AThousandWaitingCallsDoNotCostTheSchedulerAThreadEach) {
+  ClusterConfig config;
+  config.set_num_servers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // Server 1 never comes: stop it, so every DefineTensors waits for it.
+  auto addresses = (*cluster)->ServerAddresses();
+  ASSERT_TRUE(addresses.ok()) << addresses.status();
+  ASSERT_EQ((*cluster)->StopServer(1), 0);
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok());
+  const size_t threads_before = ThreadCount((*cluster)->scheduler_pid());
+  constexpr int kCalls = 1000;
+  std::atomic<int> refused{0};
+  std::vector<std::thread> callers;
+  DefineTensorsRequest request;
+  *request.add_tensors() = Float32Tensor("w", 16);
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&] {
+      auto r = (*client)->DefineTensors(request, absl::Seconds(20));
+      if (absl::IsResourceExhausted(r.status())) ++refused;
+    });
+  }
+  // Measured while the admitted calls still wait (their deadline is 20 s).
+  while (refused.load() < kCalls - 200) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const size_t threads_during = ThreadCount((*cluster)->scheduler_pid());
+  for (std::thread& t : callers) t.join();
+  std::cerr << "scheduler threads: " << threads_before << " before, " << threads_during << " with " << kCalls
+            << " calls (" << refused.load() << " refused at once)\n";
+  EXPECT_GE(refused.load(), kCalls - 200);
+  EXPECT_LT(threads_during, threads_before + 250) << "scheduler threads: " << threads_before << " before, "
+                                                  << threads_during << " with " << kCalls << " waiting calls";
+}
+
+TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
+  const std::string bin = SHARDPS_BINARY;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"scheduler --listen 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
+      {"scheduler --listen 127.0.0.1:-5", "'127.0.0.1:-5' has no valid port"},
+      {"scheduler --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:70000", "'127.0.0.1:70000' has no valid port"},
+      {"server --scheduler 127.0.0.1:7000 --listen tcp://127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
+      {"server --scheduler 127.0.0.1:99999 --listen tcp://127.0.0.1:0", "'127.0.0.1:99999' has no valid port"},
+      {"status --scheduler 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
+  };
+  for (const auto& [args, expect] : cases) {
+    auto [code, out] = RunCommand(bin + " " + args);
+    EXPECT_NE(code, 0) << args << ": " << out;
+    EXPECT_THAT(out, HasSubstr(expect)) << args;
+  }
+}
+
+}  // namespace
+}  // namespace shardps

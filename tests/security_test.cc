@@ -1,0 +1,286 @@
+// Both planes secured, end to end: a scheduler in this process (so its log
+// lines can be read) with TLS, mutual TLS and a token, real server processes
+// with CURVE data sockets, and clients with and without the credentials.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include <glog/logging.h>
+#include <zmq.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/data_message.h"
+#include "common/protocol.h"
+#include "common/scheduler_client.h"
+#include "common/tensor_spec.h"
+#include "scheduler/scheduler.h"
+#include "tests/test_training.h"
+#include "tools/cluster_credentials.h"
+#include "tools/process.h"
+#include "worker/c_api.h"
+#include "worker/worker.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Collects the WARNING lines of this process's log.
+class WarningLines : public google::LogSink {
+ public:
+  WarningLines() { google::AddLogSink(this); }
+  ~WarningLines() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity severity, const char*, const char*, int, const google::LogMessageTime&,
+            const char* message, size_t length) override {
+    if (severity != google::GLOG_WARNING) return;
+    absl::MutexLock lock(&mu_);
+    lines_.emplace_back(message, length);
+  }
+  std::string Joined() {
+    absl::MutexLock lock(&mu_);
+    return absl::StrJoin(lines_, "\n");
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("shardps-security-test-", getpid());
+    auto files = WriteClusterCredentials(dir_ + "/cluster", {}, /*mutual=*/true);
+    ASSERT_TRUE(files.ok()) << files.status();
+    files_ = *files;
+    auto scheduler_security = LoadSecurityCredentialsFile(files_.scheduler_config, true);
+    ASSERT_TRUE(scheduler_security.ok()) << scheduler_security.status();
+    auto node_security = LoadSecurityCredentialsFile(files_.node_config, false);
+    ASSERT_TRUE(node_security.ok()) << node_security.status();
+    node_ = *node_security;
+    SchedulerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.config.set_num_servers(1);
+    options.config.set_num_workers(2);  // rank 1: a raw client that registers a key
+    options.config.set_consistency(ASYNC);
+    options.security = *scheduler_security;
+    auto scheduler = SchedulerDaemon::Create(options);
+    ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+    scheduler_ = *std::move(scheduler);
+  }
+
+  void TearDown() override {
+    if (server_.running()) Stop(server_, absl::Seconds(5));
+    scheduler_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Registers a worker with `security`; its error, or OK.
+  absl::Status RegisterWith(const SecurityCredentials& security) {
+    auto client = SchedulerClient::Create(scheduler_->address(), security);
+    if (!client.ok()) return client.status();
+    RegisterRequest request;
+    request.set_protocol_version(kProtocolVersion);
+    request.set_role(WORKER);
+    request.set_rank(0);
+    return (*client)->Register(request, absl::Seconds(2)).status();
+  }
+
+  // A secured server process, a worker (rank 0) with the node's credentials,
+  // a raw client registered as rank 1 with the key pair `registered_`, and a
+  // tensor of kN sevens.
+  void StartJob() {
+    auto keys = NewCurveKeyPair();
+    ASSERT_TRUE(keys.ok());
+    registered_ = *keys;
+    auto client = SchedulerClient::Create(scheduler_->address(), node_);
+    ASSERT_TRUE(client.ok());
+    std::thread rank1([&] {
+      RegisterRequest request;
+      request.set_protocol_version(kProtocolVersion);
+      request.set_role(WORKER);
+      request.set_rank(1);
+      request.set_curve_public_key(registered_.public_key);
+      EXPECT_TRUE((*client)->Register(request, absl::Seconds(30)).ok());
+    });
+    auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", scheduler_->address(), "--listen",
+                                   "tcp://127.0.0.1:0", "--security-config", files_.node_config}, true);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *server;
+    auto worker = Worker::Create({.scheduler_address = scheduler_->address(), .rank = 0, .security = node_});
+    rank1.join();
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = *std::move(worker);
+    ASSERT_TRUE(worker_->DefineTensors({Float32Tensor("w", kN)}).ok());
+    ASSERT_TRUE(worker_->InitTensor("w", std::vector<float>(kN, 7.0f), absl::Seconds(10)).ok());
+    const StatusResponse status = scheduler_->Status();
+    const ServerInfo& info = status.shard_map().servers(0);
+    server_address_ = info.data_address();
+    server_key_ = info.curve_public_key();
+  }
+
+  // Sends a valid PUSH of ones as worker 0 from a fresh DEALER, set up by
+  // `secure` (nothing: plain); returns whether an answer came within 2 s.
+  bool ForgedPushAnswered(const std::function<void(zmq::socket_t&)>& secure) {
+    zmq::socket_t socket(context_, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::rcvtimeo, 2000);
+    socket.set(zmq::sockopt::linger, 0);
+    secure(socket);
+    socket.connect(server_address_);
+    DataHeader h;
+    h.set_protocol_version(kProtocolVersion);
+    h.set_op(PUSH);
+    h.set_epoch(1);
+    h.set_partition_id(0);
+    h.set_request_id(1000 + next_id_++);
+    h.set_dtype(FLOAT32);
+    h.set_num_elements(kN);
+    const std::vector<float> ones(kN, 1.0f);
+    socket.send(zmq::buffer(h.SerializeAsString()), zmq::send_flags::sndmore);
+    socket.send(zmq::buffer(ones), zmq::send_flags::none);
+    zmq::message_t answer;
+    return socket.recv(answer).has_value();
+  }
+
+  std::vector<float> Weights() { return PullWeights(*worker_, "w", kN); }
+
+  static constexpr int kN = 64;
+  std::string dir_;
+  ClusterCredentialFiles files_;
+  SecurityCredentials node_;
+  std::unique_ptr<SchedulerDaemon> scheduler_;
+  ChildProcess server_;
+  std::unique_ptr<Worker> worker_;
+  std::string server_address_, server_key_;
+  CurveKeyPair registered_;
+  zmq::context_t context_{1};
+  int next_id_ = 0;
+};
+
+TEST_F(SecurityTest, NodeWithoutTheTokenIsRefusedWithALogLineNamingIt) {
+  WarningLines log;
+  SecurityCredentials wrong = node_;
+  wrong.token = "not-the-cluster-token-at-all";
+  absl::Status s = RegisterWith(wrong);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  EXPECT_THAT(s.message(), HasSubstr("wrong cluster token"));
+  EXPECT_THAT(log.Joined(), HasSubstr("peer certificate CN shardps-node"));
+  EXPECT_THAT(log.Joined(), HasSubstr("refused: the call carries a wrong cluster token"));
+  auto client = SchedulerClient::Create(scheduler_->address(), node_);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Status(absl::Seconds(5)).ok()) << "the right credentials must pass";
+}
+
+TEST_F(SecurityTest, CallWithoutTokenIsRefused) {
+  WarningLines log;
+  SecurityCredentials no_token = node_;
+  no_token.token.clear();  // TLS and the right certificate, but no token sent
+  absl::Status s = RegisterWith(no_token);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  EXPECT_THAT(log.Joined(), HasSubstr("refused: the call carries no cluster token"));
+}
+
+TEST_F(SecurityTest, PlainClientCannotTalkToASecuredScheduler) {
+  absl::Status s = RegisterWith(SecurityCredentials());
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr(scheduler_->address()));
+  EXPECT_THAT(s.message(), HasSubstr("a secured scheduler needs --security-config"));
+}
+
+TEST_F(SecurityTest, NodeCertificateOfAnotherCaIsRefusedWithALogLine) {
+  auto other = WriteClusterCredentials(dir_ + "/other", {}, /*mutual=*/true);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto other_node = LoadSecurityCredentialsFile(other->node_config, false);
+  ASSERT_TRUE(other_node.ok());
+  SecurityCredentials forged = node_;  // the right token and CA
+  forged.cert_pem = other_node->cert_pem;
+  forged.key_pem = other_node->key_pem;
+  WarningLines log;
+  absl::Status s = RegisterWith(forged);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  EXPECT_THAT(log.Joined(), HasSubstr("peer certificate CN shardps-node"));
+  EXPECT_THAT(log.Joined(), HasSubstr("refused: its certificate is not one of the cluster CA"));
+}
+
+TEST_F(SecurityTest, NodeWithoutACertificateIsRefusedUnderMutualTls) {
+  SecurityCredentials no_cert = node_;
+  no_cert.cert_pem.clear();
+  no_cert.key_pem.clear();
+  absl::Status s = RegisterWith(no_cert);
+  EXPECT_FALSE(s.ok());
+}
+
+TEST_F(SecurityTest, ClientWithoutTheCurveKeyGetsNoAnswerAndChangesNoWeight) {
+  ASSERT_NO_FATAL_FAILURE(StartJob());
+  ASSERT_EQ(server_key_.size(), 40u) << "the server published no CURVE key";
+  EXPECT_FALSE(ForgedPushAnswered([](zmq::socket_t&) {})) << "a plain client got an answer";
+  auto stranger = NewCurveKeyPair();
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_FALSE(ForgedPushAnswered([&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, stranger->public_key).ok()); }))
+      << "a client with a wrong server key got an answer";
+  EXPECT_FALSE(ForgedPushAnswered([&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, server_key_).ok()); }))
+      << "a client with the server's key but an unregistered key of its own got an answer";
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+  // The same push from a registered key is answered and applied: the
+  // refusals above came from the keys, not from the message.
+  EXPECT_TRUE(ForgedPushAnswered([&](zmq::socket_t& s) {
+    ASSERT_TRUE(MakeCurveClient(s, server_key_, &registered_).ok());
+  }));
+  EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
+}
+
+TEST_F(SecurityTest, CApiWorkerPassesAuthenticationOnlyWithItsSecurityConfig) {
+  // No server runs: a worker that got in waits out the rendezvous, and the
+  // scheduler's answer names who is missing.
+  char err[512];
+  shardps_worker* w = nullptr;
+  EXPECT_NE(shardps_worker_create_secure(scheduler_->address().c_str(), 0, 1.0, files_.node_config.c_str(), &w, err,
+                                         sizeof(err)),
+            0);
+  EXPECT_THAT(std::string(err), HasSubstr("servers registered 0/1"));
+  w = nullptr;
+  EXPECT_NE(shardps_worker_create_secure(scheduler_->address().c_str(), 0, 1.0, nullptr, &w, err, sizeof(err)), 0);
+  EXPECT_THAT(std::string(err), Not(HasSubstr("servers registered")));
+  EXPECT_EQ(w, nullptr);
+}
+
+// `shardps local` with `extra` flags; the JSON line it prints.
+std::string LocalJson(const std::string& extra) {
+  const std::string command =
+      absl::StrCat(SHARDPS_BINARY, " local --epochs 1 --train-limit 3000 --test-limit 1000 --log-every 0 ",
+                   "--deterministic --json ", extra, " 2>/dev/null");
+  FILE* out = popen(command.c_str(), "r");
+  std::string text;
+  char buf[4096];
+  while (out != nullptr && fgets(buf, sizeof(buf), out) != nullptr) text = buf;  // keep the last line
+  if (out != nullptr) pclose(out);
+  return text;
+}
+
+std::string JsonField(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\": \"?([^,\"}]*)"))) return "";
+  return m[1];
+}
+
+TEST(SecureLocalTest, SecuredJobTrainsToTheSameWeightsAsPlain) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  const std::string plain = LocalJson("");
+  const std::string secure = LocalJson("--secure");
+  ASSERT_EQ(JsonField(secure, "secure"), "true") << secure;
+  ASSERT_EQ(JsonField(plain, "secure"), "false") << plain;
+  EXPECT_GT(std::stod(JsonField(secure, "test_accuracy")), 0.5) << secure;
+  EXPECT_EQ(JsonField(secure, "test_accuracy"), JsonField(plain, "test_accuracy"));
+  // Deterministic sync with replication: bitwise the same training.
+  EXPECT_EQ(JsonField(secure, "weights_sha256"), JsonField(plain, "weights_sha256"));
+}
+
+}  // namespace
+}  // namespace shardps
