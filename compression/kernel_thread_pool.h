@@ -45,7 +45,7 @@ class KernelThreadPool {
   void WorkerLoop(int id);
   void RunTasks(const Job& job);
 
-  absl::Mutex run_mu_;  // Held by the caller whose job is running.
+  absl::Mutex run_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // Held by the caller whose job is running.
   absl::Mutex mu_;
   absl::CondVar work_cv_;
   absl::CondVar done_cv_;

@@ -2,7 +2,8 @@
 // +s, where s = mean |v| over the message (summed in the fixed order of
 // math::kSumBlock so threads and the GPU agree bitwise). Payload: float32 s,
 // then ceil(n/32) uint32 words; bit i%32 of word i/32 set means negative.
-// Decode rejects a NaN/Inf/negative s and non-zero padding bits.
+// Encode refuses NaN/Inf values (their s is not finite); Decode rejects a
+// NaN/Inf/negative s and non-zero padding bits.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -139,6 +140,11 @@ class OneBitCodec final : public Codec {
                                 absl::Span<uint8_t> out) const override {
     if (absl::Status s = CheckEncodeArgs(in.size(), out.size()); !s.ok()) return s;
     const float scale = MeanAbs(in);
+    // A NaN or infinite value makes the scale non-finite, which Decode refuses.
+    if (!std::isfinite(scale)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("onebit cannot encode non-finite values (mean |x| of ", in.size(), " values is ", scale, ")"));
+    }
     StoreF32(out.data(), scale);
     auto pack = HaveAvx2() ? PackSignsAvx2 : PackSigns;
     ForEachChunk(in.size(), kChunkElements, params().num_threads, [&](size_t b, size_t e) {

@@ -23,6 +23,7 @@
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_service.h"
 #include "scheduler/scheduler_credentials.h"
 
 namespace shardps {
@@ -101,9 +102,11 @@ uint32_t MaxWaitingCalls(const ClusterConfig& c) { return 4 * (c.num_servers() +
 
 class SchedulerService final : public Scheduler::Service {
  public:
-  explicit SchedulerService(std::unique_ptr<ClusterState> state) : state_owner_(std::move(state)),
-                                                                    state_(*state_owner_),
-                                                                    max_waiting_(MaxWaitingCalls(state_.config())) {
+  SchedulerService(std::unique_ptr<ClusterState> state, absl::Duration max_wait)
+      : state_owner_(std::move(state)),
+        state_(*state_owner_),
+        max_wait_(max_wait),
+        max_waiting_(MaxWaitingCalls(state_.config())) {
     liveness_ = std::thread([this] { LivenessLoop(); });
   }
   ~SchedulerService() override { Stop(); }
@@ -216,11 +219,13 @@ class SchedulerService final : public Scheduler::Service {
     }
   }
 
-  // The caller's deadline less a margin for the answer to travel back.
-  static absl::Time Deadline(grpc::ServerContext* ctx) {
+  // The caller's deadline less a margin for the answer to travel back, and
+  // at most max_wait_ from now.
+  absl::Time Deadline(grpc::ServerContext* ctx) const {
+    const absl::Time limit = absl::Now() + max_wait_;
     absl::Time d = absl::FromChrono(ctx->deadline());
-    if (d == absl::InfiniteFuture()) return absl::Now() + absl::Hours(24);
-    return d - absl::Milliseconds(200);
+    if (d == absl::InfiniteFuture()) return limit;
+    return std::min(limit, d - absl::Milliseconds(200));
   }
 
   // Counts one call that may wait; admitted() is false beyond max_waiting_.
@@ -245,6 +250,7 @@ class SchedulerService final : public Scheduler::Service {
 
   std::unique_ptr<ClusterState> state_owner_;
   ClusterState& state_;
+  const absl::Duration max_wait_;
   const uint32_t max_waiting_;
   std::atomic<uint32_t> waiting_{0};
   absl::Mutex stop_mu_;
@@ -283,6 +289,11 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
 
 }  // namespace
 
+std::unique_ptr<Scheduler::Service> NewSchedulerService(std::unique_ptr<ClusterState> state,
+                                                        absl::Duration max_wait) {
+  return std::make_unique<SchedulerService>(std::move(state), max_wait);
+}
+
 absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& given) {
   SchedulerOptions options = given;
   options.config.clear_security();  // secrets stay with the scheduler
@@ -318,7 +329,7 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   } else {
     state = std::make_unique<ClusterState>(options.config, absl::Now, StateWriter(options.state_dir));
   }
-  auto service = std::make_unique<SchedulerService>(std::move(state));
+  auto service = std::make_unique<SchedulerService>(std::move(state), absl::Hours(24));
   // grpc.health.v1 (Kubernetes grpc probes, grpc_health_probe): SERVING while up.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

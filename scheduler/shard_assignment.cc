@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace shardps {
 
@@ -32,13 +33,19 @@ absl::Status ValidateTensorSpecs(const std::vector<TensorSpec>& tensors) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': dtype must be float32"));
     }
     if (t.shape().empty()) return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has no shape"));
+    // The product is bounded as it is formed: dimensions that are each
+    // within the limit can still wrap around 64 bits together.
+    constexpr uint64_t kMaxElements = uint64_t{1} << 40;
+    uint64_t n = 1;
     for (int64_t d : t.shape()) {
-      if (d <= 0 || d > (int64_t{1} << 40)) {
+      if (d <= 0 || d > static_cast<int64_t>(kMaxElements)) {
         return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' has dimension ", d));
       }
-    }
-    if (ElementCount(t) > (uint64_t{1} << 40)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' is too large"));
+      if (n > kMaxElements / static_cast<uint64_t>(d)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' [", absl::StrJoin(t.shape(), "x"),
+                                                       "] is too large (more than 2^40 elements)"));
+      }
+      n *= static_cast<uint64_t>(d);
     }
   }
   return absl::OkStatus();

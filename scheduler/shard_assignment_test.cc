@@ -68,5 +68,18 @@ TEST(ShardAssignmentTest, RejectsBadSpecs) {
   EXPECT_FALSE(BuildShardMap({no_dtype}, Servers(1), 1024, 1).ok());
 }
 
+// Found by tests/fuzz/scheduler_fuzzer.cc: dimensions each within the limit
+// whose product wraps around 64 bits were taken for a small tensor (2^32 x
+// 2^32 = 0 elements: a map with no partition for it).
+TEST(ShardAssignmentTest, RejectsShapesWhoseProductOverflows) {
+  const int64_t big = int64_t{1} << 32;
+  for (const auto& shape : {std::vector<int64_t>{big, big}, std::vector<int64_t>{int64_t{1} << 40, (1 << 24) + 1},
+                            std::vector<int64_t>{1 << 21, 1 << 20}}) {
+    auto map = BuildShardMap({Tensor("a", shape)}, Servers(1), 1 << 30, 1);
+    ASSERT_FALSE(map.ok()) << shape[0] << "x" << shape[1];
+    EXPECT_THAT(map.status().message(), ::testing::HasSubstr("too large"));
+  }
+}
+
 }  // namespace
 }  // namespace shardps

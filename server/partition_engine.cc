@@ -1,7 +1,10 @@
 #include "server/partition_engine.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include <glog/logging.h>
 
@@ -43,6 +46,18 @@ OptimizerConfig AsyncAdjusted(const ClusterConfig& config) {
   const uint64_t freeze = o.freeze_variance_after();
   o.set_freeze_variance_after(freeze > UINT64_MAX / w ? UINT64_MAX : freeze * w);
   return o;
+}
+
+// ZeroMQ does not align a frame's data: a received frame may start anywhere
+// in its receive buffer. The engine reads payloads as floats, so a
+// misaligned one is copied once into memory of its own (malloc aligns it).
+void AlignForFloats(zmq::message_t& m) {
+  if (reinterpret_cast<uintptr_t>(m.data()) % alignof(float) == 0) return;
+  void* copy = std::malloc(std::max<size_t>(m.size(), 1));
+  if (copy == nullptr) throw std::bad_alloc();
+  std::memcpy(copy, m.data(), m.size());
+  const size_t size = m.size();
+  m.rebuild(copy, size, [](void* data, void*) { std::free(data); }, nullptr);
 }
 
 }  // namespace
@@ -345,7 +360,10 @@ absl::Status PartitionEngine::CheckRequestId(const Partition& p, const DataHeade
 void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload) {
   ++stats_.requests;
   ++stats_.requests_by_op[StatSlot(h.op(), stats_.requests_by_op.size(), 0)];
-  if (payload != nullptr) stats_.bytes_in += payload->size();
+  if (payload != nullptr) {
+    stats_.bytes_in += payload->size();
+    AlignForFloats(*payload);
+  }
   // A worker (or a primary) that learned of a new epoch before this server
   // did: wait for the epoch (a few epochs ahead at most; further is a bad
   // request). A re-created copy's snapshot may arrive before its map.
@@ -801,19 +819,20 @@ absl::StatusOr<zmq::message_t> PartitionEngine::AnswerPayload(Partition& p, Data
       for (size_t i = 0; i < p.n; ++i) p.delta[i] = source.data()[i] - p.mirror[i];
       in = absl::MakeConstSpan(p.delta);
     }
+    // A diverged job (Inf/NaN weights) fails here, and says so.
+    auto cannot_send = [&](absl::string_view why) {
+      return absl::DataLossError(absl::StrCat("partition ", p.id, ": the weight change cannot be sent as ",
+                                              p.codecs.pull_spec, " (non-finite weights?): ", why));
+    };
     auto out = absl::MakeSpan(p.encoded->byte_data(), max_bytes);
     auto written = feedback != pull_feedback_.end() ? feedback->second->Encode(p.id, in, seed, out)
                                                     : codec->Encode(in, seed, out);
-    if (!written.ok()) return written.status();
+    if (!written.ok()) return cannot_send(written.status().message());
     if (p.delta_pulls) {
       // The workers add the decoded delta to their copy: so does the mirror.
-      // A diverged job (Inf/NaN weights) fails here, and says so.
       absl::Status s = codec->DecodeAdd(absl::MakeConstSpan(p.encoded->byte_data(), *written), seed,
                                         absl::MakeSpan(p.mirror));
-      if (!s.ok()) {
-        return absl::DataLossError(absl::StrCat("partition ", p.id, ": the weight change cannot be sent as ",
-                                                p.codecs.pull_spec, " (non-finite weights?): ", s.message()));
-      }
+      if (!s.ok()) return cannot_send(s.message());
     }
     p.encoded_bytes = *written;
     p.encoded_round = static_cast<int64_t>(p.completed);

@@ -122,24 +122,33 @@ std::string Sha(const std::string& json) {
   return std::regex_search(json, m, std::regex("\"weights_sha256\": \"([0-9a-f]*)\"")) ? std::string(m[1]) : "";
 }
 
+// Runs `job` without faults and again with `faults` added; both must exit 0
+// and the faulty run must end bitwise where the clean one did, with no
+// update lost or applied twice. Returns the faulty run for more checks.
+LocalRun ExpectFaultsChangeNoWeight(const std::vector<std::string>& job, const std::vector<std::string>& faults) {
+  LocalRun clean = RunLocal(job);
+  std::vector<std::string> faulty = job;
+  faulty.insert(faulty.end(), faults.begin(), faults.end());
+  LocalRun killed = RunLocal(faulty);
+  EXPECT_EQ(clean.exit_code, 0) << clean.err;
+  EXPECT_EQ(killed.exit_code, 0) << killed.err;
+  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
+  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
+  EXPECT_EQ(Sha(clean.out).size(), 64u) << clean.out;
+  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
+  return killed;
+}
+
 TEST(FailureTest, AKilledServersPartitionsFailOverToTheirBackupsBitwiseUnchanged) {
   // Deterministic sync: the weights after a failover are exactly those of the
   // run without the fault (no update lost, none applied twice).
   const std::vector<std::string> job = {"--servers", "3", "--workers", "3", "--train-limit", "9000",
                                         "--deterministic"};
-  LocalRun clean = RunLocal(job);
-  std::vector<std::string> faulty = job;
-  faulty.insert(faulty.end(), {"--kill", "server:1@20"});
-  LocalRun killed = RunLocal(faulty);
-  ASSERT_EQ(clean.exit_code, 0) << clean.err;
-  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  LocalRun killed = ExpectFaultsChangeNoWeight(job, {"--kill", "server:1@20"});
+  if (killed.exit_code != 0) return;
   EXPECT_THAT(killed.err, HasSubstr("fail over to their backups"));
   EXPECT_THAT(killed.err, Not(HasSubstr("no answer within")));
   EXPECT_GE(Field(killed.out, "recovered_seconds"), Field(killed.out, "detected_seconds")) << killed.out;
-  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
-  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
-  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
-  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
 
 TEST(FailureTest, CopiesAreRecreatedSoASecondServerDeathLosesNothing) {
@@ -147,18 +156,10 @@ TEST(FailureTest, CopiesAreRecreatedSoASecondServerDeathLosesNothing) {
   // survivor, so killing another server later still loses nothing.
   const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
                                         "--epochs", "2", "--deterministic"};
-  LocalRun clean = RunLocal(job);
-  std::vector<std::string> faulty = job;
-  faulty.insert(faulty.end(), {"--kill", "server:1@20", "--kill", "server:2@150"});
-  LocalRun killed = RunLocal(faulty);
-  ASSERT_EQ(clean.exit_code, 0) << clean.err;
-  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  LocalRun killed = ExpectFaultsChangeNoWeight(job, {"--kill", "server:1@20", "--kill", "server:2@150"});
+  if (killed.exit_code != 0) return;
   EXPECT_THAT(killed.err, HasSubstr("copies re-created on the surviving servers"));
   EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
-  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
-  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
-  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
-  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
 
 TEST(FailureTest, ReplacementServersTakeTheDeadOnesPlacesUntilNoOriginalIsLeft) {
@@ -167,22 +168,15 @@ TEST(FailureTest, ReplacementServersTakeTheDeadOnesPlacesUntilNoOriginalIsLeft) 
   // die in turn and the weights stay bitwise those of the run without faults.
   const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
                                         "--epochs", "2", "--deterministic"};
-  LocalRun clean = RunLocal(job);
-  std::vector<std::string> faulty = job;
-  faulty.insert(faulty.end(), {"--replace", "--kill", "server:1@20", "--kill", "server:0@150", "--kill", "server:2@250"});
-  LocalRun killed = RunLocal(faulty);
-  ASSERT_EQ(clean.exit_code, 0) << clean.err;
-  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  LocalRun killed = ExpectFaultsChangeNoWeight(
+      job, {"--replace", "--kill", "server:1@20", "--kill", "server:0@150", "--kill", "server:2@250"});
+  if (killed.exit_code != 0) return;
   for (int index : {0, 1, 2}) {
     EXPECT_THAT(killed.err, ContainsRegex(absl::StrCat("server ", index, " \\(tcp://[^)]*\\) joins the running job")))
         << "no replacement for server " << index;
   }
   EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
   EXPECT_THAT(killed.err, Not(HasSubstr("no answer within")));
-  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
-  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
-  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
-  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
 
 TEST(FailureTest, ASecuredClustersReplacementServersAreAdmittedWithTheirNewKeys) {
@@ -191,19 +185,12 @@ TEST(FailureTest, ASecuredClustersReplacementServersAreAdmittedWithTheirNewKeys)
   // as it has its first map.
   const std::vector<std::string> job = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
                                         "--epochs", "2", "--deterministic"};
-  LocalRun clean = RunLocal(job);
-  std::vector<std::string> faulty = job;
-  faulty.insert(faulty.end(), {"--secure", "--replace", "--kill", "server:1@20", "--kill", "server:0@150"});
-  LocalRun killed = RunLocal(faulty);
-  ASSERT_EQ(clean.exit_code, 0) << clean.err;
-  ASSERT_EQ(killed.exit_code, 0) << killed.err;
+  LocalRun killed =
+      ExpectFaultsChangeNoWeight(job, {"--secure", "--replace", "--kill", "server:1@20", "--kill", "server:0@150"});
+  if (killed.exit_code != 0) return;
   EXPECT_THAT(killed.out, HasSubstr("\"secure\": true"));
   EXPECT_THAT(killed.err, ContainsRegex("server 0 \\(tcp://[^)]*\\) joins the running job"));
   EXPECT_THAT(killed.err, Not(HasSubstr("unregistered CURVE key")));
-  EXPECT_EQ(Field(killed.out, "lost_updates"), 0) << killed.out;
-  EXPECT_EQ(Field(killed.out, "duplicate_updates"), 0) << killed.out;
-  ASSERT_EQ(Sha(clean.out).size(), 64u) << clean.out;
-  EXPECT_EQ(Sha(killed.out), Sha(clean.out));
 }
 
 TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs every Debian package ShardPS needs to build, test and run its demo.
 # Idempotent: when everything is present it only checks and returns (a second or two).
-# Usage (as root, or with sudo available): tools/setup.sh [--deploy] [--metrics]
+# Usage (as root, or with sudo available): tools/setup.sh [--deploy] [--metrics] [--clang]
 #   --deploy  also what deploy/check.sh uses: Slurm and munge, buildah and
 #             mmdebstrap (the container image), Node.js and npm (manifest
 #             validation), systemd-analyze. Not needed to build or test ShardPS.
 #   --metrics also Prometheus, for deploy/metrics_check.sh.
+#   --clang   also clang and its sanitizer runtimes and libFuzzer
+#             (libclang-rt-14-dev), for tools/fuzz.sh and tools/test.sh --sanitize.
 set -euo pipefail
 
 packages=(
@@ -27,7 +29,8 @@ for arg in "$@"; do
       # Some Node.js builds (NodeSource's nodejs) carry npm and conflict with Debian's npm.
       if ! command -v npm >/dev/null; then packages+=(nodejs npm); fi ;;
     --metrics) packages+=(prometheus curl) ;;
-    *) echo "setup: unknown argument '$arg' (usage: tools/setup.sh [--deploy] [--metrics])" >&2; exit 2 ;;
+    --clang) packages+=(clang libclang-rt-14-dev) ;;
+    *) echo "setup: unknown argument '$arg' (usage: tools/setup.sh [--deploy] [--metrics] [--clang])" >&2; exit 2 ;;
   esac
 done
 

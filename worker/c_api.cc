@@ -6,10 +6,10 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "compression/codec_math.h"
 #include "google/protobuf/text_format.h"
 #include "worker/cuda_transfer.h"
@@ -32,13 +32,13 @@ struct shardps_worker {
   std::unique_ptr<shardps::Worker> worker;
   std::vector<shardps::TensorSpec> declared;
   std::map<std::string, std::pair<int, uint64_t>> dtypes;  // declared name -> (dtype, elements)
-  std::mutex mu;  // guards staged and abandoned
-  std::map<uint64_t, std::unique_ptr<Staged>> staged;
+  absl::Mutex mu;
+  std::map<uint64_t, std::unique_ptr<Staged>> staged ABSL_GUARDED_BY(mu);
   // Staging of requests whose wait failed: a request may still leave later
   // and read it, so it lives as long as the worker (worker/worker.h).
-  std::vector<std::unique_ptr<Staged>> abandoned;
+  std::vector<std::unique_ptr<Staged>> abandoned ABSL_GUARDED_BY(mu);
   // Pinned buffers of finished CUDA requests, reused by later ones.
-  std::vector<std::unique_ptr<shardps::PinnedHostBuffer>> pinned_free;
+  std::vector<std::unique_ptr<shardps::PinnedHostBuffer>> pinned_free ABSL_GUARDED_BY(mu);
 };
 
 // The header's codes are absl::StatusCode's, so Report can return s.code() as is.
@@ -209,7 +209,7 @@ void StoreWeights(const shardps_worker::Staged& s) {
 // A pinned buffer of at least `bytes`, from the free list or new.
 absl::StatusOr<std::unique_ptr<shardps::PinnedHostBuffer>> TakePinned(shardps_worker& w, size_t bytes) {
   {
-    std::lock_guard<std::mutex> lock(w.mu);
+    absl::MutexLock lock(&w.mu);
     for (auto it = w.pinned_free.begin(); it != w.pinned_free.end(); ++it) {
       if ((*it)->size() < bytes) continue;
       auto buffer = std::move(*it);
@@ -254,7 +254,7 @@ absl::Status StoreDeviceWeights(shardps_worker& w, shardps_worker::Staged& s) {
   if (s.dtype != SHARDPS_FLOAT32) StoreWeights(s);
   absl::Status status = shardps::CopyToDevice(s.device_out, static_cast<uint8_t*>(s.pinned->data()) + s.bytes,
                                               s.bytes, s.stream, "weights");
-  std::lock_guard<std::mutex> lock(w.mu);
+  absl::MutexLock lock(&w.mu);
   w.pinned_free.push_back(std::move(s.pinned));
   return status;
 }
@@ -406,7 +406,7 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
     absl::Status s = w->worker->Wait(handle, Seconds(timeout_s));
     std::unique_ptr<shardps_worker::Staged> staged;
     {
-      std::lock_guard<std::mutex> lock(w->mu);
+      absl::MutexLock lock(&w->mu);
       auto it = w->staged.find(handle);
       if (it != w->staged.end()) {
         staged = std::move(it->second);
@@ -419,7 +419,7 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
       } else if (s.ok()) {
         StoreWeights(*staged);
       } else {
-        std::lock_guard<std::mutex> lock(w->mu);
+        absl::MutexLock lock(&w->mu);
         w->abandoned.push_back(std::move(staged));
       }
     }
@@ -450,7 +450,7 @@ int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* gra
       return w->worker->PushPull(name, staged->grad, absl::MakeSpan(staged->weights));
     });
     if (rc == SHARDPS_OK) {
-      std::lock_guard<std::mutex> lock(w->mu);
+      absl::MutexLock lock(&w->mu);
       w->staged[*handle] = std::move(staged);
     }
     return rc;
@@ -479,7 +479,7 @@ int shardps_push_pull_cuda(shardps_worker* w, const char* name, const void* grad
       return w->worker->PushPull(name, wide ? absl::MakeConstSpan(host, *n) : absl::MakeConstSpan(s.grad),
                                  wide ? absl::MakeSpan(host + *n, *n) : absl::MakeSpan(s.weights));
     });
-    std::lock_guard<std::mutex> lock(w->mu);
+    absl::MutexLock lock(&w->mu);
     if (rc == SHARDPS_OK) {
       w->staged[*handle] = std::move(*staged);
     } else {

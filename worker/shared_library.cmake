@@ -23,8 +23,11 @@ set_target_properties(shardps_shared PROPERTIES
   LINK_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/c_api.map)
 # The archive copy of c_api.o is never pulled: this target compiles its own.
 target_link_libraries(shardps_shared PRIVATE shardps_worker)
-target_link_options(shardps_shared PRIVATE
-  "LINKER:--version-script=${CMAKE_CURRENT_LIST_DIR}/c_api.map" LINKER:--no-undefined)
+target_link_options(shardps_shared PRIVATE "LINKER:--version-script=${CMAKE_CURRENT_LIST_DIR}/c_api.map")
+# In sanitizer trees the runtime comes with the executable that loads the .so.
+if(NOT SHARDPS_SANITIZE)
+  target_link_options(shardps_shared PRIVATE LINKER:--no-undefined)
+endif()
 target_include_directories(shardps_shared INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
 # Every project library linked into the .so must be position-independent

@@ -537,7 +537,8 @@ class WorkerImpl : public Worker {
   const CurveKeyPair curve_keys_;
   const uint64_t node_id_;
   const ClusterConfig config_;
-  absl::Mutex send_mu_;  // held from numbering a request to handing it to the channel; before mu_
+  // Held from numbering a request to handing it to the channel.
+  absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, TensorRoute> routes_ ABSL_GUARDED_BY(mu_);

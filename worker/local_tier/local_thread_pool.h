@@ -44,7 +44,7 @@ class LocalThreadPool {
   static void RunTasks(Job& job);
   void HelperLoop();
 
-  absl::Mutex call_mu_;  // One ParallelFor at a time.
+  absl::Mutex call_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // One ParallelFor at a time.
   absl::Mutex mu_;
   absl::CondVar new_job_;  // Signalled when generation_ advances or stopping_.
   Job* job_ ABSL_GUARDED_BY(mu_) = nullptr;

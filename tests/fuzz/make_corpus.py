@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the fuzz harnesses into tests/fuzz/corpus/.
+
+Seeds are small valid inputs in each harness's input format (see the
+comment at the top of each *_fuzzer.cc), so that fuzzing starts from
+requests the code accepts. Protobufs are encoded by hand (field numbers from
+proto/*.proto), so this needs nothing but Python. Re-run after changing a
+harness's input format: python3 tests/fuzz/make_corpus.py
+"""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def varint(v):
+    out = bytearray()
+    v &= (1 << 64) - 1
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def field(num, value):
+    """A varint field (int) or a length-delimited one (bytes/str)."""
+    if isinstance(value, int):
+        return varint(num << 3) + varint(value)
+    if isinstance(value, str):
+        value = value.encode()
+    return varint(num << 3 | 2) + varint(len(value)) + value
+
+
+def msg(*fields):
+    return b"".join(field(n, v) for n, v in fields)
+
+
+def u16(v):
+    return struct.pack("<H", v)
+
+
+def lv(b):  # the harnesses' [u16 length][bytes] field
+    return u16(len(b)) + b
+
+
+def floats(*xs):
+    return struct.pack("<%df" % len(xs), *xs)
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# DataHeader: 1 protocol_version, 2 op, 3 request_id, 4 worker_rank,
+# 5 partition_id, 6 round, 7 epoch, 8 num_elements, 9 dtype, 14 codec.
+INIT, PUSH, PULL, PUSH_PULL = 1, 2, 3, 4
+
+
+def header(op, rank, rid, rnd, n, codec=None):
+    f = [(1, 1), (2, op), (3, rid), (4, rank), (5, 5), (6, rnd), (7, 3), (8, n), (9, 1)]
+    if codec:
+        f.append((14, codec))
+    return msg(*f)
+
+
+def request(op, rank, rid, rnd, values):
+    """A raw-header request (kind 2: raw header, with a payload)."""
+    return bytes([2]) + lv(header(op, rank, rid, rnd, len(values))) + lv(floats(*values))
+
+
+def pull(rank, rid, rnd, n):
+    return bytes([0]) + lv(header(PULL, rank, rid, rnd, n)) + lv(b"")
+
+
+def data_plane():
+    w = [1.0, 2.0, 3.0, 4.0]
+    g = [0.5, -0.5, 0.25, 0.0]
+    for variant, name in [(0x00, "sync"), (0x01, "async"), (0x02, "sync_deterministic"),
+                          (0x04, "sum_only"), (0x80, "sync_replicated"), (0x81, "async_replicated")]:
+        seq = bytes([variant, 3])  # n = 4
+        seq += request(INIT, 0, 1, 0, w)
+        seq += request(PUSH, 0, 2, 0, g) + request(PUSH_PULL, 1, 1, 0, g)
+        seq += pull(0, 3, 1, 4)
+        write("data_plane", name, seq)
+    # Compressed pushes: fp16 (variant bits 3-5 = 1) with 4 halves.
+    seq = bytes([0x08, 3]) + request(INIT, 0, 1, 0, w)
+    seq += bytes([2]) + lv(header(PUSH, 0, 2, 0, 4, "fp16")) + lv(struct.pack("<4e", 0.5, -0.5, 0.25, 0))
+    write("data_plane", "sync_fp16", seq)
+    # Built headers (kind 1|2): fields chosen by the harness.
+    built = bytes([0x01, 3, 3, 0, INIT - 1, 0, 1, 0, 4]) + lv(floats(*w))
+    built += bytes([3, 0, PUSH - 1, 1, 2, 0, 4]) + lv(floats(*g))
+    write("data_plane", "built_headers", built)
+    # Payloads at odd addresses (kind bit 4), as ZeroMQ may hand them over.
+    write("data_plane", "misaligned_payloads", bytes([0, 3]) + request(INIT, 0, 1, 0, w) +
+          bytes([6]) + lv(header(PUSH, 0, 2, 0, 4)) + lv(floats(*g)) +
+          bytes([6]) + lv(header(PUSH_PULL, 1, 1, 0, 4)) + lv(floats(*g)))
+    # A membership change (kind 15) between rounds.
+    write("data_plane", "membership", bytes([0, 3]) + request(INIT, 0, 1, 0, w) + bytes([15, 2]) +
+          request(PUSH, 0, 2, 0, g))
+
+
+def codec():
+    n = 8
+    x = floats(0.5, -1.0, 0.0, 2.0, -0.25, 1e-3, 3.0, -3.0)
+    # Codec index (CodecNames order), params byte, u16 n, u64 seed, payload.
+    for i in range(7):
+        write("codec", "codec%d_floats" % i, bytes([i, 0x21]) + u16(n) + struct.pack("<Q", 7) + x)
+        write("codec", "codec%d_empty" % i, bytes([i, 0x05]) + u16(0) + struct.pack("<Q", 1))
+
+
+def config():
+    write("config", "minimal", b"consistency: SYNC\nnum_servers: 2\nnum_workers: 2\n")
+    write("config", "full", b"""consistency: ASYNC
+num_servers: 3
+num_workers: 4
+partition_bytes: 65536
+replication: 2
+optimizer { kind: ADAM learning_rate: 0.001 }
+compression { codec: "topk:ratio=0.1" pull_codec: "fp16" }
+""")
+    write("config", "sum_only", b"consistency: SYNC\nnum_servers: 1\nnum_workers: 2\nupdate_mode: SUM_ONLY\n"
+          b"compression { codec: \"2bit:threshold=0.5\" }\n")
+    write("config", "overrides", b"consistency: SYNC\nnum_servers: 1\nnum_workers: 1\n\0"
+          b"optimizer.learning_rate=0.5\nconsistency=async\nnum_workers=3")
+    write("config", "checkpoint", b"consistency: SYNC\nnum_servers: 2\nnum_workers: 2\n"
+          b"checkpoint { dir: \"/tmp/ckpt\" every_rounds: 10 }\n")
+
+
+def scheduler():
+    SERVER, WORKER = 1, 2
+    reg_s = msg((1, 1), (2, SERVER), (4, "tcp://127.0.0.1:7001"), (5, "host-a"))
+    reg_w = msg((1, 1), (2, WORKER), (3, 0), (5, "host-b"))
+    tensor = msg((1, "w"), (2, 3), (2, 4), (3, 1))  # TensorSpec name, shape [3, 4], float32
+    define = msg((1, 2), (2, tensor))
+    heartbeat = msg((1, 1), (2, 1), (3, 0))
+    barrier = msg((1, 2), (2, "init"))
+    call = lambda method, body: bytes([method]) + lv(body)
+    write("scheduler", "rendezvous", bytes([0]) + call(0, reg_s) + call(0, reg_w) + call(2, define) +
+          call(1, heartbeat) + call(3, barrier) + call(4, b""))
+    write("scheduler", "checkpoint", bytes([0]) + call(0, reg_s) + call(0, reg_w) + call(2, define) +
+          call(5, msg((1, "/tmp/ckpt"))) + call(4, b""))
+    write("scheduler", "liveness", bytes([0x06]) + call(0, reg_s) + call(0, reg_w) + bytes([0xff]) +
+          call(1, heartbeat) + call(4, b""))
+
+
+if __name__ == "__main__":
+    data_plane()
+    codec()
+    config()
+    scheduler()
