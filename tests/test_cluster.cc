@@ -73,7 +73,9 @@ std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t
   std::vector<float> out(n);
   auto h = worker.Pull(tensor, absl::MakeSpan(out));
   EXPECT_TRUE(h.ok()) << h.status();
-  if (h.ok()) EXPECT_TRUE(worker.Wait(*h, absl::Seconds(10)).ok());
+  if (h.ok()) {
+    EXPECT_TRUE(worker.Wait(*h, absl::Seconds(10)).ok());
+  }
   return out;
 }
 
