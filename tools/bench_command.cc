@@ -356,6 +356,7 @@ absl::Status RunBench(const BenchOptions& o) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
 
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-bench-", getpid());
+  std::filesystem::remove_all(dir);  // left by a killed process with this pid: its address files are stale
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
   const std::string self = SelfExecutable();
