@@ -30,6 +30,8 @@ ClusterConfig Config(int servers, int workers, Consistency consistency = SYNC) {
 
 TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
 
+// Null (with the reason reported) when the worker cannot register; callers
+// ASSERT on it.
 std::unique_ptr<Worker> Connect(const TestCluster& cluster, uint32_t rank) {
   auto w = Worker::Create({.scheduler_address = cluster.scheduler_address(), .rank = rank});
   EXPECT_TRUE(w.ok()) << w.status();
@@ -40,6 +42,7 @@ TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_NE(worker, nullptr);
   const int n = 1001;  // 4 partitions of ~1 KiB over 2 servers, odd size
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", n), Tensor("b", 3)}).ok());
@@ -80,6 +83,7 @@ TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
   auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_NE(worker, nullptr);
   const int n = 4096;  // one partition, above onebit's minimum size
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", n)}).ok());
@@ -155,6 +159,7 @@ TEST(ClusterTest, PerPartitionPushPullMatchesWholeTensor) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", 700)}).ok());
   auto parts = worker->Partitions("w");
   ASSERT_TRUE(parts.ok());
@@ -185,6 +190,7 @@ TEST(ClusterTest, ThreadsSharingAWorkerEachGetTheirAnswers) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   constexpr int kThreads = 4, kRounds = 100, kN = 777;
   std::vector<TensorSpec> specs;
   for (int t = 0; t < kThreads; ++t) specs.push_back(Tensor("t" + std::to_string(t), kN));
@@ -238,6 +244,7 @@ TEST(ClusterTest, ErrorsNameTheTensorAndSizes) {
   auto cluster = TestCluster::Start(Config(1, 1));
   ASSERT_TRUE(cluster.ok());
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", 10)}).ok());
   std::vector<float> wrong(11);
   EXPECT_THAT(worker->Push("w", wrong).status().message(), HasSubstr("gradient has 11 elements, expected 10"));
@@ -270,6 +277,7 @@ TEST(ClusterTest, ServerDrainsAndExitsCleanlyOnSigterm) {
   auto cluster = TestCluster::Start(Config(1, 1));
   ASSERT_TRUE(cluster.ok());
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", 100)}).ok());
   std::vector<float> g(100, 1.0f), out(100);
   auto h = worker->PushPull("w", g, absl::MakeSpan(out));
