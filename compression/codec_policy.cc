@@ -127,6 +127,12 @@ std::string ApplyCompressionRecipe(ClusterConfig* config) {
     opt.set_epsilon(1e-4f);
     set.push_back("optimizer.epsilon=0.0001");
   }
+  if (!c.has_warmup_codec()) {
+    // Measured: fp16 warm-up rounds keep every codec within its bar and
+    // halve the warm-up's bytes (docs/performance.md).
+    c.set_warmup_codec("fp16");
+    set.push_back("compression.warmup_codec=fp16");
+  }
   if (push->name == "2bit" && c.codec().find(':') == std::string::npos) {
     // Measured best: scale 1 with onebit pulls; scale 0.25 with raw pulls.
     const bool pull_onebit = !c.has_pull_codec();

@@ -47,9 +47,9 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config);
 // Applies, for a lossy codec (2bit, onebit, topk) with Adam in sync mode,
 // the measured configuration that keeps its accuracy (docs/performance.md,
 // "Adam with a frozen variance"): update_mode SUM_ONLY, 150 uncompressed
-// rounds, Adam's variance frozen after them, epsilon 1e-4 unless set, and for
-// a bare "2bit" an adaptive threshold with onebit pulls unless a pull codec
-// is set. A config that sets update_mode, compression.uncompressed_rounds or
+// rounds in fp16 unless compression.warmup_codec is set, Adam's variance
+// frozen after them, epsilon 1e-4 unless set, and for a bare "2bit" an
+// adaptive threshold with onebit pulls unless a pull codec is set. A config that sets update_mode, compression.uncompressed_rounds or
 // optimizer.freeze_variance_after is tuned by hand and left alone (so a
 // second application changes nothing). Returns one line saying what was set,
 // or why nothing could be; empty when there is nothing to say.

@@ -23,6 +23,7 @@ TEST(CompressionRecipeTest, BareTwoBitWithAdamGetsTheMeasuredRecipe) {
   EXPECT_TRUE(absl::StrContains(line, "measured accuracy recipe")) << line;
   EXPECT_EQ(c.update_mode(), SUM_ONLY);
   EXPECT_EQ(c.compression().uncompressed_rounds(), 150u);
+  EXPECT_EQ(c.compression().warmup_codec(), "fp16");
   EXPECT_EQ(c.optimizer().freeze_variance_after(), 150u);
   EXPECT_FLOAT_EQ(c.optimizer().epsilon(), 1e-4f);
   EXPECT_EQ(c.compression().codec(), "2bit:scale=1");
@@ -38,9 +39,12 @@ TEST(CompressionRecipeTest, BareTwoBitWithAdamGetsTheMeasuredRecipe) {
 TEST(CompressionRecipeTest, FieldsSetByTheUserWin) {
   ClusterConfig c = WithCodec("onebit");
   ASSERT_TRUE(SetConfigField(&c, "optimizer.epsilon=1e-3").ok());
+  ASSERT_TRUE(SetConfigField(&c, "compression.warmup_codec=none").ok());
   std::string line = ApplyCompressionRecipe(&c);
   EXPECT_FALSE(absl::StrContains(line, "epsilon")) << line;
+  EXPECT_FALSE(absl::StrContains(line, "warmup_codec")) << line;
   EXPECT_FLOAT_EQ(c.optimizer().epsilon(), 1e-3f);
+  EXPECT_EQ(c.compression().warmup_codec(), "none");
   EXPECT_EQ(c.update_mode(), SUM_ONLY);
   EXPECT_EQ(c.compression().codec(), "onebit");
   EXPECT_EQ(c.compression().pull_codec(), "none");
