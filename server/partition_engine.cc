@@ -677,7 +677,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
   const float* g = payload.data<float>();
   if (const compression::Codec* codec = PushCodec(p, h.round()).codec; codec != nullptr) {
     absl::Status s = codec->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
-                                           compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
+                                   compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
     if (s.ok() && config_.reject_non_finite()) s = CheckFinite(p, h, p.scratch.data());
     if (!s.ok()) {
       Answer(peer, h, s);
