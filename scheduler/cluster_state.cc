@@ -186,11 +186,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   }
   if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (Excluded(request.rank())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", request.rank(), " was declared dead and removed from the running job (shard map epoch ",
-        map_.epoch(), "); rejoining a running job is not supported yet"));
-  }
+  if (Excluded(request.rank())) return RejoinRunningJob(request);
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     const Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
@@ -403,6 +399,61 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   return response;
 }
 
+uint64_t ClusterState::RoundPastServers() const {
+  uint64_t reported = 0;
+  double rate = 0;
+  for (const auto& [index, node] : servers_) {
+    if (node.dead) continue;
+    reported = std::max(reported, node.completed_round);
+    rate = std::max(rate, node.round_rate);
+  }
+  const double lag_seconds = 2.0 * config_.heartbeat_interval_ms() / 1000.0;
+  return reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
+}
+
+absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request) {
+  const uint32_t rank = request.rank();
+  if (map_.partitions_size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " was removed from the job before it defined its tensors (shard map epoch ",
+        map_.epoch(), "); a rank can rejoin only a job that is training"));
+  }
+  // The same rule as a checkpoint's round: past every server's round by
+  // what the fastest completes before the new map reaches it, so no
+  // partition has completed the join round yet.
+  const uint64_t round = RoundPastServers();
+  auto* excluded = map_.mutable_excluded_workers();
+  excluded->erase(std::remove(excluded->begin(), excluded->end(), rank), excluded->end());
+  Node& node = workers_[rank];
+  node = Node{next_node_id_++, WORKER, rank, "", request.host(), clock_(), 0};
+  node.rendezvous = true;
+  WorkerRejoin* entry = nullptr;
+  for (WorkerRejoin& r : *map_.mutable_rejoined_workers()) {
+    if (r.rank() == rank) entry = &r;
+  }
+  if (entry == nullptr) entry = map_.add_rejoined_workers();
+  entry->set_rank(rank);
+  entry->set_round(round);
+  entry->set_incarnation(node.id);
+  while (map_.worker_curve_keys_size() < static_cast<int>(config_.num_workers())) map_.add_worker_curve_keys();
+  map_.set_worker_curve_keys(rank, request.curve_public_key());
+  map_.set_epoch(map_.epoch() + 1);
+  LOG(WARNING) << "worker rank " << rank << " (host " << request.host() << ") rejoins the running job at round "
+               << round << "; shard map epoch " << map_.epoch() << ", " << LiveWorkers() << " workers in the job";
+  RegisterResponse response;
+  response.set_node_id(node.id);
+  *response.mutable_config() = config_;
+  response.set_rejoin_round(round);
+  for (const auto& [name, b] : barriers_) {
+    if (b.generation == 0) continue;
+    BarrierPass* pass = response.add_passed_barriers();
+    pass->set_name(name);
+    pass->mutable_live_ranks()->Assign(b.live_at_pass.begin(), b.live_at_pass.end());
+  }
+  Save();
+  return response;
+}
+
 std::vector<std::string> ClusterState::CheckLiveness() {
   const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
@@ -540,15 +591,7 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   if (map_.partitions_size() == 0) {
     return absl::FailedPreconditionError("checkpoint: no tensors are defined yet, so there is nothing to save");
   }
-  uint64_t reported = 0;
-  double rate = 0;
-  for (const auto& [index, node] : servers_) {
-    if (node.dead) continue;
-    reported = std::max(reported, node.completed_round);
-    rate = std::max(rate, node.round_rate);
-  }
-  const double lag_seconds = 2.0 * config_.heartbeat_interval_ms() / 1000.0;
-  const uint64_t round = reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
+  const uint64_t round = RoundPastServers();
   map_.set_epoch(map_.epoch() + 1);
   map_.mutable_checkpoint()->set_dir(dir);
   map_.mutable_checkpoint()->set_round(round);
