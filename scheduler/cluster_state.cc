@@ -274,6 +274,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     const double seconds = absl::ToDoubleSeconds(node->last_seen - node->round_seen);
     if (seconds > 0) {
       node->round_rate = static_cast<double>(request.completed_round() - node->completed_round) / seconds;
+      node->peak_rate = std::max(node->peak_rate, node->round_rate);
     }
     node->completed_round = request.completed_round();
     node->round_seen = node->last_seen;
@@ -399,15 +400,17 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   return response;
 }
 
-uint64_t ClusterState::RoundPastServers() const {
+uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
   uint64_t reported = 0;
   double rate = 0;
+  absl::Duration age = absl::ZeroDuration();
   for (const auto& [index, node] : servers_) {
     if (node.dead) continue;
     reported = std::max(reported, node.completed_round);
-    rate = std::max(rate, node.round_rate);
+    rate = std::max(rate, for_rejoin ? node.peak_rate : node.round_rate);
+    if (for_rejoin) age = std::max(age, clock_() - node.last_seen);  // its report's age
   }
-  const double lag_seconds = 2.0 * config_.heartbeat_interval_ms() / 1000.0;
+  const double lag_seconds = 2.0 * config_.heartbeat_interval_ms() / 1000.0 + absl::ToDoubleSeconds(age);
   return reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
 }
 
@@ -418,10 +421,11 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
         "worker rank ", rank, " was removed from the job before it defined its tensors (shard map epoch ",
         map_.epoch(), "); a rank can rejoin only a job that is training"));
   }
-  // The same rule as a checkpoint's round: past every server's round by
-  // what the fastest completes before the new map reaches it, so no
-  // partition has completed the join round yet.
-  const uint64_t round = RoundPastServers();
+  // The rule of a checkpoint's round, made safer: a rank is usually
+  // removed after rounds stalled waiting for it, so the rate between the
+  // last reports understates the pace the survivors resume at; a round
+  // completed without the worker would refuse it (PartitionEngine::Rejoin).
+  const uint64_t round = RoundPastServers(/*for_rejoin=*/true);
   auto* excluded = map_.mutable_excluded_workers();
   excluded->erase(std::remove(excluded->begin(), excluded->end(), rank), excluded->end());
   Node& node = workers_[rank];
@@ -591,7 +595,7 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   if (map_.partitions_size() == 0) {
     return absl::FailedPreconditionError("checkpoint: no tensors are defined yet, so there is nothing to save");
   }
-  const uint64_t round = RoundPastServers();
+  const uint64_t round = RoundPastServers(/*for_rejoin=*/false);
   map_.set_epoch(map_.epoch() + 1);
   map_.mutable_checkpoint()->set_dir(dir);
   map_.mutable_checkpoint()->set_round(round);

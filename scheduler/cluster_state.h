@@ -112,6 +112,7 @@ class ClusterState {
     uint64_t completed_round = 0;
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
+    double peak_rate = 0;  // the highest round_rate seen
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
     bool rendezvous = false;    // workers: their Register call waits for the cluster
   };
@@ -147,7 +148,10 @@ class ClusterState {
   // A round no partition has completed yet: past the most any server
   // reported, by the rounds the fastest one completes in two heartbeat
   // intervals (its report's age plus the new map's way to it), plus one.
-  uint64_t RoundPastServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `for_rejoin`: at the highest rate any server ever reported (rounds that
+  // stalled for a dead worker resume at full pace, which the last two
+  // reports understate), over two intervals plus the oldest report's age.
+  uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `request` takes its excluded rank back: a new epoch drops the
   // rank from excluded_workers and records its join round J
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J

@@ -356,11 +356,15 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
   }
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<DeviceGroup> group,
                            DeviceGroup::Create(worker, std::move(devices), std::move(tensors)));
-  SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
+  // A rejoined worker pulls before its first step (see RunTrainingWorker).
+  bool pulled = worker.rejoin().round == 0;
+  if (pulled) SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
   std::vector<Replica> replicas(num_devices, Replica{model, {}, 0});
 
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    if (!pulled) SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
+    pulled = true;
     const auto compute_start = std::chrono::steady_clock::now();
     SHARDPS_ASSIGN_OR_RETURN(float loss, RunReplicas(*group, replicas, images, labels, o.batch_size / num_devices));
     SlowDown(o, compute_start);
@@ -446,11 +450,16 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));
   SHARDPS_RETURN_IF_ERROR(JoinJob(worker, model, o));
   auto& params = model.params();
-  SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
+  // A rejoined worker pulls before its first step: the pull waits for the
+  // round before its join round, which may lie past barriers still ahead.
+  bool pulled = worker.rejoin().round == 0;
+  if (pulled) SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
 
   std::vector<std::vector<float>> grads;
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    if (!pulled) SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
+    pulled = true;
     const auto compute_start = std::chrono::steady_clock::now();
     const float loss = model.ForwardBackward(images, labels, o.batch_size, &grads);
     SlowDown(o, compute_start);
