@@ -215,9 +215,10 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   EXPECT_EQ(state_->RegisterWorker(Node(WORKER, 2)).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
-TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsRefusedSayingWhy) {
+// A 1-server, 2-worker cluster on `config` whose worker 1 is declared dead
+// before any tensor is defined; returns worker 1's second registration.
+absl::Status RegisterAgainAfterRemoval(ClusterConfig config) {
   absl::Time now = absl::FromUnixSeconds(1000);
-  ClusterConfig config;
   config.set_num_servers(1);
   config.set_num_workers(2);
   config.set_heartbeat_timeout_ms(1000);
@@ -225,21 +226,33 @@ TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsRefusedSayingWhy
   std::vector<uint64_t> ids = {state.RegisterServer(Node(SERVER, 0, "tcp://s:1"))->node_id(),
                                state.RegisterWorker(Node(WORKER, 0))->node_id(),
                                state.RegisterWorker(Node(WORKER, 1))->node_id()};
-  ASSERT_THAT(state.CheckLiveness(), IsEmpty());
+  state.CheckLiveness();
   for (int t = 0; t < 12; ++t) {
     now += absl::Milliseconds(100);
     for (int i : {0, 1}) {
       HeartbeatRequest h;
       h.set_node_id(ids[i]);
-      ASSERT_TRUE(state.Heartbeat(h).ok());
+      if (!state.Heartbeat(h).ok()) return absl::InternalError("heartbeat refused");
     }
     state.CheckLiveness();
   }
-  ASSERT_THAT(state.Status().shard_map().excluded_workers(), ElementsAre(1u));
-  auto refused = state.RegisterWorker(Node(WORKER, 1));
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.status().message(), HasSubstr("worker rank 1 was removed from the job before it defined"));
-  EXPECT_THAT(state.RegisterWorker(Node(WORKER, 2)).status().message(), HasSubstr("outside [0, 2)"));
+  if (state.Status().shard_map().excluded_workers_size() != 1) return absl::InternalError("worker 1 not removed");
+  return state.RegisterWorker(Node(WORKER, 1)).status();
+}
+
+TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsRefusedSayingWhy) {
+  absl::Status refused = RegisterAgainAfterRemoval(ClusterConfig());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("worker rank 1 was removed from the job before it defined"));
+}
+
+TEST(WorkerRejoinTest, ARankIsRefusedWhereTheWorkersHoldTheWeights) {
+  ClusterConfig sum_only;
+  sum_only.set_update_mode(SUM_ONLY);
+  EXPECT_THAT(RegisterAgainAfterRemoval(sum_only).message(), HasSubstr("update_mode sum_only"));
+  ClusterConfig deltas;
+  deltas.mutable_compression()->set_pull_codec("fp16");
+  EXPECT_THAT(RegisterAgainAfterRemoval(deltas).message(), HasSubstr("weight deltas"));
 }
 
 TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {

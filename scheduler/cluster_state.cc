@@ -416,6 +416,19 @@ uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
 
 absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request) {
   const uint32_t rank = request.rank();
+  // A new process starts with no weights of its own: where the workers hold
+  // the weights, it has nothing to continue from.
+  const std::string& pull_codec = config_.compression().pull_codec();
+  if (config_.update_mode() == SUM_ONLY) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " was removed from the job and cannot rejoin it: with update_mode sum_only the "
+        "weights and optimizer state live on the workers, which a new process does not have"));
+  }
+  if (config_.consistency() == SYNC && !pull_codec.empty() && pull_codec != "none") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " was removed from the job and cannot rejoin it: pull_codec '", pull_codec,
+        "' sends sync workers weight deltas, and a new process lacks the weights they apply to"));
+  }
   if (map_.partitions_size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", rank, " was removed from the job before it defined its tensors (shard map epoch ",

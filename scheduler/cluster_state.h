@@ -156,7 +156,8 @@ class ClusterState {
   // rank from excluded_workers and records its join round J
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
   // only. The answer carries J and the barriers passed so far. Refused
-  // before the tensors are defined (no round to join at).
+  // before the tensors are defined (no round to join at), and where the
+  // workers hold the weights (update_mode SUM_ONLY, sync pull codecs).
   absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
