@@ -80,6 +80,23 @@ class LivenessTest : public ::testing::Test {
     }
   }
 
+  // Servers report round 0, then a second later `round` (server 0) and a
+  // little less (server 1): `round` rounds a second.
+  void ReportRounds(uint64_t round) {
+    Report(0, 0);
+    Report(1, 0);
+    now_ += absl::Seconds(1);
+    Report(0, round);
+    Report(1, round - 2);
+  }
+  void Report(int server, uint64_t completed) {
+    HeartbeatRequest h;
+    h.set_node_id(server_ids_[server]);
+    h.set_applied_epoch(1);
+    h.set_completed_round(completed);
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  }
+
   ClusterConfig config_;
   absl::Time now_ = absl::FromUnixSeconds(1000);
   std::optional<SchedulerState> saved_;
@@ -134,12 +151,10 @@ TEST_F(LivenessTest, ABarrierPassesWhenTheWorkerItWaitsForIsDeclaredDead) {
   EXPECT_EQ(state_->Barrier(worker_ids_[2], "done", absl::Now()).code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(LivenessTest, ARemovedWorkerCannotRejoinAndAReplacementServerTakesTheDeadOnesPlace) {
+TEST_F(LivenessTest, AReplacementServerTakesTheDeadOnesPlace) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0}, {0, 1}, 1);
   ASSERT_THAT(Advance(200), SizeIs(2));
-  EXPECT_THAT(state_->RegisterWorker(Node(WORKER, 2)).status().message(),
-              HasSubstr("rejoining a running job is not supported yet"));
   // While the server at an address is alive, no second one takes it over.
   EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://s:1")).status().code(), absl::StatusCode::kAlreadyExists);
   const uint64_t epoch = state_->Status().shard_map().epoch();
@@ -160,6 +175,84 @@ TEST_F(LivenessTest, ARemovedWorkerCannotRejoinAndAReplacementServerTakesTheDead
   // The cluster is whole again: a third server is refused.
   EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://u:2")).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoch) {
+  // Worker 2 dies; the other two pass the barrier of epoch 1 without it.
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);
+  ASSERT_THAT(Advance(200), SizeIs(1));
+  std::thread other([this] { EXPECT_TRUE(state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Seconds(5)).ok()); });
+  ASSERT_TRUE(state_->Barrier(worker_ids_[1], "epoch 1", absl::Now() + absl::Seconds(5)).ok());
+  other.join();
+  ReportRounds(50);  // 50 rounds a second, up to round 50
+  // Then rounds stalled (waiting for the dead worker) and resumed: the
+  // last two reports say 5 rounds a second, an understatement.
+  now_ += absl::Seconds(2);
+  Report(0, 60);
+  Report(1, 58);
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  // Two heartbeat intervals (1 s each) at the peak 50 rounds a second past
+  // round 60, and one more: no server has completed it yet.
+  EXPECT_EQ(rejoined->rejoin_round(), 60u + 100u + 1u);
+  EXPECT_GT(rejoined->node_id(), worker_ids_[2]);
+  ASSERT_EQ(rejoined->passed_barriers_size(), 1);
+  EXPECT_EQ(rejoined->passed_barriers(0).name(), "epoch 1");
+  EXPECT_THAT(rejoined->passed_barriers(0).live_ranks(), ElementsAre(0u, 1u));
+  const ShardMap map = state_->Status().shard_map();
+  EXPECT_EQ(map.epoch(), epoch + 1);
+  EXPECT_THAT(map.excluded_workers(), IsEmpty());
+  ASSERT_EQ(map.rejoined_workers_size(), 1);
+  EXPECT_EQ(map.rejoined_workers(0).rank(), 2u);
+  EXPECT_EQ(map.rejoined_workers(0).round(), rejoined->rejoin_round());
+  EXPECT_EQ(map.rejoined_workers(0).incarnation(), rejoined->node_id());
+  ASSERT_TRUE(saved_.has_value());
+  EXPECT_EQ(saved_->shard_map().rejoined_workers_size(), 1) << "persisted for a restarted scheduler";
+  // The rank is held again: a second process for it is refused.
+  EXPECT_EQ(state_->RegisterWorker(Node(WORKER, 2)).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+// A 1-server, 2-worker cluster on `config` whose worker 1 is declared dead
+// before any tensor is defined; returns worker 1's second registration.
+absl::Status RegisterAgainAfterRemoval(ClusterConfig config) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  config.set_heartbeat_timeout_ms(1000);
+  ClusterState state(config, [&now] { return now; });
+  std::vector<uint64_t> ids = {state.RegisterServer(Node(SERVER, 0, "tcp://s:1"))->node_id(),
+                               state.RegisterWorker(Node(WORKER, 0))->node_id(),
+                               state.RegisterWorker(Node(WORKER, 1))->node_id()};
+  state.CheckLiveness();
+  for (int t = 0; t < 12; ++t) {
+    now += absl::Milliseconds(100);
+    for (int i : {0, 1}) {
+      HeartbeatRequest h;
+      h.set_node_id(ids[i]);
+      if (!state.Heartbeat(h).ok()) return absl::InternalError("heartbeat refused");
+    }
+    state.CheckLiveness();
+  }
+  if (state.Status().shard_map().excluded_workers_size() != 1) return absl::InternalError("worker 1 not removed");
+  return state.RegisterWorker(Node(WORKER, 1)).status();
+}
+
+TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsRefusedSayingWhy) {
+  absl::Status refused = RegisterAgainAfterRemoval(ClusterConfig());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("worker rank 1 was removed from the job before it defined"));
+}
+
+TEST(WorkerRejoinTest, ARankIsRefusedWhereTheWorkersHoldTheWeights) {
+  ClusterConfig sum_only;
+  sum_only.set_update_mode(SUM_ONLY);
+  EXPECT_THAT(RegisterAgainAfterRemoval(sum_only).message(), HasSubstr("update_mode sum_only"));
+  ClusterConfig deltas;
+  deltas.mutable_compression()->set_pull_codec("fp16");
+  EXPECT_THAT(RegisterAgainAfterRemoval(deltas).message(), HasSubstr("weight deltas"));
 }
 
 TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
@@ -279,18 +372,7 @@ TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {
 }
 
 TEST_F(LivenessTest, ACheckpointIsPlacedPastEveryServersRoundByItsPaceInANewEpoch) {
-  auto report = [this](int server, uint64_t round) {
-    HeartbeatRequest h;
-    h.set_node_id(server_ids_[server]);
-    h.set_applied_epoch(1);
-    h.set_completed_round(round);
-    ASSERT_TRUE(state_->Heartbeat(h).ok());
-  };
-  report(0, 0);
-  report(1, 0);
-  now_ += absl::Seconds(1);
-  report(0, 50);  // 50 rounds a second
-  report(1, 48);
+  ReportRounds(50);
   auto r = state_->RequestCheckpoint("/ckpt");
   ASSERT_TRUE(r.ok()) << r.status();
   // Two heartbeat intervals (1 s each) at 50 rounds a second past round 50, and one more.

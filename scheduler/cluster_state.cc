@@ -186,11 +186,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   }
   if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (Excluded(request.rank())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", request.rank(), " was declared dead and removed from the running job (shard map epoch ",
-        map_.epoch(), "); rejoining a running job is not supported yet"));
-  }
+  if (Excluded(request.rank())) return RejoinRunningJob(request);
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     const Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
@@ -278,6 +274,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     const double seconds = absl::ToDoubleSeconds(node->last_seen - node->round_seen);
     if (seconds > 0) {
       node->round_rate = static_cast<double>(request.completed_round() - node->completed_round) / seconds;
+      node->peak_rate = std::max(node->peak_rate, node->round_rate);
     }
     node->completed_round = request.completed_round();
     node->round_seen = node->last_seen;
@@ -399,6 +396,77 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   response.set_server_index(index);
   response.set_joins_running_job(true);
   *response.mutable_config() = config_;
+  Save();
+  return response;
+}
+
+uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
+  uint64_t reported = 0;
+  double rate = 0;
+  absl::Duration age = absl::ZeroDuration();
+  for (const auto& [index, node] : servers_) {
+    if (node.dead) continue;
+    reported = std::max(reported, node.completed_round);
+    rate = std::max(rate, for_rejoin ? node.peak_rate : node.round_rate);
+    if (for_rejoin) age = std::max(age, clock_() - node.last_seen);  // its report's age
+  }
+  const double lag_seconds = 2.0 * config_.heartbeat_interval_ms() / 1000.0 + absl::ToDoubleSeconds(age);
+  return reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
+}
+
+absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request) {
+  const uint32_t rank = request.rank();
+  // A new process starts with no weights of its own: where the workers hold
+  // the weights, it has nothing to continue from.
+  const std::string& pull_codec = config_.compression().pull_codec();
+  if (config_.update_mode() == SUM_ONLY) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " was removed from the job and cannot rejoin it: with update_mode sum_only the "
+        "weights and optimizer state live on the workers, which a new process does not have"));
+  }
+  if (config_.consistency() == SYNC && !pull_codec.empty() && pull_codec != "none") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " was removed from the job and cannot rejoin it: pull_codec '", pull_codec,
+        "' sends sync workers weight deltas, and a new process lacks the weights they apply to"));
+  }
+  if (map_.partitions_size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", rank, " was removed from the job before it defined its tensors (shard map epoch ",
+        map_.epoch(), "); a rank can rejoin only a job that is training"));
+  }
+  // The rule of a checkpoint's round, made safer: a rank is usually
+  // removed after rounds stalled waiting for it, so the rate between the
+  // last reports understates the pace the survivors resume at; a round
+  // completed without the worker would refuse it (PartitionEngine::Rejoin).
+  const uint64_t round = RoundPastServers(/*for_rejoin=*/true);
+  auto* excluded = map_.mutable_excluded_workers();
+  excluded->erase(std::remove(excluded->begin(), excluded->end(), rank), excluded->end());
+  Node& node = workers_[rank];
+  node = Node{next_node_id_++, WORKER, rank, "", request.host(), clock_(), 0};
+  node.rendezvous = true;
+  WorkerRejoin* entry = nullptr;
+  for (WorkerRejoin& r : *map_.mutable_rejoined_workers()) {
+    if (r.rank() == rank) entry = &r;
+  }
+  if (entry == nullptr) entry = map_.add_rejoined_workers();
+  entry->set_rank(rank);
+  entry->set_round(round);
+  entry->set_incarnation(node.id);
+  while (map_.worker_curve_keys_size() < static_cast<int>(config_.num_workers())) map_.add_worker_curve_keys();
+  map_.set_worker_curve_keys(rank, request.curve_public_key());
+  map_.set_epoch(map_.epoch() + 1);
+  LOG(WARNING) << "worker rank " << rank << " (host " << request.host() << ") rejoins the running job at round "
+               << round << "; shard map epoch " << map_.epoch() << ", " << LiveWorkers() << " workers in the job";
+  RegisterResponse response;
+  response.set_node_id(node.id);
+  *response.mutable_config() = config_;
+  response.set_rejoin_round(round);
+  for (const auto& [name, b] : barriers_) {
+    if (b.generation == 0) continue;
+    BarrierPass* pass = response.add_passed_barriers();
+    pass->set_name(name);
+    pass->mutable_live_ranks()->Assign(b.live_at_pass.begin(), b.live_at_pass.end());
+  }
   Save();
   return response;
 }
@@ -540,15 +608,7 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   if (map_.partitions_size() == 0) {
     return absl::FailedPreconditionError("checkpoint: no tensors are defined yet, so there is nothing to save");
   }
-  uint64_t reported = 0;
-  double rate = 0;
-  for (const auto& [index, node] : servers_) {
-    if (node.dead) continue;
-    reported = std::max(reported, node.completed_round);
-    rate = std::max(rate, node.round_rate);
-  }
-  const double lag_seconds = 2.0 * config_.heartbeat_interval_ms() / 1000.0;
-  const uint64_t round = reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
+  const uint64_t round = RoundPastServers(/*for_rejoin=*/false);
   map_.set_epoch(map_.epoch() + 1);
   map_.mutable_checkpoint()->set_dir(dir);
   map_.mutable_checkpoint()->set_round(round);

@@ -48,8 +48,9 @@ class ClusterState {
   // partitions). Refuses more servers than configured and data addresses
   // that are not tcp://host:port with a port in [1, 65535].
   absl::StatusOr<RegisterResponse> RegisterServer(const RegisterRequest& request);
-  // Refuses ranks outside [0, num_workers), ranks removed from the running
-  // job, and a rank held by a live registration: one still waiting for the
+  // A rank removed from the running job (declared dead) may register again:
+  // it rejoins at a round past every server's (RejoinRunningJob). Refuses
+  // ranks outside [0, num_workers), and a rank held by a live registration: one still waiting for the
   // cluster, or, once it formed, one heard from within heartbeat_timeout_ms.
   // A rank registering again after that replaces its old entry (a restarted
   // worker gets a new node id; servers refuse its pushes that would restart
@@ -111,6 +112,7 @@ class ClusterState {
     uint64_t completed_round = 0;
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
+    double peak_rate = 0;  // the highest round_rate seen
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
     bool rendezvous = false;    // workers: their Register call waits for the cluster
   };
@@ -142,6 +144,21 @@ class ClusterState {
   // Server `request` takes dead server `index`'s place in the running job:
   // a new epoch gives it the copies that are missing.
   absl::StatusOr<RegisterResponse> JoinRunningJob(uint32_t index, const RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A round no partition has completed yet: past the most any server
+  // reported, by the rounds the fastest one completes in two heartbeat
+  // intervals (its report's age plus the new map's way to it), plus one.
+  // `for_rejoin`: at the highest rate any server ever reported (rounds that
+  // stalled for a dead worker resume at full pace, which the last two
+  // reports understate), over two intervals plus the oldest report's age.
+  uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `request` takes its excluded rank back: a new epoch drops the
+  // rank from excluded_workers and records its join round J
+  // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
+  // only. The answer carries J and the barriers passed so far. Refused
+  // before the tensors are defined (no round to join at), and where the
+  // workers hold the weights (update_mode SUM_ONLY, sync pull codecs).
+  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.

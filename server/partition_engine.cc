@@ -179,14 +179,25 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
 void PartitionEngine::ApplyMembership(const ShardMap& map) {
   const uint32_t workers = config_.num_workers();
   excluded_.resize(workers, false);
+  join_incarnation_.resize(workers, 0);
+  // The map says who is out: a rank leaves the list only by rejoining.
+  std::vector<bool> now_excluded(workers, false);
+  for (uint32_t r : map.excluded_workers()) {
+    if (r < workers) now_excluded[r] = true;
+  }
   std::vector<bool> removed(workers, false);
   bool any = false;
-  for (uint32_t r : map.excluded_workers()) {
-    if (r >= workers || excluded_[r]) continue;
-    excluded_[r] = removed[r] = any = true;
-    ++num_excluded_;
-    LOG(WARNING) << "server " << server_index_ << ": worker " << r << " was removed from the job (shard map epoch "
-                 << epoch_ << "); " << (RoundBased(config_) ? "rounds complete without it" : "");
+  for (uint32_t r = 0; r < workers; ++r) {
+    if (now_excluded[r] && !excluded_[r]) {
+      removed[r] = any = true;
+      LOG(WARNING) << "server " << server_index_ << ": worker " << r << " was removed from the job (shard map epoch "
+                   << epoch_ << "); " << (RoundBased(config_) ? "rounds complete without it" : "");
+    }
+  }
+  excluded_ = now_excluded;
+  num_excluded_ = static_cast<uint32_t>(std::count(excluded_.begin(), excluded_.end(), true));
+  for (const WorkerRejoin& r : map.rejoined_workers()) {
+    if (r.rank() < workers && !excluded_[r.rank()] && r.incarnation() != join_incarnation_[r.rank()]) Rejoin(r);
   }
   if (!any) return;
   const absl::Status gone = absl::UnavailableError("this worker was removed from the job");
@@ -209,11 +220,48 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
   }
 }
 
+void PartitionEngine::Rejoin(const WorkerRejoin& r) {
+  const uint32_t w = r.rank();
+  join_round_.resize(config_.num_workers(), 0);  // from now on rounds check who is counted
+  join_round_[w] = r.round();
+  join_incarnation_[w] = r.incarnation();
+  worker_last_id_[w] = 0;  // a new process numbers its requests afresh
+  LOG(WARNING) << "server " << server_index_ << ": worker " << w << " rejoins the job (registration "
+               << r.incarnation() << ", shard map epoch " << epoch_ << ")"
+               << (RoundBased(config_) ? absl::StrCat(": counted in rounds >= ", r.round()) : "");
+  for (auto& [id, part] : partitions_) {
+    Partition& p = *part;
+    p.incarnation[w] = r.incarnation();
+    // Async: its pushes are counted afresh (what the dead process had
+    // applied was acknowledged to no survivor).
+    p.last_request[w] = 0;
+    p.applied_by[w] = 0;
+    if (!RoundBased(config_)) continue;
+    p.next_round[w] = r.round();
+    if (p.completed > r.round()) {
+      // The scheduler placed the round past every server's by their pace;
+      // this one was faster. Rounds up to the open one completed without
+      // the worker: its pushes of them are refused (PushSync), so it fails
+      // and rejoins later rather than have a gradient counted in a later
+      // round than its own.
+      LOG(ERROR) << "server " << server_index_ << ": partition " << p.id << " had completed " << p.completed
+                 << " rounds when worker " << w << " rejoined at round " << r.round()
+                 << ": its pushes of the rounds before " << p.completed << " are refused";
+    }
+  }
+}
+
+bool PartitionEngine::Counted(const Partition& p, uint32_t w) const {
+  // Before its join round, and where the rounds went past it (a late map),
+  // a rejoined worker is not waited for.
+  return !excluded_[w] && JoinRound(w) <= p.completed && p.next_round[w] >= p.completed;
+}
+
 bool PartitionEngine::RoundComplete(const Partition& p) const {
-  if (num_excluded_ == 0) return p.arrivals == config_.num_workers();
+  if (num_excluded_ == 0 && join_round_.empty()) return p.arrivals == config_.num_workers();
   if (p.arrivals == 0) return false;
   for (uint32_t w = 0; w < config_.num_workers(); ++w) {
-    if (!excluded_[w] && !Contributed(p, w)) return false;
+    if (Counted(p, w) && !Contributed(p, w)) return false;
   }
   return true;
 }
@@ -228,7 +276,7 @@ absl::Status PartitionEngine::CheckIncarnation(Partition& p, const DataHeader& h
         "worker ", w, " restarted (registration ", incarnation, ", was ", p.incarnation[w], ") and pushes round ",
         h.round(), " of partition ", p.id, ", which its previous process had taken to round ",
         RoundBased(config_) ? p.next_round[w] : p.completed,
-        ": a restarted worker cannot rejoin a running job yet (its pushes would be taken for retries)"));
+        ": a restarted worker rejoins once its rank was declared dead, at the round the scheduler gives it"));
   }
   p.incarnation[w] = incarnation;
   return absl::OkStatus();
@@ -450,6 +498,11 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
                                zmq::message_t* payload, bool answer) {
   const uint32_t w = h.worker_rank();
   const uint64_t round = h.round();
+  if (round < JoinRound(w)) {
+    Answer(peer, h, absl::InvalidArgumentError(absl::StrCat("worker ", w, " rejoined the job at round ", JoinRound(w),
+                                                            " and pushed round ", round, " of partition ", p.id)));
+    return;
+  }
   if (round < p.next_round[w]) {
     // A retry of a push already counted: do not apply it twice.
     if (answer) AnswerPush(p, peer, h, round);
@@ -458,6 +511,16 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   if (round > p.next_round[w]) {
     Answer(peer, h, absl::InvalidArgumentError(absl::StrCat("worker ", w, " pushed round ", round, " of partition ",
                                                             p.id, " but owes round ", p.next_round[w])));
+    return;
+  }
+  if (round < p.completed) {
+    // Owed, but the partition went past it: a worker that rejoined at a
+    // round this server learned of too late (Rejoin).
+    Answer(peer, h, absl::FailedPreconditionError(absl::StrCat(
+                        "worker ", w, " rejoined at round ", JoinRound(w), " but partition ", p.id, " on server ",
+                        server_index_, " had completed ", p.completed,
+                        " rounds without it when it learned of that: its push of round ", round,
+                        " is refused (the worker must rejoin again)")));
     return;
   }
   if (round > p.completed + max_ahead_) {
@@ -569,7 +632,7 @@ void PartitionEngine::SumRound(Partition& p) {
     auto rank = [&](uint32_t w) { return raw ? p.held[w].data<float>() : p.decoded[w].data(); };
     bool first = true;
     for (uint32_t w = 0; w < workers; ++w) {
-      if (num_excluded_ > 0 && !Contributed(p, w)) continue;  // removed before pushing this round
+      if (!Contributed(p, w)) continue;  // removed before pushing this round, or not rejoined yet
       if (first) {
         std::memcpy(p.acc.data(), rank(w), p.n * sizeof(float));
         first = false;
@@ -741,7 +804,10 @@ void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const
     AnswerWeights(p, peer, h);
     return;
   }
-  if (round > p.completed + max_ahead_) {
+  // A rejoined worker's first pull waits for the round before its join
+  // round, however far ahead that is (one waiter per partition).
+  const bool joining = round > 0 && round == JoinRound(h.worker_rank());
+  if (round > p.completed + max_ahead_ && !joining) {
     Answer(peer, h, absl::InvalidArgumentError(absl::StrCat("pull waits for round ", round, " of partition ", p.id,
                                                             " which has completed ", p.completed)));
     return;

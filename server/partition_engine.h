@@ -108,7 +108,8 @@ class PartitionEngine {
   // its membership: requests of workers in `excluded_workers` are refused
   // from then on, and sync rounds complete with the workers that remain
   // (a round a removed worker was holding up completes at once, averaged
-  // over the workers that contributed to it).
+  // over the workers that contributed to it). A rank in `rejoined_workers`
+  // (and no longer excluded) is counted again from its join round on.
   // Fails if the config names a codec that cannot be created, or a
   // checkpoint to restore that is corrupt or does not match the map.
   // Copies this server holds in no later map are dropped (a copy moved to
@@ -304,7 +305,15 @@ class PartitionEngine {
   // would restart the rounds the old process had reached.
   absl::Status CheckIncarnation(Partition& p, const DataHeader& h) const;
   void ApplyMembership(const ShardMap& map);
-  // Sync: every worker still in the job has pushed the current round.
+  // Worker `r.rank()` rejoined the job (a new registration): sync rounds
+  // count it from r.round() on, its pushes of an earlier round that a
+  // partition has completed are refused, and async counts its request ids
+  // and pushes afresh.
+  void Rejoin(const WorkerRejoin& r);
+  uint64_t JoinRound(uint32_t w) const { return w < join_round_.size() ? join_round_[w] : 0; }
+  // Sync: whether worker `w` must push p's open round for it to complete.
+  bool Counted(const Partition& p, uint32_t w) const;
+  // Sync: every worker counted in the open round has pushed it.
   bool RoundComplete(const Partition& p) const;
   // Whether worker `w`'s push of the open round is counted (a push parked
   // for a later round is not, until it is replayed).
@@ -368,6 +377,11 @@ class PartitionEngine {
   std::vector<std::string> server_addresses_;  // per server index, from the latest map
   std::vector<bool> excluded_;  // per worker rank: removed from the job
   uint32_t num_excluded_ = 0;
+  // Per worker rank, from the map's rejoined_workers (join_round_ stays
+  // empty until a worker rejoins, so rounds take the fast path): the round a rejoined worker is counted from, and the registration
+  // whose rejoin was applied.
+  std::vector<uint64_t> join_round_;
+  std::vector<uint64_t> join_incarnation_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;
   EngineStats stats_;
   // Checkpoints: every partition of the map and its primary; per round being

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <cstring>
@@ -80,31 +81,55 @@ class EngineTest : public ::testing::Test {
     engine_->Handle(peer, h, &payload);
   }
 
-  void Send(Op op, uint32_t rank, uint64_t round, std::vector<float> values, uint64_t id = 0) {
+  // `epoch` the request was routed with; `incarnation` 0: not said.
+  void Send(Op op, uint32_t rank, uint64_t round, std::vector<float> values, uint64_t id = 0, uint64_t epoch = 3,
+            uint64_t incarnation = 0) {
     DataHeader h;
     h.set_op(op);
     h.set_worker_rank(rank);
     h.set_round(round);
-    h.set_epoch(3);
+    h.set_epoch(epoch);
     h.set_partition_id(5);
     h.set_request_id(id ? id : ++next_id_);
     h.set_dtype(FLOAT32);
     h.set_num_elements(values.size());
+    h.set_worker_incarnation(incarnation);
     zmq::message_t peer(std::string("w") + std::to_string(rank));
     zmq::message_t payload(values.data(), values.size() * 4);
     engine_->Handle(peer, h, op == PULL ? nullptr : &payload);
   }
 
-  // Installs the next epoch of the same map with `excluded` workers removed.
-  void RemoveWorkers(std::vector<uint32_t> excluded, int n = 2) {
+  // Epoch `epoch` of the same map with `excluded` workers removed.
+  static ShardMap SameMap(uint64_t epoch, const std::vector<uint32_t>& excluded, int n) {
     ShardMap map;
-    map.set_epoch(4);
+    map.set_epoch(epoch);
     map.add_tensors()->set_name("t");
     PartitionInfo* info = map.add_partitions();
     info->set_id(5);
     info->set_num_elements(n);
     for (uint32_t r : excluded) map.add_excluded_workers(r);
+    return map;
+  }
+
+  // Installs epoch 4 of the same map with `excluded` workers removed.
+  void RemoveWorkers(std::vector<uint32_t> excluded, int n = 2) {
+    ASSERT_TRUE(engine_->InstallShardMap(SameMap(4, excluded, n), 0).ok());
+  }
+
+  // Installs epoch 5 of the same map: worker `rank` rejoined at `round`
+  // with registration `incarnation`; `excluded` still removed.
+  void RejoinWorker(uint32_t rank, uint64_t round, uint64_t incarnation, std::vector<uint32_t> excluded = {}) {
+    ShardMap map = SameMap(5, excluded, 2);
+    WorkerRejoin* r = map.add_rejoined_workers();
+    r->set_rank(rank);
+    r->set_round(round);
+    r->set_incarnation(incarnation);
     ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
+  }
+
+  // A push of epoch 5 from registration `incarnation` of worker `rank`.
+  void PushFrom(uint32_t rank, uint64_t incarnation, uint64_t round, std::vector<float> g, uint64_t id = 0) {
+    Send(PUSH, rank, round, std::move(g), id, 5, incarnation);
   }
 
   std::vector<float> Weights(int n = 2) { return std::vector<float>(engine_->weights(5), engine_->weights(5) + n); }
@@ -692,6 +717,58 @@ TEST_F(EngineTest, ARestartedWorkerProcessIsRefusedInsteadOfTakenForARetry) {
   push(7, 0);  // the old process's retry is still recognised
   EXPECT_EQ(sent_[3].header.status_code(), 0);
   EXPECT_EQ(Weights(), (std::vector<float>{-2, -2}));
+}
+
+TEST_F(EngineTest, ARejoinedWorkerIsCountedFromItsJoinRoundOnly) {
+  Make(SYNC, false, 3);
+  RemoveWorkers({2});
+  Send(PUSH, 0, 0, {2, 2});
+  Send(PUSH, 1, 0, {4, 4});
+  EXPECT_EQ(Weights(), (std::vector<float>{-3, -3}));
+  RejoinWorker(2, /*round=*/3, /*incarnation=*/11);
+  // Its first pull waits for the weights of the round before its join round.
+  Send(PULL, 2, 3, {0, 0}, 0, 5, 11);
+  for (uint64_t round : {1, 2}) {
+    Send(PUSH, 0, round, {1, 1});
+    Send(PUSH, 1, round, {1, 1});  // rounds 1 and 2 complete without worker 2
+  }
+  EXPECT_EQ(Weights(), (std::vector<float>{-5, -5}));
+  auto answer = std::find_if(sent_.begin(), sent_.end(), [](const Sent& a) { return a.peer == "w2"; });
+  ASSERT_NE(answer, sent_.end()) << "the pull is answered once round 2 is applied";
+  EXPECT_EQ(answer->payload, (std::vector<float>{-5, -5}));
+  PushFrom(2, 11, 2, {50, 50});
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("rejoined the job at round 3 and pushed round 2"));
+  // From round 3 on the round waits for it and averages over all three.
+  Send(PUSH, 0, 3, {3, 3});
+  Send(PUSH, 1, 3, {3, 3});
+  EXPECT_EQ(Weights(), (std::vector<float>{-5, -5})) << "round 3 waits for the rejoined worker";
+  PushFrom(2, 11, 3, {9, 9});
+  EXPECT_EQ(Weights(), (std::vector<float>{-10, -10}));  // (3 + 3 + 9) / 3
+}
+
+TEST_F(EngineTest, APartitionPastTheJoinRoundRefusesTheRejoinedWorkersEarlierRoundsAndGoesOn) {
+  Make(SYNC, false, 2);
+  RemoveWorkers({1});
+  for (uint64_t round : {0, 1, 2}) Send(PUSH, 0, round, {1, 1});
+  RejoinWorker(1, /*round=*/1, /*incarnation=*/11);  // this server learned of it late
+  PushFrom(1, 11, 1, {9, 9});
+  EXPECT_EQ(sent_.back().header.status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("had completed 3 rounds without it"));
+  Send(PUSH, 0, 3, {1, 1});
+  EXPECT_EQ(Weights(), (std::vector<float>{-4, -4})) << "no gradient counted in another round than its own";
+}
+
+TEST_F(EngineTest, AnAsyncRejoinedWorkersPushesAreCountedAfresh) {
+  Make(ASYNC, false, 2);
+  for (uint64_t id : {1, 2, 3}) Send(PUSH, 1, 0, {1, 1}, id);
+  RemoveWorkers({1});
+  RejoinWorker(1, /*round=*/4, /*incarnation=*/12);
+  PushFrom(1, 12, 4, {1, 1}, /*id=*/1);  // a new process numbers its requests from 1
+  EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
+  EXPECT_EQ(Weights(), (std::vector<float>{-2, -2})) << "applied, not taken for a retry (lr / W each)";
+  std::vector<PartitionUpdates> counts = engine_->UpdateCounts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].applied_by_worker[1], 1u) << "what this process was acknowledged, nothing of the dead one";
 }
 
 TEST_F(EngineTest, RequestsRoutedWithAnOlderEpochAreServedWhileThePartitionStaysHere) {

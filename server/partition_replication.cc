@@ -36,7 +36,11 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     // every worker's retry of it (same request ids) counts once.
     LOG(WARNING) << "server " << server_index_ << ": now the primary of partition " << p.id << " ("
                  << p.completed << (RoundBased(config_) ? " rounds" : " updates") << " applied here)";
-    if (RoundBased(config_)) std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
+    if (RoundBased(config_)) {
+      std::fill(p.next_round.begin(), p.next_round.end(), p.completed);
+      // A worker that rejoins at a later round owes that one.
+      for (size_t w = 0; w < join_round_.size(); ++w) p.next_round[w] = std::max(p.completed, join_round_[w]);
+    }
     ++stats_.promotions;
     p.arrivals = 0;
     p.sent = 0;

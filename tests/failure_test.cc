@@ -98,6 +98,28 @@ TEST(FailureTest, AWorkerKilledInSyncIsRemovedAndTheOthersFinish) {
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
+TEST(FailureTest, AKilledWorkerStartedAgainRejoinsTheSyncJobAtARoundAndItsUpdatesCount) {
+  // --replace starts rank 2 again once it is declared dead; it rejoins at a
+  // round past every server's (in epoch 1 or 2, by the pace), trains from
+  // there, and its acknowledged pushes are in the lost/duplicate accounting.
+  const std::vector<std::string> job = {"--servers", "2", "--workers", "3", "--train-limit", "6000", "--epochs", "2"};
+  LocalRun clean = RunLocal(job);
+  std::vector<std::string> faulty = job;
+  faulty.insert(faulty.end(), {"--replace", "--kill", "worker:2@20"});
+  LocalRun run = RunLocal(faulty);
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("worker rank 2 (host localhost) declared dead"));
+  EXPECT_THAT(run.err, ContainsRegex("worker rank 2 \\(host localhost\\) rejoins the running job at round [0-9]+"));
+  EXPECT_THAT(run.err, ContainsRegex("worker 2: rejoined at round [0-9]+: epoch [12], step"));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
+  // The bar for a worker kill (issue 8): within 0.015 of the run without it.
+  EXPECT_NEAR(Field(run.out, "test_accuracy"), Field(clean.out, "test_accuracy"), 0.015)
+      << run.out << "\n" << clean.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
 TEST(FailureTest, TrainingGoesOnWhileTheSchedulerIsDeadAndARestartedOneResumesTheCluster) {
   LocalRun run = RunLocal({"--servers", "2", "--workers", "2", "--train-limit", "40000", "--kill", "scheduler@20",
                       "--restart-after", "1"});

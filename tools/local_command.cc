@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -40,7 +41,9 @@ struct LocalOptions {
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
   bool json = false, reference = false, deterministic = false, verbose = false, secure = false;
-  bool replace = false;  // start a new server in the place of each killed one once it is declared dead
+  // Start a new server in the place of each killed one, and a killed worker's
+  // rank again (it rejoins), once it is declared dead.
+  bool replace = false;
   double timeout_s = 3600, restart_after_s = 2;
 };
 
@@ -170,15 +173,17 @@ absl::StatusOr<size_t> ServerSlot(const std::string& dir, int spawned, int index
   return absl::NotFoundError(absl::StrCat("no server process reported index ", index));
 }
 
-// What the surviving workers and servers wrote once stopped: results, rank
+// What the surviving (and rejoined) workers and servers wrote once stopped: results, rank
 // 0's weights digest, and the lost/duplicate update accounting.
 Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawned_servers,
-                       const ClusterConfig& config, const FaultInjector* injector) {
+                       const ClusterConfig& config, const FaultInjector* injector, const std::set<int>& rejoined) {
   Outcome out;
   if (injector != nullptr) out.faults = injector->records();
   std::map<int, std::map<uint64_t, uint64_t>> acked;
   for (int r = 0; r < o.workers; ++r) {
-    if (injector != nullptr && injector->WorkerKilled(r)) continue;
+    // A killed worker reports nothing; one started again reports what its
+    // new process was acknowledged.
+    if (injector != nullptr && injector->WorkerKilled(r) && !rejoined.contains(r)) continue;
     auto result = ReadResult(absl::StrCat(dir, "/result.", r));
     out.bytes_pushed += result["bytes_pushed"];
     out.bytes_pulled += result["bytes_pulled"];
@@ -281,27 +286,9 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   };
   if (absl::Status s = SpawnServers(*address, o.servers, o.verbose, reports, daemons); !s.ok()) return fail(s);
   int spawned_servers = static_cast<int>(o.servers);
-  size_t replaced = 0;  // server faults, in record order, that have a replacement
-  // --replace: once the scheduler has declared a killed server dead, a new
-  // server process (at a new address) registers and takes its place.
-  auto replace_dead_servers = [&]() -> absl::Status {
-    const std::vector<FaultRecord>& records = injector->records();
-    for (; replaced < records.size(); ++replaced) {
-      const FaultRecord& r = records[replaced];
-      if (r.spec.role != FaultSpec::Role::kServer) continue;
-      if (r.detected_seconds < 0) break;
-      const int n = spawned_servers;
-      auto numbered = [&](int) { return reports(n); };
-      if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
-      daemons.back().name = absl::StrCat("server ", n, " (replacing server ", r.spec.index, ")");
-      ++spawned_servers;
-      std::cerr << "shardps local: server " << r.spec.index << " was declared dead " << r.detected_seconds
-                << " s after its kill; starting a replacement\n";
-    }
-    return absl::OkStatus();
-  };
+  std::set<int> rejoined;  // killed worker ranks started again (--replace)
   const auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < o.workers; ++r) {
+  auto spawn_worker = [&](int r) -> absl::StatusOr<ChildProcess> {
     std::vector<std::string> argv = {self, "train", "--scheduler", *address, "--rank", absl::StrCat(r), "--epochs",
                          absl::StrCat(o.epochs), "--batch-size", absl::StrCat(o.batch), "--seed", absl::StrCat(o.seed),
                          "--train-limit", absl::StrCat(o.train_limit), "--test-limit", absl::StrCat(o.test_limit),
@@ -311,10 +298,41 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                          "--progress-file", r == 0 ? dir + "/progress.0" : "", "--slow-factor",
                          absl::StrCat(o.slow_factors.count(r) ? o.slow_factors.at(r) : 1.0), verbose};
     argv.insert(argv.end(), node_security.begin(), node_security.end());
-    auto worker = Spawn(absl::StrCat("worker ", r), argv, true);
+    return Spawn(absl::StrCat("worker ", r), argv, true);
+  };
+  for (int r = 0; r < o.workers; ++r) {
+    auto worker = spawn_worker(r);
     if (!worker.ok()) return fail(worker.status());
     workers.push_back(*worker);
   }
+  size_t replaced = 0;  // server and worker faults, in record order, that have a replacement
+  // --replace: once the scheduler has declared a killed server dead, a new
+  // server process (at a new address) registers and takes its place; a
+  // killed worker's rank is started again and rejoins the running job.
+  auto replace_dead_nodes = [&]() -> absl::Status {
+    const std::vector<FaultRecord>& records = injector->records();
+    for (; replaced < records.size(); ++replaced) {
+      const FaultRecord& r = records[replaced];
+      if (r.spec.role == FaultSpec::Role::kScheduler) continue;
+      if (r.detected_seconds < 0) break;
+      std::cerr << "shardps local: " << RoleName(r.spec.role) << " " << r.spec.index << " was declared dead "
+                << r.detected_seconds << " s after its kill; starting a replacement\n";
+      if (r.spec.role == FaultSpec::Role::kWorker) {
+        auto worker = spawn_worker(r.spec.index);
+        if (!worker.ok()) return worker.status();
+        workers[r.spec.index] = *worker;
+        workers[r.spec.index].name = absl::StrCat("worker ", r.spec.index, " (rejoining)");
+        rejoined.insert(r.spec.index);
+        continue;
+      }
+      const int n = spawned_servers;
+      auto numbered = [&](int) { return reports(n); };
+      if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
+      daemons.back().name = absl::StrCat("server ", n, " (replacing server ", r.spec.index, ")");
+      ++spawned_servers;
+    }
+    return absl::OkStatus();
+  };
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
   for (;;) {
     if (injector != nullptr) {
@@ -324,7 +342,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
         return fail(s);
       }
       if (o.replace) {
-        if (absl::Status s = replace_dead_servers(); !s.ok()) return fail(s);
+        if (absl::Status s = replace_dead_nodes(); !s.ok()) return fail(s);
       }
     }
     int code;
@@ -346,7 +364,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (code != 0) return fail(absl::InternalError(absl::StrCat(daemons[i].name, " ", DescribeExit(code),
                                                                 " on SIGTERM (expected a clean exit)")));
   }
-  Outcome out = CollectOutcome(dir, o, spawned_servers, config, injector.get());
+  Outcome out = CollectOutcome(dir, o, spawned_servers, config, injector.get(), rejoined);
   out.wall_seconds = wall;
   return out;
 }
@@ -399,7 +417,8 @@ int LocalCommand(const Args& args) {
   flags.Int("checkpoint-every", &o.checkpoint_every, "rounds between checkpoints (config checkpoint.every_rounds)");
   flags.String("resume", &o.resume, "restart from this checkpoint (directory or round directory) and train on");
   flags.Bool("replace", &o.replace,
-             "start a new server (new address) in the place of each killed server once it is declared dead");
+             "once a killed server or worker is declared dead, start a new server (new address) in its place, or the "
+             "worker's rank again (it rejoins the running job)");
   flags.Double("restart-after", &o.restart_after_s, "seconds after a scheduler kill to start a new one (same address)");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";

@@ -68,6 +68,9 @@ std::vector<TensorSpec> Specs(const Mlp& model) {
 // for every worker.
 absl::Status JoinJob(Worker& worker, Mlp& model, const TrainOptions& o) {
   SHARDPS_RETURN_IF_ERROR(worker.DefineTensors(Specs(model)));
+  // A rejoined worker comes back to weights that train already, after the
+  // "init" barrier passed.
+  if (worker.rejoin().round > 0) return absl::OkStatus();
   if (worker.rank() == 0) {
     model.InitParams(o.seed);
     for (size_t t = 0; t < model.params().size(); ++t) {
@@ -173,38 +176,77 @@ absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker,
 // once a worker was removed, the survivors split the whole training set
 // among themselves (in rank order), so no data is dropped for the rest of
 // the job. Until then the shards are exactly those of RunReference.
+// A job restored at round R and a worker that rejoined at round J start at
+// that round: the restored job's epochs all have the first epoch's steps; a
+// rejoined worker walks the epochs the job passed before it came back with
+// the live ranks their barriers recorded (Worker::rejoin), so it finds the
+// same epoch and step as the others. In an epoch whose barrier passed
+// without it, its batches come from its own rank's shard of the split
+// among all num_workers ranks (samples the others also see that epoch);
+// from the next barrier on it is among the live ranks and the split is
+// exact again.
 absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker, BatchStep step, std::ostream& log,
                          TrainResult& result) {
+  const int all = static_cast<int>(worker.config().num_workers());
   uint32_t rank = worker.rank();
-  int world = static_cast<int>(worker.config().num_workers());
+  int world = all;
   StepLoop loop(data, o, log);
-  // A restored job skips the steps its checkpoint holds, epochs and data order as before.
   const int initial_steps = StepsPerEpoch(data.train.size(), world, o.batch_size);
   if (initial_steps == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
-  const int first_epoch = static_cast<int>(o.start_step / initial_steps);
+  const Worker::Rejoin& rejoin = worker.rejoin();
+  const int64_t first_round = std::max<int64_t>(o.start_step, static_cast<int64_t>(rejoin.round));
+  // A restored job skips the steps its checkpoint holds, epochs and data order as before.
+  const int first_epoch = rejoin.round > 0 ? 0 : static_cast<int>(o.start_step / initial_steps);
+  int64_t epoch_start = static_cast<int64_t>(first_epoch) * initial_steps;  // the epoch's first round
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
+    bool outside_split = false;  // an epoch whose barrier passed before this worker rejoined
     if (epoch > 0) {
+      const std::string name = absl::StrCat("epoch ", epoch);
       std::vector<uint32_t> live;
-      SHARDPS_RETURN_IF_ERROR(worker.Barrier(absl::StrCat("epoch ", epoch), &live));
-      auto me = std::find(live.begin(), live.end(), worker.rank());
-      if (me != live.end() && static_cast<int>(live.size()) != world) {
-        log << "worker " << worker.rank() << ": " << live.size() << " workers remain; epoch " << epoch + 1
-            << " splits the training set among them\n";
-        rank = static_cast<uint32_t>(me - live.begin());
-        world = static_cast<int>(live.size());
+      if (auto passed = rejoin.passed_barriers.find(name); passed != rejoin.passed_barriers.end()) {
+        live = passed->second;
+      } else {
+        SHARDPS_RETURN_IF_ERROR(worker.Barrier(name, &live));
       }
+      auto me = std::find(live.begin(), live.end(), worker.rank());
+      outside_split = me == live.end();
+      if (!outside_split && static_cast<int>(live.size()) != world) {
+        log << "worker " << worker.rank() << ": " << live.size() << " workers in the job; epoch " << epoch + 1
+            << " splits the training set among them\n";
+      }
+      if (!outside_split) rank = static_cast<uint32_t>(me - live.begin());
+      if (!live.empty()) world = static_cast<int>(live.size());
     }
     const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
     if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
-    std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
-    const int first_step = epoch == first_epoch ? static_cast<int>(o.start_step % steps_per_epoch) : 0;
-    for (int s = first_step; s < steps_per_epoch; ++s) {
-      if (o.max_steps > 0 && o.start_step + result.steps >= o.max_steps) break;
-      SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
+    const std::vector<uint32_t> order = outside_split
+                                            ? train::ShardIndices(data.train.size(), worker.rank(), all, o.seed, epoch)
+                                            : train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
+    const int order_steps = static_cast<int>(order.size()) / o.batch_size;
+    const int64_t first_step = std::max<int64_t>(0, first_round - epoch_start);
+    if (first_step < steps_per_epoch && rejoin.round > 0 && result.steps == 0) {
+      log << "worker " << worker.rank() << ": rejoined at round " << rejoin.round << ": epoch " << epoch + 1
+          << ", step " << first_step << " of " << steps_per_epoch << "\n";
     }
+    for (int64_t s = first_step; s < steps_per_epoch; ++s) {
+      if (o.max_steps > 0 && epoch_start + s >= o.max_steps) break;
+      SHARDPS_RETURN_IF_ERROR(loop.Step(order, static_cast<int>(s % order_steps), epoch, step, result));
+    }
+    epoch_start += steps_per_epoch;
   }
   result.wall_seconds = loop.seconds();
   return absl::OkStatus();
+}
+
+// After the "done" barrier: a sync worker that rejoined after the job's
+// last round has no weights to pull (its first round never comes). Async
+// pulls answer the latest weights.
+absl::Status CheckRejoinedInTime(const Worker& worker, const TrainResult& result) {
+  const bool async = worker.config().consistency() == ASYNC;
+  if (worker.rejoin().round == 0 || result.steps > 0 || async) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("worker ", worker.rank(), " rejoined at round ",
+                                                    worker.rejoin().round,
+                                                    ", after the job's last round: it had nothing to train"));
 }
 
 absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<float>>& params,
@@ -314,11 +356,15 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
   }
   SHARDPS_ASSIGN_OR_RETURN(std::unique_ptr<DeviceGroup> group,
                            DeviceGroup::Create(worker, std::move(devices), std::move(tensors)));
-  SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
+  // A rejoined worker pulls before its first step (see RunTrainingWorker).
+  bool pulled = worker.rejoin().round == 0;
+  if (pulled) SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
   std::vector<Replica> replicas(num_devices, Replica{model, {}, 0});
 
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    if (!pulled) SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
+    pulled = true;
     const auto compute_start = std::chrono::steady_clock::now();
     SHARDPS_ASSIGN_OR_RETURN(float loss, RunReplicas(*group, replicas, images, labels, o.batch_size / num_devices));
     SlowDown(o, compute_start);
@@ -331,6 +377,7 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
     SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
   }
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
+  SHARDPS_RETURN_IF_ERROR(CheckRejoinedInTime(worker, result));
   // Sum-only: the group's host weights are the job's weights (updated in
   // place by every round); the servers hold only the initial ones.
   if (worker.config().update_mode() != SUM_ONLY) SHARDPS_RETURN_IF_ERROR(group->Pull(o.step_timeout));
@@ -403,11 +450,16 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));
   SHARDPS_RETURN_IF_ERROR(JoinJob(worker, model, o));
   auto& params = model.params();
-  SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
+  // A rejoined worker pulls before its first step: the pull waits for the
+  // round before its join round, which may lie past barriers still ahead.
+  bool pulled = worker.rejoin().round == 0;
+  if (pulled) SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
 
   std::vector<std::vector<float>> grads;
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    if (!pulled) SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
+    pulled = true;
     const auto compute_start = std::chrono::steady_clock::now();
     const float loss = model.ForwardBackward(images, labels, o.batch_size, &grads);
     SlowDown(o, compute_start);
@@ -421,6 +473,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   }
   // Everyone finishes, then evaluates the same (latest) weights.
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
+  SHARDPS_RETURN_IF_ERROR(CheckRejoinedInTime(worker, result));
   // In sum-only mode the weights live on the workers (identical after every
   // sync round); the servers hold only the initial ones.
   if (worker.config().update_mode() != SUM_ONLY) {

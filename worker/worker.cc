@@ -52,6 +52,10 @@ class WorkerImpl : public Worker {
              CurveKeyPair curve_keys)
       : scheduler_(std::move(scheduler)), options_(options), curve_keys_(std::move(curve_keys)),
         node_id_(reg.node_id()), config_(reg.config()) {
+    rejoin_.round = reg.rejoin_round();
+    for (const BarrierPass& b : reg.passed_barriers()) {
+      rejoin_.passed_barriers[b.name()].assign(b.live_ranks().begin(), b.live_ranks().end());
+    }
     if (options_.control_timeout <= absl::ZeroDuration()) {
       options_.control_timeout = absl::Milliseconds(config_.rendezvous_timeout_ms());
     }
@@ -69,6 +73,7 @@ class WorkerImpl : public Worker {
 
   const ClusterConfig& config() const override { return config_; }
   uint32_t rank() const override { return options_.rank; }
+  const Rejoin& rejoin() const override { return rejoin_; }
   absl::Duration request_timeout() const override { return absl::Milliseconds(config_.request_timeout_ms()); }
 
   absl::Status DefineTensors(const std::vector<TensorSpec>& tensors, absl::Duration timeout) override {
@@ -110,8 +115,9 @@ class WorkerImpl : public Worker {
       TensorRoute& route = routes[t.name()];
       route.num_elements += p.num_elements();
       route.partitions.push_back(p);
-      // A cluster restored from a checkpoint continues at its round.
-      route.rounds_pushed.push_back(config_.checkpoint().restore_round());
+      // A cluster restored from a checkpoint continues at its round, a
+      // rejoined worker at its join round.
+      route.rounds_pushed.push_back(std::max<uint64_t>(config_.checkpoint().restore_round(), rejoin_.round));
       auto state = std::make_unique<PartitionState>();
       auto codecs = compression::CodecsForPartition(config_, t.name(), p.num_elements());
       if (!codecs.ok()) return codecs.status();
@@ -545,6 +551,7 @@ class WorkerImpl : public Worker {
   const CurveKeyPair curve_keys_;
   const uint64_t node_id_;
   const ClusterConfig config_;
+  Rejoin rejoin_;  // set at construction
   // Held from numbering a request to handing it to the channel.
   absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
@@ -561,6 +568,11 @@ class WorkerImpl : public Worker {
 };
 
 }  // namespace
+
+const Worker::Rejoin& Worker::rejoin() const {
+  static const Rejoin* const kFromTheStart = new Rejoin();
+  return *kFromTheStart;
+}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options) {
   std::shared_ptr<SchedulerClient> scheduler = options.scheduler_client;

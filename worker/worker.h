@@ -137,6 +137,19 @@ class Worker {
 
   virtual WorkerStats stats() const = 0;
 
+  // A worker whose rank had been removed from the running job (declared
+  // dead) and that registered again: the first round it pushes, and the
+  // barriers the job passed before it came back (name -> ranks in the job
+  // then), from which a training job finds its epoch and data split. Its
+  // rounds start at `round`; its first pull waits for the weights of the
+  // round before. Sync servers count it from `round` on; async ones simply
+  // take its pushes. round 0: the worker joined at the start.
+  struct Rejoin {
+    uint64_t round = 0;
+    std::map<std::string, std::vector<uint32_t>> passed_barriers;
+  };
+  virtual const Rejoin& rejoin() const;
+
   // The fewest completed rounds (async: pushes applied) among the weights
   // last received for the partitions of `name`: how far the cluster had got
   // when this worker last pulled. 0 before any answer; NotFound for an
