@@ -232,8 +232,13 @@ int TrainCommand(const Args& args) {
   flags.String("progress-file", &train.progress_file, "write the number of steps taken here after every step");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve this worker's Prometheus /metrics on (off if empty)");
+  bool no_overlap = false;
+  flags.Bool("no-overlap", &no_overlap,
+             "push every tensor after the whole backward and await every answer before the next step "
+             "(default: push each gradient as backward computes it, await each weight as forward reaches it)");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
+  train.overlap = !no_overlap;
   if (flags.help()) return 0;
   InitLogging("shardps-train", verbose);
   worker_options.rank = static_cast<uint32_t>(rank);

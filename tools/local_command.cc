@@ -40,6 +40,7 @@ struct LocalOptions {
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
   bool json = false, reference = false, deterministic = false, verbose = false, secure = false;
+  bool no_overlap = false;  // workers' --no-overlap
   bool replace = false;  // start a new server in the place of each killed one once it is declared dead
   double timeout_s = 3600, restart_after_s = 2;
 };
@@ -309,6 +310,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
                          "--progress-file", r == 0 ? dir + "/progress.0" : "", "--slow-factor",
                          absl::StrCat(o.slow_factors.count(r) ? o.slow_factors.at(r) : 1.0), verbose};
+    if (o.no_overlap) argv.push_back("--no-overlap");
     argv.insert(argv.end(), node_security.begin(), node_security.end());
     auto worker = Spawn(absl::StrCat("worker ", r), argv, true);
     if (!worker.ok()) return fail(worker.status());
@@ -377,6 +379,8 @@ int LocalCommand(const Args& args) {
   flags.Bool("json", &o.json, "print one JSON object as the last line of stdout");
   flags.String("compression", &o.compression, "codec of pushed gradients, e.g. 2bit, topk:ratio=0.01");
   flags.String("hidden", &o.hidden, "hidden layer widths of the MLP, comma-separated");
+  flags.Bool("no-overlap", &o.no_overlap,
+             "workers push after the whole backward and await every answer before the next step (compare timing)");
   flags.Bool("reference", &o.reference, "run the same job in one process, without servers");
   flags.Bool("deterministic", &o.deterministic, "sync: sum gradients in rank order (bitwise reproducible)");
   flags.Int("batch-size", &o.batch, "images per step per worker");

@@ -20,6 +20,7 @@
 #include "scheduler/shard_assignment.h"
 #include "common/optimizer.h"
 #include "tools/train/fashion_mnist.h"
+#include "tools/step_pipeline.h"
 #include "tools/train/mlp.h"
 #include "worker/local_tier/device.h"
 #include "worker/local_tier/device_group.h"
@@ -122,6 +123,13 @@ class StepLoop {
     return absl::OkStatus();
   }
   double seconds() const { return Seconds(start_); }
+  // The last step's push-pulls still in flight (`pipeline`, null: none) are
+  // part of its time.
+  absl::Status Finish(StepPipeline* pipeline, TrainResult& result) const {
+    if (pipeline != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline->AwaitAll());
+    result.wall_seconds = seconds();
+    return absl::OkStatus();
+  }
 
  private:
   const Data& data_;
@@ -140,12 +148,51 @@ void SlowDown(const TrainOptions& o, std::chrono::steady_clock::time_point compu
   std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(took * (o.slow_factor - 1.0)));
 }
 
+// SlowDown for a step whose compute is interleaved with waits: the compute
+// between Resume() and Pause() is stretched by the slow factor, the waits are
+// not.
+class ComputeStretch {
+ public:
+  explicit ComputeStretch(const TrainOptions& o) : o_(o), since_(std::chrono::steady_clock::now()) {}
+  void Pause() const { SlowDown(o_, since_); }
+  void Resume() { since_ = std::chrono::steady_clock::now(); }
+
+ private:
+  const TrainOptions& o_;
+  std::chrono::steady_clock::time_point since_;
+};
+
+// One step with its communication overlapped (TrainOptions::overlap): the
+// forward pass awaits each tensor's weights from the previous step's
+// push-pull as it reaches them, and backward pushes each gradient as soon as
+// it is final. Returns with this step's push-pulls in flight.
+absl::StatusOr<float> PipelinedStep(Mlp& model, StepPipeline& pipeline, std::vector<std::vector<float>>& grads,
+                                    const TrainOptions& o, const float* images, const uint8_t* labels) {
+  ComputeStretch compute(o);
+  auto await = [&](size_t t) {
+    compute.Pause();
+    absl::Status s = pipeline.Await(t);
+    compute.Resume();
+    return s;
+  };
+  auto computed = [&](size_t t) {
+    compute.Pause();
+    absl::Status s = pipeline.Push(t, grads[t]);
+    compute.Resume();
+    return s;
+  };
+  absl::StatusOr<float> loss = model.ForwardBackward(images, labels, o.batch_size, &grads, {await, computed});
+  compute.Pause();
+  return loss;
+}
+
 // Async: no barrier between epochs; this worker's shard again and again until
 // the cluster has applied the job's budget of pushes (RunTrainingWorker).
 // `tensor` is one the model pushes every step: its weights' version counts
-// the pushes applied.
+// the pushes applied. With a `pipeline` (null: none), tensor 0 is `tensor`
+// and its push-pull in flight is awaited before its version is read.
 absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker, const std::string& tensor,
-                        BatchStep step, std::ostream& log, TrainResult& result) {
+                        StepPipeline* pipeline, BatchStep step, std::ostream& log, TrainResult& result) {
   const uint32_t rank = worker.rank();
   const int world = static_cast<int>(worker.config().num_workers());
   const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
@@ -156,25 +203,23 @@ absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker,
   for (int epoch = 0; epoch < o.epochs * world; ++epoch) {
     std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
     for (int s = 0; s < steps_per_epoch; ++s) {
+      if (pipeline != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline->Await(0));
       SHARDPS_ASSIGN_OR_RETURN(uint64_t applied, worker.WeightsVersion(tensor));
-      if (applied >= budget || (o.max_steps > 0 && result.steps >= o.max_steps)) {
-        result.wall_seconds = loop.seconds();
-        return absl::OkStatus();
-      }
+      if (applied >= budget || (o.max_steps > 0 && result.steps >= o.max_steps)) return loop.Finish(pipeline, result);
       SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
     }
   }
-  result.wall_seconds = loop.seconds();
-  return absl::OkStatus();
+  return loop.Finish(pipeline, result);
 }
 
 // Runs every epoch of this worker's shard through `step`. Each epoch after
 // the first starts with a barrier that says which ranks are still in the job:
 // once a worker was removed, the survivors split the whole training set
 // among themselves (in rank order), so no data is dropped for the rest of
-// the job. Until then the shards are exactly those of RunReference.
-absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker, BatchStep step, std::ostream& log,
-                         TrainResult& result) {
+// the job. Until then the shards are exactly those of RunReference. A
+// `pipeline` (null: none) has nothing in flight when a barrier is entered.
+absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker, StepPipeline* pipeline,
+                         BatchStep step, std::ostream& log, TrainResult& result) {
   uint32_t rank = worker.rank();
   int world = static_cast<int>(worker.config().num_workers());
   StepLoop loop(data, o, log);
@@ -184,6 +229,7 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
   const int first_epoch = static_cast<int>(o.start_step / initial_steps);
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     if (epoch > 0) {
+      if (pipeline != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline->AwaitAll());
       std::vector<uint32_t> live;
       SHARDPS_RETURN_IF_ERROR(worker.Barrier(absl::StrCat("epoch ", epoch), &live));
       auto me = std::find(live.begin(), live.end(), worker.rank());
@@ -203,8 +249,7 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
       SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
     }
   }
-  result.wall_seconds = loop.seconds();
-  return absl::OkStatus();
+  return loop.Finish(pipeline, result);
 }
 
 absl::Status SyncAll(Worker& worker, const Mlp& model, std::vector<std::vector<float>>& params,
@@ -326,9 +371,9 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
     return loss;
   };
   if (worker.config().consistency() == ASYNC) {
-    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, nullptr, step, log, result));
   } else {
-    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, nullptr, step, log, result));
   }
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   // Sum-only: the group's host weights are the job's weights (updated in
@@ -406,8 +451,15 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
 
   std::vector<std::vector<float>> grads;
+  // Declared after the buffers its requests borrow, so it is destroyed (and
+  // awaits whatever is in flight) before them.
+  std::vector<std::string> names;
+  for (const auto& t : model.tensors()) names.push_back(t.name);
+  StepPipeline pipeline(worker, std::move(names), params, o.step_timeout);
+  StepPipeline* const overlap = o.overlap ? &pipeline : nullptr;
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
+    if (overlap != nullptr) return PipelinedStep(model, pipeline, grads, o, images, labels);
     const auto compute_start = std::chrono::steady_clock::now();
     const float loss = model.ForwardBackward(images, labels, o.batch_size, &grads);
     SlowDown(o, compute_start);
@@ -415,10 +467,11 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
     return loss;
   };
   if (worker.config().consistency() == ASYNC) {
-    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, overlap, step, log, result));
   } else {
-    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, overlap, step, log, result));
   }
+  SHARDPS_RETURN_IF_ERROR(pipeline.AwaitAll());
   // Everyone finishes, then evaluates the same (latest) weights.
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   // In sum-only mode the weights live on the workers (identical after every
