@@ -272,9 +272,9 @@ int TrainCommand(const Args& args) {
   if (!result.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
   std::string text = absl::StrFormat(
       "test_accuracy %.6f\nfinal_loss %.6f\nsteps %d\nsamples %d\nwall_seconds %.6f\nbytes_pushed %d\n"
-      "bytes_pulled %d\n",
+      "bytes_pulled %d\nwait_seconds %.6f\n",
       result->test_accuracy, result->final_loss, result->steps, result->samples, result->wall_seconds,
-      result->bytes_pushed, result->bytes_pulled);
+      result->bytes_pushed, result->bytes_pulled, result->wait_seconds);
   for (const auto& [partition, n] : result->acked_pushes) absl::StrAppend(&text, "acked.", partition, " ", n, "\n");
   if (!result_file.empty()) {
     if (absl::Status s = WriteFileDurably(result_file + ".sha256", WeightsSha256(result->params)); !s.ok()) {

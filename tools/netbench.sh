@@ -178,6 +178,11 @@ iface_bytes() {   # bytes the worker hosts sent + received, by the bridge-side v
 
 result_value() { awk -v k="$2" '$1 == k { print $2 }' "$1"; }
 
+# wait_per_step DIR: the workers' mean wait_seconds (blocked on the data plane) per step.
+wait_per_step() {
+  awk '$1 == "wait_seconds" { w += $2 } $1 == "steps" { s += $2 } END { printf "%.4f", s ? w / s : 0 }' "$1"/result.*
+}
+
 # run_cluster DIR CONFIGFILE TRAIN_ARGS...: scheduler, 2 servers, 2 workers; waits
 # for both workers; on timeout or on any process failing, kills everything and
 # reports which. Writes DIR/result.{0,1} and DIR/iface_bytes.
@@ -261,7 +266,7 @@ SHARDPS_BIN=$WORKDIR/shardps
 setup_net
 check_net "$RATE each way per link"
 
-declare -A STEP_S STEP_S_SEQ WIRE_RESULT WIRE_IFACE ACC STEPS_DONE WARMUP ACC_STEPS
+declare -A STEP_S STEP_S_SEQ WAIT_S WAIT_S_SEQ WIRE_RESULT WIRE_IFACE ACC STEPS_DONE WARMUP ACC_STEPS
 SCHED_SET=()
 for k in "${!CONFIG_NAMES[@]}"; do
   name=${CONFIG_NAMES[$k]}
@@ -291,7 +296,7 @@ for k in "${!CONFIG_NAMES[@]}"; do
   WIRE_RESULT[$name]=$(awk -v b="$bytes" -v s="$steps" 'BEGIN { printf "%.0f", b / s }')
   WIRE_IFACE[$name]=$(awk -v b="$(cat "$d/iface_bytes")" -v s="$steps" 'BEGIN { printf "%.0f", b / s }')
   log "[$name] step ${STEP_S[$name]} s, $(awk -v b="${WIRE_RESULT[$name]}" 'BEGIN { printf "%.1f", b / 1e6 }') MB/step pushed+pulled"
-  STEP_S_SEQ[$name]=""
+  STEP_S_SEQ[$name]="" WAIT_S[$name]=$(wait_per_step "$d")
   if ((COMPARE_OVERLAP)); then
     log "[$name] timing run with the workers' --no-overlap"
     d=$WORKDIR/$name/timing-no-overlap
@@ -299,6 +304,7 @@ for k in "${!CONFIG_NAMES[@]}"; do
       --log-every 10 --test-limit 1000 --no-overlap
     wall=$(awk '$1 == "wall_seconds" { if ($2 > m) m = $2 } END { print m }' "$d"/result.*)
     STEP_S_SEQ[$name]=$(awk -v w="$wall" -v s="$(result_value "$d/result.0" steps)" 'BEGIN { printf "%.4f", w / s }')
+    WAIT_S_SEQ[$name]=$(wait_per_step "$d")
     log "[$name] step ${STEP_S_SEQ[$name]} s without overlap, ${STEP_S[$name]} s with"
   fi
 
@@ -349,7 +355,8 @@ if ((JSON)); then
     printf '"accuracy_hidden":"%s","accuracy_epochs":%d,"test_accuracy":%s' \
       "$ACC_HIDDEN" "$EPOCHS" "${ACC[$name]:-null}"
     if ((COMPARE_OVERLAP)); then
-      printf ',"step_s_no_overlap":%s,"overlap_speedup":%s' "${STEP_S_SEQ[$name]}" "$(overlap_ratio "$name")"
+      printf ',"step_s_no_overlap":%s,"overlap_speedup":%s,"wait_s_per_step":%s,"wait_s_per_step_no_overlap":%s' \
+        "${STEP_S_SEQ[$name]}" "$(overlap_ratio "$name")" "${WAIT_S[$name]}" "${WAIT_S_SEQ[$name]}"
     fi
     printf '}\n'
   done
@@ -369,9 +376,12 @@ else
   done
   if ((COMPARE_OVERLAP)); then
     echo
-    printf '%-13s %14s %17s %20s\n' config "step s overlap" "step s no-overlap" "no-overlap/overlap"
+    echo "wait s = time a worker's steps were blocked on the data plane (mean of the two workers, per step)"
+    printf '%-13s %14s %17s %20s %14s %17s\n' config "step s overlap" "step s no-overlap" "no-overlap/overlap" \
+      "wait s overlap" "wait s no-overlap"
     for name in "${CONFIG_NAMES[@]}"; do
-      printf '%-13s %14s %17s %20s\n' "$name" "${STEP_S[$name]}" "${STEP_S_SEQ[$name]}" "$(overlap_ratio "$name")"
+      printf '%-13s %14s %17s %20s %14s %17s\n' "$name" "${STEP_S[$name]}" "${STEP_S_SEQ[$name]}" \
+        "$(overlap_ratio "$name")" "${WAIT_S[$name]}" "${WAIT_S_SEQ[$name]}"
     done
   fi
 fi

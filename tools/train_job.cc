@@ -46,6 +46,14 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// Runs `call`, adding the time it took to `wait_seconds` (TrainResult).
+absl::Status TimeBlocked(double& wait_seconds, absl::FunctionRef<absl::Status()> call) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = call();
+  wait_seconds += Seconds(start);
+  return s;
+}
+
 // Steps per epoch: the same on every rank (the smallest shard decides).
 int StepsPerEpoch(size_t n, int world, int batch) { return static_cast<int>((n / world) / batch); }
 
@@ -126,7 +134,9 @@ class StepLoop {
   // The last step's push-pulls still in flight (`pipeline`, null: none) are
   // part of its time.
   absl::Status Finish(StepPipeline* pipeline, TrainResult& result) const {
-    if (pipeline != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline->AwaitAll());
+    if (pipeline != nullptr) {
+      SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds, [&] { return pipeline->AwaitAll(); }));
+    }
     result.wall_seconds = seconds();
     return absl::OkStatus();
   }
@@ -165,22 +175,20 @@ class ComputeStretch {
 // One step with its communication overlapped (TrainOptions::overlap): the
 // forward pass awaits each tensor's weights from the previous step's
 // push-pull as it reaches them, and backward pushes each gradient as soon as
-// it is final. Returns with this step's push-pulls in flight.
+// it is final. Returns with this step's push-pulls in flight; adds the time
+// it was blocked on the data plane to `wait_seconds`.
 absl::StatusOr<float> PipelinedStep(Mlp& model, StepPipeline& pipeline, std::vector<std::vector<float>>& grads,
-                                    const TrainOptions& o, const float* images, const uint8_t* labels) {
+                                    const TrainOptions& o, const float* images, const uint8_t* labels,
+                                    double& wait_seconds) {
   ComputeStretch compute(o);
-  auto await = [&](size_t t) {
+  auto blocked = [&](absl::FunctionRef<absl::Status()> call) {
     compute.Pause();
-    absl::Status s = pipeline.Await(t);
+    absl::Status s = TimeBlocked(wait_seconds, call);
     compute.Resume();
     return s;
   };
-  auto computed = [&](size_t t) {
-    compute.Pause();
-    absl::Status s = pipeline.Push(t, grads[t]);
-    compute.Resume();
-    return s;
-  };
+  auto await = [&](size_t t) { return blocked([&] { return pipeline.Await(t); }); };
+  auto computed = [&](size_t t) { return blocked([&] { return pipeline.Push(t, grads[t]); }); };
   absl::StatusOr<float> loss = model.ForwardBackward(images, labels, o.batch_size, &grads, {await, computed});
   compute.Pause();
   return loss;
@@ -203,7 +211,9 @@ absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker,
   for (int epoch = 0; epoch < o.epochs * world; ++epoch) {
     std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
     for (int s = 0; s < steps_per_epoch; ++s) {
-      if (pipeline != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline->Await(0));
+      if (pipeline != nullptr) {
+        SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds, [&] { return pipeline->Await(0); }));
+      }
       SHARDPS_ASSIGN_OR_RETURN(uint64_t applied, worker.WeightsVersion(tensor));
       if (applied >= budget || (o.max_steps > 0 && result.steps >= o.max_steps)) return loop.Finish(pipeline, result);
       SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
@@ -229,7 +239,9 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
   const int first_epoch = static_cast<int>(o.start_step / initial_steps);
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     if (epoch > 0) {
-      if (pipeline != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline->AwaitAll());
+      if (pipeline != nullptr) {
+        SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds, [&] { return pipeline->AwaitAll(); }));
+      }
       std::vector<uint32_t> live;
       SHARDPS_RETURN_IF_ERROR(worker.Barrier(absl::StrCat("epoch ", epoch), &live));
       auto me = std::find(live.begin(), live.end(), worker.rank());
@@ -459,11 +471,12 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   StepPipeline* const overlap = o.overlap ? &pipeline : nullptr;
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
-    if (overlap != nullptr) return PipelinedStep(model, pipeline, grads, o, images, labels);
+    if (overlap != nullptr) return PipelinedStep(model, pipeline, grads, o, images, labels, result.wait_seconds);
     const auto compute_start = std::chrono::steady_clock::now();
     const float loss = model.ForwardBackward(images, labels, o.batch_size, &grads);
     SlowDown(o, compute_start);
-    SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, &grads, o.step_timeout));
+    SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds,
+                                        [&] { return SyncAll(worker, model, params, &grads, o.step_timeout); }));
     return loss;
   };
   if (worker.config().consistency() == ASYNC) {

@@ -67,6 +67,9 @@ struct TrainResult {
   int64_t steps = 0;          // optimizer rounds this worker took part in
   int64_t samples = 0;        // training samples this worker processed
   double wall_seconds = 0;
+  // Of wall_seconds, the time steps spent blocked on the data plane (sending
+  // and awaiting answers; devices_per_worker = 1 only): what overlap hides.
+  double wait_seconds = 0;
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
   std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes acknowledged
