@@ -36,6 +36,13 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config) {
       return Named(s, absl::StrCat("compression.tensor_codecs[", tensor, "]"));
     }
   }
+  auto warmup = ParseCodecSpec(c.warmup_codec());
+  if (!warmup.ok()) return Named(warmup.status(), "compression.warmup_codec");
+  if (warmup->name != "none" && warmup->name != "fp16" && warmup->name != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("config field 'compression.warmup_codec': '", c.warmup_codec(),
+                                                   "' is not allowed; allowed: none, fp16, bf16 (the warm-up "
+                                                   "rounds learn Adam's variance from near-exact gradients)"));
+  }
   auto pull = ParseCodecSpec(c.pull_codec());
   if (!pull.ok()) return Named(pull.status(), "compression.pull_codec");
   if (config.update_mode() == UPDATE_ON_SERVER && config.consistency() != SYNC && pull->name != "none" &&
@@ -120,6 +127,12 @@ std::string ApplyCompressionRecipe(ClusterConfig* config) {
     opt.set_epsilon(1e-4f);
     set.push_back("optimizer.epsilon=0.0001");
   }
+  if (!c.has_warmup_codec()) {
+    // Measured: fp16 warm-up rounds keep every codec within its bar and
+    // halve the warm-up's bytes (docs/performance.md).
+    c.set_warmup_codec("fp16");
+    set.push_back("compression.warmup_codec=fp16");
+  }
   if (push->name == "2bit" && c.codec().find(':') == std::string::npos) {
     // Measured best: scale 1 with onebit pulls; scale 0.25 with raw pulls.
     const bool pull_onebit = !c.has_pull_codec();
@@ -144,7 +157,18 @@ absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, 
   PartitionCodecs codecs;
   if (absl::Status s = Resolve(push_spec, num_elements, &codecs.push, &codecs.push_spec); !s.ok()) return s;
   if (absl::Status s = Resolve(c.pull_codec(), num_elements, &codecs.pull, &codecs.pull_spec); !s.ok()) return s;
+  if (absl::Status s = Resolve(c.warmup_codec(), num_elements, &codecs.warmup, &codecs.warmup_spec); !s.ok()) {
+    return s;
+  }
   return codecs;
+}
+
+WireCodec RoundCodec(const ClusterConfig& config, const PartitionCodecs& codecs, Direction direction,
+                     uint64_t round) {
+  const bool push = direction == Direction::kPush;
+  WireCodec configured{push ? codecs.push.get() : codecs.pull.get(), push ? codecs.push_spec : codecs.pull_spec};
+  if (configured.raw() || !RoundUncompressed(config, round)) return configured;
+  return WireCodec{codecs.warmup.get(), codecs.warmup_spec};
 }
 
 bool PullsWeightDeltas(const ClusterConfig& config, const PartitionCodecs& partition_codecs) {

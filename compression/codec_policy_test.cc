@@ -23,6 +23,7 @@ TEST(CompressionRecipeTest, BareTwoBitWithAdamGetsTheMeasuredRecipe) {
   EXPECT_TRUE(absl::StrContains(line, "measured accuracy recipe")) << line;
   EXPECT_EQ(c.update_mode(), SUM_ONLY);
   EXPECT_EQ(c.compression().uncompressed_rounds(), 150u);
+  EXPECT_EQ(c.compression().warmup_codec(), "fp16");
   EXPECT_EQ(c.optimizer().freeze_variance_after(), 150u);
   EXPECT_FLOAT_EQ(c.optimizer().epsilon(), 1e-4f);
   EXPECT_EQ(c.compression().codec(), "2bit:scale=1");
@@ -38,9 +39,12 @@ TEST(CompressionRecipeTest, BareTwoBitWithAdamGetsTheMeasuredRecipe) {
 TEST(CompressionRecipeTest, FieldsSetByTheUserWin) {
   ClusterConfig c = WithCodec("onebit");
   ASSERT_TRUE(SetConfigField(&c, "optimizer.epsilon=1e-3").ok());
+  ASSERT_TRUE(SetConfigField(&c, "compression.warmup_codec=none").ok());
   std::string line = ApplyCompressionRecipe(&c);
   EXPECT_FALSE(absl::StrContains(line, "epsilon")) << line;
+  EXPECT_FALSE(absl::StrContains(line, "warmup_codec")) << line;
   EXPECT_FLOAT_EQ(c.optimizer().epsilon(), 1e-3f);
+  EXPECT_EQ(c.compression().warmup_codec(), "none");
   EXPECT_EQ(c.update_mode(), SUM_ONLY);
   EXPECT_EQ(c.compression().codec(), "onebit");
   EXPECT_EQ(c.compression().pull_codec(), "none");
@@ -104,6 +108,64 @@ TEST(CompressionRecipeTest, AdaptiveTwoBitOnTheAggregateIsRefused) {
   EXPECT_TRUE(absl::StrContains(s.message(), "diverges")) << s;
   c.mutable_compression()->set_pull_codec("2bit:threshold=0.01");
   EXPECT_TRUE(ValidateCompressionConfig(c).ok());
+}
+
+TEST(RoundCodecTest, WarmupRoundsTravelInTheWarmupCodecWhereTheLossyOneWouldApply) {
+  ClusterConfig c = WithCodec("2bit:scale=1");
+  c.set_update_mode(SUM_ONLY);
+  c.mutable_compression()->set_pull_codec("onebit");
+  c.mutable_compression()->set_uncompressed_rounds(3);
+  c.mutable_compression()->set_warmup_codec("fp16");
+  ASSERT_TRUE(ValidateCompressionConfig(c).ok());
+  auto codecs = CodecsForPartition(c, "t", 4096);
+  ASSERT_TRUE(codecs.ok()) << codecs.status();
+  for (Direction d : {Direction::kPush, Direction::kAggregate}) {
+    const std::string& lossy = d == Direction::kPush ? codecs->push_spec : codecs->pull_spec;
+    for (uint64_t round : {0, 2}) {
+      WireCodec w = RoundCodec(c, *codecs, d, round);
+      EXPECT_EQ(w.spec, "fp16") << round;
+      ASSERT_FALSE(w.raw());
+      EXPECT_EQ(w.codec->name(), "fp16");
+    }
+    WireCodec after = RoundCodec(c, *codecs, d, 3);
+    EXPECT_EQ(after.spec, lossy);
+    EXPECT_EQ(after.codec, d == Direction::kPush ? codecs->push.get() : codecs->pull.get());
+  }
+}
+
+TEST(RoundCodecTest, WithoutAWarmupCodecOrALossyCodecTheRoundIsRaw) {
+  ClusterConfig c = WithCodec("onebit");
+  c.mutable_compression()->set_uncompressed_rounds(3);
+  auto codecs = CodecsForPartition(c, "t", 4096);
+  ASSERT_TRUE(codecs.ok());
+  EXPECT_TRUE(RoundCodec(c, *codecs, Direction::kPush, 0).raw());  // warmup_codec none
+  EXPECT_EQ(RoundCodec(c, *codecs, Direction::kPush, 0).spec, "");
+  c.mutable_compression()->set_warmup_codec("bf16");
+  codecs = CodecsForPartition(c, "t", 4096);
+  ASSERT_TRUE(codecs.ok());
+  EXPECT_EQ(RoundCodec(c, *codecs, Direction::kPush, 0).spec, "bf16");
+  EXPECT_TRUE(RoundCodec(c, *codecs, Direction::kAggregate, 0).raw());  // pull_codec none stays raw
+  auto small = CodecsForPartition(c, "t", 64);  // below onebit's and bf16's minimum size
+  ASSERT_TRUE(small.ok());
+  EXPECT_TRUE(RoundCodec(c, *small, Direction::kPush, 0).raw());
+}
+
+TEST(RoundCodecTest, OnlyHalfPrecisionWarmupCodecsAreAccepted) {
+  for (const char* ok : {"none", "fp16", "bf16"}) {
+    ClusterConfig c = WithCodec("2bit");
+    c.mutable_compression()->set_warmup_codec(ok);
+    EXPECT_TRUE(ValidateCompressionConfig(c).ok()) << ok;
+  }
+  for (const char* bad : {"onebit", "2bit", "topk", "zip"}) {
+    ClusterConfig c = WithCodec("2bit");
+    c.mutable_compression()->set_warmup_codec(bad);
+    absl::Status s = ValidateCompressionConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(s.message(), "compression.warmup_codec")) << s;
+    if (std::string(bad) != "zip") {
+      EXPECT_TRUE(absl::StrContains(s.message(), "allowed: none, fp16, bf16")) << s;
+    }
+  }
 }
 
 }  // namespace

@@ -286,13 +286,24 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
       return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, " has ", p.n, " elements, request says ",
                                                      h.num_elements()));
     }
-    const bool raw = h.op() == INIT || compression::RoundUncompressed(config_, h.round());
-    const std::string& expected = raw ? std::string() : p.codecs.push_spec;
+    const bool warmup = h.op() != INIT && compression::RoundUncompressed(config_, h.round());
+    const compression::WireCodec wire = h.op() == INIT ? compression::WireCodec{} : PushCodec(p, h.round());
+    const std::string& expected = wire.spec;
     if (h.codec() != expected) {
       return absl::InvalidArgumentError(absl::StrCat("payload codec '", h.codec(), "' does not match the codec '",
-                                                     expected, "' configured for partition ", p.id));
+                                                     expected, "' configured for partition ", p.id,
+                                                     warmup ? absl::StrCat(" in warm-up round ", h.round()) : ""));
     }
-    if (!expected.empty()) {
+    if (warmup && !wire.raw()) {
+      // The warm-up codecs (fp16, bf16) have an exact size, checked here as
+      // for raw rounds.
+      const size_t want = wire.codec->EncodedBytes(p.n);
+      if (payload->size() != want) {
+        return absl::InvalidArgumentError(absl::StrCat(expected, " payload of ", payload->size(),
+                                                       " bytes for partition ", p.id, " in warm-up round ",
+                                                       h.round(), " (expected ", want, ")"));
+      }
+    } else if (!expected.empty()) {
       // Size, parameters and indices are checked by the decoder, before it
       // writes anything; here only an absurd size is turned away.
       if (payload->size() == 0 || payload->size() > p.n * 8 + 64) {
@@ -508,8 +519,7 @@ float PartitionEngine::StalenessLrScale(double tau) const {
 }
 
 absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
-  const compression::Codec* codec =
-      compression::RoundUncompressed(config_, round) ? nullptr : p.codecs.push.get();
+  const compression::Codec* codec = PushCodec(p, round).codec;
   const float* g = payload->data<float>();
   if (codec == nullptr) {
     if (config_.deterministic()) {
@@ -533,7 +543,7 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
     }
     return s;
   }
-  if (!p.acc_encoded.empty()) {
+  if (!p.acc_encoded.empty() && codec == p.codecs.push.get()) {
     // Summable codec: aggregate in the compressed domain, decode once.
     if (payload->size() != p.acc_encoded.size() * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat("compressed payload of ", payload->size(), " bytes, expected ",
@@ -553,7 +563,8 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
 // Leaves the round's gradient sum in p.acc, in rank order when deterministic.
 void PartitionEngine::SumRound(Partition& p) {
   const uint32_t workers = config_.num_workers();
-  const bool raw = p.codecs.push == nullptr || compression::RoundUncompressed(config_, p.completed);
+  const compression::Codec* codec = PushCodec(p, p.completed).codec;
+  const bool raw = codec == nullptr;
   if (config_.deterministic()) {
     auto rank = [&](uint32_t w) { return raw ? p.held[w].data<float>() : p.decoded[w].data(); };
     bool first = true;
@@ -567,7 +578,7 @@ void PartitionEngine::SumRound(Partition& p) {
       }
     }
     for (auto& m : p.held) m.rebuild();  // release the gradients
-  } else if (!p.acc_encoded.empty() && !raw) {
+  } else if (!p.acc_encoded.empty() && codec == p.codecs.push.get()) {
     auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(p.acc_encoded.data()),
                                      p.acc_encoded.size() * sizeof(float));
     absl::Status s = p.codecs.push->Decode(bytes, compression::CodecSeed(p.id, p.completed), absl::MakeSpan(p.acc));
@@ -664,9 +675,9 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
     return;
   }
   const float* g = payload.data<float>();
-  if (p.codecs.push != nullptr && !compression::RoundUncompressed(config_, h.round())) {
-    absl::Status s = p.codecs.push->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
-                                           compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
+  if (const compression::Codec* codec = PushCodec(p, h.round()).codec; codec != nullptr) {
+    absl::Status s = codec->Decode(absl::MakeConstSpan(payload.data<uint8_t>(), payload.size()),
+                                   compression::CodecSeed(p.id, h.round()), absl::MakeSpan(p.scratch));
     if (s.ok() && config_.reject_non_finite()) s = CheckFinite(p, h, p.scratch.data());
     if (!s.ok()) {
       Answer(peer, h, s);
@@ -798,14 +809,18 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
 
 absl::StatusOr<zmq::message_t> PartitionEngine::AnswerPayload(Partition& p, DataHeader* reply) {
   SharedBuffer& source = sum_only_ ? *p.aggregate : *p.weights;
-  const compression::Codec* codec = p.codecs.pull.get();
-  const bool raw_aggregate =
-      sum_only_ && p.completed > 0 && compression::RoundUncompressed(config_, p.completed - 1);
-  if (codec == nullptr || raw_aggregate) return source.ZeroCopyMessage();
-  reply->set_codec(p.codecs.pull_spec);
+  // The aggregate of a warm-up round goes back raw or in the warm-up codec.
+  const compression::WireCodec wire =
+      sum_only_ && p.completed > 0
+          ? compression::RoundCodec(config_, p.codecs, compression::Direction::kAggregate, p.completed - 1)
+          : compression::WireCodec{p.codecs.pull.get(), p.codecs.pull_spec};
+  const compression::Codec* codec = wire.codec;
+  if (codec == nullptr) return source.ZeroCopyMessage();
+  reply->set_codec(wire.spec);
   // Every worker pulls the same round: encode once per round, send the same bytes.
   if (p.encoded_round != static_cast<int64_t>(p.completed) || config_.consistency() == ASYNC) {
-    auto feedback = pull_feedback_.find(p.codecs.pull_spec);
+    // Warm-up rounds keep no error feedback, as raw ones.
+    auto feedback = codec == p.codecs.pull.get() ? pull_feedback_.find(wire.spec) : pull_feedback_.end();
     const size_t max_bytes = feedback != pull_feedback_.end() ? feedback->second->MaxEncodedBytes(p.n)
                                                               : codec->EncodedBytes(p.n);
     if (!p.encoded || !p.encoded->unique() || p.encoded->bytes() < max_bytes) {
@@ -822,7 +837,7 @@ absl::StatusOr<zmq::message_t> PartitionEngine::AnswerPayload(Partition& p, Data
     // A diverged job (Inf/NaN weights) fails here, and says so.
     auto cannot_send = [&](absl::string_view why) {
       return absl::DataLossError(absl::StrCat("partition ", p.id, ": the weight change cannot be sent as ",
-                                              p.codecs.pull_spec, " (non-finite weights?): ", why));
+                                              wire.spec, " (non-finite weights?): ", why));
     };
     auto out = absl::MakeSpan(p.encoded->byte_data(), max_bytes);
     auto written = feedback != pull_feedback_.end() ? feedback->second->Encode(p.id, in, seed, out)

@@ -286,6 +286,10 @@ class PartitionEngine {
   void FollowCheckpoints(const ShardMap& map);
 
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
+  // The codec of `round`'s pushes to p (compression::RoundCodec).
+  compression::WireCodec PushCodec(const Partition& p, uint64_t round) const {
+    return compression::RoundCodec(config_, p.codecs, compression::Direction::kPush, round);
+  }
   // Refuses a raw gradient or INIT holding NaN or Inf (config
   // reject_non_finite), counting and logging it.
   // `x`: the payload's floats, or a compressed payload once decoded.

@@ -363,6 +363,64 @@ TEST_F(EngineTest, UncompressedRoundsTakeRawPushesThenTheCodec) {
   EXPECT_EQ(Weights(n), std::vector<float>(n, -2.25f));
 }
 
+TEST_F(EngineTest, WarmupRoundsTakeTheWarmupCodecOnlyAndAtItsExactSize) {
+  const int n = 4096;
+  ClusterConfig c = Config(SYNC, false, 1);
+  c.mutable_compression()->set_codec("2bit:threshold=0.25");
+  c.mutable_compression()->set_uncompressed_rounds(2);
+  c.mutable_compression()->set_warmup_codec("fp16");
+  MakeFromConfig(c, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  const std::string fp16 = Encode("fp16", std::vector<float>(n, 1.0f), 5, 0);
+  Send(PUSH, 0, 0, std::vector<float>(n, 1.0f));  // raw fp32 in a warm-up round
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match the codec 'fp16'"));
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("warm-up round 0"));
+  SendEncoded(PUSH, 0, 0, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 0), n);
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match"));
+  SendEncoded(PUSH, 0, 0, "fp16", fp16.substr(2), n);  // one value short
+  EXPECT_EQ(sent_.back().header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(sent_.back().header.error(),
+              HasSubstr("fp16 payload of 8190 bytes for partition 5 in warm-up round 0 (expected 8192)"));
+  EXPECT_EQ(Weights(n), std::vector<float>(n, 0.0f));
+  SendEncoded(PUSH, 0, 0, "fp16", fp16, n);
+  EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
+  SendEncoded(PUSH, 0, 1, "fp16", Encode("fp16", std::vector<float>(n, 0.5f), 5, 1), n);
+  EXPECT_EQ(Weights(n), std::vector<float>(n, -1.5f));  // fp16 holds 1 and 0.5 exactly
+  SendEncoded(PUSH, 0, 2, "fp16", Encode("fp16", std::vector<float>(n, 1.0f), 5, 2), n);
+  EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match the codec '" + spec + "'"));
+  SendEncoded(PUSH, 0, 2, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 2), n);
+  EXPECT_EQ(sent_.back().header.status_code(), 0);
+  EXPECT_EQ(Weights(n), std::vector<float>(n, -1.75f));
+}
+
+TEST_F(EngineTest, SumOnlyAggregateOfAWarmupRoundGoesBackInTheWarmupCodec) {
+  const int n = 4096;
+  ClusterConfig c = Config(SYNC, /*deterministic=*/true, 2, SUM_ONLY);
+  c.mutable_compression()->set_codec("2bit:threshold=0.25");
+  c.mutable_compression()->set_pull_codec("onebit");
+  c.mutable_compression()->set_uncompressed_rounds(1);
+  c.mutable_compression()->set_warmup_codec("bf16");
+  MakeFromConfig(c, n);
+  SendEncoded(PUSH_PULL, 0, 0, "bf16", Encode("bf16", std::vector<float>(n, 0.25f), 5, 0), n);
+  SendEncoded(PUSH_PULL, 1, 0, "bf16", Encode("bf16", std::vector<float>(n, 0.5f), 5, 0), n);
+  ASSERT_EQ(sent_.size(), 2u);
+  for (const Sent& s : sent_) {
+    ASSERT_EQ(s.header.codec(), "bf16") << s.header.error();
+    std::vector<float> sum(n);
+    auto bf16 = compression::CreateCodec("bf16");
+    ASSERT_TRUE(bf16.ok());
+    const std::string& bytes = s.header.error();  // the payload's bytes
+    ASSERT_TRUE((*bf16)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                                0, absl::MakeSpan(sum)).ok());
+    EXPECT_EQ(sum, std::vector<float>(n, 0.75f));
+  }
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  SendEncoded(PUSH_PULL, 0, 1, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 1), n);
+  SendEncoded(PUSH_PULL, 1, 1, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 1), n);
+  ASSERT_EQ(sent_.size(), 4u);
+  EXPECT_EQ(sent_[3].header.codec(), compression::ParseCodecSpec("onebit")->ToString());
+}
+
 TEST(EngineConfigTest, SumOnlyFreezeBeforeTheCompressedRoundsIsRefused) {
   ClusterConfig c;
   c.set_update_mode(SUM_ONLY);

@@ -30,6 +30,8 @@ ClusterConfig Config(int servers, int workers, Consistency consistency = SYNC) {
 
 TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
 
+// Null (with the reason reported) when the worker cannot register; callers
+// ASSERT on it.
 std::unique_ptr<Worker> Connect(const TestCluster& cluster, uint32_t rank) {
   auto w = Worker::Create({.scheduler_address = cluster.scheduler_address(), .rank = rank});
   EXPECT_TRUE(w.ok()) << w.status();
@@ -40,6 +42,7 @@ TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_NE(worker, nullptr);
   const int n = 1001;  // 4 partitions of ~1 KiB over 2 servers, odd size
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", n), Tensor("b", 3)}).ok());
@@ -75,27 +78,57 @@ ClusterConfig FrozenAdamConfig(int workers, const std::string& codec, int raw_ro
 // sign codec carries gradients spanning five orders of magnitude with no loss
 // worth the name, and the step equals frozen Adam's. In gradient units onebit
 // would send +-mean|g| for every weight.
-TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
-  ClusterConfig config = FrozenAdamConfig(1, "onebit", 1);
+// One worker on a fresh cluster for `config` pushes `grad` (one partition)
+// in two PushPull rounds from zero weights. Fills the weights it ends with,
+// the reference optimizer's on the same gradients, and the worker's stats.
+void TwoRoundsOfOneWorker(const ClusterConfig& config, const std::vector<float>& grad, std::vector<float>* weights,
+                          std::vector<float>* want, WorkerStats* stats) {
   auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
-  ASSERT_NE(worker, nullptr);
-  const int n = 4096;  // one partition, above onebit's minimum size
+  const size_t n = grad.size();
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", n)}).ok());
-  std::vector<float> grad(n), weights(n, 0.0f), want(n, 0.0f), state(2 * n, 0.0f);
-  for (int i = 0; i < n; ++i) grad[i] = (i % 2 ? -1.0f : 1.0f) * std::pow(10.0f, -static_cast<float>(i % 6));
-  ASSERT_TRUE(worker->InitTensor("w", weights, absl::Seconds(10)).ok());
+  weights->assign(n, 0.0f);
+  want->assign(n, 0.0f);
+  std::vector<float> state(2 * n, 0.0f);
+  ASSERT_TRUE(worker->InitTensor("w", *weights, absl::Seconds(10)).ok());
   auto reference = Optimizer::Create(config.optimizer());
   ASSERT_TRUE(reference.ok());
   for (uint64_t round = 0; round < 2; ++round) {
-    auto h = worker->PushPull("w", grad, absl::MakeSpan(weights));
+    auto h = worker->PushPull("w", grad, absl::MakeSpan(*weights));
     ASSERT_TRUE(h.ok()) << h.status();
     ASSERT_TRUE(worker->Wait(*h, absl::Seconds(10)).ok());
-    (*reference)->Apply(round, 1.0f, grad.data(), want.data(), state.data(), n);
+    (*reference)->Apply(round, 1.0f, grad.data(), want->data(), state.data(), n);
   }
-  EXPECT_LT(worker->stats().bytes_pushed, 2 * n * 4u + n / 8 + 64);  // INIT and round 0 raw, round 1 onebit
+  *stats = worker->stats();
+}
+
+TEST(ClusterTest, SumOnlyFrozenAdamCompressesInPreconditionedUnits) {
+  const int n = 4096;  // one partition, above onebit's minimum size
+  std::vector<float> grad(n), weights, want;
+  for (int i = 0; i < n; ++i) grad[i] = (i % 2 ? -1.0f : 1.0f) * std::pow(10.0f, -static_cast<float>(i % 6));
+  WorkerStats stats;
+  ASSERT_NO_FATAL_FAILURE(TwoRoundsOfOneWorker(FrozenAdamConfig(1, "onebit", 1), grad, &weights, &want, &stats));
+  EXPECT_LT(stats.bytes_pushed, 2 * n * 4u + n / 8 + 64);  // INIT and round 0 raw, round 1 onebit
   for (int i = 0; i < n; ++i) ASSERT_NEAR(weights[i], want[i], 1e-5) << i << " (gradient " << grad[i] << ")";
+}
+
+// Warm-up rounds in fp16 both ways (compression.warmup_codec): worker and
+// server agree on every round's codec, the sum-only aggregate comes back in
+// fp16 too, at half the raw bytes, and gradients fp16 holds exactly train
+// exactly as raw ones would.
+TEST(ClusterTest, WarmupRoundsTravelInFp16BothWays) {
+  ClusterConfig config = FrozenAdamConfig(1, "onebit", 2);
+  config.mutable_compression()->set_pull_codec("onebit");
+  config.mutable_compression()->set_warmup_codec("fp16");
+  const int n = 4096;
+  std::vector<float> grad(n), weights, want;
+  for (int i = 0; i < n; ++i) grad[i] = (i % 2 ? -1.0f : 1.0f) * std::ldexp(1.0f, -(i % 12));
+  WorkerStats stats;
+  ASSERT_NO_FATAL_FAILURE(TwoRoundsOfOneWorker(config, grad, &weights, &want, &stats));
+  EXPECT_EQ(stats.bytes_pushed, n * 4u + 2 * n * 2u);  // INIT raw, then two fp16 rounds
+  EXPECT_EQ(stats.bytes_pulled, 2 * n * 2u);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(weights[i], want[i]) << i;
 }
 
 // Two workers, fp16 (nearly exact) momenta for four rounds after the freeze,
@@ -155,6 +188,7 @@ TEST(ClusterTest, PerPartitionPushPullMatchesWholeTensor) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", 700)}).ok());
   auto parts = worker->Partitions("w");
   ASSERT_TRUE(parts.ok());
@@ -185,6 +219,7 @@ TEST(ClusterTest, ThreadsSharingAWorkerEachGetTheirAnswers) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   constexpr int kThreads = 4, kRounds = 100, kN = 777;
   std::vector<TensorSpec> specs;
   for (int t = 0; t < kThreads; ++t) specs.push_back(Tensor("t" + std::to_string(t), kN));
@@ -238,6 +273,7 @@ TEST(ClusterTest, ErrorsNameTheTensorAndSizes) {
   auto cluster = TestCluster::Start(Config(1, 1));
   ASSERT_TRUE(cluster.ok());
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", 10)}).ok());
   std::vector<float> wrong(11);
   EXPECT_THAT(worker->Push("w", wrong).status().message(), HasSubstr("gradient has 11 elements, expected 10"));
@@ -270,6 +306,7 @@ TEST(ClusterTest, ServerDrainsAndExitsCleanlyOnSigterm) {
   auto cluster = TestCluster::Start(Config(1, 1));
   ASSERT_TRUE(cluster.ok());
   auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
   ASSERT_TRUE(worker->DefineTensors({Tensor("w", 100)}).ok());
   std::vector<float> g(100, 1.0f), out(100);
   auto h = worker->PushPull("w", g, absl::MakeSpan(out));

@@ -286,7 +286,9 @@ ClusterConfig SmallConfig(int servers) {
 TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
 
 TEST(FailureTest, AWorkerFailsRequestsToAServerTheMapDeclaresDeadAtOnceNamingIt) {
-  auto cluster = TestCluster::Start(SmallConfig(2));
+  ClusterConfig config = SmallConfig(2);
+  config.set_consistency(ASYNC);  // pulls are answered at once, whatever was pushed
+  auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto real = SchedulerClient::Create((*cluster)->scheduler_address());
   ASSERT_TRUE(real.ok());
@@ -310,6 +312,12 @@ TEST(FailureTest, AWorkerFailsRequestsToAServerTheMapDeclaresDeadAtOnceNamingIt)
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("server ", dead_index, " was declared dead by the scheduler")));
   EXPECT_THAT(s.message(), HasSubstr("no heartbeat for 10s"));
+  // A server that takes the dead one's place at the same address: the map
+  // lists the index alive again, and requests to it are sent again.
+  scheduler->Publish(status->shard_map());
+  auto pulled = (*worker)->Pull("w", absl::MakeSpan(out));
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE((*worker)->Wait(*pulled, absl::Seconds(60)).ok()) << "still refused after the map revived the server";
 }
 
 TEST(FailureTest, AServerKeepsServingWhenItsSchedulerDies) {

@@ -149,6 +149,15 @@ TEST_F(AttackedServerTest, NonFiniteGradientsAreRefusedWithAnErrorAndChangeNoWei
 }
 
 TEST_F(AttackedServerTest, AReaderThatNeverReadsCannotGrowTheServer) {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine keeps freed blocks resident (256 MiB by default), so a
+  // server's RSS says nothing about what it holds; the plain build measures it.
+  GTEST_SKIP() << "RSS bounds are not measurable under AddressSanitizer";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "RSS bounds are not measurable under AddressSanitizer";
+#endif
+#endif
   constexpr int kBig = 1 << 20;  // 4 MiB partition
   ClusterConfig config = AsyncSgd();
   config.set_partition_bytes(4 << 20);

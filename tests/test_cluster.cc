@@ -20,6 +20,9 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterCon
   static std::atomic<int> counter{0};
   auto cluster = std::unique_ptr<TestCluster>(new TestCluster());
   cluster->dir_ = std::filesystem::temp_directory_path() / absl::StrCat("shardps-test-", getpid(), "-", counter++);
+  // A folder left by a killed process whose pid this one now has would hand
+  // out its stale scheduler address.
+  std::filesystem::remove_all(cluster->dir_);
   std::filesystem::create_directories(cluster->dir_);
   const std::string config_file = cluster->dir_ + "/cluster.pbtxt";
   std::ofstream(config_file) << config.DebugString();
@@ -73,7 +76,9 @@ std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t
   std::vector<float> out(n);
   auto h = worker.Pull(tensor, absl::MakeSpan(out));
   EXPECT_TRUE(h.ok()) << h.status();
-  if (h.ok()) EXPECT_TRUE(worker.Wait(*h, absl::Seconds(10)).ok());
+  if (h.ok()) {
+    EXPECT_TRUE(worker.Wait(*h, absl::Seconds(10)).ok());
+  }
   return out;
 }
 

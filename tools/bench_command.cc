@@ -1,6 +1,8 @@
 // `shardps bench`: push/pull round trips of one tensor against real server
 // processes, next to a raw ZeroMQ DEALER/ROUTER echo of the same messages to
-// the same number of echo processes, measured in the same run.
+// the same number of echo processes, measured in the same run. With
+// --scheduler it is instead a client of a cluster started elsewhere (the
+// fake hosts of tools/scalebench.sh) and measures only ShardPS.
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -15,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/tensor_spec.h"
 #include "common/config.h"
 #include "common/data_message.h"
@@ -44,7 +47,29 @@ struct BenchOptions {
   bool metrics_compare = false;
   // Measure a cluster with both planes secured against a plain one.
   bool secure = false;
+  // HOST:PORT of a running scheduler: no processes are started, the workers
+  // are ranks rank .. rank + workers - 1 of that cluster, no raw baseline.
+  std::string scheduler;
+  int64_t rank = 0;
+  // Comma-separated tensor sizes in bytes, pushed and pulled together in each
+  // round trip; empty: one tensor of `bytes`.
+  std::string tensor_bytes;
 };
+
+// The tensors of one round trip: `tensor_bytes` parsed, or one of `bytes`.
+absl::StatusOr<std::vector<TensorSpec>> BenchTensors(const BenchOptions& o) {
+  if (o.tensor_bytes.empty()) return std::vector<TensorSpec>{Float32Tensor("bench", o.bytes / 4)};
+  std::vector<TensorSpec> tensors;
+  for (absl::string_view part : absl::StrSplit(o.tensor_bytes, ',')) {
+    int64_t b = 0;
+    if (!absl::SimpleAtoi(part, &b) || b < 4 || b % 4 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tensor-bytes: '", std::string(part), "' is not a positive multiple of 4"));
+    }
+    tensors.push_back(Float32Tensor(absl::StrCat("bench", tensors.size()), b / 4));
+  }
+  return tensors;
+}
 
 // The --metrics-listen of server `i` of a bench started with `listen`.
 absl::StatusOr<std::string> ServerMetricsListen(const std::string& listen, int i) {
@@ -99,20 +124,29 @@ absl::StatusOr<Measured> RunClients(int clients, int64_t iters, int64_t warmup, 
 using MeasureFn = std::function<absl::StatusOr<Measured>(int64_t iters, int64_t warmup)>;
 
 // The limit: each round trip sends every partition to its echo process and
-// copies every echoed partition into an output buffer, as a worker does.
+// copies every echoed partition into an output buffer, as a worker does. It
+// scales the way the cluster does: one echo process per server (one I/O
+// thread and one loop each, as a server has), partitions placed by the same
+// shard map, and one ZeroMQ context per client.
 MeasureFn RawEcho(const BenchOptions& o, const ShardMap& map, const std::vector<std::string>& echo) {
+  // One context (one I/O thread) per client, as each Worker's DataChannel has:
+  // a shared one would funnel every client through one I/O thread and make
+  // the baseline, not the servers, the limit at many workers.
   struct State {
-    zmq::context_t ctx{1};
+    std::vector<zmq::context_t> contexts;
     std::vector<std::vector<zmq::socket_t>> sockets;
     std::vector<std::vector<float>> in, out;
   };
   auto st = std::make_shared<State>();
   const size_t n = o.bytes / 4;
+  st->contexts.resize(o.workers);
   st->sockets.resize(o.workers);
-  for (auto& per_client : st->sockets) {
+  for (int c = 0; c < o.workers; ++c) {
     for (const std::string& address : echo) {
-      per_client.emplace_back(st->ctx, zmq::socket_type::dealer);
-      per_client.back().connect(address);
+      st->sockets[c].emplace_back(st->contexts[c], zmq::socket_type::dealer);
+      st->sockets[c].back().set(zmq::sockopt::sndhwm, 0);
+      st->sockets[c].back().set(zmq::sockopt::rcvhwm, 0);
+      st->sockets[c].back().connect(address);
     }
   }
   st->in.assign(o.workers, std::vector<float>(n, 1.0f));
@@ -154,18 +188,20 @@ MeasureFn RawEcho(const BenchOptions& o, const ShardMap& map, const std::vector<
 
 absl::StatusOr<MeasureFn> Ours(const BenchOptions& o, const std::string& scheduler,
                                const SecurityCredentials& security = {}) {
-  const size_t n = o.bytes / 4;
+  auto tensors = BenchTensors(o);
+  if (!tensors.ok()) return tensors.status();
   std::vector<std::unique_ptr<Worker>> workers(o.workers);
   std::vector<absl::Status> created(o.workers);
   std::vector<std::thread> threads;
   for (int r = 0; r < o.workers; ++r) {
     threads.emplace_back([&, r] {
-      auto w = Worker::Create({.scheduler_address = scheduler, .rank = static_cast<uint32_t>(r), .security = security});
+      auto w = Worker::Create(
+          {.scheduler_address = scheduler, .rank = static_cast<uint32_t>(o.rank + r), .security = security});
       if (!w.ok()) {
         created[r] = w.status();
         return;
       }
-      created[r] = (*w)->DefineTensors({Float32Tensor("bench", static_cast<int64_t>(n))});
+      created[r] = (*w)->DefineTensors(*tensors);
       workers[r] = *std::move(w);
     });
   }
@@ -175,29 +211,48 @@ absl::StatusOr<MeasureFn> Ours(const BenchOptions& o, const std::string& schedul
   }
   struct State {
     std::vector<std::unique_ptr<Worker>> workers;
-    std::vector<std::vector<float>> grad, weights;
+    std::vector<std::string> names;
+    std::vector<std::vector<std::vector<float>>> grad, weights;  // [client][tensor]
   };
   auto st = std::make_shared<State>();
   st->workers = std::move(workers);
-  st->grad.assign(o.workers, std::vector<float>(n, 1e-6f));
-  st->weights.assign(o.workers, std::vector<float>(n));
+  st->grad.resize(o.workers);
+  st->weights.resize(o.workers);
+  for (const TensorSpec& t : *tensors) {
+    const size_t n = static_cast<size_t>(t.shape(0));
+    st->names.push_back(t.name());
+    for (int c = 0; c < o.workers; ++c) {
+      st->grad[c].emplace_back(n, 1e-6f);
+      st->weights[c].emplace_back(n);
+    }
+  }
   const bool pushpull = o.op == "pushpull";
   const int clients = o.workers;
   return MeasureFn([st, pushpull, clients](int64_t iters, int64_t warmup) {
     const absl::Duration timeout = absl::Seconds(60);
     return RunClients(clients, iters, warmup, [&](int c) -> absl::Status {
       Worker& w = *st->workers[c];
-      if (pushpull) {
-        auto h = w.PushPull("bench", st->grad[c], absl::MakeSpan(st->weights[c]));
+      std::vector<Worker::Handle> handles;
+      auto wait_all = [&]() -> absl::Status {
+        for (Worker::Handle h : handles) {
+          if (absl::Status s = w.Wait(h, timeout); !s.ok()) return s;
+        }
+        handles.clear();
+        return absl::OkStatus();
+      };
+      for (size_t t = 0; t < st->names.size(); ++t) {
+        auto h = pushpull ? w.PushPull(st->names[t], st->grad[c][t], absl::MakeSpan(st->weights[c][t]))
+                          : w.Push(st->names[t], st->grad[c][t]);
         if (!h.ok()) return h.status();
-        return w.Wait(*h, timeout);
+        handles.push_back(*h);
       }
-      auto push = w.Push("bench", st->grad[c]);
-      if (!push.ok()) return push.status();
-      if (absl::Status s = w.Wait(*push, timeout); !s.ok()) return s;
-      auto pull = w.Pull("bench", absl::MakeSpan(st->weights[c]));
-      if (!pull.ok()) return pull.status();
-      return w.Wait(*pull, timeout);
+      if (absl::Status s = wait_all(); !s.ok() || pushpull) return s;
+      for (size_t t = 0; t < st->names.size(); ++t) {
+        auto h = w.Pull(st->names[t], absl::MakeSpan(st->weights[c][t]));
+        if (!h.ok()) return h.status();
+        handles.push_back(*h);
+      }
+      return wait_all();
     });
   });
 }
@@ -250,12 +305,44 @@ void ReportComparison(const BenchOptions& o, const Comparison& c, const Measured
   }
 }
 
+// --scheduler: round trips against a cluster started elsewhere; no baseline
+// here (tools/scalebench.sh compares against linear in the servers).
+absl::Status RunAgainstCluster(const BenchOptions& o) {
+  auto tensors = BenchTensors(o);
+  if (!tensors.ok()) return tensors.status();
+  int64_t bytes = 0;
+  for (const TensorSpec& t : *tensors) bytes += t.shape(0) * 4;
+  auto ours = Ours(o, o.scheduler);
+  if (!ours.ok()) return ours.status();
+  auto m = (*ours)(o.iters, o.warmup);
+  if (!m.ok()) return m.status();
+  const double rt_s = m->latencies_us.size() / m->seconds, gbps = rt_s * bytes / 1e9;
+  const double p50 = Percentile(m->latencies_us, 0.5), p99 = Percentile(m->latencies_us, 0.99);
+  std::cout << absl::StrFormat(
+      "bench %s against %s: %d bytes in %d tensors, workers %d..%d, %d round trips each\n"
+      "  shardps : %8.3f GB/s pushed, %8.3f GB/s pulled, %9.2f round trips/s, p50 %8.1f us, p99 %8.1f us\n",
+      o.op, o.scheduler, bytes, tensors->size(), o.rank, o.rank + o.workers - 1, o.iters, gbps, gbps, rt_s, p50, p99);
+  if (o.json) {
+    std::cout << absl::StrFormat(
+        "{\"op\": \"%s\", \"bytes\": %d, \"tensors\": %d, \"rank\": %d, \"workers\": %d, \"iters\": %d, "
+        "\"seconds\": %.4f, \"push_gbps\": %.4f, \"pull_gbps\": %.4f, \"round_trips_per_s\": %.3f, "
+        "\"p50_us\": %.1f, \"p99_us\": %.1f}\n",
+        o.op, bytes, tensors->size(), o.rank, o.workers, o.iters, m->seconds, gbps, gbps, rt_s, p50, p99);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunBench(const BenchOptions& o) {
   if (o.op != "pushpull" && o.op != "push-then-pull") {
     return absl::InvalidArgumentError(absl::StrCat("--op '", o.op, "': allowed: pushpull, push-then-pull"));
   }
   if (o.bytes < 4 || o.bytes % 4 != 0) return absl::InvalidArgumentError("--bytes must be a positive multiple of 4");
   if (o.servers < 1 || o.workers < 1 || o.iters < 1) return absl::InvalidArgumentError("--servers, --workers, --iters must be >= 1");
+  if (o.rank < 0) return absl::InvalidArgumentError("--rank must be >= 0");
+  if (!o.scheduler.empty()) return RunAgainstCluster(o);
+  if (!o.tensor_bytes.empty() || o.rank != 0) {
+    return absl::InvalidArgumentError("--tensor-bytes and --rank need --scheduler (the raw baseline is one tensor)");
+  }
   ClusterConfig config;
   config.set_num_servers(o.servers);
   config.set_num_workers(o.workers);
@@ -269,6 +356,7 @@ absl::Status RunBench(const BenchOptions& o) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
 
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-bench-", getpid());
+  std::filesystem::remove_all(dir);  // left by a killed process with this pid: its address files are stale
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
   const std::string self = SelfExecutable();
@@ -406,6 +494,11 @@ int BenchCommand(const Args& args) {
   flags.Bool("secure", &o.secure,
              "compare round trips against a second cluster with both planes secured (instead of raw ZeroMQ)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set replication=1");
+  flags.String("scheduler", &o.scheduler,
+               "HOST:PORT of a running cluster: start nothing, measure only its round trips (no raw baseline)");
+  flags.Int("rank", &o.rank, "with --scheduler: rank of the first worker client");
+  flags.String("tensor-bytes", &o.tensor_bytes,
+               "with --scheduler: comma-separated tensor sizes in bytes, all pushed/pulled each round trip");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps bench: " << s.message() << "\n";
     return 2;
@@ -429,6 +522,7 @@ int EchoServerCommand(const Args& args) {
   zmq::context_t ctx(1);
   zmq::socket_t router(ctx, zmq::socket_type::router);
   router.set(zmq::sockopt::sndhwm, 0);
+  router.set(zmq::sockopt::rcvhwm, 0);
   router.bind("tcp://127.0.0.1:*");
   if (!WriteFileDurably(port_file, router.get(zmq::sockopt::last_endpoint)).ok()) return 1;
   zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};

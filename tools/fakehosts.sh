@@ -1,4 +1,5 @@
-# Fake hosts for the root scripts (tools/netbench.sh, tools/chaos.sh): network
+# Fake hosts for the root scripts (tools/netbench.sh, tools/chaos.sh,
+# tools/scalebench.sh): network
 # namespaces joined by a bridge, processes started in them, and the cleanup
 # that removes all of it on every exit. Sourced, not run.
 #
@@ -137,6 +138,67 @@ start() {
   nsenter --net="/run/netns/$(ns "$h")" -- \
     timeout --kill-after=5 $((RUN_TIMEOUT + 30)) "$@" >"$logf" 2>&1 {LOCKFD}>&- &
   PIDS+=($!) PNAMES+=("h$h $name") PLOGS+=("$logf")
+}
+
+report_failure() {   # report_failure INDEX WHY [LABEL]
+  local i=$1
+  echo "$TOOL: ${3:-FAILED}: ${PNAMES[$i]} (pid ${PIDS[$i]}) $2; last lines of ${PLOGS[$i]}:" >&2
+  tail -n 20 "${PLOGS[$i]}" | sed 's/^/    | /' >&2
+}
+
+# wait_clients ND: waits until every process started at an index >= ND (the
+# clients; those below ND are daemons) has exited. Returns 1, after reporting
+# which process and why, as soon as a client exits non-zero, a daemon exits, or
+# RUN_TIMEOUT seconds pass. Kills nothing (kill_started does).
+wait_clients() {
+  local nd=$1 deadline=$((SECONDS + RUN_TIMEOUT)) i rc done_clients
+  declare -A finished=()
+  while :; do
+    done_clients=0
+    for ((i = nd; i < ${#PIDS[@]}; i++)); do
+      if [[ -n ${finished[$i]:-} ]]; then done_clients=$((done_clients + 1)); continue; fi
+      if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+        rc=0; wait "${PIDS[$i]}" || rc=$?
+        finished[$i]=1
+        done_clients=$((done_clients + 1))
+        if ((rc != 0)); then report_failure "$i" "exited with status $rc"; return 1; fi
+      fi
+    done
+    ((done_clients == ${#PIDS[@]} - nd)) && return 0
+    for ((i = 0; i < nd; i++)); do
+      if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+        rc=0; wait "${PIDS[$i]}" || rc=$?
+        report_failure "$i" "exited (status $rc) while the clients were still running"
+        return 1
+      fi
+    done
+    if ((SECONDS >= deadline)); then
+      echo "$TOOL: TIMEOUT: the run exceeded its ${RUN_TIMEOUT}s limit (--timeout); killing every process" >&2
+      for ((i = nd; i < ${#PIDS[@]}; i++)); do
+        [[ -n ${finished[$i]:-} ]] || report_failure "$i" "had not finished after ${RUN_TIMEOUT}s"
+      done
+      for ((i = 0; i < nd; i++)); do report_failure "$i" "was still running (daemon)" "also"; done
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# The checks of a fake-host script before it creates anything (PREFIX and
+# SUBNET well formed, root, the tools), then ROOT and the shardps binary
+# (find_shardps).
+fakehosts_preflight() {
+  [[ $PREFIX =~ ^[a-z0-9]{1,6}$ ]] || die "--prefix must be 1-6 lower-case letters/digits"
+  [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--subnet must be the first three numbers of a /24, e.g. 10.77.0; got '$SUBNET'"
+  if [[ $(id -u) -ne 0 ]]; then
+    die "must run as root (it creates network namespaces, veths, a bridge and tbf qdiscs); try: sudo $0 with the same flags"
+  fi
+  local tool
+  for tool in ip tc nsenter timeout awk flock; do
+    command -v "$tool" >/dev/null || die "needs '$tool' (Debian: iproute2, util-linux, coreutils, gawk/mawk)"
+  done
+  ROOT=$(cd "$(dirname "$0")/.." && pwd)
+  find_shardps
 }
 
 # Finds the shardps binary (SHARDPS_BIN if set, else the build tree's) and checks

@@ -116,6 +116,7 @@ absl::Status RunFlood(const FloodOptions& o) {
   const uint64_t bound = o.rss_limit_mib > 0 ? static_cast<uint64_t>(o.rss_limit_mib) << 20
                                              : FloodBound(*config, o.bytes + 256 * sizeof(float));
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-flood-", getpid());
+  std::filesystem::remove_all(dir);  // left by a killed process with this pid: its address files are stale
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/cluster.pbtxt") << config->DebugString();
   std::vector<ChildProcess> daemons;

@@ -281,6 +281,7 @@ int Supervise(const LaunchOptions& o, std::vector<WorkerProcess>& workers, std::
 
 int Launch(LaunchOptions o, const ClusterConfig& config) {
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-launch-", getpid());
+  std::filesystem::remove_all(dir);  // left by a killed process with this pid: its address files are stale
   std::filesystem::create_directories(dir);
   struct Cleanup {
     std::string dir;

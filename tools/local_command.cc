@@ -209,6 +209,7 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
 absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& config,
                                    const std::vector<FaultSpec>& faults) {
   std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-local-", getpid());
+  std::filesystem::remove_all(dir);  // left by a killed process with this pid: its address files are stale
   std::filesystem::create_directories(dir);
   struct Cleanup {
     std::string dir;

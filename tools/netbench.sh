@@ -98,18 +98,7 @@ for v in BATCH STEPS EPOCHS RUN_TIMEOUT; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
 ((STEPS > 0)) || die "--steps must be > 0"
-[[ $PREFIX =~ ^[a-z0-9]{1,6}$ ]] || die "--prefix must be 1-6 lower-case letters/digits"
-[[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--subnet must look like 10.77.0"
-
-if [[ $(id -u) -ne 0 ]]; then
-  die "must run as root (it creates network namespaces, veths, a bridge and tbf qdiscs); try: sudo $0 $*"
-fi
-for tool in ip tc nsenter timeout awk; do
-  command -v "$tool" >/dev/null || die "needs '$tool' (Debian: iproute2, util-linux, coreutils, gawk/mawk)"
-done
-
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-find_shardps
+fakehosts_preflight
 
 # 2bit pushes with Adam (1-bit Adam's recipe): 150 rounds uncompressed, then
 # Adam's variance frozen and each worker compresses its own momentum in units
@@ -161,12 +150,6 @@ SCHED_ADDR="$(ip_of 0):7000"
 host_setup() { shape_host "$1" "$RATE" "$BURST"; }
 fakehosts_begin
 
-report_failure() {   # report_failure INDEX WHY [LABEL]
-  local i=$1
-  echo "netbench: ${3:-FAILED}: ${PNAMES[$i]} (pid ${PIDS[$i]}) $2; last lines of ${PLOGS[$i]}:" >&2
-  tail -n 20 "${PLOGS[$i]}" | sed 's/^/    | /' >&2
-}
-
 iface_bytes() {   # bytes the worker hosts sent + received, by the bridge-side veth counters
   local total=0 i
   for i in 3 4; do
@@ -206,43 +189,8 @@ run_cluster() {
     start "$h" "worker rank $((h - 3))" "$dir/h$h.worker.log" "$SHARDPS_BIN" train --scheduler "$SCHED_ADDR" \
       --rank $((h - 3)) --result-file "$dir/result.$((h - 3))" "${data[@]}" "${v[@]}" "$@"
   done
-  local deadline=$((SECONDS + RUN_TIMEOUT)) i rc failed=0 done_workers
-  declare -A finished=()
-  while :; do
-    done_workers=0
-    for ((i = nd; i < ${#PIDS[@]}; i++)); do
-      if [[ -n ${finished[$i]:-} ]]; then done_workers=$((done_workers + 1)); continue; fi
-      if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-        rc=0; wait "${PIDS[$i]}" || rc=$?
-        finished[$i]=1
-        done_workers=$((done_workers + 1))
-        if ((rc != 0)); then report_failure "$i" "exited with status $rc"; failed=1; fi
-      fi
-    done
-    ((failed)) && break
-    ((done_workers == ${#PIDS[@]} - nd)) && break
-    for ((i = 0; i < nd; i++)); do
-      if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-        rc=0; wait "${PIDS[$i]}" || rc=$?
-        report_failure "$i" "exited (status $rc) while the workers were still training"
-        failed=1
-      fi
-    done
-    ((failed)) && break
-    if ((SECONDS >= deadline)); then
-      echo "netbench: TIMEOUT: the run exceeded its ${RUN_TIMEOUT}s limit (--timeout); killing every process" >&2
-      for ((i = nd; i < ${#PIDS[@]}; i++)); do
-        [[ -n ${finished[$i]:-} ]] && continue
-        report_failure "$i" "had not finished after ${RUN_TIMEOUT}s"
-      done
-      for ((i = 0; i < nd; i++)); do
-        report_failure "$i" "was still running (daemon)" "also"
-      done
-      failed=1
-      break
-    fi
-    sleep 0.2
-  done
+  local failed=0 i
+  wait_clients "$nd" || failed=1
   after=$(iface_bytes)
   echo $((after - before)) >"$dir/iface_bytes"
   kill_started

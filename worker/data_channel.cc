@@ -76,7 +76,13 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
-  for (uint32_t s = 0; s < failed_.size(); ++s) FailServer(s, status);
+  size_t servers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (removed_.ok()) removed_ = status;
+    servers = failed_.size();
+  }
+  for (uint32_t s = 0; s < servers; ++s) FailServer(s, status);
 }
 
 absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpoint) {
@@ -85,8 +91,11 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
   std::string old;
   {
     absl::MutexLock lock(&mu_);
-    if (server >= addresses_.size() ||
-        (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key)) {
+    if (server >= addresses_.size()) return absl::OkStatus();
+    if (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key) {
+      // A replacement at the dead server's address: the socket reconnects
+      // by itself; only the refusal goes.
+      failed_[server] = removed_;
       return absl::OkStatus();
     }
     old = addresses_[server];
@@ -107,7 +116,7 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
   absl::MutexLock lock(&mu_);
   addresses_[server] = address;
   server_keys_[server] = endpoint.curve_public_key;
-  failed_[server] = absl::OkStatus();
+  failed_[server] = removed_;
   return absl::OkStatus();
 }
 

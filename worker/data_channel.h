@@ -77,7 +77,8 @@ class DataChannel {
   // `status` (the scheduler declared the server dead): no caller waits out
   // its timeout for an answer that cannot come. The first status sticks.
   void FailServer(uint32_t server, const absl::Status& status);
-  // FailServer for every server (this worker was removed from the job).
+  // FailServer for every server, for good (this worker was removed from the
+  // job): Readdress never undoes it.
   void FailAll(const absl::Status& status);
 
   // Sends every waiting request for a partition in `primary_of` (partition id
@@ -86,10 +87,10 @@ class DataChannel {
   // Returns how many requests were re-sent.
   int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch);
 
-  // Server index `server` is now at `endpoint` (a server took a dead one's
-  // place): its socket reconnects there, with the new CURVE key if it has
-  // one, and requests to it are sent again. Nothing changes when address and
-  // key are the same.
+  // Server index `server` is live at `endpoint` (e.g. a server took a dead
+  // one's place, at another address or the same): requests to it are sent
+  // again, and its socket reconnects there, with the new CURVE key if it has
+  // one, unless address and key are the ones it has.
   absl::Status Readdress(uint32_t server, const ServerEndpoint& endpoint);
 
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -162,6 +163,7 @@ class DataChannel {
   absl::node_hash_map<uint64_t, HandleState> handles_ ABSL_GUARDED_BY(mu_);
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // per server; ok = serving
+  absl::Status removed_ ABSL_GUARDED_BY(mu_);  // FailAll's status: sticks
   absl::flat_hash_map<uint64_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint64_t> versions_ ABSL_GUARDED_BY(mu_);  // see weights_version
 

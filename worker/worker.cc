@@ -278,9 +278,12 @@ class WorkerImpl : public Worker {
         PartitionState& state = *route.states[i];
         if (sends) {
           const float* grad = in + (p.offset() - base);
-          if (op != INIT && state.codecs.push != nullptr &&
-              !compression::RoundUncompressed(config_, r.header.round())) {
-            absl::Status s = Encode(state, p, r.header.round(), grad, &r);
+          compression::WireCodec wire;
+          if (op != INIT) {
+            wire = compression::RoundCodec(config_, state.codecs, compression::Direction::kPush, r.header.round());
+          }
+          if (!wire.raw()) {
+            absl::Status s = Encode(state, p, r.header.round(), wire, grad, &r);
             if (!s.ok()) return s;
           } else {
             r.payload = grad;
@@ -354,9 +357,11 @@ class WorkerImpl : public Worker {
         " rounds, but that round's aggregate was not applied here yet (wait for each PushPull before the next)"));
   }
 
-  // Compresses one partition's gradient into an owned frame of `r`.
-  absl::Status Encode(PartitionState& state, const PartitionInfo& p, uint64_t round, const float* grad,
-                      DataChannel::Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Compresses one partition's gradient with `wire` into an owned frame of
+  // `r`; error feedback only for the partition's own push codec.
+  absl::Status Encode(PartitionState& state, const PartitionInfo& p, uint64_t round,
+                      const compression::WireCodec& wire, const float* grad, DataChannel::Request* r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t n = p.num_elements();
     const uint64_t seed = compression::CodecSeed(p.id(), round);
     auto in = absl::MakeConstSpan(grad, n);
@@ -369,19 +374,19 @@ class WorkerImpl : public Worker {
       in = absl::MakeConstSpan(state.momentum);
     }
     compression::ErrorFeedback* feedback = nullptr;
-    size_t max_bytes = state.codecs.push->EncodedBytes(n);
-    if (config_.compression().error_feedback()) {
-      auto f = Feedback(state.codecs.push_spec);
+    size_t max_bytes = wire.codec->EncodedBytes(n);
+    if (config_.compression().error_feedback() && wire.codec == state.codecs.push.get()) {
+      auto f = Feedback(wire.spec);
       if (!f.ok()) return f.status();
       feedback = *f;
       max_bytes = feedback->MaxEncodedBytes(n);
     }
     zmq::message_t frame(max_bytes);
     auto out = absl::MakeSpan(frame.data<uint8_t>(), max_bytes);
-    auto written = feedback ? feedback->Encode(p.id(), in, seed, out) : state.codecs.push->Encode(in, seed, out);
+    auto written = feedback ? feedback->Encode(p.id(), in, seed, out) : wire.codec->Encode(in, seed, out);
     if (!written.ok()) return written.status();
     r->encoded = *written == max_bytes ? std::move(frame) : zmq::message_t(frame.data(), *written);
-    r->header.set_codec(state.codecs.push_spec);
+    r->header.set_codec(wire.spec);
     return absl::OkStatus();
   }
 
@@ -400,11 +405,14 @@ class WorkerImpl : public Worker {
       // The mean over the workers whose gradients the aggregate sums.
       const uint32_t contributors = answer.contributors() > 0 ? answer.contributors() : config_.num_workers();
       const float scale = 1.0f / static_cast<float>(contributors);
-      // The aggregate of an uncompressed round comes back uncompressed too.
-      const bool raw = state.codecs.pull == nullptr ||
-                       (aggregate && answer.completed_rounds() > 0 &&
-                        compression::RoundUncompressed(config_, answer.completed_rounds() - 1));
-      const std::string& expected = raw ? std::string() : state.codecs.pull_spec;
+      // The aggregate of a warm-up round comes back in the warm-up codec.
+      const compression::WireCodec wire =
+          aggregate && answer.completed_rounds() > 0
+              ? compression::RoundCodec(config_, state.codecs, compression::Direction::kAggregate,
+                                        answer.completed_rounds() - 1)
+              : compression::WireCodec{state.codecs.pull.get(), state.codecs.pull_spec};
+      const bool raw = wire.raw();
+      const std::string& expected = wire.spec;
       if (answer.codec() != expected || answer.num_elements() != n) {
         return absl::DataLossError(absl::StrCat("answer encoded as '", answer.codec(), "' with ",
                                                 answer.num_elements(), " elements; expected '", expected,
@@ -420,8 +428,8 @@ class WorkerImpl : public Worker {
         // the server adds it to its mirror of them.
         const auto bytes = absl::MakeConstSpan(payload.data<uint8_t>(), payload.size());
         const uint64_t seed = compression::CodecSeed(answer.partition_id(), answer.completed_rounds());
-        absl::Status s = delta ? state.codecs.pull->DecodeAdd(bytes, seed, absl::MakeSpan(target, n))
-                               : state.codecs.pull->Decode(bytes, seed, absl::MakeSpan(target, n));
+        absl::Status s = delta ? wire.codec->DecodeAdd(bytes, seed, absl::MakeSpan(target, n))
+                               : wire.codec->Decode(bytes, seed, absl::MakeSpan(target, n));
         if (!s.ok()) return s;
       }
       if (aggregate) {
