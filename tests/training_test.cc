@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "tests/test_cluster.h"
 #include "tests/test_training.h"
@@ -18,13 +19,20 @@ ClusterConfig Config(Consistency consistency, int servers, int workers) {
   return TrainingConfig(consistency, servers, workers);
 }
 
-class OracleTest : public ::testing::TestWithParam<UpdateMode> {};
+// Update mode, and whether the workers overlap communication with compute
+// (TrainOptions::overlap): only timing may differ between the two.
+class OracleTest : public ::testing::TestWithParam<std::tuple<UpdateMode, bool>> {
+ protected:
+  UpdateMode mode() const { return std::get<0>(GetParam()); }
+  bool overlap() const { return std::get<1>(GetParam()); }
+};
 
 // Trains `config` (sync, deterministic, 3 workers) on 20 steps and compares
 // every worker's final weights with the single-process reference.
-void ExpectMatchesReferenceBitwise(const ClusterConfig& config) {
+void ExpectMatchesReferenceBitwise(const ClusterConfig& config, bool overlap = true) {
   TrainOptions o = QuietRun(1, 1920, 500);
   o.batch_size = 32;
+  o.overlap = overlap;
   auto results = TrainOnNewCluster(config, 3, o);
   std::ostringstream log;
   auto reference = RunReference(config, o, log);
@@ -55,8 +63,8 @@ TEST_P(OracleTest, DeterministicSyncMatchesSingleProcessReferenceBitwise) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
   ClusterConfig config = Config(SYNC, 2, 3);
   config.set_deterministic(true);
-  config.set_update_mode(GetParam());
-  ExpectMatchesReferenceBitwise(config);
+  config.set_update_mode(mode());
+  ExpectMatchesReferenceBitwise(config, overlap());
 }
 
 // With a codec configured, rounds kept uncompressed travel as exact floats
@@ -66,16 +74,20 @@ TEST_P(OracleTest, UncompressedRoundsAndFrozenVarianceMatchTheReferenceBitwise) 
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
   ClusterConfig config = Config(SYNC, 2, 3);
   config.set_deterministic(true);
-  config.set_update_mode(GetParam());
+  config.set_update_mode(mode());
   config.mutable_compression()->set_codec("2bit:threshold=0.001");
-  if (GetParam() == SUM_ONLY) config.mutable_compression()->set_pull_codec("onebit");
+  if (mode() == SUM_ONLY) config.mutable_compression()->set_pull_codec("onebit");
   config.mutable_compression()->set_uncompressed_rounds(20);
   config.mutable_optimizer()->set_freeze_variance_after(10);
-  ExpectMatchesReferenceBitwise(config);
+  ExpectMatchesReferenceBitwise(config, overlap());
 }
 
-INSTANTIATE_TEST_SUITE_P(UpdateModes, OracleTest, ::testing::Values(UPDATE_ON_SERVER, SUM_ONLY),
-                         [](const auto& info) { return UpdateMode_Name(info.param); });
+INSTANTIATE_TEST_SUITE_P(UpdateModes, OracleTest,
+                         ::testing::Combine(::testing::Values(UPDATE_ON_SERVER, SUM_ONLY), ::testing::Bool()),
+                         [](const auto& info) {
+                           return UpdateMode_Name(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_Overlapped" : "_Sequential");
+                         });
 
 // SSP with staleness 0 answers a push-pull only once its round is complete:
 // exactly sync, bit for bit.

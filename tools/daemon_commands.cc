@@ -232,8 +232,13 @@ int TrainCommand(const Args& args) {
   flags.String("progress-file", &train.progress_file, "write the number of steps taken here after every step");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve this worker's Prometheus /metrics on (off if empty)");
+  bool no_overlap = false;
+  flags.Bool("no-overlap", &no_overlap,
+             "push every tensor after the whole backward and await every answer before the next step "
+             "(default: push each gradient as backward computes it, await each weight as forward reaches it)");
   flags.Bool("verbose", &verbose, "log INFO messages");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
+  train.overlap = !no_overlap;
   if (flags.help()) return 0;
   InitLogging("shardps-train", verbose);
   worker_options.rank = static_cast<uint32_t>(rank);
@@ -267,9 +272,9 @@ int TrainCommand(const Args& args) {
   if (!result.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
   std::string text = absl::StrFormat(
       "test_accuracy %.6f\nfinal_loss %.6f\nsteps %d\nsamples %d\nwall_seconds %.6f\nbytes_pushed %d\n"
-      "bytes_pulled %d\n",
+      "bytes_pulled %d\nwait_seconds %.6f\n",
       result->test_accuracy, result->final_loss, result->steps, result->samples, result->wall_seconds,
-      result->bytes_pushed, result->bytes_pulled);
+      result->bytes_pushed, result->bytes_pulled, result->wait_seconds);
   for (const auto& [partition, n] : result->acked_pushes) absl::StrAppend(&text, "acked.", partition, " ", n, "\n");
   if (!result_file.empty()) {
     if (absl::Status s = WriteFileDurably(result_file + ".sha256", WeightsSha256(result->params)); !s.ok()) {

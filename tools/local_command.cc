@@ -41,6 +41,7 @@ struct LocalOptions {
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
   bool json = false, reference = false, deterministic = false, verbose = false, secure = false;
+  bool no_overlap = false;  // workers' --no-overlap
   // Start a new server in the place of each killed one, and a killed worker's
   // rank again (it rejoins), once it is declared dead.
   bool replace = false;
@@ -297,6 +298,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
                          "--progress-file", r == 0 ? dir + "/progress.0" : "", "--slow-factor",
                          absl::StrCat(o.slow_factors.count(r) ? o.slow_factors.at(r) : 1.0), verbose};
+    if (o.no_overlap) argv.push_back("--no-overlap");
     argv.insert(argv.end(), node_security.begin(), node_security.end());
     return Spawn(absl::StrCat("worker ", r), argv, true);
   };
@@ -396,6 +398,8 @@ int LocalCommand(const Args& args) {
   flags.Bool("json", &o.json, "print one JSON object as the last line of stdout");
   flags.String("compression", &o.compression, "codec of pushed gradients, e.g. 2bit, topk:ratio=0.01");
   flags.String("hidden", &o.hidden, "hidden layer widths of the MLP, comma-separated");
+  flags.Bool("no-overlap", &o.no_overlap,
+             "workers push after the whole backward and await every answer before the next step (compare timing)");
   flags.Bool("reference", &o.reference, "run the same job in one process, without servers");
   flags.Bool("deterministic", &o.deterministic, "sync: sum gradients in rank order (bitwise reproducible)");
   flags.Int("batch-size", &o.batch, "images per step per worker");

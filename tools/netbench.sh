@@ -53,6 +53,10 @@ flags:
                       P-h0..P-h4, bridge P-br0, veths P-h0..P-h4 on the bridge side)
   --workdir DIR       where logs, configs and results go (default: a new temp dir;
                       kept after the run, its path is printed)
+  --compare-overlap   also time every configuration with the workers' --no-overlap
+                      (each gradient pushed after the whole backward, every answer
+                      awaited before the next step) and print both step times and
+                      their ratio (no-overlap / overlap)
   --json              one JSON object per configuration instead of the table
   --verbose           pass --verbose to the daemons
   -h, --help          this text
@@ -65,7 +69,7 @@ source "$(dirname "$0")/fakehosts.sh"
 # ---------------------------------------------------------------- flags
 RATE=200mbit BURST=256kb HIDDEN=2048,2048 BATCH=32 STEPS=40 EPOCHS=0 ACC_HIDDEN=256,128
 RUN_TIMEOUT=300 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.77.0 PREFIX=nb WORKDIR="" JSON=0 VERBOSE=0
-CONFIGS=()
+COMPARE_OVERLAP=0 CONFIGS=()
 while (($#)); do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
@@ -82,6 +86,7 @@ while (($#)); do
     --prefix) PREFIX=$2; shift 2 ;;
     --workdir) WORKDIR=$2; shift 2 ;;
     --json) JSON=1; shift ;;
+    --compare-overlap) COMPARE_OVERLAP=1; shift ;;
     --verbose) VERBOSE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --*) usage >&2; die "unknown flag $1" ;;
@@ -156,6 +161,11 @@ iface_bytes() {   # bytes the worker hosts sent + received, by the bridge-side v
 
 result_value() { awk -v k="$2" '$1 == k { print $2 }' "$1"; }
 
+# wait_per_step DIR: the workers' mean wait_seconds (blocked on the data plane) per step.
+wait_per_step() {
+  awk '$1 == "wait_seconds" { w += $2 } $1 == "steps" { s += $2 } END { printf "%.4f", s ? w / s : 0 }' "$1"/result.*
+}
+
 # run_cluster DIR CONFIGFILE TRAIN_ARGS...: scheduler, 2 servers, 2 workers; waits
 # for both workers; on timeout or on any process failing, kills everything and
 # reports which. Writes DIR/result.{0,1} and DIR/iface_bytes.
@@ -204,7 +214,7 @@ SHARDPS_BIN=$WORKDIR/shardps
 setup_net
 check_net "$RATE each way per link"
 
-declare -A STEP_S WIRE_RESULT WIRE_IFACE ACC STEPS_DONE WARMUP ACC_STEPS
+declare -A STEP_S STEP_S_SEQ WAIT_S WAIT_S_SEQ WIRE_RESULT WIRE_IFACE ACC STEPS_DONE WARMUP ACC_STEPS
 SCHED_SET=()
 for k in "${!CONFIG_NAMES[@]}"; do
   name=${CONFIG_NAMES[$k]}
@@ -234,6 +244,17 @@ for k in "${!CONFIG_NAMES[@]}"; do
   WIRE_RESULT[$name]=$(awk -v b="$bytes" -v s="$steps" 'BEGIN { printf "%.0f", b / s }')
   WIRE_IFACE[$name]=$(awk -v b="$(cat "$d/iface_bytes")" -v s="$steps" 'BEGIN { printf "%.0f", b / s }')
   log "[$name] step ${STEP_S[$name]} s, $(awk -v b="${WIRE_RESULT[$name]}" 'BEGIN { printf "%.1f", b / 1e6 }') MB/step pushed+pulled"
+  STEP_S_SEQ[$name]="" WAIT_S[$name]=$(wait_per_step "$d")
+  if ((COMPARE_OVERLAP)); then
+    log "[$name] timing run with the workers' --no-overlap"
+    d=$WORKDIR/$name/timing-no-overlap
+    run_cluster "$d" "$cfg" --hidden "$HIDDEN" --batch-size "$BATCH" --max-steps "$STEPS" --epochs 1 \
+      --log-every 10 --test-limit 1000 --no-overlap
+    wall=$(awk '$1 == "wall_seconds" { if ($2 > m) m = $2 } END { print m }' "$d"/result.*)
+    STEP_S_SEQ[$name]=$(awk -v w="$wall" -v s="$(result_value "$d/result.0" steps)" 'BEGIN { printf "%.4f", w / s }')
+    WAIT_S_SEQ[$name]=$(wait_per_step "$d")
+    log "[$name] step ${STEP_S_SEQ[$name]} s without overlap, ${STEP_S[$name]} s with"
+  fi
 
   ACC[$name]=""
   if ((EPOCHS > 0)); then
@@ -246,6 +267,10 @@ for k in "${!CONFIG_NAMES[@]}"; do
     log "[$name] test accuracy ${ACC[$name]}"
   fi
 done
+
+overlap_ratio() {   # step time without overlap over step time with, of $1
+  awk -v a="${STEP_S_SEQ[$1]}" -v b="${STEP_S[$1]}" 'BEGIN { printf "%.2f", a / b }'
+}
 
 ratio() {   # step time of none over step time of $1
   if [[ -n ${STEP_S[none]:-} ]]; then
@@ -275,8 +300,13 @@ if ((JSON)); then
     printf '"result_bytes_per_step":%s,"iface_bytes_per_step":%s,"speedup_vs_none":%s,' \
       "${WIRE_RESULT[$name]}" "${WIRE_IFACE[$name]}" "${r:-null}"
     printf '"warmup_rounds":%d,"amortised_speedup_vs_none":%s,' "${WARMUP[$name]}" "${a:-null}"
-    printf '"accuracy_hidden":"%s","accuracy_epochs":%d,"test_accuracy":%s}\n' \
+    printf '"accuracy_hidden":"%s","accuracy_epochs":%d,"test_accuracy":%s' \
       "$ACC_HIDDEN" "$EPOCHS" "${ACC[$name]:-null}"
+    if ((COMPARE_OVERLAP)); then
+      printf ',"step_s_no_overlap":%s,"overlap_speedup":%s,"wait_s_per_step":%s,"wait_s_per_step_no_overlap":%s' \
+        "${STEP_S_SEQ[$name]}" "$(overlap_ratio "$name")" "${WAIT_S[$name]}" "${WAIT_S_SEQ[$name]}"
+    fi
+    printf '}\n'
   done
 else
   echo
@@ -292,4 +322,14 @@ else
       "$(awk -v b="${WIRE_IFACE[$name]}" 'BEGIN { printf "%.2f", b / 1e6 }')" \
       "${ACC[$name]:--}" "${r:--}" "${a:--}"
   done
+  if ((COMPARE_OVERLAP)); then
+    echo
+    echo "wait s = time a worker's steps were blocked on the data plane (mean of the two workers, per step)"
+    printf '%-13s %14s %17s %20s %14s %17s\n' config "step s overlap" "step s no-overlap" "no-overlap/overlap" \
+      "wait s overlap" "wait s no-overlap"
+    for name in "${CONFIG_NAMES[@]}"; do
+      printf '%-13s %14s %17s %20s %14s %17s\n' "$name" "${STEP_S[$name]}" "${STEP_S_SEQ[$name]}" \
+        "$(overlap_ratio "$name")" "${WAIT_S[$name]}" "${WAIT_S_SEQ[$name]}"
+    done
+  fi
 fi

@@ -20,6 +20,7 @@
 #include "scheduler/shard_assignment.h"
 #include "common/optimizer.h"
 #include "tools/train/fashion_mnist.h"
+#include "tools/step_pipeline.h"
 #include "tools/train/mlp.h"
 #include "worker/local_tier/device.h"
 #include "worker/local_tier/device_group.h"
@@ -43,6 +44,14 @@ absl::StatusOr<Data> LoadData(const TrainOptions& o) {
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// Runs `call`, adding the time it took to `wait_seconds` (TrainResult).
+absl::Status TimeBlocked(double& wait_seconds, absl::FunctionRef<absl::Status()> call) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = call();
+  wait_seconds += Seconds(start);
+  return s;
 }
 
 // Steps per epoch: the same on every rank (the smallest shard decides).
@@ -125,6 +134,15 @@ class StepLoop {
     return absl::OkStatus();
   }
   double seconds() const { return Seconds(start_); }
+  // The last step's push-pulls still in flight (`pipeline`, null: none) are
+  // part of its time.
+  absl::Status Finish(StepPipeline* pipeline, TrainResult& result) const {
+    if (pipeline != nullptr) {
+      SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds, [&] { return pipeline->AwaitAll(); }));
+    }
+    result.wall_seconds = seconds();
+    return absl::OkStatus();
+  }
 
  private:
   const Data& data_;
@@ -143,12 +161,49 @@ void SlowDown(const TrainOptions& o, std::chrono::steady_clock::time_point compu
   std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(took * (o.slow_factor - 1.0)));
 }
 
+// SlowDown for a step whose compute is interleaved with waits: the compute
+// between Resume() and Pause() is stretched by the slow factor, the waits are
+// not.
+class ComputeStretch {
+ public:
+  explicit ComputeStretch(const TrainOptions& o) : o_(o), since_(std::chrono::steady_clock::now()) {}
+  void Pause() const { SlowDown(o_, since_); }
+  void Resume() { since_ = std::chrono::steady_clock::now(); }
+
+ private:
+  const TrainOptions& o_;
+  std::chrono::steady_clock::time_point since_;
+};
+
+// One step with its communication overlapped (TrainOptions::overlap): the
+// forward pass awaits each tensor's weights from the previous step's
+// push-pull as it reaches them, and backward pushes each gradient as soon as
+// it is final. Returns with this step's push-pulls in flight; adds the time
+// it was blocked on the data plane to `wait_seconds`.
+absl::StatusOr<float> PipelinedStep(Mlp& model, StepPipeline& pipeline, std::vector<std::vector<float>>& grads,
+                                    const TrainOptions& o, const float* images, const uint8_t* labels,
+                                    double& wait_seconds) {
+  ComputeStretch compute(o);
+  auto blocked = [&](absl::FunctionRef<absl::Status()> call) {
+    compute.Pause();
+    absl::Status s = TimeBlocked(wait_seconds, call);
+    compute.Resume();
+    return s;
+  };
+  auto await = [&](size_t t) { return blocked([&] { return pipeline.Await(t); }); };
+  auto computed = [&](size_t t) { return blocked([&] { return pipeline.Push(t, grads[t]); }); };
+  absl::StatusOr<float> loss = model.ForwardBackward(images, labels, o.batch_size, &grads, {await, computed});
+  compute.Pause();
+  return loss;
+}
+
 // Async: no barrier between epochs; this worker's shard again and again until
 // the cluster has applied the job's budget of pushes (RunTrainingWorker).
 // `tensor` is one the model pushes every step: its weights' version counts
-// the pushes applied.
+// the pushes applied. With a `pipeline` (null: none), tensor 0 is `tensor`
+// and its push-pull in flight is awaited before its version is read.
 absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker, const std::string& tensor,
-                        BatchStep step, std::ostream& log, TrainResult& result) {
+                        StepPipeline* pipeline, BatchStep step, std::ostream& log, TrainResult& result) {
   const uint32_t rank = worker.rank();
   const int world = static_cast<int>(worker.config().num_workers());
   const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
@@ -159,16 +214,15 @@ absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker,
   for (int epoch = 0; epoch < o.epochs * world; ++epoch) {
     std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
     for (int s = 0; s < steps_per_epoch; ++s) {
-      SHARDPS_ASSIGN_OR_RETURN(uint64_t applied, worker.WeightsVersion(tensor));
-      if (applied >= budget || (o.max_steps > 0 && result.steps >= o.max_steps)) {
-        result.wall_seconds = loop.seconds();
-        return absl::OkStatus();
+      if (pipeline != nullptr) {
+        SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds, [&] { return pipeline->Await(0); }));
       }
+      SHARDPS_ASSIGN_OR_RETURN(uint64_t applied, worker.WeightsVersion(tensor));
+      if (applied >= budget || (o.max_steps > 0 && result.steps >= o.max_steps)) return loop.Finish(pipeline, result);
       SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
     }
   }
-  result.wall_seconds = loop.seconds();
-  return absl::OkStatus();
+  return loop.Finish(pipeline, result);
 }
 
 // Runs every epoch of this worker's shard through `step`. Each epoch after
@@ -185,8 +239,9 @@ absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker,
 // among all num_workers ranks (samples the others also see that epoch);
 // from the next barrier on it is among the live ranks and the split is
 // exact again.
-absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker, BatchStep step, std::ostream& log,
-                         TrainResult& result) {
+// A `pipeline` (null: none) has nothing in flight when a barrier is entered.
+absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker, StepPipeline* pipeline,
+                         BatchStep step, std::ostream& log, TrainResult& result) {
   const int all = static_cast<int>(worker.config().num_workers());
   uint32_t rank = worker.rank();
   int world = all;
@@ -201,6 +256,9 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     bool outside_split = false;  // an epoch whose barrier passed before this worker rejoined
     if (epoch > 0) {
+      if (pipeline != nullptr) {
+        SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds, [&] { return pipeline->AwaitAll(); }));
+      }
       const std::string name = absl::StrCat("epoch ", epoch);
       std::vector<uint32_t> live;
       if (auto passed = rejoin.passed_barriers.find(name); passed != rejoin.passed_barriers.end()) {
@@ -234,8 +292,7 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
     }
     epoch_start += steps_per_epoch;
   }
-  result.wall_seconds = loop.seconds();
-  return absl::OkStatus();
+  return loop.Finish(pipeline, result);
 }
 
 // After the "done" barrier: a sync worker that rejoined after the job's
@@ -372,9 +429,9 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
     return loss;
   };
   if (worker.config().consistency() == ASYNC) {
-    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, nullptr, step, log, result));
   } else {
-    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, nullptr, step, log, result));
   }
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   SHARDPS_RETURN_IF_ERROR(CheckRejoinedInTime(worker, result));
@@ -456,21 +513,30 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   if (pulled) SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
 
   std::vector<std::vector<float>> grads;
+  // Declared after the buffers its requests borrow, so it is destroyed (and
+  // awaits whatever is in flight) before them.
+  std::vector<std::string> names;
+  for (const auto& t : model.tensors()) names.push_back(t.name);
+  StepPipeline pipeline(worker, std::move(names), params, o.step_timeout);
+  StepPipeline* const overlap = o.overlap ? &pipeline : nullptr;
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
     if (!pulled) SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
     pulled = true;
+    if (overlap != nullptr) return PipelinedStep(model, pipeline, grads, o, images, labels, result.wait_seconds);
     const auto compute_start = std::chrono::steady_clock::now();
     const float loss = model.ForwardBackward(images, labels, o.batch_size, &grads);
     SlowDown(o, compute_start);
-    SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, &grads, o.step_timeout));
+    SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds,
+                                        [&] { return SyncAll(worker, model, params, &grads, o.step_timeout); }));
     return loss;
   };
   if (worker.config().consistency() == ASYNC) {
-    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, overlap, step, log, result));
   } else {
-    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, overlap, step, log, result));
   }
+  SHARDPS_RETURN_IF_ERROR(pipeline.AwaitAll());
   // Everyone finishes, then evaluates the same (latest) weights.
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   SHARDPS_RETURN_IF_ERROR(CheckRejoinedInTime(worker, result));

@@ -49,6 +49,16 @@ struct TrainOptions {
   // sleep (slow_factor - 1) times the time it took, so this worker computes
   // slow_factor times slower on any machine. 1 = full speed.
   double slow_factor = 1.0;
+  // Default on: each tensor's push-pull goes out as soon as backward has
+  // computed its gradient (last layer first) and the next forward waits for
+  // each tensor's weights only when it reaches that layer (first layer
+  // first), so communication overlaps compute. Off: the whole backward, then
+  // every tensor pushed and every answer awaited before the next step (the
+  // order before pipelining; `shardps train/local --no-overlap`). The
+  // arithmetic is the same either way: a deterministic sync job's weights
+  // are bitwise equal. Applies to devices_per_worker = 1 (a DeviceGroup
+  // pipelines per partition instead).
+  bool overlap = true;
 };
 
 struct TrainResult {
@@ -57,6 +67,9 @@ struct TrainResult {
   int64_t steps = 0;          // optimizer rounds this worker took part in
   int64_t samples = 0;        // training samples this worker processed
   double wall_seconds = 0;
+  // Of wall_seconds, the time steps spent blocked on the data plane (sending
+  // and awaiting answers; devices_per_worker = 1 only): what overlap hides.
+  double wait_seconds = 0;
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
   std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes acknowledged

@@ -92,9 +92,15 @@ void Mlp::ParallelRows(int rows, Fn fn) const {
   for (std::thread& w : workers) w.join();
 }
 
-void Mlp::Forward(const float* images, int batch) {
+absl::Status Mlp::Forward(const float* images, int batch, const StepHooks* hooks) {
   const float* x = images;
   for (int l = 0; l < num_layers(); ++l) {
+    if (hooks != nullptr) {
+      const size_t w = 2 * static_cast<size_t>(l);
+      for (size_t t : {w, w + 1}) {
+        if (absl::Status s = hooks->await(t); !s.ok()) return s;
+      }
+    }
     const int in = layers_[l];
     const int out = layers_[l + 1];
     const bool relu = l + 1 < num_layers();
@@ -106,6 +112,7 @@ void Mlp::Forward(const float* images, int batch) {
     ParallelRows(batch, [=](int r0, int r1) { AffineRows(x, wt, bias, in, out, relu, r0, r1, y); });
     x = y;
   }
+  return absl::OkStatus();
 }
 
 double Mlp::SoftmaxCrossEntropy(const uint8_t* labels, int batch, float scale,
@@ -130,7 +137,8 @@ double Mlp::SoftmaxCrossEntropy(const uint8_t* labels, int batch, float scale,
   return total;
 }
 
-void Mlp::Backward(const float* images, int batch, std::vector<std::vector<float>>* grads) {
+absl::Status Mlp::Backward(const float* images, int batch, std::vector<std::vector<float>>* grads,
+                           const StepHooks* hooks) {
   for (int l = num_layers() - 1; l >= 0; --l) {
     const int in = layers_[l];
     const int out = layers_[l + 1];
@@ -140,25 +148,41 @@ void Mlp::Backward(const float* images, int batch, std::vector<std::vector<float
     float* db = (*grads)[2 * l + 1].data();
     ParallelRows(out,
                  [=](int o0, int o1) { WeightGradRows(dy, x, batch, out, in, o0, o1, dw, db); });
-    if (l == 0) break;
-    delta_next_.resize(static_cast<size_t>(batch) * in);
-    const float* w = params_[2 * l].data();
-    float* dx = delta_next_.data();
-    ParallelRows(batch, [=](int r0, int r1) { BackpropInputRows(dy, w, x, out, in, r0, r1, dx); });
-    std::swap(delta_, delta_next_);
+    if (l > 0) {
+      delta_next_.resize(static_cast<size_t>(batch) * in);
+      const float* w = params_[2 * l].data();
+      float* dx = delta_next_.data();
+      ParallelRows(batch, [=](int r0, int r1) { BackpropInputRows(dy, w, x, out, in, r0, r1, dx); });
+      std::swap(delta_, delta_next_);
+    }
+    // Layer l's weights were read for the last time just above.
+    if (hooks != nullptr) {
+      const size_t w = 2 * static_cast<size_t>(l);
+      for (size_t t : {w, w + 1}) {
+        if (absl::Status s = hooks->computed(t); !s.ok()) return s;
+      }
+    }
   }
+  return absl::OkStatus();
 }
 
 float Mlp::ForwardBackward(const float* images, const uint8_t* labels, int batch,
                            std::vector<std::vector<float>>* grads) {
+  auto ok = [](size_t) { return absl::OkStatus(); };
+  // No hooks: nothing can fail.
+  return *ForwardBackward(images, labels, batch, grads, StepHooks{ok, ok});
+}
+
+absl::StatusOr<float> Mlp::ForwardBackward(const float* images, const uint8_t* labels, int batch,
+                                           std::vector<std::vector<float>>* grads, const StepHooks& hooks) {
   CHECK_GE(batch, 1);
   grads->resize(params_.size());
   for (size_t t = 0; t < params_.size(); ++t) (*grads)[t].resize(params_[t].size());
-  Forward(images, batch);
+  if (absl::Status s = Forward(images, batch, &hooks); !s.ok()) return s;
   delta_.resize(static_cast<size_t>(batch) * layers_.back());
   const float scale = 1.0f / static_cast<float>(batch);
   const double total = SoftmaxCrossEntropy(labels, batch, scale, delta_.data());
-  Backward(images, batch, grads);
+  if (absl::Status s = Backward(images, batch, grads, &hooks); !s.ok()) return s;
   return static_cast<float>(total / batch);
 }
 
@@ -170,7 +194,7 @@ double Mlp::Evaluate(const Dataset& data, double* mean_loss) {
   double total_loss = 0.0;
   for (size_t begin = 0; begin < data.size(); begin += kEvalBatch) {
     const int batch = static_cast<int>(std::min<size_t>(kEvalBatch, data.size() - begin));
-    Forward(data.image(begin), batch);
+    Forward(data.image(begin), batch).IgnoreError();  // no hooks: cannot fail
     total_loss += SoftmaxCrossEntropy(data.labels.data() + begin, batch, 0.0f, nullptr);
     for (int r = 0; r < batch; ++r) {
       const float* z = acts_.back().data() + static_cast<size_t>(r) * classes;

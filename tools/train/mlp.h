@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train/tensor_shape.h"
@@ -59,6 +60,21 @@ class Mlp {
   float ForwardBackward(const float* images, const uint8_t* labels, int batch,
                         std::vector<std::vector<float>>* grads);
 
+  // Where a pipelined step meets the network (parameter tensor indices, as in
+  // tensors()). `await(t)` runs before the forward pass first reads params()[t],
+  // first layer first, and may block until those weights have arrived.
+  // `computed(t)` runs once (*grads)[t] is final and the step will read
+  // neither it nor params()[t] again, last layer first, before the layers
+  // below are back-propagated: the caller may send the gradient and let the
+  // answer overwrite params()[t]. A hook's error stops the step and is
+  // returned. The arithmetic is that of the overload above, bit for bit.
+  struct StepHooks {
+    absl::FunctionRef<absl::Status(size_t tensor)> await;
+    absl::FunctionRef<absl::Status(size_t tensor)> computed;
+  };
+  absl::StatusOr<float> ForwardBackward(const float* images, const uint8_t* labels, int batch,
+                                        std::vector<std::vector<float>>* grads, const StepHooks& hooks);
+
   // Returns the accuracy on `data` (forward passes in batches), and the mean
   // loss in *mean_loss when non-null. An empty dataset gives 0 and loss 0.
   // REQUIRES: layers().front() == kImagePixels, layers().back() >= kNumClasses.
@@ -68,13 +84,16 @@ class Mlp {
   Mlp(std::vector<int> layers, int num_threads);
 
   int num_layers() const { return static_cast<int>(layers_.size()) - 1; }
-  // Fills acts_ with every layer's output for `batch` rows of `images`.
-  void Forward(const float* images, int batch);
+  // Fills acts_ with every layer's output for `batch` rows of `images`;
+  // calls hooks->await (when non-null) before each layer reads its tensors.
+  absl::Status Forward(const float* images, int batch, const StepHooks* hooks = nullptr);
   // Softmax cross-entropy of the logits in acts_.back(); returns the summed
   // (not mean) loss. If dlogits is non-null, writes d(sum loss)/d(logits) * scale.
   double SoftmaxCrossEntropy(const uint8_t* labels, int batch, float scale, float* dlogits) const;
-  // Backpropagates dlogits_ through every layer into *grads.
-  void Backward(const float* images, int batch, std::vector<std::vector<float>>* grads);
+  // Backpropagates dlogits_ through every layer into *grads; calls
+  // hooks->computed (when non-null) as each layer's tensors are done.
+  absl::Status Backward(const float* images, int batch, std::vector<std::vector<float>>* grads,
+                        const StepHooks* hooks = nullptr);
   // Runs fn(begin, end) over [0, rows) split among num_threads_.
   template <typename Fn>
   void ParallelRows(int rows, Fn fn) const;

@@ -1,5 +1,6 @@
 #include "tools/train/mlp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -169,6 +170,57 @@ TEST(MlpTest, ForwardBackwardIsBitwiseIdenticalForAnyThreadCount) {
     EXPECT_EQ(std::memcmp(&loss, &expected_loss, sizeof(float)), 0) << threads << " threads";
     EXPECT_TRUE(BitwiseEqual(grads, expected)) << threads << " threads";
   }
+}
+
+// A pipelined step: each tensor's weights may arrive only at its await hook
+// and be overwritten (the next round's answer) from its computed hook on,
+// and the step still computes exactly the plain step's loss and gradients.
+TEST(MlpTest, HookedStepReadsEachTensorOnlyBetweenItsAwaitAndComputedHooks) {
+  constexpr int kBatch = 19;
+  const std::vector<float> x = TestInputs(kBatch * 784, 13);
+  const std::vector<uint8_t> labels = TestLabels(kBatch, 10);
+  Mlp plain = MakeMlp(Mlp::DefaultLayers());
+  Tensors expected;
+  const float expected_loss = plain.ForwardBackward(x.data(), labels.data(), kBatch, &expected);
+
+  Mlp hooked = MakeMlp(Mlp::DefaultLayers(), 1, /*seed=*/99);  // other weights until they "arrive"
+  std::vector<size_t> awaited, computed;
+  auto await = [&](size_t t) {
+    awaited.push_back(t);
+    hooked.params()[t] = plain.params()[t];
+    return absl::OkStatus();
+  };
+  auto done = [&](size_t t) {
+    computed.push_back(t);
+    std::fill(hooked.params()[t].begin(), hooked.params()[t].end(), std::nanf(""));
+    return absl::OkStatus();
+  };
+  Tensors grads;
+  absl::StatusOr<float> loss = hooked.ForwardBackward(x.data(), labels.data(), kBatch, &grads, {await, done});
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(std::memcmp(&*loss, &expected_loss, sizeof(float)), 0);
+  EXPECT_TRUE(BitwiseEqual(grads, expected));
+  EXPECT_THAT(awaited, ElementsAre(0, 1, 2, 3, 4, 5));   // first layer first
+  EXPECT_THAT(computed, ElementsAre(4, 5, 2, 3, 0, 1));  // last layer first
+}
+
+TEST(MlpTest, HookErrorStopsTheStepAndIsReturned) {
+  constexpr int kBatch = 4;
+  const std::vector<float> x = TestInputs(kBatch * 784, 3);
+  const std::vector<uint8_t> labels = TestLabels(kBatch, 10);
+  Mlp mlp = MakeMlp(Mlp::DefaultLayers());
+  int computed = 0;
+  auto await = [](size_t t) {
+    return t == 2 ? absl::DeadlineExceededError("fc2.weight did not arrive") : absl::OkStatus();
+  };
+  auto done = [&](size_t) {
+    ++computed;
+    return absl::OkStatus();
+  };
+  Tensors grads;
+  absl::StatusOr<float> loss = mlp.ForwardBackward(x.data(), labels.data(), kBatch, &grads, {await, done});
+  EXPECT_EQ(loss.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(computed, 0);
 }
 
 TEST(MlpTest, EvaluateLossMatchesForwardBackwardLoss) {
