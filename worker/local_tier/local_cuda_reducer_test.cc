@@ -38,16 +38,8 @@ class CudaLocalReducerTest : public ::testing::Test {
     reducer_ = std::move(*reducer);
   }
 
-  std::vector<const DeviceBuffer*> inputs() const {
-    std::vector<const DeviceBuffer*> in;
-    for (auto& buffer : buffers_) in.push_back(buffer.get());
-    return in;
-  }
-  std::vector<DeviceBuffer*> outputs() const {
-    std::vector<DeviceBuffer*> out;
-    for (auto& buffer : buffers_) out.push_back(buffer.get());
-    return out;
-  }
+  std::vector<const DeviceBuffer*> inputs() const { return BufferPointers<const DeviceBuffer>(buffers_); }
+  std::vector<DeviceBuffer*> outputs() const { return BufferPointers<DeviceBuffer>(buffers_); }
 
   int gpus_ = 0;
   std::vector<std::unique_ptr<Device>> devices_;

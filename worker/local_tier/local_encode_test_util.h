@@ -13,6 +13,7 @@
 #include "worker/local_tier/device_cpu.h"
 #include "worker/local_tier/device_cuda.h"
 #include "worker/local_tier/local_reducer.h"
+#include "worker/local_tier/local_test_data.h"
 
 namespace shardps {
 
@@ -74,16 +75,8 @@ class EncodeTier {
   }
 
   LocalReducer& reducer() { return *reducer_; }
-  std::vector<const DeviceBuffer*> inputs() const {
-    std::vector<const DeviceBuffer*> in;
-    for (auto& buffer : buffers_) in.push_back(buffer.get());
-    return in;
-  }
-  std::vector<DeviceBuffer*> raw_buffers() const {
-    std::vector<DeviceBuffer*> out;
-    for (auto& buffer : buffers_) out.push_back(buffer.get());
-    return out;
-  }
+  std::vector<const DeviceBuffer*> inputs() const { return BufferPointers<const DeviceBuffer>(buffers_); }
+  std::vector<DeviceBuffer*> raw_buffers() const { return BufferPointers<DeviceBuffer>(buffers_); }
 
  private:
   std::vector<std::unique_ptr<Device>> devices_;

@@ -37,16 +37,8 @@ class CpuTier {
   }
 
   LocalReducer& reducer() { return *reducer_; }
-  std::vector<const DeviceBuffer*> inputs() const {
-    std::vector<const DeviceBuffer*> in;
-    for (auto& buffer : buffers_) in.push_back(buffer.get());
-    return in;
-  }
-  std::vector<DeviceBuffer*> outputs() const {
-    std::vector<DeviceBuffer*> out;
-    for (auto& buffer : buffers_) out.push_back(buffer.get());
-    return out;
-  }
+  std::vector<const DeviceBuffer*> inputs() const { return BufferPointers<const DeviceBuffer>(buffers_); }
+  std::vector<DeviceBuffer*> outputs() const { return BufferPointers<DeviceBuffer>(buffers_); }
   std::vector<float> Contents(int d) const {
     std::vector<float> out(buffers_[d]->size());
     CHECK_OK_OR_DIE(buffers_[d]->CopyToHost(0, absl::MakeSpan(out)));

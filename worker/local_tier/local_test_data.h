@@ -6,12 +6,22 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "worker/local_tier/local_reducer.h"
 
 namespace shardps {
+
+// The raw pointers of `buffers`, as the reducer's calls take them
+// (T = const DeviceBuffer for inputs, DeviceBuffer for outputs).
+template <typename T>
+std::vector<T*> BufferPointers(const std::vector<std::unique_ptr<DeviceBuffer>>& buffers) {
+  std::vector<T*> out;
+  for (const auto& buffer : buffers) out.push_back(buffer.get());
+  return out;
+}
 
 // D vectors of n floats from `seed`: mixed signs and magnitudes 2^-20..2^20,
 // so reordering the adds changes the rounded result.
