@@ -45,7 +45,9 @@ std::string Slurp(const std::string& path) {
 
 // Heartbeats of the jobs below: short, so failures are found fast, and
 // stretched in a sanitizer tree (tests/sanitizer_slowdown.h), where live
-// nodes slowed several times over would otherwise miss them.
+// nodes slowed several times over would otherwise miss them. Rendezvous and
+// barriers (30 s by default) stretch the same way: a sanitized worker loads
+// its data that much slower.
 constexpr int kHeartbeatIntervalMs = 200 * kTestSlowdown;
 constexpr int kHeartbeatTimeoutMs = 2000 * kTestSlowdown;
 
@@ -58,7 +60,9 @@ LocalRun RunLocal(std::vector<std::string> extra) {
   std::vector<std::string> argv = {SHARDPS_BINARY, "local", "--epochs", "1", "--test-limit", "2000", "--log-every",
                                    "0", "--json", "--set", absl::StrCat("heartbeat_interval_ms=", kHeartbeatIntervalMs),
                                    "--set", absl::StrCat("heartbeat_timeout_ms=", kHeartbeatTimeoutMs), "--set",
-                                   "request_timeout_ms=120000", "--timeout", absl::StrCat(300 * kTestSlowdown)};
+                                   "request_timeout_ms=120000", "--set",
+                                   absl::StrCat("rendezvous_timeout_ms=", 30000 * kTestSlowdown), "--timeout",
+                                   absl::StrCat(300 * kTestSlowdown)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<char*> args;
   for (std::string& a : argv) args.push_back(a.data());
