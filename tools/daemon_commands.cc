@@ -58,6 +58,13 @@ int SchedulerCommand(const Args& args) {
   flags.String("state-dir", &state_dir,
                "persist the cluster state here after every change; a restarted scheduler resumes it");
   flags.String("listen", &listen, "host:port to serve the scheduler on (port 0 = any free port)");
+  std::string etcd, etcd_prefix, advertise;
+  flags.String("etcd", &etcd,
+               "http://HOST:PORT[,...]: keep the state in etcd and elect the active scheduler with a lease; "
+               "others started alike are standbys (exclusive with --state-dir)");
+  flags.String("etcd-prefix", &etcd_prefix, "etcd key prefix of this cluster (default /shardps/<config digest>)");
+  flags.String("advertise", &advertise,
+               "host:port nodes reach this scheduler at, published in etcd (default: the bound address)");
   flags.String("config", &config_path, "cluster configuration file (protobuf text, proto/config.proto)");
   std::string security_config;
   flags.String("security-config", &security_config,
@@ -104,6 +111,9 @@ int SchedulerCommand(const Args& args) {
   options.listen_address = listen;
   options.config = config;
   options.state_dir = state_dir;
+  options.etcd_endpoints = etcd;
+  options.etcd_prefix = etcd_prefix;
+  options.advertise_address = advertise;
   options.security = *std::move(security);
   auto scheduler = SchedulerDaemon::Create(options);
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
@@ -123,12 +133,15 @@ int SchedulerCommand(const Args& args) {
   if (!port_file.empty()) {
     if (absl::Status s = WriteFileDurably(port_file, (*scheduler)->address()); !s.ok()) return Fail("scheduler", s);
   }
+  std::atomic<bool> stopped{false};  // by itself: an etcd lease lost
   std::thread stopper([&] {
-    while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    while (!StopRequested() && !stopped.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     (*scheduler)->Shutdown();
   });
   (*scheduler)->Wait();
+  stopped.store(true);
   stopper.join();
+  if (absl::Status failure = (*scheduler)->Failure(); !failure.ok()) return Fail("scheduler", failure);
   return 0;
 }
 
