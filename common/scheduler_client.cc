@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/endpoint.h"
 #include "common/failover_scheduler_client.h"
@@ -19,7 +20,9 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
   if (s.ok()) return absl::OkStatus();
   auto code = static_cast<absl::StatusCode>(s.error_code());
   std::string detail = s.error_message();
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+  // A standby (or a deposed scheduler) answers UNAVAILABLE itself, saying so.
+  const bool answered = absl::StartsWith(detail, "standby scheduler at ") || absl::StartsWith(detail, "scheduler at ");
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !answered) {
     detail = absl::StrCat("cannot reach the scheduler (", detail, ")");
   } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && detail == "Deadline Exceeded") {
     detail = "no answer before the deadline";

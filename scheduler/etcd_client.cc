@@ -52,6 +52,9 @@ class EtcdClient::Impl {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      // A member that was down is found again within a second, not after
+      // the resolver's default pause between resolutions.
+      args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
       auto channel = grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args);
       endpoints_.push_back({std::move(a), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
     }
