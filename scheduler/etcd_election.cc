@@ -31,7 +31,8 @@ EtcdElection::EtcdElection(const Options& options, std::unique_ptr<EtcdClient> c
 EtcdElection::~EtcdElection() {
   absl::MutexLock lock(&mu_);
   if (lease_ == 0) return;
-  if (absl::Status s = client_->RevokeLease(lease_); !s.ok()) {
+  absl::Status s = client_->RevokeLease(lease_);
+  if (!s.ok() && !absl::IsNotFound(s)) {  // NotFound: it had expired already
     LOG(WARNING) << "scheduler: could not hand back its etcd lease (" << s << "); " << leader_key_
                  << " goes when it expires";
   }

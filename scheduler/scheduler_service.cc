@@ -410,14 +410,17 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   }
 
   // One round: renew the lease, and unless active, campaign (and take over).
-  // Unavailable: etcd did not answer (try again); other errors end serving.
+  // Unavailable: try again at the next round (a standby's every error is);
+  // other errors end serving: the lease lost after winning, or a state that
+  // cannot be resumed.
   absl::Status ElectionStep() {
     absl::Status renewed = election_->KeepAlive();
-    if (!renewed.ok() && !absl::IsUnavailable(renewed)) return renewed;
+    if (absl::IsFailedPrecondition(renewed)) return renewed;
     if (active_) return renewed;
+    if (!renewed.ok()) return absl::UnavailableError(renewed.message());
     std::string holder;
     auto won = election_->Campaign(&holder);
-    if (!won.ok()) return won.status();
+    if (!won.ok()) return absl::UnavailableError(won.status().message());
     if (!*won) {
       if (holder != last_holder_) LOG(WARNING) << "scheduler at " << address_ << ": standby; active is " << holder;
       last_holder_ = holder;

@@ -150,7 +150,7 @@ int ServerCommand(const Args& args) {
   double register_timeout_s = 30;
   bool verbose = false;
   CliFlags flags("server");
-  flags.String("scheduler", &options.scheduler_address, "scheduler host:port");
+  flags.String("scheduler", &options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
@@ -221,7 +221,7 @@ int TrainCommand(const Args& args) {
   CliFlags flags("train");
   flags.Double("slow-factor", &train.slow_factor,
                "make this worker's compute F times slower (sleeps (F-1) x each step's compute time)");
-  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port");
+  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");
   flags.Int("batch-size", &batch, "images per step per worker");
@@ -305,7 +305,7 @@ int StatusCommand(const Args& args) {
   double timeout_s = 5, interval_s = 2;
   bool watch = false, json = false;
   CliFlags flags("status");
-  flags.String("scheduler", &address, "scheduler host:port");
+  flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.Double("timeout", &timeout_s, "seconds to wait for an answer");
   flags.Bool("watch", &watch, "refresh every --interval seconds until interrupted");
   flags.Double("interval", &interval_s, "seconds between refreshes with --watch");
