@@ -51,6 +51,13 @@ class EtcdTest : public ::testing::Test {
 TestEtcd* EtcdTest::etcd_ = nullptr;
 std::string* EtcdTest::error_ = nullptr;
 
+// The daemon's own answer to a Status call.
+absl::StatusOr<StatusResponse> StatusOfDaemon(SchedulerDaemon& daemon) {
+  auto client = SchedulerClient::Create(daemon.address());
+  if (!client.ok()) return client.status();
+  return (*client)->Status(absl::Seconds(2));
+}
+
 TEST_F(EtcdTest, ADeposedSchedulersStateWriteIsRefusedAndItsSuccessorsStateStands) {
   const std::string prefix = Prefix("fence");
   auto a = EtcdElection::Create({.endpoints = endpoint(), .prefix = prefix, .address = "a:1", .ttl = absl::Seconds(2)});
@@ -97,6 +104,37 @@ TEST_F(EtcdTest, ASchedulerRefusesACorruptStateNamingTheKey) {
   auto daemon = SchedulerDaemon::Create(options);
   ASSERT_FALSE(daemon.ok());
   EXPECT_THAT(std::string(daemon.status().message()), HasSubstr("etcd key " + prefix + "/state"));
+}
+
+TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
+  const std::string prefix = Prefix("lost");
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_heartbeat_timeout_ms(2000);
+  options.etcd_endpoints = endpoint();
+  options.etcd_prefix = prefix;
+  auto daemon = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_TRUE(StatusOfDaemon(**daemon).ok()) << "the only scheduler should be active";
+  // The lease goes (as when etcd expires it): the leader key goes with it.
+  auto client = EtcdClient::Create(endpoint());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto leader = (*client)->Get(prefix + "/leader");
+  ASSERT_TRUE(leader.ok() && leader->has_value()) << leader.status();
+  ASSERT_TRUE((*client)->RevokeLease((*leader)->lease).ok());
+
+  absl::Notification stopped;
+  std::thread waiter([&] {
+    (*daemon)->Wait();
+    stopped.Notify();
+  });
+  const bool stopped_by_itself = stopped.WaitForNotificationWithTimeout(absl::Seconds(20));
+  if (!stopped_by_itself) (*daemon)->Shutdown();
+  waiter.join();
+  ASSERT_TRUE(stopped_by_itself) << "a scheduler without its lease kept serving";
+  absl::Status failure = (*daemon)->Failure();
+  EXPECT_TRUE(absl::IsFailedPrecondition(failure)) << failure;
+  EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
 }
 
 TEST_F(EtcdTest, EtcdAndAStateDirectoryExcludeEachOther) {
