@@ -45,9 +45,12 @@ absl::StatusOr<std::unique_ptr<TestEtcd>> TestEtcd::Start() {
   std::filesystem::remove_all(etcd->dir_);
   std::filesystem::create_directories(etcd->dir_);
   auto client_port = FreeLoopbackPort();
-  auto peer_port = FreeLoopbackPort();
   if (!client_port.ok()) return client_port.status();
-  if (!peer_port.ok()) return peer_port.status();
+  absl::StatusOr<int> peer_port;
+  do {  // the kernel may hand the same free port out twice
+    peer_port = FreeLoopbackPort();
+    if (!peer_port.ok()) return peer_port.status();
+  } while (*peer_port == *client_port);
   etcd->endpoint_ = absl::StrCat("http://127.0.0.1:", *client_port);
   const std::string peer = absl::StrCat("http://127.0.0.1:", *peer_port);
   auto process = Spawn("etcd", {kEtcd, "--name", "shardps-test", "--data-dir", etcd->dir_ + "/data",
@@ -62,9 +65,16 @@ absl::StatusOr<std::unique_ptr<TestEtcd>> TestEtcd::Start() {
   // refused was seen to take ~10 s to try again.
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   absl::Status answered;
+  std::vector<ChildProcess> watch = {etcd->process_};
+  int exit_code = 0;
   while (!(answered = CheckReachable({"127.0.0.1", static_cast<uint16_t>(*client_port)}, absl::Seconds(1), "etcd"))
               .ok() &&
          absl::Now() < deadline) {
+    if (WaitAny(watch, absl::Now(), &exit_code).ok()) {
+      etcd->process_.pid = -1;
+      return absl::UnavailableError(absl::StrCat("etcd (", kEtcd, ") ", DescribeExit(exit_code),
+                                                 " before serving on ", etcd->endpoint_, "; its log is above"));
+    }
     absl::SleepFor(absl::Milliseconds(50));
   }
   auto client = EtcdClient::Create(etcd->endpoint_, absl::Seconds(1));
