@@ -25,6 +25,8 @@
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/etcd_election.h"
+#include "scheduler/etcd_scheduler_role.h"
+#include "scheduler/state_record.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_service.h"
 #include "scheduler/scheduler_credentials.h"
@@ -37,25 +39,12 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-constexpr absl::string_view kStateKind = "scheduler-state";
-
 std::string StateFile(const std::string& dir) { return dir + "/scheduler.state"; }
-
-// Persists the state, sealed, through `write` after every change; a failed
-// write is logged, once per distinct error (the scheduler keeps serving from
-// memory).
-ClusterState::Persist SealedWriter(std::function<absl::Status(const std::string&)> write) {
-  return [write = std::move(write), last_error = std::string()](const SchedulerState& state) mutable {
-    absl::Status s = write(SealRecord(kStateKind, state.SerializeAsString()));
-    if (!s.ok() && s.ToString() != last_error) LOG(ERROR) << "scheduler: cannot persist its state: " << s;
-    last_error = s.ok() ? "" : s.ToString();
-  };
-}
 
 // Writes the state to `dir` after every change.
 ClusterState::Persist StateWriter(const std::string& dir) {
   if (dir.empty()) return nullptr;
-  return SealedWriter([path = StateFile(dir)](const std::string& sealed) { return WriteFileDurably(path, sealed); });
+  return SealedStateWriter([path = StateFile(dir)](const std::string& sealed) { return WriteFileDurably(path, sealed); });
 }
 
 // Holds `dir`/LOCK for the life of the process (the kernel releases it when
@@ -75,19 +64,6 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
   return fd;
 }
 
-// The sealed state in `data`, read from `where` (a file or an etcd key,
-// named in errors).
-absl::StatusOr<SchedulerState> ParseState(const std::string& data, const std::string& where) {
-  auto payload = UnsealRecord(kStateKind, data, where);
-  if (!payload.ok()) return payload.status();
-  SchedulerState state;
-  if (!state.ParseFromString(*payload)) return absl::DataLossError(absl::StrCat(where, " does not parse"));
-  if (absl::Status s = ValidateConfig(state.config()); !s.ok()) {
-    return absl::DataLossError(absl::StrCat(where, " holds an invalid config: ", s.message()));
-  }
-  return state;
-}
-
 // The state persisted in `dir`; nullopt when there is none yet.
 absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) {
   if (dir.empty()) return std::nullopt;
@@ -95,7 +71,7 @@ absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) 
   auto data = ReadWholeFile(path);
   if (absl::IsNotFound(data.status())) return std::nullopt;
   if (!data.ok()) return data.status();
-  return ParseState(*data, path);
+  return ParseStateRecord(*data, path);
 }
 
 // A server's data address must be tcp://host:port with a host that
@@ -352,26 +328,30 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   void Wait() override { server_->Wait(); }
   StatusResponse Status() override { return service_->Snapshot(); }
   void Shutdown() override {
-    {
-      absl::MutexLock lock(&election_mu_);
-      stop_ = true;
-    }
-    if (elector_.joinable()) elector_.join();
+    if (role_ != nullptr) role_->Stop();
     StopServing();
-    election_.reset();  // hands back the lease: a standby takes over at once
+    std::unique_ptr<EtcdSchedulerRole> role;
+    {
+      absl::MutexLock lock(&role_mu_);
+      if (role_ != nullptr) failure_ = role_->failure();
+      role = std::move(role_);
+    }
+    role.reset();  // hands back the lease: a standby takes over at once
   }
   absl::Status Failure() override {
-    absl::MutexLock lock(&election_mu_);
-    return failure_;
+    absl::MutexLock lock(&role_mu_);
+    return role_ != nullptr ? role_->failure() : failure_;
   }
 
-  // With --etcd: campaigns once (an error loading the state it won is
-  // Create's), then keeps campaigning or renewing from a thread.
+  // With --etcd: the service is a standby until `election` is won.
   absl::Status StartElection(std::unique_ptr<EtcdElection> election, const ClusterConfig& config) {
-    election_ = std::move(election);
-    config_ = config;
-    if (absl::Status s = ElectionStep(); !s.ok() && !absl::IsUnavailable(s)) return s;
-    elector_ = std::thread([this] { ElectionLoop(); });
+    auto role = EtcdSchedulerRole::Start(
+        std::move(election), config, address_,
+        {.activate = [this](std::unique_ptr<ClusterState> state) { service_->Activate(std::move(state)); },
+         .refuse = [this](std::string why) { service_->Refuse(std::move(why)); },
+         .stop_serving = [this] { StopServing(); }});
+    if (!role.ok()) return role.status();
+    role_ = *std::move(role);
     return absl::OkStatus();
   }
 
@@ -383,110 +363,16 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
-  // Until Shutdown or a failure: a standby campaigns every poll period, the
-  // active scheduler renews its lease. A scheduler that loses its lease (or
-  // finds its state write fenced off) stops serving and its process exits
-  // with Failure(); it does not go back to standby.
-  void ElectionLoop() {
-    absl::MutexLock lock(&election_mu_);
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(election_mu_) { return stop_ || !failure_.ok(); };
-    while (!done()) {
-      election_mu_.Unlock();
-      absl::Status s = ElectionStep();
-      election_mu_.Lock();
-      if (!s.ok() && absl::IsUnavailable(s)) {
-        LOG_EVERY_N(WARNING, 20) << "scheduler: etcd: " << s << " [" << google::COUNTER << " so far]";
-      } else if (!s.ok() && failure_.ok()) {
-        failure_ = s;
-      }
-      election_mu_.AwaitWithTimeout(absl::Condition(&done), election_->poll_period());
-    }
-    if (stop_) return;
-    LOG(ERROR) << "scheduler at " << address_ << ": " << failure_ << "; it stops serving";
-    service_->Refuse(absl::StrCat("scheduler at ", address_, " stopped serving: ", failure_.message()));
-    election_mu_.Unlock();
-    StopServing();
-    election_mu_.Lock();
-  }
-
-  // One round: renew the lease, and unless active, campaign (and take over).
-  // Unavailable: try again at the next round (a standby's every error is);
-  // other errors end serving: the lease lost after winning, or a state that
-  // cannot be resumed.
-  absl::Status ElectionStep() {
-    absl::Status renewed = election_->KeepAlive();
-    if (absl::IsFailedPrecondition(renewed)) return renewed;
-    if (active_) return renewed;
-    if (!renewed.ok()) return absl::UnavailableError(renewed.message());
-    std::string holder;
-    auto won = election_->Campaign(&holder);
-    if (!won.ok()) return absl::UnavailableError(won.status().message());
-    if (!*won) {
-      if (holder != last_holder_) LOG(WARNING) << "scheduler at " << address_ << ": standby; active is " << holder;
-      last_holder_ = holder;
-      service_->Refuse(absl::StrCat("standby scheduler at ", address_, "; active is ", holder));
-      return absl::OkStatus();
-    }
-    if (absl::Status s = TakeOver(); !s.ok()) return s;
-    active_ = true;
-    return absl::OkStatus();
-  }
-
-  // Loads the state from etcd (refusing a corrupt one or one with another
-  // config, naming the key) and serves it.
-  absl::Status TakeOver() {
-    auto saved = election_->LoadState();
-    if (!saved.ok()) return saved.status();
-    const std::string where = absl::StrCat("etcd key ", election_->state_key());
-    ClusterState::Persist persist = SealedWriter([this](const std::string& sealed) {
-      absl::Status s = election_->StoreState(sealed);
-      if (absl::IsFailedPrecondition(s)) Depose(s);
-      return s;
-    });
-    std::unique_ptr<ClusterState> state;
-    if (saved->has_value()) {
-      auto st = ParseState(**saved, where);
-      if (!st.ok()) return st.status();
-      if (!google::protobuf::util::MessageDifferencer::Equals(st->config(), config_)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            where, " holds a cluster with another configuration; start with the same config to resume it, or "
-            "use another --etcd-prefix"));
-      }
-      LOG(WARNING) << "scheduler at " << address_ << ": active; resuming the cluster saved in " << where
-                   << " (shard map epoch " << st->shard_map().epoch() << ", " << st->nodes_size() << " nodes, "
-                   << st->tensors_size() << " tensors)";
-      state = ClusterState::Restore(*st, absl::Now, std::move(persist));
-    } else {
-      LOG(WARNING) << "scheduler at " << address_ << ": active (no cluster saved in " << where << " yet)";
-      state = std::make_unique<ClusterState>(config_, absl::Now, std::move(persist));
-    }
-    service_->Activate(std::move(state));
-    return absl::OkStatus();
-  }
-
-  // A state write was fenced off: another scheduler holds the leader key.
-  // Called from a handler thread: refuses at once, the loop stops serving.
-  void Depose(const absl::Status& why) {
-    service_->Refuse(absl::StrCat("scheduler at ", address_, " was deposed: ", why.message()));
-    absl::MutexLock lock(&election_mu_);
-    if (failure_.ok()) failure_ = absl::FailedPreconditionError(absl::StrCat("deposed: ", why.message()));
-  }
-
   std::unique_ptr<SchedulerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   const int state_lock_;  // fd holding the --state-dir lock, or -1
   std::atomic<bool> shut_down_{false};
-  // --etcd only:
-  std::unique_ptr<EtcdElection> election_;
-  ClusterConfig config_;
-  // The elector's own (set before its thread starts, then only there):
-  bool active_ = false;
-  std::string last_holder_;  // the active scheduler a standby last saw
-  std::thread elector_;
-  absl::Mutex election_mu_;
-  bool stop_ ABSL_GUARDED_BY(election_mu_) = false;
-  absl::Status failure_ ABSL_GUARDED_BY(election_mu_);
+  // --etcd only. Written by StartElection (before the daemon is handed out)
+  // and Shutdown (which callers never run concurrently with itself).
+  absl::Mutex role_mu_;
+  std::unique_ptr<EtcdSchedulerRole> role_;
+  absl::Status failure_ ABSL_GUARDED_BY(role_mu_);  // the role's, once it is gone
 };
 
 }  // namespace
