@@ -79,6 +79,13 @@ int SchedulerCommand(const Args& args) {
   flags.String("state-dir", &state_dir,
                "persist the cluster state here after every change; a restarted scheduler resumes it");
   flags.String("listen", &listen, "host:port to serve the scheduler on (port 0 = any free port)");
+  std::string etcd, etcd_prefix, advertise;
+  flags.String("etcd", &etcd,
+               "http://HOST:PORT[,...]: keep the state in etcd and elect the active scheduler with a lease; "
+               "others started alike are standbys (exclusive with --state-dir)");
+  flags.String("etcd-prefix", &etcd_prefix, "etcd key prefix of this cluster (default /shardps/<config digest>)");
+  flags.String("advertise", &advertise,
+               "host:port nodes reach this scheduler at, published in etcd (default: the bound address)");
   flags.String("config", &config_path, "cluster configuration file (protobuf text, proto/config.proto)");
   std::string security_config;
   flags.String("security-config", &security_config,
@@ -125,6 +132,9 @@ int SchedulerCommand(const Args& args) {
   options.listen_address = listen;
   options.config = config;
   options.state_dir = state_dir;
+  options.etcd_endpoints = etcd;
+  options.etcd_prefix = etcd_prefix;
+  options.advertise_address = advertise;
   options.security = *std::move(security);
   auto scheduler = SchedulerDaemon::Create(options);
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
@@ -144,12 +154,15 @@ int SchedulerCommand(const Args& args) {
   if (!port_file.empty()) {
     if (absl::Status s = WriteFileDurably(port_file, (*scheduler)->address()); !s.ok()) return Fail("scheduler", s);
   }
+  std::atomic<bool> stopped{false};  // by itself: an etcd lease lost
   std::thread stopper([&] {
-    while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    while (!StopRequested() && !stopped.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     (*scheduler)->Shutdown();
   });
   (*scheduler)->Wait();
+  stopped.store(true);
   stopper.join();
+  if (absl::Status failure = (*scheduler)->Failure(); !failure.ok()) return Fail("scheduler", failure);
   return 0;
 }
 
@@ -158,7 +171,7 @@ int ServerCommand(const Args& args) {
   double register_timeout_s = 30;
   bool verbose = false;
   CliFlags flags("server");
-  flags.String("scheduler", &options.scheduler_address, "scheduler host:port");
+  flags.String("scheduler", &options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
@@ -229,7 +242,7 @@ int TrainCommand(const Args& args) {
   CliFlags flags("train");
   flags.Double("slow-factor", &train.slow_factor,
                "make this worker's compute F times slower (sleeps (F-1) x each step's compute time)");
-  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port");
+  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");
   flags.Int("batch-size", &batch, "images per step per worker");
@@ -313,7 +326,7 @@ int StatusCommand(const Args& args) {
   double timeout_s = 5, interval_s = 2;
   bool watch = false, json = false;
   CliFlags flags("status");
-  flags.String("scheduler", &address, "scheduler host:port");
+  flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.Double("timeout", &timeout_s, "seconds to wait for an answer");
   flags.Bool("watch", &watch, "refresh every --interval seconds until interrupted");
   flags.Double("interval", &interval_s, "seconds between refreshes with --watch");

@@ -50,7 +50,9 @@ const char* shardps_version(void);
  * or "UNKNOWN_CODE" for a value that is not a shardps_status. */
 const char* shardps_status_name(int code);
 
-/* Error reporting: `err` may be NULL; otherwise up to err_len-1 bytes of the
+/* `scheduler_address`: "host:port", or "host:port,host:port,..." for schedulers
+ * on etcd (one active, the others standbys). Error reporting: `err` may be
+ * NULL; otherwise up to err_len-1 bytes of the
  * message are written, NUL-terminated. */
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len);

@@ -37,7 +37,7 @@ namespace shardps {
 class SchedulerClient;
 
 struct WorkerOptions {
-  std::string scheduler_address{};  // host:port
+  std::string scheduler_address{};  // host:port, or host:port,host:port,... (schedulers on etcd)
   uint32_t rank = 0;              // in [0, num_workers)
   std::string host = "localhost"; // shown in status and errors
   // How long Create() waits for the scheduler and the whole cluster.
