@@ -135,10 +135,8 @@ TEST(TrainingTest, AsyncTrainsToTheReferenceAccuracyBand) {
 }
 
 // TrainOptions::eval_every: rank 0 reports the test accuracy of the weights
-// it holds every N steps and after its last step, in its result and as JSON
-// lines in its log; the other ranks report nothing. In sync, rank 0's
-// weights after the last step are the job's final weights, so the last point
-// is the final accuracy.
+// it holds every N steps and of the final weights, in its result and as JSON
+// lines in its log; the other ranks report nothing.
 TEST(TrainingTest, RankZeroReportsTestAccuracyDuringTraining) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TrainOptions o = QuietRun(1, 1280, 500);  // 2 workers x 32 images: 20 steps
@@ -156,6 +154,7 @@ TEST(TrainingTest, RankZeroReportsTestAccuracyDuringTraining) {
   for (size_t i = 0; i < points.size(); ++i) {
     EXPECT_EQ(points[i].step, steps[i]);
     EXPECT_DOUBLE_EQ(points[i].epochs, epochs[i]);
+    EXPECT_EQ(points[i].final, i == 2) << "point " << i;
     EXPECT_GT(points[i].test_accuracy, 0.1) << "point " << i;
     EXPECT_LE(points[i].test_accuracy, 1.0) << "point " << i;
     EXPECT_GT(points[i].eval_seconds, 0) << "point " << i;

@@ -119,10 +119,10 @@ class ProgressFile {
 
 // Test accuracy during training (TrainOptions::eval_every), on rank 0: the
 // weights this worker holds after a step, complete once its push-pulls in
-// flight (`pipeline`, null: none) are answered. The time spent evaluating is
-// kept out of AccuracyPoint::seconds, so that the probe does not count
-// against the job it measures (in sync the other workers wait for it, in
-// async they do not).
+// flight (`pipeline`, null: none) are answered, and the job's final weights.
+// The time spent evaluating is kept out of AccuracyPoint::seconds, so that
+// the probe does not count against the job it measures (in sync the other
+// workers wait for it, in async they do not).
 class AccuracyProbe {
  public:
   AccuracyProbe(Mlp& model, const Dataset& test, StepPipeline* pipeline, int every, std::ostream& log)
@@ -131,25 +131,27 @@ class AccuracyProbe {
 
   // After this worker's step `steps`, the job `epochs` into training.
   absl::Status AfterStep(int64_t steps, double epochs, TrainResult& result) {
-    return steps % every_ == 0 ? Evaluate(steps, epochs, result) : absl::OkStatus();
+    if (steps % every_ != 0) return absl::OkStatus();
+    if (pipeline_ != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline_->AwaitAll());
+    Evaluate({.step = steps, .epochs = epochs}, result);
+    return absl::OkStatus();
   }
-  // After the last step: its point, unless AfterStep took it.
-  absl::Status AtEnd(int64_t steps, double epochs, TrainResult& result) {
-    const bool taken = !result.accuracy_points.empty() && result.accuracy_points.back().step == steps;
-    return taken ? absl::OkStatus() : Evaluate(steps, epochs, result);
+  // The model holds the job's final weights: their point, marked final.
+  // Returns its accuracy.
+  double Final(int64_t steps, double epochs, TrainResult& result) {
+    return Evaluate({.step = steps, .epochs = epochs, .final = true}, result);
   }
 
  private:
-  absl::Status Evaluate(int64_t steps, double epochs, TrainResult& result) {
-    if (pipeline_ != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline_->AwaitAll());
+  double Evaluate(AccuracyPoint point, TrainResult& result) {
     const auto begin = std::chrono::steady_clock::now();
-    AccuracyPoint point{.step = steps, .epochs = epochs, .test_accuracy = model_.Evaluate(test_)};
+    point.test_accuracy = model_.Evaluate(test_);
     eval_seconds_ += Seconds(begin);
     point.eval_seconds = eval_seconds_;
     point.seconds = Seconds(start_) - eval_seconds_;
     log_ << AccuracyPointJson(point) << "\n" << std::flush;
     result.accuracy_points.push_back(point);
-    return absl::OkStatus();
+    return point.test_accuracy;
   }
 
   Mlp& model_;
@@ -165,7 +167,7 @@ class AccuracyProbe {
 // runs it, counts it and reports progress.
 class StepLoop {
  public:
-  // `probe` (null: none) is called after every step and by Finish.
+  // `probe` (null: none) is called after every step.
   StepLoop(const Data& data, const TrainOptions& o, AccuracyProbe* probe, std::ostream& log)
       : data_(data), o_(o), probe_(probe), log_(log), progress_(o.progress_file),
         start_(std::chrono::steady_clock::now()) {}
@@ -180,7 +182,6 @@ class StepLoop {
     progress_.Set(result.steps);
     result.samples += o_.batch_size;
     Progress(log_, o_, epoch, result.steps, result.final_loss, result.samples, seconds());
-    job_epochs_ = job_epochs;
     return probe_ != nullptr ? probe_->AfterStep(result.steps, job_epochs, result) : absl::OkStatus();
   }
   double seconds() const { return Seconds(start_); }
@@ -191,14 +192,13 @@ class StepLoop {
       SHARDPS_RETURN_IF_ERROR(TimeBlocked(result.wait_seconds, [&] { return pipeline->AwaitAll(); }));
     }
     result.wall_seconds = seconds();
-    return probe_ != nullptr ? probe_->AtEnd(result.steps, job_epochs_, result) : absl::OkStatus();
+    return absl::OkStatus();
   }
 
  private:
   const Data& data_;
   const TrainOptions& o_;
   AccuracyProbe* const probe_;
-  double job_epochs_ = 0;
   std::ostream& log_;
   ProgressFile progress_;
   const std::chrono::steady_clock::time_point start_;
@@ -348,6 +348,17 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
     epoch_start += steps_per_epoch;
   }
   return loop.Finish(pipeline, result);
+}
+
+// The job's progress in epochs by the weights of `tensor` this worker last
+// received: completed rounds (async: pushes applied) over those of an epoch.
+absl::StatusOr<double> EpochsApplied(const Worker& worker, const Data& data, const TrainOptions& o,
+                                     const std::string& tensor) {
+  SHARDPS_ASSIGN_OR_RETURN(uint64_t version, worker.WeightsVersion(tensor));
+  const int world = static_cast<int>(worker.config().num_workers());
+  const int per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size) *
+                        (worker.config().consistency() == ASYNC ? world : 1);
+  return per_epoch > 0 ? static_cast<double>(version) / per_epoch : 0.0;
 }
 
 // After the "done" barrier: a sync worker that rejoined after the job's
@@ -523,8 +534,9 @@ std::string WeightsSha256(const std::vector<std::vector<float>>& params) {
 
 std::string AccuracyPointJson(const AccuracyPoint& p) {
   return absl::StrFormat(
-      "{\"eval_step\": %d, \"epochs\": %.4f, \"seconds\": %.3f, \"eval_seconds\": %.3f, \"test_accuracy\": %.4f}",
-      p.step, p.epochs, p.seconds, p.eval_seconds, p.test_accuracy);
+      "{\"eval_step\": %d, \"epochs\": %.4f, \"seconds\": %.3f, \"eval_seconds\": %.3f, \"test_accuracy\": %.4f, "
+      "\"final\": %s}",
+      p.step, p.epochs, p.seconds, p.eval_seconds, p.test_accuracy, p.final ? "true" : "false");
 }
 
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
@@ -614,7 +626,12 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   if (worker.config().update_mode() != SUM_ONLY) {
     SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
   }
-  result.test_accuracy = model.Evaluate(data.test);
+  if (probe) {
+    SHARDPS_ASSIGN_OR_RETURN(double epochs, EpochsApplied(worker, data, o, model.tensors()[0].name));
+    result.test_accuracy = probe->Final(result.steps, epochs, result);
+  } else {
+    result.test_accuracy = model.Evaluate(data.test);
+  }
   WorkerStats stats = worker.stats();
   result.bytes_pushed = stats.bytes_pushed;
   result.bytes_pulled = stats.bytes_pulled;

@@ -61,25 +61,29 @@ struct TrainOptions {
   bool overlap = true;
   // Test accuracy during training, for time-to-accuracy measurements
   // (tools/scalebench.sh --train). 0 (default): off. N > 0: rank 0 evaluates
-  // the weights it holds on the test set after every N of its steps and after
-  // its last step (awaiting its push-pulls in flight first), records each
-  // point in TrainResult::accuracy_points and writes it to the log as one
-  // JSON line (AccuracyPointJson). Other ranks do nothing. Needs
-  // devices_per_worker = 1.
+  // on the test set the weights it holds after every N of its steps
+  // (awaiting its push-pulls in flight first) and the job's final weights
+  // (its test_accuracy), records each point in TrainResult::accuracy_points
+  // and writes it to the log as one JSON line (AccuracyPointJson). Other
+  // ranks do nothing. Needs devices_per_worker = 1.
   int eval_every = 0;
 };
 
 // One evaluation of TrainOptions::eval_every.
 struct AccuracyPoint {
   int64_t step = 0;        // this worker's steps so far
-  double epochs = 0;       // the job's progress in epochs (async: pushes applied / pushes per epoch)
+  // The job's progress in epochs (async: pushes applied / pushes per epoch);
+  // of the final point, by the final weights' version.
+  double epochs = 0;
   double seconds = 0;      // since training started, less the time spent evaluating so far
   double eval_seconds = 0; // time spent evaluating so far, this point included
   double test_accuracy = 0;
+  bool final = false;      // the job's final weights (after every worker finished)
 };
 
 // The log line of an AccuracyPoint: {"eval_step": ..., "epochs": ...,
-// "seconds": ..., "eval_seconds": ..., "test_accuracy": ...} (no newline).
+// "seconds": ..., "eval_seconds": ..., "test_accuracy": ..., "final": ...}
+// (no newline).
 std::string AccuracyPointJson(const AccuracyPoint& point);
 
 struct TrainResult {
