@@ -78,9 +78,11 @@ within --epochs. Flags above that apply: --servers (one count, default 2),
   --data-dir DIR      Fashion-MNIST files (default /usr/share/datasets/fashion-mnist)
 
 --json rows of --train: consistency, staleness, servers, workers, straggler,
-target, seconds_to_target (null: not reached), epochs_to_target, best_accuracy,
-final_accuracy (rank 0, the final weights), epochs (trained), train_seconds and
-eval_seconds (rank 0's wall time without and in evaluations), samples_per_s.
+target, seconds_to_target and epochs_to_target (the first evaluation at or above
+the target; null: not reached), seconds_to_stay (from there on every evaluation
+was), best_accuracy, final_accuracy (the final weights), epochs (trained),
+train_seconds and eval_seconds (rank 0's time to the end of the job without,
+and in, its evaluations), samples_per_s (all workers' samples / train_seconds).
 EOF
 }
 

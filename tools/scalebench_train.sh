@@ -82,15 +82,17 @@ train_row() {
   for ((r = 0; r < WORKERS; r++)); do samples=$((samples + $(result_value "$dir/result.$r" samples))); done
   # points: step epochs seconds eval_seconds accuracy final, in order; the last
   # one is the final weights'.
-  awk -v target="$TARGET" -v final="$(result_value "$dir/result.0" test_accuracy)" \
-    -v wall="$(result_value "$dir/result.0" wall_seconds)" -v samples="$samples" '
-    { if ($5 > best) best = $5; epochs = $2; ev = $4
-      if (reached == "" && $5 >= target) { reached = $3; reached_epochs = $2 } }
+  # seconds_to_stay: the first point from which every later one is at or above the target.
+  awk -v target="$TARGET" -v final="$(result_value "$dir/result.0" test_accuracy)" -v samples="$samples" '
+    function num(x, fmt) { return x == "" ? "null" : sprintf(fmt, x) }
+    { if ($5 > best) best = $5; epochs = $2; seconds = $3; ev = $4
+      if (reached == "" && $5 >= target) { reached = $3; reached_epochs = $2 }
+      if ($5 < target) stay = ""; else if (stay == "") stay = $3 }
     END {
-      printf "\"target\":%s,\"seconds_to_target\":%s,\"epochs_to_target\":%s,", target,
-        reached == "" ? "null" : sprintf("%.1f", reached), reached == "" ? "null" : sprintf("%.2f", reached_epochs)
+      printf "\"target\":%s,\"seconds_to_target\":%s,\"epochs_to_target\":%s,\"seconds_to_stay\":%s,", target,
+        num(reached, "%.1f"), num(reached_epochs, "%.2f"), num(stay, "%.1f")
       printf "\"best_accuracy\":%.4f,\"final_accuracy\":%.4f,\"epochs\":%.2f,", best, final, epochs
-      printf "\"train_seconds\":%.1f,\"eval_seconds\":%.1f,\"samples_per_s\":%.0f", wall - ev, ev, samples / (wall - ev)
+      printf "\"train_seconds\":%.1f,\"eval_seconds\":%.1f,\"samples_per_s\":%.0f", seconds, ev, samples / seconds
     }' "$dir/points" | {
     printf '{"mode":"train","consistency":"%s","staleness":%s,"servers":%d,"workers":%d,"straggler":%s,' \
       "$mode" "$staleness" "$TRAIN_SERVERS" "$WORKERS" "$straggler"
@@ -114,15 +116,16 @@ print_train_table() {
   echo
   echo "$WORKERS workers at $WORKER_RATE (straggler: ${SLOW_DESC}), $TRAIN_SERVERS servers at $SERVER_RATE;" \
     "target test accuracy $TARGET, at most $TRAIN_EPOCHS epochs"
-  printf '%-6s %12s %12s %9s %9s %7s %10s\n' mode "s to target" "ep. to tgt" best final epochs samples/s
+  printf '%-6s %12s %10s %10s %8s %8s %7s %10s\n' mode "s to target" "ep. to tgt" "s to stay" best final epochs samples/s
   local row
   while read -r row; do
     awk -v row="$row" 'function f(k,   m) {
         if (match(row, "\"" k "\":(\"[^\"]*\"|[^,}]*)")) { m = substr(row, RSTART + length(k) + 3, RLENGTH - length(k) - 3); gsub(/"/, "", m); return m }
         return "?" }
-      BEGIN { s = f("seconds_to_target"); e = f("epochs_to_target")
-        printf "%-6s %12s %12s %9s %9s %7s %10s\n", f("consistency"), s == "null" ? "not reached" : s,
-          e == "null" ? "-" : e, f("best_accuracy"), f("final_accuracy"), f("epochs"), f("samples_per_s") }'
+      BEGIN { s = f("seconds_to_target"); e = f("epochs_to_target"); st = f("seconds_to_stay")
+        printf "%-6s %12s %10s %10s %8s %8s %7s %10s\n", f("consistency"), s == "null" ? "not reached" : s,
+          e == "null" ? "-" : e, st == "null" ? "-" : st, f("best_accuracy"), f("final_accuracy"), f("epochs"),
+          f("samples_per_s") }'
   done <"$WORKDIR/results.jsonl"
 }
 
