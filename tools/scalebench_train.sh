@@ -2,14 +2,15 @@
 # on the fake hosts, one run per consistency mode, and the time each takes to
 # reach a target test accuracy. Sourced by scalebench.sh once its hosts are up;
 # uses its settings (WORKDIR, SHARDPS_BIN, SCHED_ADDR, the TRAIN_* and link
-# variables), its cluster_config/start_daemons/await_run/worker_host and fakehosts.sh's
-# start/wait_clients.
+# variables), its cluster_config, start_daemons, await_run and worker_host,
+# and fakehosts.sh's start and wait_clients.
 #
 # Rank 0 runs with `shardps train --eval-every N` and writes a JSON line per
 # evaluation (steps, the job's epochs, seconds without the evaluations, test
 # accuracy; every N steps and of the final weights) to its log; the first
-# line at or above the target gives the row's seconds_to_target. Every run is capped at TRAIN_EPOCHS epochs, so a mode
-# that never reaches the target ends with null and its best accuracy.
+# line at or above the target gives the row's seconds_to_target. Every run is
+# capped at TRAIN_EPOCHS epochs, so a mode that never reaches the target ends
+# with null and its best accuracy.
 
 # Checks the --train flags; sets TRAIN_MODES, TRAIN_SERVERS and the
 # straggler's SLOW_RANK (-1: none), SLOW_FACTOR and SLOW_DESC.
@@ -19,9 +20,11 @@ validate_train_flags() {
   IFS=, read -r -a TRAIN_MODES <<<"$TRAIN_MODES_LIST"
   [[ $SERVERS_LIST =~ ^[1-9][0-9]*$ ]] || die "--servers: --train takes one server count, got '$SERVERS_LIST'"
   TRAIN_SERVERS=$SERVERS_LIST
-  local v
-  for v in TRAIN_STALENESS TRAIN_EPOCHS TRAIN_EVAL_EVERY TRAIN_LIMIT TEST_LIMIT; do
-    [[ ${!v} =~ ^[0-9]+$ ]] || die "--$(echo "${v#TRAIN_}" | tr 'A-Z_' 'a-z-') must be a non-negative integer, got '${!v}'"
+  local flag v
+  for flag in staleness=TRAIN_STALENESS epochs=TRAIN_EPOCHS eval-every=TRAIN_EVAL_EVERY train-limit=TRAIN_LIMIT \
+    test-limit=TEST_LIMIT; do
+    v=${flag#*=}
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "--${flag%%=*} must be a non-negative integer, got '${!v}'"
   done
   ((TRAIN_EPOCHS > 0 && TRAIN_EVAL_EVERY > 0)) || die "--epochs and --eval-every must be > 0"
   [[ $TARGET =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] && awk -v t="$TARGET" 'BEGIN { exit !(t > 0 && t <= 1) }' ||
