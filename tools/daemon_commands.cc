@@ -222,7 +222,7 @@ int TrainCommand(const Args& args) {
   flags.Int("max-steps", &max_steps, "stop after N steps (0 = no limit)");
   flags.Int("log-every", &log_every, "progress line every N steps (0 = none)");
   flags.Int("eval-every", &eval_every,
-            "rank 0: test accuracy every N steps and after the last, one JSON line each on stderr (0 = none)");
+            "rank 0: test accuracy every N steps and of the final weights, one JSON line each on stderr (0 = none)");
   flags.String("data-dir", &train.data_dir, "directory of the Fashion-MNIST .gz files");
   std::string hidden = "256,128";
   flags.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
@@ -253,7 +253,7 @@ int TrainCommand(const Args& args) {
   train.test_limit = test_limit;
   train.max_steps = max_steps;
   train.log_every = log_every;
-  train.eval_every = static_cast<int>(std::clamp<int64_t>(eval_every, -1, 1 << 30));  // validated below
+  train.eval_every = static_cast<int>(std::clamp<int64_t>(eval_every, -(1 << 30), 1 << 30));  // validated below
   auto layers = ParseLayers(hidden);
   if (!layers.ok()) return Fail("train", layers.status());
   train.layers = *layers;
