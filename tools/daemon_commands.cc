@@ -235,7 +235,7 @@ int TrainCommand(const Args& args) {
   WorkerOptions worker_options;
   TrainOptions train;
   int64_t rank = 0, epochs = train.epochs, batch = train.batch_size, seed = train.seed, train_limit = 0,
-          test_limit = 0, max_steps = 0, log_every = train.log_every, devices_per_worker = 1;
+          test_limit = 0, max_steps = 0, log_every = train.log_every, devices_per_worker = 1, eval_every = 0;
   double rendezvous_s = 60;
   std::string result_file;
   bool verbose = false;
@@ -255,6 +255,8 @@ int TrainCommand(const Args& args) {
   flags.Int("test-limit", &test_limit, "use only the first N test images (0 = all)");
   flags.Int("max-steps", &max_steps, "stop after N steps (0 = no limit)");
   flags.Int("log-every", &log_every, "progress line every N steps (0 = none)");
+  flags.Int("eval-every", &eval_every,
+            "rank 0: test accuracy every N steps and of the final weights, one JSON line each on stderr (0 = none)");
   flags.String("data-dir", &train.data_dir, "directory of the Fashion-MNIST .gz files");
   std::string hidden = "256,128";
   flags.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
@@ -285,6 +287,7 @@ int TrainCommand(const Args& args) {
   train.test_limit = test_limit;
   train.max_steps = max_steps;
   train.log_every = log_every;
+  train.eval_every = static_cast<int>(std::clamp<int64_t>(eval_every, -(1 << 30), 1 << 30));  // validated below
   auto layers = ParseLayers(hidden);
   if (!layers.ok()) return Fail("train", layers.status());
   train.layers = *layers;
