@@ -4,7 +4,8 @@
  * which equal absl::StatusCode) and, on error, fills a caller-provided
  * message buffer when one is given.
  * Same contracts as worker/worker.h: buffers stay valid until the matching
- * shardps_wait returns, and every request is waited on once.
+ * shardps_wait (or the shardps_wait_any that completes it) returns, and every
+ * request is waited on once.
  * No C++ exception leaves these functions: one raised inside the library
  * (std::bad_alloc, a ZeroMQ error) is returned as SHARDPS_INTERNAL with its
  * message.
