@@ -80,9 +80,10 @@ class TorchSyncTest(unittest.TestCase):
         self.assert_matches_reference("SGD", 0.1, device="cuda", tolerance=1e-3)
 
 
-TOLERANCE_FLOAT16 = 1e-2
-TOLERANCE_BFLOAT16 = 5e-2
-TOLERANCE_CODECS = 1e-2
+# Measured on 0.weight: 2.8e-4 (float16), 2.1e-3 (bfloat16), 2.1e-6 (fp16/bf16 codecs with error feedback).
+TOLERANCE_FLOAT16 = 3e-3
+TOLERANCE_BFLOAT16 = 2e-2
+TOLERANCE_CODECS = 1e-3
 
 if __name__ == "__main__":
     unittest.main()
