@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks everything under deploy/ on this machine, offline except for package
 # installs: renders and validates the Kubernetes manifests, verifies the systemd
-# units, builds the container image, runs a job through the Slurm script on a
+# units, builds the container image, resolves the GPU image's CUDA packages
+# (not built: no GPU here), runs a job through the Slurm script on a
 # private slurmctld + slurmd, and runs a job the way the MXJob starts it (only
 # DMLC_* variables, `shardps run`). Jobs run in a private network namespace
 # (loopback only). One line per check, a summary at the end; exit 1 on failure.
@@ -297,6 +298,34 @@ k8s_config() {
   done
 }
 check k8s-config k8s_config
+
+# The GPU image (Containerfile --build-arg CUDA=1) as far as it goes without a
+# GPU: the gpu overlay runs the image that build tags, and every package of
+# cuda-packages.txt resolves, stage by stage, in Debian 12's contrib and
+# non-free index (a private apt state; nothing is installed). The image itself
+# is not built here (about 2 GB of toolkit), nor run on a GPU.
+gpu_image() {
+  local name apt stage n
+  name=$(awk '$1 == "newName:" {print $2}' deploy/k8s/overlays/gpu/kustomization.yaml)
+  grep -q -- "--build-arg CUDA=1 .* -t $name " deploy/container/Containerfile ||
+    { echo "the gpu overlay runs image '$name', which the Containerfile's CUDA=1 build does not tag"; return 1; }
+  apt=$work/apt-non-free
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial"
+  echo 'deb http://deb.debian.org/debian bookworm main contrib non-free' >"$apt/sources.list"
+  local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o Dir::Etc::sourceparts=/dev/null
+              -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache")
+  apt-get "${opts[@]}" -qq update
+  local plan
+  for stage in build runtime; do
+    plan=$(apt-get "${opts[@]}" -s -qq --no-install-recommends install \
+             $(awk -v s=$stage '$1 == s {print $2}' deploy/container/cuda-packages.txt)) ||
+      { echo "$plan"; echo "the $stage stage's packages of cuda-packages.txt do not resolve"; return 1; }
+    n=$(grep -c '^Inst' <<<"$plan" || true)
+    echo "RESULT $stage stage: $(awk -v s=$stage '$1 == s {printf "%s ", $2}' deploy/container/cuda-packages.txt)resolve ($n packages to install here)"
+  done
+  echo "RESULT overlay image $name; CUDA toolkit $(apt-cache "${opts[@]}" show --no-all-versions nvidia-cuda-toolkit | awk '$1 == "Version:" {print $2}'); not built or run here"
+}
+check gpu-image gpu_image
 
 units() {
   local d=$work/systemd u
