@@ -19,6 +19,7 @@
 #include "common/metrics.h"
 #include "common/tensor_spec.h"
 #include "scheduler/scheduler.h"
+#include "server/partition_metrics.h"
 #include "server/server.h"
 #include "tools/daemon_metrics.h"
 #include "tools/status_view.h"
@@ -304,6 +305,50 @@ TEST_F(ReplicatedMetricsTest, StatusShowsRoundsPerSecondOfEveryServerWhileTraini
   EXPECT_NE(table.find("rounds/s"), std::string::npos) << table;
   EXPECT_NE(table.find("steps/s"), std::string::npos) << table;
   EXPECT_NE(StatusJson(status).find("\"rates\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+PartitionReport Report(uint64_t id, bool primary, uint64_t version) {
+  PartitionReport r;
+  r.partition = id;
+  r.tensor = "w";
+  r.primary = primary;
+  r.version = version;
+  return r;
+}
+
+// The bound, and series that follow partitions leaving and changing role,
+// read the way Prometheus reads them.
+TEST(PartitionMetricsTest, SeriesAreBoundedAndFollowPartitionsAndRoles) {
+  auto registry = MetricsRegistry::Create();
+  auto exposer = MetricsExposer::Start("127.0.0.1:0", *registry);
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  PartitionMetrics metrics(*registry, 3, /*max_partitions=*/2);
+  const auto now = std::chrono::steady_clock::now();
+  auto series = [](uint64_t id, const char* role) {
+    return absl::StrCat("shardps_server_partition_version{partition=\"", id, "\",role=\"", role,
+                        "\",server=\"3\",tensor=\"w\"}");
+  };
+  metrics.Publish({Report(0, true, 4), Report(1, true, 5)}, /*held=*/3, now);
+  auto text = HttpGet((*exposer)->address(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Sample(*text, series(0, "primary")), 4);
+  EXPECT_EQ(Sample(*text, series(1, "primary")), 5);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="3"})"), 1);
+  // Partition 0 left; partition 1 is a backup now; 2 came within the bound.
+  metrics.Publish({Report(1, false, 6), Report(2, true, 1)}, /*held=*/2, now);
+  text = HttpGet((*exposer)->address(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Sample(*text, series(0, "primary")), std::nullopt) << *text;
+  EXPECT_EQ(Sample(*text, series(1, "primary")), std::nullopt) << *text;
+  EXPECT_EQ(Sample(*text, series(1, "backup")), 6);
+  EXPECT_EQ(Sample(*text, series(2, "primary")), 1);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="3"})"), 0);
 }
 
 }  // namespace
