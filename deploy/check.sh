@@ -323,7 +323,7 @@ gpu_image() {
     n=$(grep -c '^Inst' <<<"$plan" || true)
     echo "RESULT $stage stage: $(awk -v s=$stage '$1 == s {printf "%s ", $2}' deploy/container/cuda-packages.txt)resolve ($n packages to install here)"
   done
-  echo "RESULT overlay image $name; CUDA toolkit $(apt-cache "${opts[@]}" show --no-all-versions nvidia-cuda-toolkit | awk '$1 == "Version:" {print $2}'); not built or run here"
+  echo "RESULT overlay image $name, CUDA toolkit $(apt-cache "${opts[@]}" show --no-all-versions nvidia-cuda-toolkit | awk '$1 == "Version:" {print $2}'), not built or run here"
 }
 check gpu-image gpu_image
 
