@@ -6,6 +6,7 @@
 #include <atomic>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -43,11 +44,31 @@ int Fail(const std::string& command, const absl::Status& s) {
 bool StopRequested() { return g_stop.load(); }
 
 void InstallStopSignals() {
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // A handler for threads that were started before this call and do not
+    // block the signals.
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
+    // Every thread started from here on blocks them, and one thread takes
+    // them with sigwait. A handler runs on whichever thread the kernel picks,
+    // and under ThreadSanitizer it is held back until that thread next enters
+    // the runtime: a thread parked in a futex for good (gRPC's, absl's) kept
+    // SIGTERM from ever stopping a daemon. Children get an empty mask back
+    // (tools/process.cc).
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    std::thread([stop] {
+      int sig = 0;
+      while (sigwait(&stop, &sig) == 0) g_stop.store(true);
+    }).detach();
+  });
 }
 
 int SchedulerCommand(const Args& args) {
