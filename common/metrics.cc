@@ -78,6 +78,22 @@ MetricHistogram MetricsRegistry::Histogram(const std::string& name, const std::s
   return MetricHistogram(&family->Add(labels, prometheus::Histogram::BucketBoundaries(bounds)));
 }
 
+namespace {
+
+template <typename Families>
+void RemoveFrom(Families& families, const std::string& name, const MetricLabels& labels) {
+  auto it = families.find(name);
+  if (it != families.end() && it->second->Has(labels)) it->second->Remove(&it->second->Add(labels));
+}
+
+}  // namespace
+
+void MetricsRegistry::Remove(const std::string& name, const MetricLabels& labels) {
+  absl::MutexLock lock(&families_->mu);
+  RemoveFrom(families_->counters, name, labels);
+  RemoveFrom(families_->gauges, name, labels);
+}
+
 void MetricsRegistry::OnScrape(std::function<void()> refresh) {
   absl::MutexLock lock(&families_->mu);
   hooks_.push_back(std::make_shared<ScrapeHook>(std::move(refresh)));

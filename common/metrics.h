@@ -86,6 +86,11 @@ class MetricsRegistry {
   MetricHistogram Histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
                             const MetricLabels& labels = {});
 
+  // Drops the counter or gauge series `name` + `labels` (a partition that
+  // left this server); nothing if there is none. REQUIRES: no handle to it
+  // is used afterwards.
+  void Remove(const std::string& name, const MetricLabels& labels);
+
   // `refresh` runs on the HTTP thread before every scrape of /metrics, to set
   // gauges read from elsewhere (the scheduler's membership). It must be
   // thread-safe and must not block for long.

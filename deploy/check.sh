@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Checks everything under deploy/ on this machine, offline except for package
 # installs: renders and validates the Kubernetes manifests, verifies the systemd
-# units, builds the container image, runs a job through the Slurm script on a
+# units, builds the container image, resolves the GPU image's CUDA packages
+# (not built: no GPU here), runs a job through the Slurm script on a
 # private slurmctld + slurmd, and runs a job the way the MXJob starts it (only
 # DMLC_* variables, `shardps run`). Jobs run in a private network namespace
 # (loopback only). One line per check, a summary at the end; exit 1 on failure.
 #
-# Usage (as root): deploy/check.sh [--no-image] [--keep]
+# Usage (as root): deploy/check.sh [--no-image] [--gpu-image] [--keep]
 #   --no-image  skip the container image build (the longest step on a fresh machine)
+#   --gpu-image also build the GPU image (--build-arg CUDA=1: about 2 GB of Debian's
+#               CUDA packages) and check it like the other, CUDA runtime linked
 #   --keep      keep the work directory (logs, rendered manifests) for inspection
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -189,12 +192,13 @@ EOF
   exit 0
 fi
 
-no_image=0 keep=0
+no_image=0 keep=0 gpu_image_build=0
 for arg in "$@"; do
   case $arg in
     --no-image) no_image=1 ;;
+    --gpu-image) gpu_image_build=1 ;;
     --keep) keep=1 ;;
-    *) echo "usage: deploy/check.sh [--no-image] [--keep]" >&2; exit 2 ;;
+    *) echo "usage: deploy/check.sh [--no-image] [--gpu-image] [--keep]" >&2; exit 2 ;;
   esac
 done
 [[ $(id -u) == 0 ]] || { echo "deploy/check.sh: run as root (Slurm daemons, namespaces, image build)" >&2; exit 2; }
@@ -298,6 +302,34 @@ k8s_config() {
 }
 check k8s-config k8s_config
 
+# The GPU image (Containerfile --build-arg CUDA=1) as far as it goes without a
+# GPU: the gpu overlay runs the image that build tags, and every package of
+# cuda-packages.txt resolves, stage by stage, in Debian 12's contrib and
+# non-free index (a private apt state; nothing is installed). The image itself
+# is built only with --gpu-image (about 2 GB of toolkit), and never run on a GPU.
+gpu_image() {
+  local name apt stage n
+  name=$(awk '$1 == "newName:" {print $2}' deploy/k8s/overlays/gpu/kustomization.yaml)
+  grep -q -- "--build-arg CUDA=1 .* -t $name " deploy/container/Containerfile ||
+    { echo "the gpu overlay runs image '$name', which the Containerfile's CUDA=1 build does not tag"; return 1; }
+  apt=$work/apt-non-free
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial"
+  echo 'deb http://deb.debian.org/debian bookworm main contrib non-free' >"$apt/sources.list"
+  local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o Dir::Etc::sourceparts=/dev/null
+              -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache")
+  apt-get "${opts[@]}" -qq update
+  local plan
+  for stage in build runtime; do
+    plan=$(apt-get "${opts[@]}" -s -qq --no-install-recommends install \
+             $(awk -v s=$stage '$1 == s {print $2}' deploy/container/cuda-packages.txt)) ||
+      { echo "$plan"; echo "the $stage stage's packages of cuda-packages.txt do not resolve"; return 1; }
+    n=$(grep -c '^Inst' <<<"$plan" || true)
+    echo "RESULT $stage stage: $(awk -v s=$stage '$1 == s {printf "%s ", $2}' deploy/container/cuda-packages.txt)resolve ($n packages to install here)"
+  done
+  echo "RESULT overlay image $name, CUDA toolkit $(apt-cache "${opts[@]}" show --no-all-versions nvidia-cuda-toolkit | awk '$1 == "Version:" {print $2}'), not built here (--gpu-image builds it)"
+}
+check gpu-image gpu_image
+
 units() {
   local d=$work/systemd u
   mkdir -p "$d"
@@ -312,7 +344,9 @@ units() {
 }
 if command -v systemd-analyze >/dev/null; then check systemd-verify units; else skip systemd-verify "systemd-analyze not installed"; fi
 
+# image TAG [BUILD ARGS...]: builds the Containerfile as TAG and checks it.
 image() {
+  local tag=$1; shift
   # Base image from Debian packages (no registry needed), made once and kept.
   if ! buildah inspect --type image localhost/shardps-base:bookworm >/dev/null 2>&1; then
     mmdebstrap --variant=minbase bookworm "$work/base.tar" http://deb.debian.org/debian
@@ -323,13 +357,13 @@ image() {
   fi
   # chroot isolation: RUN steps need no OCI runtime (see deploy/README.md).
   buildah bud --isolation chroot --network host --layers -f deploy/container/Containerfile \
-    --build-arg BASE_IMAGE=localhost/shardps-base:bookworm -t localhost/shardps:latest .
+    --build-arg BASE_IMAGE=localhost/shardps-base:bookworm "$@" -t "$tag" .
   local mnt user entry c
-  container=$(buildah from localhost/shardps:latest)
+  container=$(buildah from "$tag")
   trap 'buildah umount "$container" >/dev/null 2>&1; buildah rm "$container" >/dev/null 2>&1' EXIT
   mnt=$(buildah mount "$container")
-  user=$(buildah inspect --type image -f '{{.OCIv1.Config.User}}' localhost/shardps:latest)
-  entry=$(buildah inspect --type image -f '{{.OCIv1.Config.Entrypoint}}' localhost/shardps:latest)
+  user=$(buildah inspect --type image -f '{{.OCIv1.Config.User}}' "$tag")
+  entry=$(buildah inspect --type image -f '{{.OCIv1.Config.Entrypoint}}' "$tag")
   [[ $user == 10001:10001 ]] || { echo "image user is '$user'"; return 1; }
   [[ $entry == "[/usr/local/bin/shardps]" ]] || { echo "entry point is '$entry'"; return 1; }
   for c in cc gcc g++ c++ cpp clang ld as; do
@@ -337,15 +371,23 @@ image() {
   done
   # Every library the binary needs is in the image.
   if chroot "$mnt" ldd /usr/local/bin/shardps | grep 'not found'; then return 1; fi
+  if [[ $* == *CUDA=1* ]] && ! chroot "$mnt" ldd /usr/local/bin/shardps | grep -q libcudart; then
+    echo "$tag: the binary does not link the CUDA runtime"; return 1
+  fi
   unshare --net --mount --fork -- "$repo/deploy/check.sh" --inner image "$work" "$mnt"
-  echo "RESULT image $(buildah images --format '{{.Size}}' localhost/shardps:latest | head -1), user 10001, no compiler, trains in a chroot of it"
+  echo "RESULT $tag $(buildah images --format '{{.Size}}' "$tag" | head -1), user 10001, no compiler, trains in a chroot of it"
 }
 if ((no_image)); then
   skip image "--no-image"
 elif command -v buildah >/dev/null; then
-  check image image
+  check image image localhost/shardps:latest
 else
   skip image "buildah not installed"
+fi
+if ((gpu_image_build)) && command -v buildah >/dev/null; then
+  check gpu-image-build image localhost/shardps-cuda:latest --build-arg CUDA=1
+else
+  skip gpu-image-build "without --gpu-image"
 fi
 
 check slurm-job unshare --net -- "$repo/deploy/check.sh" --inner slurm "$work"

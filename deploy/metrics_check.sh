@@ -4,7 +4,8 @@
 # --metrics-listen (server i on BASE_PORT + i); Prometheus (Debian's package)
 # scrapes them every second; while the bench pushes, the script queries
 #   rate(shardps_server_requests_total{op=~"push|push_pull"}[5s])
-# and passes when every server shows a non-zero push rate. Not a ctest test:
+# and passes when every server shows a non-zero push rate and a partition
+# version (shardps_server_partition_version) above 0. Not a ctest test:
 # it needs the optional Prometheus package (tools/setup.sh --metrics).
 # Usage: deploy/metrics_check.sh [--servers S] [--base-port P] [--keep]
 set -euo pipefail
@@ -81,6 +82,20 @@ sed 's/^/  server /' <<<"$result"
 positive=$(awk '$2 > 0' <<<"$result" | wc -l)
 if ((positive != servers)); then echo "FAIL: $positive of $servers servers show a non-zero push rate"; exit 1; fi
 echo "PASS: every server ($servers) shows a non-zero push rate"
+
+# Per-partition series: every server is the primary of a partition whose
+# version Prometheus has seen advance.
+query='max by (server) (shardps_server_partition_version{role="primary"})'
+json=$(curl -sf "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode "query=$query")
+result=$(python3 -c '
+import json, sys
+for r in sorted(json.loads(sys.argv[1])["data"]["result"], key=lambda r: int(r["metric"]["server"])):
+    print(r["metric"]["server"], r["value"][1])' "$json")
+echo "highest partition version on each server's primaries (Prometheus: $query):"
+sed 's/^/  server /' <<<"$result"
+positive=$(awk '$2 > 0' <<<"$result" | wc -l)
+if ((positive != servers)); then echo "FAIL: $positive of $servers servers show a partition version"; exit 1; fi
+echo "PASS: every server ($servers) shows its partitions' versions"
 
 # Every query of the Grafana dashboard is one Prometheus accepts.
 python3 - "http://127.0.0.1:$prom_port" deploy/grafana/shardps.json <<'PY'

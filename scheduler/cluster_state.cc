@@ -15,6 +15,7 @@
 #include "common/protocol.h"
 #include "compression/codec_policy.h"
 #include "scheduler/model_limits.h"
+#include "scheduler/node_rates.h"
 #include "scheduler/shard_assignment.h"
 
 namespace shardps {
@@ -300,9 +301,23 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   } else if (node->completed_round == 0) {
     node->round_seen = node->last_seen;
   }
+  if (request.has_counters()) RecordCounters(*node, request.counters());
   HeartbeatResponse response;
   response.set_epoch(map_.epoch());
   return response;
+}
+
+void ClusterState::RecordCounters(Node& node, const NodeCounters& counters) {
+  node.counters = counters;
+  node.counters_seen = node.last_seen;
+  // Heartbeats sent early (a new epoch) come close together: measure over
+  // at least half an interval so that one early report does not make a
+  // rate of a few milliseconds.
+  const double seconds = absl::ToDoubleSeconds(node.last_seen - node.base_seen);
+  if (seconds < config_.heartbeat_interval_ms() / 2000.0) return;
+  if (node.base_seen != absl::InfinitePast()) node.rates = RatesBetween(node.base, counters, seconds);
+  node.base = counters;
+  node.base_seen = node.last_seen;
 }
 
 bool ClusterState::ServersServe(uint64_t epoch) const {
@@ -703,6 +718,11 @@ StatusResponse ClusterState::Status() {
       s->set_applied_epoch(node.applied_epoch);
       s->set_declared_dead(node.dead);
       s->set_heard_since_start(node.heard);
+      if (node.counters_seen != absl::InfinitePast()) {
+        *s->mutable_counters() = node.counters;
+        s->set_ms_since_counters(absl::ToInt64Milliseconds(now - node.counters_seen));
+        *s->mutable_rates() = node.rates;
+      }
     }
   }
   return response;

@@ -95,6 +95,8 @@ class ClusterState {
   // config whose checkpoints would not be exact (ValidateConfig says why).
   absl::StatusOr<CheckpointResponse> RequestCheckpoint(const std::string& dir);
 
+  // Every node with its state and, once its heartbeats carry them, its
+  // counters and rates (NodeStatus).
   StatusResponse Status();
 
  private:
@@ -113,6 +115,13 @@ class ClusterState {
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
     double peak_rate = 0;  // the highest round_rate seen
+    // The counters of the last heartbeat that carried them and when it came;
+    // the earlier report rates are measured from, and those rates.
+    NodeCounters counters{};
+    absl::Time counters_seen = absl::InfinitePast();
+    NodeCounters base{};
+    absl::Time base_seen = absl::InfinitePast();
+    NodeRates rates{};
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
     bool rendezvous = false;    // workers: their Register call waits for the cluster
   };
@@ -127,6 +136,8 @@ class ClusterState {
   bool ServersServe(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string ServersBehind(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Node* FindNode(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps a heartbeat's counters and updates the node's rates.
+  void RecordCounters(Node& node, const NodeCounters& counters) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ServerInfo* MapServer(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Excluded(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -201,3 +201,49 @@ TEST(ClusterStateTest, StatusReportsLiveness) {
 
 }  // namespace
 }  // namespace shardps
+
+namespace shardps {
+namespace {
+
+HeartbeatRequest CountingBeat(uint64_t node, uint64_t rounds, uint64_t bytes_in) {
+  HeartbeatRequest hb;
+  hb.set_node_id(node);
+  hb.mutable_counters()->set_rounds_completed(rounds);
+  hb.mutable_counters()->set_bytes_in(bytes_in);
+  return hb;
+}
+
+TEST(ClusterStateTest, StatusCarriesHeartbeatCountersAndTheirRates) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  ClusterConfig config = Config(1, 1);
+  config.set_heartbeat_interval_ms(1000);
+  ClusterState state(config, [&now] { return now; });
+  auto server = state.RegisterServer(Server("tcp://a:1"));
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE(state.Heartbeat(CountingBeat(server->node_id(), 10, 1000)).ok());
+  NodeStatus s = state.Status().nodes(0);
+  EXPECT_EQ(s.counters().rounds_completed(), 10u);
+  EXPECT_EQ(s.rates().rounds(), 0) << "one report makes no rate";
+  now += absl::Seconds(2);
+  ASSERT_TRUE(state.Heartbeat(CountingBeat(server->node_id(), 30, 5000)).ok());
+  now += absl::Milliseconds(300);
+  s = state.Status().nodes(0);
+  EXPECT_EQ(s.rates().rounds(), 10);
+  EXPECT_EQ(s.rates().bytes_in(), 2000);
+  EXPECT_EQ(s.ms_since_counters(), 300u);
+  // An early heartbeat (a new epoch) is kept but measured from the last base.
+  ASSERT_TRUE(state.Heartbeat(CountingBeat(server->node_id(), 31, 5000)).ok());
+  s = state.Status().nodes(0);
+  EXPECT_EQ(s.counters().rounds_completed(), 31u);
+  EXPECT_EQ(s.rates().rounds(), 10);
+  now += absl::Milliseconds(700);
+  ASSERT_TRUE(state.Heartbeat(CountingBeat(server->node_id(), 40, 5000)).ok());
+  EXPECT_EQ(state.Status().nodes(0).rates().rounds(), 10);  // 10 rounds in 1 s
+  // A restarted process's counters start again: no negative rate.
+  now += absl::Seconds(1);
+  ASSERT_TRUE(state.Heartbeat(CountingBeat(server->node_id(), 2, 100)).ok());
+  EXPECT_EQ(state.Status().nodes(0).rates().rounds(), 0);
+}
+
+}  // namespace
+}  // namespace shardps

@@ -546,7 +546,7 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   p.next_round[w] = round + 1;
   p.contributed[w] = true;
   ++p.arrivals;
-  p.round_staleness += MeasureStaleness(h, round, 1.0);
+  p.round_staleness += MeasureStaleness(p, h, round, 1.0);
   // The round first: a push that completes it is answered with it.
   if (Settled(p) && RoundComplete(p)) CompleteRound(p);
   if (answer) AnswerPush(p, peer, h, round);
@@ -568,12 +568,16 @@ void PartitionEngine::AnswerPush(Partition& p, const zmq::message_t& peer, const
   PullOrWait(p, peer, h, needed);
 }
 
-double PartitionEngine::MeasureStaleness(const DataHeader& h, uint64_t applied, double updates_per_round) {
+double PartitionEngine::MeasureStaleness(Partition& p, const DataHeader& h, uint64_t applied,
+                                         double updates_per_round) {
   if (!h.has_based_on() || h.based_on() > applied) return 0;
   const double tau = static_cast<double>(applied - h.based_on()) / updates_per_round;
   ++stats_.stale_gradients;
   stats_.staleness_sum += tau;
   stats_.staleness_max = std::max(stats_.staleness_max, tau);
+  ++p.stale_gradients;
+  p.staleness_sum += tau;
+  p.staleness_max = std::max(p.staleness_max, tau);
   return tau;
 }
 
@@ -757,7 +761,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
   }
   ++p.batch_count;
   // Staleness in rounds: W pushes make a round, as for the schedule.
-  p.batch_staleness += MeasureStaleness(h, p.completed, std::max<uint32_t>(config_.num_workers(), 1));
+  p.batch_staleness += MeasureStaleness(p, h, p.completed, std::max<uint32_t>(config_.num_workers(), 1));
   p.batch_ids.emplace_back(w, h.request_id());
   p.last_request[w] = h.request_id();
   p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});

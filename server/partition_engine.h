@@ -79,6 +79,22 @@ struct PartitionUpdates {
   std::vector<uint64_t> applied_by_worker;  // async only
 };
 
+// One partition held here, as metrics report it (PartitionEngine::Reports).
+struct PartitionReport {
+  uint64_t partition = 0;
+  std::string tensor;
+  bool primary = true;  // else a backup copy
+  // Updates applied (sync, ssp: rounds; async: pushes).
+  uint64_t version = 0;
+  // Staleness of the gradients this copy measured (primaries: those pushed
+  // to it; a backup measures none until promoted), in rounds.
+  uint64_t stale_gradients = 0;
+  double staleness_sum = 0;
+  double staleness_max = 0;
+  // Primaries: per backup server index, updates sent and not confirmed yet.
+  std::vector<std::pair<uint32_t, uint64_t>> backup_lag;
+};
+
 class PartitionEngine {
  public:
   // Sends one answer to `peer`. `payload` may be null (errors, acks).
@@ -151,6 +167,10 @@ class PartitionEngine {
   EngineQueues Queues() const;
   // One entry per partition this server is the primary of.
   std::vector<PartitionUpdates> UpdateCounts() const;
+  // The `max` partitions of lowest id held here (primaries and backups), in
+  // id order; `*held` (optional) receives how many are held in all. Walks
+  // every partition: call at a low rate (metrics).
+  std::vector<PartitionReport> Reports(size_t max, size_t* held = nullptr) const;
   // The most rounds a partition this server is primary for has completed
   // (heartbeats report it; `shardps checkpoint` places its round after it).
   uint64_t completed_round() const { return max_completed_; }
@@ -199,6 +219,11 @@ class PartitionEngine {
     std::vector<uint64_t> incarnation;     // per worker: registration of its pushes
     uint32_t contributors = 0;             // sync: gradients in the last completed round
     double round_staleness = 0;            // sync/ssp: staleness summed over the open round's gradients
+    // Every gradient's staleness measured here (EngineStats has the sums
+    // over all partitions).
+    uint64_t stale_gradients = 0;
+    double staleness_sum = 0;
+    double staleness_max = 0;
     float lr_scale = 1.0f;                 // sync/ssp: learning-rate factor of the round being applied
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
@@ -333,7 +358,7 @@ class PartitionEngine {
   void AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
   // Records a gradient's staleness in rounds; returns it (0 when the push
   // does not say what it was computed on).
-  double MeasureStaleness(const DataHeader& h, uint64_t applied, double updates_per_round);
+  double MeasureStaleness(Partition& p, const DataHeader& h, uint64_t applied, double updates_per_round);
   // The learning-rate factor of an update of staleness `tau` rounds.
   float StalenessLrScale(double tau) const;
   void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);

@@ -343,4 +343,27 @@ EngineQueues PartitionEngine::Queues() const {
   return q;
 }
 
+std::vector<PartitionReport> PartitionEngine::Reports(size_t max, size_t* held) const {
+  std::vector<uint64_t> ids;
+  ids.reserve(partitions_.size());
+  for (const auto& [id, p] : partitions_) ids.push_back(id);
+  if (held != nullptr) *held = ids.size();
+  if (ids.size() > max) {
+    std::nth_element(ids.begin(), ids.begin() + max, ids.end());
+    ids.resize(max);
+  }
+  std::sort(ids.begin(), ids.end());
+  std::vector<PartitionReport> out;
+  out.reserve(ids.size());
+  for (uint64_t id : ids) {
+    const Partition& p = *partitions_.at(id);
+    PartitionReport r{id, p.tensor, p.primary, p.completed, p.stale_gradients, p.staleness_sum, p.staleness_max, {}};
+    for (size_t i = 0; p.primary && i < p.backups.size(); ++i) {
+      r.backup_lag.emplace_back(p.backups[i], p.last_sent[i] > p.confirmed[i] ? p.last_sent[i] - p.confirmed[i] : 0);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 }  // namespace shardps

@@ -95,7 +95,7 @@ class ParameterServerImpl : public ParameterServer {
       LOG(WARNING) << "server " << index_ << " at " << data_address_
                    << " joins a running job in a dead server's place: its copies arrive as snapshots";
     }
-    if (options.metrics != nullptr) metrics_ = std::make_unique<ServerMetrics>(*options.metrics, index_);
+    if (options.metrics != nullptr) metrics_ = std::make_unique<ServerMetrics>(*options.metrics, index_, options.metrics_max_partitions);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     watch_ = scheduler_->WatchShardMap(
         node_id_,
@@ -136,6 +136,7 @@ class ParameterServerImpl : public ParameterServer {
       engine_->EndBatch();
       ReceivePeerAnswers();
       if (metrics_) metrics_->MaybePublish(*engine_);
+      PublishCounters();
     }
     // Drain: finish what already arrived, refuse what cannot complete.
     engine_->BeginBatch();
@@ -215,6 +216,20 @@ class ParameterServerImpl : public ParameterServer {
     }
   }
 
+  // Hands the engine's counts to the heartbeats (once per poll-loop pass).
+  void PublishCounters() {
+    const EngineStats& s = engine_->stats();
+    NodeCounters c;
+    c.set_rounds_completed(engine_->completed_round());
+    c.set_updates_applied(s.updates);
+    c.set_bytes_in(s.bytes_in);
+    c.set_bytes_out(s.bytes_out);
+    c.set_requests(s.requests);
+    c.set_requests_refused(s.non_finite + s.bad_request_ids + refused_by_limits_);
+    absl::MutexLock lock(&counters_mu_);
+    counters_ = c;
+  }
+
   // Whether the sender of header_ may be served now (PeerAdmission).
   absl::Status Admit(const zmq::message_t& peer) {
     const std::string who = header_.op() == REPLICATE ? std::string("a primary server")
@@ -224,9 +239,11 @@ class ParameterServerImpl : public ParameterServer {
       case PeerAdmission::Verdict::kAdmitted:
         return absl::OkStatus();
       case PeerAdmission::Verdict::kOverInflight:
+        ++refused_by_limits_;
         if (metrics_) metrics_->CountOverInflight();
         break;
       case PeerAdmission::Verdict::kOverPeers:
+        ++refused_by_limits_;
         if (metrics_) metrics_->CountOverConnections();
         break;
     }
@@ -360,6 +377,10 @@ class ParameterServerImpl : public ParameterServer {
       request.set_completed_round(completed_round_.load(std::memory_order_relaxed));
       heartbeat_now_ = false;
       mu_.Unlock();
+      {
+        absl::MutexLock counters_lock(&counters_mu_);
+        *request.mutable_counters() = counters_;
+      }
       auto r = scheduler_->Heartbeat(request, std::min(interval, absl::Milliseconds(config_.request_timeout_ms())));
       if (absl::IsNotFound(r.status()) || absl::IsFailedPrecondition(r.status())) {
         LOG_EVERY_N(ERROR, 30) << "server " << index_ << ": " << r.status();
@@ -393,6 +414,9 @@ class ParameterServerImpl : public ParameterServer {
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> completed_round_{0};  // engine thread -> heartbeats
+  uint64_t refused_by_limits_ = 0;  // engine thread: in-flight bytes, connections
+  absl::Mutex counters_mu_;  // engine thread -> heartbeats
+  NodeCounters counters_ ABSL_GUARDED_BY(counters_mu_);
 
   absl::Mutex mu_;
   std::optional<ShardMap> pending_map_ ABSL_GUARDED_BY(mu_);

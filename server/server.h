@@ -34,6 +34,10 @@ struct ServerOptions {
   // Where to publish this server's metrics (server/server_metrics.h); null
   // (default): none. Borrowed: must outlive the server.
   MetricsRegistry* metrics = nullptr;
+  // Partitions (those of lowest id) that get per-partition series; the
+  // rest are only counted (shardps_server_partitions_unreported). Bounds the
+  // series a scrape carries: about 6 per partition, plus one per backup.
+  size_t metrics_max_partitions = 256;
   // Bytes of partitions this server can hold, told to the scheduler, which
   // refuses a model that would give it more; 0 (default): the machine's
   // physical memory.

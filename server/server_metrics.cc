@@ -25,7 +25,8 @@ const char* OpLabel(size_t op) {
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index) {
+ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index, size_t max_partitions)
+    : partitions_(r, server_index, max_partitions) {
   const std::string server = absl::StrCat(server_index);
   for (size_t op = 0; op < requests_.size(); ++op) {
     requests_[op] = r.Counter("shardps_server_requests_total", "Data requests received, by op",
@@ -99,6 +100,9 @@ void ServerMetrics::MaybePublish(const PartitionEngine& engine, bool force) {
   unconfirmed_.Set(q.unconfirmed);
   replication_lag_.Set(q.replication_lag);
   epoch_.Set(engine.epoch());
+  size_t held = 0;
+  const std::vector<PartitionReport> reports = engine.Reports(partitions_.max_partitions(), &held);
+  partitions_.Publish(reports, held, now);
 }
 
 }  // namespace shardps

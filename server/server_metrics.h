@@ -15,13 +15,16 @@
 
 #include "common/metrics.h"
 #include "server/partition_engine.h"
+#include "server/partition_metrics.h"
 
 namespace shardps {
 
 class ServerMetrics {
  public:
-  // Resolves every series of server `server_index` (label server="N") once.
-  ServerMetrics(MetricsRegistry& registry, uint32_t server_index);
+  // Resolves every series of server `server_index` (label server="N") once;
+  // per-partition series for at most `max_partitions` partitions
+  // (server/partition_metrics.h).
+  ServerMetrics(MetricsRegistry& registry, uint32_t server_index, size_t max_partitions);
 
   // Publishes `engine`'s counts if 100 ms passed since the last time (or
   // `force`, e.g. when draining).
@@ -49,6 +52,7 @@ class ServerMetrics {
   MetricGauge staleness_max_;
   MetricHistogram handling_;
   MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, epoch_;
+  PartitionMetrics partitions_;
 };
 
 }  // namespace shardps

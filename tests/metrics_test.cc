@@ -19,8 +19,10 @@
 #include "common/metrics.h"
 #include "common/tensor_spec.h"
 #include "scheduler/scheduler.h"
+#include "server/partition_metrics.h"
 #include "server/server.h"
 #include "tools/daemon_metrics.h"
+#include "tools/status_view.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -65,10 +67,18 @@ std::optional<double> Sample(const std::string& text, const std::string& series)
 
 class MetricsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartCluster(/*servers=*/1, /*replication=*/0, /*partition_bytes=*/4096); }
+
+  // A scheduler, `servers` servers (each with its own registry and
+  // listener) and one worker that defines tensor "w" of 1024 floats, cut
+  // into partitions of `partition_bytes`.
+  void StartCluster(uint32_t servers, uint32_t replication, uint64_t partition_bytes) {
     ClusterConfig config;
-    config.set_num_servers(1);
+    config.set_num_servers(servers);
     config.set_num_workers(1);
+    config.set_replication(replication);
+    config.set_partition_bytes(partition_bytes);
+    config.set_heartbeat_interval_ms(100);
     config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
     config.mutable_optimizer()->set_learning_rate(0.1f);
     auto scheduler = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = config});
@@ -80,16 +90,19 @@ class MetricsTest : public ::testing::Test {
     ASSERT_TRUE(scheduler_exposer.ok()) << scheduler_exposer.status();
     scheduler_exposer_ = *std::move(scheduler_exposer);
 
-    server_metrics_ = MetricsRegistry::Create();
-    auto exposer = MetricsExposer::Start("127.0.0.1:0", *server_metrics_);
-    ASSERT_TRUE(exposer.ok()) << exposer.status();
-    server_exposer_ = *std::move(exposer);
-    auto server = ParameterServer::Create({.scheduler_address = scheduler_->address(),
-                                           .bind_address = "tcp://127.0.0.1:0",
-                                           .metrics = server_metrics_.get()});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    serving_ = std::thread([this] { (void)server_->Run(); });
+    for (uint32_t i = 0; i < servers; ++i) {
+      server_metrics_.push_back(MetricsRegistry::Create());
+      auto exposer = MetricsExposer::Start("127.0.0.1:0", *server_metrics_.back());
+      ASSERT_TRUE(exposer.ok()) << exposer.status();
+      server_exposers_.push_back(*std::move(exposer));
+      auto server = ParameterServer::Create({.scheduler_address = scheduler_->address(),
+                                             .bind_address = "tcp://127.0.0.1:0",
+                                             .metrics = server_metrics_.back().get()});
+      ASSERT_TRUE(server.ok()) << server.status();
+      servers_.push_back(*std::move(server));
+      ParameterServer* started = servers_.back().get();
+      serving_.emplace_back([started] { (void)started->Run(); });
+    }
     auto worker = Worker::Create({.scheduler_address = scheduler_->address(), .rank = 0});
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = *std::move(worker);
@@ -98,10 +111,10 @@ class MetricsTest : public ::testing::Test {
 
   void TearDown() override {
     worker_.reset();
-    if (server_) server_->RequestStop();
-    if (serving_.joinable()) serving_.join();
-    server_.reset();
-    server_exposer_.reset();
+    for (auto& server : servers_) server->RequestStop();
+    for (std::thread& t : serving_) t.join();
+    servers_.clear();
+    server_exposers_.clear();
     scheduler_exposer_.reset();
     if (scheduler_) scheduler_->Shutdown();
   }
@@ -115,15 +128,17 @@ class MetricsTest : public ::testing::Test {
     }
   }
 
-  // Scrapes the server until `series` reaches `at_least` (the engine thread
-  // publishes every 100 ms); returns the last value read.
-  double ScrapeUntil(const std::string& series, double at_least) {
+  // Scrapes server `server` until `series` reaches `at_least` (the engine
+  // thread publishes every 100 ms); returns the last value read (the whole
+  // answer is kept in last_scrape_).
+  double ScrapeUntil(const std::string& series, double at_least, size_t server = 0) {
     double value = -1;
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     while (absl::Now() < deadline) {
-      auto text = HttpGet(server_exposer_->address(), "/metrics");
+      auto text = HttpGet(server_exposers_[server]->address(), "/metrics");
       EXPECT_TRUE(text.ok()) << text.status();
       if (!text.ok()) return value;
+      last_scrape_ = *text;
       value = Sample(*text, series).value_or(-1);
       if (value >= at_least) return value;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -132,12 +147,28 @@ class MetricsTest : public ::testing::Test {
   }
 
   std::unique_ptr<SchedulerDaemon> scheduler_;
-  std::unique_ptr<MetricsRegistry> scheduler_metrics_, server_metrics_;
-  std::unique_ptr<MetricsExposer> scheduler_exposer_, server_exposer_;
-  std::unique_ptr<ParameterServer> server_;
-  std::thread serving_;
+  std::unique_ptr<MetricsRegistry> scheduler_metrics_;
+  std::vector<std::unique_ptr<MetricsRegistry>> server_metrics_;
+  std::unique_ptr<MetricsExposer> scheduler_exposer_;
+  std::vector<std::unique_ptr<MetricsExposer>> server_exposers_;
+  std::vector<std::unique_ptr<ParameterServer>> servers_;
+  std::vector<std::thread> serving_;
   std::unique_ptr<Worker> worker_;
+  std::string last_scrape_;  // ScrapeUntil's last answer
 };
+
+// Two servers, two copies of each of the two partitions of "w": each server
+// is the primary of one partition and the backup of the other.
+class ReplicatedMetricsTest : public MetricsTest {
+ protected:
+  void SetUp() override { StartCluster(/*servers=*/2, /*replication=*/2, /*partition_bytes=*/2048); }
+};
+
+// The name and labels of a per-partition series, as exposed (labels sorted).
+std::string PartitionSeries(const std::string& name, const PartitionInfo& p, const char* role, uint32_t server) {
+  return absl::StrCat(name, "{partition=\"", p.id(), "\",role=\"", role, "\",server=\"", server,
+                      "\",tensor=\"w\"}");
+}
 
 TEST_F(MetricsTest, ServerCountersGrowWithPushPulls) {
   const std::string push_pulls = R"(shardps_server_requests_total{op="push_pull",server="0"})";
@@ -145,7 +176,7 @@ TEST_F(MetricsTest, ServerCountersGrowWithPushPulls) {
   EXPECT_EQ(ScrapeUntil(push_pulls, 5), 5);
   PushPull(7);
   EXPECT_EQ(ScrapeUntil(push_pulls, 12), 12);
-  auto text = HttpGet(server_exposer_->address(), "/metrics");
+  auto text = HttpGet(server_exposers_[0]->address(), "/metrics");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(Sample(*text, R"(shardps_server_updates_total{server="0"})"), 12);
   EXPECT_EQ(Sample(*text, R"(shardps_server_received_bytes_total{server="0"})"), 12 * 4096);
@@ -158,7 +189,7 @@ TEST_F(MetricsTest, ServerCountersGrowWithPushPulls) {
 }
 
 TEST_F(MetricsTest, ServerAnswersHealthProbe) {
-  auto text = HttpGet(server_exposer_->address(), "/healthz");
+  auto text = HttpGet(server_exposers_[0]->address(), "/healthz");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(text->rfind("HTTP/1.1 200", 0), 0u) << *text;
   EXPECT_EQ(Sample(*text, "shardps_up"), 1);
@@ -191,6 +222,133 @@ TEST_F(MetricsTest, SchedulerAnswersGrpcHealthCheck) {
   std::string bytes;
   for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+TEST_F(MetricsTest, PartitionSeriesFollowVersionAndStaleness) {
+  const ShardMap map = scheduler_->Status().shard_map();
+  ASSERT_EQ(map.partitions_size(), 1);
+  const PartitionInfo& p = map.partitions(0);
+  const std::string version = PartitionSeries("shardps_server_partition_version", p, "primary", 0);
+  PushPull(3);
+  EXPECT_EQ(ScrapeUntil(version, 3), 3);
+  PushPull(4);
+  EXPECT_EQ(ScrapeUntil(version, 7), 7);
+  // The version stops changing: its age grows past a few publications.
+  const std::string age = PartitionSeries("shardps_server_partition_version_age_seconds", p, "primary", 0);
+  EXPECT_GE(ScrapeUntil(age, 0.3), 0.3);
+  auto text = HttpGet(server_exposers_[0]->address(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Sample(*text, PartitionSeries("shardps_server_partition_gradients_total", p, "primary", 0)), 7);
+  EXPECT_EQ(Sample(*text, PartitionSeries("shardps_server_partition_gradient_staleness_rounds_total", p, "primary", 0)),
+            0);
+  EXPECT_EQ(Sample(*text, PartitionSeries("shardps_server_partition_gradient_staleness_max_rounds", p, "primary", 0)),
+            0);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="0"})"), 0);
+  // A new version restarts the age: read both from the scrape that shows it.
+  PushPull(1);
+  ASSERT_EQ(ScrapeUntil(version, 8), 8);
+  const std::optional<double> fresh = Sample(last_scrape_, age);
+  ASSERT_TRUE(fresh.has_value()) << last_scrape_;
+  EXPECT_LT(*fresh, 0.3);
+}
+
+TEST_F(ReplicatedMetricsTest, PartitionSeriesOnPrimariesAndBackupsWithReplicationLag) {
+  const ShardMap map = scheduler_->Status().shard_map();
+  ASSERT_EQ(map.partitions_size(), 2);
+  PushPull(5);
+  for (const PartitionInfo& p : map.partitions()) {
+    const uint32_t primary = p.server();
+    const uint32_t backup = 1 - primary;
+    EXPECT_EQ(ScrapeUntil(PartitionSeries("shardps_server_partition_version", p, "primary", primary), 5, primary), 5)
+        << "partition " << p.id();
+    // Answers wait for the backups: the backup copy holds every round too.
+    EXPECT_EQ(ScrapeUntil(PartitionSeries("shardps_server_partition_version", p, "backup", backup), 5, backup), 5)
+        << "partition " << p.id();
+    auto text = HttpGet(server_exposers_[primary]->address(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    std::string lag = PartitionSeries("shardps_server_partition_replication_lag_updates", p, "primary", primary);
+    lag.insert(lag.find('{') + 1, absl::StrCat("backup=\"", backup, "\","));
+    EXPECT_EQ(Sample(*text, lag), 0) << lag << " in\n" << *text;
+    EXPECT_EQ(Sample(*text, PartitionSeries("shardps_server_partition_gradients_total", p, "primary", primary)), 5);
+  }
+}
+
+// Servers report their counters in heartbeats; the scheduler's status turns
+// them into rates, which `shardps status` shows.
+TEST_F(ReplicatedMetricsTest, StatusShowsRoundsPerSecondOfEveryServerWhileTraining) {
+  StatusResponse status;
+  auto training = [&status] {
+    for (const NodeStatus& n : status.nodes()) {
+      if (n.role() == SERVER && n.rates().rounds() <= 0) return false;
+      if (n.role() == WORKER && n.rates().steps() <= 0) return false;
+    }
+    return status.nodes_size() == 3;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!training() && absl::Now() < deadline) {
+    PushPull(1);
+    status = scheduler_->Status();
+  }
+  ASSERT_TRUE(training()) << StatusJson(status);
+  for (const NodeStatus& n : status.nodes()) {
+    EXPECT_GT(n.rates().bytes_in(), 0) << StatusJson(status);
+    EXPECT_GT(n.rates().bytes_out(), 0) << StatusJson(status);
+    EXPECT_GT(n.role() == SERVER ? n.counters().updates_applied() : n.counters().steps(), 0u) << StatusJson(status);
+  }
+  const std::string table = StatusTable(status);
+  EXPECT_NE(table.find("rounds/s"), std::string::npos) << table;
+  EXPECT_NE(table.find("steps/s"), std::string::npos) << table;
+  EXPECT_NE(StatusJson(status).find("\"rates\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardps
+
+namespace shardps {
+namespace {
+
+PartitionReport Report(uint64_t id, bool primary, uint64_t version) {
+  PartitionReport r;
+  r.partition = id;
+  r.tensor = "w";
+  r.primary = primary;
+  r.version = version;
+  return r;
+}
+
+// The bound, and series that follow partitions leaving and changing role,
+// read the way Prometheus reads them.
+TEST(PartitionMetricsTest, SeriesAreBoundedAndFollowPartitionsAndRoles) {
+  auto registry = MetricsRegistry::Create();
+  auto exposer = MetricsExposer::Start("127.0.0.1:0", *registry);
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  PartitionMetrics metrics(*registry, 3, /*max_partitions=*/2);
+  const auto now = std::chrono::steady_clock::now();
+  auto series = [](uint64_t id, const char* role) {
+    return absl::StrCat("shardps_server_partition_version{partition=\"", id, "\",role=\"", role,
+                        "\",server=\"3\",tensor=\"w\"}");
+  };
+  metrics.Publish({Report(0, true, 4), Report(1, true, 5)}, /*held=*/3, now);
+  auto text = HttpGet((*exposer)->address(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Sample(*text, series(0, "primary")), 4);
+  EXPECT_EQ(Sample(*text, series(1, "primary")), 5);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="3"})"), 1);
+  // Partition 0 left; partition 1 is a backup now; 2 came within the bound.
+  metrics.Publish({Report(1, false, 6), Report(2, true, 1)}, /*held=*/2, now);
+  text = HttpGet((*exposer)->address(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Sample(*text, series(0, "primary")), std::nullopt) << *text;
+  EXPECT_EQ(Sample(*text, series(1, "primary")), std::nullopt) << *text;
+  EXPECT_EQ(Sample(*text, series(1, "backup")), 6);
+  EXPECT_EQ(Sample(*text, series(2, "primary")), 1);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="3"})"), 0);
 }
 
 }  // namespace

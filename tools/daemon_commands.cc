@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -186,8 +187,16 @@ int ServerCommand(const Args& args) {
   flags.Bool("verbose", &verbose, "log INFO messages");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
+  int64_t max_partition_series = static_cast<int64_t>(options.metrics_max_partitions);
+  flags.Int("metrics-max-partitions", &max_partition_series,
+            "partitions (lowest ids) that get per-partition metric series; the rest are only counted");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
   if (flags.help()) return 0;
+  if (max_partition_series < 0) {
+    return Fail("server", absl::InvalidArgumentError(absl::StrCat("--metrics-max-partitions ", max_partition_series,
+                                                                  " is negative")));
+  }
+  options.metrics_max_partitions = static_cast<size_t>(max_partition_series);
   InitLogging("shardps-server", verbose);
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
   std::unique_ptr<MetricsExposer> exposer;
@@ -331,7 +340,8 @@ int StatusCommand(const Args& args) {
   CliFlags flags("status");
   flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.Double("timeout", &timeout_s, "seconds to wait for an answer");
-  flags.Bool("watch", &watch, "refresh every --interval seconds until interrupted");
+  flags.Bool("watch", &watch,
+             "refresh every --interval seconds until interrupted (rates: between refreshes)");
   flags.Double("interval", &interval_s, "seconds between refreshes with --watch");
   flags.Bool("json", &json, "print each snapshot as one line of JSON");
   std::string security_config;
@@ -344,6 +354,8 @@ int StatusCommand(const Args& args) {
   if (!client.ok()) return Fail("status", client.status());
   if (watch) InstallStopSignals();
   const bool clear = watch && !json && isatty(STDOUT_FILENO);
+  std::optional<StatusResponse> previous;  // --watch: rates between refreshes
+  absl::Time previous_at;
   do {
     auto status = (*client)->Status(absl::Seconds(timeout_s));
     if (!status.ok() && !watch) return Fail("status", status.status());
@@ -351,6 +363,10 @@ int StatusCommand(const Args& args) {
     if (!status.ok()) {
       std::cout << "scheduler " << address << ": " << status.status().message() << "\n";
     } else {
+      const absl::Time now = absl::Now();
+      if (previous) RatesSinceSnapshot(*previous, absl::ToDoubleSeconds(now - previous_at), &*status);
+      previous = *status;
+      previous_at = now;
       std::cout << (json ? StatusJson(*status) + "\n" : StatusTable(*status));
     }
     std::cout.flush();

@@ -2,13 +2,33 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "scheduler/node_rates.h"
 
 namespace shardps {
+
+namespace {
+
+constexpr double kMB = 1e6;
+
+// "    12.5 rounds/s  50.0 updates/s  in 1.20 MB/s  out 1.20 MB/s  0 refused/s  (data 300 ms old)"
+std::string RatesLine(const NodeStatus& n) {
+  const NodeRates& r = n.rates();
+  const std::string work = n.role() == SERVER ? absl::StrFormat("%.1f rounds/s  %.1f updates/s", r.rounds(), r.updates())
+                                              : absl::StrFormat("%.1f steps/s", r.steps());
+  std::string line = absl::StrFormat("    %s  in %.2f MB/s  out %.2f MB/s", work, r.bytes_in() / kMB,
+                                     r.bytes_out() / kMB);
+  if (n.role() == SERVER) absl::StrAppend(&line, absl::StrFormat("  %.1f refused/s", r.requests_refused()));
+  absl::StrAppend(&line, absl::StrFormat("  (data %d ms old)\n", n.ms_since_counters()));
+  return line;
+}
+
+}  // namespace
 
 std::string StatusTable(const StatusResponse& status) {
   const ClusterConfig& c = status.config();
@@ -35,8 +55,24 @@ std::string StatusTable(const StatusResponse& status) {
     const bool behind = n.role() == SERVER && !n.declared_dead() && n.applied_epoch() < epoch;
     absl::StrAppend(&out, absl::StrFormat("  %-60s %s (heartbeat %d ms ago)%s\n", what, state,
                                           n.ms_since_heartbeat(), behind ? " behind" : ""));
+    if (n.has_counters()) absl::StrAppend(&out, RatesLine(n));
   }
   return out;
+}
+
+void RatesSinceSnapshot(const StatusResponse& before, double seconds, StatusResponse* now) {
+  std::map<uint64_t, const NodeStatus*> earlier;
+  for (const NodeStatus& n : before.nodes()) {
+    if (n.has_counters()) earlier[n.node_id()] = &n;
+  }
+  for (NodeStatus& n : *now->mutable_nodes()) {
+    auto it = earlier.find(n.node_id());
+    if (!n.has_counters() || it == earlier.end()) continue;
+    // The time between the two heartbeats the counters came in.
+    const double between =
+        seconds - (static_cast<double>(n.ms_since_counters()) - static_cast<double>(it->second->ms_since_counters())) / 1e3;
+    if (between > 0.001) *n.mutable_rates() = RatesBetween(it->second->counters(), n.counters(), between);
+  }
 }
 
 std::string StatusJson(const StatusResponse& status) {

@@ -235,6 +235,9 @@ class WorkerImpl : public Worker {
       s.requests = channel_->requests_sent();
       for (const auto& [partition, n] : channel_->acked_pushes()) s.acked_pushes[partition] = n;
     }
+    for (const auto& [name, route] : routes_) {
+      for (uint64_t rounds : route.rounds_pushed) s.steps = std::max(s.steps, rounds);
+    }
     return s;
   }
 
@@ -514,6 +517,12 @@ class WorkerImpl : public Worker {
       HeartbeatRequest request;
       request.set_node_id(node_id_);
       mu_.Unlock();
+      const WorkerStats s = stats();
+      NodeCounters* c = request.mutable_counters();
+      c->set_steps(s.steps);
+      c->set_bytes_in(s.bytes_pulled);
+      c->set_bytes_out(s.bytes_pushed);
+      c->set_requests(s.requests);
       auto r = scheduler_->Heartbeat(request, interval);
       if (absl::IsFailedPrecondition(r.status())) {
         // Declared dead (e.g. it stalled past the heartbeat timeout): the job

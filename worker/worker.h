@@ -59,6 +59,9 @@ struct WorkerStats {
   uint64_t bytes_pushed = 0;  // payload bytes sent (gradients and INIT)
   uint64_t bytes_pulled = 0;  // payload bytes received (weights)
   uint64_t requests = 0;      // data-plane requests sent
+  // Training steps: the most rounds pushed to one partition (a restored or
+  // rejoined worker counts from the round it started at).
+  uint64_t steps = 0;
   std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes answered OK
 };
 
