@@ -254,6 +254,7 @@ ClusterState::Node* ClusterState::FindNode(uint64_t id) {
 }
 
 absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest& request) {
+  const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(request.node_id());
   if (node == nullptr) {
@@ -281,6 +282,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   } else if (node->completed_round == 0) {
     node->round_seen = node->last_seen;
   }
+  FinishCopyMoves(*node, request);
   HeartbeatResponse response;
   response.set_epoch(map_.epoch());
   return response;
@@ -328,11 +330,13 @@ std::string ClusterState::FailOver(uint32_t dead) {
     backups->erase(backups->begin());
     ++promoted;
   }
+  const int moves_ended = EndBrokenCopyMoves(dead);
   const int recreated = Rereplicate();
   std::string out;
   if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
   if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
+  if (moves_ended > 0) absl::StrAppend(&out, "; ", moves_ended, " copy moves ended, their copies kept");
   return out;
 }
 
@@ -383,14 +387,15 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   info->set_dead(false);
   info->clear_dead_reason();
   map_.set_epoch(map_.epoch() + 1);
-  // Only missing copies go to it. Moving a backup here would leave its
-  // partition with one valid copy until the snapshot arrived, so a death in
-  // that window would lose it; later failovers re-create copies on the
-  // least loaded servers, this one first.
+  // Missing copies go to it first; then backups move to balance the loads,
+  // each as an extra copy until it is synced (phase 1 here, phase 2 in
+  // FinishCopyMoves), so no partition has fewer valid copies meanwhile.
   const int recreated = Rereplicate();
+  const int moves = StartCopyMoves();
   LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
                << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
-               << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots)";
+               << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots); "
+               << moves << " copy moves balance the servers (extra copies until synced)";
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);
