@@ -35,18 +35,24 @@ std::set<uint32_t> ClusterState::LiveServers() const {
   return live;
 }
 
-int ClusterState::StartCopyMoves() {
+void ClusterState::MaybeStartCopyMoves() {
+  if (balance_after_epoch_ == 0 || !ServersServe(balance_after_epoch_)) return;
+  balance_after_epoch_ = 0;
   const std::vector<CopyMove> moves = PlanCopyMoves(map_, LiveServers());
+  if (moves.empty()) return;
+  map_.set_epoch(map_.epoch() + 1);
   for (CopyMove move : moves) {
     FindPartition(map_, move.partition())->add_backups(move.to());  // last: never promoted before it is synced
     move.set_epoch(map_.epoch());
     *map_.add_moves() = move;
   }
-  if (!moves.empty()) {
-    if (moves_planned_ == 0) moves_started_ = clock_();
-    moves_planned_ += static_cast<int>(moves.size());
-  }
-  return static_cast<int>(moves.size());
+  moves_planned_ += static_cast<int>(moves.size());
+  moves_planned_total_ += moves.size();
+  const auto loads = ServerLoadsAfterMoves(map_, LiveServers());
+  LOG(WARNING) << "copy moves balance the servers: " << moves.size() << " backup copies move (extra copies until "
+               << "synced) at shard map epoch " << map_.epoch() << "; elements held per live server once done "
+               << DescribeLoads(loads);
+  Save();
 }
 
 void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& request) {
@@ -76,7 +82,7 @@ void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& req
   if (map_.moves_size() == 0) {
     const auto loads = ServerLoadsAfterMoves(map_, LiveServers());
     LOG(WARNING) << "servers balanced: " << moves_planned_ << " copy moves in "
-                 << absl::FormatDuration(clock_() - moves_started_) << "; elements held per live server "
+                 << absl::FormatDuration(clock_() - joined_at_) << " after the join; elements held per live server "
                  << DescribeLoads(loads) << (LoadsBalanced(map_, loads) ? " (each within" : " (not all within")
                  << " one partition of the mean)";
     moves_planned_ = 0;

@@ -283,6 +283,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     node->round_seen = node->last_seen;
   }
   FinishCopyMoves(*node, request);
+  MaybeStartCopyMoves();
   HeartbeatResponse response;
   response.set_epoch(map_.epoch());
   return response;
@@ -387,15 +388,17 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   info->set_dead(false);
   info->clear_dead_reason();
   map_.set_epoch(map_.epoch() + 1);
-  // Missing copies go to it first; then backups move to balance the loads,
-  // each as an extra copy until it is synced (phase 1 here, phase 2 in
-  // FinishCopyMoves), so no partition has fewer valid copies meanwhile.
+  // Missing copies go to it first; once it serves this epoch, backups move
+  // to balance the loads, each as an extra copy until it is synced
+  // (MaybeStartCopyMoves, FinishCopyMoves), so no partition has fewer valid
+  // copies meanwhile.
   const int recreated = Rereplicate();
-  const int moves = StartCopyMoves();
+  balance_after_epoch_ = map_.epoch();
+  joined_at_ = clock_();
   LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
                << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
                << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots); "
-               << moves << " copy moves balance the servers (extra copies until synced)";
+               << "backup copies move to it once it serves this epoch";
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);
@@ -673,6 +676,7 @@ StatusResponse ClusterState::Status() {
   StatusResponse response;
   *response.mutable_config() = config_;
   *response.mutable_shard_map() = map_;
+  response.set_copy_moves_planned(moves_planned_total_);
   const absl::Time now = clock_();
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {

@@ -142,10 +142,12 @@ class ClusterState {
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Phase 1 of balancing the loads (PlanCopyMoves), in the current epoch:
-  // each planned move lists its new server as an extra backup (its primary
-  // sends it a snapshot) and is recorded in map_.moves. Returns how many.
-  int StartCopyMoves() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Phase 1 of balancing the loads (PlanCopyMoves), once every live server
+  // serves the epoch a server joined at (so the snapshots reach a server
+  // that is ready for them): a new epoch in which each planned move lists
+  // its new server as an extra backup (its primary sends it a snapshot) and
+  // is recorded in map_.moves. Nothing when no move is needed.
+  void MaybeStartCopyMoves() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase 2: the moves to server `node` whose copy its heartbeat reports
   // synced (at an epoch that lists it) drop their old copy, in one new epoch.
   void FinishCopyMoves(const Node& node, const HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -206,10 +208,14 @@ class ClusterState {
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
-  // When the moves under way were planned, and how many (for the log line
-  // that says the loads are balanced); not persisted.
-  absl::Time moves_started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The epoch of the latest join whose copy moves are not planned yet (0:
+  // none), when that server joined, and how many moves were planned since
+  // (for the log line that says the loads are balanced); not persisted: a
+  // restarted scheduler finishes the moves in the map but plans no new ones.
+  uint64_t balance_after_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time joined_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int moves_planned_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t moves_planned_total_ ABSL_GUARDED_BY(mu_) = 0;  // StatusResponse.copy_moves_planned
 };
 
 }  // namespace shardps

@@ -130,6 +130,12 @@ class CopyMovesTest : public ::testing::Test {
     ASSERT_TRUE(joined.ok()) << joined.status();
     ASSERT_EQ(joined->server_index(), 2u);
     ids_[2] = joined->node_id();
+    // Moves are planned once every live server serves the join's epoch, so
+    // no snapshot goes to a server not ready for it.
+    Beat({0, 1});
+    ASSERT_THAT(Map().moves(), IsEmpty());
+    Beat({2});
+    ASSERT_THAT(Map().moves(), ::testing::Not(IsEmpty()));
   }
 
   ShardMap Map() { return state_->Status().shard_map(); }
@@ -189,8 +195,9 @@ TEST_F(CopyMovesTest, AJoinedServerGetsExtraCopiesFirstAndTheOldOnesGoOnlyOnceIt
     EXPECT_EQ(p.backups(1), 2u) << "the new copy is last, never promoted before the old one";
     EXPECT_EQ(m.epoch(), added.epoch());
   }
-  // A report from before the epoch that lists the copies changes nothing,
-  // nor does one at that epoch that holds them unsynced.
+  // A report from before the epoch that lists the copies changes nothing
+  // (the joined server had no copy of them then), nor does one at that
+  // epoch that holds them unsynced.
   HeartbeatRequest stale;
   stale.set_node_id(ids_[2]);
   stale.set_applied_epoch(added.epoch() - 1);

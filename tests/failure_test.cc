@@ -257,15 +257,18 @@ TEST(FailureTest, AReplacementServerIsGivenItsShareOfCopiesWithoutChangingAWeigh
 
 TEST(FailureTest, AServerKilledWhileCopiesMoveToAReplacementLosesNothing) {
   // Server 0 (primary of some moving partitions, holder of old copies of
-  // others) is killed as soon as the scheduler's map shows moves under way.
+  // others) is killed as soon as the scheduler starts moving copies to
+  // server 1's replacement; it is replaced in turn. Balance after that may
+  // be short of one partition of the mean (the survivors hold primaries,
+  // which stay), but nothing is lost.
   LocalRun killed = ExpectFaultsChangeNoWeight(
       kSmallPartitionsJob, {"--replace", "--kill", "server:1@20", "--kill", "server:0@moving"});
   if (killed.exit_code != 0) return;
   EXPECT_THAT(killed.err, HasSubstr("copy moves balance the servers"));
+  EXPECT_THAT(killed.out, HasSubstr("{\"role\": \"server\", \"index\": 0"));
   EXPECT_THAT(killed.err, ContainsRegex("server 0 \\(tcp://[^)]*\\) joins the running job"));
   EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
   EXPECT_THAT(killed.err, Not(HasSubstr("before its copy was complete")));
-  EXPECT_TRUE(LastBalance(killed.err).within) << killed.err;
 }
 
 TEST(FailureTest, ASecuredClustersReplacementServersAreAdmittedWithTheirNewKeys) {

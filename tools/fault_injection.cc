@@ -117,7 +117,9 @@ absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
 
 bool FaultInjector::MovesUnderWay() {
   auto status = scheduler_->Status(absl::Milliseconds(200));
-  return status.ok() && status->shard_map().moves_size() > 0;
+  // Under way now, or planned and finished between two polls (a move can
+  // finish within a few milliseconds): the kill lands in or just after it.
+  return status.ok() && (status->shard_map().moves_size() > 0 || status->copy_moves_planned() > 0);
 }
 
 void FaultInjector::Measure(int64_t step) {

@@ -28,8 +28,10 @@ struct FaultSpec {
   Role role = Role::kServer;
   int index = 0;      // server index or worker rank (0 for the scheduler)
   int64_t step = 0;   // worker rank 0's step at which to kill
-  // "@moving": instead of at a step, as soon as the scheduler's map shows a
-  // copy move under way (a server joined; ShardMap.moves). The record's step
+  // "@moving": instead of at a step, as soon as the scheduler has started
+  // moving copies to a server that joined (ShardMap.moves under way, or
+  // StatusResponse.copy_moves_planned; a move may finish within a few
+  // milliseconds, so the kill lands in it or just after). The record's step
   // is rank 0's at the kill.
   bool while_moving = false;
 };
@@ -82,7 +84,7 @@ class FaultInjector {
     int64_t step_at_detection = -1;
   };
   void Measure(int64_t step);
-  // Whether the scheduler's map lists copy moves now (polled only while an
+  // Whether the scheduler has started copy moves (polled only while an
   // "@moving" fault waits).
   bool MovesUnderWay();
 
