@@ -68,9 +68,10 @@ void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& req
       ++i;
       continue;
     }
-    PartitionInfo* p = FindPartition(map_, m.partition());
-    auto* backups = p->mutable_backups();
-    backups->erase(std::remove(backups->begin(), backups->end(), m.from()), backups->end());
+    if (PartitionInfo* p = FindPartition(map_, m.partition()); p != nullptr && p->server() != m.from()) {
+      auto* backups = p->mutable_backups();
+      backups->erase(std::remove(backups->begin(), backups->end(), m.from()), backups->end());
+    }
     done.push_back(absl::StrCat(m.partition(), " (", m.from(), "->", m.to(), ")"));
     moves->DeleteSubrange(i, 1);
   }
@@ -97,7 +98,7 @@ int ClusterState::EndBrokenCopyMoves(uint32_t dead) {
   for (int i = 0; i < moves->size();) {
     const CopyMove& m = moves->Get(i);
     const PartitionInfo* p = FindPartition(map_, m.partition());
-    const bool broken = m.to() == dead || m.from() == dead || p->server() == m.from() ||
+    const bool broken = p == nullptr || m.to() == dead || m.from() == dead || p->server() == m.from() ||
                         p->backups_size() + 1 <= copies;
     if (!broken) {
       ++i;
@@ -105,7 +106,7 @@ int ClusterState::EndBrokenCopyMoves(uint32_t dead) {
     }
     LOG(WARNING) << "copy move of partition " << m.partition() << " from server " << m.from() << " to " << m.to()
                  << " ends with server " << dead << "'s death; its copies stay as they are ("
-                 << p->backups_size() + 1 << " of " << copies << ")";
+                 << (p != nullptr ? p->backups_size() + 1 : 0) << " of " << copies << ")";
     moves->DeleteSubrange(i, 1);
     ++ended;
   }

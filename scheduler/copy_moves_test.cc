@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <thread>
 
 #include "common/protocol.h"
@@ -102,7 +103,8 @@ class CopyMovesTest : public ::testing::Test {
     config_.set_heartbeat_timeout_ms(1000);
     config_.set_partition_bytes(400);
     config_.set_replication(2);
-    state_ = std::make_unique<ClusterState>(config_, [this] { return now_; });
+    state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
+                                            [this](const SchedulerState& s) { saved_ = s; });
     for (int i = 0; i < 3; ++i) {
       auto r = state_->RegisterServer(Server("tcp://s:" + std::to_string(i + 1)));
       ASSERT_TRUE(r.ok()) << r.status();
@@ -181,6 +183,7 @@ class CopyMovesTest : public ::testing::Test {
 
   ClusterConfig config_;
   absl::Time now_ = absl::FromUnixSeconds(1000);
+  std::optional<SchedulerState> saved_;
   std::unique_ptr<ClusterState> state_;
   std::vector<uint64_t> ids_;
   uint64_t worker_id_ = 0;
@@ -219,6 +222,17 @@ TEST_F(CopyMovesTest, AJoinedServerGetsExtraCopiesFirstAndTheOldOnesGoOnlyOnceIt
   for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
   EXPECT_TRUE(LoadsBalanced(done, ServerLoadsAfterMoves(done, {0, 1, 2})));
   ExpectNoPartitionShort();
+}
+
+TEST_F(CopyMovesTest, ARestartedSchedulerFinishesTheMovesItsStateHolds) {
+  ASSERT_TRUE(saved_.has_value());
+  ASSERT_THAT(saved_->shard_map().moves(), SizeIs(7));
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  EXPECT_THAT(Map().moves(), SizeIs(7));
+  Beat({0, 1, 2});
+  const ShardMap done = Map();
+  EXPECT_THAT(done.moves(), IsEmpty());
+  for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
 }
 
 TEST_F(CopyMovesTest, ADonorDyingInPhaseOneLosesNoPartitionAndTheNewCopiesStay) {
