@@ -7,7 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "common/endpoint.h"
+#include "common/failover_scheduler_client.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace shardps {
@@ -17,7 +20,9 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
   if (s.ok()) return absl::OkStatus();
   auto code = static_cast<absl::StatusCode>(s.error_code());
   std::string detail = s.error_message();
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+  // A standby (or a deposed scheduler) answers UNAVAILABLE itself, saying so.
+  const bool answered = absl::StartsWith(detail, "standby scheduler at ") || absl::StartsWith(detail, "scheduler at ");
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !answered) {
     detail = absl::StrCat("cannot reach the scheduler (", detail, ")");
   } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && detail == "Deadline Exceeded") {
     detail = "no answer before the deadline";
@@ -43,9 +48,13 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const SecurityCrede
 
 class GrpcSchedulerClient : public SchedulerClient {
  public:
-  GrpcSchedulerClient(const std::string& address, const SecurityCredentials& security)
+  // `wait_for_ready`: calls that may wait for a restarting scheduler do, up
+  // to their deadline; off, every call fails at once (UNAVAILABLE) while the
+  // scheduler cannot be reached, so a FailoverSchedulerClient moves on.
+  GrpcSchedulerClient(const std::string& address, const SecurityCredentials& security, bool wait_for_ready)
       : SchedulerClient(address), token_(security.enabled && !security.token.empty() ? "Bearer " + security.token : ""),
-        secure_(security.enabled), channel_(Channel(address, security)), stub_(shardps::Scheduler::NewStub(channel_)) {}
+        secure_(security.enabled), wait_for_ready_(wait_for_ready), channel_(Channel(address, security)),
+        stub_(shardps::Scheduler::NewStub(channel_)) {}
 
   // gRPC's default reconnect backoff grows to 2 minutes: a scheduler that
   // restarts after a minute would be found late. Retry every second at most.
@@ -67,7 +76,7 @@ class GrpcSchedulerClient : public SchedulerClient {
                                             absl::Duration timeout) override {
     RegisterResponse response;
     auto ctx = Context(timeout);
-    ctx->set_wait_for_ready(true);  // keep trying to connect until the deadline
+    ctx->set_wait_for_ready(wait_for_ready_);  // keep trying to connect until the deadline
     std::string what = request.role() == SERVER
                            ? absl::StrCat("registering server ", request.data_address())
                            : absl::StrCat("registering worker rank ", request.rank());
@@ -90,7 +99,7 @@ class GrpcSchedulerClient : public SchedulerClient {
                                          absl::Duration timeout) override {
     ShardMap response;
     auto ctx = Context(timeout);
-    ctx->set_wait_for_ready(true);
+    ctx->set_wait_for_ready(wait_for_ready_);
     absl::Status s = Check(stub_->DefineTensors(ctx.get(), request, &response), address(),
                               "defining tensors");
     if (!s.ok()) return s;
@@ -100,7 +109,7 @@ class GrpcSchedulerClient : public SchedulerClient {
   absl::Status Barrier(const BarrierRequest& request, absl::Duration timeout, BarrierResponse* out) override {
     BarrierResponse response;
     auto ctx = Context(timeout);
-    ctx->set_wait_for_ready(true);
+    ctx->set_wait_for_ready(wait_for_ready_);
     grpc::Status s = stub_->Barrier(ctx.get(), request, &response);
     if (s.ok() && out != nullptr) *out = std::move(response);
     return Check(s, address(),
@@ -120,7 +129,7 @@ class GrpcSchedulerClient : public SchedulerClient {
   absl::StatusOr<StatusResponse> Status(absl::Duration timeout) override {
     StatusResponse response;
     auto ctx = Context(timeout);
-    ctx->set_wait_for_ready(true);  // within the deadline, a restarting scheduler is waited for
+    ctx->set_wait_for_ready(wait_for_ready_);  // within the deadline, a restarting scheduler is waited for
     absl::Status s = Check(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
                               "cluster status");
     if (!s.ok()) return s;
@@ -129,19 +138,19 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   std::unique_ptr<Watch> WatchShardMap(uint64_t node_id, std::function<void(const ShardMap&)> on_map,
                                        std::function<void(const absl::Status&)> on_error) override {
-    return std::make_unique<StreamWatch>(stub_.get(), address(), token_, node_id, std::move(on_map),
+    return std::make_unique<StreamWatch>(stub_.get(), address(), token_, wait_for_ready_, node_id, std::move(on_map),
                                          std::move(on_error));
   }
 
  private:
   class StreamWatch : public Watch {
    public:
-    StreamWatch(shardps::Scheduler::Stub* stub, std::string address, std::string token, uint64_t node_id,
-                std::function<void(const ShardMap&)> on_map,
+    StreamWatch(shardps::Scheduler::Stub* stub, std::string address, std::string token, bool wait_for_ready,
+                uint64_t node_id, std::function<void(const ShardMap&)> on_map,
                 std::function<void(const absl::Status&)> on_error) {
-      thread_ = std::thread([this, stub, address, token, node_id, on_map = std::move(on_map),
+      thread_ = std::thread([this, stub, address, token, wait_for_ready, node_id, on_map = std::move(on_map),
                              on_error = std::move(on_error)] {
-        Loop(stub, address, token, node_id, on_map, on_error);
+        Loop(stub, address, token, wait_for_ready, node_id, on_map, on_error);
       });
     }
     ~StreamWatch() override {
@@ -154,7 +163,8 @@ class GrpcSchedulerClient : public SchedulerClient {
     }
 
    private:
-    void Loop(shardps::Scheduler::Stub* stub, const std::string& address, const std::string& token, uint64_t node_id,
+    void Loop(shardps::Scheduler::Stub* stub, const std::string& address, const std::string& token,
+              bool wait_for_ready, uint64_t node_id,
               const std::function<void(const ShardMap&)>& on_map,
               const std::function<void(const absl::Status&)>& on_error) {
       WatchShardMapRequest request;
@@ -162,7 +172,7 @@ class GrpcSchedulerClient : public SchedulerClient {
       absl::Duration pause = absl::Milliseconds(100);
       for (;;) {
         grpc::ClientContext ctx;
-        ctx.set_wait_for_ready(true);  // a restarting scheduler is waited for
+        ctx.set_wait_for_ready(wait_for_ready);  // a restarting scheduler is waited for
         if (!token.empty()) ctx.AddMetadata(kTokenKey, token);
         {
           absl::MutexLock lock(&mu_);
@@ -223,6 +233,7 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   const std::string token_;  // "Bearer <token>", or empty: security off
   const bool secure_;
+  const bool wait_for_ready_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<shardps::Scheduler::Stub> stub_;
 };
@@ -231,8 +242,18 @@ class GrpcSchedulerClient : public SchedulerClient {
 
 absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address,
                                                                         const SecurityCredentials& security) {
-  if (auto e = ParseHostPort(address, "scheduler address", {.allow_wildcard = true}); !e.ok()) return e.status();
-  return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address, security));
+  std::vector<std::string> addresses = absl::StrSplit(address, ',');
+  for (const std::string& a : addresses) {
+    if (auto e = ParseHostPort(a, "scheduler address", {.allow_wildcard = true}); !e.ok()) return e.status();
+  }
+  if (addresses.size() == 1) {
+    return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address, security, /*wait_for_ready=*/true));
+  }
+  std::vector<std::unique_ptr<SchedulerClient>> clients;
+  for (const std::string& a : addresses) {
+    clients.push_back(std::make_unique<GrpcSchedulerClient>(a, security, /*wait_for_ready=*/false));
+  }
+  return std::unique_ptr<SchedulerClient>(new FailoverSchedulerClient(address, std::move(clients)));
 }
 
 }  // namespace shardps

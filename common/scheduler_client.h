@@ -21,6 +21,10 @@ namespace shardps {
 class SchedulerClient {
  public:
   // `address` is host:port. Creating does not connect; the first call does.
+  // Several schedulers, one active and the others standbys (`shardps
+  // scheduler --etcd`): "host:port,host:port,..."; calls go to the one that
+  // last answered and move on to the next on UNAVAILABLE within their
+  // deadline, and the shard-map watch follows the active one.
   // With `security` enabled, calls go over TLS (the scheduler's certificate
   // checked against the cluster CA; this node's certificate shown when it
   // has one) and carry the cluster token.

@@ -150,10 +150,11 @@ std::string ApplyCompressionRecipe(ClusterConfig* config) {
 }
 
 absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,
-                                                   uint64_t num_elements) {
+                                                   uint64_t num_elements, const std::string& declared_push_codec) {
   const CompressionConfig& c = config.compression();
   auto it = c.tensor_codecs().find(tensor);
-  const std::string& push_spec = it != c.tensor_codecs().end() ? it->second : c.codec();
+  const std::string& configured = it != c.tensor_codecs().end() ? it->second : c.codec();
+  const std::string& push_spec = declared_push_codec.empty() ? configured : declared_push_codec;
   PartitionCodecs codecs;
   if (absl::Status s = Resolve(push_spec, num_elements, &codecs.push, &codecs.push_spec); !s.ok()) return s;
   if (absl::Status s = Resolve(c.pull_codec(), num_elements, &codecs.pull, &codecs.pull_spec); !s.ok()) return s;

@@ -55,9 +55,12 @@ absl::Status ValidateCompressionConfig(const ClusterConfig& config);
 // or why nothing could be; empty when there is nothing to say.
 std::string ApplyCompressionRecipe(ClusterConfig* config);
 
-// The codecs for a partition of `tensor` with `num_elements` values.
+// The codecs for a partition of `tensor` with `num_elements` values. A
+// non-empty `declared_push_codec` (TensorSpec.codec) is the push codec,
+// overriding the config's.
 absl::StatusOr<PartitionCodecs> CodecsForPartition(const ClusterConfig& config, const std::string& tensor,
-                                                   uint64_t num_elements);
+                                                   uint64_t num_elements,
+                                                   const std::string& declared_push_codec = "");
 
 // True when PUSH_PULL answers of `partition_codecs` carry compressed weight
 // deltas: sync, update on server, and a pull codec. The server keeps a

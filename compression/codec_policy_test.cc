@@ -110,6 +110,18 @@ TEST(CompressionRecipeTest, AdaptiveTwoBitOnTheAggregateIsRefused) {
   EXPECT_TRUE(ValidateCompressionConfig(c).ok());
 }
 
+TEST(CodecsForPartitionTest, ACodecDeclaredWithTheTensorOverridesTheConfigs) {
+  ClusterConfig c = WithCodec("onebit");
+  (*c.mutable_compression()->mutable_tensor_codecs())["t"] = "2bit:threshold=0.5";
+  auto configured = CodecsForPartition(c, "t", 4096);
+  auto declared = CodecsForPartition(c, "t", 4096, "fp16");
+  auto declared_raw = CodecsForPartition(c, "u", 4096, "none");
+  ASSERT_TRUE(configured.ok() && declared.ok() && declared_raw.ok());
+  EXPECT_EQ(configured->push_spec, "2bit:threshold=0.5");
+  EXPECT_EQ(declared->push_spec, "fp16");
+  EXPECT_EQ(declared_raw->push, nullptr);
+}
+
 TEST(RoundCodecTest, WarmupRoundsTravelInTheWarmupCodecWhereTheLossyOneWouldApply) {
   ClusterConfig c = WithCodec("2bit:scale=1");
   c.set_update_mode(SUM_ONLY);

@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/endpoint.h"
 #include "common/protocol.h"
+#include "compression/codec_policy.h"
 #include "scheduler/model_limits.h"
 #include "scheduler/shard_assignment.h"
 
@@ -34,8 +35,26 @@ absl::Status CheckVersion(const RegisterRequest& r) {
                                                     kProtocolVersion, ")"));
 }
 
+// A codec a job declares for a tensor must be one the servers and workers
+// accept in this config, as if it were the config's tensor_codecs entry.
+absl::Status ValidateDeclaredCodecs(const std::vector<TensorSpec>& tensors, const ClusterConfig& config) {
+  for (const TensorSpec& t : tensors) {
+    if (t.codec().empty()) continue;
+    ClusterConfig wanted = config;
+    (*wanted.mutable_compression()->mutable_tensor_codecs())[t.name()] = t.codec();
+    absl::Status s = compression::ValidateCompressionConfig(wanted);
+    if (s.ok()) s = ValidateConfig(wanted);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name(), "' declares codec '", t.codec(), "': ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string DescribeTensor(const TensorSpec& t) {
-  return absl::StrCat("'", t.name(), "' [", absl::StrJoin(t.shape(), "x"), "]");
+  return absl::StrCat("'", t.name(), "' [", absl::StrJoin(t.shape(), "x"), "]",
+                      t.codec().empty() ? "" : absl::StrCat(" codec '", t.codec(), "'"));
 }
 
 }  // namespace
@@ -562,6 +581,7 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
                                                      absl::Time deadline) {
   const WriteOnReturn write(this);  // after mu_ is released
   if (absl::Status s = ValidateTensorSpecs(tensors); !s.ok()) return s;
+  if (absl::Status s = ValidateDeclaredCodecs(tensors, config_); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto all_servers = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return servers_.size() == config_.num_servers();

@@ -33,6 +33,19 @@ struct SchedulerOptions {
   // directory that holds a state resumes that cluster (its config wins over
   // `config`), so nodes reconnect by themselves. A corrupt state is refused.
   std::string state_dir{};
+  // Default: off. etcd's client URLs, "http://HOST:PORT[,...]" (exclusive
+  // with `state_dir`): the state lives in etcd under `etcd_prefix`, and of
+  // the schedulers sharing that prefix one is active, elected with a lease
+  // of heartbeat_timeout_ms; the others are standbys that answer every call
+  // UNAVAILABLE ("standby scheduler at X; active is Y") and take over when
+  // the active one's lease expires (scheduler/etcd_election.h). An active
+  // scheduler that loses its lease stops serving; Failure() says why.
+  std::string etcd_endpoints{};
+  // Default (empty): "/shardps/" + a digest of the config.
+  std::string etcd_prefix{};
+  // The address other nodes reach this scheduler at, published in etcd;
+  // empty (default): the bound address (a wildcard host as 127.0.0.1).
+  std::string advertise_address{};
 };
 
 class SchedulerDaemon {
@@ -43,13 +56,17 @@ class SchedulerDaemon {
 
   // host:port actually bound.
   virtual std::string address() const = 0;
-  // Blocks until Shutdown().
+  // Blocks until Shutdown(), or until the daemon stops serving by itself
+  // (with --etcd: it lost its lease; see Failure()).
   virtual void Wait() = 0;
   // Ends open calls and streams and stops serving. Thread-safe, idempotent.
   virtual void Shutdown() = 0;
   // What `shardps status` shows: config, nodes, shard map. Thread-safe
   // (metrics read it on their HTTP thread).
   virtual StatusResponse Status() = 0;
+  // Why the daemon stopped serving by itself (an etcd lease or leadership
+  // lost); OK otherwise.
+  virtual absl::Status Failure() = 0;
 };
 
 }  // namespace shardps

@@ -12,6 +12,8 @@
 #include <thread>
 
 #include <glog/logging.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
@@ -22,6 +24,9 @@
 #include "common/endpoint.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/etcd_election.h"
+#include "scheduler/etcd_scheduler_role.h"
+#include "scheduler/state_record.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_service.h"
 #include "scheduler/scheduler_credentials.h"
@@ -34,19 +39,12 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-constexpr absl::string_view kStateKind = "scheduler-state";
-
 std::string StateFile(const std::string& dir) { return dir + "/scheduler.state"; }
 
-// Writes the state after every change; a failed write is logged, once per
-// distinct error (the scheduler keeps serving from memory).
+// Writes the state to `dir` after every change.
 ClusterState::Persist StateWriter(const std::string& dir) {
   if (dir.empty()) return nullptr;
-  return [path = StateFile(dir), last_error = std::string()](const SchedulerState& state) mutable {
-    absl::Status s = WriteFileDurably(path, SealRecord(kStateKind, state.SerializeAsString()));
-    if (!s.ok() && s.ToString() != last_error) LOG(ERROR) << "scheduler: cannot persist its state: " << s;
-    last_error = s.ok() ? "" : s.ToString();
-  };
+  return SealedStateWriter([path = StateFile(dir)](const std::string& sealed) { return WriteFileDurably(path, sealed); });
 }
 
 // Holds `dir`/LOCK for the life of the process (the kernel releases it when
@@ -73,14 +71,7 @@ absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) 
   auto data = ReadWholeFile(path);
   if (absl::IsNotFound(data.status())) return std::nullopt;
   if (!data.ok()) return data.status();
-  auto payload = UnsealRecord(kStateKind, *data, path);
-  if (!payload.ok()) return payload.status();
-  SchedulerState state;
-  if (!state.ParseFromString(*payload)) return absl::DataLossError(absl::StrCat(path, " does not parse"));
-  if (absl::Status s = ValidateConfig(state.config()); !s.ok()) {
-    return absl::DataLossError(absl::StrCat(path, " holds an invalid config: ", s.message()));
-  }
-  return state;
+  return ParseStateRecord(*data, path);
 }
 
 // A server's data address must be tcp://host:port with a host that
@@ -100,16 +91,35 @@ absl::Status CheckDataAddress(const std::string& address) {
 // status always find a thread.
 uint32_t MaxWaitingCalls(const ClusterConfig& c) { return 4 * (c.num_servers() + c.num_workers()) + 64; }
 
+// Serves the cluster state once active; before (a standby scheduler) and
+// after (one deposed from its etcd leadership) it answers every call
+// UNAVAILABLE with the reason Refuse() gave, so nodes try the next address.
 class SchedulerService final : public Scheduler::Service {
  public:
+  // Active at once.
   SchedulerService(std::unique_ptr<ClusterState> state, absl::Duration max_wait)
-      : state_owner_(std::move(state)),
-        state_(*state_owner_),
-        max_wait_(max_wait),
-        max_waiting_(MaxWaitingCalls(state_.config())) {
-    liveness_ = std::thread([this] { LivenessLoop(); });
+      : SchedulerService(state->config(), max_wait, "") {
+    Activate(std::move(state));
   }
+  // A standby for `config`, refusing calls with `why` until Activate.
+  SchedulerService(const ClusterConfig& config, absl::Duration max_wait, std::string why)
+      : config_(config), max_wait_(max_wait), max_waiting_(MaxWaitingCalls(config)), refusal_(std::move(why)) {}
   ~SchedulerService() override { Stop(); }
+
+  // Serves `state` from now on and judges liveness. Called at most once.
+  void Activate(std::unique_ptr<ClusterState> state) {
+    absl::MutexLock lock(&stop_mu_);
+    if (stopping_.load()) return;
+    state_owner_ = std::move(state);
+    active_.store(state_owner_.get());
+    liveness_ = std::thread([this, s = state_owner_.get()] { LivenessLoop(*s); });
+  }
+  // Refuses every call with `why` from now on (calls already inside finish).
+  void Refuse(std::string why) {
+    absl::MutexLock lock(&refusal_mu_);
+    refusal_ = std::move(why);
+    active_.store(nullptr);
+  }
 
   void Stop() {
     {
@@ -120,6 +130,9 @@ class SchedulerService final : public Scheduler::Service {
   }
 
   grpc::Status Register(grpc::ServerContext* ctx, const RegisterRequest* req, RegisterResponse* resp) override {
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
     WaitingCall waiting(this);
     if (!waiting.admitted()) return waiting.Refusal("Register");
     absl::StatusOr<RegisterResponse> r;
@@ -127,15 +140,15 @@ class SchedulerService final : public Scheduler::Service {
       if (absl::Status s = CheckDataAddress(req->data_address()); !s.ok()) {
         r = s;
       } else {
-        r = state_.RegisterServer(*req);
+        r = state->RegisterServer(*req);
       }
       if (r.ok()) LOG(INFO) << "server " << r->server_index() << " registered at " << req->data_address();
     } else if (req->role() == WORKER) {
-      r = state_.RegisterWorker(*req);
+      r = state->RegisterWorker(*req);
       if (r.ok()) {
         LOG(INFO) << "worker rank " << req->rank() << " registered from " << req->host();
-        absl::Time limit = absl::Now() + absl::Milliseconds(state_.config().rendezvous_timeout_ms());
-        absl::Status s = state_.WaitForCluster(std::min(limit, Deadline(ctx)), r->node_id());
+        absl::Time limit = absl::Now() + absl::Milliseconds(config_.rendezvous_timeout_ms());
+        absl::Status s = state->WaitForCluster(std::min(limit, Deadline(ctx)), r->node_id());
         if (!s.ok()) r = s;
       }
     } else {
@@ -151,17 +164,23 @@ class SchedulerService final : public Scheduler::Service {
   }
 
   grpc::Status Heartbeat(grpc::ServerContext*, const HeartbeatRequest* req, HeartbeatResponse* resp) override {
-    auto r = state_.Heartbeat(*req);
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
+    auto r = state->Heartbeat(*req);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *r;
     return grpc::Status::OK;
   }
 
   grpc::Status DefineTensors(grpc::ServerContext* ctx, const DefineTensorsRequest* req, ShardMap* resp) override {
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
     WaitingCall waiting(this);
     if (!waiting.admitted()) return waiting.Refusal("DefineTensors");
     std::vector<TensorSpec> tensors(req->tensors().begin(), req->tensors().end());
-    auto r = state_.DefineTensors(tensors, Deadline(ctx));
+    auto r = state->DefineTensors(tensors, Deadline(ctx));
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;
@@ -169,11 +188,15 @@ class SchedulerService final : public Scheduler::Service {
 
   grpc::Status WatchShardMap(grpc::ServerContext* ctx, const WatchShardMapRequest* req,
                              grpc::ServerWriter<ShardMap>* writer) override {
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
     WaitingCall waiting(this);
     if (!waiting.admitted()) return waiting.Refusal("WatchShardMap");
     uint64_t known = req->known_epoch();
     while (!ctx->IsCancelled() && !stopping_.load()) {
-      std::optional<ShardMap> map = state_.WaitForMap(known, absl::Now() + absl::Milliseconds(200));
+      if (Serving(&refused) != state) return refused;  // deposed: the watcher moves on
+      std::optional<ShardMap> map = state->WaitForMap(known, absl::Now() + absl::Milliseconds(200));
       if (!map) continue;
       if (!writer->Write(*map)) break;
       known = map->epoch();
@@ -183,24 +206,40 @@ class SchedulerService final : public Scheduler::Service {
   }
 
   grpc::Status Barrier(grpc::ServerContext* ctx, const BarrierRequest* req, BarrierResponse* resp) override {
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
     WaitingCall waiting(this);
     if (!waiting.admitted()) return waiting.Refusal("Barrier");
     std::vector<uint32_t> live;
-    absl::Status s = state_.Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
+    absl::Status s = state->Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
     for (uint32_t r : live) resp->add_live_workers(r);
     return ToGrpc(s);
   }
 
-  StatusResponse Snapshot() { return state_.Status(); }
+  // The served state's status; a standby's holds only the config.
+  StatusResponse Snapshot() {
+    ClusterState* state = active_.load();
+    if (state != nullptr) return state->Status();
+    StatusResponse status;
+    *status.mutable_config() = config_;
+    return status;
+  }
 
   grpc::Status Status(grpc::ServerContext*, const StatusRequest*, StatusResponse* resp) override {
-    *resp = state_.Status();
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
+    *resp = state->Status();
     return grpc::Status::OK;
   }
 
   grpc::Status RequestCheckpoint(grpc::ServerContext*, const CheckpointRequest* req,
                                  CheckpointResponse* resp) override {
-    auto r = state_.RequestCheckpoint(req->dir());
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
+    auto r = state->RequestCheckpoint(req->dir());
     if (!r.ok()) return ToGrpc(r.status());
     LOG(INFO) << "checkpoint of round " << r->round() << " into " << r->dir() << " requested";
     *resp = *std::move(r);
@@ -209,14 +248,25 @@ class SchedulerService final : public Scheduler::Service {
 
  private:
   // Declares silent nodes dead, a few times per heartbeat timeout.
-  void LivenessLoop() {
+  void LivenessLoop(ClusterState& state) {
     const absl::Duration period =
-        std::min(absl::Milliseconds(250), absl::Milliseconds(state_.config().heartbeat_timeout_ms()) / 4);
+        std::min(absl::Milliseconds(250), absl::Milliseconds(config_.heartbeat_timeout_ms()) / 4);
     absl::MutexLock lock(&stop_mu_);
     auto stopping = [this] { return stopping_.load(); };
     while (!stop_mu_.AwaitWithTimeout(absl::Condition(&stopping), period)) {
-      for (const std::string& line : state_.CheckLiveness()) LOG(WARNING) << "scheduler: " << line;
+      if (active_.load() != &state) continue;  // deposed: declares no one dead
+      for (const std::string& line : state.CheckLiveness()) LOG(WARNING) << "scheduler: " << line;
     }
+  }
+
+  // The state served, or nullptr with `*refusal` set.
+  ClusterState* Serving(grpc::Status* refusal) {
+    ClusterState* state = active_.load();
+    if (state == nullptr) {
+      absl::MutexLock lock(&refusal_mu_);
+      *refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, refusal_);
+    }
+    return state;
   }
 
   // The caller's deadline less a margin for the answer to travel back, and
@@ -248,14 +298,19 @@ class SchedulerService final : public Scheduler::Service {
     const uint32_t count_;
   };
 
+  const ClusterConfig config_;
+  // Set once by Activate and kept to the end: calls that found it active
+  // may still use it after Refuse.
   std::unique_ptr<ClusterState> state_owner_;
-  ClusterState& state_;
+  std::atomic<ClusterState*> active_{nullptr};  // nullptr: refusing
   const absl::Duration max_wait_;
   const uint32_t max_waiting_;
   std::atomic<uint32_t> waiting_{0};
   absl::Mutex stop_mu_;
   std::atomic<bool> stopping_{false};
   std::thread liveness_;
+  absl::Mutex refusal_mu_;
+  std::string refusal_ ABSL_GUARDED_BY(refusal_mu_);
 };
 
 class GrpcSchedulerDaemon : public SchedulerDaemon {
@@ -273,18 +328,51 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   void Wait() override { server_->Wait(); }
   StatusResponse Status() override { return service_->Snapshot(); }
   void Shutdown() override {
+    if (role_ != nullptr) role_->Stop();
+    StopServing();
+    std::unique_ptr<EtcdSchedulerRole> role;
+    {
+      absl::MutexLock lock(&role_mu_);
+      if (role_ != nullptr) failure_ = role_->failure();
+      role = std::move(role_);
+    }
+    role.reset();  // hands back the lease: a standby takes over at once
+  }
+  absl::Status Failure() override {
+    absl::MutexLock lock(&role_mu_);
+    return role_ != nullptr ? role_->failure() : failure_;
+  }
+
+  // With --etcd: the service is a standby until `election` is won.
+  absl::Status StartElection(std::unique_ptr<EtcdElection> election, const ClusterConfig& config) {
+    auto role = EtcdSchedulerRole::Start(
+        std::move(election), config, address_,
+        {.activate = [this](std::unique_ptr<ClusterState> state) { service_->Activate(std::move(state)); },
+         .refuse = [this](std::string why) { service_->Refuse(std::move(why)); },
+         .stop_serving = [this] { StopServing(); }});
+    if (!role.ok()) return role.status();
+    role_ = *std::move(role);
+    return absl::OkStatus();
+  }
+
+ private:
+  void StopServing() {
     if (shut_down_.exchange(true)) return;
     if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
     service_->Stop();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
- private:
   std::unique_ptr<SchedulerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   const int state_lock_;  // fd holding the --state-dir lock, or -1
   std::atomic<bool> shut_down_{false};
+  // --etcd only. Written by StartElection (before the daemon is handed out)
+  // and Shutdown (which callers never run concurrently with itself).
+  absl::Mutex role_mu_;
+  std::unique_ptr<EtcdSchedulerRole> role_;
+  absl::Status failure_ ABSL_GUARDED_BY(role_mu_);  // the role's, once it is gone
 };
 
 }  // namespace
@@ -294,6 +382,64 @@ std::unique_ptr<Scheduler::Service> NewSchedulerService(std::unique_ptr<ClusterS
   return std::make_unique<SchedulerService>(std::move(state), max_wait);
 }
 
+namespace {
+
+// The service over the state saved in options.state_dir (or a new state).
+absl::StatusOr<std::unique_ptr<SchedulerService>> FileBackedService(const SchedulerOptions& options) {
+  auto saved = LoadState(options.state_dir);
+  if (!saved.ok()) return saved.status();
+  std::unique_ptr<ClusterState> state;
+  if (saved->has_value()) {
+    const SchedulerState& st = **saved;
+    if (!google::protobuf::util::MessageDifferencer::Equals(st.config(), options.config)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--state-dir ", options.state_dir, " holds a cluster with another configuration; start with the same "
+          "config to resume it, or use another state directory"));
+    }
+    LOG(WARNING) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
+              << st.shard_map().epoch() << ", " << st.nodes_size() << " nodes, " << st.tensors_size() << " tensors)";
+    state = ClusterState::Restore(st, absl::Now, StateWriter(options.state_dir));
+  } else {
+    state = std::make_unique<ClusterState>(options.config, absl::Now, StateWriter(options.state_dir));
+  }
+  return std::make_unique<SchedulerService>(std::move(state), absl::Hours(24));
+}
+
+// "/shardps/" and a digest of the config: schedulers started with the same
+// config share a prefix.
+std::string DefaultEtcdPrefix(const ClusterConfig& config) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    config.SerializeToCodedStream(&coded);
+  }
+  return absl::StrCat("/shardps/", absl::Hex(Fnv1a64(bytes), absl::kZeroPad16));
+}
+
+std::unique_ptr<grpc::Server> StartServer(const SchedulerOptions& options,
+                                          std::shared_ptr<grpc::ServerCredentials> credentials,
+                                          SchedulerService* service, int* port) {
+  // grpc.health.v1 (Kubernetes grpc probes, grpc_health_probe): SERVING while up.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, credentials, port);
+  builder.RegisterService(service);
+  // Backstop for the waiting-call limit: gRPC never runs more threads than
+  // the calls one cluster needs plus room for heartbeats and status.
+  grpc::ResourceQuota quota("shardps-scheduler");
+  quota.SetMaxThreads(static_cast<int>(MaxWaitingCalls(options.config)) + 64);
+  builder.SetResourceQuota(quota);
+  // Clients ping every 2 s to notice dead connections (common/scheduler_client.cc).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  return builder.BuildAndStart();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& given) {
   SchedulerOptions options = given;
   options.config.clear_security();  // secrets stay with the scheduler
@@ -301,6 +447,11 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   auto listen = ParseHostPort(options.listen_address, "scheduler listen address",
                               {.allow_port_zero = true, .allow_wildcard = true});
   if (!listen.ok()) return listen.status();
+  const bool etcd = !options.etcd_endpoints.empty();
+  if (etcd && !options.state_dir.empty()) {
+    return absl::InvalidArgumentError("--etcd and --state-dir exclude each other: the state lives in one of them");
+  }
+  if (!etcd && !options.etcd_prefix.empty()) return absl::InvalidArgumentError("--etcd-prefix needs --etcd");
   auto credentials = SchedulerCredentials(options.security);
   if (!credentials.ok()) return credentials.status();
   int lock = -1;
@@ -313,46 +464,29 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
     if (lock >= 0) close(lock);
     return s;
   };
-  auto saved = LoadState(options.state_dir);
-  if (!saved.ok()) return unlock_on_error(saved.status());
-  std::unique_ptr<ClusterState> state;
-  if (saved->has_value()) {
-    const SchedulerState& st = **saved;
-    if (!google::protobuf::util::MessageDifferencer::Equals(st.config(), options.config)) {
-      return unlock_on_error(absl::FailedPreconditionError(absl::StrCat(
-          "--state-dir ", options.state_dir, " holds a cluster with another configuration; start with the same "
-          "config to resume it, or use another state directory")));
-    }
-    LOG(WARNING) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
-              << st.shard_map().epoch() << ", " << st.nodes_size() << " nodes, " << st.tensors_size() << " tensors)";
-    state = ClusterState::Restore(st, absl::Now, StateWriter(options.state_dir));
-  } else {
-    state = std::make_unique<ClusterState>(options.config, absl::Now, StateWriter(options.state_dir));
-  }
-  auto service = std::make_unique<SchedulerService>(std::move(state), absl::Hours(24));
-  // grpc.health.v1 (Kubernetes grpc probes, grpc_health_probe): SERVING while up.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
+  absl::StatusOr<std::unique_ptr<SchedulerService>> service =
+      etcd ? std::make_unique<SchedulerService>(options.config, absl::Hours(24),
+                                                "standby scheduler; no active scheduler known yet")
+           : FileBackedService(options);
+  if (!service.ok()) return unlock_on_error(service.status());
   int port = 0;
-  builder.AddListeningPort(options.listen_address, *credentials, &port);
-  builder.RegisterService(service.get());
-  // Backstop for the waiting-call limit: gRPC never runs more threads than
-  // the calls one cluster needs plus room for heartbeats and status.
-  grpc::ResourceQuota quota("shardps-scheduler");
-  quota.SetMaxThreads(static_cast<int>(MaxWaitingCalls(options.config)) + 64);
-  builder.SetResourceQuota(quota);
-  // Clients ping every 2 s to notice dead connections (common/scheduler_client.cc).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = StartServer(options, *credentials, service->get(), &port);
   if (server == nullptr || port == 0) {
     return unlock_on_error(absl::UnavailableError(absl::StrCat("scheduler cannot listen on ", options.listen_address)));
   }
   std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
   if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
-  return std::unique_ptr<SchedulerDaemon>(
-      new GrpcSchedulerDaemon(std::move(service), std::move(server), absl::StrCat(host, ":", port), lock));
+  const std::string address = absl::StrCat(host, ":", port);
+  auto daemon = std::make_unique<GrpcSchedulerDaemon>(*std::move(service), std::move(server), address, lock);
+  if (!etcd) return std::unique_ptr<SchedulerDaemon>(std::move(daemon));
+  auto election = EtcdElection::Create(
+      {.endpoints = options.etcd_endpoints,
+       .prefix = options.etcd_prefix.empty() ? DefaultEtcdPrefix(options.config) : options.etcd_prefix,
+       .address = options.advertise_address.empty() ? address : options.advertise_address,
+       .ttl = absl::Milliseconds(options.config.heartbeat_timeout_ms())});
+  if (!election.ok()) return election.status();
+  if (absl::Status s = daemon->StartElection(*std::move(election), options.config); !s.ok()) return s;
+  return std::unique_ptr<SchedulerDaemon>(std::move(daemon));
 }
 
 }  // namespace shardps

@@ -111,10 +111,11 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     auto p = std::make_unique<Partition>();
     p->id = info.id();
     p->n = info.num_elements();
-    const std::string& tensor = map.tensors(info.tensor()).name();
+    const TensorSpec& spec = map.tensors(info.tensor());
+    const std::string& tensor = spec.name();
     p->tensor = tensor;
     p->offset = info.offset();
-    auto codecs = compression::CodecsForPartition(config_, tensor, p->n);
+    auto codecs = compression::CodecsForPartition(config_, tensor, p->n, spec.codec());
     if (!codecs.ok()) return codecs.status();
     p->codecs = *std::move(codecs);
     if (p->codecs.pull != nullptr && sum_only_ && !pull_feedback_.contains(p->codecs.pull_spec)) {

@@ -24,7 +24,7 @@ class MetricsRegistry;
 class SchedulerClient;
 
 struct ServerOptions {
-  std::string scheduler_address{};            // host:port of the scheduler
+  std::string scheduler_address{};            // host:port of the scheduler (or a comma-separated list)
   std::string bind_address = "tcp://*:0";     // ZeroMQ endpoint; port 0 = any free port
   std::string advertise_host = "127.0.0.1";   // host workers use to reach this server
   absl::Duration register_timeout = absl::Seconds(30);

@@ -73,28 +73,57 @@ TEST_F(CApiClusterTest, AFailedDefinitionIsResetAndDeclaredAgain) {
   EXPECT_EQ(shardps_init_tensor(w_, "w", other, 8, 10.0, err_, sizeof(err_)), SHARDPS_ALREADY_EXISTS);
 }
 
-TEST(CApiTimeoutTest, ABarrierWithADeadlineSaysWhoIsMissing) {
-  ClusterConfig config;
-  config.set_num_servers(1);
-  config.set_num_workers(2);
-  auto cluster = TestCluster::Start(config);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+// Two workers (ranks 0 and 1) of a cluster of one server running `config`.
+class TwoWorkers {
+ public:
+  explicit TwoWorkers(ClusterConfig config) {
+    config.set_num_servers(1);
+    config.set_num_workers(2);
+    auto cluster = TestCluster::Start(config);
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    if (!cluster.ok()) return;
+    cluster_ = *std::move(cluster);
+    std::thread second([&] { Create(1); });
+    Create(0);
+    second.join();
+  }
+  ~TwoWorkers() {
+    for (shardps_worker* x : w) shardps_worker_destroy(x);
+  }
+  bool ok() const { return w[0] != nullptr && w[1] != nullptr; }
+  // Declares a float32 tensor of n elements on both and defines it.
+  void Define(const char* name, int64_t n) {
+    std::thread second([&] { DeclareAndDefine(1, name, n); });
+    DeclareAndDefine(0, name, n);
+    second.join();
+  }
+
   shardps_worker* w[2] = {nullptr, nullptr};
-  char err[256] = "";
-  std::thread second([&] {
-    EXPECT_EQ(shardps_worker_create((*cluster)->scheduler_address().c_str(), 1, 20.0, &w[1], err, sizeof(err)),
-              SHARDPS_OK);
-  });
-  ASSERT_EQ(shardps_worker_create((*cluster)->scheduler_address().c_str(), 0, 20.0, &w[0], err, sizeof(err)),
-            SHARDPS_OK)
-      << err;
-  second.join();
+
+ private:
+  void Create(uint32_t rank) {
+    char err[256] = "";
+    EXPECT_EQ(shardps_worker_create(cluster_->scheduler_address().c_str(), rank, 20.0, &w[rank], err, sizeof(err)),
+              SHARDPS_OK)
+        << err;
+  }
+  void DeclareAndDefine(int rank, const char* name, int64_t n) {
+    char err[256] = "";
+    EXPECT_EQ(shardps_declare_tensor(w[rank], name, &n, 1, err, sizeof(err)), SHARDPS_OK) << err;
+    EXPECT_EQ(shardps_define_done(w[rank], err, sizeof(err)), SHARDPS_OK) << err;
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+};
+
+TEST(CApiTimeoutTest, ABarrierWithADeadlineSaysWhoIsMissing) {
+  TwoWorkers job{ClusterConfig()};
+  ASSERT_TRUE(job.ok());
+  shardps_worker* const* w = job.w;
   char why[256] = "";
   EXPECT_EQ(shardps_barrier_timeout(w[0], "b", 0.5, why, sizeof(why)), SHARDPS_DEADLINE_EXCEEDED);
   EXPECT_THAT(std::string(why), HasSubstr("missing worker ranks: 1"));
   EXPECT_EQ(shardps_barrier_timeout(w[0], "b", 0, why, sizeof(why)), SHARDPS_INVALID_ARGUMENT);
-  shardps_worker_destroy(w[0]);
-  shardps_worker_destroy(w[1]);
 }
 
 TEST_F(CApiClusterTest, SixteenBitBuffersAreConvertedAndMismatchesRefused) {
@@ -127,6 +156,136 @@ TEST_F(CApiClusterTest, SixteenBitBuffersAreConvertedAndMismatchesRefused) {
   EXPECT_EQ(shardps_push_pull_typed(w_, "h", half_one, half_w, 6, SHARDPS_FLOAT16, &h, err_, sizeof(err_)),
             SHARDPS_INVALID_ARGUMENT);
   EXPECT_THAT(std::string(err_), HasSubstr("the buffers hold 6 bytes"));
+}
+
+TEST_F(CApiClusterTest, WaitAnyCompletesEveryHandleOnceInOneThread) {
+  const int64_t shape[] = {600}, half_shape[] = {4};
+  ASSERT_EQ(shardps_declare_tensor(w_, "a", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor(w_, "b", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor_dtype(w_, "h", half_shape, 1, SHARDPS_FLOAT16, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  std::vector<float> grad(600, 1.0f), a(600), b(600);
+  const uint16_t half_one[4] = {0x3c00, 0x3c00, 0x3c00, 0x3c00};
+  uint16_t half_w[4] = {};
+  uint64_t handles[3];
+  ASSERT_EQ(shardps_push_pull(w_, "a", grad.data(), a.data(), 600, &handles[0], err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_push_pull(w_, "b", grad.data(), b.data(), 600, &handles[1], err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_push_pull_typed(w_, "h", half_one, half_w, sizeof(half_w), SHARDPS_FLOAT16, &handles[2], err_,
+                                    sizeof(err_)),
+            SHARDPS_OK);
+  // Complete them in whatever order they finish, dropping each from the set.
+  std::vector<uint64_t> outstanding(handles, handles + 3), completed;
+  while (!outstanding.empty()) {
+    size_t done = 99;
+    ASSERT_EQ(shardps_wait_any(w_, outstanding.data(), outstanding.size(), 10.0, &done, err_, sizeof(err_)),
+              SHARDPS_OK)
+        << err_;
+    ASSERT_LT(done, outstanding.size());
+    completed.push_back(outstanding[done]);
+    outstanding.erase(outstanding.begin() + done);
+  }
+  EXPECT_THAT(completed, ::testing::UnorderedElementsAre(handles[0], handles[1], handles[2]));
+  EXPECT_EQ(a[599], -0.5f);  // lr 0.5 * gradient 1
+  EXPECT_EQ(b[0], -0.5f);
+  EXPECT_EQ(half_w[3], 0xb800);  // -0.5 in float16: the staged weights were written back
+  size_t done = 99;
+  EXPECT_EQ(shardps_wait_any(w_, handles, 3, 1.0, &done, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err_), HasSubstr("already waited on"));
+  EXPECT_EQ(done, 3u);
+  EXPECT_EQ(shardps_wait(w_, handles[1], 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_wait_any(w_, handles, 0, 1.0, &done, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_wait_any(w_, handles, 1, 1.0, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+}
+
+ClusterConfig SyncSgd(float learning_rate) {
+  ClusterConfig config;
+  config.set_consistency(SYNC);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  config.mutable_optimizer()->set_learning_rate(learning_rate);
+  return config;
+}
+
+TEST(CApiWaitAnyTest, NothingDoneInTimeLeavesEveryHandleOutstanding) {
+  TwoWorkers job(SyncSgd(0.5f));
+  ASSERT_TRUE(job.ok());
+  job.Define("w", 4);
+  shardps_worker* const* w = job.w;
+  char err[256] = "";
+  float grad[4] = {1, 1, 1, 1}, out0[4] = {}, out1[4] = {};
+  uint64_t h0 = 0, h1 = 0;
+  // Sync: rank 0's round cannot complete before rank 1 pushes.
+  ASSERT_EQ(shardps_push_pull(w[0], "w", grad, out0, 4, &h0, err, sizeof(err)), SHARDPS_OK) << err;
+  size_t done = 7;
+  char why[256] = "";
+  EXPECT_EQ(shardps_wait_any(w[0], &h0, 1, 0.0, &done, why, sizeof(why)), SHARDPS_DEADLINE_EXCEEDED);
+  EXPECT_EQ(done, 1u);
+  EXPECT_EQ(shardps_wait_any(w[0], &h0, 1, 0.3, &done, why, sizeof(why)), SHARDPS_DEADLINE_EXCEEDED);
+  EXPECT_THAT(std::string(why), HasSubstr("none of 1 requests answered"));
+  ASSERT_EQ(shardps_push_pull(w[1], "w", grad, out1, 4, &h1, err, sizeof(err)), SHARDPS_OK) << err;
+  ASSERT_EQ(shardps_wait(w[1], h1, 10.0, err, sizeof(err)), SHARDPS_OK) << err;
+  EXPECT_EQ(shardps_wait_any(w[0], &h0, 1, 10.0, &done, why, sizeof(why)), SHARDPS_OK) << why;
+  EXPECT_EQ(done, 0u);
+  EXPECT_EQ(out0[0], -0.5f);  // lr 0.5 * mean gradient 1
+}
+
+TEST(CApiSumOnlyTest, MeanGradientIsTheWorkersAverageAndTouchesNoWeights) {
+  ClusterConfig config = SyncSgd(0.5f);
+  config.set_update_mode(SUM_ONLY);
+  TwoWorkers job(config);
+  ASSERT_TRUE(job.ok());
+  job.Define("w", 4);
+  char err[256] = "";
+  const float grad0[4] = {1, 2, 3, 4}, grad1[4] = {3, 2, 1, 0};
+  float mean0[4] = {}, mean1[4] = {};
+  uint64_t h0 = 0, h1 = 0;
+  ASSERT_EQ(shardps_push_pull_mean_gradient(job.w[0], "w", grad0, mean0, 4, &h0, err, sizeof(err)), SHARDPS_OK)
+      << err;
+  ASSERT_EQ(shardps_push_pull_mean_gradient(job.w[1], "w", grad1, mean1, 4, &h1, err, sizeof(err)), SHARDPS_OK)
+      << err;
+  ASSERT_EQ(shardps_wait(job.w[0], h0, 10.0, err, sizeof(err)), SHARDPS_OK) << err;
+  ASSERT_EQ(shardps_wait(job.w[1], h1, 10.0, err, sizeof(err)), SHARDPS_OK) << err;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(mean0[i], 2.0f) << i;
+    EXPECT_EQ(mean1[i], 2.0f) << i;
+  }
+}
+
+TEST_F(CApiClusterTest, MeanGradientNeedsSumOnlyMode) {
+  const int64_t shape[] = {4};
+  ASSERT_EQ(shardps_declare_tensor(w_, "w", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  float grad[4] = {}, mean[4] = {};
+  uint64_t h = 0;
+  EXPECT_EQ(shardps_push_pull_mean_gradient(w_, "w", grad, mean, 4, &h, err_, sizeof(err_)),
+            SHARDPS_FAILED_PRECONDITION);
+  EXPECT_THAT(std::string(err_), HasSubstr("not sum_only"));
+}
+
+TEST_F(CApiClusterTest, DeclaredCodecsCompressTheirTensorOnlyAndUnknownOnesAreRefused) {
+  const int64_t shape[] = {256};  // one partition, the 16-bit codecs' minimum size
+  ASSERT_EQ(shardps_declare_tensor_codec(w_, "a", shape, 1, SHARDPS_FLOAT32, "fp16", err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor_codec(w_, "b", shape, 1, SHARDPS_FLOAT32, nullptr, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor_codec(w_, "c", shape, 1, SHARDPS_FLOAT32, "zip", err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err_), HasSubstr("tensor 'c' declares codec 'zip'"));
+  ASSERT_EQ(shardps_reset_declared(w_, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor_codec(w_, "a", shape, 1, SHARDPS_FLOAT32, "fp16", err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor_codec(w_, "b", shape, 1, SHARDPS_FLOAT32, "", err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  std::vector<float> grad(256, 1.0f), a(256), b(256);
+  shardps_worker_stats before{}, after_a{}, after_b{};
+  ASSERT_EQ(shardps_stats(w_, &before, err_, sizeof(err_)), SHARDPS_OK);
+  uint64_t h = 0;
+  ASSERT_EQ(shardps_push_pull(w_, "a", grad.data(), a.data(), 256, &h, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_stats(w_, &after_a, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_push_pull(w_, "b", grad.data(), b.data(), 256, &h, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_stats(w_, &after_b, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(after_a.bytes_pushed - before.bytes_pushed, 256u * 2) << "fp16 on the wire";
+  EXPECT_EQ(after_b.bytes_pushed - after_a.bytes_pushed, 256u * 4) << "raw float32";
+  EXPECT_EQ(a[0], -0.5f);  // the server decoded fp16 and applied lr 0.5 * 1
+  EXPECT_EQ(b[255], -0.5f);
 }
 
 TEST_F(CApiClusterTest, CudaPushPullSaysWhyItCannotTakeTheseBuffers) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_store.h"
 #include "common/durable_file.h"
+#include "tests/sanitizer_slowdown.h"
 
 namespace shardps {
 namespace {
@@ -60,7 +61,8 @@ LocalJob Spawn(std::vector<std::string> argv, const std::string& dir, const std:
 LocalJob Start(const std::string& dir, const std::string& name, std::vector<std::string> extra) {
   std::vector<std::string> argv = {
       SHARDPS_BINARY,  "local", "--servers",    "2",   "--workers",   "2", "--deterministic", "--epochs",  "2",
-      "--train-limit", "2560",  "--test-limit", "500", "--log-every", "0", "--json",          "--timeout", "120"};
+      "--train-limit", "2560",  "--test-limit", "500", "--log-every", "0", "--json",          "--timeout",
+      absl::StrCat(120 * kTestSlowdown)};  // a sanitizer tree runs several times slower
   argv.insert(argv.end(), extra.begin(), extra.end());
   return Spawn(argv, dir, name);
 }

@@ -21,6 +21,7 @@
 #include "common/scheduler_client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/sanitizer_slowdown.h"
 #include "tests/test_cluster.h"
 #include "worker/worker.h"
 
@@ -43,16 +44,26 @@ std::string Slurp(const std::string& path) {
   return s.str();
 }
 
+// Heartbeats of the jobs below: short, so failures are found fast, and
+// stretched in a sanitizer tree (tests/sanitizer_slowdown.h), where live
+// nodes slowed several times over would otherwise miss them. Rendezvous and
+// barriers (30 s by default) stretch the same way: a sanitized worker loads
+// its data that much slower.
+constexpr int kHeartbeatIntervalMs = 200 * kTestSlowdown;
+constexpr int kHeartbeatTimeoutMs = 2000 * kTestSlowdown;
+
 // Runs `shardps local` with a small, fast job and short heartbeats (0.2 s
-// interval, 2 s timeout). request_timeout_ms is long (120 s): a run that
-// only recovered by a request timeout would show it.
+// interval, 2 s timeout in a plain build). request_timeout_ms is long
+// (120 s): a run that only recovered by a request timeout would show it.
 LocalRun RunLocal(std::vector<std::string> extra) {
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("failure-test-", getpid());
   std::filesystem::create_directories(dir);
   std::vector<std::string> argv = {SHARDPS_BINARY, "local", "--epochs", "1", "--test-limit", "2000", "--log-every",
-                                   "0", "--json", "--set", "heartbeat_interval_ms=200", "--set",
-                                   "heartbeat_timeout_ms=2000", "--set", "request_timeout_ms=120000", "--timeout",
-                                   "300"};
+                                   "0", "--json", "--set", absl::StrCat("heartbeat_interval_ms=", kHeartbeatIntervalMs),
+                                   "--set", absl::StrCat("heartbeat_timeout_ms=", kHeartbeatTimeoutMs), "--set",
+                                   "request_timeout_ms=120000", "--set",
+                                   absl::StrCat("rendezvous_timeout_ms=", 30000 * kTestSlowdown), "--timeout",
+                                   absl::StrCat(300 * kTestSlowdown)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   std::vector<char*> args;
   for (std::string& a : argv) args.push_back(a.data());
@@ -90,8 +101,9 @@ TEST(FailureTest, AWorkerKilledInSyncIsRemovedAndTheOthersFinish) {
   EXPECT_THAT(run.err, HasSubstr("worker rank 2 (host localhost) declared dead"));
   EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));  // no request waited out its timeout
   const double detected = Field(run.out, "detected_seconds"), recovered = Field(run.out, "recovered_seconds");
-  // The last heartbeat may have left up to one interval (0.2 s) before the kill.
-  EXPECT_GT(detected, 1.6) << "declared dead before its heartbeat timeout: " << run.out;
+  // The last heartbeat may have left up to one interval before the kill.
+  EXPECT_GT(detected, (kHeartbeatTimeoutMs - 2 * kHeartbeatIntervalMs) / 1000.0)
+      << "declared dead before its heartbeat timeout: " << run.out;
   EXPECT_GE(recovered, detected) << run.out;
   EXPECT_LT(recovered, 120) << "recovered by a request timeout, not by failure detection";
   EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
@@ -136,7 +148,7 @@ TEST(FailureTest, AServerKilledWithoutAReplicaFailsTheJobAtOnceNamingIt) {
                            "--kill", "server:1@20"});
   EXPECT_NE(run.exit_code, 0);
   EXPECT_THAT(run.err, HasSubstr("server 1 was declared dead by the scheduler"));
-  EXPECT_THAT(run.err, HasSubstr("heartbeat_timeout_ms 2000"));
+  EXPECT_THAT(run.err, HasSubstr(absl::StrCat("heartbeat_timeout_ms ", kHeartbeatTimeoutMs)));
   EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
 }
 

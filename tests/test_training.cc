@@ -35,8 +35,10 @@ std::vector<absl::StatusOr<TrainResult>> TrainOnNewCluster(const ClusterConfig& 
   return TrainOnCluster(**cluster, workers, o);
 }
 
-std::vector<absl::StatusOr<TrainResult>> TrainOnCluster(TestCluster& cluster, int workers, const TrainOptions& o) {
+std::vector<absl::StatusOr<TrainResult>> TrainOnCluster(TestCluster& cluster, int workers, const TrainOptions& o,
+                                                        std::vector<std::string>* logs) {
   std::vector<absl::StatusOr<TrainResult>> results(workers, absl::UnknownError("not run"));
+  if (logs != nullptr) logs->assign(workers, "");
   std::vector<std::thread> threads;
   for (int r = 0; r < workers; ++r) {
     threads.emplace_back([&, r] {
@@ -47,6 +49,7 @@ std::vector<absl::StatusOr<TrainResult>> TrainOnCluster(TestCluster& cluster, in
       }
       std::ostringstream log;
       results[r] = RunTrainingWorker(**w, o, log);
+      if (logs != nullptr) (*logs)[r] = log.str();
     });
   }
   for (auto& t : threads) t.join();

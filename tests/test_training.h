@@ -2,6 +2,7 @@
 #ifndef SHARDPS_TESTS_TEST_TRAINING_H_
 #define SHARDPS_TESTS_TEST_TRAINING_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,8 +23,10 @@ ClusterConfig TrainingConfig(Consistency consistency, int servers, int workers);
 TrainOptions QuietRun(int epochs, size_t train_limit, size_t test_limit);
 
 // Runs `workers` training workers (ranks 0..workers-1) as threads against
-// `cluster`; one result per rank.
-std::vector<absl::StatusOr<TrainResult>> TrainOnCluster(TestCluster& cluster, int workers, const TrainOptions& o);
+// `cluster`; one result per rank. With `logs`, each rank's log text lands in
+// (*logs)[rank].
+std::vector<absl::StatusOr<TrainResult>> TrainOnCluster(TestCluster& cluster, int workers, const TrainOptions& o,
+                                                        std::vector<std::string>* logs = nullptr);
 
 // Starts a TestCluster for `config` and trains on it; if it does not start,
 // every rank's result is that error.

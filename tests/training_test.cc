@@ -134,6 +134,54 @@ TEST(TrainingTest, AsyncTrainsToTheReferenceAccuracyBand) {
   ExpectReferenceBand(Config(ASYNC, 2, 2), 2, 0.72, 0.08);
 }
 
+// TrainOptions::eval_every: rank 0 reports the test accuracy of the weights
+// it holds every N steps and of the final weights, in its result and as JSON
+// lines in its log; the other ranks report nothing.
+TEST(TrainingTest, RankZeroReportsTestAccuracyDuringTraining) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TrainOptions o = QuietRun(1, 1280, 500);  // 2 workers x 32 images: 20 steps
+  o.eval_every = 8;
+  auto cluster = TestCluster::Start(Config(SYNC, 1, 2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::string> logs;
+  auto results = TrainOnCluster(**cluster, 2, o, &logs);
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  const std::vector<AccuracyPoint>& points = results[0]->accuracy_points;
+  ASSERT_EQ(points.size(), 3u);
+  const int64_t steps[] = {8, 16, 20};
+  const double epochs[] = {0.4, 0.8, 1.0};
+  for (size_t i = 0; i < points.size(); ++i) {
+    EXPECT_EQ(points[i].step, steps[i]);
+    EXPECT_DOUBLE_EQ(points[i].epochs, epochs[i]);
+    EXPECT_EQ(points[i].final, i == 2) << "point " << i;
+    EXPECT_GT(points[i].test_accuracy, 0.1) << "point " << i;
+    EXPECT_LE(points[i].test_accuracy, 1.0) << "point " << i;
+    EXPECT_GT(points[i].eval_seconds, 0) << "point " << i;
+    if (i > 0) {
+      EXPECT_GE(points[i].seconds, points[i - 1].seconds) << "point " << i;
+    }
+    EXPECT_NE(logs[0].find(AccuracyPointJson(points[i]) + "\n"), std::string::npos)
+        << "rank 0's log lacks point " << i << ": " << logs[0];
+  }
+  EXPECT_EQ(points.back().test_accuracy, results[0]->test_accuracy);
+  EXPECT_TRUE(results[1]->accuracy_points.empty());
+  EXPECT_EQ(logs[1].find("eval_step"), std::string::npos) << logs[1];
+}
+
+TEST(TrainingTest, EvalEveryBelowZeroOrWithSeveralDevicesIsRejected) {
+  TrainOptions o;
+  o.eval_every = -1;
+  absl::Status s = ValidateTrainOptions(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("eval every -1 steps"), std::string::npos) << s;
+  o.eval_every = 10;
+  o.devices_per_worker = 2;
+  s = ValidateTrainOptions(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("needs 1 device per worker"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace shardps
 

@@ -51,7 +51,7 @@ int CheckpointCommand(const Args& args) {
   std::string address = "127.0.0.1:7000", dir;
   double wait_s = 60;
   CliFlags flags("checkpoint");
-  flags.String("scheduler", &address, "scheduler host:port");
+  flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.String("dir", &dir, "checkpoint directory, the same path on every server (rounds go in round-N/)");
   flags.Double("wait", &wait_s, "seconds to wait for the checkpoint to be complete (0: return once requested)");
   std::string security_config;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -42,11 +43,31 @@ int Fail(const std::string& command, const absl::Status& s) {
 bool StopRequested() { return g_stop.load(); }
 
 void InstallStopSignals() {
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // A handler for threads that were started before this call and do not
+    // block the signals.
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
+    // Every thread started from here on blocks them, and one thread takes
+    // them with sigwait. A handler runs on whichever thread the kernel picks,
+    // and under ThreadSanitizer it is held back until that thread next enters
+    // the runtime: a thread parked in a futex for good (gRPC's, absl's) kept
+    // SIGTERM from ever stopping a daemon. Children get an empty mask back
+    // (tools/process.cc).
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    std::thread([stop] {
+      int sig = 0;
+      while (sigwait(&stop, &sig) == 0) g_stop.store(true);
+    }).detach();
+  });
 }
 
 int SchedulerCommand(const Args& args) {
@@ -58,6 +79,13 @@ int SchedulerCommand(const Args& args) {
   flags.String("state-dir", &state_dir,
                "persist the cluster state here after every change; a restarted scheduler resumes it");
   flags.String("listen", &listen, "host:port to serve the scheduler on (port 0 = any free port)");
+  std::string etcd, etcd_prefix, advertise;
+  flags.String("etcd", &etcd,
+               "http://HOST:PORT[,...]: keep the state in etcd and elect the active scheduler with a lease; "
+               "others started alike are standbys (exclusive with --state-dir)");
+  flags.String("etcd-prefix", &etcd_prefix, "etcd key prefix of this cluster (default /shardps/<config digest>)");
+  flags.String("advertise", &advertise,
+               "host:port nodes reach this scheduler at, published in etcd (default: the bound address)");
   flags.String("config", &config_path, "cluster configuration file (protobuf text, proto/config.proto)");
   std::string security_config;
   flags.String("security-config", &security_config,
@@ -104,6 +132,9 @@ int SchedulerCommand(const Args& args) {
   options.listen_address = listen;
   options.config = config;
   options.state_dir = state_dir;
+  options.etcd_endpoints = etcd;
+  options.etcd_prefix = etcd_prefix;
+  options.advertise_address = advertise;
   options.security = *std::move(security);
   auto scheduler = SchedulerDaemon::Create(options);
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
@@ -123,12 +154,15 @@ int SchedulerCommand(const Args& args) {
   if (!port_file.empty()) {
     if (absl::Status s = WriteFileDurably(port_file, (*scheduler)->address()); !s.ok()) return Fail("scheduler", s);
   }
+  std::atomic<bool> stopped{false};  // by itself: an etcd lease lost
   std::thread stopper([&] {
-    while (!StopRequested()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    while (!StopRequested() && !stopped.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     (*scheduler)->Shutdown();
   });
   (*scheduler)->Wait();
+  stopped.store(true);
   stopper.join();
+  if (absl::Status failure = (*scheduler)->Failure(); !failure.ok()) return Fail("scheduler", failure);
   return 0;
 }
 
@@ -137,7 +171,7 @@ int ServerCommand(const Args& args) {
   double register_timeout_s = 30;
   bool verbose = false;
   CliFlags flags("server");
-  flags.String("scheduler", &options.scheduler_address, "scheduler host:port");
+  flags.String("scheduler", &options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
@@ -201,14 +235,14 @@ int TrainCommand(const Args& args) {
   WorkerOptions worker_options;
   TrainOptions train;
   int64_t rank = 0, epochs = train.epochs, batch = train.batch_size, seed = train.seed, train_limit = 0,
-          test_limit = 0, max_steps = 0, log_every = train.log_every, devices_per_worker = 1;
+          test_limit = 0, max_steps = 0, log_every = train.log_every, devices_per_worker = 1, eval_every = 0;
   double rendezvous_s = 60;
   std::string result_file;
   bool verbose = false;
   CliFlags flags("train");
   flags.Double("slow-factor", &train.slow_factor,
                "make this worker's compute F times slower (sleeps (F-1) x each step's compute time)");
-  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port");
+  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");
   flags.Int("batch-size", &batch, "images per step per worker");
@@ -221,6 +255,8 @@ int TrainCommand(const Args& args) {
   flags.Int("test-limit", &test_limit, "use only the first N test images (0 = all)");
   flags.Int("max-steps", &max_steps, "stop after N steps (0 = no limit)");
   flags.Int("log-every", &log_every, "progress line every N steps (0 = none)");
+  flags.Int("eval-every", &eval_every,
+            "rank 0: test accuracy every N steps and of the final weights, one JSON line each on stderr (0 = none)");
   flags.String("data-dir", &train.data_dir, "directory of the Fashion-MNIST .gz files");
   std::string hidden = "256,128";
   flags.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
@@ -251,6 +287,7 @@ int TrainCommand(const Args& args) {
   train.test_limit = test_limit;
   train.max_steps = max_steps;
   train.log_every = log_every;
+  train.eval_every = static_cast<int>(std::clamp<int64_t>(eval_every, -(1 << 30), 1 << 30));  // validated below
   auto layers = ParseLayers(hidden);
   if (!layers.ok()) return Fail("train", layers.status());
   train.layers = *layers;
@@ -292,7 +329,7 @@ int StatusCommand(const Args& args) {
   double timeout_s = 5, interval_s = 2;
   bool watch = false, json = false;
   CliFlags flags("status");
-  flags.String("scheduler", &address, "scheduler host:port");
+  flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.Double("timeout", &timeout_s, "seconds to wait for an answer");
   flags.Bool("watch", &watch, "refresh every --interval seconds until interrupted");
   flags.Double("interval", &interval_s, "seconds between refreshes with --watch");

@@ -41,8 +41,18 @@ absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<st
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (stdout_to_stderr) posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
+  // The child starts with no signal blocked: this process may block SIGTERM
+  // and SIGINT in every thread but the one that waits for them
+  // (InstallStopSignals), and a mask is inherited across exec.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid;
-  int err = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  int err = posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (err != 0) return absl::InternalError(absl::StrCat("cannot start ", name, " (", argv[0], "): ", strerror(err)));
   return ChildProcess{name, pid};

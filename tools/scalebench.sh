@@ -12,6 +12,11 @@
 #
 # The hosts for the largest server count are made once; a configuration with S
 # servers uses h1..hS. Everything created is removed on exit (tools/fakehosts.sh).
+#
+# --train: the same hosts and links, but the workers run the demo model's
+# training (`shardps train`) for sync, SSP and async, one worker a straggler,
+# and the script reports the time to a target test accuracy
+# (tools/scalebench_train.sh).
 set -euo pipefail
 
 usage() {
@@ -41,6 +46,7 @@ flags:
   --warmup N          round trips per worker before measuring (default 1)
   --timeout S         limit of one configuration in seconds (default 300)
   --plot FILE         PNG plot of goodput against servers (default WORKDIR/scalebench.png;
+                      --train: accuracy against seconds, WORKDIR/scalebench_train.png;
                       "none": no plot)
   --shardps PATH      the shardps binary (default: $SHARDPS, build/tools/shardps)
   --subnet A.B.C      /24 of the fake hosts (default 10.79.0)
@@ -51,6 +57,32 @@ flags:
 
 goodput_gbps: bytes pushed per second by all workers together, in Gbit/s (as
 many are pulled back); efficiency: goodput / (servers x goodput at 1 server).
+
+training mode (--train): the demo model (Fashion-MNIST MLP, Adam) trained by one
+`shardps train` per worker host, once per consistency mode; rank 0 evaluates the
+test set every --eval-every steps. Reports, per mode, the seconds (and epochs) to
+--target test accuracy, or null and the best accuracy when it is not reached
+within --epochs. Flags above that apply: --servers (one count, default 2),
+--workers (default 4), --partition-bytes, --replication, the rates, --timeout
+(of one run, default 1800), --plot (accuracy against seconds), --json.
+  --train             training mode
+  --modes LIST        consistency modes, comma-separated (default sync,ssp,async)
+  --staleness S       SSP's bound (default 2)
+  --slow worker:R=F   worker R computes F times slower (shardps local --slow); "none":
+                      no straggler (default worker:1=3)
+  --target A          test accuracy to reach (default 0.85)
+  --epochs N          epochs at most (async: the pushes of N sync epochs; default 5)
+  --eval-every N      rank 0 evaluates every N of its steps and at its end (default 100)
+  --train-limit N     first N training images only (default 0: all 60000)
+  --test-limit N      first N test images only (default 0: all 10000)
+  --data-dir DIR      Fashion-MNIST files (default /usr/share/datasets/fashion-mnist)
+
+--json rows of --train: consistency, staleness, servers, workers, straggler,
+target, seconds_to_target and epochs_to_target (the first evaluation at or above
+the target; null: not reached), seconds_to_stay (from there on every evaluation
+was), best_accuracy, final_accuracy (the final weights), epochs (trained),
+train_seconds and eval_seconds (rank 0's time to the end of the job without,
+and in, its evaluations), samples_per_s (all workers' samples / train_seconds).
 EOF
 }
 
@@ -60,8 +92,22 @@ source "$(dirname "$0")/fakehosts.sh"
 SERVERS_LIST=1,2,4,8 WORKERS=2 BYTES=67108864 HOT_SERVERS=4 SERVER_RATE=200mbit WORKER_RATE=1gbit BURST=256kb
 PARTITION_BYTES=262144 CONSISTENCY=sync REPLICATION=1 ITERS=3 WARMUP=1 RUN_TIMEOUT=300 PLOT="" SHARDPS_BIN=${SHARDPS:-} SUBNET=10.79.0
 PREFIX=sb WORKDIR="" JSON=0
+TRAIN=0 TRAIN_MODES_LIST=sync,ssp,async TRAIN_STALENESS=2 SLOW_SPEC=worker:1=3 TARGET=0.85 TRAIN_EPOCHS=5
+TRAIN_EVAL_EVERY=100 TRAIN_LIMIT=0 TEST_LIMIT=0 DATA_DIR=/usr/share/datasets/fashion-mnist
+declare -A GIVEN=()   # flags given, for the defaults that differ in --train
 while (($#)); do
+  GIVEN[$1]=1
   case "$1" in
+    --train) TRAIN=1; shift ;;
+    --modes) TRAIN_MODES_LIST=$2; shift 2 ;;
+    --staleness) TRAIN_STALENESS=$2; shift 2 ;;
+    --slow) SLOW_SPEC=$2; shift 2 ;;
+    --target) TARGET=$2; shift 2 ;;
+    --epochs) TRAIN_EPOCHS=$2; shift 2 ;;
+    --eval-every) TRAIN_EVAL_EVERY=$2; shift 2 ;;
+    --train-limit) TRAIN_LIMIT=$2; shift 2 ;;
+    --test-limit) TEST_LIMIT=$2; shift 2 ;;
+    --data-dir) DATA_DIR=$2; shift 2 ;;
     --servers) SERVERS_LIST=$2; shift 2 ;;
     --workers) WORKERS=$2; shift 2 ;;
     --bytes) BYTES=$2; shift 2 ;;
@@ -85,6 +131,14 @@ while (($#)); do
     *) usage >&2; die "unknown argument $1" ;;
   esac
 done
+if ((TRAIN)); then
+  [[ -n ${GIVEN[--servers]:-} ]] || SERVERS_LIST=2
+  [[ -n ${GIVEN[--workers]:-} ]] || WORKERS=4
+  [[ -n ${GIVEN[--timeout]:-} ]] || RUN_TIMEOUT=1800
+  HOT_SERVERS=0
+  source "$(dirname "$0")/scalebench_train.sh"
+  validate_train_flags
+fi
 for v in WORKERS BYTES HOT_SERVERS PARTITION_BYTES REPLICATION ITERS WARMUP RUN_TIMEOUT; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "--${v,,} must be a non-negative integer, got '${!v}'"
 done
@@ -121,36 +175,54 @@ hot_tensor_bytes() {
   echo "$list"
 }
 
+# cluster_config CONSISTENCY SERVERS: the config lines both modes share.
+cluster_config() {
+  cat <<EOF
+consistency: ${1^^}
+num_servers: $2
+num_workers: $WORKERS
+partition_bytes: $PARTITION_BYTES
+replication: $REPLICATION
+rendezvous_timeout_ms: 60000
+request_timeout_ms: 120000
+EOF
+}
+
+# start_daemons DIR SERVERS: the scheduler on h0 with DIR/cluster.pbtxt, then
+# servers on h1..hSERVERS, logging into DIR.
+start_daemons() {
+  local dir=$1 h
+  start 0 scheduler "$dir/h0.scheduler.log" "$SHARDPS_BIN" scheduler --listen "$SCHED_ADDR" --config "$dir/cluster.pbtxt"
+  for ((h = 1; h <= $2; h++)); do
+    start "$h" server "$dir/h$h.server.log" "$SHARDPS_BIN" server --scheduler "$SCHED_ADDR" \
+      --listen "tcp://$(ip_of "$h"):7001" --advertise-host "$(ip_of "$h")"
+  done
+}
+
+# await_run ND WHAT DIR: waits for the clients started after the ND daemons
+# (wait_clients), stops everything, and dies naming WHAT and the logs in DIR
+# if any process failed or the run timed out.
+await_run() {
+  local failed=0
+  wait_clients "$1" || failed=1
+  kill_started
+  ((failed == 0)) || die "$2 failed (logs in $3)"
+}
+
 # run_config NAME SERVERS TENSOR_BYTES: scheduler, SERVERS servers, one bench
 # client per worker host; writes WORKDIR/NAME/result.R (the clients' JSON lines).
 run_config() {
   local name=$1 servers=$2 tensors=$3 dir=$WORKDIR/$1 h r
   mkdir -p "$dir"
-  cat >"$dir/cluster.pbtxt" <<EOF
-consistency: ${CONSISTENCY^^}
-num_servers: $servers
-num_workers: $WORKERS
-partition_bytes: $PARTITION_BYTES
-replication: $REPLICATION
-optimizer { kind: SGD learning_rate: 0.001 }
-rendezvous_timeout_ms: 60000
-request_timeout_ms: 120000
-EOF
-  start 0 scheduler "$dir/h0.scheduler.log" "$SHARDPS_BIN" scheduler --listen "$SCHED_ADDR" --config "$dir/cluster.pbtxt"
-  for ((h = 1; h <= servers; h++)); do
-    start "$h" server "$dir/h$h.server.log" "$SHARDPS_BIN" server --scheduler "$SCHED_ADDR" \
-      --listen "tcp://$(ip_of "$h"):7001" --advertise-host "$(ip_of "$h")"
-  done
+  { cluster_config "$CONSISTENCY" "$servers"; echo 'optimizer { kind: SGD learning_rate: 0.001 }'; } >"$dir/cluster.pbtxt"
+  start_daemons "$dir" "$servers"
   local nd=${#PIDS[@]}
   for ((r = 0; r < WORKERS; r++)); do
     h=$(worker_host "$r")
     start "$h" "worker rank $r" "$dir/h$h.worker.log" "$SHARDPS_BIN" bench --scheduler "$SCHED_ADDR" \
       --rank "$r" --workers 1 --tensor-bytes "$tensors" --iters "$ITERS" --warmup "$WARMUP" --json
   done
-  local failed=0
-  wait_clients "$nd" || failed=1
-  kill_started
-  ((failed == 0)) || die "configuration $name failed (logs in $dir)"
+  await_run "$nd" "configuration $name" "$dir"
   for ((r = 0; r < WORKERS; r++)); do
     h=$(worker_host "$r")
     grep '^{' "$dir/h$h.worker.log" | tail -1 >"$dir/result.$r"
@@ -172,6 +244,14 @@ goodput_of() {
   echo "$total"
 }
 
+# The plot needs Debian's python3-matplotlib; installs it with a message if missing.
+ensure_matplotlib() {
+  /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && return 0
+  log "the plot needs python3-matplotlib; installing it (apt-get install python3-matplotlib)"
+  apt-get install -y --no-install-recommends python3-matplotlib >&2 ||
+    die "could not install python3-matplotlib; install it, or pass --plot none (results: $WORKDIR/results.jsonl)"
+}
+
 if [[ -z $WORKDIR ]]; then
   WORKDIR=$(mktemp -d /tmp/scalebench.XXXXXX)
 else
@@ -180,9 +260,16 @@ else
 fi
 cp "$SHARDPS_BIN" "$WORKDIR/shardps"   # a rebuild during the run changes nothing
 SHARDPS_BIN=$WORKDIR/shardps
-[[ -n $PLOT ]] || PLOT=$WORKDIR/scalebench.png
+if [[ -z $PLOT ]]; then
+  PLOT=$WORKDIR/scalebench.png
+  ((TRAIN)) && PLOT=$WORKDIR/scalebench_train.png
+fi
 setup_net
 check_net "servers h1..h$MAX_SERVERS at $SERVER_RATE, scheduler and workers at $WORKER_RATE, each way"
+if ((TRAIN)); then
+  run_training_modes
+  exit 0
+fi
 
 NAMES=() NSERVERS=() declare -A GOODPUT=()
 for s in "${SERVER_COUNTS[@]}"; do NAMES+=("$s"); NSERVERS+=("$s"); done
@@ -228,11 +315,7 @@ else
 fi
 
 if [[ $PLOT != none ]]; then
-  if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-    log "the plot needs python3-matplotlib; installing it (apt-get install python3-matplotlib)"
-    apt-get install -y --no-install-recommends python3-matplotlib >&2 ||
-      die "could not install python3-matplotlib; install it, or pass --plot none (results: $WORKDIR/results.jsonl)"
-  fi
+  ensure_matplotlib
   /usr/bin/python3 "$ROOT/tools/scalebench_plot.py" "$WORKDIR/results.jsonl" "$PLOT" ||
     die "plotting $WORKDIR/results.jsonl into $PLOT failed"
   log "plot: $PLOT"

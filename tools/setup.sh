@@ -16,6 +16,8 @@ packages=(
   libabsl-dev libgoogle-glog-dev libzmq3-dev cppzmq-dev
   libgtest-dev libgmock-dev libbenchmark-dev prometheus-cpp-dev
   zlib1g-dev libssl-dev iproute2 iptables python3
+  # The scheduler's optional etcd backend: its tests start a real etcd.
+  etcd-server etcd-client
   dataset-fashion-mnist
   # The Python package's tests and example: torch for Debian's /usr/bin/python3
   # (about 48 MB to download, half a minute to install without recommends).

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "absl/functional/function_ref.h"
@@ -116,14 +117,64 @@ class ProgressFile {
   const int fd_;
 };
 
+// Test accuracy during training (TrainOptions::eval_every), on rank 0: the
+// weights this worker holds after a step, complete once its push-pulls in
+// flight (`pipeline`, null: none) are answered, and the job's final weights.
+// The time spent evaluating is kept out of AccuracyPoint::seconds, so that
+// the probe does not count against the job it measures (in sync the other
+// workers wait for it, in async they do not).
+class AccuracyProbe {
+ public:
+  AccuracyProbe(Mlp& model, const Dataset& test, StepPipeline* pipeline, int every, std::ostream& log)
+      : model_(model), test_(test), pipeline_(pipeline), every_(every), log_(log),
+        start_(std::chrono::steady_clock::now()) {}
+
+  // After this worker's step `steps`, the job `epochs` into training.
+  absl::Status AfterStep(int64_t steps, double epochs, TrainResult& result) {
+    if (steps % every_ != 0) return absl::OkStatus();
+    if (pipeline_ != nullptr) SHARDPS_RETURN_IF_ERROR(pipeline_->AwaitAll());
+    Evaluate({.step = steps, .epochs = epochs}, result);
+    return absl::OkStatus();
+  }
+  // The model holds the job's final weights: their point, marked final.
+  // Returns its accuracy.
+  double Final(int64_t steps, double epochs, TrainResult& result) {
+    return Evaluate({.step = steps, .epochs = epochs, .final = true}, result);
+  }
+
+ private:
+  double Evaluate(AccuracyPoint point, TrainResult& result) {
+    const auto begin = std::chrono::steady_clock::now();
+    point.test_accuracy = model_.Evaluate(test_);
+    eval_seconds_ += Seconds(begin);
+    point.eval_seconds = eval_seconds_;
+    point.seconds = Seconds(start_) - eval_seconds_;
+    log_ << AccuracyPointJson(point) << "\n" << std::flush;
+    result.accuracy_points.push_back(point);
+    return point.test_accuracy;
+  }
+
+  Mlp& model_;
+  const Dataset& test_;
+  StepPipeline* const pipeline_;
+  const int every_;
+  std::ostream& log_;
+  const std::chrono::steady_clock::time_point start_;
+  double eval_seconds_ = 0;
+};
+
 // One training step after another: gathers batch `s` of an epoch's order,
 // runs it, counts it and reports progress.
 class StepLoop {
  public:
-  StepLoop(const Data& data, const TrainOptions& o, std::ostream& log)
-      : data_(data), o_(o), log_(log), progress_(o.progress_file), start_(std::chrono::steady_clock::now()) {}
+  // `probe` (null: none) is called after every step.
+  StepLoop(const Data& data, const TrainOptions& o, AccuracyProbe* probe, std::ostream& log)
+      : data_(data), o_(o), probe_(probe), log_(log), progress_(o.progress_file),
+        start_(std::chrono::steady_clock::now()) {}
 
-  absl::Status Step(const std::vector<uint32_t>& order, int s, int epoch, BatchStep step, TrainResult& result) {
+  // `job_epochs`: the job's progress in epochs once this step is done.
+  absl::Status Step(const std::vector<uint32_t>& order, int s, int epoch, double job_epochs, BatchStep step,
+                    TrainResult& result) {
     train::GatherBatch(data_.train, absl::MakeConstSpan(order).subspan(s * o_.batch_size, o_.batch_size), &images_,
                        &labels_);
     SHARDPS_ASSIGN_OR_RETURN(result.final_loss, step(images_.data(), labels_.data()));
@@ -131,7 +182,7 @@ class StepLoop {
     progress_.Set(result.steps);
     result.samples += o_.batch_size;
     Progress(log_, o_, epoch, result.steps, result.final_loss, result.samples, seconds());
-    return absl::OkStatus();
+    return probe_ != nullptr ? probe_->AfterStep(result.steps, job_epochs, result) : absl::OkStatus();
   }
   double seconds() const { return Seconds(start_); }
   // The last step's push-pulls still in flight (`pipeline`, null: none) are
@@ -147,6 +198,7 @@ class StepLoop {
  private:
   const Data& data_;
   const TrainOptions& o_;
+  AccuracyProbe* const probe_;
   std::ostream& log_;
   ProgressFile progress_;
   const std::chrono::steady_clock::time_point start_;
@@ -203,13 +255,14 @@ absl::StatusOr<float> PipelinedStep(Mlp& model, StepPipeline& pipeline, std::vec
 // the pushes applied. With a `pipeline` (null: none), tensor 0 is `tensor`
 // and its push-pull in flight is awaited before its version is read.
 absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker, const std::string& tensor,
-                        StepPipeline* pipeline, BatchStep step, std::ostream& log, TrainResult& result) {
+                        StepPipeline* pipeline, AccuracyProbe* probe, BatchStep step, std::ostream& log,
+                        TrainResult& result) {
   const uint32_t rank = worker.rank();
   const int world = static_cast<int>(worker.config().num_workers());
   const int steps_per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size);
   if (steps_per_epoch == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
   const uint64_t budget = static_cast<uint64_t>(o.epochs) * steps_per_epoch * world;
-  StepLoop loop(data, o, log);
+  StepLoop loop(data, o, probe, log);
   // At most every epoch of every worker's share (this worker alone).
   for (int epoch = 0; epoch < o.epochs * world; ++epoch) {
     std::vector<uint32_t> order = train::ShardIndices(data.train.size(), rank, world, o.seed, epoch);
@@ -219,7 +272,8 @@ absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker,
       }
       SHARDPS_ASSIGN_OR_RETURN(uint64_t applied, worker.WeightsVersion(tensor));
       if (applied >= budget || (o.max_steps > 0 && result.steps >= o.max_steps)) return loop.Finish(pipeline, result);
-      SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, step, result));
+      const double job_epochs = static_cast<double>(applied) / (static_cast<double>(budget) / o.epochs);
+      SHARDPS_RETURN_IF_ERROR(loop.Step(order, s, epoch, job_epochs, step, result));
     }
   }
   return loop.Finish(pipeline, result);
@@ -241,11 +295,11 @@ absl::Status TrainAsync(const Data& data, const TrainOptions& o, Worker& worker,
 // exact again.
 // A `pipeline` (null: none) has nothing in flight when a barrier is entered.
 absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker, StepPipeline* pipeline,
-                         BatchStep step, std::ostream& log, TrainResult& result) {
+                         AccuracyProbe* probe, BatchStep step, std::ostream& log, TrainResult& result) {
   const int all = static_cast<int>(worker.config().num_workers());
   uint32_t rank = worker.rank();
   int world = all;
-  StepLoop loop(data, o, log);
+  StepLoop loop(data, o, probe, log);
   const int initial_steps = StepsPerEpoch(data.train.size(), world, o.batch_size);
   if (initial_steps == 0) return absl::InvalidArgumentError("fewer training images per worker than one batch");
   const Worker::Rejoin& rejoin = worker.rejoin();
@@ -288,11 +342,23 @@ absl::Status TrainEpochs(const Data& data, const TrainOptions& o, Worker& worker
     }
     for (int64_t s = first_step; s < steps_per_epoch; ++s) {
       if (o.max_steps > 0 && epoch_start + s >= o.max_steps) break;
-      SHARDPS_RETURN_IF_ERROR(loop.Step(order, static_cast<int>(s % order_steps), epoch, step, result));
+      const double job_epochs = epoch + static_cast<double>(s + 1) / steps_per_epoch;
+      SHARDPS_RETURN_IF_ERROR(loop.Step(order, static_cast<int>(s % order_steps), epoch, job_epochs, step, result));
     }
     epoch_start += steps_per_epoch;
   }
   return loop.Finish(pipeline, result);
+}
+
+// The job's progress in epochs by the weights of `tensor` this worker last
+// received: completed rounds (async: pushes applied) over those of an epoch.
+absl::StatusOr<double> EpochsApplied(const Worker& worker, const Data& data, const TrainOptions& o,
+                                     const std::string& tensor) {
+  SHARDPS_ASSIGN_OR_RETURN(uint64_t version, worker.WeightsVersion(tensor));
+  const int world = static_cast<int>(worker.config().num_workers());
+  const int per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size) *
+                        (worker.config().consistency() == ASYNC ? world : 1);
+  return per_epoch > 0 ? static_cast<double>(version) / per_epoch : 0.0;
 }
 
 // After the "done" barrier: a sync worker that rejoined after the job's
@@ -429,9 +495,9 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
     return loss;
   };
   if (worker.config().consistency() == ASYNC) {
-    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, nullptr, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, nullptr, nullptr, step, log, result));
   } else {
-    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, nullptr, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, nullptr, nullptr, step, log, result));
   }
   SHARDPS_RETURN_IF_ERROR(worker.Barrier("done"));
   SHARDPS_RETURN_IF_ERROR(CheckRejoinedInTime(worker, result));
@@ -466,6 +532,13 @@ std::string WeightsSha256(const std::vector<std::vector<float>>& params) {
   return hex;
 }
 
+std::string AccuracyPointJson(const AccuracyPoint& p) {
+  return absl::StrFormat(
+      "{\"eval_step\": %d, \"epochs\": %.4f, \"seconds\": %.3f, \"eval_seconds\": %.3f, \"test_accuracy\": %.4f, "
+      "\"final\": %s}",
+      p.step, p.epochs, p.seconds, p.eval_seconds, p.test_accuracy, p.final ? "true" : "false");
+}
+
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
   std::vector<int> layers = {train::kImagePixels};
   for (absl::string_view part : absl::StrSplit(hidden, ',', absl::SkipEmpty())) {
@@ -488,6 +561,11 @@ absl::Status ValidateTrainOptions(const TrainOptions& o) {
   }
   if (!(o.slow_factor >= 1.0 && o.slow_factor <= 1000.0)) {
     return absl::InvalidArgumentError(absl::StrCat("slow factor ", o.slow_factor, " is not in [1, 1000]"));
+  }
+  if (o.eval_every < 0) return absl::InvalidArgumentError(absl::StrCat("eval every ", o.eval_every, " steps is below 0"));
+  if (o.eval_every > 0 && o.devices_per_worker > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluating every ", o.eval_every, " steps needs 1 device per worker, not ",
+                                                   o.devices_per_worker));
   }
   if (o.batch_size % o.devices_per_worker != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -519,6 +597,9 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   for (const auto& t : model.tensors()) names.push_back(t.name);
   StepPipeline pipeline(worker, std::move(names), params, o.step_timeout);
   StepPipeline* const overlap = o.overlap ? &pipeline : nullptr;
+  std::optional<AccuracyProbe> probe;
+  if (o.eval_every > 0 && worker.rank() == 0) probe.emplace(model, data.test, overlap, o.eval_every, log);
+  AccuracyProbe* const evaluate = probe ? &*probe : nullptr;
   TrainResult result;
   auto step = [&](const float* images, const uint8_t* labels) -> absl::StatusOr<float> {
     if (!pulled) SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
@@ -532,9 +613,9 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
     return loss;
   };
   if (worker.config().consistency() == ASYNC) {
-    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, overlap, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainAsync(data, o, worker, model.tensors()[0].name, overlap, evaluate, step, log, result));
   } else {
-    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, overlap, step, log, result));
+    SHARDPS_RETURN_IF_ERROR(TrainEpochs(data, o, worker, overlap, evaluate, step, log, result));
   }
   SHARDPS_RETURN_IF_ERROR(pipeline.AwaitAll());
   // Everyone finishes, then evaluates the same (latest) weights.
@@ -545,7 +626,12 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   if (worker.config().update_mode() != SUM_ONLY) {
     SHARDPS_RETURN_IF_ERROR(SyncAll(worker, model, params, nullptr, o.step_timeout));
   }
-  result.test_accuracy = model.Evaluate(data.test);
+  if (probe) {
+    SHARDPS_ASSIGN_OR_RETURN(double epochs, EpochsApplied(worker, data, o, model.tensors()[0].name));
+    result.test_accuracy = probe->Final(result.steps, epochs, result);
+  } else {
+    result.test_accuracy = model.Evaluate(data.test);
+  }
   WorkerStats stats = worker.stats();
   result.bytes_pushed = stats.bytes_pushed;
   result.bytes_pulled = stats.bytes_pulled;

@@ -59,7 +59,32 @@ struct TrainOptions {
   // are bitwise equal. Applies to devices_per_worker = 1 (a DeviceGroup
   // pipelines per partition instead).
   bool overlap = true;
+  // Test accuracy during training, for time-to-accuracy measurements
+  // (tools/scalebench.sh --train). 0 (default): off. N > 0: rank 0 evaluates
+  // on the test set the weights it holds after every N of its steps
+  // (awaiting its push-pulls in flight first) and the job's final weights
+  // (its test_accuracy), records each point in TrainResult::accuracy_points
+  // and writes it to the log as one JSON line (AccuracyPointJson). Other
+  // ranks do nothing. Needs devices_per_worker = 1.
+  int eval_every = 0;
 };
+
+// One evaluation of TrainOptions::eval_every.
+struct AccuracyPoint {
+  int64_t step = 0;        // this worker's steps so far
+  // The job's progress in epochs (async: pushes applied / pushes per epoch);
+  // of the final point, by the final weights' version.
+  double epochs = 0;
+  double seconds = 0;      // since training started, less the time spent evaluating so far
+  double eval_seconds = 0; // time spent evaluating so far, this point included
+  double test_accuracy = 0;
+  bool final = false;      // the job's final weights (after every worker finished)
+};
+
+// The log line of an AccuracyPoint: {"eval_step": ..., "epochs": ...,
+// "seconds": ..., "eval_seconds": ..., "test_accuracy": ..., "final": ...}
+// (no newline).
+std::string AccuracyPointJson(const AccuracyPoint& point);
 
 struct TrainResult {
   double test_accuracy = 0;
@@ -73,6 +98,7 @@ struct TrainResult {
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
   std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes acknowledged
+  std::vector<AccuracyPoint> accuracy_points;  // TrainOptions::eval_every, in order
   std::vector<std::vector<float>> params;  // final weights
 };
 
@@ -84,8 +110,8 @@ std::string WeightsSha256(const std::vector<std::vector<float>>& params);
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden);
 
 // InvalidArgument unless batch_size >= 1, devices_per_worker in [1, 1024],
-// batch_size divisible by devices_per_worker and slow_factor in [1, 1000]
-// (the message says which).
+// batch_size divisible by devices_per_worker, slow_factor in [1, 1000] and
+// eval_every >= 0, and 0 with devices_per_worker > 1 (the message says which).
 absl::Status ValidateTrainOptions(const TrainOptions& options);
 
 // Runs one worker of the job. Rank 0 initialises the weights. Sync and ssp

@@ -156,7 +156,8 @@ absl::Status UnknownDtype(int dtype) {
       absl::StrCat("dtype ", dtype, " is not SHARDPS_FLOAT32, SHARDPS_FLOAT16 or SHARDPS_BFLOAT16"));
 }
 
-int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype) {
+int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
+            const char* codec = nullptr) {
   shardps::TensorSpec spec;
   spec.set_name(name);
   uint64_t n = 1;
@@ -165,6 +166,7 @@ int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t nd
     n *= shape[i] > 0 ? static_cast<uint64_t>(shape[i]) : 0;
   }
   spec.set_dtype(shardps::FLOAT32);  // on the wire; the buffers' dtype stays here
+  if (codec != nullptr) spec.set_codec(codec);
   w->declared.push_back(std::move(spec));
   w->dtypes[name] = {dtype, n};
   return SHARDPS_OK;
@@ -259,6 +261,28 @@ absl::Status StoreDeviceWeights(shardps_worker& w, shardps_worker::Staged& s) {
   return status;
 }
 
+// After the wait for `handle` returned `s`: a staged request's weights go
+// back to the caller's 16-bit or device buffer, or its staging is kept alive
+// when the request failed (it may still leave later).
+absl::Status Finish(shardps_worker& w, uint64_t handle, absl::Status s) {
+  std::unique_ptr<shardps_worker::Staged> staged;
+  {
+    absl::MutexLock lock(&w.mu);
+    auto it = w.staged.find(handle);
+    if (it == w.staged.end()) return s;
+    staged = std::move(it->second);
+    w.staged.erase(it);
+  }
+  if (s.ok() && staged->pinned != nullptr) return StoreDeviceWeights(w, *staged);
+  if (s.ok()) {
+    StoreWeights(*staged);
+    return s;
+  }
+  absl::MutexLock lock(&w.mu);
+  w.abandoned.push_back(std::move(staged));
+  return s;
+}
+
 }  // namespace
 
 extern "C" {
@@ -325,6 +349,16 @@ int shardps_declare_tensor_dtype(shardps_worker* w, const char* name, const int6
     if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
     if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
     return Declare(w, name, shape, ndim, dtype);
+  });
+}
+
+int shardps_declare_tensor_codec(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
+                                 const char* codec, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
+    if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
+    return Declare(w, name, shape, ndim, dtype, codec);
   });
 }
 
@@ -400,30 +434,38 @@ int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, fl
   });
 }
 
+int shardps_push_pull_mean_gradient(shardps_worker* w, const char* name, const float* grad, float* mean_grad, size_t n,
+                                    uint64_t* handle, char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (name == nullptr || grad == nullptr || mean_grad == nullptr) {
+      return Null("name, grad or mean_grad", err, err_len);
+    }
+    return StartRequest(w, handle, err, err_len, [&] {
+      return w->worker->PushPullMeanGradient(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(mean_grad, n));
+    });
+  });
+}
+
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len) {
   return Guarded(__func__, err, err_len, [&] {
     if (w == nullptr) return Null("worker", err, err_len);
-    absl::Status s = w->worker->Wait(handle, Seconds(timeout_s));
-    std::unique_ptr<shardps_worker::Staged> staged;
-    {
-      absl::MutexLock lock(&w->mu);
-      auto it = w->staged.find(handle);
-      if (it != w->staged.end()) {
-        staged = std::move(it->second);
-        w->staged.erase(it);
-      }
-    }
-    if (staged != nullptr) {
-      if (s.ok() && staged->pinned != nullptr) {
-        s = StoreDeviceWeights(*w, *staged);
-      } else if (s.ok()) {
-        StoreWeights(*staged);
-      } else {
-        absl::MutexLock lock(&w->mu);
-        w->abandoned.push_back(std::move(staged));
-      }
-    }
-    return Report(s, err, err_len);
+    return Report(Finish(*w, handle, w->worker->Wait(handle, Seconds(timeout_s))), err, err_len);
+  });
+}
+
+int shardps_wait_any(shardps_worker* w, const uint64_t* handles, size_t n, double timeout_s, size_t* done_index,
+                     char* err, size_t err_len) {
+  return Guarded(__func__, err, err_len, [&] {
+    if (done_index == nullptr) return Null("done_index", err, err_len);
+    *done_index = n;
+    if (w == nullptr || (handles == nullptr && n > 0)) return Null("worker or handles", err, err_len);
+    if (n == 0) return Report(absl::InvalidArgumentError("shardps_wait_any: no handles"), err, err_len);
+    absl::Status status;
+    absl::StatusOr<size_t> done =
+        w->worker->WaitAny(absl::MakeConstSpan(handles, n), Seconds(timeout_s), &status);
+    if (!done.ok()) return Report(done.status(), err, err_len);
+    *done_index = *done;
+    return Report(Finish(*w, handles[*done], status), err, err_len);
   });
 }
 

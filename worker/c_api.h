@@ -4,7 +4,8 @@
  * which equal absl::StatusCode) and, on error, fills a caller-provided
  * message buffer when one is given.
  * Same contracts as worker/worker.h: buffers stay valid until the matching
- * shardps_wait returns, and every request is waited on once.
+ * shardps_wait (or the shardps_wait_any that completes it) returns, and every
+ * request is waited on once.
  * No C++ exception leaves these functions: one raised inside the library
  * (std::bad_alloc, a ZeroMQ error) is returned as SHARDPS_INTERNAL with its
  * message.
@@ -50,7 +51,9 @@ const char* shardps_version(void);
  * or "UNKNOWN_CODE" for a value that is not a shardps_status. */
 const char* shardps_status_name(int code);
 
-/* Error reporting: `err` may be NULL; otherwise up to err_len-1 bytes of the
+/* `scheduler_address`: "host:port", or "host:port,host:port,..." for schedulers
+ * on etcd (one active, the others standbys). Error reporting: `err` may be
+ * NULL; otherwise up to err_len-1 bytes of the
  * message are written, NUL-terminated. */
 int shardps_worker_create(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                           shardps_worker** out, char* err, size_t err_len);
@@ -79,6 +82,16 @@ enum { SHARDPS_FLOAT32 = 1, SHARDPS_FLOAT16 = 2, SHARDPS_BFLOAT16 = 3 };
    it (shardps_push_pull_typed); shardps_declare_tensor declares float32. */
 int shardps_declare_tensor_dtype(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
                                  char* err, size_t err_len);
+/* shardps_declare_tensor_dtype with the codec of this tensor's pushed
+   gradients: a codec spec as in the config's compression.codec ("none",
+   "fp16", "bf16", "2bit:threshold=0.5", "onebit", "topk:ratio=0.01", ...).
+   NULL or "": the config's codec for it. It overrides the config's
+   compression.tensor_codecs and compression.codec for this tensor, on the
+   workers and the servers alike; a codec the cluster cannot use (unknown
+   name, bad parameter, not allowed with this config) makes
+   shardps_define_done fail with SHARDPS_INVALID_ARGUMENT naming the tensor. */
+int shardps_declare_tensor_codec(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
+                                 const char* codec, char* err, size_t err_len);
 /* shardps_push_pull with buffers of `bytes` bytes of the tensor's declared
    dtype, which `dtype` must name: another dtype or size is refused
    (SHARDPS_INVALID_ARGUMENT, saying which). Both buffers are borrowed until
@@ -119,6 +132,26 @@ int shardps_pull(shardps_worker* w, const char* name, float* weights, size_t n, 
 int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, float* weights, size_t n,
                       uint64_t* handle, char* err, size_t err_len);
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len);
+/* Waits until one of the n handles completes, so one thread can complete
+ * many requests in the order they finish. *done_index is set to the index of
+ * the handle that completed, which is then consumed exactly as by
+ * shardps_wait (waiting on it again is SHARDPS_INVALID_ARGUMENT), and the
+ * call returns that request's status. When none completes within timeout_s,
+ * *done_index is n, the call returns SHARDPS_DEADLINE_EXCEEDED and every
+ * handle stays outstanding; timeout_s 0 polls (answers already received are
+ * taken, then it returns at once). An unknown or already consumed handle:
+ * SHARDPS_INVALID_ARGUMENT with *done_index n, nothing consumed. */
+int shardps_wait_any(shardps_worker* w, const uint64_t* handles, size_t n, double timeout_s, size_t* done_index,
+                     char* err, size_t err_len);
+
+/* Sum-only mode (update_mode SUM_ONLY) for a job that steps its own
+ * optimizer: pushes `grad` and, once shardps_wait returns SHARDPS_OK, has
+ * written the round's gradient averaged over the workers into `mean_grad`
+ * (n float32 each; both borrowed until then, and distinct buffers). No
+ * weights are touched. SHARDPS_FAILED_PRECONDITION in update_mode
+ * UPDATE_ON_SERVER. */
+int shardps_push_pull_mean_gradient(shardps_worker* w, const char* name, const float* grad, float* mean_grad, size_t n,
+                                    uint64_t* handle, char* err, size_t err_len);
 
 /* Push-pull of one partition of `name` (see shardps_partitions): `grad` and
  * `weights` hold that partition's n elements. Lets a caller put partition k

@@ -306,20 +306,52 @@ std::string DataChannel::Outstanding(const HandleState& h) const {
 }
 
 absl::Status DataChannel::Wait(uint64_t handle, absl::Duration timeout) {
+  absl::Status status;
+  absl::StatusOr<size_t> done = WaitAny(absl::MakeConstSpan(&handle, 1), timeout, &status);
+  if (!done.ok() && absl::IsInvalidArgument(done.status())) return done.status();
+  if (done.ok()) return status;
+  // Wait's contract: a handle that timed out is released, naming who owes it.
+  absl::MutexLock lock(&mu_);
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) return done.status();
+  absl::Status result = it->second.status;  // answered since WaitAny gave up
+  if (it->second.remaining > 0) {
+    result = absl::DeadlineExceededError(absl::StrCat(
+        it->second.what, ": no answer within ", absl::FormatDuration(timeout), " from ", Outstanding(it->second)));
+    for (uint64_t id : it->second.request_ids) pending_.erase(id);
+  }
+  handles_.erase(it);
+  return result;
+}
+
+absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, absl::Duration timeout,
+                                            absl::Status* status) {
   const absl::Time deadline = absl::Now() + timeout;
   mu_.Lock();
-  auto it = handles_.find(handle);
-  if (it == handles_.end()) {
-    mu_.Unlock();
-    return absl::InvalidArgumentError(absl::StrCat("unknown handle ", handle, " (already waited on?)"));
+  std::vector<HandleState*> states;  // stable: only a Wait(Any) of the handle erases it
+  for (uint64_t handle : handles) {
+    auto it = handles_.find(handle);
+    if (it == handles_.end()) {
+      mu_.Unlock();
+      return absl::InvalidArgumentError(absl::StrCat("unknown handle ", handle, " (already waited on?)"));
+    }
+    states.push_back(&it->second);
   }
-  HandleState& h = it->second;  // stable: only this Wait erases it
-  bool polling = false;
-  while (h.remaining > 0 && absl::Now() < deadline) {
+  auto first_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    size_t i = 0;
+    while (i < states.size() && states[i]->remaining > 0) ++i;
+    return i;
+  };
+  const size_t none = states.size();
+  bool polling = false, drained_once = false;
+  // At least one drain, so a zero timeout polls.
+  while (first_done() == none && (!drained_once || absl::Now() < deadline)) {
     if (!polling && poller_active_) {
-      // Another thread polls; sleep until our handle is done or the role frees.
-      auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return h.remaining == 0 || !poller_active_; };
+      if (absl::Now() >= deadline) break;
+      // Another thread polls; sleep until one of ours is done or the role frees.
+      auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return first_done() < none || !poller_active_; };
       mu_.AwaitWithDeadline(absl::Condition(&wake), deadline);
+      drained_once = true;  // the poller drained meanwhile
       continue;
     }
     poller_active_ = polling = true;
@@ -330,23 +362,23 @@ absl::Status DataChannel::Wait(uint64_t handle, absl::Duration timeout) {
       drained = DrainReady();
     }
     mu_.Lock();
-    if (drained > 0 || h.remaining == 0) continue;
+    drained_once = true;
+    if (drained > 0 || first_done() < none || absl::Now() >= deadline) continue;
     mu_.Unlock();
     PollFds(std::min(kPollSlice, std::max(absl::ZeroDuration(), deadline - absl::Now())));
     mu_.Lock();
   }
   if (polling) poller_active_ = false;  // waking a sleeper to take over (Await re-checks)
-  absl::Status result;
-  if (h.remaining > 0) {
-    result = absl::DeadlineExceededError(absl::StrCat(h.what, ": no answer within ", absl::FormatDuration(timeout),
-                                                      " from ", Outstanding(h)));
-    for (uint64_t id : h.request_ids) pending_.erase(id);
-  } else {
-    result = h.status;
+  const size_t i = first_done();
+  if (i == none) {
+    mu_.Unlock();
+    return absl::DeadlineExceededError(absl::StrCat("none of ", none, " requests answered within ",
+                                                    absl::FormatDuration(timeout)));
   }
-  handles_.erase(handle);
+  *status = states[i]->status;
+  handles_.erase(handles[i]);
   mu_.Unlock();
-  return result;
+  return i;
 }
 
 }  // namespace shardps

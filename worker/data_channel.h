@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/security.h"
 #include "proto/data.pb.h"
 
@@ -70,8 +71,15 @@ class DataChannel {
   // (e.g. "PushPull of 'fc1.weight' round 3").
   uint64_t Submit(std::vector<Request> requests, std::string what);
 
-  // Waits until every request of `handle` is answered; releases the handle.
+  // Waits until every request of `handle` is answered; releases the handle
+  // (also on timeout: the error names the servers still owing an answer).
   absl::Status Wait(uint64_t handle, absl::Duration timeout);
+  // Waits until one of `handles` is answered in full and returns its index;
+  // that handle is released and its result stored in *status. The others
+  // stay outstanding. DEADLINE_EXCEEDED when none is done within `timeout`
+  // (zero: answers already queued are taken, then it returns at once), and
+  // then no handle is released; INVALID_ARGUMENT for an unknown handle.
+  absl::StatusOr<size_t> WaitAny(absl::Span<const uint64_t> handles, absl::Duration timeout, absl::Status* status);
 
   // Fails every request to `server`, waiting or submitted later, with
   // `status` (the scheduler declared the server dead): no caller waits out

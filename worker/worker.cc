@@ -119,7 +119,7 @@ class WorkerImpl : public Worker {
       // rejoined worker at its join round.
       route.rounds_pushed.push_back(std::max<uint64_t>(config_.checkpoint().restore_round(), rejoin_.round));
       auto state = std::make_unique<PartitionState>();
-      auto codecs = compression::CodecsForPartition(config_, t.name(), p.num_elements());
+      auto codecs = compression::CodecsForPartition(config_, t.name(), p.num_elements(), t.codec());
       if (!codecs.ok()) return codecs.status();
       state->codecs = *std::move(codecs);
       if (sum_only()) {
@@ -172,6 +172,17 @@ class WorkerImpl : public Worker {
     return Start(PUSH_PULL, name, gradient.data(), gradient.size(), weights.data(), weights.size(), "PushPull");
   }
 
+  absl::StatusOr<Handle> PushPullMeanGradient(const std::string& name, absl::Span<const float> gradient,
+                                              absl::Span<float> mean_gradient) override {
+    if (!sum_only()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "PushPullMeanGradient of '", name, "': the cluster's update_mode is not sum_only, so servers answer with "
+          "weights, not gradients"));
+    }
+    return Start(PUSH_PULL, name, gradient.data(), gradient.size(), mean_gradient.data(), mean_gradient.size(),
+                 "PushPullMeanGradient", std::nullopt, Answer::kMeanGradient);
+  }
+
   absl::StatusOr<std::vector<PartitionExtent>> Partitions(const std::string& name) const override {
     absl::MutexLock lock(&mu_);
     auto it = routes_.find(name);
@@ -195,6 +206,13 @@ class WorkerImpl : public Worker {
     }
     if (channel == nullptr) return absl::FailedPreconditionError("Wait before DefineTensors");
     return channel->Wait(handle, timeout);
+  }
+
+  absl::StatusOr<size_t> WaitAny(absl::Span<const Handle> handles, absl::Duration timeout,
+                                 absl::Status* status) override {
+    DataChannel* channel = Channel();
+    if (channel == nullptr) return absl::FailedPreconditionError("WaitAny before DefineTensors");
+    return channel->WaitAny(handles, timeout, status);
   }
 
   absl::StatusOr<uint64_t> WeightsVersion(const std::string& name) const override {
@@ -221,10 +239,15 @@ class WorkerImpl : public Worker {
   }
 
  private:
+  // What a sum-only PUSH_PULL's answer becomes: the configured optimizer's
+  // step on the caller's weights, or the mean gradient for the caller's own.
+  enum class Answer { kWeights, kMeanGradient };
+
   // Builds and submits one request per partition (or only partition
   // `only`, whose extent the spans then cover).
   absl::StatusOr<Handle> Start(Op op, const std::string& name, const float* in, size_t in_n, float* out,
-                               size_t out_n, absl::string_view verb, std::optional<size_t> only = std::nullopt) {
+                               size_t out_n, absl::string_view verb, std::optional<size_t> only = std::nullopt,
+                               Answer answer = Answer::kWeights) {
     // Rounds are numbered and sent under one lock, so two threads pushing
     // the same tensor cannot put round r+1 on the wire before round r.
     absl::MutexLock send_lock(&send_mu_);
@@ -295,7 +318,7 @@ class WorkerImpl : public Worker {
             r.payload = grad;
           }
         }
-        if (receives) SetAnswer(state, op, out + (p.offset() - base), p.num_elements(), &r);
+        if (receives) SetAnswer(state, op, answer, out + (p.offset() - base), p.num_elements(), &r);
         requests.push_back(std::move(r));
       }
       // Only once every request is built: a failed encode owes no round.
@@ -399,14 +422,15 @@ class WorkerImpl : public Worker {
   // How an answer's payload reaches `out` (n floats): copied (raw weights),
   // decoded (compressed weights), or, in sum-only mode, decoded into the
   // aggregate and applied to `out` by this worker's optimizer.
-  void SetAnswer(PartitionState& state, Op op, float* out, size_t n, DataChannel::Request* r) {
+  void SetAnswer(PartitionState& state, Op op, Answer kind, float* out, size_t n, DataChannel::Request* r) {
     const bool aggregate = sum_only() && op == PUSH_PULL;
     const bool delta = compression::PullsWeightDeltas(config_, state.codecs);
     if (!aggregate && (state.codecs.pull == nullptr || sum_only() || (delta && op == PULL))) {
       r->out = out;
       return;
     }
-    r->on_answer = [this, &state, out, n, aggregate, delta](const DataHeader& answer,
+    const bool mean = aggregate && kind == Answer::kMeanGradient;
+    r->on_answer = [this, &state, out, n, aggregate, delta, mean](const DataHeader& answer,
                                                            const zmq::message_t& payload) -> absl::Status {
       // The mean over the workers whose gradients the aggregate sums.
       const uint32_t contributors = answer.contributors() > 0 ? answer.contributors() : config_.num_workers();
@@ -441,6 +465,15 @@ class WorkerImpl : public Worker {
       if (aggregate) {
         if (answer.completed_rounds() == 0) return absl::DataLossError("aggregate answer before any round");
         const uint64_t round = answer.completed_rounds() - 1;
+        if (mean) {
+          if (Preconditioned(state, round)) {
+            return absl::FailedPreconditionError("the aggregate is of Adam momenta (optimizer.freeze_variance_after "
+                                                 "with compression), not gradients");
+          }
+          const float* agg = state.aggregate.data();
+          for (size_t i = 0; i < n; ++i) out[i] = agg[i] * scale;
+          return absl::OkStatus();
+        }
         if (Preconditioned(state, round)) {
           if (absl::Status s = CheckDivisor(state, answer.partition_id(), round); !s.ok()) return s;
           // The aggregate is the sum of the workers' momenta in units of d.

@@ -37,7 +37,7 @@ namespace shardps {
 class SchedulerClient;
 
 struct WorkerOptions {
-  std::string scheduler_address{};  // host:port
+  std::string scheduler_address{};  // host:port, or host:port,host:port,... (schedulers on etcd)
   uint32_t rank = 0;              // in [0, num_workers)
   std::string host = "localhost"; // shown in status and errors
   // How long Create() waits for the scheduler and the whole cluster.
@@ -114,6 +114,13 @@ class Worker {
   virtual absl::StatusOr<Handle> PushPull(const std::string& name, absl::Span<const float> gradient,
                                           absl::Span<float> weights) = 0;
 
+  // Sum-only mode for a job that runs its own optimizer: pushes `gradient`
+  // and fills `mean_gradient` with the round's gradients averaged over the
+  // workers that contributed (sync: the same on every worker); no weights
+  // are touched. FAILED_PRECONDITION unless update_mode is SUM_ONLY.
+  virtual absl::StatusOr<Handle> PushPullMeanGradient(const std::string& name, absl::Span<const float> gradient,
+                                                      absl::Span<float> mean_gradient) = 0;
+
   // Where each partition of `name` lies within the tensor, in shard-map
   // order. Lets a caller pipeline per partition (e.g. merge partition k+1
   // from local devices while partition k is on the wire).
@@ -134,6 +141,14 @@ class Worker {
   // Requests to a server the scheduler declared dead fail at once, naming it
   // (the worker follows the shard map from DefineTensors on).
   virtual absl::Status Wait(Handle handle, absl::Duration timeout) = 0;
+  // Waits until one of `handles` completes and returns its index; that handle
+  // is released (as by Wait) and its result stored in *status, the others stay
+  // outstanding. DEADLINE_EXCEEDED when none completes within `timeout` (zero
+  // polls: answers already received are taken, then it returns at once); no
+  // handle is released then. INVALID_ARGUMENT for a handle that is unknown or
+  // was already waited on.
+  virtual absl::StatusOr<size_t> WaitAny(absl::Span<const Handle> handles, absl::Duration timeout,
+                                         absl::Status* status) = 0;
 
   virtual WorkerStats stats() const = 0;
 

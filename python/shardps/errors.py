@@ -9,6 +9,7 @@ class ShardPSError(RuntimeError):
     def __init__(self, code, status, message, call):
         super().__init__("%s: %s (%s)" % (status, message, call))
         self.code, self.status, self.message, self.call = code, status, message, call
+        self.handle = None  # Worker.wait_any: the Handle whose request failed
 
 
 class InvalidArgumentError(ShardPSError, ValueError):

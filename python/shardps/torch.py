@@ -9,19 +9,33 @@
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
 
 Each parameter's gradient is pushed from a backward hook the moment autograd has
-accumulated it, so communication overlaps the rest of backward; step() only waits for what
-is still outstanding. The update is the cluster's: with the optimizer on the servers the
-pulled weights are the update; in sum-only mode the worker library applies the cluster
-config's optimizer to the averaged gradient in place. Either way the wrapped torch
-optimizer's own step() is not called (its param_groups, zero_grad and state_dict are used
-as they are), so the optimizer and learning rate are those of the cluster configuration.
+accumulated it, so communication overlaps the rest of backward (explicit `priorities` hold a
+gradient back until those ranked above it are pushed). step() completes the outstanding
+requests in the order they finish (Worker.wait_any). Given `model=`, step() in update mode
+on_server does not wait at all: a forward pre-hook of each module waits for its own
+parameters, so the next forward gets the first layer's weights first and computes with them
+while later layers' are still on the way (synchronize() waits for all, e.g. before saving).
 
-CPU float32 contiguous parameters go zero-copy: the gradient is sent from p.grad and the
-weights land in p.data. CUDA float32 contiguous parameters go through
-shardps_push_pull_cuda: the library copies p.grad and p.data to pinned host memory on the
-current CUDA stream and the new weights back into p.data on that stream, with no CPU tensor
-in between (a library built without CUDA falls back to CPU copies). Other parameters
-(float16, bfloat16, float64) are staged through float32 CPU copies.
+Where the update happens is the cluster's update_mode:
+- on_server: the servers run the cluster config's optimizer; the pulled weights are the
+  update and the wrapped torch optimizer's step() is not called (its param_groups,
+  zero_grad and state_dict are used as they are).
+- sum_only: the servers return the gradient averaged over the workers; it is written into
+  p.grad and the wrapped torch optimizer steps (its kind and learning rate; the config's
+  optimizer is not used).
+
+Buffers: CPU contiguous float32, float16 and bfloat16 parameters go zero-copy: the gradient
+is sent from p.grad and the weights land in p.data (16-bit ones are converted by the
+library). CUDA float32 contiguous parameters go through shardps_push_pull_cuda: the library
+copies p.grad and p.data to pinned host memory on the current CUDA stream and the new
+weights back into p.data on that stream, with no CPU tensor in between (a library built
+without CUDA falls back to CPU copies). Other parameters (float64, CUDA 16-bit) and every
+sum-only gradient travel through float32 CPU copies.
+
+Per-tensor compression: `compression` maps a parameter name to a codec spec of the cluster
+config's kind ("fp16", "onebit", "topk:ratio=0.01", ...; None or "": the config's), as a dict
+or a callable(name, parameter); the tensors are declared with it, and a codec the cluster
+cannot use raises InvalidArgumentError naming the parameter.
 """
 
 import itertools
@@ -32,6 +46,7 @@ import torch
 import shardps
 
 _broadcasts = itertools.count()
+_HALF = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _zero_copy(p):
@@ -42,19 +57,32 @@ def _device_path(p):
     return p.device.type == "cuda" and p.dtype == torch.float32 and p.is_contiguous()
 
 
+def _wire_dtype(p, sum_only):
+    """The dtype a parameter's tensor is defined with: its own for CPU 16-bit parameters
+    (zero-copy), float32 otherwise."""
+    if not sum_only and p.device.type == "cpu" and p.is_contiguous():
+        return _HALF.get(p.dtype, "float32")
+    return "float32"
+
+
 class _Slot:
     """One parameter's transfer state."""
 
-    def __init__(self, name, param):
-        self.name, self.param = name, param
+    def __init__(self, name, param, sum_only, priority):
+        self.name, self.param, self.priority = name, param, priority
         self.passes = 0
         self.handle = None
-        self.on_device = _device_path(param)  # cleared if the library has no CUDA
-        if _zero_copy(param) or self.on_device:
-            self.grad32 = self.weights32 = None
-        else:
-            self.grad32 = torch.zeros(param.shape, dtype=torch.float32)
-            self.weights32 = torch.zeros(param.shape, dtype=torch.float32)
+        self.deferred = False  # step() returned; the next forward waits for it
+        self.on_device = not sum_only and _device_path(param)  # cleared if the library has no CUDA
+        self.grad32 = self.weights32 = None
+        if sum_only:
+            self.weights32 = torch.zeros(param.shape, dtype=torch.float32)  # the mean gradient lands here
+        elif not (_zero_copy(param) or self.on_device or _wire_dtype(param, False) != "float32"):
+            self.stage()
+
+    def stage(self):
+        self.grad32 = torch.zeros(self.param.shape, dtype=torch.float32)
+        self.weights32 = torch.zeros(self.param.shape, dtype=torch.float32)
 
 
 def _named(named_parameters, optimizer):
@@ -68,16 +96,35 @@ def _named(named_parameters, optimizer):
     return named
 
 
-def _define_or_check(worker, named):
+def _per_name(option, named, what):
+    """{name: value} from a dict (names checked) or a callable(name, tensor)."""
+    if option is None:
+        return {}
+    if callable(option):
+        return {n: option(n, t) for n, t in named}
+    unknown = sorted(set(option) - {n for n, _ in named})
+    if unknown:
+        raise KeyError("%s names parameters that are not among named_parameters: %s" % (what, ", ".join(unknown)))
+    return dict(option)
+
+
+def _define_or_check(worker, named, codecs=None, sum_only=False):
+    codecs = codecs or {}
+    specs = [(n, list(t.shape), _wire_dtype(t, sum_only), codecs.get(n) or None) for n, t in named]
     if not worker.tensors:
-        worker.define([(n, list(t.shape)) for n, t in named])
+        worker.define(specs)
         return
-    defined = worker.tensors
-    for n, t in named:
+    defined, dtypes = worker.tensors, worker.dtypes
+    for n, shape, dtype, codec in specs:
         if n not in defined:
             raise KeyError("%r is not among the tensors defined on this worker" % n)
-        if list(t.shape) != defined[n]:
-            raise ValueError("%r has shape %s; it was defined with %s" % (n, list(t.shape), defined[n]))
+        if shape != defined[n]:
+            raise ValueError("%r has shape %s; it was defined with %s" % (n, shape, defined[n]))
+        if codec:
+            raise ValueError("%r: its codec cannot be set, the tensors are already defined on this worker "
+                             "(create the DistributedOptimizer before broadcast_parameters)" % n)
+        if dtype != dtypes[n]:
+            raise ValueError("%r is %s; it was defined as %s" % (n, dtype, dtypes[n]))
 
 
 class DistributedOptimizer:
@@ -86,23 +133,36 @@ class DistributedOptimizer:
 
     backward_passes_per_step: gradients of that many backward passes are accumulated
     locally (in p.grad, as torch does) before one push; call step() after each such group.
-    timeout: seconds step() waits for each parameter (default: the worker's)."""
+    timeout: seconds step() waits for each answer (default: the worker's).
+    compression: per-parameter codec specs (dict or callable(name, parameter)).
+    priorities: per-parameter push priorities (dict or callable; higher goes first): a
+    gradient is pushed once every parameter of a higher priority has been pushed this step.
+    None: as backward produces them.
+    model: the module the parameters belong to: its forward pre-hooks wait for each layer's
+    new weights, so step() need not (update mode on_server only)."""
 
-    def __init__(self, optimizer, named_parameters=None, backward_passes_per_step=1, worker=None, timeout=None):
+    def __init__(self, optimizer, named_parameters=None, backward_passes_per_step=1, worker=None, timeout=None,
+                 compression=None, priorities=None, model=None):
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
         self.optimizer = optimizer
         self.worker = worker if worker is not None else shardps.worker()
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.timeout = timeout
+        self.sum_only = self.worker.update_mode == "sum_only"
         named = _named(named_parameters, optimizer)
-        _define_or_check(self.worker, named)
-        self._slots = [_Slot(n, p) for n, p in named if p.requires_grad]
-        # Seconds step() has spent waiting for answers: what communication did not hide.
+        _define_or_check(self.worker, named, _per_name(compression, named, "compression"), self.sum_only)
+        ranks = _per_name(priorities, named, "priorities")
+        self._slots = [_Slot(n, p, self.sum_only, ranks.get(n, 0)) for n, p in named if p.requires_grad]
+        self._prioritised = bool(ranks)
+        self._held = []  # gradients produced but held back by a higher priority still to come
+        # Seconds spent waiting for answers (in step() and forward hooks): what communication
+        # did not hide.
         self.wait_seconds = 0.0
-        self._hooks = []
-        for slot in self._slots:
-            self._hooks.append(self._register(slot))
+        self._hooks = [self._register(slot) for slot in self._slots]
+        self._defers = model is not None and not self.sum_only
+        if self._defers:
+            self._hooks += self._register_forward(model)
 
     def _register(self, slot):
         p = slot.param
@@ -115,20 +175,52 @@ class DistributedOptimizer:
         handle = accumulator.register_hook(lambda *_, slot=slot: self._on_gradient(slot))
         return handle, accumulator
 
+    def _register_forward(self, model):
+        """A pre-hook per module with parameters of ours: it completes their requests, in
+        the order forward uses them."""
+        by_param = {id(s.param): s for s in self._slots}
+        hooks = []
+        for module in model.modules():
+            slots = [by_param[id(p)] for p in module.parameters(recurse=False) if id(p) in by_param]
+            if slots:
+                hooks.append(module.register_forward_pre_hook(lambda *_, slots=slots: self._complete(slots)))
+        return hooks
+
     def _on_gradient(self, slot):
         slot.passes += 1
         if slot.passes < self.backward_passes_per_step:
             return
-        if slot.handle is not None:
+        if slot.deferred:
+            self._complete([slot])  # the previous step's answer, not used by forward since
+        if slot.handle is not None or slot in self._held:
             raise RuntimeError("the gradient of %r was produced again before step() (backward_passes_per_step=%d)"
                                % (slot.name, self.backward_passes_per_step))
-        self._push(slot)
+        if not self._prioritised:
+            self._push(slot)
+            return
+        self._held.append(slot)
+        self._release(final=False)
+
+    def _release(self, final):
+        """Pushes the held gradients no higher priority still waits for (all when final)."""
+        waiting = [s.priority for s in self._slots
+                   if s.handle is None and s not in self._held and s.passes < self.backward_passes_per_step]
+        bar = max(waiting) if waiting and not final else None
+        ready = sorted((s for s in self._held if bar is None or s.priority >= bar), key=lambda s: -s.priority)
+        for slot in ready:
+            self._held.remove(slot)
+            self._push(slot)
 
     def _push(self, slot):
         p = slot.param
         grad = p.grad
         if grad is None:
             grad = torch.zeros_like(p.data)
+        if self.sum_only:
+            if not _zero_copy(grad):
+                grad = grad.detach().to("cpu", torch.float32).contiguous()
+            slot.handle = self.worker.push_pull_mean_gradient(slot.name, grad, slot.weights32)
+            return
         if slot.on_device:
             grad = grad.contiguous()
             stream = torch.cuda.current_stream(p.device).cuda_stream
@@ -137,47 +229,94 @@ class DistributedOptimizer:
                 return
             except shardps.UnimplementedError:
                 slot.on_device = False  # no CUDA in the library: stage through the CPU from now on
-                slot.grad32 = torch.zeros(p.shape, dtype=torch.float32)
-                slot.weights32 = torch.zeros(p.shape, dtype=torch.float32)
+                slot.stage()
         if slot.grad32 is None:
-            if not _zero_copy(grad):
-                grad = grad.float().contiguous()
+            if grad.dtype != p.dtype or not grad.is_contiguous():
+                grad = grad.to(p.dtype).contiguous()
             slot.handle = self.worker.push_pull(slot.name, grad, p.data)
         else:
             slot.grad32.copy_(grad)
             slot.weights32.copy_(p.data)  # sum-only and delta pulls update the weights in place
             slot.handle = self.worker.push_pull(slot.name, slot.grad32, slot.weights32)
 
+    def _land(self, slot):
+        """After slot's request completed: its answer into the parameter."""
+        slot.handle, slot.deferred = None, False
+        if self.sum_only:
+            if slot.param.grad is None:
+                slot.param.grad = torch.zeros_like(slot.param)
+            slot.param.grad.copy_(slot.weights32)
+        elif slot.grad32 is not None:
+            with torch.no_grad():
+                slot.param.copy_(slot.weights32)
+
+    def _complete(self, slots):
+        """Completes the outstanding requests of `slots` in the order they finish."""
+        pending = {s.handle: s for s in slots if s.handle is not None}
+        start = time.perf_counter()
+        try:
+            while pending:
+                done = self.worker.wait_any(list(pending), self.timeout)
+                self._land(pending.pop(done))
+        except shardps.ShardPSError as e:
+            if e.handle is not None:
+                slot = pending.pop(e.handle)
+                slot.handle, slot.deferred = None, False
+                raise
+            # None answered in time: release each (its error names the servers still owing).
+            for handle, slot in pending.items():
+                slot.handle, slot.deferred = None, False
+                try:
+                    handle.wait(0)
+                except shardps.ShardPSError as timed_out:
+                    e = timed_out
+            raise e
+        finally:
+            self.wait_seconds += time.perf_counter() - start
+
     def step(self, closure=None):
-        """Waits for every parameter's new weights (pushing those whose gradient was not
-        produced by a hook, e.g. unused parameters, with p.grad or zeros) and writes them
-        into the parameters. Returns the closure's loss if a closure is given."""
+        """Pushes what no hook pushed (unused parameters: p.grad or zeros) and completes every
+        request, landing the new weights in the parameters (sum-only: the mean gradient in
+        p.grad, then the wrapped optimizer steps). With `model` in update mode on_server it
+        returns at once and the next forward completes them. Returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._complete([s for s in self._slots if s.deferred])  # a step with no forward since
+        self._release(final=True)
         for slot in self._slots:
             if slot.handle is None:
                 self._push(slot)
-        start = time.perf_counter()
+        if self._defers:
+            for slot in self._slots:
+                slot.deferred, slot.passes = True, 0
+            return loss
         try:
-            for slot in self._slots:
-                slot.handle.wait(self.timeout)
-                if slot.weights32 is not None:
-                    with torch.no_grad():
-                        slot.param.copy_(slot.weights32)
+            self._complete(self._slots)
         finally:
-            self.wait_seconds += time.perf_counter() - start
             for slot in self._slots:
-                slot.handle = None
-                slot.passes = 0
+                slot.handle, slot.passes = None, 0
+        if self.sum_only:
+            self.optimizer.step()
         return loss
 
+    @property
+    def outstanding(self):
+        """Names of the parameters whose requests are still on the wire."""
+        return [s.name for s in self._slots if s.handle is not None]
+
     def synchronize(self):
-        """Same as step() without a closure (Horovod's name)."""
-        self.step()
+        """Completes every outstanding request (after step() with `model`: before reading
+        or saving the weights outside a forward)."""
+        self._complete([s for s in self._slots if s.handle is not None])
 
     def zero_grad(self, set_to_none=False):
+        # A gradient still on the wire must not be zeroed in place: drop it instead (its
+        # request keeps it alive).
+        for slot in self._slots:
+            if slot.deferred:
+                slot.param.grad = None
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):
@@ -201,7 +340,7 @@ def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
     initial weights only before the first update."""
     worker = worker if worker is not None else shardps.worker()
     named = list(params.items()) if isinstance(params, dict) else list(params)
-    _define_or_check(worker, named)
+    _define_or_check(worker, named, sum_only=worker.update_mode == "sum_only")
     if worker.rank == root_rank:
         for name, tensor in named:
             worker.init_tensor(name, tensor.detach().to("cpu", torch.float32).contiguous(), timeout)
@@ -217,9 +356,10 @@ def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
-    """The optimizer state that matters lives where updates are applied (the servers, or the
-    worker library in sum-only mode), starts equal on every worker and is never in the
-    torch optimizer: nothing to send. Resuming a torch optimizer's saved state into a
+    """The optimizer state that matters lives where updates are applied: on the servers
+    (update mode on_server), or in the wrapped torch optimizer (sum_only), where it starts
+    empty on every worker and every worker steps on the same averaged gradient, so it stays
+    equal: nothing to send. Resuming a torch optimizer's saved state into a
     cluster is not supported, and a non-empty state is refused rather than ignored."""
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     if any(len(s) for s in inner.state.values()):

@@ -1,7 +1,9 @@
 """One ShardPS worker over the C ABI (worker/c_api.h).
 
-Buffers are float32, contiguous and on the CPU: torch tensors, numpy arrays or writable
-buffer-protocol objects of format 'f' (push_pull_cuda takes CUDA tensors instead). They are passed to the library as they are (no copy)
+Buffers are contiguous and on the CPU: torch tensors, numpy arrays or writable
+buffer-protocol objects of format 'f' (push_pull_cuda takes CUDA tensors instead). They are float32,
+except that push_pull also takes the float16 or bfloat16 buffers of a tensor defined with that dtype
+(numpy float16, buffer format 'e'). They are passed to the library as they are (no copy)
 and borrowed until the request's handle is waited on; a Handle keeps them alive until then.
 After a wait that times out the request may still leave later, so its buffers are kept for
 the worker's lifetime.
@@ -17,37 +19,46 @@ from .errors import check, ShardPSError
 
 _ERR_LEN = 1024
 _FLOAT32 = 1  # SHARDPS_FLOAT32
+DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3}  # SHARDPS_FLOAT32, ...
+_TORCH_DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
+_FORMATS = {"f": "float32", "e": "float16"}
 
 CONSISTENCY_NAMES = {1: "sync", 2: "async", 3: "ssp"}
 UPDATE_MODE_NAMES = {0: "on_server", 1: "sum_only"}
 
 
-def _buffer(obj, writable, what):
-    """(address, element count, object to keep alive) of a float32 CPU buffer."""
+def _buffer(obj, writable, what, dtypes=("float32",)):
+    """(address, element count, dtype name, object to keep alive) of a CPU buffer whose dtype
+    is one of `dtypes`."""
     module = type(obj).__module__ or ""
     if module.startswith("torch"):
         if obj.device.type != "cpu":
             raise TypeError("%s is on %s; ShardPS takes CPU tensors (copy it with .cpu())" % (what, obj.device))
-        if str(obj.dtype) != "torch.float32":
-            raise TypeError("%s has dtype %s; ShardPS tensors are float32 (convert with .float())" % (what, obj.dtype))
+        dtype = _TORCH_DTYPES.get(str(obj.dtype))
+        if dtype not in dtypes:
+            raise TypeError("%s has dtype %s; ShardPS takes %s here (convert with .float())"
+                            % (what, obj.dtype, " or ".join(dtypes)))
         if not obj.is_contiguous():
             raise ValueError("%s is not contiguous (use .contiguous())" % what)
-        return obj.data_ptr(), obj.numel(), obj
+        return obj.data_ptr(), obj.numel(), dtype, obj
     if module.startswith("numpy"):
-        if str(obj.dtype) != "float32":
-            raise TypeError("%s has dtype %s; ShardPS tensors are float32" % (what, obj.dtype))
+        if str(obj.dtype) not in dtypes:
+            raise TypeError("%s has dtype %s; ShardPS takes %s here" % (what, obj.dtype, " or ".join(dtypes)))
         if not obj.flags["C_CONTIGUOUS"]:
             raise ValueError("%s is not C-contiguous" % what)
         if writable and not obj.flags["WRITEABLE"]:
             raise ValueError("%s is read-only" % what)
-        return obj.ctypes.data, obj.size, obj
+        return obj.ctypes.data, obj.size, str(obj.dtype), obj
     view = memoryview(obj)
-    if view.format != "f" or not view.c_contiguous:
-        raise TypeError("%s must be a contiguous float32 buffer (format 'f'), got format %r" % (what, view.format))
+    dtype = _FORMATS.get(view.format)
+    if dtype not in dtypes or not view.c_contiguous:
+        raise TypeError("%s must be a contiguous buffer of %s (format %s), got format %r"
+                        % (what, " or ".join(dtypes), " or ".join(f for f, d in _FORMATS.items() if d in dtypes),
+                           view.format))
     if view.readonly:
         raise ValueError("%s is read-only; pass a writable buffer" % what)
     array = (ctypes.c_char * view.nbytes).from_buffer(obj)
-    return ctypes.addressof(array), view.nbytes // 4, (obj, array)
+    return ctypes.addressof(array), view.nbytes // view.itemsize, dtype, (obj, array)
 
 
 class Handle:
@@ -72,7 +83,7 @@ class Worker:
         self._lib = _library.load()
         self._ptr = None
         self.timeout = float(timeout)
-        self._shapes = {}
+        self._shapes, self._dtypes = {}, {}
         self._orphans = []
         ptr = ctypes.c_void_p()
         self._call("shardps_worker_create_secure", scheduler.encode(), int(rank), float(rendezvous_timeout),
@@ -154,25 +165,39 @@ class Worker:
 
     # ---- tensors ----
     def define(self, tensors):
-        """Declares every tensor of the job, [(name, shape), ...] in the same order on every
-        worker, and waits until every server serves them. Once per worker."""
+        """Declares every tensor of the job and waits until every server serves them; the same
+        list in the same order on every worker. Once per worker. Each entry is
+        (name, shape[, dtype[, codec]]): dtype "float32" (default), "float16" or "bfloat16" is
+        the element type of the buffers push_pull will take for it (values travel as float32
+        or in the codec); codec a codec spec ("fp16", "onebit", "topk:ratio=0.01", ...) for its
+        pushed gradients, None: the cluster config's. An unknown dtype raises ValueError; a
+        codec the cluster cannot use raises InvalidArgumentError naming the tensor."""
         if self._shapes:
             raise ValueError("tensors are already defined on this worker")
         # A failed define (refused shape, timeout) may simply be called again.
         self._call("shardps_reset_declared", self._live())
-        shapes = {}
-        for name, shape in tensors:
+        shapes, dtypes = {}, {}
+        for entry in tensors:
+            name, shape, dtype, codec = (tuple(entry) + ("float32", None))[:4]
+            if dtype not in DTYPES:
+                raise ValueError("tensor %r: dtype %r is not one of %s" % (name, dtype, ", ".join(DTYPES)))
             shape = [int(d) for d in shape]
             dims = (ctypes.c_int64 * len(shape))(*shape)
-            self._call("shardps_declare_tensor", self._live(), name.encode(), dims, len(shape))
-            shapes[name] = shape
+            self._call("shardps_declare_tensor_codec", self._live(), name.encode(), dims, len(shape), DTYPES[dtype],
+                       codec.encode() if codec else None)
+            shapes[name], dtypes[name] = shape, dtype
         self._call("shardps_define_done", self._ptr)
-        self._shapes = shapes
+        self._shapes, self._dtypes = shapes, dtypes
 
     @property
     def tensors(self):
         """{name: shape} of the defined tensors."""
         return dict(self._shapes)
+
+    @property
+    def dtypes(self):
+        """{name: dtype name} of the defined tensors."""
+        return dict(self._dtypes)
 
     def partitions(self, name):
         """[(offset, num_elements, server), ...] of `name` in shard-map order."""
@@ -187,7 +212,7 @@ class Worker:
         if name not in self._shapes:
             raise KeyError("tensor %r is not defined on this worker (defined: %s)"
                            % (name, ", ".join(sorted(self._shapes)) or "none"))
-        ptr, n, keep = _buffer(obj, writable, "%s of %r" % (what, name))
+        ptr, n, _, keep = _buffer(obj, writable, "%s of %r" % (what, name))
         expected = 1
         for d in self._shapes[name]:
             expected *= d
@@ -220,10 +245,27 @@ class Worker:
     def push_pull(self, name, grad, out):
         """Pushes `grad` and fills `out` with the weights that include it (sync), or the
         latest weights (async). With update_mode sum_only, `out` must hold the current
-        weights: the library applies the configured optimizer to it in place."""
+        weights: the library applies the configured optimizer to it in place. Both buffers
+        have the dtype the tensor was defined with (float16 and bfloat16 go zero-copy to the
+        library, which converts them); another dtype or size raises InvalidArgumentError."""
+        if name not in self._shapes:
+            raise KeyError("tensor %r is not defined on this worker (defined: %s)"
+                           % (name, ", ".join(sorted(self._shapes)) or "none"))
+        g, n, dtype, keep_g = _buffer(grad, False, "gradient of %r" % name, tuple(DTYPES))
+        w, n_out, dtype_out, keep_w = _buffer(out, True, "weights of %r" % name, tuple(DTYPES))
+        if (n, dtype) != (n_out, dtype_out):
+            raise ValueError("gradient and weights of %r differ: %d %s and %d %s elements"
+                             % (name, n, dtype, n_out, dtype_out))
+        nbytes = n * (4 if dtype == "float32" else 2)
+        return self._start("shardps_push_pull_typed", name, (g, w, nbytes, DTYPES[dtype]), (keep_g, keep_w))
+
+    def push_pull_mean_gradient(self, name, grad, out):
+        """Sum-only mode, for a job that steps its own optimizer: pushes `grad` (float32) and
+        fills `out` (float32, another buffer) with the round's gradient averaged over the
+        workers. Raises ShardPSError (FAILED_PRECONDITION) when the servers run the optimizer."""
         g, n, keep_g = self._checked(name, grad, False, "gradient")
-        w, _, keep_w = self._checked(name, out, True, "weights")
-        return self._start("shardps_push_pull", name, (g, w, n), (keep_g, keep_w))
+        m, _, keep_m = self._checked(name, out, True, "mean gradient")
+        return self._start("shardps_push_pull_mean_gradient", name, (g, m, n), (keep_g, keep_m))
 
     def push_pull_cuda(self, name, grad, out, stream=None):
         """push_pull for float32 tensors in CUDA memory (torch tensors, or objects with
@@ -267,6 +309,43 @@ class Worker:
             raise
         finally:
             handle._keep = None
+
+    def wait_any(self, handles, timeout=None):
+        """Waits until one of `handles` completes and returns it (then done, as after wait());
+        the others stay outstanding. One thread can so complete many requests in the order
+        they finish. If that request failed, its ShardPSError is raised with `handle` set to
+        it. If none completes within `timeout` seconds (0: only poll), DeadlineExceededError
+        is raised with `handle` None, and every handle stays outstanding."""
+        handles = list(handles)
+        for h in handles:
+            if h.done:
+                raise ValueError("%s was already waited on" % h.what)
+        ids = (ctypes.c_uint64 * len(handles))(*[h.id for h in handles])
+        index = ctypes.c_size_t(len(handles))
+        try:
+            self._call("shardps_wait_any", self._live(), ids, len(handles), self._timeout(timeout),
+                       ctypes.byref(index))
+        except ShardPSError as e:
+            e.handle = handles[index.value] if index.value < len(handles) else None
+            if e.handle is not None:
+                e.handle.done = True
+                self._orphans.append(e.handle._keep)
+                e.handle._keep = None
+            raise
+        done = handles[index.value]
+        done.done, done._keep = True, None
+        return done
+
+    def poll(self, handle):
+        """True once `handle` has completed (it is then done, as after wait(); a failed
+        request raises its error), False while it is outstanding. Never blocks."""
+        try:
+            self.wait_any([handle], 0)
+        except ShardPSError as e:
+            if e.handle is None and e.status == "DEADLINE_EXCEEDED":
+                return False
+            raise
+        return True
 
     def _timeout(self, timeout):
         return self.timeout if timeout is None else float(timeout)

@@ -4,13 +4,23 @@ cluster and by reference() in one process on the same combined batches."""
 import torch
 from torch import nn
 
-STEPS = 40
+STEPS = 50
 BATCH = 8  # per worker
 
 
-def make_model(seed):
+class StoredLinear(nn.Linear):
+    """A linear layer whose parameters may be stored in float16 (torch has no float16 matmul on
+    the CPU): it computes in float32."""
+
+    def forward(self, x):
+        return nn.functional.linear(x.float(), self.weight.float(), self.bias.float())
+
+
+def make_model(seed, dtype=torch.float32):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(20, 32), nn.Tanh(), nn.Linear(32, 8), nn.Tanh(), nn.Linear(8, 3))
+    linear = StoredLinear if dtype == torch.float16 else nn.Linear
+    model = nn.Sequential(linear(20, 32), nn.Tanh(), linear(32, 8), nn.Tanh(), linear(8, 3))
+    return model.to(dtype)
 
 
 def batch(step, rank):

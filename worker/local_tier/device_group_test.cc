@@ -96,6 +96,13 @@ class FakeWorker : public Worker {
     run();
     return absl::OkStatus();
   }
+  absl::StatusOr<Handle> PushPullMeanGradient(const std::string&, absl::Span<const float>,
+                                              absl::Span<float>) override {
+    return absl::UnimplementedError("fake: DeviceGroup does not take mean gradients");
+  }
+  absl::StatusOr<size_t> WaitAny(absl::Span<const Handle>, absl::Duration, absl::Status*) override {
+    return absl::UnimplementedError("fake: DeviceGroup waits per handle");
+  }
   WorkerStats stats() const override { return stats_; }
 
  private:

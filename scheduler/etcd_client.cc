@@ -1,0 +1,211 @@
+#include "scheduler/etcd_client.h"
+
+#include <atomic>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/endpoint.h"
+#include "proto/etcd.grpc.pb.h"
+
+namespace shardps {
+namespace {
+
+using etcdserverpb::Compare;
+
+// "http://host:port" (or "host:port") -> "host:port".
+absl::StatusOr<std::string> ParseEndpoint(absl::string_view url) {
+  absl::string_view hostport = url;
+  if (absl::StartsWith(hostport, "https://")) {
+    return absl::InvalidArgumentError(absl::StrCat("--etcd ", url, ": TLS to etcd is not supported; use http://"));
+  }
+  absl::ConsumePrefix(&hostport, "http://");
+  absl::ConsumeSuffix(&hostport, "/");
+  if (auto e = ParseHostPort(hostport, "--etcd endpoint"); !e.ok()) return e.status();
+  return std::string(hostport);
+}
+
+Compare LeaderCompare(const std::string& key, int64_t create_revision) {
+  Compare c;
+  c.set_result(Compare::EQUAL);
+  c.set_target(Compare::CREATE);
+  c.set_key(key);
+  c.set_create_revision(create_revision);
+  return c;
+}
+
+}  // namespace
+
+class EtcdClient::Impl {
+ public:
+  struct Endpoint {
+    std::string address;
+    std::unique_ptr<etcdserverpb::KV::Stub> kv;
+    std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+  };
+
+  Impl(std::vector<std::string> addresses, absl::Duration timeout) : timeout_(timeout) {
+    for (std::string& a : addresses) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      // A member that was down is found again within a second, not after
+      // the resolver's default pause between resolutions.
+      args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
+      auto channel = grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args);
+      endpoints_.push_back({std::move(a), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
+    }
+  }
+
+  // Runs `call` on the endpoint that last answered, then on the others while
+  // they are unreachable. `what` names the request in errors.
+  template <typename Call>
+  absl::Status Run(absl::string_view what, Call call) {
+    std::string unreachable;
+    const size_t start = current_.load();
+    for (size_t k = 0; k < endpoints_.size(); ++k) {
+      const size_t i = (start + k) % endpoints_.size();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+      grpc::Status s = call(endpoints_[i], ctx);
+      if (s.ok()) {
+        current_.store(i);
+        return absl::OkStatus();
+      }
+      const std::string error = absl::StrCat("etcd ", endpoints_[i].address, ": ", what, ": ", s.error_message());
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        return absl::Status(static_cast<absl::StatusCode>(s.error_code()), error);
+      }
+      absl::StrAppend(&unreachable, unreachable.empty() ? "" : "; ", error);
+    }
+    return absl::UnavailableError(absl::StrCat("no etcd endpoint answered (", unreachable, ")"));
+  }
+
+ private:
+  const absl::Duration timeout_;
+  std::vector<Endpoint> endpoints_;
+  std::atomic<size_t> current_{0};
+};
+
+EtcdClient::EtcdClient(std::string endpoints, std::unique_ptr<Impl> impl)
+    : endpoints_(std::move(endpoints)), impl_(std::move(impl)) {}
+EtcdClient::~EtcdClient() = default;
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::string& endpoints,
+                                                              absl::Duration call_timeout) {
+  std::vector<std::string> addresses;
+  for (absl::string_view url : absl::StrSplit(endpoints, ',', absl::SkipWhitespace())) {
+    auto address = ParseEndpoint(url);
+    if (!address.ok()) return address.status();
+    addresses.push_back(*std::move(address));
+  }
+  if (addresses.empty()) return absl::InvalidArgumentError("--etcd: no endpoint given (http://HOST:PORT[,...])");
+  return std::unique_ptr<EtcdClient>(
+      new EtcdClient(endpoints, std::make_unique<Impl>(std::move(addresses), call_timeout)));
+}
+
+absl::StatusOr<std::pair<int64_t, absl::Duration>> EtcdClient::GrantLease(absl::Duration ttl) {
+  etcdserverpb::LeaseGrantRequest request;
+  request.set_ttl(absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1))));
+  etcdserverpb::LeaseGrantResponse response;
+  absl::Status s = impl_->Run("granting a lease", [&](Impl::Endpoint& e, grpc::ClientContext& ctx) {
+    return e.lease->LeaseGrant(&ctx, request, &response);
+  });
+  if (!s.ok()) return s;
+  if (!response.error().empty()) return absl::UnavailableError(absl::StrCat("etcd: granting a lease: ", response.error()));
+  return std::make_pair(response.id(), absl::Seconds(response.ttl()));
+}
+
+absl::StatusOr<absl::Duration> EtcdClient::KeepAlive(int64_t lease) {
+  etcdserverpb::LeaseKeepAliveRequest request;
+  request.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse response;
+  absl::Status s = impl_->Run("renewing a lease", [&](Impl::Endpoint& e, grpc::ClientContext& ctx) {
+    auto stream = e.lease->LeaseKeepAlive(&ctx);
+    if (!stream->Write(request) || !stream->Read(&response)) return stream->Finish();
+    ctx.TryCancel();  // one renewal per stream; the cancelled finish is expected
+    stream->Finish();
+    return grpc::Status::OK;
+  });
+  if (!s.ok()) return s;
+  if (response.ttl() <= 0) return absl::NotFoundError(absl::StrCat("etcd lease ", lease, " has expired"));
+  return absl::Seconds(response.ttl());
+}
+
+absl::Status EtcdClient::RevokeLease(int64_t lease) {
+  etcdserverpb::LeaseRevokeRequest request;
+  request.set_id(lease);
+  etcdserverpb::LeaseRevokeResponse response;
+  return impl_->Run("revoking a lease", [&](Impl::Endpoint& e, grpc::ClientContext& ctx) {
+    return e.lease->LeaseRevoke(&ctx, request, &response);
+  });
+}
+
+absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& key) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(key);
+  etcdserverpb::RangeResponse response;
+  absl::Status s = impl_->Run(absl::StrCat("reading ", key), [&](Impl::Endpoint& e, grpc::ClientContext& ctx) {
+    return e.kv->Range(&ctx, request, &response);
+  });
+  if (!s.ok()) return s;
+  if (response.kvs_size() == 0) return std::nullopt;
+  const etcdserverpb::KeyValue& kv = response.kvs(0);
+  return EtcdKeyValue{kv.value(), kv.create_revision(), kv.lease()};
+}
+
+absl::StatusOr<EtcdKeyValue> EtcdClient::CreateIfAbsent(const std::string& key, const std::string& value,
+                                                        int64_t lease, bool* created) {
+  etcdserverpb::TxnRequest request;
+  *request.add_compare() = LeaderCompare(key, 0);  // create revision 0: the key does not exist
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  request.add_failure()->mutable_request_range()->set_key(key);
+  etcdserverpb::TxnResponse response;
+  absl::Status s = impl_->Run(absl::StrCat("creating ", key), [&](Impl::Endpoint& e, grpc::ClientContext& ctx) {
+    return e.kv->Txn(&ctx, request, &response);
+  });
+  if (!s.ok()) return s;
+  *created = response.succeeded();
+  // A transaction is one revision: the key created by it has that revision.
+  if (response.succeeded()) return EtcdKeyValue{value, response.header().revision(), lease};
+  const auto& kvs = response.responses(0).response_range().kvs();
+  if (kvs.empty()) return absl::UnavailableError(absl::StrCat("etcd: ", key, " vanished while being read; try again"));
+  return EtcdKeyValue{kvs[0].value(), kvs[0].create_revision(), kvs[0].lease()};
+}
+
+absl::Status EtcdClient::PutIfGuarded(const std::string& key, const std::string& value, const std::string& guard_key,
+                                      int64_t guard_revision) {
+  etcdserverpb::TxnRequest request;
+  *request.add_compare() = LeaderCompare(guard_key, guard_revision);
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  etcdserverpb::TxnResponse response;
+  absl::Status s = impl_->Run(absl::StrCat("writing ", key), [&](Impl::Endpoint& e, grpc::ClientContext& ctx) {
+    return e.kv->Txn(&ctx, request, &response);
+  });
+  if (!s.ok()) return s;
+  if (!response.succeeded()) {
+    return absl::FailedPreconditionError(absl::StrCat("etcd: refused to write ", key, ": ", guard_key,
+                                                      " is no longer held at revision ", guard_revision));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EtcdClient::Put(const std::string& key, const std::string& value) {
+  etcdserverpb::PutRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  etcdserverpb::PutResponse response;
+  return impl_->Run(absl::StrCat("writing ", key), [&](Impl::Endpoint& e, grpc::ClientContext& ctx) {
+    return e.kv->Put(&ctx, request, &response);
+  });
+}
+
+}  // namespace shardps

@@ -1,0 +1,69 @@
+// A minimal client of etcd's v3 gRPC API (proto/etcd.proto): the keys,
+// leases and guarded writes the scheduler's etcd backend needs. gRPC stays
+// in etcd_client.cc.
+//
+// Every call has a deadline (`call_timeout` per endpoint) and errors name the
+// endpoint and what was asked. With several endpoints a call that finds one
+// unreachable tries the next; the one that last answered is tried first.
+// Thread-safe.
+#ifndef SHARDPS_SCHEDULER_ETCD_CLIENT_H_
+#define SHARDPS_SCHEDULER_ETCD_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace shardps {
+
+struct EtcdKeyValue {
+  std::string value;
+  int64_t create_revision = 0;  // distinct for every creation of the key
+  int64_t lease = 0;            // 0: none
+};
+
+class EtcdClient {
+ public:
+  // `endpoints`: "http://HOST:PORT[,http://HOST:PORT...]" (etcd's client
+  // URLs; TLS endpoints are refused). Does not connect yet.
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const std::string& endpoints,
+                                                            absl::Duration call_timeout = absl::Seconds(2));
+  ~EtcdClient();
+
+  const std::string& endpoints() const { return endpoints_; }
+
+  // A new lease of `ttl` (etcd rounds up to whole seconds and to its own
+  // minimum); returns its id and the TTL granted.
+  absl::StatusOr<std::pair<int64_t, absl::Duration>> GrantLease(absl::Duration ttl);
+  // Renews `lease`; returns its TTL from now. NotFound once it has expired.
+  absl::StatusOr<absl::Duration> KeepAlive(int64_t lease);
+  absl::Status RevokeLease(int64_t lease);
+
+  // The key's value; nullopt if it does not exist.
+  absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key);
+  // Creates `key` = `value` attached to `lease` unless the key exists, in one
+  // transaction. Returns the key as it is afterwards; `*created` says whether
+  // this call created it.
+  absl::StatusOr<EtcdKeyValue> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease,
+                                              bool* created);
+  // Puts `key` = `value` only while `guard_key` still exists with create
+  // revision `guard_revision` (the fence of a leader key); FailedPrecondition,
+  // naming `guard_key`, when it does not.
+  absl::Status PutIfGuarded(const std::string& key, const std::string& value, const std::string& guard_key,
+                            int64_t guard_revision);
+  // Unconditional put (tests, tools).
+  absl::Status Put(const std::string& key, const std::string& value);
+
+ private:
+  class Impl;
+  EtcdClient(std::string endpoints, std::unique_ptr<Impl> impl);
+  const std::string endpoints_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardps
+
+#endif  // SHARDPS_SCHEDULER_ETCD_CLIENT_H_

@@ -1,0 +1,36 @@
+// A real etcd for tests: /usr/bin/etcd (Debian etcd-server, installed by
+// tools/setup.sh) on free loopback ports with a data directory of its own,
+// killed and removed when the object goes away.
+#ifndef SHARDPS_TESTS_TEST_ETCD_H_
+#define SHARDPS_TESTS_TEST_ETCD_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tools/process.h"
+
+namespace shardps {
+
+class TestEtcd {
+ public:
+  // Starts etcd and waits (up to 20 s) until it answers. FailedPrecondition
+  // when /usr/bin/etcd is missing, saying how to install it.
+  static absl::StatusOr<std::unique_ptr<TestEtcd>> Start();
+  ~TestEtcd();
+
+  // "http://127.0.0.1:PORT", for --etcd.
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  TestEtcd() = default;
+  std::string dir_, endpoint_;
+  ChildProcess process_;
+};
+
+// A port on 127.0.0.1 that was free a moment ago.
+absl::StatusOr<int> FreeLoopbackPort();
+
+}  // namespace shardps
+
+#endif  // SHARDPS_TESTS_TEST_ETCD_H_
