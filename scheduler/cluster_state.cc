@@ -274,6 +274,7 @@ ClusterState::Node* ClusterState::FindNode(uint64_t id) {
 }
 
 absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest& request) {
+  const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(request.node_id());
   if (node == nullptr) {
@@ -302,6 +303,8 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     node->round_seen = node->last_seen;
   }
   if (request.has_counters()) RecordCounters(*node, request.counters());
+  FinishCopyMoves(*node, request);
+  MaybeStartCopyMoves();
   HeartbeatResponse response;
   response.set_epoch(map_.epoch());
   return response;
@@ -362,11 +365,13 @@ std::string ClusterState::FailOver(uint32_t dead) {
     backups->erase(backups->begin());
     ++promoted;
   }
+  const int moves_ended = EndBrokenCopyMoves(dead);
   const int recreated = Rereplicate();
   std::string out;
   if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
   if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
+  if (moves_ended > 0) absl::StrAppend(&out, "; ", moves_ended, " copy moves ended, their copies kept");
   return out;
 }
 
@@ -417,14 +422,17 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   info->set_dead(false);
   info->clear_dead_reason();
   map_.set_epoch(map_.epoch() + 1);
-  // Only missing copies go to it. Moving a backup here would leave its
-  // partition with one valid copy until the snapshot arrived, so a death in
-  // that window would lose it; later failovers re-create copies on the
-  // least loaded servers, this one first.
+  // Missing copies go to it first; once it serves this epoch, backups move
+  // to balance the loads, each as an extra copy until it is synced
+  // (MaybeStartCopyMoves, FinishCopyMoves), so no partition has fewer valid
+  // copies meanwhile.
   const int recreated = Rereplicate();
+  balance_after_epoch_ = map_.epoch();
+  joined_at_ = clock_();
   LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
                << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
-               << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots)";
+               << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots); "
+               << "backup copies move to it once it serves this epoch";
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);
@@ -703,6 +711,7 @@ StatusResponse ClusterState::Status() {
   StatusResponse response;
   *response.mutable_config() = config_;
   *response.mutable_shard_map() = map_;
+  response.set_copy_moves_planned(moves_planned_total_);
   const absl::Time now = clock_();
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {

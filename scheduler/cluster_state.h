@@ -152,6 +152,21 @@ class ClusterState {
   int Rereplicate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Phase 1 of balancing the loads (PlanCopyMoves), once every live server
+  // serves the epoch a server joined at (so the snapshots reach a server
+  // that is ready for them): a new epoch in which each planned move lists
+  // its new server as an extra backup (its primary sends it a snapshot) and
+  // is recorded in map_.moves. Nothing when no move is needed.
+  void MaybeStartCopyMoves() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Phase 2: the moves to server `node` whose copy its heartbeat reports
+  // synced (at an epoch that lists it) drop their old copy, in one new epoch.
+  void FinishCopyMoves(const Node& node, const HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failover of server `dead`: a move to or from it ends (its other
+  // copy is a plain one now), and so does one whose partition is left with
+  // no more than `replication` copies (the extra one is needed) or whose old
+  // copy became the primary. Returns how many ended.
+  int EndBrokenCopyMoves(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Server `request` takes dead server `index`'s place in the running job:
   // a new epoch gives it the copies that are missing.
   absl::StatusOr<RegisterResponse> JoinRunningJob(uint32_t index, const RegisterRequest& request)
@@ -204,6 +219,14 @@ class ClusterState {
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
+  // The epoch of the latest join whose copy moves are not planned yet (0:
+  // none), when that server joined, and how many moves were planned since
+  // (for the log line that says the loads are balanced); not persisted: a
+  // restarted scheduler finishes the moves in the map but plans no new ones.
+  uint64_t balance_after_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time joined_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int moves_planned_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t moves_planned_total_ ABSL_GUARDED_BY(mu_) = 0;  // StatusResponse.copy_moves_planned
 };
 
 }  // namespace shardps

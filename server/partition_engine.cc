@@ -171,6 +171,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
       partitions_.erase(it++);
     }
   }
+  ++copies_generation_;
   FollowCheckpoints(map);
   ApplyMembership(map);
   RunDeferred();

@@ -174,6 +174,12 @@ class PartitionEngine {
   // The most rounds a partition this server is primary for has completed
   // (heartbeats report it; `shardps checkpoint` places its round after it).
   uint64_t completed_round() const { return max_completed_; }
+  // The partitions this server holds a valid copy of (primaries, and backups
+  // whose snapshot has arrived), in id order: heartbeats report them, so
+  // the scheduler drops a moved copy's old server only once the new one is
+  // synced. copies_generation() changes whenever the answer may have.
+  std::vector<uint64_t> SyncedCopies() const;
+  uint64_t copies_generation() const { return copies_generation_; }
   // Current weights of a partition, for tests; null if not owned.
   const float* weights(uint64_t partition_id) const;
 
@@ -415,6 +421,7 @@ class PartitionEngine {
   absl::flat_hash_map<std::pair<std::string, uint64_t>, CheckpointManifest> open_checkpoints_;  // (dir, round)
   CheckpointRequest requested_checkpoint_;  // from the map: shardps checkpoint
   uint64_t max_completed_ = 0;
+  uint64_t copies_generation_ = 0;  // see SyncedCopies
 };
 
 }  // namespace shardps

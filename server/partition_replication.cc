@@ -140,6 +140,16 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   p.initialized = true;
   p.encoded_round = -1;
   p.synced = true;
+  ++copies_generation_;
+}
+
+std::vector<uint64_t> PartitionEngine::SyncedCopies() const {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, p] : partitions_) {
+    if (p->synced) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
 bool PartitionEngine::Settled(const Partition& p) const { return ConfirmedBy(p) == p.sent; }

@@ -199,6 +199,7 @@ class ParameterServerImpl : public ParameterServer {
     const auto start = metrics_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     engine_->Handle(peer, header_, frames == 3 ? &payload : nullptr);
     completed_round_.store(engine_->completed_round(), std::memory_order_relaxed);
+    if (engine_->copies_generation() != copies_generation_) PublishSyncedCopies();
     if (metrics_) metrics_->ObserveHandling(std::chrono::steady_clock::now() - start);
     return true;
   }
@@ -357,9 +358,21 @@ class ParameterServerImpl : public ParameterServer {
       return;
     }
     LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
+    copies_generation_ = engine_->copies_generation();
+    std::vector<uint64_t> synced = engine_->SyncedCopies();
     absl::MutexLock lock(&mu_);
     applied_epoch_ = map->epoch();
+    synced_copies_ = std::move(synced);  // with the epoch they hold at
     heartbeat_now_ = true;
+  }
+
+  // A copy's snapshot arrived: the next heartbeat says so (see
+  // HeartbeatRequest.synced_copies).
+  void PublishSyncedCopies() {
+    copies_generation_ = engine_->copies_generation();
+    std::vector<uint64_t> synced = engine_->SyncedCopies();
+    absl::MutexLock lock(&mu_);
+    synced_copies_ = std::move(synced);
   }
 
   absl::Status WatchError() {
@@ -375,6 +388,7 @@ class ParameterServerImpl : public ParameterServer {
       request.set_node_id(node_id_);
       request.set_applied_epoch(applied_epoch_);
       request.set_completed_round(completed_round_.load(std::memory_order_relaxed));
+      request.mutable_synced_copies()->Assign(synced_copies_.begin(), synced_copies_.end());
       heartbeat_now_ = false;
       mu_.Unlock();
       {
@@ -417,11 +431,13 @@ class ParameterServerImpl : public ParameterServer {
   uint64_t refused_by_limits_ = 0;  // engine thread: in-flight bytes, connections
   absl::Mutex counters_mu_;  // engine thread -> heartbeats
   NodeCounters counters_ ABSL_GUARDED_BY(counters_mu_);
+  uint64_t copies_generation_ = 0;  // engine thread: the engine's, as last published
 
   absl::Mutex mu_;
   std::optional<ShardMap> pending_map_ ABSL_GUARDED_BY(mu_);
   absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
   uint64_t applied_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> synced_copies_ ABSL_GUARDED_BY(mu_);  // at applied_epoch_
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
   bool heartbeat_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -211,6 +212,75 @@ TEST(FailureTest, ReplacementServersTakeTheDeadOnesPlacesUntilNoOriginalIsLeft) 
   }
   EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
   EXPECT_THAT(killed.err, Not(HasSubstr("no answer within")));
+}
+
+// The scheduler's line once the copy moves to a joined server are done:
+// "servers balanced: N copy moves in D; elements held per live server
+// I:E, ... (each within one partition of the mean)". Returns N and the loads.
+struct Balance {
+  int moves = -1;
+  std::map<int, uint64_t> loads;
+  bool within = false;
+};
+Balance LastBalance(const std::string& err) {
+  Balance b;
+  const std::regex line("servers balanced: ([0-9]+) copy moves in [^;]*; elements held per live server ([0-9:, ]+) "
+                        "\\((each|not all) within");
+  for (auto it = std::sregex_iterator(err.begin(), err.end(), line); it != std::sregex_iterator(); ++it) {
+    b.moves = std::stoi((*it)[1]);
+    b.within = (*it)[3] == "each";
+    b.loads.clear();
+    std::stringstream loads((*it)[2]);
+    int server;
+    char colon, comma;
+    uint64_t elements;
+    while (loads >> server >> colon >> elements) {
+      b.loads[server] = elements;
+      loads >> comma;
+    }
+  }
+  return b;
+}
+
+// A job cut into many small partitions (64 KiB), so a server's share is
+// many copies.
+const std::vector<std::string> kSmallPartitionsJob = {"--servers", "3", "--workers", "2", "--train-limit", "9000",
+                                                      "--epochs", "2", "--deterministic", "--set",
+                                                      "partition_bytes=65536"};
+
+TEST(FailureTest, AReplacementServerIsGivenItsShareOfCopiesWithoutChangingAWeight) {
+  // Server 1 dies: its copies are re-created on the survivors, which then
+  // hold everything. Its replacement joins; backups move to it (extra copy
+  // first, old one dropped once the new one is synced) until every server
+  // holds within one partition of the mean, bitwise the fault-free run.
+  LocalRun killed = ExpectFaultsChangeNoWeight(kSmallPartitionsJob, {"--replace", "--kill", "server:1@20"});
+  if (killed.exit_code != 0) return;
+  const Balance b = LastBalance(killed.err);
+  ASSERT_GT(b.moves, 0) << killed.err;
+  EXPECT_TRUE(b.within) << killed.err;
+  ASSERT_EQ(b.loads.size(), 3u) << killed.err;
+  uint64_t total = 0;
+  for (const auto& [server, elements] : b.loads) total += elements;
+  // 64 KiB partitions: 16384 elements, the largest.
+  EXPECT_GE(b.loads.at(1) + 16384, total / 3) << "the replacement holds less than its share: " << killed.err;
+  EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_THAT(killed.err, Not(HasSubstr("before its copy was complete")));
+}
+
+TEST(FailureTest, AServerKilledWhileCopiesMoveToAReplacementLosesNothing) {
+  // Server 0 (primary of some moving partitions, holder of old copies of
+  // others) is killed as soon as the scheduler starts moving copies to
+  // server 1's replacement; it is replaced in turn. Balance after that may
+  // be short of one partition of the mean (the survivors hold primaries,
+  // which stay), but nothing is lost.
+  LocalRun killed = ExpectFaultsChangeNoWeight(
+      kSmallPartitionsJob, {"--replace", "--kill", "server:1@20", "--kill", "server:0@moving"});
+  if (killed.exit_code != 0) return;
+  EXPECT_THAT(killed.err, HasSubstr("copy moves balance the servers"));
+  EXPECT_THAT(killed.out, HasSubstr("{\"role\": \"server\", \"index\": 0"));
+  EXPECT_THAT(killed.err, ContainsRegex("server 0 \\(tcp://[^)]*\\) joins the running job"));
+  EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_THAT(killed.err, Not(HasSubstr("before its copy was complete")));
 }
 
 TEST(FailureTest, ASecuredClustersReplacementServersAreAdmittedWithTheirNewKeys) {

@@ -25,12 +25,16 @@ std::string RoleName(FaultSpec::Role role) {
 absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec, int servers, int workers) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("--kill '", spec, "': ", why,
-                                                   " (expected ROLE[:INDEX]@STEP, ROLE scheduler, server or worker)"));
+                                                   " (expected ROLE[:INDEX]@STEP or ROLE[:INDEX]@moving, ROLE "
+                                                   "scheduler, server or worker)"));
   };
   const size_t at = spec.rfind('@');
   if (at == absl::string_view::npos) return bad("no @STEP");
   FaultSpec f;
-  if (!absl::SimpleAtoi(spec.substr(at + 1), &f.step) || f.step < 1) return bad("STEP is not a positive integer");
+  f.while_moving = spec.substr(at + 1) == "moving";
+  if (!f.while_moving && (!absl::SimpleAtoi(spec.substr(at + 1), &f.step) || f.step < 1)) {
+    return bad("STEP is not a positive integer");
+  }
   absl::string_view who = spec.substr(0, at);
   absl::string_view role = who.substr(0, who.find(':'));
   const bool has_index = who.find(':') != absl::string_view::npos;
@@ -79,9 +83,16 @@ bool FaultInjector::ServerKilled(int index) const {
 
 absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
   const absl::Time now = absl::Now();
-  while (!plan_.empty() && plan_.front().step <= step) {
-    const FaultSpec f = plan_.front();
-    plan_.erase(plan_.begin());
+  const bool moving = std::any_of(plan_.begin(), plan_.end(), [](const FaultSpec& f) { return f.while_moving; }) &&
+                      MovesUnderWay();
+  for (auto it = plan_.begin(); it != plan_.end();) {
+    if (it->while_moving ? !moving : it->step > step) {
+      ++it;
+      continue;
+    }
+    FaultSpec f = *it;
+    it = plan_.erase(it);
+    if (f.while_moving) f.step = step;
     size_t slot = 0;
     if (f.role == FaultSpec::Role::kServer) {
       auto found = processes.server_slot(f.index);
@@ -102,6 +113,13 @@ absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
   }
   Measure(step);
   return absl::OkStatus();
+}
+
+bool FaultInjector::MovesUnderWay() {
+  auto status = scheduler_->Status(absl::Milliseconds(200));
+  // Under way now, or planned and finished between two polls (a move can
+  // finish within a few milliseconds): the kill lands in or just after it.
+  return status.ok() && (status->shard_map().moves_size() > 0 || status->copy_moves_planned() > 0);
 }
 
 void FaultInjector::Measure(int64_t step) {

@@ -28,10 +28,17 @@ struct FaultSpec {
   Role role = Role::kServer;
   int index = 0;      // server index or worker rank (0 for the scheduler)
   int64_t step = 0;   // worker rank 0's step at which to kill
+  // "@moving": instead of at a step, as soon as the scheduler has started
+  // moving copies to a server that joined (ShardMap.moves under way, or
+  // StatusResponse.copy_moves_planned; a move may finish within a few
+  // milliseconds, so the kill lands in it or just after). The record's step
+  // is rank 0's at the kill.
+  bool while_moving = false;
 };
 
-// "server:1@600", "worker:2@600", "scheduler@600". Refuses unknown roles,
-// indices outside the cluster, and worker 0 (its steps are the clock).
+// "server:1@600", "worker:2@600", "scheduler@600", "server:0@moving".
+// Refuses unknown roles, indices outside the cluster, and worker 0 (its
+// steps are the clock).
 absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec, int servers, int workers);
 std::string RoleName(FaultSpec::Role role);
 
@@ -77,6 +84,9 @@ class FaultInjector {
     int64_t step_at_detection = -1;
   };
   void Measure(int64_t step);
+  // Whether the scheduler has started copy moves (polled only while an
+  // "@moving" fault waits).
+  bool MovesUnderWay();
 
   std::vector<FaultSpec> plan_;  // not yet injected, in step order
   std::shared_ptr<SchedulerClient> scheduler_;

@@ -21,6 +21,10 @@ TEST(FaultSpecTest, ParsesEachRole) {
   ASSERT_TRUE(scheduler.ok()) << scheduler.status();
   EXPECT_EQ(scheduler->role, FaultSpec::Role::kScheduler);
   EXPECT_EQ(scheduler->step, 7);
+  auto moving = ParseFaultSpec("server:0@moving", 3, 3);
+  ASSERT_TRUE(moving.ok()) << moving.status();
+  EXPECT_TRUE(moving->while_moving);
+  EXPECT_FALSE(server->while_moving);
 }
 
 TEST(FaultSpecTest, RefusesWhatCannotBeInjectedSayingWhy) {
@@ -28,6 +32,7 @@ TEST(FaultSpecTest, RefusesWhatCannotBeInjectedSayingWhy) {
   EXPECT_THAT(ParseFaultSpec("worker:0@600", 3, 3).status().message(), HasSubstr("kill another rank"));
   EXPECT_THAT(ParseFaultSpec("server:1", 3, 3).status().message(), HasSubstr("no @STEP"));
   EXPECT_THAT(ParseFaultSpec("server:1@0", 3, 3).status().message(), HasSubstr("positive"));
+  EXPECT_THAT(ParseFaultSpec("server:1@move", 3, 3).status().message(), HasSubstr("positive"));
   EXPECT_THAT(ParseFaultSpec("router@5", 3, 3).status().message(), HasSubstr("unknown role 'router'"));
   EXPECT_THAT(ParseFaultSpec("server:x@5", 3, 3).status().message(), HasSubstr("INDEX"));
 }

@@ -1,0 +1,38 @@
+// Planning the backup copies that move to balance the servers' loads after a
+// server joined a running job. Pure functions of a shard map: the scheduler
+// (ClusterState) carries out a plan in two phases, see CopyMove in
+// proto/cluster.proto and "A server that joins" in docs/architecture.md.
+#ifndef SHARDPS_SCHEDULER_COPY_MOVES_H_
+#define SHARDPS_SCHEDULER_COPY_MOVES_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "proto/cluster.pb.h"
+
+namespace shardps {
+
+// Elements of the copies (primary or backup) each server in `live` holds
+// once the moves in `map.moves()` are done (their `from` copies gone).
+std::map<uint32_t, uint64_t> ServerLoadsAfterMoves(const ShardMap& map, const std::set<uint32_t>& live);
+
+// Whether every server of `loads` holds within one partition's size (the
+// map's largest) of the mean.
+bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& loads);
+
+// The moves (epoch unset) that balance `live` servers' loads, greedily: while
+// some server is more than one partition's size from the mean, the least
+// loaded server takes, from the most loaded one that has such a copy, the
+// largest backup copy it does not hold already and whose move narrows the
+// gap between the two (size below the difference of their loads). Largest
+// first keeps the number of moves low; every move lowers the sum of squared
+// loads, so the plan ends. Only backups move (primaries stay where workers
+// send), a partition moves at most once per plan, and partitions with a move
+// under way, or whose primary is not live, are left alone. Deterministic.
+std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_SCHEDULER_COPY_MOVES_H_

@@ -1,0 +1,277 @@
+// Balancing the servers after one joins: the plan (PlanCopyMoves) and its
+// two phases in the scheduler's rules (ClusterState), on a fake clock.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <thread>
+
+#include "common/protocol.h"
+#include "common/tensor_spec.h"
+#include "scheduler/cluster_state.h"
+#include "scheduler/copy_moves.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+// A map of partitions of `sizes` elements; `copies[i]` lists partition i's
+// primary, then its backups.
+ShardMap MapOf(const std::vector<uint64_t>& sizes, const std::vector<std::vector<uint32_t>>& copies) {
+  ShardMap map;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    PartitionInfo* p = map.add_partitions();
+    p->set_id(i);
+    p->set_num_elements(sizes[i]);
+    p->set_server(copies[i][0]);
+    for (size_t c = 1; c < copies[i].size(); ++c) p->add_backups(copies[i][c]);
+  }
+  return map;
+}
+
+ShardMap Apply(ShardMap map, const std::vector<CopyMove>& moves) {
+  for (const CopyMove& m : moves) {
+    auto* backups = map.mutable_partitions(m.partition())->mutable_backups();
+    std::replace(backups->begin(), backups->end(), m.from(), m.to());
+  }
+  return map;
+}
+
+TEST(PlanCopyMovesTest, AnEmptyServerTakesTheFewestCopiesThatBringEveryoneWithinAPartitionOfTheMean) {
+  // 12 partitions of 100 on servers 0 and 1 (1200 elements each); server 2
+  // joined empty. Mean 800: server 2 needs at least 700, so 7 moves at least.
+  std::vector<std::vector<uint32_t>> copies;
+  for (int i = 0; i < 12; ++i) copies.push_back(i % 2 == 0 ? std::vector<uint32_t>{0, 1} : std::vector<uint32_t>{1, 0});
+  const ShardMap map = MapOf(std::vector<uint64_t>(12, 100), copies);
+  const std::vector<CopyMove> moves = PlanCopyMoves(map, {0, 1, 2});
+  EXPECT_THAT(moves, SizeIs(7));
+  for (const CopyMove& m : moves) {
+    EXPECT_EQ(m.to(), 2u);
+    EXPECT_NE(map.partitions(m.partition()).server(), m.from()) << "a primary moved: " << m.ShortDebugString();
+  }
+  const ShardMap after = Apply(map, moves);
+  const auto loads = ServerLoadsAfterMoves(after, {0, 1, 2});
+  EXPECT_TRUE(LoadsBalanced(after, loads));
+  EXPECT_EQ(loads.at(0) + loads.at(1) + loads.at(2), 2400u);
+  EXPECT_THAT(PlanCopyMoves(after, {0, 1, 2}), IsEmpty()) << "a balanced map needs no move";
+}
+
+TEST(PlanCopyMovesTest, LargestCopiesMoveFirst) {
+  // Server 0: 300+100+100+100 as backups; server 1 holds the primaries;
+  // server 2 is empty. Mean 400, slack 300: the 300 copy alone is enough.
+  const ShardMap map = MapOf({300, 100, 100, 100}, {{1, 0}, {1, 0}, {1, 0}, {1, 0}});
+  const std::vector<CopyMove> moves = PlanCopyMoves(map, {0, 1, 2});
+  ASSERT_THAT(moves, SizeIs(1));
+  EXPECT_EQ(moves[0].partition(), 0u);
+  EXPECT_EQ(moves[0].from(), 0u);
+  EXPECT_EQ(moves[0].to(), 2u);
+}
+
+TEST(PlanCopyMovesTest, PrimariesAndPartitionsAlreadyMovingStay) {
+  // Server 0 holds only primaries: nothing of it may move. Partition 2's
+  // backup is moving already; the plan counts it as gone from server 1.
+  ShardMap map = MapOf({100, 100, 100, 100}, {{0, 1}, {0, 1}, {0, 1, 2}, {0, 1}});
+  CopyMove* pending = map.add_moves();
+  pending->set_partition(2);
+  pending->set_from(1);
+  pending->set_to(2);
+  EXPECT_EQ(ServerLoadsAfterMoves(map, {0, 1, 2}).at(1), 300u);
+  const std::vector<CopyMove> moves = PlanCopyMoves(map, {0, 1, 2});
+  ASSERT_THAT(moves, SizeIs(1));  // 400/300/100 -> 400/200/200, within 100 of 266
+  EXPECT_EQ(moves[0].from(), 1u);
+  EXPECT_NE(moves[0].partition(), 2u);
+}
+
+RegisterRequest Server(const std::string& address) {
+  RegisterRequest r;
+  r.set_protocol_version(kProtocolVersion);
+  r.set_role(SERVER);
+  r.set_data_address(address);
+  r.set_host("h");
+  return r;
+}
+
+// A 3-server cluster (replication 2, 12 partitions of 100 elements) whose
+// server 2 died and was replaced, on a clock the test moves.
+class CopyMovesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_.set_num_servers(3);
+    config_.set_num_workers(1);
+    config_.set_heartbeat_timeout_ms(1000);
+    config_.set_partition_bytes(400);
+    config_.set_replication(2);
+    state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
+                                            [this](const SchedulerState& s) { saved_ = s; });
+    for (int i = 0; i < 3; ++i) {
+      auto r = state_->RegisterServer(Server("tcp://s:" + std::to_string(i + 1)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ids_.push_back(r->node_id());
+    }
+    RegisterRequest worker = Server("");
+    worker.set_role(WORKER);
+    worker_id_ = state_->RegisterWorker(worker)->node_id();
+    std::thread serve([this] {
+      absl::SleepFor(absl::Milliseconds(50));
+      Beat({0, 1, 2});
+    });
+    auto map = state_->DefineTensors({Float32Tensor("w", 1200)}, absl::Now() + absl::Seconds(5));
+    serve.join();
+    ASSERT_TRUE(map.ok()) << map.status();
+    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+    // Server 2 falls silent and is declared dead; a new process replaces it.
+    for (int t = 0; t < 12; ++t) {
+      now_ += absl::Milliseconds(100);
+      Beat({0, 1});
+      state_->CheckLiveness();
+    }
+    ASSERT_TRUE(Map().servers(2).dead());
+    auto joined = state_->RegisterServer(Server("tcp://t:1"));
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ASSERT_EQ(joined->server_index(), 2u);
+    ids_[2] = joined->node_id();
+    // Moves are planned once every live server serves the join's epoch, so
+    // no snapshot goes to a server not ready for it.
+    Beat({0, 1});
+    ASSERT_THAT(Map().moves(), IsEmpty());
+    Beat({2});
+    ASSERT_THAT(Map().moves(), ::testing::Not(IsEmpty()));
+  }
+
+  ShardMap Map() { return state_->Status().shard_map(); }
+
+  // Heartbeats from `servers` at the current epoch; each reports every
+  // copy it holds synced, but for `unsynced`.
+  void Beat(const std::vector<int>& servers, const std::set<uint64_t>& unsynced = {}) {
+    const ShardMap map = Map();
+    for (int i : servers) {
+      HeartbeatRequest h;
+      h.set_node_id(ids_[i]);
+      h.set_applied_epoch(map.epoch());
+      for (const PartitionInfo& p : map.partitions()) {
+        const bool holds = p.server() == static_cast<uint32_t>(i) ||
+                           std::count(p.backups().begin(), p.backups().end(), static_cast<uint32_t>(i)) > 0;
+        if (holds && !unsynced.contains(p.id())) h.add_synced_copies(p.id());
+      }
+      ASSERT_TRUE(state_->Heartbeat(h).ok());
+    }
+    HeartbeatRequest w;
+    w.set_node_id(worker_id_);
+    ASSERT_TRUE(state_->Heartbeat(w).ok());
+  }
+
+  std::set<uint64_t> Moving() {
+    std::set<uint64_t> ids;
+    const ShardMap map = Map();
+    for (const CopyMove& m : map.moves()) ids.insert(m.partition());
+    return ids;
+  }
+
+  // Every partition has a live primary and at least `replication` copies on
+  // live servers.
+  void ExpectNoPartitionShort() {
+    const ShardMap map = Map();
+    for (const PartitionInfo& p : map.partitions()) {
+      EXPECT_FALSE(map.servers(p.server()).dead()) << p.ShortDebugString();
+      int live = 1;
+      for (uint32_t b : p.backups()) live += map.servers(b).dead() ? 0 : 1;
+      EXPECT_GE(live, 2) << p.ShortDebugString();
+    }
+  }
+
+  ClusterConfig config_;
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  std::optional<SchedulerState> saved_;
+  std::unique_ptr<ClusterState> state_;
+  std::vector<uint64_t> ids_;
+  uint64_t worker_id_ = 0;
+};
+
+TEST_F(CopyMovesTest, AJoinedServerGetsExtraCopiesFirstAndTheOldOnesGoOnlyOnceItReportsThemSynced) {
+  const ShardMap added = Map();
+  ASSERT_THAT(added.moves(), SizeIs(7));  // 1200/1200/0 -> within 100 of 800
+  for (const CopyMove& m : added.moves()) {
+    const PartitionInfo& p = added.partitions(m.partition());
+    ASSERT_THAT(p.backups(), SizeIs(2)) << "an extra copy, one more than replication";
+    EXPECT_EQ(p.backups(1), 2u) << "the new copy is last, never promoted before the old one";
+    EXPECT_EQ(m.epoch(), added.epoch());
+  }
+  // A report from before the epoch that lists the copies changes nothing
+  // (the joined server had no copy of them then), nor does one at that
+  // epoch that holds them unsynced.
+  HeartbeatRequest stale;
+  stale.set_node_id(ids_[2]);
+  stale.set_applied_epoch(added.epoch() - 1);
+  for (uint64_t id : Moving()) stale.add_synced_copies(id);
+  ASSERT_TRUE(state_->Heartbeat(stale).ok());
+  Beat({0, 1, 2}, Moving());
+  EXPECT_EQ(Map().epoch(), added.epoch());
+  EXPECT_THAT(Map().moves(), SizeIs(7));
+  // Two synced: they drop their old copies in one new epoch.
+  std::set<uint64_t> unsynced = Moving();
+  unsynced.erase(unsynced.begin(), std::next(unsynced.begin(), 2));
+  Beat({2}, unsynced);
+  EXPECT_EQ(Map().epoch(), added.epoch() + 1);
+  EXPECT_THAT(Map().moves(), SizeIs(5));
+  Beat({2});
+  const ShardMap done = Map();
+  EXPECT_EQ(done.epoch(), added.epoch() + 2);
+  EXPECT_THAT(done.moves(), IsEmpty());
+  for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
+  EXPECT_TRUE(LoadsBalanced(done, ServerLoadsAfterMoves(done, {0, 1, 2})));
+  ExpectNoPartitionShort();
+}
+
+TEST_F(CopyMovesTest, ARestartedSchedulerFinishesTheMovesItsStateHolds) {
+  ASSERT_TRUE(saved_.has_value());
+  ASSERT_THAT(saved_->shard_map().moves(), SizeIs(7));
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  EXPECT_THAT(Map().moves(), SizeIs(7));
+  Beat({0, 1, 2});
+  const ShardMap done = Map();
+  EXPECT_THAT(done.moves(), IsEmpty());
+  for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
+}
+
+TEST_F(CopyMovesTest, ADonorDyingInPhaseOneLosesNoPartitionAndTheNewCopiesStay) {
+  // Server 0 is the primary or the old copy of every moving partition (the
+  // others are on server 1); it dies before any new copy is synced.
+  const ShardMap before = Map();
+  for (int t = 0; t < 12; ++t) {
+    now_ += absl::Milliseconds(100);
+    Beat({1, 2}, Moving());
+    state_->CheckLiveness();
+  }
+  const ShardMap map = Map();
+  ASSERT_TRUE(map.servers(0).dead());
+  EXPECT_THAT(map.moves(), IsEmpty()) << "each moving partition is left with replication copies: all needed";
+  for (const CopyMove& m : before.moves()) {
+    const PartitionInfo& p = map.partitions(m.partition());
+    EXPECT_EQ(p.server(), 1u) << p.ShortDebugString();
+    EXPECT_THAT(p.backups(), ::testing::ElementsAre(2u)) << "the new copy is kept: " << p.ShortDebugString();
+  }
+  ExpectNoPartitionShort();
+}
+
+TEST_F(CopyMovesTest, TheJoinedServerDyingInPhaseOneLeavesTheOldCopies) {
+  const ShardMap before = Map();
+  for (int t = 0; t < 12; ++t) {
+    now_ += absl::Milliseconds(100);
+    Beat({0, 1});
+    state_->CheckLiveness();
+  }
+  const ShardMap map = Map();
+  ASSERT_TRUE(map.servers(2).dead());
+  EXPECT_THAT(map.moves(), IsEmpty());
+  for (const CopyMove& m : before.moves()) {
+    const PartitionInfo& p = map.partitions(m.partition());
+    ASSERT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
+    EXPECT_EQ(p.backups(0), m.from()) << "the old copy stays: " << p.ShortDebugString();
+  }
+  ExpectNoPartitionShort();
+}
+
+}  // namespace
+}  // namespace shardps
