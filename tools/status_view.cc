@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -28,6 +29,14 @@ std::string RatesLine(const NodeStatus& n) {
   return line;
 }
 
+// How many steps a live worker may trail the most advanced live worker
+// before the table calls it lagging: sync workers move in lockstep (one
+// round apart at most), SSP ones up to `staleness` rounds, async ones by the
+// pushes in flight; a few more absorb the heartbeats' sampling.
+uint64_t LagAllowance(const ClusterConfig& c) {
+  return (c.consistency() == SSP ? c.staleness() : 0) + 3;
+}
+
 }  // namespace
 
 std::string StatusTable(const StatusResponse& status) {
@@ -46,6 +55,12 @@ std::string StatusTable(const StatusResponse& status) {
   for (const PartitionInfo& p : status.shard_map().partitions()) {
     if (p.server() < bytes.size()) bytes[p.server()] += p.num_elements() * 4;
   }
+  uint64_t most_steps = 0;
+  for (const NodeStatus& n : status.nodes()) {
+    if (n.role() == WORKER && !n.declared_dead() && n.has_counters()) {
+      most_steps = std::max<uint64_t>(most_steps, n.counters().steps());
+    }
+  }
   for (const NodeStatus& n : status.nodes()) {
     const uint64_t served = n.rank() < bytes.size() ? bytes[n.rank()] : 0;
     std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
@@ -53,8 +68,13 @@ std::string StatusTable(const StatusResponse& status) {
                                           : absl::StrFormat("worker %d  %s", n.rank(), n.host());
     const char* state = n.declared_dead() ? "DEAD" : n.alive() ? "alive" : "SILENT";
     const bool behind = n.role() == SERVER && !n.declared_dead() && n.applied_epoch() < epoch;
-    absl::StrAppend(&out, absl::StrFormat("  %-60s %s (heartbeat %d ms ago)%s\n", what, state,
-                                          n.ms_since_heartbeat(), behind ? " behind" : ""));
+    std::string lag;
+    if (n.role() == WORKER && !n.declared_dead() && n.has_counters() &&
+        n.counters().steps() + LagAllowance(c) < most_steps) {
+      lag = absl::StrFormat(" lagging %d steps", most_steps - n.counters().steps());
+    }
+    absl::StrAppend(&out, absl::StrFormat("  %-60s %s (heartbeat %d ms ago)%s%s\n", what, state,
+                                          n.ms_since_heartbeat(), behind ? " behind" : "", lag));
     if (n.has_counters()) absl::StrAppend(&out, RatesLine(n));
   }
   return out;

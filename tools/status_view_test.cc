@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace shardps {
 namespace {
 
@@ -37,6 +39,33 @@ TEST(StatusViewTest, WatchKeepsTheSchedulerRatesWithoutNewCounters) {
   StatusResponse now = OneServer(10, 2900, 3);  // the same heartbeat, 2.4 s older
   RatesSinceSnapshot(before, 2.4, &now);
   EXPECT_DOUBLE_EQ(now.nodes(0).rates().rounds(), 3);
+}
+
+StatusResponse ThreeWorkers(Consistency consistency, uint32_t staleness, std::vector<uint64_t> steps) {
+  StatusResponse status;
+  status.mutable_config()->set_consistency(consistency);
+  status.mutable_config()->set_staleness(staleness);
+  for (uint32_t rank = 0; rank < steps.size(); ++rank) {
+    NodeStatus* n = status.add_nodes();
+    n->set_node_id(rank + 1);
+    n->set_role(WORKER);
+    n->set_rank(rank);
+    n->set_alive(true);
+    n->mutable_counters()->set_steps(steps[rank]);
+  }
+  return status;
+}
+
+TEST(StatusViewTest, AWorkerFarBehindTheOthersIsMarkedLagging) {
+  const std::string table = StatusTable(ThreeWorkers(SYNC, 0, {100, 99, 80}));
+  EXPECT_NE(table.find("lagging 20 steps"), std::string::npos) << table;
+  EXPECT_EQ(table.find("lagging 1 "), std::string::npos) << table;  // one round apart is lockstep
+}
+
+TEST(StatusViewTest, SspWorkersWithinTheirStalenessAreNotLagging) {
+  const std::string table = StatusTable(ThreeWorkers(SSP, 4, {100, 96, 94}));
+  EXPECT_EQ(table.find("lagging"), std::string::npos) << table;
+  EXPECT_NE(StatusTable(ThreeWorkers(SSP, 4, {100, 96, 90})).find("lagging 10 steps"), std::string::npos);
 }
 
 }  // namespace
