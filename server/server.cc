@@ -217,8 +217,12 @@ class ParameterServerImpl : public ParameterServer {
     }
   }
 
-  // Hands the engine's counts to the heartbeats (once per poll-loop pass).
+  // Hands the engine's counts to the heartbeats, at most every tenth of a
+  // heartbeat interval (a poll-loop pass may handle a single request).
   void PublishCounters() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_counters_) return;
+    next_counters_ = now + std::chrono::milliseconds(config_.heartbeat_interval_ms()) / 10;
     const EngineStats& s = engine_->stats();
     NodeCounters c;
     c.set_rounds_completed(engine_->completed_round());
@@ -429,6 +433,7 @@ class ParameterServerImpl : public ParameterServer {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> completed_round_{0};  // engine thread -> heartbeats
   uint64_t refused_by_limits_ = 0;  // engine thread: in-flight bytes, connections
+  std::chrono::steady_clock::time_point next_counters_{};  // engine thread: PublishCounters
   absl::Mutex counters_mu_;  // engine thread -> heartbeats
   NodeCounters counters_ ABSL_GUARDED_BY(counters_mu_);
   uint64_t copies_generation_ = 0;  // engine thread: the engine's, as last published

@@ -9,6 +9,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data_message.h"
@@ -328,7 +329,8 @@ absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, 
                                             absl::Status* status) {
   const absl::Time deadline = absl::Now() + timeout;
   mu_.Lock();
-  std::vector<HandleState*> states;  // stable: only a Wait(Any) of the handle erases it
+  // Stable: only a Wait(Any) of the handle erases it. Inline: Wait passes one.
+  absl::InlinedVector<HandleState*, 4> states;
   for (uint64_t handle : handles) {
     auto it = handles_.find(handle);
     if (it == handles_.end()) {
