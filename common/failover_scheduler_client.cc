@@ -14,7 +14,7 @@ FailoverSchedulerClient::FailoverSchedulerClient(std::string address,
 absl::Status FailoverSchedulerClient::Run(absl::Duration timeout,
                                           absl::FunctionRef<absl::Status(SchedulerClient&, absl::Duration)> call) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::vector<std::string> said(clients_.size(), "not tried");
+  std::vector<std::string> said;  // filled on the first refusal: the error names each one's answer
   absl::Duration pause = absl::Milliseconds(50);
   const size_t first = current_.load();
   size_t i = first;
@@ -24,6 +24,7 @@ absl::Status FailoverSchedulerClient::Run(absl::Duration timeout,
       current_.store(i);
       return s;
     }
+    if (said.empty()) said.assign(clients_.size(), "not tried");
     said[i] = std::string(s.message());
     i = (i + 1) % clients_.size();
     if (i == first) {  // every one refused or is down: a standby may be taking over
@@ -31,6 +32,7 @@ absl::Status FailoverSchedulerClient::Run(absl::Duration timeout,
       pause = std::min(pause * 2, absl::Milliseconds(500));
     }
   }
+  if (said.empty()) said.assign(clients_.size(), "not tried");
   std::string detail;
   for (const std::string& s : said) absl::StrAppend(&detail, detail.empty() ? "" : "; ", s);
   return absl::UnavailableError(absl::StrCat("no scheduler of ", address(), " answered as the active one within ",

@@ -79,6 +79,12 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
 }
 
 void ClusterState::WriteUnsaved() {
+  {
+    // Nothing changed (most heartbeats): no wait behind a write under way.
+    // A snapshot taken by another writer since is that writer's to write.
+    absl::MutexLock lock(&mu_);
+    if (!unsaved_) return;
+  }
   absl::MutexLock write_lock(&write_mu_);
   std::optional<SchedulerState> state;
   {

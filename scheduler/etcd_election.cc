@@ -98,12 +98,7 @@ absl::StatusOr<std::optional<std::string>> EtcdElection::LoadState() {
 }
 
 absl::Status EtcdElection::StoreState(const std::string& bytes) {
-  int64_t revision;
-  {
-    absl::MutexLock lock(&mu_);
-    revision = leader_revision_;
-  }
-  return client_->PutIfGuarded(state_key_, bytes, leader_key_, revision);
+  return client_->PutIfGuarded(state_key_, bytes, leader_key_, leader_revision_.load());
 }
 
 }  // namespace shardps

@@ -13,6 +13,7 @@
 #ifndef SHARDPS_SCHEDULER_ETCD_ELECTION_H_
 #define SHARDPS_SCHEDULER_ETCD_ELECTION_H_
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,7 +76,9 @@ class EtcdElection {
   absl::Duration ttl_ ABSL_GUARDED_BY(mu_);                 // as granted
   absl::Time renewed_ ABSL_GUARDED_BY(mu_);                 // when the last renewal was sent
   absl::Time valid_until_ ABSL_GUARDED_BY(mu_);             // the lease surely lives until then
-  int64_t leader_revision_ ABSL_GUARDED_BY(mu_) = 0;        // P/leader's create revision once won; 0 before
+  // Written once, by the Campaign that wins; read by StoreState without mu_
+  // (a state write never waits behind a lease renewal).
+  std::atomic<int64_t> leader_revision_{0};        // P/leader's create revision once won; 0 before
 };
 
 }  // namespace shardps
