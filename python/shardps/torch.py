@@ -77,6 +77,8 @@ class _Slot:
         self.grad32 = self.weights32 = None
         if sum_only:
             self.weights32 = torch.zeros(param.shape, dtype=torch.float32)  # the mean gradient lands here
+            if not _zero_copy(param):  # 16-bit or CUDA gradients go out through a float32 buffer
+                self.grad32 = torch.zeros(param.shape, dtype=torch.float32)
         elif not (_zero_copy(param) or self.on_device or _wire_dtype(param, False) != "float32"):
             self.stage()
 
@@ -155,7 +157,8 @@ class DistributedOptimizer:
         ranks = _per_name(priorities, named, "priorities")
         self._slots = [_Slot(n, p, self.sum_only, ranks.get(n, 0)) for n, p in named if p.requires_grad]
         self._prioritised = bool(ranks)
-        self._held = []  # gradients produced but held back by a higher priority still to come
+        # Gradients produced but held back by a higher priority still to come (an ordered set).
+        self._held = {}
         # Seconds spent waiting for answers (in step() and forward hooks): what communication
         # did not hide.
         self.wait_seconds = 0.0
@@ -198,7 +201,7 @@ class DistributedOptimizer:
         if not self._prioritised:
             self._push(slot)
             return
-        self._held.append(slot)
+        self._held[slot] = None
         self._release(final=False)
 
     def _release(self, final):
@@ -208,7 +211,7 @@ class DistributedOptimizer:
         bar = max(waiting) if waiting and not final else None
         ready = sorted((s for s in self._held if bar is None or s.priority >= bar), key=lambda s: -s.priority)
         for slot in ready:
-            self._held.remove(slot)
+            del self._held[slot]
             self._push(slot)
 
     def _push(self, slot):
@@ -217,7 +220,10 @@ class DistributedOptimizer:
         if grad is None:
             grad = torch.zeros_like(p.data)
         if self.sum_only:
-            if not _zero_copy(grad):
+            if slot.grad32 is not None:
+                slot.grad32.copy_(grad)
+                grad = slot.grad32
+            elif not _zero_copy(grad):
                 grad = grad.detach().to("cpu", torch.float32).contiguous()
             slot.handle = self.worker.push_pull_mean_gradient(slot.name, grad, slot.weights32)
             return
