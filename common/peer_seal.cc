@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/data_message.h"
 
 namespace shardps {
 namespace {
@@ -226,6 +227,22 @@ absl::Status PeerSeal::Open(const zmq::message_t& envelope, zmq::message_t* payl
   last_opened_ = counter;
   *header = std::move(plain);
   return absl::OkStatus();
+}
+
+absl::Status SealMessage(PeerSeal& seal, DataHeader& header, bool has_payload, const void* payload,
+                         size_t payload_bytes, zmq::message_t* envelope, zmq::message_t* sealed_payload) {
+  static const char kEmpty = 0;
+  const zmq::message_t head = HeaderFrame(header);
+  const void* bytes = !has_payload ? nullptr : payload != nullptr ? payload : &kEmpty;
+  return seal.Seal(absl::string_view(static_cast<const char*>(head.data()), head.size()), bytes,
+                   has_payload ? payload_bytes : 0, envelope, sealed_payload);
+}
+
+absl::Status OpenMessage(PeerSeal& seal, const zmq::message_t& envelope, zmq::message_t* payload,
+                         DataHeader* header) {
+  std::string bytes;
+  if (absl::Status s = seal.Open(envelope, payload, &bytes); !s.ok()) return s;
+  return ParseDataHeaderInto(bytes.data(), bytes.size(), header);
 }
 
 absl::StatusOr<PeerSeal*> PeerSeals::For(absl::string_view peer_public) {

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/security.h"
+#include "proto/data.pb.h"
 
 namespace shardps {
 
@@ -91,6 +92,17 @@ class PeerSeal {
   uint64_t last_opened_ = 0;    // the highest counter accepted
   uint64_t refused_ = 0;
 };
+
+// A data message through `seal`: `header` (its protocol version stamped, as
+// HeaderFrame does) and, when `has_payload`, the `payload_bytes` bytes at
+// `payload` (which may be empty) into the envelope frame and the sealed
+// payload frame.
+absl::Status SealMessage(PeerSeal& seal, DataHeader& header, bool has_payload, const void* payload,
+                         size_t payload_bytes, zmq::message_t* envelope, zmq::message_t* sealed_payload);
+// Opens a sealed message (PeerSeal::Open) and parses its header into *header
+// (ParseDataHeaderInto's checks). On error *payload is garbage.
+absl::Status OpenMessage(PeerSeal& seal, const zmq::message_t& envelope, zmq::message_t* payload,
+                         DataHeader* header);
 
 // Every peer one socket (or a node's set of sockets) talks to, by public key,
 // with the admitted set: a node that leaves the shard map is refused, and one

@@ -193,6 +193,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   info->set_index(*index);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());
+  info->set_sealed_data(request.sealed_data() && !request.curve_public_key().empty());
   info->set_dead(false);
   info->clear_dead_reason();
   RegisterResponse response;
@@ -425,6 +426,7 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   ServerInfo* info = MapServer(index);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());
+  info->set_sealed_data(request.sealed_data() && !request.curve_public_key().empty());
   info->set_dead(false);
   info->clear_dead_reason();
   map_.set_epoch(map_.epoch() + 1);
