@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/data_message.h"
+#include "common/protocol.h"
 
 namespace shardps {
 namespace {
@@ -191,16 +192,17 @@ absl::Status PeerSeal::Seal(absl::string_view header, const void* payload, size_
 }
 
 absl::Status PeerSeal::Open(const zmq::message_t& envelope, zmq::message_t* payload, std::string* header) {
-  if (envelope.size() < kSealedEnvelopeOverhead) {
+  if (envelope.size() < kSealedEnvelopeOverhead || envelope.size() > kSealedEnvelopeOverhead + kMaxHeaderBytes) {
     ++refused_;
-    return absl::PermissionDeniedError(absl::StrCat("not a sealed message (", envelope.size(), " bytes)"));
+    return absl::PermissionDeniedError(absl::StrCat("not a sealed message (an envelope of ", envelope.size(),
+                                                    " bytes; a header holds at most ", kMaxHeaderBytes, ")"));
   }
   const auto* e = static_cast<const unsigned char*>(envelope.data());
   const uint64_t counter = GetCounter(e + kKeyBytes);
-  if (counter <= last_opened_) {
+  if (!Fresh(counter)) {
     ++refused_;
     return absl::AlreadyExistsError(
-        absl::StrCat("replayed or reordered sealed message (counter ", counter, ", last accepted ", last_opened_, ")"));
+        absl::StrCat("replayed sealed message (counter ", counter, ", highest accepted ", last_opened_, ")"));
   }
   const size_t header_bytes = envelope.size() - kSealedEnvelopeOverhead;
   std::string plain(header_bytes, '\0');
@@ -224,9 +226,36 @@ absl::Status PeerSeal::Open(const zmq::message_t& envelope, zmq::message_t* payl
       return absl::PermissionDeniedError("sealed payload fails authentication (tampered)");
     }
   }
-  last_opened_ = counter;
+  Accept(counter);
   *header = std::move(plain);
   return absl::OkStatus();
+}
+
+bool PeerSeal::Fresh(uint64_t counter) const {
+  if (counter > last_opened_) return true;
+  const uint64_t behind = last_opened_ - counter;
+  if (counter == 0 || behind >= kReplayWindow) return false;
+  return (seen_[behind / 64] >> (behind % 64) & 1) == 0;
+}
+
+void PeerSeal::Accept(uint64_t counter) {
+  if (counter > last_opened_) {
+    const uint64_t shift = counter - last_opened_;
+    std::array<uint64_t, kReplayWindow / 64> moved{};
+    if (shift < kReplayWindow) {
+      // Bit i moves to bit i + shift.
+      const uint64_t words = shift / 64, bits = shift % 64;
+      for (size_t w = moved.size(); w-- > words;) {
+        uint64_t v = seen_[w - words] << bits;
+        if (bits != 0 && w - words > 0) v |= seen_[w - words - 1] >> (64 - bits);
+        moved[w] = v;
+      }
+    }
+    seen_ = moved;
+    last_opened_ = counter;
+  }
+  const uint64_t behind = last_opened_ - counter;
+  seen_[behind / 64] |= uint64_t{1} << (behind % 64);
 }
 
 absl::Status SealMessage(PeerSeal& seal, DataHeader& header, bool has_payload, const void* payload,

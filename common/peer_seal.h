@@ -13,11 +13,14 @@
 //   payload:  [payload ciphertext] (as long as the plaintext)
 // The header's nonce is (0, counter) and its additional data the envelope's
 // first 56 bytes, so the payload's tag, the counter and the sender are bound
-// to it; the payload's nonce is (1, counter). A receiver takes only counters
-// above the last it accepted from that sender (ZeroMQ keeps a connection's
-// order), so a replayed or reordered message is refused. Keys are fresh per
-// process and a sender's counter never restarts under a key (PeerSeals never
-// forgets a peer), so no nonce is used twice.
+// to it; the payload's nonce is (1, counter). A receiver takes each counter
+// once: above the highest it accepted from that sender, or up to
+// kReplayWindow below it and not yet seen (a sender's messages reach a
+// server on one connection in order, but a reconnect can leave older ones
+// queued on the old pipe), so a replayed message is refused. Keys are fresh
+// per process and a sender's counter never restarts under a key (PeerSeals
+// never forgets a peer), so no nonce is used twice; a process that forks
+// must not send from the child with the parent's seals.
 //
 // Not thread-safe: a PeerSeal and a PeerSeals belong to the thread (or the
 // lock) that owns the socket they serve.
@@ -49,6 +52,8 @@ enum class SealEnd { kConnecting, kBinding };
 
 // Bytes a sealed envelope adds to the serialised header.
 inline constexpr size_t kSealedEnvelopeOverhead = 32 + 8 + 16 + 16;
+// How far below the highest accepted counter a message may still open once.
+inline constexpr uint64_t kReplayWindow = 1024;
 
 // The sender's raw 32-byte public key of a sealed envelope, so a receiver can
 // pick the PeerSeal; InvalidArgument when the frame is too short to be one.
@@ -74,9 +79,10 @@ class PeerSeal {
 
   // Checks `envelope` (and `payload`, decrypted in place; null: none) and
   // puts the header's bytes in *header. PermissionDenied for a message not
-  // sealed by this peer for this node, or tampered with; AlreadyExists for a
-  // replayed or reordered one. On error nothing is accepted: the counter
-  // stays, and *payload's bytes are garbage the caller must drop.
+  // sealed by this peer for this node, tampered with, or with a header over
+  // kMaxHeaderBytes (refused before any work); AlreadyExists for a replayed
+  // one or one older than the window. On error nothing is accepted: the
+  // counters stay, and *payload's bytes are garbage the caller must drop.
   absl::Status Open(const zmq::message_t& envelope, zmq::message_t* payload, std::string* header);
 
   // Messages refused by Open so far.
@@ -88,8 +94,15 @@ class PeerSeal {
 
   const std::string own_public_raw_;  // first bytes of every envelope
   std::unique_ptr<Cipher> sealer_, opener_;
+  // Whether `counter` may still be accepted (neither seen nor too old).
+  bool Fresh(uint64_t counter) const;
+  // Records `counter` as accepted.
+  void Accept(uint64_t counter);
+
   uint64_t next_counter_ = 1;   // the next message sealed
   uint64_t last_opened_ = 0;    // the highest counter accepted
+  // Bit i: counter last_opened_ - i was accepted (i < kReplayWindow).
+  std::array<uint64_t, kReplayWindow / 64> seen_{};
   uint64_t refused_ = 0;
 };
 
@@ -118,6 +131,8 @@ class PeerSeals {
   void Admit(const std::vector<std::string>& z85_keys);
   // The PeerSeal of an admitted sender (raw 32-byte key); null if it is not.
   PeerSeal* Admitted(absl::string_view sender_raw);
+  // This node's key pair.
+  const CurveKeyPair& own() const { return own_; }
 
  private:
   const CurveKeyPair own_;

@@ -4,6 +4,7 @@
 #include <numeric>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 namespace shardps {
@@ -72,15 +73,17 @@ TEST_F(PeerSealTest, SenderIsNamedByItsPublicKey) {
   EXPECT_EQ(std::string(*sender), *DecodeZ85Key(worker_.public_key));
 }
 
-TEST_F(PeerSealTest, ReplayedAndReorderedMessagesAreRefused) {
+TEST_F(PeerSealTest, ReorderedMessagesOpenOnceAndReplaysAreRefused) {
   Sealed first = SealFromWorker("1");
   Sealed second = SealFromWorker("2");
-  zmq::message_t first_copy;
-  first_copy.copy(first.envelope);
+  zmq::message_t first_envelope(first.envelope.data(), first.envelope.size());
+  zmq::message_t first_payload(first.payload.data(), first.payload.size());
   std::string header;
   ASSERT_TRUE(binding_->Open(second.envelope, &second.payload, &header).ok());
-  absl::Status older = binding_->Open(first.envelope, &first.payload, &header);
-  EXPECT_EQ(older.code(), absl::StatusCode::kAlreadyExists) << older;
+  ASSERT_TRUE(binding_->Open(first.envelope, &first.payload, &header).ok()) << "a reordered message opens";
+  EXPECT_EQ(header, "1");
+  absl::Status again = binding_->Open(first_envelope, &first_payload, &header);
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
   Sealed third = SealFromWorker("3");
   zmq::message_t third_envelope;
   third_envelope.copy(third.envelope);
@@ -89,6 +92,29 @@ TEST_F(PeerSealTest, ReplayedAndReorderedMessagesAreRefused) {
   absl::Status replay = binding_->Open(third_envelope, &third_payload, &header);
   EXPECT_EQ(replay.code(), absl::StatusCode::kAlreadyExists) << replay;
   EXPECT_EQ(binding_->refused(), 2u);
+}
+
+TEST_F(PeerSealTest, MessagesOlderThanTheWindowAreRefused) {
+  Sealed old = SealFromWorker("old");
+  Sealed kept = SealFromWorker("kept");
+  std::string header;
+  for (uint64_t i = 0; i < kReplayWindow - 1; ++i) {
+    Sealed s = SealFromWorker("filler", /*with_payload=*/false);
+    ASSERT_TRUE(binding_->Open(s.envelope, nullptr, &header).ok());
+  }
+  // "kept" is kReplayWindow - 1 behind the highest: still inside.
+  ASSERT_TRUE(binding_->Open(kept.envelope, &kept.payload, &header).ok());
+  absl::Status too_old = binding_->Open(old.envelope, &old.payload, &header);
+  EXPECT_EQ(too_old.code(), absl::StatusCode::kAlreadyExists) << too_old;
+}
+
+TEST_F(PeerSealTest, AnOversizedEnvelopeIsRefusedBeforeAnyWork) {
+  zmq::message_t huge(kSealedEnvelopeOverhead + 4096 + 1);
+  std::memset(huge.data(), 0, huge.size());
+  std::string header;
+  absl::Status s = binding_->Open(huge, nullptr, &header);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("at most 4096"));
 }
 
 TEST_F(PeerSealTest, AnyFlippedBitIsRefusedAndAcceptsNothing) {

@@ -9,6 +9,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/peer_seal.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/endpoint.h"
@@ -22,11 +23,12 @@ namespace shardps {
 namespace {
 
 absl::Status CheckCurveKey(const RegisterRequest& r) {
-  if (r.curve_public_key().empty() || r.curve_public_key().size() == 40) return absl::OkStatus();
+  if (r.curve_public_key().empty()) return absl::OkStatus();
+  auto key = DecodeZ85Key(r.curve_public_key());
+  if (key.ok()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(r.role() == SERVER ? "server " + r.data_address()
                                                                      : absl::StrCat("worker rank ", r.rank()),
-                                                 " registered a CURVE public key of ", r.curve_public_key().size(),
-                                                 " characters (Z85: 40)"));
+                                                 " registered a bad data-plane public key: ", key.status().message()));
 }
 
 absl::Status CheckVersion(const RegisterRequest& r) {

@@ -236,7 +236,13 @@ class ParameterServerImpl : public ParameterServer {
                                  << "the cluster: " << s << " [" << google::COUNTER << " so far]";
       return s;
     }
-    seal_of_connection_[absl::string_view(static_cast<const char*>(peer.data()), peer.size())] = seal;
+    const absl::string_view id(static_cast<const char*>(peer.data()), peer.size());
+    if (!seal_of_connection_.contains(id) && seal_of_connection_.size() >= 2 * size_t{config_.limits().max_connections_per_server()}) {
+      // Connections come and go (reconnects, restarted workers): keep those
+      // the admission still tracks.
+      absl::erase_if(seal_of_connection_, [this](const auto& entry) { return !admission_->Tracks(entry.first); });
+    }
+    seal_of_connection_[id] = seal;
     return absl::OkStatus();
   }
 
@@ -360,7 +366,14 @@ class ParameterServerImpl : public ParameterServer {
       peers_[server] = std::move(socket);
     }
     zmq::message_t head, sealed_payload;
-    PeerSeal* seal = PeerSealOf(server);
+    auto sealed = PeerSealOf(server);
+    if (!sealed.ok()) {
+      // Never in the clear to a backup that seals: the update waits for
+      // its confirmation, and the failure shows in the log.
+      LOG_EVERY_N(ERROR, 100) << "server " << index_ << ": backup server " << server << ": " << sealed.status();
+      return;
+    }
+    PeerSeal* seal = *sealed;
     if (seal != nullptr) {
       if (absl::Status s = SealMessage(*seal, header, true, payload.data(), payload.size(), &head, &sealed_payload); !s.ok()) {
         LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << s;
@@ -373,16 +386,15 @@ class ParameterServerImpl : public ParameterServer {
     (void)SendRetrying(*peers_[server], seal != nullptr ? sealed_payload : payload, zmq::send_flags::none);
   }
 
-  // The seal toward backup `server` when its socket takes sealed messages;
-  // null otherwise (CURVE or plain).
-  PeerSeal* PeerSealOf(uint32_t server) {
-    if (server >= peer_sealed_.size() || !peer_sealed_[server] || !peer_seals_) return nullptr;
-    auto seal = peer_seals_->For(peer_keys_[server]);
-    if (!seal.ok()) {
-      LOG_EVERY_N(ERROR, 100) << "server " << index_ << ": backup server " << server << ": " << seal.status();
-      return nullptr;
+  // The seal toward backup `server` when its socket takes sealed messages,
+  // null when it does not (CURVE or plain); an error when it does and this
+  // server cannot seal for it.
+  absl::StatusOr<PeerSeal*> PeerSealOf(uint32_t server) {
+    if (server >= peer_sealed_.size() || !peer_sealed_[server]) return nullptr;
+    if (!peer_seals_) {
+      return absl::FailedPreconditionError("it seals its data plane but this server has no keys (security off)");
     }
-    return *seal;
+    return peer_seals_->For(peer_keys_[server]);
   }
 
   // Backups' confirmations of REPLICATE requests.
@@ -398,12 +410,13 @@ class ParameterServerImpl : public ParameterServer {
           more = extra.more();
         }
         DataHeader answer;
-        PeerSeal* seal = PeerSealOf(s);
-        absl::Status opened = seal != nullptr ? OpenMessage(*seal, head, nullptr, &answer)
-                                              : ParseDataHeaderInto(head.data(), head.size(), &answer);
+        auto seal = PeerSealOf(s);
+        absl::Status opened = !seal.ok()             ? seal.status()
+                              : *seal != nullptr ? OpenMessage(**seal, head, nullptr, &answer)
+                                                 : ParseDataHeaderInto(head.data(), head.size(), &answer);
         if (opened.ok()) {
           engine_->HandleReplicaAck(s, answer);
-        } else if (seal != nullptr) {
+        } else if (!seal.ok() || *seal != nullptr) {
           LOG_EVERY_N(WARNING, 100) << "server " << index_ << ": dropped an answer from backup server " << s << ": "
                                     << opened;
         }

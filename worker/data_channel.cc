@@ -107,16 +107,19 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
     }
     old = addresses_[server];
   }
+  // What can fail comes before the old connection goes.
+  PeerSeal* seal = nullptr;
+  if (endpoint.sealed && !endpoint.curve_public_key.empty()) {
+    auto made = SealFor(endpoint);
+    if (!made.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': ", made.status().message()));
+    }
+    seal = *made;
+  }
   try {
     servers_[server].disconnect(old);
   } catch (const zmq::error_t&) {
     // Already gone: nothing to undo.
-  }
-  PeerSeal* seal = nullptr;
-  if (endpoint.sealed && !endpoint.curve_public_key.empty()) {
-    auto made = SealFor(endpoint);
-    if (!made.ok()) return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': ", made.status().message()));
-    seal = *made;
   }
   try {
     // Applies to the connection made next (the old one is gone). Sealed:
@@ -124,7 +127,11 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
     if (seal != nullptr) {
       servers_[server].set(zmq::sockopt::curve_server, false);
     } else if (!endpoint.curve_public_key.empty()) {
-      servers_[server].set(zmq::sockopt::curve_serverkey, endpoint.curve_public_key);
+      if (absl::Status s = MakeCurveClient(servers_[server], endpoint.curve_public_key,
+                                           seals_ != nullptr ? &seals_->own() : nullptr);
+          !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': ", s.message()));
+      }
     }
     servers_[server].connect(address);
   } catch (const zmq::error_t& e) {

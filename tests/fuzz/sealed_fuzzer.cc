@@ -1,10 +1,10 @@
 // Fuzzes the opening of sealed data-plane messages (common/peer_seal.h), what
 // a secured server does first with every frame anyone sends it: arbitrary
 // envelopes and payloads, and genuine messages of an admitted sender that the
-// input then flips, truncates, extends, replays or reorders. Invariants: a
-// message opens only if it is genuine, unchanged and newer than every message
-// accepted before; its header comes back as sealed; nothing crashes or reads
-// out of bounds.
+// input then flips, replays or reorders. Invariants: a message opens only if
+// it is genuine, unchanged, not accepted before and within the replay window
+// of the newest accepted; its header comes back as sealed; nothing crashes or
+// reads out of bounds.
 //
 // Input: up to 64 steps, each [kind] then:
 //   kind%4 == 0: [u16 len][envelope][u16 len][payload]   raw frames
@@ -14,7 +14,9 @@
 // kind & 4: no payload frame; kind & 8 (with 1): keep the message, unopened.
 #include <zmq.h>
 
+#include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Require(sender.ok() && receiver.ok(), "fixed keys make seals");
   std::vector<Kept> kept;
   uint64_t sealed = 0, newest_opened = 0;
+  std::set<uint64_t> accepted;
+  auto acceptable = [&](uint64_t order) {
+    return !accepted.contains(order) && (order > newest_opened || newest_opened - order < kReplayWindow);
+  };
   for (int step = 0; step < 64 && !in.empty(); ++step) {
     const uint8_t kind = in.Byte();
     const bool has_payload = (kind & 4) == 0;
@@ -70,8 +76,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Kept& k = kept[in.Byte() % kept.size()];
       zmq::message_t envelope(k.envelope.data(), k.envelope.size()), payload(k.payload.data(), k.payload.size());
       const bool opened = (*receiver)->Open(envelope, k.has_payload ? &payload : nullptr, &header).ok();
-      Require(opened == (k.order > newest_opened), "a kept message opened iff newer than every one accepted");
-      if (opened) newest_opened = k.order;
+      Require(opened == acceptable(k.order), "a kept message opens iff not accepted before and within the window");
+      if (opened) {
+        accepted.insert(k.order);
+        newest_opened = std::max(newest_opened, k.order);
+      }
       continue;
     }
     const std::string plain_header = in.Field(), plain_payload = in.Field();
@@ -97,9 +106,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     const bool opened = (*receiver)->Open(envelope, has_payload ? &payload : nullptr, &header).ok();
-    Require(opened == (!changed && order > newest_opened), "a message opens iff genuine, unchanged and newest");
+    Require(opened == (!changed && acceptable(order)), "a message opens iff genuine, unchanged and new");
     if (opened) {
-      newest_opened = order;
+      accepted.insert(order);
+      newest_opened = std::max(newest_opened, order);
       Require(header == plain_header, "the header comes back as sealed");
       Require(!has_payload || std::string(static_cast<const char*>(payload.data()), payload.size()) == plain_payload,
               "the payload comes back as sealed");
