@@ -167,7 +167,9 @@ TEST(AllFiniteTest, FindsNanAndInfAnywhere) {
 
 TEST(AllFiniteTest, CopyAndCheckCopiesEveryBitAndFindsNanAndInf) {
   std::vector<float> x(1027);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = std::ldexp(static_cast<float>(i) - 500.5f, static_cast<int>(i % 200) - 100);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::ldexp(static_cast<float>(i) - 500.5f, static_cast<int>(i % 200) - 100);  // wide exponents
+  }
   x[3] = -0.0f;
   x[4] = std::numeric_limits<float>::denorm_min();
   std::vector<float> out(x.size(), 7.0f);
