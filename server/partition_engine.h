@@ -328,6 +328,8 @@ class PartitionEngine {
   // reject_non_finite), counting and logging it.
   // `x`: the payload's floats, or a compressed payload once decoded.
   absl::Status CheckFinite(const Partition& p, const DataHeader& h, const float* x);
+  // The same for fp16/bf16 payloads, before decoding (others: no-op).
+  absl::Status CheckFinite16(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // CheckFinite for a raw fp32 payload `g`, fused where it can be: a push
   // that would be copied into an empty accumulator (sync, not deterministic:
   // the open round's first gradient into p.acc; async: a batch's first push
@@ -342,8 +344,6 @@ class PartitionEngine {
   absl::Status CheckRawGradient(Partition& p, const DataHeader& h, const float* g, bool* staged);
   // The error, count and log line of a refused non-finite payload `x`.
   absl::Status RefuseNonFinite(const Partition& p, const DataHeader& h, const float* x);
-  // The same for fp16/bf16 payloads, before decoding (others: no-op).
-  absl::Status CheckFinite16(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // Async pushes are told from retries by request id, so an id far ahead of
   // the worker's sequence (forged or corrupt) would make every later push
   // look like a retry: such ids are refused. Records accepted ids.
