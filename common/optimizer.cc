@@ -19,6 +19,11 @@ int SlotsFor(OptimizerConfig::Kind kind) {
   }
 }
 
+// An all-ones exponent (Inf or NaN) plus one exponent step carries into
+// bit 31; every finite exponent stays below it.
+inline uint32_t NonFiniteCarry(uint32_t bits) { return (bits & 0x7f800000u) + 0x00800000u; }
+constexpr uint32_t kNonFiniteBit = 0x80000000u;
+
 }  // namespace
 
 Optimizer::Optimizer(const OptimizerConfig& config) : config_(config), state_slots_(SlotsFor(config.kind())) {}
@@ -136,15 +141,25 @@ void AddInto(float* __restrict acc, const float* __restrict g, size_t n) {
 }
 
 bool AllFinite(const float* x, size_t n) {
-  // An all-ones exponent (Inf or NaN) plus one exponent step carries into
-  // bit 31; every finite exponent stays below it.
   uint32_t carry = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, x + i, sizeof(bits));
-    carry |= (bits & 0x7f800000u) + 0x00800000u;
+    carry |= NonFiniteCarry(bits);
   }
-  return (carry & 0x80000000u) == 0;
+  return (carry & kNonFiniteBit) == 0;
+}
+
+bool CopyAndCheckFinite(float* __restrict dst, const float* __restrict src, size_t n) {
+  // The bits go through integers, so a NaN's payload is copied unchanged too.
+  uint32_t carry = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, sizeof(bits));
+    carry |= NonFiniteCarry(bits);
+    std::memcpy(dst + i, &bits, sizeof(bits));
+  }
+  return (carry & kNonFiniteBit) == 0;
 }
 
 bool AllFinite16(const uint16_t* x, size_t n, uint16_t exponent_mask) {

@@ -300,7 +300,9 @@ const float* PartitionEngine::weights(uint64_t partition_id) const {
   return it == partitions_.end() ? nullptr : it->second->weights->data();
 }
 
-absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out) {
+absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out,
+                                       bool* staged) {
+  *staged = false;
   if (h.op() == RESPONSE) return absl::InvalidArgumentError("a server does not accept responses");
   // An older epoch is served while this server still owns the partition:
   // membership changes (a worker or server declared dead) move nothing.
@@ -365,7 +367,8 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
                                                      " (expected ", p.n * sizeof(float), ")"));
     }
     if (config_.reject_non_finite()) {
-      absl::Status s = expected.empty() ? CheckFinite(p, h, payload->data<float>()) : CheckFinite16(p, h, *payload);
+      absl::Status s = expected.empty() ? CheckRawGradient(p, h, payload->data<float>(), staged)
+                                        : CheckFinite16(p, h, *payload);
       if (!s.ok()) return s;
     }
   } else if (payload != nullptr) {
@@ -388,8 +391,30 @@ absl::Status PartitionEngine::CheckFinite16(const Partition& p, const DataHeader
   return absl::InvalidArgumentError(what);
 }
 
+absl::Status PartitionEngine::CheckRawGradient(Partition& p, const DataHeader& h, const float* g, bool* staged) {
+  const bool push = h.op() == PUSH || h.op() == PUSH_PULL;
+  float* into = nullptr;
+  if (push && RoundBased(config_) && !config_.deterministic() && h.round() == p.completed && p.arrivals == 0) {
+    into = p.acc.data();  // the round's first gradient (Accumulate)
+  } else if (push && !RoundBased(config_) && p.batch_count == 0) {
+    p.batch_sum.resize(p.n);
+    into = p.batch_sum.data();  // the batch's first push (PushAsync)
+  }
+  if (into == nullptr) return CheckFinite(p, h, g);
+  // Scratch until the push is counted: a refused one leaves nothing behind.
+  if (CopyAndCheckFinite(into, g, p.n)) {
+    *staged = true;
+    return absl::OkStatus();
+  }
+  return RefuseNonFinite(p, h, g);
+}
+
 absl::Status PartitionEngine::CheckFinite(const Partition& p, const DataHeader& h, const float* x) {
   if (AllFinite(x, p.n)) return absl::OkStatus();
+  return RefuseNonFinite(p, h, x);
+}
+
+absl::Status PartitionEngine::RefuseNonFinite(const Partition& p, const DataHeader& h, const float* x) {
   ++stats_.non_finite;
   const size_t i = FirstNonFinite(x, p.n);
   const std::string what = absl::StrCat(h.op() == INIT ? "INIT" : "gradient", " from worker ", h.worker_rank(),
@@ -439,7 +464,8 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
     return;
   }
   Partition* p = nullptr;
-  absl::Status valid = Validate(h, payload, &p);
+  bool staged = false;
+  absl::Status valid = Validate(h, payload, &p, &staged);
   if (valid.ok()) valid = CheckRequestId(*p, h);
   if (!valid.ok()) {
     Answer(peer, h, valid);
@@ -454,9 +480,9 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
       if (absl::Status s = CheckIncarnation(*p, h); !s.ok()) {
         Answer(peer, h, s);
       } else if (RoundBased(config_)) {
-        PushSync(*p, peer, h, payload);
+        PushSync(*p, peer, h, payload, /*answer=*/true, staged);
       } else {
-        PushAsync(*p, peer, h, *payload);
+        PushAsync(*p, peer, h, *payload, staged);
       }
       break;
     case PULL:
@@ -497,7 +523,7 @@ void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataH
 }
 
 void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
-                               zmq::message_t* payload, bool answer) {
+                               zmq::message_t* payload, bool answer, bool staged) {
   const uint32_t w = h.worker_rank();
   const uint64_t round = h.round();
   if (round < JoinRound(w)) {
@@ -530,7 +556,10 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
                                                               " rounds ahead on partition ", p.id)));
     return;
   }
-  if (answer && forwards_pushes_) ForwardPush(p, h, *payload);
+  if (answer && forwards_pushes_) {
+    ForwardPush(p, h, *payload);
+    staged = false;  // a sink that answers at once could have run a round meanwhile: copy again
+  }
   if (round > p.completed) {
     // SSP answers at once what the staleness bound allows; sync answers
     // when the push is replayed into its round.
@@ -540,7 +569,7 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
     if (early) AnswerPush(p, peer, h, round);
     return;
   }
-  if (absl::Status s = Accumulate(p, w, round, payload); !s.ok()) {
+  if (absl::Status s = Accumulate(p, w, round, payload, staged); !s.ok()) {
     Answer(peer, h, s);  // not counted: the worker may send it again
     return;
   }
@@ -587,12 +616,15 @@ float PartitionEngine::StalenessLrScale(double tau) const {
   return static_cast<float>(1.0 / tau);
 }
 
-absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload) {
+absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t round, zmq::message_t* payload,
+                                         bool staged) {
   const compression::Codec* codec = PushCodec(p, round).codec;
   const float* g = payload->data<float>();
   if (codec == nullptr) {
     if (config_.deterministic()) {
       p.held[w] = std::move(*payload);  // kept as received: no copy
+    } else if (staged && p.arrivals == 0) {
+      // Copied into p.acc already, by the pass that checked it.
     } else if (p.arrivals == 0) {
       std::memcpy(p.acc.data(), g, p.n * sizeof(float));
     } else {
@@ -731,7 +763,7 @@ void PartitionEngine::FinishRound(Partition& p) {
 }
 
 void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
-                                const zmq::message_t& payload) {
+                                const zmq::message_t& payload, bool staged) {
   const uint32_t w = h.worker_rank();
   if (h.request_id() <= p.last_request[w]) {
     // A retry of a push taken already: answer without applying it twice,
@@ -754,7 +786,9 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
     }
     g = p.scratch.data();
   }
-  if (p.batch_count == 0) {
+  if (staged && p.batch_count == 0) {
+    // Copied into p.batch_sum already, by the pass that checked it.
+  } else if (p.batch_count == 0) {
     p.batch_sum.resize(p.n);
     std::memcpy(p.batch_sum.data(), g, p.n * sizeof(float));
   } else {

@@ -317,7 +317,9 @@ class PartitionEngine {
   // once the partitions already at the requested round.
   void FollowCheckpoints(const ShardMap& map);
 
-  absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out);
+  // `*staged`: whether the raw gradient was copied into its accumulator
+  // while being checked (CheckRawGradient).
+  absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out, bool* staged);
   // The codec of `round`'s pushes to p (compression::RoundCodec).
   compression::WireCodec PushCodec(const Partition& p, uint64_t round) const {
     return compression::RoundCodec(config_, p.codecs, compression::Direction::kPush, round);
@@ -328,6 +330,20 @@ class PartitionEngine {
   absl::Status CheckFinite(const Partition& p, const DataHeader& h, const float* x);
   // The same for fp16/bf16 payloads, before decoding (others: no-op).
   absl::Status CheckFinite16(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // CheckFinite for a raw fp32 payload `g`, fused where it can be: a push
+  // that would be copied into an empty accumulator (sync, not deterministic:
+  // the open round's first gradient into p.acc; async: a batch's first push
+  // into p.batch_sum) is copied there by the pass that checks it, so the
+  // gradient is read once, and `*staged` is set; Accumulate and PushAsync
+  // then skip their copy. Both buffers are scratch while empty, so a refused
+  // or uncounted push (a retry, one parked for a later round) leaves no
+  // trace. Not fused: adding into a non-empty sum (it cannot be undone
+  // bitwise once a NaN is met halfway; summing into a second buffer measured
+  // slower than two passes), deterministic rounds (the message is held, not
+  // copied, until the round's rank-order sum), INIT and codecs.
+  absl::Status CheckRawGradient(Partition& p, const DataHeader& h, const float* g, bool* staged);
+  // The error, count and log line of a refused non-finite payload `x`.
+  absl::Status RefuseNonFinite(const Partition& p, const DataHeader& h, const float* x);
   // Async pushes are told from retries by request id, so an id far ahead of
   // the worker's sequence (forged or corrupt) would make every later push
   // look like a retry: such ids are refused. Records accepted ids.
@@ -352,8 +368,9 @@ class PartitionEngine {
   void Init(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
   // Counts a push toward its round (or parks it for a later one). `answer`
   // false: a replayed push whose answer went out already (ssp).
+  // `staged`: the payload is in p.acc already (CheckRawGradient).
   void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload,
-                bool answer = true);
+                bool answer = true, bool staged = false);
   // SSP with backups: sends a worker's push to the backups (kept there until
   // its round is applied).
   void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload);
@@ -367,12 +384,17 @@ class PartitionEngine {
   double MeasureStaleness(Partition& p, const DataHeader& h, uint64_t applied, double updates_per_round);
   // The learning-rate factor of an update of staleness `tau` rounds.
   float StalenessLrScale(double tau) const;
-  void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
+  // `staged`: the payload is in p.batch_sum already (CheckRawGradient).
+  void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload,
+                 bool staged = false);
   // Applies p's async batch as one update and answers its pushes.
   void ApplyAsyncBatch(Partition& p);
   void PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
   void CompleteRound(Partition& p);
-  absl::Status Accumulate(Partition& p, uint32_t worker, uint64_t round, zmq::message_t* payload);
+  // `staged`: the payload was copied into p.acc by CheckRawGradient in this
+  // Handle call, and nothing has written p.acc since.
+  absl::Status Accumulate(Partition& p, uint32_t worker, uint64_t round, zmq::message_t* payload,
+                          bool staged = false);
   void SumRound(Partition& p);
   // The answer payload for a pull: weights (raw or fp16/bf16) or, in sum-only
   // mode after a round, the aggregate (raw or compressed with error feedback).

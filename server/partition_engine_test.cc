@@ -607,6 +607,62 @@ TEST_F(EngineTest, NonFiniteGradientsAreRefusedAndCountedWeightsUnchanged) {
   }
 }
 
+// The finiteness check rides on the copy of a round's (or an async batch's)
+// first gradient into the sum, and adding into a sum is checked first: a
+// refused gradient, first or not, must leave the sum as if it was never sent,
+// bitwise, and pushes that are not summed at once (ahead of the round, a
+// retry) are refused as before.
+TEST_F(EngineTest, RefusedNonFiniteGradientLeavesTheSumAsIfNeverSent) {
+  const int n = 1031;  // not a multiple of any vector width
+  auto gradient = [n](int seed) {
+    std::vector<float> g(n);
+    for (int i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i * (seed + 2))) * (1.0f + seed);
+    return g;
+  };
+  auto poisoned = [&](int seed, float bad, int at) {
+    std::vector<float> g = gradient(seed);
+    g[at] = bad;
+    return g;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (Consistency mode : {SYNC, ASYNC}) {
+    // Three workers, two rounds (async: two batches of three pushes).
+    auto run = [&](bool with_refused) {
+      sent_.clear();
+      Make(mode, false, 3, "none", UPDATE_ON_SERVER, n);
+      Send(INIT, 0, 0, gradient(9));
+      for (uint64_t round = 0; round < 2; ++round) {
+        if (mode == ASYNC) engine_->BeginBatch();
+        if (with_refused) Send(PUSH, 1, round, poisoned(1, nan, 0));  // the first of the sum
+        Send(PUSH, 0, round, gradient(0 + 3 * round));
+        if (with_refused) Send(PUSH_PULL, 2, round, poisoned(2, inf, n - 1));  // added to a sum
+        Send(PUSH, 1, round, gradient(1 + 3 * round));
+        if (with_refused && mode == SYNC) {
+          Send(PUSH, 0, round, poisoned(0, -inf, 7));      // a retry of a counted push
+          Send(PUSH, 1, round + 1, poisoned(1, nan, 500));  // ahead of the round
+        }
+        Send(PUSH, 2, round, gradient(2 + 3 * round));
+        if (mode == ASYNC) engine_->EndBatch();
+      }
+      int refused = 0;
+      for (const Sent& s : sent_) {
+        if (s.header.status_code() == 0) continue;
+        ++refused;
+        EXPECT_EQ(s.header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+        EXPECT_THAT(s.header.error(), HasSubstr("refused (reject_non_finite), weights unchanged"));
+      }
+      EXPECT_EQ(engine_->stats().non_finite, static_cast<uint64_t>(refused));
+      EXPECT_EQ(engine_->UpdateCounts()[0].completed, mode == SYNC ? 2u : 6u);
+      return std::make_pair(Weights(n), refused);
+    };
+    const auto [clean, none] = run(false);
+    const auto [weights, refused] = run(true);
+    EXPECT_EQ(none, 0) << "mode " << mode;
+    EXPECT_EQ(refused, mode == SYNC ? 8 : 4) << "mode " << mode;
+    EXPECT_EQ(std::memcmp(weights.data(), clean.data(), n * sizeof(float)), 0) << "mode " << mode;
+  }
+}
+
 TEST_F(EngineTest, AsyncRequestIdFarAheadIsRefusedAndDoesNotPoisonLaterPushes) {
   Make(ASYNC, false, 2);
   Send(INIT, 0, 0, {0, 0});
