@@ -69,6 +69,10 @@ absl::StatusOr<SecurityCredentials> LoadSecurityCredentials(const SecurityConfig
   creds.key_pem = *std::move(key);
   creds.require_client_cert = config.require_client_cert();
   creds.server_name = config.tls_server_name();
+  if (config.data_cipher() == DATA_CIPHER_UNSPECIFIED) {
+    return absl::InvalidArgumentError("security.data_cipher: say AES_256_GCM or CURVE");
+  }
+  creds.seal_data = config.data_cipher() == AES_256_GCM;
   return creds;
 }
 

@@ -27,6 +27,9 @@ struct SecurityCredentials {
   std::string cert_pem, key_pem;    // this node's certificate chain and key; empty on plain nodes
   bool require_client_cert = false; // mutual TLS
   std::string server_name;          // expected in the scheduler's certificate; empty: its host
+  // Servers: seal data messages with AES-256-GCM (common/peer_seal.h) rather
+  // than CURVE.
+  bool seal_data = true;
 };
 
 // Loads the files `config` names. `for_scheduler`: a certificate and key are

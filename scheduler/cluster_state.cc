@@ -9,6 +9,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/peer_seal.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/endpoint.h"
@@ -22,11 +23,12 @@ namespace shardps {
 namespace {
 
 absl::Status CheckCurveKey(const RegisterRequest& r) {
-  if (r.curve_public_key().empty() || r.curve_public_key().size() == 40) return absl::OkStatus();
+  if (r.curve_public_key().empty()) return absl::OkStatus();
+  auto key = DecodeZ85Key(r.curve_public_key());
+  if (key.ok()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(r.role() == SERVER ? "server " + r.data_address()
                                                                      : absl::StrCat("worker rank ", r.rank()),
-                                                 " registered a CURVE public key of ", r.curve_public_key().size(),
-                                                 " characters (Z85: 40)"));
+                                                 " registered a bad data-plane public key: ", key.status().message()));
 }
 
 absl::Status CheckVersion(const RegisterRequest& r) {
@@ -193,6 +195,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   info->set_index(*index);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());
+  info->set_sealed_data(request.sealed_data() && !request.curve_public_key().empty());
   info->set_dead(false);
   info->clear_dead_reason();
   RegisterResponse response;
@@ -425,6 +428,7 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   ServerInfo* info = MapServer(index);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());
+  info->set_sealed_data(request.sealed_data() && !request.curve_public_key().empty());
   info->set_dead(false);
   info->clear_dead_reason();
   map_.set_epoch(map_.epoch() + 1);

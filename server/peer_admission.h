@@ -21,6 +21,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace shardps {
 
@@ -41,6 +42,8 @@ class PeerAdmission {
   zmq::message_t Track(const zmq::message_t& peer, zmq::message_t payload);
 
   size_t peers() const { return peers_.size(); }
+  // Whether `peer` (a routing id) is among the peers tracked now.
+  bool Tracks(absl::string_view peer) const { return peers_.contains(peer); }
 
  private:
   struct Peer {

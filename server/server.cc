@@ -8,6 +8,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
@@ -15,6 +16,7 @@
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "server/peer_admission.h"
+#include "common/peer_seal.h"
 #include "common/security.h"
 #include "server/curve_authenticator.h"
 #include "server/server_metrics.h"
@@ -51,13 +53,17 @@ class ParameterServerImpl : public ParameterServer {
  public:
   ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context,
                       std::unique_ptr<CurveAuthenticator> authenticator, zmq::socket_t socket,
-                      std::string data_address, CurveKeyPair curve_keys)
+                      std::string data_address, CurveKeyPair curve_keys, bool seal_data)
       : scheduler_(std::move(scheduler)),
         context_(std::move(context)),
         authenticator_(std::move(authenticator)),
         socket_(std::move(socket)),
         data_address_(std::move(data_address)),
-        curve_keys_(std::move(curve_keys)) {}
+        curve_keys_(std::move(curve_keys)) {
+    if (curve_keys_.public_key.empty()) return;
+    if (seal_data) sender_seals_ = std::make_unique<PeerSeals>(curve_keys_, SealEnd::kBinding);
+    peer_seals_ = std::make_unique<PeerSeals>(curve_keys_, SealEnd::kConnecting);
+  }
 
   ~ParameterServerImpl() override {
     RequestStop();
@@ -77,6 +83,7 @@ class ParameterServerImpl : public ParameterServer {
     request.set_host(options.advertise_host);
     request.set_memory_bytes(options.memory_bytes != 0 ? options.memory_bytes : PhysicalMemoryBytes());
     request.set_curve_public_key(curve_keys_.public_key);
+    request.set_sealed_data(sender_seals_ != nullptr);
     auto registered = scheduler_->Register(request, options.register_timeout);
     if (!registered.ok()) return registered.status();
     node_id_ = registered->node_id();
@@ -185,7 +192,14 @@ class ParameterServerImpl : public ParameterServer {
       more = extra.more();
     }
     header_.Clear();
-    absl::Status s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
+    absl::Status s;
+    if (sender_seals_) {
+      // Sealed: a message no admitted node sealed gets no answer at all.
+      s = OpenFromSender(peer, header_frame, frames == 3 ? &payload : nullptr);
+      if (!s.ok()) return true;
+    } else {
+      s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
+    }
     if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
     if (s.ok()) s = Admit(peer);
     if (!s.ok()) {
@@ -204,9 +218,50 @@ class ParameterServerImpl : public ParameterServer {
     return true;
   }
 
+  // Opens a sealed request from the sender named in its envelope, into
+  // header_, and remembers which seal answers that connection.
+  absl::Status OpenFromSender(const zmq::message_t& peer, const zmq::message_t& envelope, zmq::message_t* payload) {
+    absl::Status s;
+    PeerSeal* seal = nullptr;
+    if (auto sender = SealedSender(envelope); !sender.ok()) {
+      s = sender.status();
+    } else if (seal = sender_seals_->Admitted(*sender); seal == nullptr) {
+      s = absl::PermissionDeniedError("the sender's key is not in the shard map");
+    } else {
+      s = OpenMessage(*seal, envelope, payload, &header_);
+    }
+    if (!s.ok()) {
+      ++refused_unsealed_;
+      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message that is not sealed by a node of "
+                                 << "the cluster: " << s << " [" << google::COUNTER << " so far]";
+      return s;
+    }
+    const absl::string_view id(static_cast<const char*>(peer.data()), peer.size());
+    if (!seal_of_connection_.contains(id) && seal_of_connection_.size() >= 2 * size_t{config_.limits().max_connections_per_server()}) {
+      // Connections come and go (reconnects, restarted workers): keep those
+      // the admission still tracks.
+      absl::erase_if(seal_of_connection_, [this](const auto& entry) { return !admission_->Tracks(entry.first); });
+    }
+    seal_of_connection_[id] = seal;
+    return absl::OkStatus();
+  }
+
   void Send(const zmq::message_t& peer, DataHeader& header, zmq::message_t* payload) {
     zmq::message_t id(peer.data(), peer.size());
-    zmq::message_t head = HeaderFrame(header);
+    zmq::message_t head, sealed_payload;
+    if (sender_seals_) {
+      auto it = seal_of_connection_.find(absl::string_view(static_cast<const char*>(peer.data()), peer.size()));
+      if (it == seal_of_connection_.end()) return;  // never opened a message from it: nothing to answer
+      if (absl::Status s = SealMessage(*it->second, header, payload != nullptr, payload ? payload->data() : nullptr,
+                                       payload ? payload->size() : 0, &head, &sealed_payload);
+          !s.ok()) {
+        LOG(ERROR) << "server " << index_ << ": " << s;
+        return;
+      }
+      if (payload != nullptr) payload = &sealed_payload;
+    } else {
+      head = HeaderFrame(header);
+    }
     // A vanished peer is not an error for the server: its answer is dropped,
     // and so is one to a peer whose queue is at the high-water mark.
     (void)SendRetrying(socket_, id, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
@@ -230,7 +285,7 @@ class ParameterServerImpl : public ParameterServer {
     c.set_bytes_in(s.bytes_in);
     c.set_bytes_out(s.bytes_out);
     c.set_requests(s.requests);
-    c.set_requests_refused(s.non_finite + s.bad_request_ids + refused_by_limits_);
+    c.set_requests_refused(s.non_finite + s.bad_request_ids + refused_by_limits_ + refused_unsealed_);
     absl::MutexLock lock(&counters_mu_);
     counters_ = c;
   }
@@ -301,7 +356,7 @@ class ParameterServerImpl : public ParameterServer {
       socket->set(zmq::sockopt::sndhwm, 0);
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::linger, 0);
-      if (const std::string& key = peer_keys_[server]; !key.empty()) {
+      if (const std::string& key = peer_keys_[server]; !key.empty() && !peer_sealed_[server]) {
         if (absl::Status s = MakeCurveClient(*socket, key, &curve_keys_); !s.ok()) {
           LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << s;
           return;
@@ -310,9 +365,36 @@ class ParameterServerImpl : public ParameterServer {
       socket->connect(peer_addresses_[server]);
       peers_[server] = std::move(socket);
     }
-    zmq::message_t head = HeaderFrame(header);
+    zmq::message_t head, sealed_payload;
+    auto sealed = PeerSealOf(server);
+    if (!sealed.ok()) {
+      // Never in the clear to a backup that seals: the update waits for
+      // its confirmation, and the failure shows in the log.
+      LOG_EVERY_N(ERROR, 100) << "server " << index_ << ": backup server " << server << ": " << sealed.status();
+      return;
+    }
+    PeerSeal* seal = *sealed;
+    if (seal != nullptr) {
+      if (absl::Status s = SealMessage(*seal, header, true, payload.data(), payload.size(), &head, &sealed_payload); !s.ok()) {
+        LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << s;
+        return;
+      }
+    } else {
+      head = HeaderFrame(header);
+    }
     (void)SendRetrying(*peers_[server], head, zmq::send_flags::sndmore);
-    (void)SendRetrying(*peers_[server], payload, zmq::send_flags::none);
+    (void)SendRetrying(*peers_[server], seal != nullptr ? sealed_payload : payload, zmq::send_flags::none);
+  }
+
+  // The seal toward backup `server` when its socket takes sealed messages,
+  // null when it does not (CURVE or plain); an error when it does and this
+  // server cannot seal for it.
+  absl::StatusOr<PeerSeal*> PeerSealOf(uint32_t server) {
+    if (server >= peer_sealed_.size() || !peer_sealed_[server]) return nullptr;
+    if (!peer_seals_) {
+      return absl::FailedPreconditionError("it seals its data plane but this server has no keys (security off)");
+    }
+    return peer_seals_->For(peer_keys_[server]);
   }
 
   // Backups' confirmations of REPLICATE requests.
@@ -328,7 +410,16 @@ class ParameterServerImpl : public ParameterServer {
           more = extra.more();
         }
         DataHeader answer;
-        if (ParseDataHeaderInto(head.data(), head.size(), &answer).ok()) engine_->HandleReplicaAck(s, answer);
+        auto seal = PeerSealOf(s);
+        absl::Status opened = !seal.ok()             ? seal.status()
+                              : *seal != nullptr ? OpenMessage(**seal, head, nullptr, &answer)
+                                                 : ParseDataHeaderInto(head.data(), head.size(), &answer);
+        if (opened.ok()) {
+          engine_->HandleReplicaAck(s, answer);
+        } else if (!seal.ok() || *seal != nullptr) {
+          LOG_EVERY_N(WARNING, 100) << "server " << index_ << ": dropped an answer from backup server " << s << ": "
+                                    << opened;
+        }
       }
     }
   }
@@ -343,17 +434,23 @@ class ParameterServerImpl : public ParameterServer {
     for (const ServerInfo& s : map->servers()) {
       if (peer_addresses_.size() <= s.index()) peer_addresses_.resize(s.index() + 1);
       if (peer_keys_.size() <= s.index()) peer_keys_.resize(s.index() + 1);
+      if (peer_sealed_.size() <= s.index()) peer_sealed_.resize(s.index() + 1);
       if (s.index() == index_) continue;
-      if (peer_addresses_[s.index()] == s.data_address() && peer_keys_[s.index()] == s.curve_public_key()) continue;
+      if (peer_addresses_[s.index()] == s.data_address() && peer_keys_[s.index()] == s.curve_public_key() &&
+          peer_sealed_[s.index()] == s.sealed_data()) {
+        continue;
+      }
       // A server that joined in a dead one's place: connect to it afresh.
       if (s.index() < peers_.size()) peers_[s.index()].reset();
       peer_addresses_[s.index()] = s.data_address();
       peer_keys_[s.index()] = s.curve_public_key();
+      peer_sealed_[s.index()] = s.sealed_data();
     }
-    if (authenticator_) {
+    if (authenticator_ || sender_seals_) {
       std::vector<std::string> allowed(map->worker_curve_keys().begin(), map->worker_curve_keys().end());
       for (const ServerInfo& s : map->servers()) allowed.push_back(s.curve_public_key());
-      authenticator_->Allow(allowed);
+      if (authenticator_) authenticator_->Allow(allowed);
+      if (sender_seals_) sender_seals_->Admit(allowed);
     }
     if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
       LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;
@@ -419,6 +516,14 @@ class ParameterServerImpl : public ParameterServer {
   zmq::socket_t socket_;
   const std::string data_address_;
   const CurveKeyPair curve_keys_;  // Z85; empty: the data socket is plain
+  // Engine thread only. Sealed data socket (AES-256-GCM): the admitted
+  // senders, and which of them each connection (routing id) is; null: CURVE
+  // or plain.
+  std::unique_ptr<PeerSeals> sender_seals_;
+  absl::flat_hash_map<std::string, PeerSeal*> seal_of_connection_;
+  uint64_t refused_unsealed_ = 0;
+  // Seals toward sealed backups; null when this server has no keys.
+  std::unique_ptr<PeerSeals> peer_seals_;
   uint64_t node_id_ = 0;
   uint32_t index_ = 0;
   ClusterConfig config_;
@@ -428,6 +533,7 @@ class ParameterServerImpl : public ParameterServer {
   // Engine thread only: DEALERs to the other servers (by index), for replication.
   std::vector<std::string> peer_addresses_;
   std::vector<std::string> peer_keys_;  // their CURVE public keys (empty: plain)
+  std::vector<bool> peer_sealed_;       // their sockets take sealed messages, not CURVE
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
@@ -477,10 +583,12 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
     auto made = NewCurveKeyPair();
     if (!made.ok()) return absl::Status(made.status().code(), absl::StrCat("server data socket: ", made.status().message()));
     keys = *std::move(made);
-    auto created = CurveAuthenticator::Create(context, "server at " + options.bind_address);
-    if (!created.ok()) return created.status();
-    authenticator = *std::move(created);
-    MakeCurveServer(socket, keys);
+    if (!options.security.seal_data) {
+      auto created = CurveAuthenticator::Create(context, "server at " + options.bind_address);
+      if (!created.ok()) return created.status();
+      authenticator = *std::move(created);
+      MakeCurveServer(socket, keys);
+    }
   }
   std::string bind = options.bind_address;
   if (bind.size() > 2 && bind.substr(bind.size() - 2) == ":0") bind = bind.substr(0, bind.size() - 1) + "*";
@@ -493,7 +601,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   std::string port = endpoint.substr(endpoint.rfind(':') + 1);
   std::string address = absl::StrCat("tcp://", options.advertise_host, ":", port);
   auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(authenticator),
-                                                      std::move(socket), address, std::move(keys));
+                                                      std::move(socket), address, std::move(keys),
+                                                      options.security.seal_data);
   if (absl::Status s = server->Start(options); !s.ok()) return s;
   return std::unique_ptr<ParameterServer>(std::move(server));
 }

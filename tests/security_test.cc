@@ -1,6 +1,7 @@
 // Both planes secured, end to end: a scheduler in this process (so its log
 // lines can be read) with TLS, mutual TLS and a token, real server processes
-// with CURVE data sockets, and clients with and without the credentials.
+// with sealed (AES-256-GCM) or CURVE data sockets, and clients with and
+// without the credentials.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
+#include "common/peer_seal.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
@@ -93,10 +95,16 @@ class SecurityTest : public ::testing::Test {
     return (*client)->Register(request, absl::Seconds(2)).status();
   }
 
-  // A secured server process, a worker (rank 0) with the node's credentials,
-  // a raw client registered as rank 1 with the key pair `registered_`, and a
-  // tensor of kN sevens.
-  void StartJob() {
+  // A secured server process (its data socket protected by `cipher`), a
+  // worker (rank 0) with the node's credentials, a raw client registered as
+  // rank 1 with the key pair `registered_`, and a tensor of kN sevens.
+  void StartJob(DataCipher cipher = AES_256_GCM) {
+    std::string server_config = files_.node_config;
+    if (cipher != AES_256_GCM) {
+      server_config = dir_ + "/server.conf";
+      std::filesystem::copy_file(files_.node_config, server_config);
+      ASSERT_TRUE(SetDataCipher(server_config, cipher).ok());
+    }
     auto keys = NewCurveKeyPair();
     ASSERT_TRUE(keys.ok());
     registered_ = *keys;
@@ -111,7 +119,7 @@ class SecurityTest : public ::testing::Test {
       EXPECT_TRUE((*client)->Register(request, absl::Seconds(30)).ok());
     });
     auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", scheduler_->address(), "--listen",
-                                   "tcp://127.0.0.1:0", "--security-config", files_.node_config}, true);
+                                   "tcp://127.0.0.1:0", "--security-config", server_config}, true);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *server;
     auto worker = Worker::Create({.scheduler_address = scheduler_->address(), .rank = 0, .security = node_});
@@ -124,16 +132,11 @@ class SecurityTest : public ::testing::Test {
     const ServerInfo& info = status.shard_map().servers(0);
     server_address_ = info.data_address();
     server_key_ = info.curve_public_key();
+    server_sealed_ = info.sealed_data();
   }
 
-  // Sends a valid PUSH of ones as worker 0 from a fresh DEALER, set up by
-  // `secure` (nothing: plain); returns whether an answer came within 2 s.
-  bool ForgedPushAnswered(const std::function<void(zmq::socket_t&)>& secure) {
-    zmq::socket_t socket(context_, zmq::socket_type::dealer);
-    socket.set(zmq::sockopt::rcvtimeo, 2000);
-    socket.set(zmq::sockopt::linger, 0);
-    secure(socket);
-    socket.connect(server_address_);
+  // A valid PUSH of ones as worker 0: header, payload.
+  std::pair<DataHeader, std::vector<float>> ForgedPush() {
     DataHeader h;
     h.set_protocol_version(kProtocolVersion);
     h.set_op(PUSH);
@@ -142,11 +145,36 @@ class SecurityTest : public ::testing::Test {
     h.set_request_id(1000 + next_id_++);
     h.set_dtype(FLOAT32);
     h.set_num_elements(kN);
-    const std::vector<float> ones(kN, 1.0f);
-    socket.send(zmq::buffer(h.SerializeAsString()), zmq::send_flags::sndmore);
-    socket.send(zmq::buffer(ones), zmq::send_flags::none);
+    return {h, std::vector<float>(kN, 1.0f)};
+  }
+
+  // Sends `frames` from a fresh DEALER set up by `secure` (none: plain);
+  // returns whether an answer came within 2 s.
+  bool Answered(const std::vector<std::string>& frames, const std::function<void(zmq::socket_t&)>& secure = {}) {
+    zmq::socket_t socket(context_, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::rcvtimeo, 2000);
+    socket.set(zmq::sockopt::linger, 0);
+    if (secure) secure(socket);
+    socket.connect(server_address_);
+    for (size_t i = 0; i < frames.size(); ++i) {
+      socket.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
     zmq::message_t answer;
     return socket.recv(answer).has_value();
+  }
+
+  // The forged PUSH in the clear, from a DEALER set up by `secure`.
+  bool ForgedPushAnswered(const std::function<void(zmq::socket_t&)>& secure) {
+    auto [h, ones] = ForgedPush();
+    return Answered({h.SerializeAsString(), std::string(reinterpret_cast<const char*>(ones.data()), kN * 4)}, secure);
+  }
+
+  // The forged PUSH sealed with `seal`: envelope, payload.
+  std::vector<std::string> SealedPush(PeerSeal& seal) {
+    auto [h, ones] = ForgedPush();
+    zmq::message_t envelope, payload;
+    EXPECT_TRUE(SealMessage(seal, h, true, ones.data(), kN * sizeof(float), &envelope, &payload).ok());
+    return {envelope.to_string(), payload.to_string()};
   }
 
   std::vector<float> Weights() { return PullWeights(*worker_, "w", kN); }
@@ -159,6 +187,7 @@ class SecurityTest : public ::testing::Test {
   ChildProcess server_;
   std::unique_ptr<Worker> worker_;
   std::string server_address_, server_key_;
+  bool server_sealed_ = false;
   CurveKeyPair registered_;
   zmq::context_t context_{1};
   int next_id_ = 0;
@@ -217,9 +246,37 @@ TEST_F(SecurityTest, NodeWithoutACertificateIsRefusedUnderMutualTls) {
   EXPECT_FALSE(s.ok());
 }
 
-TEST_F(SecurityTest, ClientWithoutTheCurveKeyGetsNoAnswerAndChangesNoWeight) {
+TEST_F(SecurityTest, SealedServerAnswersOnlyMessagesItsNodesSealedOnceAndChangesNoWeightOtherwise) {
   ASSERT_NO_FATAL_FAILURE(StartJob());
+  ASSERT_EQ(server_key_.size(), 40u) << "the server published no key";
+  ASSERT_TRUE(server_sealed_) << "a secured server seals by default";
+  EXPECT_FALSE(ForgedPushAnswered({})) << "a plain client got an answer";
+  auto stranger_keys = NewCurveKeyPair();
+  ASSERT_TRUE(stranger_keys.ok());
+  auto stranger = PeerSeal::Create(*stranger_keys, server_key_, SealEnd::kConnecting);
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_FALSE(Answered(SealedPush(**stranger))) << "a client with an unregistered key got an answer";
+  auto registered = PeerSeal::Create(registered_, server_key_, SealEnd::kConnecting);
+  ASSERT_TRUE(registered.ok());
+  std::vector<std::string> tampered = SealedPush(**registered);
+  tampered[1][5] ^= 1;
+  EXPECT_FALSE(Answered(tampered)) << "a tampered payload got an answer";
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+  // The registered key's sealed push is answered and applied: the refusals
+  // above came from the keys and the seal, not from the message.
+  const std::vector<std::string> genuine = SealedPush(**registered);
+  EXPECT_TRUE(Answered(genuine));
+  const std::vector<float> after = Weights();
+  EXPECT_NE(after, std::vector<float>(kN, 7.0f));
+  // The same bytes again, on a new connection: a replay, refused.
+  EXPECT_FALSE(Answered(genuine)) << "a replayed message got an answer";
+  EXPECT_EQ(Weights(), after);
+}
+
+TEST_F(SecurityTest, ClientWithoutTheCurveKeyGetsNoAnswerAndChangesNoWeight) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(CURVE));
   ASSERT_EQ(server_key_.size(), 40u) << "the server published no CURVE key";
+  ASSERT_FALSE(server_sealed_);
   EXPECT_FALSE(ForgedPushAnswered([](zmq::socket_t&) {})) << "a plain client got an answer";
   auto stranger = NewCurveKeyPair();
   ASSERT_TRUE(stranger.ok());

@@ -47,6 +47,9 @@ struct BenchOptions {
   bool metrics_compare = false;
   // Measure a cluster with both planes secured against a plain one.
   bool secure = false;
+  // With `secure`: how the servers protect their data sockets
+  // (security.data_cipher: aes-256-gcm or curve).
+  std::string data_cipher = "aes-256-gcm";
   // HOST:PORT of a running scheduler: no processes are started, the workers
   // are ranks rank .. rank + workers - 1 of that cluster, no raw baseline.
   std::string scheduler;
@@ -431,12 +434,21 @@ absl::Status RunBench(const BenchOptions& o) {
     return absl::OkStatus();
   };
   if (o.secure) {
+    if (o.data_cipher != "aes-256-gcm" && o.data_cipher != "curve") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--data-cipher '", o.data_cipher, "': say aes-256-gcm or curve"));
+    }
     auto credentials = WriteClusterCredentials(dir + "/credentials", {}, /*mutual=*/true);
     if (!credentials.ok()) return credentials.status();
+    if (o.data_cipher == "curve") {
+      if (absl::Status s = SetDataCipher(credentials->node_config, CURVE); !s.ok()) return s;
+    }
     auto security = LoadSecurityCredentialsFile(credentials->node_config, /*for_scheduler=*/false);
     if (!security.ok()) return security.status();
     return compare("secure-", "", &*credentials, *security,
-                   {"plain and secured (TLS + token, CURVE)", "plain", "secured", "plain", "secure", "secure_ratio",
+                   {o.data_cipher == "curve" ? "plain and secured (TLS + token, CURVE)"
+                                             : "plain and secured (TLS + token, AES-256-GCM sealed data)",
+                    "plain", "secured", "plain", "secure", "secure_ratio",
                     "secure_p50_ratio"});
   }
   if (o.metrics_compare) {
@@ -493,6 +505,8 @@ int BenchCommand(const Args& args) {
              "compare round trips against a second cluster whose servers serve metrics (instead of raw ZeroMQ)");
   flags.Bool("secure", &o.secure,
              "compare round trips against a second cluster with both planes secured (instead of raw ZeroMQ)");
+  flags.String("data-cipher", &o.data_cipher,
+               "with --secure: how servers protect the data plane, aes-256-gcm (default) or curve");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set replication=1");
   flags.String("scheduler", &o.scheduler,
                "HOST:PORT of a running cluster: start nothing, measure only its round trips (no raw baseline)");

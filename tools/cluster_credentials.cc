@@ -22,6 +22,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config.h"
+#include "common/durable_file.h"
 #include "proto/config.pb.h"
 
 namespace shardps {
@@ -127,7 +129,7 @@ absl::StatusOr<std::string> SubjectAltNames(const std::vector<std::string>& host
   return absl::StrJoin(names, ",");
 }
 
-std::string SecurityConfigText(const std::string& dir, const std::string& own, bool mutual) {
+ClusterConfig SecurityConfigOf(const std::string& dir, const std::string& own, bool mutual) {
   ClusterConfig config;
   SecurityConfig* s = config.mutable_security();
   s->set_enabled(true);
@@ -136,6 +138,10 @@ std::string SecurityConfigText(const std::string& dir, const std::string& own, b
   s->set_tls_cert_file(absl::StrCat(dir, "/", own, ".pem"));
   s->set_tls_key_file(absl::StrCat(dir, "/", own, ".key"));
   s->set_require_client_cert(mutual);
+  return config;
+}
+
+std::string SecurityConfigText(const std::string& own, const ClusterConfig& config) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(config, &text);
   return absl::StrCat("# Written by shardps certs: the security block of the ", own,
@@ -185,12 +191,19 @@ absl::StatusOr<ClusterCredentialFiles> WriteClusterCredentials(const std::string
       {"node.pem", CertPem(node->get()), false},
       {"node.key", KeyPem(node_key.get()), true},
       {"token", token + "\n", true},
-      {"scheduler.conf", SecurityConfigText(dir, "scheduler", mutual), false},
-      {"node.conf", SecurityConfigText(dir, "node", mutual), false}};
+      {"scheduler.conf", SecurityConfigText("scheduler", SecurityConfigOf(dir, "scheduler", mutual)), false},
+      {"node.conf", SecurityConfigText("node", SecurityConfigOf(dir, "node", mutual)), false}};
   for (const auto& [name, data, secret] : writes) {
     if (absl::Status s = WriteFile(absl::StrCat(dir, "/", name), data, secret); !s.ok()) return s;
   }
   return files;
+}
+
+absl::Status SetDataCipher(const std::string& node_config, DataCipher cipher) {
+  auto config = LoadConfigFile(node_config);
+  if (!config.ok()) return config.status();
+  config->mutable_security()->set_data_cipher(cipher);
+  return WriteFile(node_config, SecurityConfigText("node", *config), false);
 }
 
 }  // namespace shardps

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/config.pb.h"
 
 namespace shardps {
 
@@ -25,6 +26,10 @@ struct ClusterCredentialFiles {
 // 127.0.0.1. `mutual`: both configs ask for client certificates.
 absl::StatusOr<ClusterCredentialFiles> WriteClusterCredentials(const std::string& dir,
                                                                const std::vector<std::string>& hosts, bool mutual);
+
+// Rewrites `node_config` (written above) so that servers protect their data
+// sockets with `cipher` (security.data_cipher).
+absl::Status SetDataCipher(const std::string& node_config, DataCipher cipher);
 
 }  // namespace shardps
 

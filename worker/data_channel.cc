@@ -37,12 +37,18 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
     for (const ServerEndpoint& e : servers) channel->server_keys_.push_back(e.curve_public_key);
   }
   absl::MutexLock lock(&channel->io_mu_);
+  if (curve_keys != nullptr) channel->seals_ = std::make_unique<PeerSeals>(*curve_keys, SealEnd::kConnecting);
+  channel->seal_of_server_.resize(addresses.size());
   for (size_t i = 0; i < addresses.size(); ++i) {
     zmq::socket_t s(channel->context_, zmq::socket_type::dealer);
     s.set(zmq::sockopt::sndhwm, 0);
     s.set(zmq::sockopt::rcvhwm, 0);
     s.set(zmq::sockopt::linger, 0);
-    if (!servers[i].curve_public_key.empty()) {
+    if (servers[i].sealed && !servers[i].curve_public_key.empty()) {
+      auto seal = channel->SealFor(servers[i]);
+      if (!seal.ok()) return absl::InvalidArgumentError(absl::StrCat("server ", i, " at '", addresses[i], "': ", seal.status().message()));
+      channel->seal_of_server_[i] = *seal;
+    } else if (!servers[i].curve_public_key.empty()) {
       if (absl::Status st = MakeCurveClient(s, servers[i].curve_public_key, curve_keys); !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("server ", i, " at '", addresses[i], "': ", st.message()));
       }
@@ -101,19 +107,38 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
     }
     old = addresses_[server];
   }
+  // What can fail comes before the old connection goes.
+  PeerSeal* seal = nullptr;
+  if (endpoint.sealed && !endpoint.curve_public_key.empty()) {
+    auto made = SealFor(endpoint);
+    if (!made.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': ", made.status().message()));
+    }
+    seal = *made;
+  }
   try {
     servers_[server].disconnect(old);
   } catch (const zmq::error_t&) {
     // Already gone: nothing to undo.
   }
   try {
-    // Applies to the connection made next (the old one is gone).
-    if (!endpoint.curve_public_key.empty()) servers_[server].set(zmq::sockopt::curve_serverkey, endpoint.curve_public_key);
+    // Applies to the connection made next (the old one is gone). Sealed:
+    // a plain socket (unsetting the CURVE server flag drops any CURVE).
+    if (seal != nullptr) {
+      servers_[server].set(zmq::sockopt::curve_server, false);
+    } else if (!endpoint.curve_public_key.empty()) {
+      if (absl::Status s = MakeCurveClient(servers_[server], endpoint.curve_public_key,
+                                           seals_ != nullptr ? &seals_->own() : nullptr);
+          !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': ", s.message()));
+      }
+    }
     servers_[server].connect(address);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", server, " at '", address,
                                                    "': ", e.what()));
   }
+  seal_of_server_[server] = seal;
   absl::MutexLock lock(&mu_);
   addresses_[server] = address;
   server_keys_[server] = endpoint.curve_public_key;
@@ -176,15 +201,35 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
   return handle;
 }
 
+absl::StatusOr<PeerSeal*> DataChannel::SealFor(const ServerEndpoint& endpoint) {
+  if (seals_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the server seals its data plane (security on) but this worker has no keys (its security config is off)");
+  }
+  return seals_->For(endpoint.curve_public_key);
+}
+
 void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* payload,
                               zmq::message_t* encoded) {
-  zmq::message_t head = HeaderFrame(header);
   const bool has_payload = payload != nullptr || encoded != nullptr;
   zmq::socket_t& socket = servers_[server];
+  zmq::message_t head, frame;
+  if (PeerSeal* seal = seal_of_server_[server]; seal != nullptr) {
+    const void* bytes = encoded != nullptr ? encoded->data() : payload;
+    const size_t size = encoded != nullptr ? encoded->size() : header.num_elements() * sizeof(float);
+    if (absl::Status s = SealMessage(*seal, header, has_payload, bytes, size, &head, &frame);
+        !s.ok()) {
+      LOG(ERROR) << "worker " << rank_ << ": server " << server << ": " << s;
+      return;  // the request times out naming the server
+    }
+  } else {
+    head = HeaderFrame(header);
+    if (has_payload) {
+      frame = encoded != nullptr ? std::move(*encoded) : BorrowedFrame(payload, header.num_elements() * sizeof(float));
+    }
+  }
   (void)socket.send(head, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
   if (!has_payload) return;
-  zmq::message_t frame = encoded != nullptr ? std::move(*encoded)
-                                            : BorrowedFrame(payload, header.num_elements() * sizeof(float));
   bytes_sent_.fetch_add(frame.size(), std::memory_order_relaxed);
   (void)socket.send(frame, zmq::send_flags::none);
 }
@@ -235,7 +280,9 @@ void DataChannel::Receive(size_t server) {
     more = extra.more();
   }
   response_.Clear();
-  absl::Status s = ParseDataHeaderInto(head.data(), head.size(), &response_);
+  PeerSeal* seal = seal_of_server_[server];
+  absl::Status s = seal != nullptr ? OpenMessage(*seal, head, has_payload ? &payload : nullptr, &response_)
+                                   : ParseDataHeaderInto(head.data(), head.size(), &response_);
   if (!s.ok()) {
     LOG(WARNING) << "worker " << rank_ << ": dropped a bad answer from server " << server << ": " << s;
     return;

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/peer_seal.h"
 #include "common/security.h"
 #include "proto/data.pb.h"
 
@@ -58,6 +59,9 @@ class DataChannel {
   struct ServerEndpoint {
     std::string address;
     std::string curve_public_key;  // empty: plain
+    // With a key: messages are sealed with AES-256-GCM (common/peer_seal.h)
+    // on a plain socket instead of CURVE.
+    bool sealed = false;
   };
 
   // Connects to `servers` (index = server index). CURVE servers are reached
@@ -131,6 +135,8 @@ class DataChannel {
     const float* payload = nullptr;
     zmq::message_t encoded;
   };
+  // The seal toward a sealed server; an error when this worker has no keys.
+  absl::StatusOr<PeerSeal*> SealFor(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Sends one request (header, then its payload if any) on `server`'s socket.
   void SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
@@ -159,6 +165,10 @@ class DataChannel {
 
   absl::Mutex io_mu_;
   std::vector<zmq::socket_t> servers_ ABSL_GUARDED_BY(io_mu_);
+  // Sealed servers: this worker's seals (null without own keys) and each
+  // server's (null: CURVE or plain).
+  std::unique_ptr<PeerSeals> seals_ ABSL_GUARDED_BY(io_mu_);
+  std::vector<PeerSeal*> seal_of_server_ ABSL_GUARDED_BY(io_mu_);
   DataHeader response_ ABSL_GUARDED_BY(io_mu_);
   std::vector<int> fds_;  // the sockets' ZMQ_FDs, fixed after Create
   int wake_fd_ = -1;      // eventfd: a sender drained answers a poller may wait for

@@ -105,7 +105,7 @@ class WorkerImpl : public Worker {
     std::vector<DataChannel::ServerEndpoint> addresses(map->servers_size());
     for (const ServerInfo& s : map->servers()) {
       if (s.index() >= addresses.size()) return absl::InternalError("shard map has a bad server index");
-      addresses[s.index()] = {s.data_address(), s.curve_public_key()};
+      addresses[s.index()] = {s.data_address(), s.curve_public_key(), s.sealed_data()};
     }
     if (absl::Status s = SetUpCompression(); !s.ok()) return s;
     // Built aside and adopted only when complete: a failure leaves no half state.
@@ -572,7 +572,7 @@ class WorkerImpl : public Worker {
     for (const ServerInfo& s : map.servers()) {
       if (s.dead()) continue;
       // A server that took a dead one's place: its index's new address.
-      if (absl::Status r = channel->Readdress(s.index(), {s.data_address(), s.curve_public_key()}); !r.ok()) {
+      if (absl::Status r = channel->Readdress(s.index(), {s.data_address(), s.curve_public_key(), s.sealed_data()}); !r.ok()) {
         LOG(ERROR) << "worker " << options_.rank << ": " << r;
       }
     }

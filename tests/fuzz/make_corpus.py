@@ -148,8 +148,19 @@ def scheduler():
           call(1, heartbeat) + call(4, b""))
 
 
+def sealed():
+    hdr = header(2, 0, 1, 0, 4)
+    body = floats(1, 2, 3, 4)
+    genuine = lambda kind: bytes([kind]) + lv(hdr) + lv(body)
+    write("sealed", "genuine", genuine(1) + genuine(1 | 4) + genuine(1))
+    write("sealed", "replay", genuine(1 | 8) + genuine(1 | 8) + bytes([3, 1, 3, 0, 3, 1]))
+    write("sealed", "tampered", genuine(2) + u16(7) + bytes([0x10]) + genuine(2) + u16(3) + bytes([1]))
+    write("sealed", "raw", bytes([0]) + lv(bytes(80)) + lv(body) + bytes([4]) + lv(bytes(5)) + lv(b""))
+
+
 if __name__ == "__main__":
     data_plane()
     codec()
     config()
     scheduler()
+    sealed()
