@@ -4,6 +4,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/scheduler_refusal.h"
 #include "scheduler/state_record.h"
 
 namespace shardps {
@@ -53,7 +54,7 @@ void EtcdSchedulerRole::Loop() {
   }
   if (stop_) return;
   LOG(ERROR) << "scheduler at " << address_ << ": " << failure_ << "; it stops serving";
-  hooks_.refuse(absl::StrCat("scheduler at ", address_, " stopped serving: ", failure_.message()));
+  hooks_.refuse(StoppedRefusal(address_, failure_.message()));
   mu_.Unlock();
   hooks_.stop_serving();
   mu_.Lock();
@@ -73,7 +74,7 @@ absl::Status EtcdSchedulerRole::Step() {
   if (!*won) {
     if (holder != last_holder_) LOG(WARNING) << "scheduler at " << address_ << ": standby; active is " << holder;
     last_holder_ = holder;
-    hooks_.refuse(absl::StrCat("standby scheduler at ", address_, "; active is ", holder));
+    hooks_.refuse(StandbyRefusal(address_, holder));
     return absl::OkStatus();
   }
   if (absl::Status s = TakeOver(); !s.ok()) return s;
@@ -114,7 +115,7 @@ absl::Status EtcdSchedulerRole::TakeOver() {
 }
 
 void EtcdSchedulerRole::Depose(const absl::Status& why) {
-  hooks_.refuse(absl::StrCat("scheduler at ", address_, " was deposed: ", why.message()));
+  hooks_.refuse(StoppedRefusal(address_, absl::StrCat("deposed: ", why.message())));
   absl::MutexLock lock(&mu_);
   if (failure_.ok()) failure_ = absl::FailedPreconditionError(absl::StrCat("deposed: ", why.message()));
 }

@@ -22,6 +22,7 @@
 #include "common/config.h"
 #include "common/durable_file.h"
 #include "common/endpoint.h"
+#include "common/scheduler_refusal.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/etcd_election.h"
@@ -382,6 +383,11 @@ std::unique_ptr<Scheduler::Service> NewSchedulerService(std::unique_ptr<ClusterS
   return std::make_unique<SchedulerService>(std::move(state), max_wait);
 }
 
+std::unique_ptr<Scheduler::Service> NewStandbySchedulerService(const ClusterConfig& config,
+                                                               const std::string& address) {
+  return std::make_unique<SchedulerService>(config, absl::Hours(24), StandbyRefusal(address, ""));
+}
+
 namespace {
 
 // The service over the state saved in options.state_dir (or a new state).
@@ -464,9 +470,10 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
     if (lock >= 0) close(lock);
     return s;
   };
+  // A standby until its first campaign, which names the bound address.
   absl::StatusOr<std::unique_ptr<SchedulerService>> service =
       etcd ? std::make_unique<SchedulerService>(options.config, absl::Hours(24),
-                                                "standby scheduler; no active scheduler known yet")
+                                                StandbyRefusal(options.listen_address, ""))
            : FileBackedService(options);
   if (!service.ok()) return unlock_on_error(service.status());
   int port = 0;
@@ -477,6 +484,7 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
   if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
   const std::string address = absl::StrCat(host, ":", port);
+  if (etcd) (*service)->Refuse(StandbyRefusal(address, ""));
   auto daemon = std::make_unique<GrpcSchedulerDaemon>(*std::move(service), std::move(server), address, lock);
   if (!etcd) return std::unique_ptr<SchedulerDaemon>(std::move(daemon));
   auto election = EtcdElection::Create(
