@@ -329,15 +329,22 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   void Wait() override { server_->Wait(); }
   StatusResponse Status() override { return service_->Snapshot(); }
   void Shutdown() override {
-    if (role_ != nullptr) role_->Stop();
+    absl::MutexLock shutting_down(&shutdown_mu_);  // a concurrent Shutdown waits for this one
+    EtcdSchedulerRole* role = nullptr;
+    {
+      absl::MutexLock lock(&role_mu_);
+      role = role_.get();  // only Shutdown takes it away
+    }
+    // Not under role_mu_: Failure() stays answerable while the role stops.
+    if (role != nullptr) role->Stop();
     StopServing();
-    std::unique_ptr<EtcdSchedulerRole> role;
+    std::unique_ptr<EtcdSchedulerRole> gone;
     {
       absl::MutexLock lock(&role_mu_);
       if (role_ != nullptr) failure_ = role_->failure();
-      role = std::move(role_);
+      gone = std::move(role_);
     }
-    role.reset();  // hands back the lease: a standby takes over at once
+    gone.reset();  // hands back the lease: a standby takes over at once
   }
   absl::Status Failure() override {
     absl::MutexLock lock(&role_mu_);
@@ -352,6 +359,7 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
          .refuse = [this](std::string why) { service_->Refuse(std::move(why)); },
          .stop_serving = [this] { StopServing(); }});
     if (!role.ok()) return role.status();
+    absl::MutexLock lock(&role_mu_);
     role_ = *std::move(role);
     return absl::OkStatus();
   }
@@ -369,10 +377,12 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   std::string address_;
   const int state_lock_;  // fd holding the --state-dir lock, or -1
   std::atomic<bool> shut_down_{false};
-  // --etcd only. Written by StartElection (before the daemon is handed out)
-  // and Shutdown (which callers never run concurrently with itself).
+  // One Shutdown at a time: the first stops the role, later ones find it gone.
+  absl::Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(role_mu_);
+  // --etcd only. Set by StartElection (before the daemon is handed out),
+  // taken away by Shutdown.
   absl::Mutex role_mu_;
-  std::unique_ptr<EtcdSchedulerRole> role_;
+  std::unique_ptr<EtcdSchedulerRole> role_ ABSL_GUARDED_BY(role_mu_);
   absl::Status failure_ ABSL_GUARDED_BY(role_mu_);  // the role's, once it is gone
 };
 

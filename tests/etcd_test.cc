@@ -163,6 +163,24 @@ TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
   EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
 }
 
+TEST_F(EtcdTest, TwoConcurrentShutdownsBothReturnAndHandTheLeadershipBack) {
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_heartbeat_timeout_ms(60000);  // only a handed-back lease lets the next one win in time
+  options.etcd_endpoints = endpoint();
+  options.etcd_prefix = Prefix("shutdowns");
+  auto first = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(StatusOfDaemon(**first).ok()) << "the only scheduler should be active";
+  std::thread other([&] { (*first)->Shutdown(); });
+  (*first)->Shutdown();
+  other.join();
+  EXPECT_TRUE((*first)->Failure().ok()) << (*first)->Failure();
+  auto next = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(StatusOfDaemon(**next).ok()) << "the lease was not handed back on shutdown";
+}
+
 TEST_F(EtcdTest, EtcdAndAStateDirectoryExcludeEachOther) {
   SchedulerOptions options;
   options.listen_address = "127.0.0.1:0";
