@@ -1,7 +1,6 @@
 #include "scheduler/etcd_scheduler_role.h"
 
 #include <glog/logging.h>
-#include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/scheduler_refusal.h"
@@ -93,24 +92,19 @@ absl::Status EtcdSchedulerRole::TakeOver() {
     if (absl::IsFailedPrecondition(s)) Depose(s);
     return s;
   });
-  std::unique_ptr<ClusterState> state;
+  std::optional<SchedulerState> state;
   if (saved->has_value()) {
-    auto st = ParseStateRecord(**saved, where);
-    if (!st.ok()) return st.status();
-    if (!google::protobuf::util::MessageDifferencer::Equals(st->config(), config_)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, " holds a cluster with another configuration; start with the same config to resume it, or "
-          "use another --etcd-prefix"));
-    }
-    LOG(WARNING) << "scheduler at " << address_ << ": active; resuming the cluster saved in " << where
-                 << " (shard map epoch " << st->shard_map().epoch() << ", " << st->nodes_size() << " nodes, "
-                 << st->tensors_size() << " tensors)";
-    state = ClusterState::Restore(*st, absl::Now, std::move(persist));
-  } else {
-    LOG(WARNING) << "scheduler at " << address_ << ": active (no cluster saved in " << where << " yet)";
-    state = std::make_unique<ClusterState>(config_, absl::Now, std::move(persist));
+    auto parsed = ParseStateRecord(**saved, where);
+    if (!parsed.ok()) return parsed.status();
+    state = *std::move(parsed);
   }
-  hooks_.activate(std::move(state));
+  auto resumed = ResumeOrCreateState(state, config_,
+                                     {.where = where,
+                                      .elsewhere = "another --etcd-prefix",
+                                      .who = absl::StrCat("scheduler at ", address_, ": active")},
+                                     std::move(persist));
+  if (!resumed.ok()) return resumed.status();
+  hooks_.activate(*std::move(resumed));
   return absl::OkStatus();
 }
 

@@ -14,7 +14,6 @@
 #include <glog/logging.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 
@@ -404,21 +403,13 @@ namespace {
 absl::StatusOr<std::unique_ptr<SchedulerService>> FileBackedService(const SchedulerOptions& options) {
   auto saved = LoadState(options.state_dir);
   if (!saved.ok()) return saved.status();
-  std::unique_ptr<ClusterState> state;
-  if (saved->has_value()) {
-    const SchedulerState& st = **saved;
-    if (!google::protobuf::util::MessageDifferencer::Equals(st.config(), options.config)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--state-dir ", options.state_dir, " holds a cluster with another configuration; start with the same "
-          "config to resume it, or use another state directory"));
-    }
-    LOG(WARNING) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
-              << st.shard_map().epoch() << ", " << st.nodes_size() << " nodes, " << st.tensors_size() << " tensors)";
-    state = ClusterState::Restore(st, absl::Now, StateWriter(options.state_dir));
-  } else {
-    state = std::make_unique<ClusterState>(options.config, absl::Now, StateWriter(options.state_dir));
-  }
-  return std::make_unique<SchedulerService>(std::move(state), absl::Hours(24));
+  auto state = ResumeOrCreateState(*saved, options.config,
+                                   {.where = options.state_dir.empty() ? "" : StateFile(options.state_dir),
+                                    .elsewhere = "another state directory",
+                                    .who = "scheduler"},
+                                   StateWriter(options.state_dir));
+  if (!state.ok()) return state.status();
+  return std::make_unique<SchedulerService>(*std::move(state), absl::Hours(24));
 }
 
 // "/shardps/" and a digest of the config: schedulers started with the same
