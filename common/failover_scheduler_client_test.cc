@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/scheduler_refusal.h"
 
 namespace shardps {
 namespace {
@@ -29,7 +30,7 @@ class FakeScheduler : public SchedulerClient {
   absl::StatusOr<StatusResponse> Status(absl::Duration) override {
     absl::MutexLock lock(&mu_);
     ++calls_;
-    if (!active_) return absl::UnavailableError("standby scheduler at " + address());
+    if (!active_) return absl::UnavailableError(StandbyRefusal(address(), ""));
     StatusResponse r;
     r.mutable_config()->set_num_servers(static_cast<uint32_t>(address().back() - '0'));
     return r;

@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/endpoint.h"
 #include "common/failover_scheduler_client.h"
+#include "common/scheduler_refusal.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace shardps {
@@ -21,8 +21,7 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
   auto code = static_cast<absl::StatusCode>(s.error_code());
   std::string detail = s.error_message();
   // A standby (or a deposed scheduler) answers UNAVAILABLE itself, saying so.
-  const bool answered = absl::StartsWith(detail, "standby scheduler at ") || absl::StartsWith(detail, "scheduler at ");
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !answered) {
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !IsSchedulerRefusal(detail)) {
     detail = absl::StrCat("cannot reach the scheduler (", detail, ")");
   } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && detail == "Deadline Exceeded") {
     detail = "no answer before the deadline";

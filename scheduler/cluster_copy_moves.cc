@@ -38,7 +38,8 @@ std::set<uint32_t> ClusterState::LiveServers() const {
 void ClusterState::MaybeStartCopyMoves() {
   if (balance_after_epoch_ == 0 || !ServersServe(balance_after_epoch_)) return;
   balance_after_epoch_ = 0;
-  const std::vector<CopyMove> moves = PlanCopyMoves(map_, LiveServers());
+  const std::set<uint32_t> live = LiveServers();
+  const std::vector<CopyMove> moves = PlanCopyMoves(map_, live);
   if (moves.empty()) return;
   map_.set_epoch(map_.epoch() + 1);
   for (CopyMove move : moves) {
@@ -48,7 +49,7 @@ void ClusterState::MaybeStartCopyMoves() {
   }
   moves_planned_ += static_cast<int>(moves.size());
   moves_planned_total_ += moves.size();
-  const auto loads = ServerLoadsAfterMoves(map_, LiveServers());
+  const auto loads = ServerLoadsAfterMoves(map_, live);
   LOG(WARNING) << "copy moves balance the servers: " << moves.size() << " backup copies move (extra copies until "
                << "synced) at shard map epoch " << map_.epoch() << "; elements held per live server once done "
                << DescribeLoads(loads);
@@ -57,14 +58,15 @@ void ClusterState::MaybeStartCopyMoves() {
 
 void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& request) {
   if (map_.moves_size() == 0 || node.role != SERVER) return;
-  const std::set<uint64_t> synced(request.synced_copies().begin(), request.synced_copies().end());
+  // A few synced copies per report, a few pending moves: a linear find is enough.
+  const auto& synced = request.synced_copies();
   std::vector<std::string> done;
   auto* moves = map_.mutable_moves();
   for (int i = 0; i < moves->size();) {
     const CopyMove& m = moves->Get(i);
     // A report from before the epoch that listed the new copy says nothing
     // about it (the server may not have created it yet).
-    if (m.to() != node.rank || request.applied_epoch() < m.epoch() || !synced.contains(m.partition())) {
+    if (m.to() != node.rank || request.applied_epoch() < m.epoch() || std::find(synced.begin(), synced.end(), m.partition()) == synced.end()) {
       ++i;
       continue;
     }

@@ -1,9 +1,9 @@
 #include "scheduler/etcd_scheduler_role.h"
 
 #include <glog/logging.h>
-#include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/scheduler_refusal.h"
 #include "scheduler/state_record.h"
 
 namespace shardps {
@@ -53,7 +53,7 @@ void EtcdSchedulerRole::Loop() {
   }
   if (stop_) return;
   LOG(ERROR) << "scheduler at " << address_ << ": " << failure_ << "; it stops serving";
-  hooks_.refuse(absl::StrCat("scheduler at ", address_, " stopped serving: ", failure_.message()));
+  hooks_.refuse(StoppedRefusal(address_, failure_.message()));
   mu_.Unlock();
   hooks_.stop_serving();
   mu_.Lock();
@@ -73,7 +73,7 @@ absl::Status EtcdSchedulerRole::Step() {
   if (!*won) {
     if (holder != last_holder_) LOG(WARNING) << "scheduler at " << address_ << ": standby; active is " << holder;
     last_holder_ = holder;
-    hooks_.refuse(absl::StrCat("standby scheduler at ", address_, "; active is ", holder));
+    hooks_.refuse(StandbyRefusal(address_, holder));
     return absl::OkStatus();
   }
   if (absl::Status s = TakeOver(); !s.ok()) return s;
@@ -92,29 +92,24 @@ absl::Status EtcdSchedulerRole::TakeOver() {
     if (absl::IsFailedPrecondition(s)) Depose(s);
     return s;
   });
-  std::unique_ptr<ClusterState> state;
+  std::optional<SchedulerState> state;
   if (saved->has_value()) {
-    auto st = ParseStateRecord(**saved, where);
-    if (!st.ok()) return st.status();
-    if (!google::protobuf::util::MessageDifferencer::Equals(st->config(), config_)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, " holds a cluster with another configuration; start with the same config to resume it, or "
-          "use another --etcd-prefix"));
-    }
-    LOG(WARNING) << "scheduler at " << address_ << ": active; resuming the cluster saved in " << where
-                 << " (shard map epoch " << st->shard_map().epoch() << ", " << st->nodes_size() << " nodes, "
-                 << st->tensors_size() << " tensors)";
-    state = ClusterState::Restore(*st, absl::Now, std::move(persist));
-  } else {
-    LOG(WARNING) << "scheduler at " << address_ << ": active (no cluster saved in " << where << " yet)";
-    state = std::make_unique<ClusterState>(config_, absl::Now, std::move(persist));
+    auto parsed = ParseStateRecord(**saved, where);
+    if (!parsed.ok()) return parsed.status();
+    state = *std::move(parsed);
   }
-  hooks_.activate(std::move(state));
+  auto resumed = ResumeOrCreateState(state, config_,
+                                     {.where = where,
+                                      .elsewhere = "another --etcd-prefix",
+                                      .who = absl::StrCat("scheduler at ", address_, ": active")},
+                                     std::move(persist));
+  if (!resumed.ok()) return resumed.status();
+  hooks_.activate(*std::move(resumed));
   return absl::OkStatus();
 }
 
 void EtcdSchedulerRole::Depose(const absl::Status& why) {
-  hooks_.refuse(absl::StrCat("scheduler at ", address_, " was deposed: ", why.message()));
+  hooks_.refuse(StoppedRefusal(address_, absl::StrCat("deposed: ", why.message())));
   absl::MutexLock lock(&mu_);
   if (failure_.ok()) failure_ = absl::FailedPreconditionError(absl::StrCat("deposed: ", why.message()));
 }

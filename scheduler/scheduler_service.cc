@@ -14,7 +14,6 @@
 #include <glog/logging.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 
@@ -22,6 +21,7 @@
 #include "common/config.h"
 #include "common/durable_file.h"
 #include "common/endpoint.h"
+#include "common/scheduler_refusal.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/etcd_election.h"
@@ -328,15 +328,22 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   void Wait() override { server_->Wait(); }
   StatusResponse Status() override { return service_->Snapshot(); }
   void Shutdown() override {
-    if (role_ != nullptr) role_->Stop();
+    absl::MutexLock shutting_down(&shutdown_mu_);  // a concurrent Shutdown waits for this one
+    EtcdSchedulerRole* role = nullptr;
+    {
+      absl::MutexLock lock(&role_mu_);
+      role = role_.get();  // only Shutdown takes it away
+    }
+    // Not under role_mu_: Failure() stays answerable while the role stops.
+    if (role != nullptr) role->Stop();
     StopServing();
-    std::unique_ptr<EtcdSchedulerRole> role;
+    std::unique_ptr<EtcdSchedulerRole> gone;
     {
       absl::MutexLock lock(&role_mu_);
       if (role_ != nullptr) failure_ = role_->failure();
-      role = std::move(role_);
+      gone = std::move(role_);
     }
-    role.reset();  // hands back the lease: a standby takes over at once
+    gone.reset();  // hands back the lease: a standby takes over at once
   }
   absl::Status Failure() override {
     absl::MutexLock lock(&role_mu_);
@@ -351,6 +358,7 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
          .refuse = [this](std::string why) { service_->Refuse(std::move(why)); },
          .stop_serving = [this] { StopServing(); }});
     if (!role.ok()) return role.status();
+    absl::MutexLock lock(&role_mu_);
     role_ = *std::move(role);
     return absl::OkStatus();
   }
@@ -368,10 +376,12 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   std::string address_;
   const int state_lock_;  // fd holding the --state-dir lock, or -1
   std::atomic<bool> shut_down_{false};
-  // --etcd only. Written by StartElection (before the daemon is handed out)
-  // and Shutdown (which callers never run concurrently with itself).
+  // One Shutdown at a time: the first stops the role, later ones find it gone.
+  absl::Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(role_mu_);
+  // --etcd only. Set by StartElection (before the daemon is handed out),
+  // taken away by Shutdown.
   absl::Mutex role_mu_;
-  std::unique_ptr<EtcdSchedulerRole> role_;
+  std::unique_ptr<EtcdSchedulerRole> role_ ABSL_GUARDED_BY(role_mu_);
   absl::Status failure_ ABSL_GUARDED_BY(role_mu_);  // the role's, once it is gone
 };
 
@@ -382,27 +392,24 @@ std::unique_ptr<Scheduler::Service> NewSchedulerService(std::unique_ptr<ClusterS
   return std::make_unique<SchedulerService>(std::move(state), max_wait);
 }
 
+std::unique_ptr<Scheduler::Service> NewStandbySchedulerService(const ClusterConfig& config,
+                                                               const std::string& address) {
+  return std::make_unique<SchedulerService>(config, absl::Hours(24), StandbyRefusal(address, ""));
+}
+
 namespace {
 
 // The service over the state saved in options.state_dir (or a new state).
 absl::StatusOr<std::unique_ptr<SchedulerService>> FileBackedService(const SchedulerOptions& options) {
   auto saved = LoadState(options.state_dir);
   if (!saved.ok()) return saved.status();
-  std::unique_ptr<ClusterState> state;
-  if (saved->has_value()) {
-    const SchedulerState& st = **saved;
-    if (!google::protobuf::util::MessageDifferencer::Equals(st.config(), options.config)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--state-dir ", options.state_dir, " holds a cluster with another configuration; start with the same "
-          "config to resume it, or use another state directory"));
-    }
-    LOG(WARNING) << "scheduler: resuming the cluster saved in " << StateFile(options.state_dir) << " (shard map epoch "
-              << st.shard_map().epoch() << ", " << st.nodes_size() << " nodes, " << st.tensors_size() << " tensors)";
-    state = ClusterState::Restore(st, absl::Now, StateWriter(options.state_dir));
-  } else {
-    state = std::make_unique<ClusterState>(options.config, absl::Now, StateWriter(options.state_dir));
-  }
-  return std::make_unique<SchedulerService>(std::move(state), absl::Hours(24));
+  auto state = ResumeOrCreateState(*saved, options.config,
+                                   {.where = options.state_dir.empty() ? "" : StateFile(options.state_dir),
+                                    .elsewhere = "another state directory",
+                                    .who = "scheduler"},
+                                   StateWriter(options.state_dir));
+  if (!state.ok()) return state.status();
+  return std::make_unique<SchedulerService>(*std::move(state), absl::Hours(24));
 }
 
 // "/shardps/" and a digest of the config: schedulers started with the same
@@ -464,9 +471,10 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
     if (lock >= 0) close(lock);
     return s;
   };
+  // A standby until its first campaign, which names the bound address.
   absl::StatusOr<std::unique_ptr<SchedulerService>> service =
       etcd ? std::make_unique<SchedulerService>(options.config, absl::Hours(24),
-                                                "standby scheduler; no active scheduler known yet")
+                                                StandbyRefusal(options.listen_address, ""))
            : FileBackedService(options);
   if (!service.ok()) return unlock_on_error(service.status());
   int port = 0;
@@ -477,6 +485,7 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
   if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
   const std::string address = absl::StrCat(host, ":", port);
+  if (etcd) (*service)->Refuse(StandbyRefusal(address, ""));
   auto daemon = std::make_unique<GrpcSchedulerDaemon>(*std::move(service), std::move(server), address, lock);
   if (!etcd) return std::unique_ptr<SchedulerDaemon>(std::move(daemon));
   auto election = EtcdElection::Create(

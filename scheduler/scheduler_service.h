@@ -6,6 +6,7 @@
 #define SHARDPS_SCHEDULER_SCHEDULER_SERVICE_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/time/time.h"
 #include "proto/cluster.grpc.pb.h"
@@ -18,6 +19,12 @@ namespace shardps {
 // by the caller's deadline less a margin, and by `max_wait` from its start.
 std::unique_ptr<Scheduler::Service> NewSchedulerService(std::unique_ptr<ClusterState> state,
                                                         absl::Duration max_wait);
+
+// A standby's service for `config` before its first campaign: answers every
+// call UNAVAILABLE with StandbyRefusal(address, "") (common/scheduler_refusal.h),
+// as a scheduler started with --etcd does until it learns who is active.
+std::unique_ptr<Scheduler::Service> NewStandbySchedulerService(const ClusterConfig& config,
+                                                               const std::string& address);
 
 }  // namespace shardps
 

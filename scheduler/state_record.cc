@@ -1,6 +1,7 @@
 #include "scheduler/state_record.h"
 
 #include <glog/logging.h>
+#include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
@@ -22,6 +23,26 @@ absl::StatusOr<SchedulerState> ParseStateRecord(const std::string& data, const s
     return absl::DataLossError(absl::StrCat(where, " holds an invalid config: ", s.message()));
   }
   return state;
+}
+
+absl::StatusOr<std::unique_ptr<ClusterState>> ResumeOrCreateState(const std::optional<SchedulerState>& saved,
+                                                                  const ClusterConfig& config,
+                                                                  const StateOrigin& origin,
+                                                                  ClusterState::Persist persist) {
+  if (!saved.has_value()) {
+    if (!origin.where.empty()) LOG(WARNING) << origin.who << ": a new cluster (none saved in " << origin.where << " yet)";
+    return std::make_unique<ClusterState>(config, absl::Now, std::move(persist));
+  }
+  if (!google::protobuf::util::MessageDifferencer::Equals(saved->config(), config)) {
+    return absl::FailedPreconditionError(absl::StrCat(origin.where,
+                                                      " holds a cluster with another configuration; start with the "
+                                                      "same config to resume it, or use ",
+                                                      origin.elsewhere));
+  }
+  LOG(WARNING) << origin.who << ": resuming the cluster saved in " << origin.where << " (shard map epoch "
+               << saved->shard_map().epoch() << ", " << saved->nodes_size() << " nodes, " << saved->tensors_size()
+               << " tensors)";
+  return ClusterState::Restore(*saved, absl::Now, std::move(persist));
 }
 
 ClusterState::Persist SealedStateWriter(std::function<absl::Status(const std::string&)> write) {

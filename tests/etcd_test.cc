@@ -1,6 +1,7 @@
 // The scheduler's etcd backend against a real etcd (tests/test_etcd.h):
 // fencing of a deposed scheduler's writes, a corrupt state refused, and a
-// sync job whose active scheduler is SIGKILLed while a standby takes over.
+// sync job whose active scheduler is SIGKILLed while a standby takes over;
+// and (without etcd) what a node hears from a standby.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include <google/protobuf/util/message_differencer.h>
+#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -17,6 +19,7 @@
 #include "scheduler/etcd_client.h"
 #include "scheduler/etcd_election.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_service.h"
 #include "tests/test_etcd.h"
 #include "tests/test_training.h"
 #include "worker/worker.h"
@@ -25,6 +28,7 @@ namespace shardps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class EtcdTest : public ::testing::Test {
  protected:
@@ -56,6 +60,28 @@ absl::StatusOr<StatusResponse> StatusOfDaemon(SchedulerDaemon& daemon) {
   auto client = SchedulerClient::Create(daemon.address());
   if (!client.ok()) return client.status();
   return (*client)->Status(absl::Seconds(2));
+}
+
+// Before its first campaign a standby knows no active scheduler; a node must
+// still read its answer as a standby's, not as a scheduler it cannot reach.
+TEST(StandbyTest, ANodeAskingAStandbyThatKnowsNoActiveSchedulerIsToldItIsAStandby) {
+  auto port = FreeLoopbackPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
+  std::unique_ptr<Scheduler::Service> standby = NewStandbySchedulerService(ClusterConfig(), address);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(standby.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr) << "cannot listen on " << address;
+  auto client = SchedulerClient::Create(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<StatusResponse> status = (*client)->Status(absl::Seconds(5));
+  server->Shutdown();
+  ASSERT_TRUE(absl::IsUnavailable(status.status())) << status.status();
+  const std::string message(status.status().message());
+  EXPECT_THAT(message, HasSubstr(absl::StrCat("standby scheduler at ", address, "; no active scheduler known yet")));
+  EXPECT_THAT(message, Not(HasSubstr("cannot reach")));
 }
 
 TEST_F(EtcdTest, ADeposedSchedulersStateWriteIsRefusedAndItsSuccessorsStateStands) {
@@ -135,6 +161,24 @@ TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
   absl::Status failure = (*daemon)->Failure();
   EXPECT_TRUE(absl::IsFailedPrecondition(failure)) << failure;
   EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
+}
+
+TEST_F(EtcdTest, TwoConcurrentShutdownsBothReturnAndHandTheLeadershipBack) {
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_heartbeat_timeout_ms(60000);  // only a handed-back lease lets the next one win in time
+  options.etcd_endpoints = endpoint();
+  options.etcd_prefix = Prefix("shutdowns");
+  auto first = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(StatusOfDaemon(**first).ok()) << "the only scheduler should be active";
+  std::thread other([&] { (*first)->Shutdown(); });
+  (*first)->Shutdown();
+  other.join();
+  EXPECT_TRUE((*first)->Failure().ok()) << (*first)->Failure();
+  auto next = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(StatusOfDaemon(**next).ok()) << "the lease was not handed back on shutdown";
 }
 
 TEST_F(EtcdTest, EtcdAndAStateDirectoryExcludeEachOther) {

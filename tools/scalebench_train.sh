@@ -77,11 +77,11 @@ run_train() {
 
 result_value() { awk -v k="$2" '$1 == k { print $2 }' "$1"; }
 
-# train_row MODE: the JSON object of one run (without its curve).
-train_row() {
-  local mode=$1 dir=$WORKDIR/train-$1 staleness=null straggler=null samples=0 r
-  [[ $mode == ssp ]] && staleness=$TRAIN_STALENESS
-  ((SLOW_RANK >= 0)) && straggler="\"worker:$SLOW_RANK=$SLOW_FACTOR\""
+# train_summary MODE: one run's figures, formatted once for its JSON row and
+# its table line: "SECONDS_TO_TARGET EPOCHS_TO_TARGET SECONDS_TO_STAY BEST FINAL
+# EPOCHS TRAIN_SECONDS EVAL_SECONDS SAMPLES_PER_S", null where not reached.
+train_summary() {
+  local dir=$WORKDIR/train-$1 samples=0 r
   for ((r = 0; r < WORKERS; r++)); do samples=$((samples + $(result_value "$dir/result.$r" samples))); done
   # points: step epochs seconds eval_seconds accuracy final, in order; the last
   # one is the final weights'.
@@ -92,17 +92,35 @@ train_row() {
       if (reached == "" && $5 >= target) { reached = $3; reached_epochs = $2 }
       if ($5 < target) stay = ""; else if (stay == "") stay = $3 }
     END {
-      printf "\"target\":%s,\"seconds_to_target\":%s,\"epochs_to_target\":%s,\"seconds_to_stay\":%s,", target,
-        num(reached, "%.1f"), num(reached_epochs, "%.2f"), num(stay, "%.1f")
-      printf "\"best_accuracy\":%.4f,\"final_accuracy\":%.4f,\"epochs\":%.2f,", best, final, epochs
-      printf "\"train_seconds\":%.1f,\"eval_seconds\":%.1f,\"samples_per_s\":%.0f", seconds, ev, samples / seconds
-    }' "$dir/points" | {
-    printf '{"mode":"train","consistency":"%s","staleness":%s,"servers":%d,"workers":%d,"straggler":%s,' \
-      "$mode" "$staleness" "$TRAIN_SERVERS" "$WORKERS" "$straggler"
-    printf '"replication":%d,"server_rate":"%s","worker_rate":"%s",' "$REPLICATION" "$SERVER_RATE" "$WORKER_RATE"
-    cat
-    echo "}"
-  }
+      printf "%s %s %s %.4f %.4f %.2f %.1f %.1f %.0f\n", num(reached, "%.1f"), num(reached_epochs, "%.2f"),
+        num(stay, "%.1f"), best, final, epochs, seconds, ev, samples / seconds
+    }' "$dir/points"
+}
+
+# train_row MODE SUMMARY: the JSON object of one run (without its curve).
+train_row() {
+  local mode=$1 staleness=null straggler=null reached reached_epochs stay best final epochs seconds ev rate
+  read -r reached reached_epochs stay best final epochs seconds ev rate <<<"$2"
+  [[ $mode == ssp ]] && staleness=$TRAIN_STALENESS
+  ((SLOW_RANK >= 0)) && straggler="\"worker:$SLOW_RANK=$SLOW_FACTOR\""
+  printf '{"mode":"train","consistency":"%s","staleness":%s,"servers":%d,"workers":%d,"straggler":%s,' \
+    "$mode" "$staleness" "$TRAIN_SERVERS" "$WORKERS" "$straggler"
+  printf '"replication":%d,"server_rate":"%s","worker_rate":"%s",' "$REPLICATION" "$SERVER_RATE" "$WORKER_RATE"
+  printf '"target":%s,"seconds_to_target":%s,"epochs_to_target":%s,"seconds_to_stay":%s,' "$TARGET" "$reached" \
+    "$reached_epochs" "$stay"
+  printf '"best_accuracy":%s,"final_accuracy":%s,"epochs":%s,' "$best" "$final" "$epochs"
+  printf '"train_seconds":%s,"eval_seconds":%s,"samples_per_s":%s}\n' "$seconds" "$ev" "$rate"
+}
+
+# train_table_line MODE SUMMARY: one run's line of the table without --json.
+train_table_line() {
+  local reached reached_epochs stay best final epochs seconds ev rate
+  read -r reached reached_epochs stay best final epochs seconds ev rate <<<"$2"
+  [[ $reached == null ]] && reached="not reached"
+  [[ $reached_epochs == null ]] && reached_epochs=-
+  [[ $stay == null ]] && stay=-
+  printf '%-6s %12s %10s %10s %8s %8s %7s %10s\n' "$1" "$reached" "$reached_epochs" "$stay" "$best" "$final" \
+    "$epochs" "$rate"
 }
 
 # train_curve MODE: {"consistency": MODE, "target": T, "title": ..., "points": [[seconds, accuracy], ...]}.
@@ -114,38 +132,34 @@ train_curve() {
     "$WORKDIR/train-$1/points"
 }
 
-# The table of --train without --json, from WORKDIR/results.jsonl.
+# The table of --train without --json: its heading, then the runs' lines.
 print_train_table() {
   echo
   echo "$WORKERS workers at $WORKER_RATE (straggler: ${SLOW_DESC}), $TRAIN_SERVERS servers at $SERVER_RATE;" \
     "target test accuracy $TARGET, at most $TRAIN_EPOCHS epochs"
   printf '%-6s %12s %10s %10s %8s %8s %7s %10s\n' mode "s to target" "ep. to tgt" "s to stay" best final epochs samples/s
-  local row
-  while read -r row; do
-    awk -v row="$row" 'function f(k,   m) {
-        if (match(row, "\"" k "\":(\"[^\"]*\"|[^,}]*)")) { m = substr(row, RSTART + length(k) + 3, RLENGTH - length(k) - 3); gsub(/"/, "", m); return m }
-        return "?" }
-      BEGIN { s = f("seconds_to_target"); e = f("epochs_to_target"); st = f("seconds_to_stay")
-        printf "%-6s %12s %10s %10s %8s %8s %7s %10s\n", f("consistency"), s == "null" ? "not reached" : s,
-          e == "null" ? "-" : e, st == "null" ? "-" : st, f("best_accuracy"), f("final_accuracy"), f("epochs"),
-          f("samples_per_s") }'
-  done <"$WORKDIR/results.jsonl"
+  printf '%s' "$@"
 }
 
 # Runs every mode of TRAIN_MODES; writes WORKDIR/results.jsonl and
-# WORKDIR/curves.jsonl, prints them (table or --json) and plots the curves.
+# WORKDIR/curves.jsonl, prints the rows (table or --json) from what it
+# computed, and plots the curves.
 run_training_modes() {
-  local mode
+  local mode summary row rows=() lines=()
   : >"$WORKDIR/results.jsonl"
   : >"$WORKDIR/curves.jsonl"
   for mode in "${TRAIN_MODES[@]}"; do
     log "[train $mode] $WORKERS workers ($SLOW_DESC), $TRAIN_SERVERS servers, at most $TRAIN_EPOCHS epochs"
     run_train "$mode"
-    train_row "$mode" >>"$WORKDIR/results.jsonl"
+    summary=$(train_summary "$mode")
+    row=$(train_row "$mode" "$summary")
+    echo "$row" >>"$WORKDIR/results.jsonl"
+    rows+=("$row"$'\n')
+    lines+=("$(train_table_line "$mode" "$summary")"$'\n')
     train_curve "$mode" >>"$WORKDIR/curves.jsonl"
-    log "[train $mode] $(tail -1 "$WORKDIR/results.jsonl")"
+    log "[train $mode] $row"
   done
-  if ((JSON)); then cat "$WORKDIR/results.jsonl"; else print_train_table; fi
+  if ((JSON)); then printf '%s' "${rows[@]}"; else print_train_table "${lines[@]}"; fi
   if [[ $PLOT != none ]]; then
     ensure_matplotlib
     /usr/bin/python3 "$ROOT/tools/scalebench_plot.py" --train "$WORKDIR/curves.jsonl" "$PLOT" ||

@@ -156,8 +156,7 @@ absl::Status UnknownDtype(int dtype) {
       absl::StrCat("dtype ", dtype, " is not SHARDPS_FLOAT32, SHARDPS_FLOAT16 or SHARDPS_BFLOAT16"));
 }
 
-int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
-            const char* codec = nullptr) {
+int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype, const char* codec) {
   shardps::TensorSpec spec;
   spec.set_name(name);
   uint64_t n = 1;
@@ -170,6 +169,17 @@ int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t nd
   w->declared.push_back(std::move(spec));
   w->dtypes[name] = {dtype, n};
   return SHARDPS_OK;
+}
+
+// What every shardps_declare_tensor* entry point does: checks its arguments, then declares.
+int CheckedDeclare(const char* entry, shardps_worker* w, const char* name, const int64_t* shape, size_t ndim,
+                   int dtype, const char* codec, char* err, size_t err_len) {
+  return Guarded(entry, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
+    if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
+    return Declare(w, name, shape, ndim, dtype, codec);
+  });
 }
 
 // The element count of `name`, once its buffers' dtype and size match.
@@ -335,31 +345,17 @@ const char* shardps_status_name(int code) {
 
 int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, char* err,
                            size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
-    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
-    return Declare(w, name, shape, ndim, SHARDPS_FLOAT32);
-  });
+  return CheckedDeclare(__func__, w, name, shape, ndim, SHARDPS_FLOAT32, nullptr, err, err_len);
 }
 
 int shardps_declare_tensor_dtype(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
                                  char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
-    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
-    if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
-    return Declare(w, name, shape, ndim, dtype);
-  });
+  return CheckedDeclare(__func__, w, name, shape, ndim, dtype, nullptr, err, err_len);
 }
 
 int shardps_declare_tensor_codec(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype,
                                  const char* codec, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
-    if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
-    if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
-    return Declare(w, name, shape, ndim, dtype, codec);
-  });
+  return CheckedDeclare(__func__, w, name, shape, ndim, dtype, codec, err, err_len);
 }
 
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len) {

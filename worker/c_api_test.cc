@@ -98,6 +98,19 @@ TEST(CApiTest, NullArgumentsAreInvalidArgument) {
   EXPECT_EQ(shardps_wait(nullptr, 1, 1.0, nullptr, 0), SHARDPS_INVALID_ARGUMENT);
 }
 
+TEST(CApiTest, EveryDeclareEntryRefusesANullWorker) {
+  const int64_t shape[] = {2};
+  char err[64] = "";
+  EXPECT_EQ(shardps_declare_tensor(nullptr, "w", shape, 1, err, sizeof(err)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err), HasSubstr("worker is NULL"));
+  EXPECT_EQ(shardps_declare_tensor_dtype(nullptr, "w", shape, 1, SHARDPS_FLOAT16, err, sizeof(err)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err), HasSubstr("worker is NULL"));
+  EXPECT_EQ(shardps_declare_tensor_codec(nullptr, "w", shape, 1, SHARDPS_FLOAT32, "fp16", err, sizeof(err)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err), HasSubstr("worker is NULL"));
+}
+
 TEST(CApiTest, VersionIsTheProjectVersion) { EXPECT_STREQ(shardps_version(), SHARDPS_EXPECTED_VERSION); }
 
 TEST(CApiTest, StatusNamesMatchCodes) {

@@ -258,19 +258,20 @@ class DistributedOptimizer:
 
     def _complete(self, slots):
         """Completes the outstanding requests of `slots` in the order they finish."""
-        pending = {s.handle: s for s in slots if s.handle is not None}
+        slot_of = {s.handle: s for s in slots if s.handle is not None}
+        pending = self.worker.completions(slot_of)
         start = time.perf_counter()
         try:
             while pending:
-                done = self.worker.wait_any(list(pending), self.timeout)
-                self._land(pending.pop(done))
+                self._land(slot_of[pending.wait_any(self.timeout)])
         except shardps.ShardPSError as e:
             if e.handle is not None:
-                slot = pending.pop(e.handle)
+                slot = slot_of[e.handle]
                 slot.handle, slot.deferred = None, False
                 raise
             # None answered in time: release each (its error names the servers still owing).
-            for handle, slot in pending.items():
+            for handle in pending.handles:
+                slot = slot_of[handle]
                 slot.handle, slot.deferred = None, False
                 try:
                     handle.wait(0)

@@ -20,6 +20,7 @@ from .errors import check, ShardPSError
 _ERR_LEN = 1024
 _FLOAT32 = 1  # SHARDPS_FLOAT32
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3}  # SHARDPS_FLOAT32, ...
+_ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _TORCH_DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
 _FORMATS = {"f": "float32", "e": "float16"}
 
@@ -70,6 +71,52 @@ class Handle:
 
     def wait(self, timeout=None):
         self._worker.wait(self, timeout)
+
+
+class Completions:
+    """Outstanding handles of one worker, completed one wait_any() at a time in the order
+    they finish (Worker.completions). The handle array handed to the library is built once:
+    a completed handle's place is taken by the last one, so completing n requests costs
+    O(n) besides the waits, where n calls of Worker.wait_any cost O(n^2)."""
+
+    def __init__(self, worker, handles):
+        self._worker = worker
+        self._handles = list(handles)
+        for h in self._handles:
+            worker._check_outstanding(h)
+        self._ids = (ctypes.c_uint64 * len(self._handles))(*[h.id for h in self._handles])
+
+    def __len__(self):
+        return len(self._handles)
+
+    @property
+    def handles(self):
+        """The handles not yet completed (in no particular order)."""
+        return list(self._handles)
+
+    def wait_any(self, timeout=None):
+        """Worker.wait_any over the handles not yet completed; the one it returns, or whose
+        error it raises, leaves the set."""
+        count = len(self._handles)
+        index = ctypes.c_size_t(count)
+        worker = self._worker
+        try:
+            worker._call("shardps_wait_any", worker._live(), self._ids, count, worker._timeout(timeout),
+                         ctypes.byref(index))
+        except ShardPSError as e:
+            e.handle = self._take(index.value) if index.value < count else None
+            if e.handle is not None:
+                worker._retire(e.handle, failed=True)
+            raise
+        done = self._take(index.value)
+        worker._retire(done, failed=False)
+        return done
+
+    def _take(self, i):
+        taken, last = self._handles[i], self._handles.pop()
+        if i < len(self._handles):
+            self._handles[i], self._ids[i] = last, self._ids[len(self._handles)]
+        return taken
 
 
 class Worker:
@@ -208,14 +255,19 @@ class Worker:
         self._call("shardps_partitions", self._ptr, name.encode(), out, count.value, ctypes.byref(count))
         return [(p.offset, p.num_elements, p.server) for p in out]
 
-    def _checked(self, name, obj, writable, what):
+    def _elements(self, name):
+        """The element count of tensor `name`; KeyError naming the defined ones if it is not."""
         if name not in self._shapes:
             raise KeyError("tensor %r is not defined on this worker (defined: %s)"
                            % (name, ", ".join(sorted(self._shapes)) or "none"))
-        ptr, n, _, keep = _buffer(obj, writable, "%s of %r" % (what, name))
         expected = 1
         for d in self._shapes[name]:
             expected *= d
+        return expected
+
+    def _checked(self, name, obj, writable, what):
+        expected = self._elements(name)
+        ptr, n, _, keep = _buffer(obj, writable, "%s of %r" % (what, name))
         if n != expected:
             raise ValueError("%s of %r has %d elements; the tensor is declared with shape %s (%d elements)"
                              % (what, name, n, self._shapes[name], expected))
@@ -248,15 +300,13 @@ class Worker:
         weights: the library applies the configured optimizer to it in place. Both buffers
         have the dtype the tensor was defined with (float16 and bfloat16 go zero-copy to the
         library, which converts them); another dtype or size raises InvalidArgumentError."""
-        if name not in self._shapes:
-            raise KeyError("tensor %r is not defined on this worker (defined: %s)"
-                           % (name, ", ".join(sorted(self._shapes)) or "none"))
+        self._elements(name)
         g, n, dtype, keep_g = _buffer(grad, False, "gradient of %r" % name, tuple(DTYPES))
         w, n_out, dtype_out, keep_w = _buffer(out, True, "weights of %r" % name, tuple(DTYPES))
         if (n, dtype) != (n_out, dtype_out):
             raise ValueError("gradient and weights of %r differ: %d %s and %d %s elements"
                              % (name, n, dtype, n_out, dtype_out))
-        nbytes = n * (4 if dtype == "float32" else 2)
+        nbytes = n * _ITEM_SIZES[dtype]
         return self._start("shardps_push_pull_typed", name, (g, w, nbytes, DTYPES[dtype]), (keep_g, keep_w))
 
     def push_pull_mean_gradient(self, name, grad, out):
@@ -275,18 +325,14 @@ class Worker:
         None: the default stream), and wait() copies the new weights back into `out` in that
         order. Both tensors must stay alive until wait() returns. Raises UnimplementedError
         when the library was built without CUDA."""
-        if name not in self._shapes:
-            raise KeyError("tensor %r is not defined on this worker" % name)
+        expected = self._elements(name)
         for what, t in (("gradient", grad), ("weights", out)):
-            if t.element_size() != 4 or not t.is_contiguous():
+            if t.element_size() != _ITEM_SIZES["float32"] or not t.is_contiguous():
                 raise ValueError("%s of %r must be a contiguous float32 CUDA tensor" % (what, name))
-        expected = 1
-        for d in self._shapes[name]:
-            expected *= d
         if grad.numel() != expected or out.numel() != expected:
             raise ValueError("gradient and weights of %r must have %d elements (shape %s), got %d and %d"
                              % (name, expected, self._shapes[name], grad.numel(), out.numel()))
-        nbytes = expected * 4
+        nbytes = expected * _ITEM_SIZES["float32"]
         args = (ctypes.c_void_p(grad.data_ptr()), ctypes.c_void_p(out.data_ptr()), nbytes, _FLOAT32,
                 ctypes.c_void_p(stream or 0))
         return self._start("shardps_push_pull_cuda", name, args, (grad, out))
@@ -299,42 +345,39 @@ class Worker:
     def wait(self, handle, timeout=None):
         """Blocks until the request completes; raises ShardPSError (DeadlineExceededError at the
         timeout, naming the tensor and the servers still owing an answer)."""
-        if handle.done:
-            raise ValueError("%s was already waited on" % handle.what)
-        handle.done = True
+        self._check_outstanding(handle)
+        failed = True
         try:
             self._call("shardps_wait", self._live(), handle.id, self._timeout(timeout))
-        except ShardPSError:
-            self._orphans.append(handle._keep)
-            raise
+            failed = False
         finally:
-            handle._keep = None
+            self._retire(handle, failed)
 
     def wait_any(self, handles, timeout=None):
         """Waits until one of `handles` completes and returns it (then done, as after wait());
         the others stay outstanding. One thread can so complete many requests in the order
-        they finish. If that request failed, its ShardPSError is raised with `handle` set to
-        it. If none completes within `timeout` seconds (0: only poll), DeadlineExceededError
-        is raised with `handle` None, and every handle stays outstanding."""
-        handles = list(handles)
-        for h in handles:
-            if h.done:
-                raise ValueError("%s was already waited on" % h.what)
-        ids = (ctypes.c_uint64 * len(handles))(*[h.id for h in handles])
-        index = ctypes.c_size_t(len(handles))
-        try:
-            self._call("shardps_wait_any", self._live(), ids, len(handles), self._timeout(timeout),
-                       ctypes.byref(index))
-        except ShardPSError as e:
-            e.handle = handles[index.value] if index.value < len(handles) else None
-            if e.handle is not None:
-                e.handle.done = True
-                self._orphans.append(e.handle._keep)
-                e.handle._keep = None
-            raise
-        done = handles[index.value]
-        done.done, done._keep = True, None
-        return done
+        they finish (completions() does so without handing the others over again each time).
+        If that request failed, its ShardPSError is raised with `handle` set to it. If none
+        completes within `timeout` seconds (0: only poll), DeadlineExceededError is raised
+        with `handle` None, and every handle stays outstanding."""
+        return self.completions(handles).wait_any(timeout)
+
+    def completions(self, handles):
+        """The outstanding `handles` as a Completions, whose wait_any() completes them one at
+        a time in the order they finish. ValueError if one was already waited on."""
+        return Completions(self, handles)
+
+    def _check_outstanding(self, handle):
+        if handle.done:
+            raise ValueError("%s was already waited on" % handle.what)
+
+    def _retire(self, handle, failed):
+        """`handle`'s wait is over. A failed request (a timeout: it may still leave later)
+        leaves its buffers to the worker's lifetime; a completed one lets them go."""
+        handle.done = True
+        if failed:
+            self._orphans.append(handle._keep)
+        handle._keep = None
 
     def poll(self, handle):
         """True once `handle` has completed (it is then done, as after wait(); a failed

@@ -69,5 +69,12 @@ if worker.rank == 1:
 if worker.rank == 0:
     print("ok: wait_any completes: %s" % (worker.wait_any([pending], timeout=10) is pending and pending.done))
     expect("wait_any again", ValueError, lambda: worker.wait_any([pending]))
+# completions(): requests completed one at a time in the order they finish, each leaving the set.
+handles = [worker.push_pull(name, array.array("f", [1.0] * n), array.array("f", [0.0] * n))
+           for name, n in (("w", 6), ("lonely", 4))]
+completions = worker.completions(handles)
+done = [completions.wait_any(10), completions.wait_any(10)]
+print("ok: completions: %s" % (sorted(map(id, done)) == sorted(map(id, handles)) and len(completions) == 0
+                               and all(h.done for h in handles)))
 worker.barrier("done")
 print("ok: all")

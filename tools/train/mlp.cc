@@ -168,21 +168,24 @@ absl::Status Mlp::Backward(const float* images, int batch, std::vector<std::vect
 
 float Mlp::ForwardBackward(const float* images, const uint8_t* labels, int batch,
                            std::vector<std::vector<float>>* grads) {
-  auto ok = [](size_t) { return absl::OkStatus(); };
-  // No hooks: nothing can fail.
-  return *ForwardBackward(images, labels, batch, grads, StepHooks{ok, ok});
+  return *Step(images, labels, batch, grads, nullptr);  // no hooks: nothing can fail
 }
 
 absl::StatusOr<float> Mlp::ForwardBackward(const float* images, const uint8_t* labels, int batch,
                                            std::vector<std::vector<float>>* grads, const StepHooks& hooks) {
+  return Step(images, labels, batch, grads, &hooks);
+}
+
+absl::StatusOr<float> Mlp::Step(const float* images, const uint8_t* labels, int batch,
+                                std::vector<std::vector<float>>* grads, const StepHooks* hooks) {
   CHECK_GE(batch, 1);
   grads->resize(params_.size());
   for (size_t t = 0; t < params_.size(); ++t) (*grads)[t].resize(params_[t].size());
-  if (absl::Status s = Forward(images, batch, &hooks); !s.ok()) return s;
+  if (absl::Status s = Forward(images, batch, hooks); !s.ok()) return s;
   delta_.resize(static_cast<size_t>(batch) * layers_.back());
   const float scale = 1.0f / static_cast<float>(batch);
   const double total = SoftmaxCrossEntropy(labels, batch, scale, delta_.data());
-  if (absl::Status s = Backward(images, batch, grads, &hooks); !s.ok()) return s;
+  if (absl::Status s = Backward(images, batch, grads, hooks); !s.ok()) return s;
   return static_cast<float>(total / batch);
 }
 

@@ -84,6 +84,9 @@ class Mlp {
   Mlp(std::vector<int> layers, int num_threads);
 
   int num_layers() const { return static_cast<int>(layers_.size()) - 1; }
+  // Both ForwardBackward overloads; `hooks` may be null (then it cannot fail).
+  absl::StatusOr<float> Step(const float* images, const uint8_t* labels, int batch,
+                             std::vector<std::vector<float>>* grads, const StepHooks* hooks);
   // Fills acts_ with every layer's output for `batch` rows of `images`;
   // calls hooks->await (when non-null) before each layer reads its tensors.
   absl::Status Forward(const float* images, int batch, const StepHooks* hooks = nullptr);
