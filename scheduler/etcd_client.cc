@@ -1,6 +1,7 @@
 #include "scheduler/etcd_client.h"
 
 #include <atomic>
+#include <optional>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -16,16 +17,61 @@ namespace {
 
 using etcdserverpb::Compare;
 
-// "http://host:port" (or "host:port") -> "host:port".
-absl::StatusOr<std::string> ParseEndpoint(absl::string_view url) {
+struct ParsedEndpoint {
+  std::string address;  // host:port
+  bool tls = false;     // https://
+};
+
+// "http://host:port", "https://host:port" or "host:port" (plain).
+absl::StatusOr<ParsedEndpoint> ParseEndpoint(absl::string_view url) {
   absl::string_view hostport = url;
-  if (absl::StartsWith(hostport, "https://")) {
-    return absl::InvalidArgumentError(absl::StrCat("--etcd ", url, ": TLS to etcd is not supported; use http://"));
-  }
-  absl::ConsumePrefix(&hostport, "http://");
+  ParsedEndpoint parsed;
+  parsed.tls = absl::ConsumePrefix(&hostport, "https://");
+  if (!parsed.tls) absl::ConsumePrefix(&hostport, "http://");
   absl::ConsumeSuffix(&hostport, "/");
   if (auto e = ParseHostPort(hostport, "--etcd endpoint"); !e.ok()) return e.status();
-  return std::string(hostport);
+  parsed.address = std::string(hostport);
+  return parsed;
+}
+
+// Plain for http:// endpoints; TLS with the files' CA (and client
+// certificate) for https:// ones. Errors name `endpoints` and what is wrong.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const std::string& endpoints, bool tls,
+                                                                             const EtcdTlsFiles& files) {
+  if (!tls) {
+    if (files.empty()) return grpc::InsecureChannelCredentials();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--etcd ", endpoints, ": --etcd-ca, --etcd-cert and --etcd-key need https:// endpoints"));
+  }
+  if (files.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--etcd ", endpoints, ": https:// endpoints need --etcd-ca, the CA that signed etcd's certificate"));
+  }
+  auto pem = LoadEtcdTls(files);
+  if (!pem.ok()) return absl::Status(pem.status().code(), absl::StrCat("--etcd ", endpoints, ": ", pem.status().message()));
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = pem->ca;
+  options.pem_cert_chain = pem->cert;
+  options.pem_private_key = pem->key;
+  return grpc::SslCredentials(options);
+}
+
+// What a failed connection most likely means, appended to its error: gRPC
+// reports etcd's refusal of a client certificate only as a failed read.
+std::string ConnectionHint(bool https, const EtcdTlsFiles& tls, absl::string_view error) {
+  if (!https) {
+    return absl::StrContains(error, "Socket closed") ? " (if etcd serves TLS, give https:// and --etcd-ca)" : "";
+  }
+  if (absl::StrContains(error, "certificate verify failed")) {
+    return absl::StrCat(" (etcd's certificate is not signed by --etcd-ca ", tls.ca_file, ")");
+  }
+  if (!absl::StrContains(error, "Endpoint read failed")) return "";
+  if (tls.cert_file.empty()) {
+    return " (etcd closed the TLS connection: with --client-cert-auth it refuses a client without a certificate; "
+           "give --etcd-cert and --etcd-key)";
+  }
+  return absl::StrCat(" (etcd closed the TLS connection: with --client-cert-auth it refuses --etcd-cert ",
+                      tls.cert_file, " unless its --trusted-ca-file signed it)");
 }
 
 Compare LeaderCompare(const std::string& key, int64_t create_revision) {
@@ -47,7 +93,9 @@ class EtcdClient::Impl {
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
   };
 
-  Impl(std::vector<std::string> addresses, absl::Duration timeout) : timeout_(timeout) {
+  Impl(std::vector<std::string> addresses, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+       bool https, EtcdTlsFiles tls, absl::Duration timeout)
+      : timeout_(timeout), https_(https), tls_(std::move(tls)) {
     for (std::string& a : addresses) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -55,7 +103,7 @@ class EtcdClient::Impl {
       // A member that was down is found again within a second, not after
       // the resolver's default pause between resolutions.
       args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
-      auto channel = grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args);
+      auto channel = grpc::CreateCustomChannel(a, credentials, args);
       endpoints_.push_back({std::move(a), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
     }
   }
@@ -79,13 +127,16 @@ class EtcdClient::Impl {
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         return absl::Status(static_cast<absl::StatusCode>(s.error_code()), error);
       }
-      absl::StrAppend(&unreachable, unreachable.empty() ? "" : "; ", error);
+      absl::StrAppend(&unreachable, unreachable.empty() ? "" : "; ", error,
+                      ConnectionHint(https_, tls_, s.error_message()));
     }
     return absl::UnavailableError(absl::StrCat("no etcd endpoint answered (", unreachable, ")"));
   }
 
  private:
   const absl::Duration timeout_;
+  const bool https_;
+  const EtcdTlsFiles tls_;  // for errors
   std::vector<Endpoint> endpoints_;
   std::atomic<size_t> current_{0};
 };
@@ -94,17 +145,25 @@ EtcdClient::EtcdClient(std::string endpoints, std::unique_ptr<Impl> impl)
     : endpoints_(std::move(endpoints)), impl_(std::move(impl)) {}
 EtcdClient::~EtcdClient() = default;
 
-absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::string& endpoints,
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::string& endpoints, const EtcdTlsFiles& tls,
                                                               absl::Duration call_timeout) {
   std::vector<std::string> addresses;
+  std::optional<bool> https;  // the scheme of the first endpoint
   for (absl::string_view url : absl::StrSplit(endpoints, ',', absl::SkipWhitespace())) {
-    auto address = ParseEndpoint(url);
-    if (!address.ok()) return address.status();
-    addresses.push_back(*std::move(address));
+    auto parsed = ParseEndpoint(url);
+    if (!parsed.ok()) return parsed.status();
+    if (https.has_value() && *https != parsed->tls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--etcd ", endpoints, ": mixes http:// and https:// endpoints; give every member with the scheme it serves"));
+    }
+    https = parsed->tls;
+    addresses.push_back(std::move(parsed->address));
   }
   if (addresses.empty()) return absl::InvalidArgumentError("--etcd: no endpoint given (http://HOST:PORT[,...])");
+  auto credentials = ChannelCredentials(endpoints, *https, tls);
+  if (!credentials.ok()) return credentials.status();
   return std::unique_ptr<EtcdClient>(
-      new EtcdClient(endpoints, std::make_unique<Impl>(std::move(addresses), call_timeout)));
+      new EtcdClient(endpoints, std::make_unique<Impl>(std::move(addresses), *credentials, *https, tls, call_timeout)));
 }
 
 absl::StatusOr<std::pair<int64_t, absl::Duration>> EtcdClient::GrantLease(absl::Duration ttl) {

@@ -12,7 +12,7 @@ absl::StatusOr<std::unique_ptr<EtcdElection>> EtcdElection::Create(const Options
     return absl::InvalidArgumentError(absl::StrCat("--etcd-prefix '", options.prefix,
                                                    "': give a non-empty prefix without a trailing '/'"));
   }
-  auto client = EtcdClient::Create(options.endpoints);
+  auto client = EtcdClient::Create(options.endpoints, options.tls);
   if (!client.ok()) return client.status();
   auto election = std::unique_ptr<EtcdElection>(new EtcdElection(options, *std::move(client)));
   absl::MutexLock lock(&election->mu_);

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "scheduler/etcd_tls.h"
 
 namespace shardps {
 
@@ -30,7 +31,8 @@ class EtcdClient;
 class EtcdElection {
  public:
   struct Options {
-    std::string endpoints;  // "http://HOST:PORT[,...]"
+    std::string endpoints;  // "http://HOST:PORT[,...]" or "https://HOST:PORT[,...]"
+    EtcdTlsFiles tls{};     // for https:// endpoints (scheduler/etcd_tls.h)
     std::string prefix;     // the keys are prefix + "/leader" and prefix + "/state"
     std::string address;    // this scheduler's advertised host:port (P/leader's value)
     // Lease TTL: how long after a SIGKILL P/leader vanishes. Default 10 s

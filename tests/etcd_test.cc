@@ -1,6 +1,8 @@
 // The scheduler's etcd backend against a real etcd (tests/test_etcd.h):
-// fencing of a deposed scheduler's writes, a corrupt state refused, and a
-// sync job whose active scheduler is SIGKILLed while a standby takes over.
+// fencing of a deposed scheduler's writes, a corrupt state refused, a sync
+// job whose active scheduler is SIGKILLed while a standby takes over, and
+// etcd over mutual TLS (a job trains; a missing client certificate or a
+// wrong CA is refused naming the endpoint).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +21,7 @@
 #include "scheduler/scheduler.h"
 #include "tests/test_etcd.h"
 #include "tests/test_training.h"
+#include "tools/cluster_credentials.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -278,6 +281,162 @@ TEST_F(EtcdTest, TheStandbyTakesOverFromAKilledSchedulerAndTheJobEndsWithTheFaul
   EXPECT_EQ(WeightsSha256(results[0]->params), WeightsSha256(reference->params));
   EXPECT_EQ(WeightsSha256(results[1]->params), WeightsSha256(reference->params));
   std::filesystem::remove_all(dir);
+}
+
+// etcd over TLS with --client-cert-auth. `shardps certs` material: etcd
+// serves the certificate made for the scheduler host (it names 127.0.0.1),
+// and schedulers show the node certificate as etcd clients; a second,
+// unrelated CA plays the wrong one.
+class EtcdTlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(std::filesystem::temp_directory_path() / absl::StrCat("shardps-etcd-tls-", getpid()));
+    error_ = new std::string();
+    auto ours = WriteClusterCredentials(*dir_ + "/ca", {}, /*mutual=*/true);
+    auto other = WriteClusterCredentials(*dir_ + "/other", {}, /*mutual=*/true);
+    if (!ours.ok() || !other.ok()) {
+      *error_ = absl::StrCat("cannot make certificates: ", ours.status().ToString(), other.status().ToString());
+      return;
+    }
+    auto etcd = TestEtcd::Start({.cert_file = *dir_ + "/ca/scheduler.pem",
+                                 .key_file = *dir_ + "/ca/scheduler.key",
+                                 .client_ca_file = *dir_ + "/ca/ca.pem",
+                                 .client = Client()});
+    if (etcd.ok()) {
+      etcd_ = etcd->release();
+    } else {
+      *error_ = etcd.status().ToString();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete etcd_;
+    etcd_ = nullptr;
+    std::filesystem::remove_all(*dir_);
+  }
+  void SetUp() override { ASSERT_NE(etcd_, nullptr) << "cannot start etcd over TLS: " << *error_; }
+  static const std::string& endpoint() { return etcd_->endpoint(); }
+  // The right CA and a client certificate of it.
+  static EtcdTlsFiles Client() {
+    return {.ca_file = *dir_ + "/ca/ca.pem", .cert_file = *dir_ + "/ca/node.pem", .key_file = *dir_ + "/ca/node.key"};
+  }
+  static std::string Other(const std::string& file) { return *dir_ + "/other/" + file; }
+  // Why an in-process scheduler on etcd with `tls` did not start; empty if
+  // it started.
+  static std::string Refusal(const EtcdTlsFiles& tls, const std::string& test) {
+    SchedulerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.etcd_endpoints = endpoint();
+    options.etcd_prefix = absl::StrCat("/shardps-tls-", getpid(), "/", test);
+    options.etcd_tls = tls;
+    auto daemon = SchedulerDaemon::Create(options);
+    return daemon.ok() ? "" : daemon.status().ToString();
+  }
+  // host:port of the endpoint, as errors name it.
+  static std::string HostPort() { return endpoint().substr(std::string("https://").size()); }
+
+  static TestEtcd* etcd_;
+  static std::string* dir_;
+  static std::string* error_;
+};
+TestEtcd* EtcdTlsTest::etcd_ = nullptr;
+std::string* EtcdTlsTest::dir_ = nullptr;
+std::string* EtcdTlsTest::error_ = nullptr;
+
+TEST_F(EtcdTlsTest, ASchedulerWithTheCaAndAClientCertificateBecomesActiveAndAJobTrains) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST is not installed (tools/setup.sh installs it)";
+  ClusterConfig config = TrainingConfig(SYNC, 1, 1);
+  const std::string dir = *dir_ + "/job";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
+  const EtcdTlsFiles tls = Client();
+  Processes processes;
+  auto scheduler = Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", "127.0.0.1:0", "--config",
+                                       dir + "/cluster.pbtxt", "--etcd", endpoint(), "--etcd-prefix",
+                                       absl::StrCat("/shardps-tls-", getpid(), "/job"), "--etcd-ca", tls.ca_file,
+                                       "--etcd-cert", tls.cert_file, "--etcd-key", tls.key_file, "--port-file",
+                                       dir + "/scheduler.addr"},
+                         true);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  processes.list.push_back(*scheduler);
+  std::vector<ChildProcess> watch = {*scheduler};
+  auto address = WaitForAddressFile(dir + "/scheduler.addr", watch, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(address.ok()) << address.status();
+  absl::StatusOr<StatusResponse> active = absl::UnavailableError("not asked");
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); !active.ok() && absl::Now() < deadline;) {
+    active = StatusOf(*address);
+    if (!active.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(active.ok()) << "the only scheduler on etcd over TLS never became active: " << active.status();
+
+  auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0"},
+                      true);
+  ASSERT_TRUE(server.ok()) << server.status();
+  processes.list.push_back(*server);
+  auto worker = Worker::Create({.scheduler_address = *address, .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::ostringstream log;
+  auto result = RunTrainingWorker(**worker, QuietRun(1, 2000, 500), log);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GT(result->steps, 0);
+  EXPECT_GT(result->test_accuracy, 0.3) << "the job did not learn";
+  // The state went to etcd over the same TLS connection.
+  auto client = EtcdClient::Create(endpoint(), tls);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto state = (*client)->Get(absl::StrCat("/shardps-tls-", getpid(), "/job/state"));
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(state->has_value()) << "the active scheduler saved no state in etcd";
+}
+
+// A scheduler refused names the endpoint (and the request that failed) and
+// the likely cause.
+TEST_F(EtcdTlsTest, ASchedulerWithoutAClientCertificateIsRefusedNamingTheEndpoint) {
+  const std::string refusal = Refusal({.ca_file = Client().ca_file}, "no-client-cert");
+  EXPECT_THAT(refusal, HasSubstr("etcd " + HostPort() + ": granting a lease"));
+  EXPECT_THAT(refusal, HasSubstr("refuses a client without a certificate"));
+}
+
+TEST_F(EtcdTlsTest, ASchedulerThatTrustsAnotherCaIsRefusedNamingTheEndpoint) {
+  EtcdTlsFiles tls = Client();
+  tls.ca_file = Other("ca.pem");
+  const std::string refusal = Refusal(tls, "wrong-ca");
+  EXPECT_THAT(refusal, HasSubstr("etcd " + HostPort() + ": granting a lease"));
+  EXPECT_THAT(refusal, HasSubstr("not signed by --etcd-ca " + tls.ca_file));
+}
+
+TEST_F(EtcdTlsTest, AClientCertificateOfAnotherCaIsRefusedNamingTheEndpoint) {
+  EtcdTlsFiles tls = Client();
+  tls.cert_file = Other("node.pem");
+  tls.key_file = Other("node.key");
+  const std::string refusal = Refusal(tls, "foreign-client-cert");
+  EXPECT_THAT(refusal, HasSubstr("etcd " + HostPort() + ": granting a lease"));
+  EXPECT_THAT(refusal, HasSubstr("refuses --etcd-cert " + tls.cert_file));
+}
+
+// Bad TLS settings are refused before any connection, naming what is wrong.
+TEST_F(EtcdTlsTest, BadTlsSettingsAreRefusedNamingTheFlagAndFile) {
+  struct Case {
+    std::string endpoints;
+    EtcdTlsFiles tls;
+    std::string expected;
+  };
+  const EtcdTlsFiles good = Client();
+  const std::vector<Case> cases = {
+      {"https://127.0.0.1:1,http://127.0.0.1:2", good, "mixes http:// and https://"},
+      {"https://127.0.0.1:1", {}, "need --etcd-ca"},
+      {"http://127.0.0.1:1", good, "need https://"},
+      {"https://127.0.0.1:1", {.ca_file = *dir_ + "/missing.pem"}, "--etcd-ca: " + *dir_ + "/missing.pem does not exist"},
+      {"https://127.0.0.1:1", {.ca_file = good.key_file}, "--etcd-ca " + good.key_file + ": holds no PEM certificate"},
+      {"https://127.0.0.1:1", {.ca_file = good.ca_file, .cert_file = good.cert_file}, "give both or neither"},
+      {"https://127.0.0.1:1",
+       {.ca_file = good.ca_file, .cert_file = good.cert_file, .key_file = Other("node.key")},
+       "--etcd-key " + Other("node.key") + " is not the key of --etcd-cert " + good.cert_file},
+  };
+  for (const Case& c : cases) {
+    auto client = EtcdClient::Create(c.endpoints, c.tls);
+    ASSERT_FALSE(client.ok()) << c.expected;
+    EXPECT_TRUE(absl::IsInvalidArgument(client.status()) || absl::IsNotFound(client.status())) << client.status();
+    EXPECT_THAT(std::string(client.status().message()), HasSubstr(c.expected));
+  }
 }
 
 }  // namespace
