@@ -1,5 +1,6 @@
 #include "scheduler/etcd_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/endpoint.h"
 #include "proto/etcd.grpc.pb.h"
 
@@ -91,6 +93,7 @@ class EtcdClient::Impl {
     std::string address;
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+    std::unique_ptr<etcdserverpb::Watch::Stub> watch;
   };
 
   Impl(std::vector<std::string> addresses, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
@@ -104,7 +107,8 @@ class EtcdClient::Impl {
       // the resolver's default pause between resolutions.
       args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
       auto channel = grpc::CreateCustomChannel(a, credentials, args);
-      endpoints_.push_back({std::move(a), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
+      endpoints_.push_back({std::move(a), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel),
+                            etcdserverpb::Watch::NewStub(channel)});
     }
   }
 
@@ -133,12 +137,62 @@ class EtcdClient::Impl {
     return absl::UnavailableError(absl::StrCat("no etcd endpoint answered (", unreachable, ")"));
   }
 
+  absl::StatusOr<bool> AwaitDeletion(const std::string& key, int64_t from_revision, absl::Duration timeout) {
+    Endpoint& e = endpoints_[current_.load()];
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    {
+      absl::MutexLock lock(&watch_mu_);
+      if (waits_cancelled_) return false;
+      watches_.push_back(&ctx);
+    }
+    absl::StatusOr<bool> deleted = Watch(e, ctx, key, from_revision);
+    absl::MutexLock lock(&watch_mu_);
+    watches_.erase(std::find(watches_.begin(), watches_.end(), &ctx));
+    return deleted;
+  }
+
+  void CancelWaits() {
+    absl::MutexLock lock(&watch_mu_);
+    waits_cancelled_ = true;
+    for (grpc::ClientContext* ctx : watches_) ctx->TryCancel();
+  }
+
  private:
+  // One watch of `key` from `from_revision` until a deletion, the deadline
+  // or a cancel.
+  absl::StatusOr<bool> Watch(Endpoint& e, grpc::ClientContext& ctx, const std::string& key, int64_t from_revision) {
+    auto stream = e.watch->Watch(&ctx);
+    etcdserverpb::WatchRequest request;
+    request.mutable_create_request()->set_key(key);
+    request.mutable_create_request()->set_start_revision(from_revision);
+    bool deleted = false;
+    etcdserverpb::WatchResponse response;
+    if (stream->Write(request)) {
+      while (!deleted && stream->Read(&response)) {
+        deleted = response.canceled() || response.compact_revision() != 0;
+        for (const etcdserverpb::Event& event : response.events()) deleted |= event.type() == etcdserverpb::Event::DELETE;
+      }
+    }
+    ctx.TryCancel();  // a finished watch's stream is cancelled: its status says nothing
+    grpc::Status s = stream->Finish();
+    if (deleted) return true;
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || s.error_code() == grpc::StatusCode::CANCELLED) {
+      return false;
+    }
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("etcd ", e.address, ": watching ", key, ": ", s.error_message(),
+                                     ConnectionHint(https_, tls_, s.error_message())));
+  }
+
   const absl::Duration timeout_;
   const bool https_;
   const EtcdTlsFiles tls_;  // for errors
   std::vector<Endpoint> endpoints_;
   std::atomic<size_t> current_{0};
+  absl::Mutex watch_mu_;
+  bool waits_cancelled_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::vector<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(watch_mu_);  // in progress
 };
 
 EtcdClient::EtcdClient(std::string endpoints, std::unique_ptr<Impl> impl)
@@ -213,7 +267,7 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& k
   if (!s.ok()) return s;
   if (response.kvs_size() == 0) return std::nullopt;
   const etcdserverpb::KeyValue& kv = response.kvs(0);
-  return EtcdKeyValue{kv.value(), kv.create_revision(), kv.lease()};
+  return EtcdKeyValue{kv.value(), kv.create_revision(), kv.lease(), response.header().revision()};
 }
 
 absl::StatusOr<EtcdKeyValue> EtcdClient::CreateIfAbsent(const std::string& key, const std::string& value,
@@ -232,10 +286,11 @@ absl::StatusOr<EtcdKeyValue> EtcdClient::CreateIfAbsent(const std::string& key, 
   if (!s.ok()) return s;
   *created = response.succeeded();
   // A transaction is one revision: the key created by it has that revision.
-  if (response.succeeded()) return EtcdKeyValue{value, response.header().revision(), lease};
+  const int64_t revision = response.header().revision();
+  if (response.succeeded()) return EtcdKeyValue{value, revision, lease, revision};
   const auto& kvs = response.responses(0).response_range().kvs();
   if (kvs.empty()) return absl::UnavailableError(absl::StrCat("etcd: ", key, " vanished while being read; try again"));
-  return EtcdKeyValue{kvs[0].value(), kvs[0].create_revision(), kvs[0].lease()};
+  return EtcdKeyValue{kvs[0].value(), kvs[0].create_revision(), kvs[0].lease(), revision};
 }
 
 absl::Status EtcdClient::PutIfGuarded(const std::string& key, const std::string& value, const std::string& guard_key,
@@ -256,6 +311,13 @@ absl::Status EtcdClient::PutIfGuarded(const std::string& key, const std::string&
   }
   return absl::OkStatus();
 }
+
+absl::StatusOr<bool> EtcdClient::AwaitDeletion(const std::string& key, int64_t from_revision,
+                                               absl::Duration timeout) {
+  return impl_->AwaitDeletion(key, from_revision, timeout);
+}
+
+void EtcdClient::CancelWaits() { impl_->CancelWaits(); }
 
 absl::Status EtcdClient::Put(const std::string& key, const std::string& value) {
   etcdserverpb::PutRequest request;

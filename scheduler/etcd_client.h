@@ -26,6 +26,7 @@ struct EtcdKeyValue {
   std::string value;
   int64_t create_revision = 0;  // distinct for every creation of the key
   int64_t lease = 0;            // 0: none
+  int64_t read_revision = 0;    // the store's revision when this was read
 };
 
 class EtcdClient {
@@ -63,6 +64,15 @@ class EtcdClient {
                             int64_t guard_revision);
   // Unconditional put (tests, tools).
   absl::Status Put(const std::string& key, const std::string& value);
+
+  // Waits, over one etcd watch stream on the endpoint that last answered,
+  // until `key` is deleted (e.g. its lease expired or was revoked) at a
+  // revision >= `from_revision`: true then, and also when etcd compacted
+  // `from_revision` away (look again). False once `timeout` has passed or
+  // CancelWaits() was called. Errors name the endpoint.
+  absl::StatusOr<bool> AwaitDeletion(const std::string& key, int64_t from_revision, absl::Duration timeout);
+  // Makes every AwaitDeletion, in progress or to come, return false at once.
+  void CancelWaits();
 
  private:
   class Impl;

@@ -62,7 +62,26 @@ absl::StatusOr<bool> EtcdElection::Campaign(std::string* active) {
     return true;
   }
   *active = leader->value;
+  seen_revision_ = leader->read_revision;
   return false;
+}
+
+absl::StatusOr<bool> EtcdElection::AwaitLeaderGone(absl::Duration timeout) {
+  int64_t seen = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    seen = seen_revision_;
+  }
+  if (seen == 0) return true;  // no lost campaign yet: campaign first
+  // Held at `seen`: any deletion comes at a later revision.
+  return client_->AwaitDeletion(leader_key_, seen + 1, timeout);
+}
+
+void EtcdElection::CancelWaits() { client_->CancelWaits(); }
+
+absl::Duration EtcdElection::UntilRenewal() {
+  absl::MutexLock lock(&mu_);
+  return std::max(absl::ZeroDuration(), renewed_ + ttl_ / 3 - absl::Now());
 }
 
 absl::Status EtcdElection::KeepAlive() {

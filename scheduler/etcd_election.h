@@ -55,6 +55,14 @@ class EtcdElection {
   // exists). True once this scheduler holds it; false with `*active` set to
   // the holder's address.
   absl::StatusOr<bool> Campaign(std::string* active);
+  // A standby, after a lost Campaign: watches P/leader (an etcd watch, not
+  // polling) until it is deleted, so the next Campaign can win at once.
+  // True then; false after `timeout` or once CancelWaits() was called.
+  absl::StatusOr<bool> AwaitLeaderGone(absl::Duration timeout);
+  // Ends AwaitLeaderGone, in progress or to come (the election is stopping).
+  void CancelWaits();
+  // How long until KeepAlive next renews the lease (zero: due now).
+  absl::Duration UntilRenewal();
   // Renews the lease when a third of its TTL has passed since the last
   // renewal. The active scheduler gets FailedPrecondition once its lease is
   // lost (etcd says it expired, or no renewal succeeded for a whole TTL):
@@ -81,6 +89,8 @@ class EtcdElection {
   // Written once, by the Campaign that wins; read by StoreState without mu_
   // (a state write never waits behind a lease renewal).
   std::atomic<int64_t> leader_revision_{0};        // P/leader's create revision once won; 0 before
+  // The store's revision when the last lost Campaign saw P/leader held.
+  int64_t seen_revision_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardps

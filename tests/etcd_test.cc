@@ -47,6 +47,10 @@ class EtcdTest : public ::testing::Test {
   static const std::string& endpoint() { return etcd_->endpoint(); }
   // A key prefix no other test uses.
   static std::string Prefix(const std::string& test) { return absl::StrCat("/shardps-test-", getpid(), "/", test); }
+  // An election on `prefix` for a scheduler at `address`, with a 2 s lease.
+  static absl::StatusOr<std::unique_ptr<EtcdElection>> Rival(const std::string& prefix, const std::string& address) {
+    return EtcdElection::Create({.endpoints = endpoint(), .prefix = prefix, .address = address, .ttl = absl::Seconds(2)});
+  }
 
   static TestEtcd* etcd_;
   static std::string* error_;
@@ -63,8 +67,8 @@ absl::StatusOr<StatusResponse> StatusOfDaemon(SchedulerDaemon& daemon) {
 
 TEST_F(EtcdTest, ADeposedSchedulersStateWriteIsRefusedAndItsSuccessorsStateStands) {
   const std::string prefix = Prefix("fence");
-  auto a = EtcdElection::Create({.endpoints = endpoint(), .prefix = prefix, .address = "a:1", .ttl = absl::Seconds(2)});
-  auto b = EtcdElection::Create({.endpoints = endpoint(), .prefix = prefix, .address = "b:2", .ttl = absl::Seconds(2)});
+  auto a = Rival(prefix, "a:1");
+  auto b = Rival(prefix, "b:2");
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   std::string active;
@@ -93,6 +97,30 @@ TEST_F(EtcdTest, ADeposedSchedulersStateWriteIsRefusedAndItsSuccessorsStateStand
   EXPECT_EQ(*saved, "b's state");
   absl::Status renewed = (*a)->KeepAlive();
   EXPECT_TRUE(absl::IsFailedPrecondition(renewed)) << "a deposed scheduler must learn it lost its lease: " << renewed;
+}
+
+TEST_F(EtcdTest, AStandbyWatchingTheLeaderKeyWakesWhenTheActiveOnesLeaseGoes) {
+  const std::string prefix = Prefix("watch");
+  auto a = Rival(prefix, "a:1");
+  auto b = Rival(prefix, "b:2");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::string active;
+  ASSERT_TRUE(*(*a)->Campaign(&active));
+  ASSERT_FALSE(*(*b)->Campaign(&active));
+  absl::StatusOr<bool> held = (*b)->AwaitLeaderGone(absl::Milliseconds(300));
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_FALSE(*held) << "the watch reported a leader key that is still held as gone";
+
+  // `a` hands its lease back (as on SIGTERM) while `b` watches with a
+  // deadline far beyond: only the deletion can end the wait with true.
+  absl::StatusOr<bool> gone = false;
+  std::thread watcher([&] { gone = (*b)->AwaitLeaderGone(absl::Seconds(60)); });
+  a->reset();
+  watcher.join();
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(*gone) << "the watch missed the leader key's deletion";
+  EXPECT_TRUE(*(*b)->Campaign(&active)) << "the standby lost the campaign after the leader key went";
 }
 
 TEST_F(EtcdTest, ASchedulerRefusesACorruptStateNamingTheKey) {
@@ -254,6 +282,17 @@ TEST_F(EtcdTest, TheStandbyTakesOverFromAKilledSchedulerAndTheJobEndsWithTheFaul
   EXPECT_GE(steps, 15) << "training did not reach step 15";
   auto before = StatusOf(*first);
   ASSERT_TRUE(before.ok()) << before.status();
+  // When the killed scheduler's leader key goes (its lease expires), seen on
+  // a watch of our own: the standby's share of the takeover starts there.
+  auto watcher_client = EtcdClient::Create(endpoint());
+  ASSERT_TRUE(watcher_client.ok()) << watcher_client.status();
+  auto leader = (*watcher_client)->Get(prefix + "/leader");
+  ASSERT_TRUE(leader.ok() && leader->has_value()) << leader.status();
+  absl::Time key_gone = absl::InfinitePast();
+  std::thread key_watcher([&] {
+    auto gone = (*watcher_client)->AwaitDeletion(prefix + "/leader", (*leader)->read_revision + 1, absl::Seconds(30));
+    if (gone.ok() && *gone) key_gone = absl::Now();
+  });
   Kill(processes.list[0]);
   const absl::Time killed = absl::Now();
   absl::StatusOr<StatusResponse> after = absl::UnavailableError("not asked");
@@ -261,9 +300,12 @@ TEST_F(EtcdTest, TheStandbyTakesOverFromAKilledSchedulerAndTheJobEndsWithTheFaul
     after = StatusOf(*second);
     if (!after.ok()) absl::SleepFor(absl::Milliseconds(20));
   }
+  const absl::Time served = absl::Now();
+  key_watcher.join();
   ASSERT_TRUE(after.ok()) << "the standby did not take over: " << after.status();
-  std::cout << "takeover: the standby served " << absl::ToDoubleSeconds(absl::Now() - killed)
-            << " s after the active scheduler's SIGKILL (lease TTL 2 s)\n";
+  std::cout << "takeover: the standby served " << absl::ToDoubleSeconds(served - killed)
+            << " s after the active scheduler's SIGKILL (lease TTL 2 s), "
+            << absl::ToDoubleSeconds(served - key_gone) * 1000 << " ms after its leader key went\n";
   EXPECT_EQ(after->shard_map().epoch(), before->shard_map().epoch());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(after->shard_map(), before->shard_map()))
       << "the standby took over another map";
@@ -342,7 +384,7 @@ TestEtcd* EtcdTlsTest::etcd_ = nullptr;
 std::string* EtcdTlsTest::dir_ = nullptr;
 std::string* EtcdTlsTest::error_ = nullptr;
 
-TEST_F(EtcdTlsTest, ASchedulerWithTheCaAndAClientCertificateBecomesActiveAndAJobTrains) {
+TEST_F(EtcdTlsTest, ASchedulerWithTheCaAndAClientCertificateServesAJobAndAStandbyTakesOver) {
   if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST is not installed (tools/setup.sh installs it)";
   ClusterConfig config = TrainingConfig(SYNC, 1, 1);
   const std::string dir = *dir_ + "/job";
@@ -350,12 +392,15 @@ TEST_F(EtcdTlsTest, ASchedulerWithTheCaAndAClientCertificateBecomesActiveAndAJob
   std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
   const EtcdTlsFiles tls = Client();
   Processes processes;
-  auto scheduler = Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", "127.0.0.1:0", "--config",
-                                       dir + "/cluster.pbtxt", "--etcd", endpoint(), "--etcd-prefix",
-                                       absl::StrCat("/shardps-tls-", getpid(), "/job"), "--etcd-ca", tls.ca_file,
-                                       "--etcd-cert", tls.cert_file, "--etcd-key", tls.key_file, "--port-file",
-                                       dir + "/scheduler.addr"},
-                         true);
+  // A scheduler process on the TLS etcd, serving once `port_file` exists.
+  auto start_scheduler = [&](const std::string& port_file) {
+    return Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", "127.0.0.1:0", "--config",
+                               dir + "/cluster.pbtxt", "--etcd", endpoint(), "--etcd-prefix",
+                               absl::StrCat("/shardps-tls-", getpid(), "/job"), "--etcd-ca", tls.ca_file, "--etcd-cert",
+                               tls.cert_file, "--etcd-key", tls.key_file, "--port-file", port_file},
+                 true);
+  };
+  auto scheduler = start_scheduler(dir + "/scheduler.addr");
   ASSERT_TRUE(scheduler.ok()) << scheduler.status();
   processes.list.push_back(*scheduler);
   std::vector<ChildProcess> watch = {*scheduler};
@@ -385,6 +430,24 @@ TEST_F(EtcdTlsTest, ASchedulerWithTheCaAndAClientCertificateBecomesActiveAndAJob
   auto state = (*client)->Get(absl::StrCat("/shardps-tls-", getpid(), "/job/state"));
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_TRUE(state->has_value()) << "the active scheduler saved no state in etcd";
+
+  // A standby on the same etcd watches the leader key over TLS and takes over
+  // once the active scheduler stops (SIGTERM hands its lease back).
+  auto standby = start_scheduler(dir + "/standby.addr");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  processes.list.push_back(*standby);
+  watch = {*standby};
+  auto standby_address = WaitForAddressFile(dir + "/standby.addr", watch, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(standby_address.ok()) << standby_address.status();
+  EXPECT_TRUE(absl::IsUnavailable(StatusOf(*standby_address).status())) << "a second scheduler is not a standby";
+  Stop(processes.list[0], absl::Seconds(5));
+  absl::StatusOr<StatusResponse> took_over = absl::UnavailableError("not asked");
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30); !took_over.ok() && absl::Now() < deadline;) {
+    took_over = StatusOf(*standby_address);
+    if (!took_over.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(took_over.ok()) << "the standby never took over: " << took_over.status();
+  EXPECT_EQ(took_over->nodes_size(), 2) << "the standby did not resume the cluster saved over TLS";
 }
 
 // A scheduler refused names the endpoint (and the request that failed) and
