@@ -167,16 +167,19 @@ class EtcdClient::Impl {
     request.mutable_create_request()->set_key(key);
     request.mutable_create_request()->set_start_revision(from_revision);
     bool deleted = false;
+    std::string refused;  // why etcd cancelled the watch, other than a compaction
     etcdserverpb::WatchResponse response;
     if (stream->Write(request)) {
-      while (!deleted && stream->Read(&response)) {
-        deleted = response.canceled() || response.compact_revision() != 0;
+      while (!deleted && refused.empty() && stream->Read(&response)) {
+        deleted = response.compact_revision() != 0;
+        if (response.canceled() && !deleted) refused = absl::StrCat("etcd cancelled the watch: ", response.cancel_reason());
         for (const etcdserverpb::Event& event : response.events()) deleted |= event.type() == etcdserverpb::Event::DELETE;
       }
     }
     ctx.TryCancel();  // a finished watch's stream is cancelled: its status says nothing
     grpc::Status s = stream->Finish();
     if (deleted) return true;
+    if (!refused.empty()) return absl::UnavailableError(absl::StrCat("etcd ", e.address, ": watching ", key, ": ", refused));
     if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || s.error_code() == grpc::StatusCode::CANCELLED) {
       return false;
     }

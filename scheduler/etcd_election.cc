@@ -1,5 +1,7 @@
 #include "scheduler/etcd_election.h"
 
+#include <algorithm>
+
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
