@@ -1,6 +1,8 @@
 #include "scheduler/etcd_client.h"
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -8,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/endpoint.h"
 #include "proto/etcd.grpc.pb.h"
 
@@ -16,16 +19,61 @@ namespace {
 
 using etcdserverpb::Compare;
 
-// "http://host:port" (or "host:port") -> "host:port".
-absl::StatusOr<std::string> ParseEndpoint(absl::string_view url) {
+struct ParsedEndpoint {
+  std::string address;  // host:port
+  bool tls = false;     // https://
+};
+
+// "http://host:port", "https://host:port" or "host:port" (plain).
+absl::StatusOr<ParsedEndpoint> ParseEndpoint(absl::string_view url) {
   absl::string_view hostport = url;
-  if (absl::StartsWith(hostport, "https://")) {
-    return absl::InvalidArgumentError(absl::StrCat("--etcd ", url, ": TLS to etcd is not supported; use http://"));
-  }
-  absl::ConsumePrefix(&hostport, "http://");
+  ParsedEndpoint parsed;
+  parsed.tls = absl::ConsumePrefix(&hostport, "https://");
+  if (!parsed.tls) absl::ConsumePrefix(&hostport, "http://");
   absl::ConsumeSuffix(&hostport, "/");
   if (auto e = ParseHostPort(hostport, "--etcd endpoint"); !e.ok()) return e.status();
-  return std::string(hostport);
+  parsed.address = std::string(hostport);
+  return parsed;
+}
+
+// Plain for http:// endpoints; TLS with the files' CA (and client
+// certificate) for https:// ones. Errors name `endpoints` and what is wrong.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const std::string& endpoints, bool tls,
+                                                                             const EtcdTlsFiles& files) {
+  if (!tls) {
+    if (files.empty()) return grpc::InsecureChannelCredentials();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--etcd ", endpoints, ": --etcd-ca, --etcd-cert and --etcd-key need https:// endpoints"));
+  }
+  if (files.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--etcd ", endpoints, ": https:// endpoints need --etcd-ca, the CA that signed etcd's certificate"));
+  }
+  auto pem = LoadEtcdTls(files);
+  if (!pem.ok()) return absl::Status(pem.status().code(), absl::StrCat("--etcd ", endpoints, ": ", pem.status().message()));
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = pem->ca;
+  options.pem_cert_chain = pem->cert;
+  options.pem_private_key = pem->key;
+  return grpc::SslCredentials(options);
+}
+
+// What a failed connection most likely means, appended to its error: gRPC
+// reports etcd's refusal of a client certificate only as a failed read.
+std::string ConnectionHint(bool https, const EtcdTlsFiles& tls, absl::string_view error) {
+  if (!https) {
+    return absl::StrContains(error, "Socket closed") ? " (if etcd serves TLS, give https:// and --etcd-ca)" : "";
+  }
+  if (absl::StrContains(error, "certificate verify failed")) {
+    return absl::StrCat(" (etcd's certificate is not signed by --etcd-ca ", tls.ca_file, ")");
+  }
+  if (!absl::StrContains(error, "Endpoint read failed")) return "";
+  if (tls.cert_file.empty()) {
+    return " (etcd closed the TLS connection: with --client-cert-auth it refuses a client without a certificate; "
+           "give --etcd-cert and --etcd-key)";
+  }
+  return absl::StrCat(" (etcd closed the TLS connection: with --client-cert-auth it refuses --etcd-cert ",
+                      tls.cert_file, " unless its --trusted-ca-file signed it)");
 }
 
 Compare LeaderCompare(const std::string& key, int64_t create_revision) {
@@ -45,9 +93,12 @@ class EtcdClient::Impl {
     std::string address;
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+    std::unique_ptr<etcdserverpb::Watch::Stub> watch;
   };
 
-  Impl(std::vector<std::string> addresses, absl::Duration timeout) : timeout_(timeout) {
+  Impl(std::vector<std::string> addresses, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+       bool https, EtcdTlsFiles tls, absl::Duration timeout)
+      : timeout_(timeout), https_(https), tls_(std::move(tls)) {
     for (std::string& a : addresses) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -55,8 +106,9 @@ class EtcdClient::Impl {
       // A member that was down is found again within a second, not after
       // the resolver's default pause between resolutions.
       args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
-      auto channel = grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args);
-      endpoints_.push_back({std::move(a), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel)});
+      auto channel = grpc::CreateCustomChannel(a, credentials, args);
+      endpoints_.push_back({std::move(a), etcdserverpb::KV::NewStub(channel), etcdserverpb::Lease::NewStub(channel),
+                            etcdserverpb::Watch::NewStub(channel)});
     }
   }
 
@@ -79,32 +131,96 @@ class EtcdClient::Impl {
       if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         return absl::Status(static_cast<absl::StatusCode>(s.error_code()), error);
       }
-      absl::StrAppend(&unreachable, unreachable.empty() ? "" : "; ", error);
+      absl::StrAppend(&unreachable, unreachable.empty() ? "" : "; ", error,
+                      ConnectionHint(https_, tls_, s.error_message()));
     }
     return absl::UnavailableError(absl::StrCat("no etcd endpoint answered (", unreachable, ")"));
   }
 
+  absl::StatusOr<bool> AwaitDeletion(const std::string& key, int64_t from_revision, absl::Duration timeout) {
+    Endpoint& e = endpoints_[current_.load()];
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    {
+      absl::MutexLock lock(&watch_mu_);
+      if (waits_cancelled_) return false;
+      watches_.push_back(&ctx);
+    }
+    absl::StatusOr<bool> deleted = Watch(e, ctx, key, from_revision);
+    absl::MutexLock lock(&watch_mu_);
+    watches_.erase(std::find(watches_.begin(), watches_.end(), &ctx));
+    return deleted;
+  }
+
+  void CancelWaits() {
+    absl::MutexLock lock(&watch_mu_);
+    waits_cancelled_ = true;
+    for (grpc::ClientContext* ctx : watches_) ctx->TryCancel();
+  }
+
  private:
+  // One watch of `key` from `from_revision` until a deletion, the deadline
+  // or a cancel.
+  absl::StatusOr<bool> Watch(Endpoint& e, grpc::ClientContext& ctx, const std::string& key, int64_t from_revision) {
+    auto stream = e.watch->Watch(&ctx);
+    etcdserverpb::WatchRequest request;
+    request.mutable_create_request()->set_key(key);
+    request.mutable_create_request()->set_start_revision(from_revision);
+    bool deleted = false;
+    std::string refused;  // why etcd cancelled the watch, other than a compaction
+    etcdserverpb::WatchResponse response;
+    if (stream->Write(request)) {
+      while (!deleted && refused.empty() && stream->Read(&response)) {
+        deleted = response.compact_revision() != 0;
+        if (response.canceled() && !deleted) refused = absl::StrCat("etcd cancelled the watch: ", response.cancel_reason());
+        for (const etcdserverpb::Event& event : response.events()) deleted |= event.type() == etcdserverpb::Event::DELETE;
+      }
+    }
+    ctx.TryCancel();  // a finished watch's stream is cancelled: its status says nothing
+    grpc::Status s = stream->Finish();
+    if (deleted) return true;
+    if (!refused.empty()) return absl::UnavailableError(absl::StrCat("etcd ", e.address, ": watching ", key, ": ", refused));
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || s.error_code() == grpc::StatusCode::CANCELLED) {
+      return false;
+    }
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("etcd ", e.address, ": watching ", key, ": ", s.error_message(),
+                                     ConnectionHint(https_, tls_, s.error_message())));
+  }
+
   const absl::Duration timeout_;
+  const bool https_;
+  const EtcdTlsFiles tls_;  // for errors
   std::vector<Endpoint> endpoints_;
   std::atomic<size_t> current_{0};
+  absl::Mutex watch_mu_;
+  bool waits_cancelled_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::vector<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(watch_mu_);  // in progress
 };
 
 EtcdClient::EtcdClient(std::string endpoints, std::unique_ptr<Impl> impl)
     : endpoints_(std::move(endpoints)), impl_(std::move(impl)) {}
 EtcdClient::~EtcdClient() = default;
 
-absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::string& endpoints,
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::string& endpoints, const EtcdTlsFiles& tls,
                                                               absl::Duration call_timeout) {
   std::vector<std::string> addresses;
+  std::optional<bool> https;  // the scheme of the first endpoint
   for (absl::string_view url : absl::StrSplit(endpoints, ',', absl::SkipWhitespace())) {
-    auto address = ParseEndpoint(url);
-    if (!address.ok()) return address.status();
-    addresses.push_back(*std::move(address));
+    auto parsed = ParseEndpoint(url);
+    if (!parsed.ok()) return parsed.status();
+    if (https.has_value() && *https != parsed->tls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--etcd ", endpoints, ": mixes http:// and https:// endpoints; give every member with the scheme it serves"));
+    }
+    https = parsed->tls;
+    addresses.push_back(std::move(parsed->address));
   }
   if (addresses.empty()) return absl::InvalidArgumentError("--etcd: no endpoint given (http://HOST:PORT[,...])");
+  auto credentials = ChannelCredentials(endpoints, *https, tls);
+  if (!credentials.ok()) return credentials.status();
   return std::unique_ptr<EtcdClient>(
-      new EtcdClient(endpoints, std::make_unique<Impl>(std::move(addresses), call_timeout)));
+      new EtcdClient(endpoints, std::make_unique<Impl>(std::move(addresses), *credentials, *https, tls, call_timeout)));
 }
 
 absl::StatusOr<std::pair<int64_t, absl::Duration>> EtcdClient::GrantLease(absl::Duration ttl) {
@@ -154,7 +270,7 @@ absl::StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& k
   if (!s.ok()) return s;
   if (response.kvs_size() == 0) return std::nullopt;
   const etcdserverpb::KeyValue& kv = response.kvs(0);
-  return EtcdKeyValue{kv.value(), kv.create_revision(), kv.lease()};
+  return EtcdKeyValue{kv.value(), kv.create_revision(), kv.lease(), response.header().revision()};
 }
 
 absl::StatusOr<EtcdKeyValue> EtcdClient::CreateIfAbsent(const std::string& key, const std::string& value,
@@ -173,10 +289,11 @@ absl::StatusOr<EtcdKeyValue> EtcdClient::CreateIfAbsent(const std::string& key, 
   if (!s.ok()) return s;
   *created = response.succeeded();
   // A transaction is one revision: the key created by it has that revision.
-  if (response.succeeded()) return EtcdKeyValue{value, response.header().revision(), lease};
+  const int64_t revision = response.header().revision();
+  if (response.succeeded()) return EtcdKeyValue{value, revision, lease, revision};
   const auto& kvs = response.responses(0).response_range().kvs();
   if (kvs.empty()) return absl::UnavailableError(absl::StrCat("etcd: ", key, " vanished while being read; try again"));
-  return EtcdKeyValue{kvs[0].value(), kvs[0].create_revision(), kvs[0].lease()};
+  return EtcdKeyValue{kvs[0].value(), kvs[0].create_revision(), kvs[0].lease(), revision};
 }
 
 absl::Status EtcdClient::PutIfGuarded(const std::string& key, const std::string& value, const std::string& guard_key,
@@ -197,6 +314,13 @@ absl::Status EtcdClient::PutIfGuarded(const std::string& key, const std::string&
   }
   return absl::OkStatus();
 }
+
+absl::StatusOr<bool> EtcdClient::AwaitDeletion(const std::string& key, int64_t from_revision,
+                                               absl::Duration timeout) {
+  return impl_->AwaitDeletion(key, from_revision, timeout);
+}
+
+void EtcdClient::CancelWaits() { impl_->CancelWaits(); }
 
 absl::Status EtcdClient::Put(const std::string& key, const std::string& value) {
   etcdserverpb::PutRequest request;

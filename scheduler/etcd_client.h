@@ -5,6 +5,8 @@
 // Every call has a deadline (`call_timeout` per endpoint) and errors name the
 // endpoint and what was asked. With several endpoints a call that finds one
 // unreachable tries the next; the one that last answered is tried first.
+// Over TLS (https:// endpoints, scheduler/etcd_tls.h) a failed handshake is
+// reported like an unreachable endpoint, naming it and what TLS said.
 // Thread-safe.
 #ifndef SHARDPS_SCHEDULER_ETCD_CLIENT_H_
 #define SHARDPS_SCHEDULER_ETCD_CLIENT_H_
@@ -16,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "scheduler/etcd_tls.h"
 
 namespace shardps {
 
@@ -23,13 +26,18 @@ struct EtcdKeyValue {
   std::string value;
   int64_t create_revision = 0;  // distinct for every creation of the key
   int64_t lease = 0;            // 0: none
+  int64_t read_revision = 0;    // the store's revision when this was read
 };
 
 class EtcdClient {
  public:
-  // `endpoints`: "http://HOST:PORT[,http://HOST:PORT...]" (etcd's client
-  // URLs; TLS endpoints are refused). Does not connect yet.
+  // `endpoints`: "http://HOST:PORT[,...]" or "https://HOST:PORT[,...]"
+  // (etcd's client URLs; one scheme for all). https:// needs `tls.ca_file`
+  // and checks that etcd's certificate names HOST; http:// refuses `tls`.
+  // Reads the TLS files but does not connect yet. Errors name the endpoint
+  // or the flag and file.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const std::string& endpoints,
+                                                            const EtcdTlsFiles& tls = {},
                                                             absl::Duration call_timeout = absl::Seconds(2));
   ~EtcdClient();
 
@@ -56,6 +64,15 @@ class EtcdClient {
                             int64_t guard_revision);
   // Unconditional put (tests, tools).
   absl::Status Put(const std::string& key, const std::string& value);
+
+  // Waits, over one etcd watch stream on the endpoint that last answered,
+  // until `key` is deleted (e.g. its lease expired or was revoked) at a
+  // revision >= `from_revision`: true then, and also when etcd compacted
+  // `from_revision` away (look again). False once `timeout` has passed or
+  // CancelWaits() was called. Errors name the endpoint.
+  absl::StatusOr<bool> AwaitDeletion(const std::string& key, int64_t from_revision, absl::Duration timeout);
+  // Makes every AwaitDeletion, in progress or to come, return false at once.
+  void CancelWaits();
 
  private:
   class Impl;

@@ -1,5 +1,7 @@
 #include "scheduler/etcd_election.h"
 
+#include <algorithm>
+
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
@@ -12,7 +14,7 @@ absl::StatusOr<std::unique_ptr<EtcdElection>> EtcdElection::Create(const Options
     return absl::InvalidArgumentError(absl::StrCat("--etcd-prefix '", options.prefix,
                                                    "': give a non-empty prefix without a trailing '/'"));
   }
-  auto client = EtcdClient::Create(options.endpoints);
+  auto client = EtcdClient::Create(options.endpoints, options.tls);
   if (!client.ok()) return client.status();
   auto election = std::unique_ptr<EtcdElection>(new EtcdElection(options, *std::move(client)));
   absl::MutexLock lock(&election->mu_);
@@ -62,7 +64,26 @@ absl::StatusOr<bool> EtcdElection::Campaign(std::string* active) {
     return true;
   }
   *active = leader->value;
+  seen_revision_ = leader->read_revision;
   return false;
+}
+
+absl::StatusOr<bool> EtcdElection::AwaitLeaderGone(absl::Duration timeout) {
+  int64_t seen = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    seen = seen_revision_;
+  }
+  if (seen == 0) return true;  // no lost campaign yet: campaign first
+  // Held at `seen`: any deletion comes at a later revision.
+  return client_->AwaitDeletion(leader_key_, seen + 1, timeout);
+}
+
+void EtcdElection::CancelWaits() { client_->CancelWaits(); }
+
+absl::Duration EtcdElection::UntilRenewal() {
+  absl::MutexLock lock(&mu_);
+  return std::max(absl::ZeroDuration(), renewed_ + ttl_ / 3 - absl::Now());
 }
 
 absl::Status EtcdElection::KeepAlive() {

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "scheduler/etcd_tls.h"
 
 namespace shardps {
 
@@ -30,7 +31,8 @@ class EtcdClient;
 class EtcdElection {
  public:
   struct Options {
-    std::string endpoints;  // "http://HOST:PORT[,...]"
+    std::string endpoints;  // "http://HOST:PORT[,...]" or "https://HOST:PORT[,...]"
+    EtcdTlsFiles tls{};     // for https:// endpoints (scheduler/etcd_tls.h)
     std::string prefix;     // the keys are prefix + "/leader" and prefix + "/state"
     std::string address;    // this scheduler's advertised host:port (P/leader's value)
     // Lease TTL: how long after a SIGKILL P/leader vanishes. Default 10 s
@@ -53,6 +55,14 @@ class EtcdElection {
   // exists). True once this scheduler holds it; false with `*active` set to
   // the holder's address.
   absl::StatusOr<bool> Campaign(std::string* active);
+  // A standby, after a lost Campaign: watches P/leader (an etcd watch, not
+  // polling) until it is deleted, so the next Campaign can win at once.
+  // True then; false after `timeout` or once CancelWaits() was called.
+  absl::StatusOr<bool> AwaitLeaderGone(absl::Duration timeout);
+  // Ends AwaitLeaderGone, in progress or to come (the election is stopping).
+  void CancelWaits();
+  // How long until KeepAlive next renews the lease (zero: due now).
+  absl::Duration UntilRenewal();
   // Renews the lease when a third of its TTL has passed since the last
   // renewal. The active scheduler gets FailedPrecondition once its lease is
   // lost (etcd says it expired, or no renewal succeeded for a whole TTL):
@@ -79,6 +89,8 @@ class EtcdElection {
   // Written once, by the Campaign that wins; read by StoreState without mu_
   // (a state write never waits behind a lease renewal).
   std::atomic<int64_t> leader_revision_{0};        // P/leader's create revision once won; 0 before
+  // The store's revision when the last lost Campaign saw P/leader held.
+  int64_t seen_revision_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardps

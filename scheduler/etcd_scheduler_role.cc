@@ -1,5 +1,7 @@
 #include "scheduler/etcd_scheduler_role.h"
 
+#include <algorithm>
+
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,7 @@ void EtcdSchedulerRole::Stop() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  election_->CancelWaits();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -43,13 +46,14 @@ void EtcdSchedulerRole::Loop() {
   while (!done()) {
     mu_.Unlock();
     absl::Status s = Step();
+    const bool watched = s.ok() && !active_ && AwaitLeaderGone();
     mu_.Lock();
     if (!s.ok() && absl::IsUnavailable(s)) {
       LOG_EVERY_N(WARNING, 20) << "scheduler: etcd: " << s << " [" << google::COUNTER << " so far]";
     } else if (!s.ok() && failure_.ok()) {
       failure_ = s;
     }
-    mu_.AwaitWithTimeout(absl::Condition(&done), election_->poll_period());
+    if (!watched) mu_.AwaitWithTimeout(absl::Condition(&done), election_->poll_period());
   }
   if (stop_) return;
   LOG(ERROR) << "scheduler at " << address_ << ": " << failure_ << "; it stops serving";
@@ -57,6 +61,16 @@ void EtcdSchedulerRole::Loop() {
   mu_.Unlock();
   hooks_.stop_serving();
   mu_.Lock();
+}
+
+// A standby waits on an etcd watch until the active scheduler's leader key
+// goes, or its own lease renewal falls due, or Stop(). False when the watch
+// failed: the loop then polls.
+bool EtcdSchedulerRole::AwaitLeaderGone() {
+  auto gone = election_->AwaitLeaderGone(std::max(election_->UntilRenewal(), election_->poll_period()));
+  if (gone.ok()) return true;
+  LOG_EVERY_N(WARNING, 20) << "scheduler: etcd: " << gone.status() << "; polling instead";
+  return false;
 }
 
 // Unavailable: try again at the next round (a standby's every error is);

@@ -1,5 +1,7 @@
 // What a scheduler started with --etcd does besides serving: as a standby it
-// campaigns every poll period; once it wins it loads the state from etcd and
+// campaigns, then watches the leader key (an etcd watch) and campaigns again
+// as soon as the key is deleted (falling back to campaigning every poll
+// period while the watch fails); once it wins it loads the state from etcd and
 // hands it to the daemon; while active it renews its lease; and when it
 // loses the lease, or a state write is fenced off, it stops the daemon (it
 // does not go back to standby: its memory may be stale). Transport-free: the
@@ -53,6 +55,7 @@ class EtcdSchedulerRole {
                     Hooks hooks);
   void Loop();
   absl::Status Step();
+  bool AwaitLeaderGone();
   absl::Status TakeOver();
   // A state write was fenced off; called from a handler thread.
   void Depose(const absl::Status& why);

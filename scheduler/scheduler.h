@@ -15,6 +15,7 @@
 #include "common/security.h"
 #include "proto/cluster.pb.h"
 #include "proto/config.pb.h"
+#include "scheduler/etcd_tls.h"
 
 namespace shardps {
 
@@ -33,7 +34,8 @@ struct SchedulerOptions {
   // directory that holds a state resumes that cluster (its config wins over
   // `config`), so nodes reconnect by themselves. A corrupt state is refused.
   std::string state_dir{};
-  // Default: off. etcd's client URLs, "http://HOST:PORT[,...]" (exclusive
+  // Default: off. etcd's client URLs, "http://HOST:PORT[,...]" or
+  // "https://HOST:PORT[,...]" with `etcd_tls` (exclusive
   // with `state_dir`): the state lives in etcd under `etcd_prefix`, and of
   // the schedulers sharing that prefix one is active, elected with a lease
   // of heartbeat_timeout_ms; the others are standbys that answer every call
@@ -41,6 +43,9 @@ struct SchedulerOptions {
   // the active one's lease expires (scheduler/etcd_election.h). An active
   // scheduler that loses its lease stops serving; Failure() says why.
   std::string etcd_endpoints{};
+  // TLS to etcd: its CA and this scheduler's client certificate and key
+  // (scheduler/etcd_tls.h). Default: none (plain http://).
+  EtcdTlsFiles etcd_tls{};
   // Default (empty): "/shardps/" + a digest of the config.
   std::string etcd_prefix{};
   // The address other nodes reach this scheduler at, published in etcd;

@@ -459,6 +459,9 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
     return absl::InvalidArgumentError("--etcd and --state-dir exclude each other: the state lives in one of them");
   }
   if (!etcd && !options.etcd_prefix.empty()) return absl::InvalidArgumentError("--etcd-prefix needs --etcd");
+  if (!etcd && !options.etcd_tls.empty()) {
+    return absl::InvalidArgumentError("--etcd-ca, --etcd-cert and --etcd-key need --etcd https://...");
+  }
   auto credentials = SchedulerCredentials(options.security);
   if (!credentials.ok()) return credentials.status();
   int lock = -1;
@@ -490,6 +493,7 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   if (!etcd) return std::unique_ptr<SchedulerDaemon>(std::move(daemon));
   auto election = EtcdElection::Create(
       {.endpoints = options.etcd_endpoints,
+       .tls = options.etcd_tls,
        .prefix = options.etcd_prefix.empty() ? DefaultEtcdPrefix(options.config) : options.etcd_prefix,
        .address = options.advertise_address.empty() ? address : options.advertise_address,
        .ttl = absl::Milliseconds(options.config.heartbeat_timeout_ms())});

@@ -1,7 +1,9 @@
 // The scheduler's etcd backend against a real etcd (tests/test_etcd.h):
-// fencing of a deposed scheduler's writes, a corrupt state refused, and a
-// sync job whose active scheduler is SIGKILLed while a standby takes over;
-// and (without etcd) what a node hears from a standby.
+// fencing of a deposed scheduler's writes, a corrupt state refused, a sync
+// job whose active scheduler is SIGKILLed while a standby takes over, and
+// etcd over mutual TLS (a job trains; a missing client certificate or a
+// wrong CA is refused naming the endpoint); and (without etcd) what a node
+// hears from a standby.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include "scheduler/scheduler_service.h"
 #include "tests/test_etcd.h"
 #include "tests/test_training.h"
+#include "tools/cluster_credentials.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -48,6 +51,10 @@ class EtcdTest : public ::testing::Test {
   static const std::string& endpoint() { return etcd_->endpoint(); }
   // A key prefix no other test uses.
   static std::string Prefix(const std::string& test) { return absl::StrCat("/shardps-test-", getpid(), "/", test); }
+  // An election on `prefix` for a scheduler at `address`, with a 2 s lease.
+  static absl::StatusOr<std::unique_ptr<EtcdElection>> Rival(const std::string& prefix, const std::string& address) {
+    return EtcdElection::Create({.endpoints = endpoint(), .prefix = prefix, .address = address, .ttl = absl::Seconds(2)});
+  }
 
   static TestEtcd* etcd_;
   static std::string* error_;
@@ -86,8 +93,8 @@ TEST(StandbyTest, ANodeAskingAStandbyThatKnowsNoActiveSchedulerIsToldItIsAStandb
 
 TEST_F(EtcdTest, ADeposedSchedulersStateWriteIsRefusedAndItsSuccessorsStateStands) {
   const std::string prefix = Prefix("fence");
-  auto a = EtcdElection::Create({.endpoints = endpoint(), .prefix = prefix, .address = "a:1", .ttl = absl::Seconds(2)});
-  auto b = EtcdElection::Create({.endpoints = endpoint(), .prefix = prefix, .address = "b:2", .ttl = absl::Seconds(2)});
+  auto a = Rival(prefix, "a:1");
+  auto b = Rival(prefix, "b:2");
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   std::string active;
@@ -116,6 +123,30 @@ TEST_F(EtcdTest, ADeposedSchedulersStateWriteIsRefusedAndItsSuccessorsStateStand
   EXPECT_EQ(*saved, "b's state");
   absl::Status renewed = (*a)->KeepAlive();
   EXPECT_TRUE(absl::IsFailedPrecondition(renewed)) << "a deposed scheduler must learn it lost its lease: " << renewed;
+}
+
+TEST_F(EtcdTest, AStandbyWatchingTheLeaderKeyWakesWhenTheActiveOnesLeaseGoes) {
+  const std::string prefix = Prefix("watch");
+  auto a = Rival(prefix, "a:1");
+  auto b = Rival(prefix, "b:2");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::string active;
+  ASSERT_TRUE(*(*a)->Campaign(&active));
+  ASSERT_FALSE(*(*b)->Campaign(&active));
+  absl::StatusOr<bool> held = (*b)->AwaitLeaderGone(absl::Milliseconds(300));
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_FALSE(*held) << "the watch reported a leader key that is still held as gone";
+
+  // `a` hands its lease back (as on SIGTERM) while `b` watches with a
+  // deadline far beyond: only the deletion can end the wait with true.
+  absl::StatusOr<bool> gone = false;
+  std::thread watcher([&] { gone = (*b)->AwaitLeaderGone(absl::Seconds(60)); });
+  a->reset();
+  watcher.join();
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_TRUE(*gone) << "the watch missed the leader key's deletion";
+  EXPECT_TRUE(*(*b)->Campaign(&active)) << "the standby lost the campaign after the leader key went";
 }
 
 TEST_F(EtcdTest, ASchedulerRefusesACorruptStateNamingTheKey) {
@@ -295,6 +326,17 @@ TEST_F(EtcdTest, TheStandbyTakesOverFromAKilledSchedulerAndTheJobEndsWithTheFaul
   EXPECT_GE(steps, 15) << "training did not reach step 15";
   auto before = StatusOf(*first);
   ASSERT_TRUE(before.ok()) << before.status();
+  // When the killed scheduler's leader key goes (its lease expires), seen on
+  // a watch of our own: the standby's share of the takeover starts there.
+  auto watcher_client = EtcdClient::Create(endpoint());
+  ASSERT_TRUE(watcher_client.ok()) << watcher_client.status();
+  auto leader = (*watcher_client)->Get(prefix + "/leader");
+  ASSERT_TRUE(leader.ok() && leader->has_value()) << leader.status();
+  absl::Time key_gone = absl::InfinitePast();
+  std::thread key_watcher([&] {
+    auto gone = (*watcher_client)->AwaitDeletion(prefix + "/leader", (*leader)->read_revision + 1, absl::Seconds(30));
+    if (gone.ok() && *gone) key_gone = absl::Now();
+  });
   Kill(processes.list[0]);
   const absl::Time killed = absl::Now();
   absl::StatusOr<StatusResponse> after = absl::UnavailableError("not asked");
@@ -302,9 +344,12 @@ TEST_F(EtcdTest, TheStandbyTakesOverFromAKilledSchedulerAndTheJobEndsWithTheFaul
     after = StatusOf(*second);
     if (!after.ok()) absl::SleepFor(absl::Milliseconds(20));
   }
+  const absl::Time served = absl::Now();
+  key_watcher.join();
   ASSERT_TRUE(after.ok()) << "the standby did not take over: " << after.status();
-  std::cout << "takeover: the standby served " << absl::ToDoubleSeconds(absl::Now() - killed)
-            << " s after the active scheduler's SIGKILL (lease TTL 2 s)\n";
+  std::cout << "takeover: the standby served " << absl::ToDoubleSeconds(served - killed)
+            << " s after the active scheduler's SIGKILL (lease TTL 2 s), "
+            << absl::ToDoubleSeconds(served - key_gone) * 1000 << " ms after its leader key went\n";
   EXPECT_EQ(after->shard_map().epoch(), before->shard_map().epoch());
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(after->shard_map(), before->shard_map()))
       << "the standby took over another map";
@@ -322,6 +367,183 @@ TEST_F(EtcdTest, TheStandbyTakesOverFromAKilledSchedulerAndTheJobEndsWithTheFaul
   EXPECT_EQ(WeightsSha256(results[0]->params), WeightsSha256(reference->params));
   EXPECT_EQ(WeightsSha256(results[1]->params), WeightsSha256(reference->params));
   std::filesystem::remove_all(dir);
+}
+
+// etcd over TLS with --client-cert-auth. `shardps certs` material: etcd
+// serves the certificate made for the scheduler host (it names 127.0.0.1),
+// and schedulers show the node certificate as etcd clients; a second,
+// unrelated CA plays the wrong one.
+class EtcdTlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(std::filesystem::temp_directory_path() / absl::StrCat("shardps-etcd-tls-", getpid()));
+    error_ = new std::string();
+    auto ours = WriteClusterCredentials(*dir_ + "/ca", {}, /*mutual=*/true);
+    auto other = WriteClusterCredentials(*dir_ + "/other", {}, /*mutual=*/true);
+    if (!ours.ok() || !other.ok()) {
+      *error_ = absl::StrCat("cannot make certificates: ", ours.status().ToString(), other.status().ToString());
+      return;
+    }
+    auto etcd = TestEtcd::Start({.cert_file = *dir_ + "/ca/scheduler.pem",
+                                 .key_file = *dir_ + "/ca/scheduler.key",
+                                 .client_ca_file = *dir_ + "/ca/ca.pem",
+                                 .client = Client()});
+    if (etcd.ok()) {
+      etcd_ = etcd->release();
+    } else {
+      *error_ = etcd.status().ToString();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete etcd_;
+    etcd_ = nullptr;
+    std::filesystem::remove_all(*dir_);
+  }
+  void SetUp() override { ASSERT_NE(etcd_, nullptr) << "cannot start etcd over TLS: " << *error_; }
+  static const std::string& endpoint() { return etcd_->endpoint(); }
+  // The right CA and a client certificate of it.
+  static EtcdTlsFiles Client() {
+    return {.ca_file = *dir_ + "/ca/ca.pem", .cert_file = *dir_ + "/ca/node.pem", .key_file = *dir_ + "/ca/node.key"};
+  }
+  static std::string Other(const std::string& file) { return *dir_ + "/other/" + file; }
+  // Why an in-process scheduler on etcd with `tls` did not start; empty if
+  // it started.
+  static std::string Refusal(const EtcdTlsFiles& tls, const std::string& test) {
+    SchedulerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.etcd_endpoints = endpoint();
+    options.etcd_prefix = absl::StrCat("/shardps-tls-", getpid(), "/", test);
+    options.etcd_tls = tls;
+    auto daemon = SchedulerDaemon::Create(options);
+    return daemon.ok() ? "" : daemon.status().ToString();
+  }
+  // host:port of the endpoint, as errors name it.
+  static std::string HostPort() { return endpoint().substr(std::string("https://").size()); }
+
+  static TestEtcd* etcd_;
+  static std::string* dir_;
+  static std::string* error_;
+};
+TestEtcd* EtcdTlsTest::etcd_ = nullptr;
+std::string* EtcdTlsTest::dir_ = nullptr;
+std::string* EtcdTlsTest::error_ = nullptr;
+
+TEST_F(EtcdTlsTest, ASchedulerWithTheCaAndAClientCertificateServesAJobAndAStandbyTakesOver) {
+  if (!HaveDataset()) GTEST_SKIP() << "Fashion-MNIST is not installed (tools/setup.sh installs it)";
+  ClusterConfig config = TrainingConfig(SYNC, 1, 1);
+  const std::string dir = *dir_ + "/job";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/cluster.pbtxt") << config.DebugString();
+  const EtcdTlsFiles tls = Client();
+  Processes processes;
+  // A scheduler process on the TLS etcd, serving once `port_file` exists.
+  auto start_scheduler = [&](const std::string& port_file) {
+    return Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", "127.0.0.1:0", "--config",
+                               dir + "/cluster.pbtxt", "--etcd", endpoint(), "--etcd-prefix",
+                               absl::StrCat("/shardps-tls-", getpid(), "/job"), "--etcd-ca", tls.ca_file, "--etcd-cert",
+                               tls.cert_file, "--etcd-key", tls.key_file, "--port-file", port_file},
+                 true);
+  };
+  auto scheduler = start_scheduler(dir + "/scheduler.addr");
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  processes.list.push_back(*scheduler);
+  std::vector<ChildProcess> watch = {*scheduler};
+  auto address = WaitForAddressFile(dir + "/scheduler.addr", watch, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(address.ok()) << address.status();
+  absl::StatusOr<StatusResponse> active = absl::UnavailableError("not asked");
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); !active.ok() && absl::Now() < deadline;) {
+    active = StatusOf(*address);
+    if (!active.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(active.ok()) << "the only scheduler on etcd over TLS never became active: " << active.status();
+
+  auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", *address, "--listen", "tcp://127.0.0.1:0"},
+                      true);
+  ASSERT_TRUE(server.ok()) << server.status();
+  processes.list.push_back(*server);
+  auto worker = Worker::Create({.scheduler_address = *address, .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::ostringstream log;
+  auto result = RunTrainingWorker(**worker, QuietRun(1, 2000, 500), log);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GT(result->steps, 0);
+  EXPECT_GT(result->test_accuracy, 0.3) << "the job did not learn";
+  // The state went to etcd over the same TLS connection.
+  auto client = EtcdClient::Create(endpoint(), tls);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto state = (*client)->Get(absl::StrCat("/shardps-tls-", getpid(), "/job/state"));
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(state->has_value()) << "the active scheduler saved no state in etcd";
+
+  // A standby on the same etcd watches the leader key over TLS and takes over
+  // once the active scheduler stops (SIGTERM hands its lease back).
+  auto standby = start_scheduler(dir + "/standby.addr");
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  processes.list.push_back(*standby);
+  watch = {*standby};
+  auto standby_address = WaitForAddressFile(dir + "/standby.addr", watch, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(standby_address.ok()) << standby_address.status();
+  EXPECT_TRUE(absl::IsUnavailable(StatusOf(*standby_address).status())) << "a second scheduler is not a standby";
+  Stop(processes.list[0], absl::Seconds(5));
+  absl::StatusOr<StatusResponse> took_over = absl::UnavailableError("not asked");
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30); !took_over.ok() && absl::Now() < deadline;) {
+    took_over = StatusOf(*standby_address);
+    if (!took_over.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(took_over.ok()) << "the standby never took over: " << took_over.status();
+  EXPECT_EQ(took_over->nodes_size(), 2) << "the standby did not resume the cluster saved over TLS";
+}
+
+// A scheduler refused names the endpoint (and the request that failed) and
+// the likely cause.
+TEST_F(EtcdTlsTest, ASchedulerWithoutAClientCertificateIsRefusedNamingTheEndpoint) {
+  const std::string refusal = Refusal({.ca_file = Client().ca_file}, "no-client-cert");
+  EXPECT_THAT(refusal, HasSubstr("etcd " + HostPort() + ": granting a lease"));
+  EXPECT_THAT(refusal, HasSubstr("refuses a client without a certificate"));
+}
+
+TEST_F(EtcdTlsTest, ASchedulerThatTrustsAnotherCaIsRefusedNamingTheEndpoint) {
+  EtcdTlsFiles tls = Client();
+  tls.ca_file = Other("ca.pem");
+  const std::string refusal = Refusal(tls, "wrong-ca");
+  EXPECT_THAT(refusal, HasSubstr("etcd " + HostPort() + ": granting a lease"));
+  EXPECT_THAT(refusal, HasSubstr("not signed by --etcd-ca " + tls.ca_file));
+}
+
+TEST_F(EtcdTlsTest, AClientCertificateOfAnotherCaIsRefusedNamingTheEndpoint) {
+  EtcdTlsFiles tls = Client();
+  tls.cert_file = Other("node.pem");
+  tls.key_file = Other("node.key");
+  const std::string refusal = Refusal(tls, "foreign-client-cert");
+  EXPECT_THAT(refusal, HasSubstr("etcd " + HostPort() + ": granting a lease"));
+  EXPECT_THAT(refusal, HasSubstr("refuses --etcd-cert " + tls.cert_file));
+}
+
+// Bad TLS settings are refused before any connection, naming what is wrong.
+TEST_F(EtcdTlsTest, BadTlsSettingsAreRefusedNamingTheFlagAndFile) {
+  struct Case {
+    std::string endpoints;
+    EtcdTlsFiles tls;
+    std::string expected;
+  };
+  const EtcdTlsFiles good = Client();
+  const std::vector<Case> cases = {
+      {"https://127.0.0.1:1,http://127.0.0.1:2", good, "mixes http:// and https://"},
+      {"https://127.0.0.1:1", {}, "need --etcd-ca"},
+      {"http://127.0.0.1:1", good, "need https://"},
+      {"https://127.0.0.1:1", {.ca_file = *dir_ + "/missing.pem"}, "--etcd-ca: " + *dir_ + "/missing.pem does not exist"},
+      {"https://127.0.0.1:1", {.ca_file = good.key_file}, "--etcd-ca " + good.key_file + ": holds no PEM certificate"},
+      {"https://127.0.0.1:1", {.ca_file = good.ca_file, .cert_file = good.cert_file}, "give both or neither"},
+      {"https://127.0.0.1:1",
+       {.ca_file = good.ca_file, .cert_file = good.cert_file, .key_file = Other("node.key")},
+       "--etcd-key " + Other("node.key") + " is not the key of --etcd-cert " + good.cert_file},
+  };
+  for (const Case& c : cases) {
+    auto client = EtcdClient::Create(c.endpoints, c.tls);
+    ASSERT_FALSE(client.ok()) << c.expected;
+    EXPECT_TRUE(absl::IsInvalidArgument(client.status()) || absl::IsNotFound(client.status())) << client.status();
+    EXPECT_THAT(std::string(client.status().message()), HasSubstr(c.expected));
+  }
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ absl::StatusOr<int> FreeLoopbackPort() {
   return port;
 }
 
-absl::StatusOr<std::unique_ptr<TestEtcd>> TestEtcd::Start() {
+absl::StatusOr<std::unique_ptr<TestEtcd>> TestEtcd::Start(const TestEtcdOptions& options) {
   if (!std::filesystem::exists(kEtcd)) {
     return absl::FailedPreconditionError(absl::StrCat(kEtcd, " is missing: tools/setup.sh installs it (Debian "
                                                       "package etcd-server)"));
@@ -51,14 +51,19 @@ absl::StatusOr<std::unique_ptr<TestEtcd>> TestEtcd::Start() {
     peer_port = FreeLoopbackPort();
     if (!peer_port.ok()) return peer_port.status();
   } while (*peer_port == *client_port);
-  etcd->endpoint_ = absl::StrCat("http://127.0.0.1:", *client_port);
+  const bool tls = !options.cert_file.empty();
+  etcd->endpoint_ = absl::StrCat(tls ? "https" : "http", "://127.0.0.1:", *client_port);
   const std::string peer = absl::StrCat("http://127.0.0.1:", *peer_port);
-  auto process = Spawn("etcd", {kEtcd, "--name", "shardps-test", "--data-dir", etcd->dir_ + "/data",
-                                "--listen-client-urls", etcd->endpoint_, "--advertise-client-urls", etcd->endpoint_,
-                                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                "--initial-cluster", "shardps-test=" + peer, "--logger", "zap", "--log-level",
-                                "error"},
-                       true);
+  std::vector<std::string> argv = {kEtcd, "--name", "shardps-test", "--data-dir", etcd->dir_ + "/data",
+                                   "--listen-client-urls", etcd->endpoint_, "--advertise-client-urls", etcd->endpoint_,
+                                   "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                   "--initial-cluster", "shardps-test=" + peer, "--logger", "zap", "--log-level",
+                                   "error"};
+  if (tls) argv.insert(argv.end(), {"--cert-file", options.cert_file, "--key-file", options.key_file});
+  if (!options.client_ca_file.empty()) {
+    argv.insert(argv.end(), {"--client-cert-auth", "--trusted-ca-file", options.client_ca_file});
+  }
+  auto process = Spawn("etcd", argv, true);
   if (!process.ok()) return process.status();
   etcd->process_ = *process;
   // Wait for the port first: a gRPC channel whose first attempts were
@@ -77,7 +82,7 @@ absl::StatusOr<std::unique_ptr<TestEtcd>> TestEtcd::Start() {
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  auto client = EtcdClient::Create(etcd->endpoint_, absl::Seconds(1));
+  auto client = EtcdClient::Create(etcd->endpoint_, options.client, absl::Seconds(1));
   if (!client.ok()) return client.status();
   do {
     answered = (*client)->Put("/shardps-test/ready", "1");

@@ -82,8 +82,13 @@ int SchedulerCommand(const Args& args) {
   flags.String("listen", &listen, "host:port to serve the scheduler on (port 0 = any free port)");
   std::string etcd, etcd_prefix, advertise;
   flags.String("etcd", &etcd,
-               "http://HOST:PORT[,...]: keep the state in etcd and elect the active scheduler with a lease; "
+               "http://HOST:PORT[,...] or https://HOST:PORT[,...]: keep the state in etcd and elect the active scheduler with a lease; "
                "others started alike are standbys (exclusive with --state-dir)");
+  EtcdTlsFiles etcd_tls;
+  flags.String("etcd-ca", &etcd_tls.ca_file, "PEM file of the CA that signed etcd's certificate (https:// endpoints)");
+  flags.String("etcd-cert", &etcd_tls.cert_file,
+               "PEM client certificate for etcd's --client-cert-auth (with --etcd-key)");
+  flags.String("etcd-key", &etcd_tls.key_file, "PEM key of --etcd-cert");
   flags.String("etcd-prefix", &etcd_prefix, "etcd key prefix of this cluster (default /shardps/<config digest>)");
   flags.String("advertise", &advertise,
                "host:port nodes reach this scheduler at, published in etcd (default: the bound address)");
@@ -135,6 +140,7 @@ int SchedulerCommand(const Args& args) {
   options.state_dir = state_dir;
   options.etcd_endpoints = etcd;
   options.etcd_prefix = etcd_prefix;
+  options.etcd_tls = etcd_tls;
   options.advertise_address = advertise;
   options.security = *std::move(security);
   auto scheduler = SchedulerDaemon::Create(options);
