@@ -298,8 +298,12 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   node->last_seen = clock_();
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
-  node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
-  std::sort(node->synced_copies.begin(), node->synced_copies.end());
+  if (node->role == SERVER && request.applied_epoch() >= map_.epoch() && balance_checked_epoch_ != map_.epoch()) {
+    // Kept only while MaybeStartCopyMoves still judges this epoch: most
+    // heartbeats copy nothing.
+    node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
+    std::sort(node->synced_copies.begin(), node->synced_copies.end());
+  }
   // The rate between the last two reports that differ (from the last one at
   // round 0 for the first).
   if (request.completed_round() > node->completed_round) {

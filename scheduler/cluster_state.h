@@ -124,7 +124,9 @@ class ClusterState {
     NodeRates rates{};
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
     bool rendezvous = false;    // workers: their Register call waits for the cluster
-    std::vector<uint64_t> synced_copies{};  // servers: as of applied_epoch, sorted
+    // Servers: the copies their last heartbeat at the map's epoch reported
+    // synced, sorted; kept only until MaybeStartCopyMoves judged that epoch.
+    std::vector<uint64_t> synced_copies{};
   };
   struct BarrierState {
     uint64_t generation = 0;
@@ -155,7 +157,7 @@ class ClusterState {
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every copy the map gives a live server was reported synced by
-  // that server's last heartbeat (at most once per epoch).
+  // that server's last heartbeat at the current epoch.
   bool LiveCopiesSynced() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase 1 of balancing the loads (PlanCopyMoves), whatever unbalanced them
   // (a server that joined, a failover's re-created copies): once no move is
