@@ -1,6 +1,7 @@
-// ClusterState, copy moves half: balancing the servers' loads after a server
-// joined a running job, in two phases so no partition ever has fewer valid
-// copies than before a move (see CopyMove in proto/cluster.proto).
+// ClusterState, copy moves half: balancing the live servers' loads (after a
+// server joined a running job, or a failover), in two phases so no partition
+// ever has fewer valid copies than before a move (see CopyMove in
+// proto/cluster.proto).
 #include <algorithm>
 
 #include <glog/logging.h>
@@ -35,12 +36,37 @@ std::set<uint32_t> ClusterState::LiveServers() const {
   return live;
 }
 
+bool ClusterState::LiveCopiesSynced() const {
+  auto synced_on = [&](uint32_t server, uint64_t partition) {
+    auto it = servers_.find(server);
+    if (it == servers_.end() || it->second.dead) return true;  // not live: the failover's concern
+    const std::vector<uint64_t>& synced = it->second.synced_copies;
+    return std::binary_search(synced.begin(), synced.end(), partition);
+  };
+  for (const PartitionInfo& p : map_.partitions()) {
+    if (!synced_on(p.server(), p.id())) return false;
+    for (uint32_t b : p.backups()) {
+      if (!synced_on(b, p.id())) return false;
+    }
+  }
+  return true;
+}
+
 void ClusterState::MaybeStartCopyMoves() {
-  if (balance_after_epoch_ == 0 || !ServersServe(balance_after_epoch_)) return;
-  balance_after_epoch_ = 0;
+  // One plan at a time, judged once per epoch, on servers that all serve it
+  // with every copy synced: in the middle of a failover the re-created
+  // copies are still on their way, and moves would only compete with them.
+  if (map_.partitions_size() == 0 || map_.moves_size() > 0 || balance_checked_epoch_ == map_.epoch()) return;
+  if (!ServersServe(map_.epoch()) || !LiveCopiesSynced()) return;
+  balance_checked_epoch_ = map_.epoch();
   const std::set<uint32_t> live = LiveServers();
   const std::vector<CopyMove> moves = PlanCopyMoves(map_, live);
   if (moves.empty()) return;
+  if (moves_planned_ == 0) {
+    moves_since_join_ = joined_at_ != absl::InfinitePast();
+    moves_since_ = moves_since_join_ ? joined_at_ : clock_();
+  }
+  joined_at_ = absl::InfinitePast();
   map_.set_epoch(map_.epoch() + 1);
   for (CopyMove move : moves) {
     FindPartition(map_, move.partition())->add_backups(move.to());  // last: never promoted before it is synced
@@ -85,7 +111,8 @@ void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& req
   if (map_.moves_size() == 0) {
     const auto loads = ServerLoadsAfterMoves(map_, LiveServers());
     LOG(WARNING) << "servers balanced: " << moves_planned_ << " copy moves in "
-                 << absl::FormatDuration(clock_() - joined_at_) << " after the join; elements held per live server "
+                 << absl::FormatDuration(clock_() - moves_since_)
+                 << (moves_since_join_ ? " after the join" : " after their plan") << "; elements held per live server "
                  << DescribeLoads(loads) << (LoadsBalanced(map_, loads) ? " (each within" : " (not all within")
                  << " one partition of the mean)";
     moves_planned_ = 0;

@@ -298,6 +298,12 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   node->last_seen = clock_();
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
+  if (node->role == SERVER && request.applied_epoch() >= map_.epoch() && balance_checked_epoch_ != map_.epoch()) {
+    // Kept only while MaybeStartCopyMoves still judges this epoch: most
+    // heartbeats copy nothing.
+    node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
+    std::sort(node->synced_copies.begin(), node->synced_copies.end());
+  }
   // The rate between the last two reports that differ (from the last one at
   // round 0 for the first).
   if (request.completed_round() > node->completed_round) {
@@ -432,17 +438,16 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   info->set_dead(false);
   info->clear_dead_reason();
   map_.set_epoch(map_.epoch() + 1);
-  // Missing copies go to it first; once it serves this epoch, backups move
-  // to balance the loads, each as an extra copy until it is synced
-  // (MaybeStartCopyMoves, FinishCopyMoves), so no partition has fewer valid
-  // copies meanwhile.
+  // Missing copies go to it first; once it serves this epoch and they are
+  // synced, backups move to balance the loads, each as an extra copy until
+  // it is synced (MaybeStartCopyMoves, FinishCopyMoves), so no partition has
+  // fewer valid copies meanwhile.
   const int recreated = Rereplicate();
-  balance_after_epoch_ = map_.epoch();
   joined_at_ = clock_();
   LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
                << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
                << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots); "
-               << "backup copies move to it once it serves this epoch";
+               << "backup copies move to it once it serves this epoch and its copies are synced";
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);

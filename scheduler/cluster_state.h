@@ -124,6 +124,9 @@ class ClusterState {
     NodeRates rates{};
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
     bool rendezvous = false;    // workers: their Register call waits for the cluster
+    // Servers: the copies their last heartbeat at the map's epoch reported
+    // synced, sorted; kept only until MaybeStartCopyMoves judged that epoch.
+    std::vector<uint64_t> synced_copies{};
   };
   struct BarrierState {
     uint64_t generation = 0;
@@ -153,11 +156,18 @@ class ClusterState {
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Phase 1 of balancing the loads (PlanCopyMoves), once every live server
-  // serves the epoch a server joined at (so the snapshots reach a server
-  // that is ready for them): a new epoch in which each planned move lists
-  // its new server as an extra backup (its primary sends it a snapshot) and
-  // is recorded in map_.moves. Nothing when no move is needed.
+  // Whether every copy the map gives a live server was reported synced by
+  // that server's last heartbeat at the current epoch.
+  bool LiveCopiesSynced() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Phase 1 of balancing the loads (PlanCopyMoves), whatever unbalanced them
+  // (a server that joined, a failover's re-created copies): once no move is
+  // under way, every live server serves the current epoch (so the snapshots
+  // reach servers ready for them) and holds every copy of it synced (a
+  // failover's re-created copies come first), a new epoch in which each
+  // planned move lists its new server as an extra backup (its primary sends
+  // it a snapshot) and is recorded in map_.moves. Nothing when the live
+  // servers are balanced or no backup can move. Needs no state of its own, so
+  // a restarted scheduler plans the moves for a join it did not see.
   void MaybeStartCopyMoves() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase 2: the moves to server `node` whose copy its heartbeat reports
   // synced (at an epoch that lists it) drop their old copy, in one new epoch.
@@ -219,12 +229,16 @@ class ClusterState {
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
-  // The epoch of the latest join whose copy moves are not planned yet (0:
-  // none), when that server joined, and how many moves were planned since
-  // (for the log line that says the loads are balanced); not persisted: a
-  // restarted scheduler finishes the moves in the map but plans no new ones.
-  uint64_t balance_after_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a
+  // heartbeat costs no load computation once the epoch's copies are synced.
+  uint64_t balance_checked_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the latest server joined (InfinitePast: none since the last plan),
+  // when the moves under way began to be planned (the join, else the plan),
+  // and how many were planned since, for the log line that says the loads
+  // are balanced. Not persisted: only that line needs them.
   absl::Time joined_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time moves_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool moves_since_join_ ABSL_GUARDED_BY(mu_) = false;
   int moves_planned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t moves_planned_total_ ABSL_GUARDED_BY(mu_) = 0;  // StatusResponse.copy_moves_planned
 };

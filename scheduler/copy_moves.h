@@ -1,5 +1,5 @@
-// Planning the backup copies that move to balance the servers' loads after a
-// server joined a running job. Pure functions of a shard map: the scheduler
+// Planning the backup copies that move to balance the live servers' loads
+// (after a server joined a running job, or a failover). Pure functions of a shard map: the scheduler
 // (ClusterState) carries out a plan in two phases, see CopyMove in
 // proto/cluster.proto and "A server that joins" in docs/architecture.md.
 #ifndef SHARDPS_SCHEDULER_COPY_MOVES_H_

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "common/protocol.h"
 #include "common/tensor_spec.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/copy_moves.h"
+#include "scheduler/shard_assignment.h"
 
 namespace shardps {
 namespace {
@@ -84,6 +86,32 @@ TEST(PlanCopyMovesTest, PrimariesAndPartitionsAlreadyMovingStay) {
   EXPECT_NE(moves[0].partition(), 2u);
 }
 
+TEST(PlanCopyMovesTest, AFreshMapNeedsNoMove) {
+  // The scheduler plans whenever the live servers are out of balance, so a
+  // job's first map must not start moves: BuildShardMap's placement is
+  // within one partition of the mean, for any servers and replication.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<TensorSpec> tensors;
+    const int count = 1 + static_cast<int>(rng() % 12);
+    for (int t = 0; t < count; ++t) tensors.push_back(Float32Tensor("t" + std::to_string(t), 1 + rng() % 200000));
+    const uint32_t num_servers = 2 + rng() % 5;
+    const uint32_t replication = 1 + rng() % std::min<uint32_t>(num_servers, 3);
+    std::vector<ServerInfo> servers(num_servers);
+    std::set<uint32_t> live;
+    for (uint32_t i = 0; i < num_servers; ++i) {
+      servers[i].set_index(i);
+      live.insert(i);
+    }
+    const uint64_t partition_bytes = 4096u << (rng() % 8);
+    auto map = BuildShardMap(tensors, servers, partition_bytes, 1, replication);
+    ASSERT_TRUE(map.ok()) << map.status();
+    EXPECT_TRUE(LoadsBalanced(*map, ServerLoadsAfterMoves(*map, live)))
+        << "trial " << trial << ": " << num_servers << " servers, replication " << replication;
+    EXPECT_THAT(PlanCopyMoves(*map, live), IsEmpty()) << "trial " << trial;
+  }
+}
+
 RegisterRequest Server(const std::string& address) {
   RegisterRequest r;
   r.set_protocol_version(kProtocolVersion);
@@ -132,8 +160,11 @@ class CopyMovesTest : public ::testing::Test {
     ASSERT_TRUE(joined.ok()) << joined.status();
     ASSERT_EQ(joined->server_index(), 2u);
     ids_[2] = joined->node_id();
-    // Moves are planned once every live server serves the join's epoch, so
-    // no snapshot goes to a server not ready for it.
+  }
+
+  // Moves are planned once every live server serves the join's epoch, so
+  // no snapshot goes to a server not ready for it.
+  void StartMoves() {
     Beat({0, 1});
     ASSERT_THAT(Map().moves(), IsEmpty());
     Beat({2});
@@ -190,6 +221,7 @@ class CopyMovesTest : public ::testing::Test {
 };
 
 TEST_F(CopyMovesTest, AJoinedServerGetsExtraCopiesFirstAndTheOldOnesGoOnlyOnceItReportsThemSynced) {
+  StartMoves();
   const ShardMap added = Map();
   ASSERT_THAT(added.moves(), SizeIs(7));  // 1200/1200/0 -> within 100 of 800
   for (const CopyMove& m : added.moves()) {
@@ -225,6 +257,7 @@ TEST_F(CopyMovesTest, AJoinedServerGetsExtraCopiesFirstAndTheOldOnesGoOnlyOnceIt
 }
 
 TEST_F(CopyMovesTest, ARestartedSchedulerFinishesTheMovesItsStateHolds) {
+  StartMoves();
   ASSERT_TRUE(saved_.has_value());
   ASSERT_THAT(saved_->shard_map().moves(), SizeIs(7));
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
@@ -235,7 +268,49 @@ TEST_F(CopyMovesTest, ARestartedSchedulerFinishesTheMovesItsStateHolds) {
   for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
 }
 
+TEST_F(CopyMovesTest, ARestartedSchedulerPlansTheMovesForAJoinItDidNotSee) {
+  // The scheduler dies right after the join, before any server served its
+  // epoch: the saved state holds no move and no word of the join.
+  ASSERT_TRUE(saved_.has_value());
+  ASSERT_THAT(saved_->shard_map().moves(), IsEmpty());
+  const uint64_t join_epoch = saved_->shard_map().epoch();
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; },
+                                 [this](const SchedulerState& s) { saved_ = s; });
+  Beat({0, 1});
+  ASSERT_THAT(Map().moves(), IsEmpty()) << "server 2 has not reported the join's epoch yet";
+  Beat({2});
+  const ShardMap added = Map();
+  ASSERT_THAT(added.moves(), SizeIs(7)) << "the live servers hold 1200/1200/0";
+  EXPECT_EQ(added.epoch(), join_epoch + 1);
+  EXPECT_THAT(saved_->shard_map().moves(), SizeIs(7)) << "the plan is saved like any map change";
+  Beat({2});
+  const ShardMap done = Map();
+  EXPECT_THAT(done.moves(), IsEmpty());
+  EXPECT_EQ(done.epoch(), join_epoch + 2);
+  for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
+  EXPECT_TRUE(LoadsBalanced(done, ServerLoadsAfterMoves(done, {0, 1, 2})));
+  ExpectNoPartitionShort();
+  Beat({0, 1, 2});
+  EXPECT_EQ(Map().epoch(), done.epoch()) << "a balanced map plans nothing more";
+}
+
+TEST_F(CopyMovesTest, NoMovesStartWhileALiveServerHoldsACopyNotSyncedYet) {
+  // As a failover's re-created copies are until their snapshots arrive: the
+  // moves wait for them, whichever server holds one.
+  const ShardMap map = Map();
+  const PartitionInfo& copying = map.partitions(0);
+  ASSERT_EQ(copying.server() + copying.backups(0), 1u) << "on servers 0 and 1: " << copying.ShortDebugString();
+  Beat({0, 1, 2}, {copying.id()});
+  EXPECT_THAT(Map().moves(), IsEmpty()) << "servers 0 and 1 still copy partition " << copying.id();
+  Beat({0, 2});
+  EXPECT_THAT(Map().moves(), IsEmpty()) << "server 1 still copies partition " << copying.id();
+  EXPECT_EQ(Map().epoch(), map.epoch());
+  Beat({1});
+  EXPECT_THAT(Map().moves(), SizeIs(7));
+}
+
 TEST_F(CopyMovesTest, ADonorDyingInPhaseOneLosesNoPartitionAndTheNewCopiesStay) {
+  StartMoves();
   // Server 0 is the primary or the old copy of every moving partition (the
   // others are on server 1); it dies before any new copy is synced.
   const ShardMap before = Map();
@@ -256,6 +331,7 @@ TEST_F(CopyMovesTest, ADonorDyingInPhaseOneLosesNoPartitionAndTheNewCopiesStay) 
 }
 
 TEST_F(CopyMovesTest, TheJoinedServerDyingInPhaseOneLeavesTheOldCopies) {
+  StartMoves();
   const ShardMap before = Map();
   for (int t = 0; t < 12; ++t) {
     now_ += absl::Milliseconds(100);
