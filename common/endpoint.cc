@@ -116,4 +116,10 @@ absl::Status CheckReachable(const Endpoint& e, absl::Duration timeout, absl::str
   return absl::OkStatus();
 }
 
+std::string LocalHostName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "localhost";
+  return host;
+}
+
 }  // namespace shardps

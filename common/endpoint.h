@@ -35,6 +35,8 @@ absl::Status CheckResolvable(const std::string& host, absl::string_view what);
 // Whether a TCP connection to `e` opens within `timeout` (it is closed at
 // once); the error names `what`, the address and why.
 absl::Status CheckReachable(const Endpoint& e, absl::Duration timeout, absl::string_view what);
+// This machine's host name (gethostname), or "localhost" when it has none.
+std::string LocalHostName();
 
 }  // namespace shardps
 

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/endpoint.h"
 #include "common/optimizer.h"
 #include "common/protocol.h"
 #include "compression/codec_policy.h"
@@ -627,7 +628,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   request.set_protocol_version(kProtocolVersion);
   request.set_role(WORKER);
   request.set_rank(options.rank);
-  request.set_host(options.host);
+  request.set_host(options.host.empty() ? LocalHostName() : options.host);
   CurveKeyPair curve_keys;
   if (options.security.enabled) {
     auto made = NewCurveKeyPair();

@@ -39,7 +39,7 @@ class SchedulerClient;
 struct WorkerOptions {
   std::string scheduler_address{};  // host:port, or host:port,host:port,... (schedulers on etcd)
   uint32_t rank = 0;              // in [0, num_workers)
-  std::string host = "localhost"; // shown in status and errors
+  std::string host{};             // shown in status and errors; empty: this machine's host name
   // How long Create() waits for the scheduler and the whole cluster.
   absl::Duration rendezvous_timeout = absl::Seconds(60);
   // Deadline of control-plane calls after registration (define, barrier).
