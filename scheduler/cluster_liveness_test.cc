@@ -295,6 +295,24 @@ TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
   EXPECT_THAT(replacement.status().message(), HasSubstr("replication 1"));
 }
 
+TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersPassed) {
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);
+  ASSERT_THAT(Advance(200), SizeIs(1));  // worker 2 is removed
+  std::thread other([this] { EXPECT_TRUE(state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Seconds(5)).ok()); });
+  ASSERT_TRUE(state_->Barrier(worker_ids_[1], "epoch 1", absl::Now() + absl::Seconds(5)).ok());
+  other.join();
+  Beat({0, 1}, {0, 1}, 1);  // a heartbeat writes what changed
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  ReportRounds(50);
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  ASSERT_EQ(rejoined->passed_barriers_size(), 1);
+  EXPECT_EQ(rejoined->passed_barriers(0).name(), "epoch 1");
+  EXPECT_THAT(rejoined->passed_barriers(0).live_ranks(), ElementsAre(0u, 1u));
+}
+
 TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0, 1}, {0, 1}, 1);

@@ -76,6 +76,11 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   }
   cs->map_ = state.shard_map();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
+  for (const SchedulerState::Barrier& b : state.barriers()) {
+    BarrierState& restored = cs->barriers_[b.name()];
+    restored.generation = b.generation();
+    restored.live_at_pass.assign(b.live_ranks().begin(), b.live_ranks().end());
+  }
   // Servers report the epoch they serve with their next heartbeat.
   return cs;
 }
@@ -114,6 +119,13 @@ void ClusterState::Save() {
   }
   *state.mutable_shard_map() = map_;
   for (const TensorSpec& t : tensors_) *state.add_tensors() = t;
+  for (const auto& [name, b] : barriers_) {
+    if (b.generation == 0) continue;
+    SchedulerState::Barrier* saved = state.add_barriers();
+    saved->set_name(name);
+    saved->set_generation(b.generation);
+    saved->mutable_live_ranks()->Assign(b.live_at_pass.begin(), b.live_at_pass.end());
+  }
   unsaved_ = std::move(state);
 }
 
@@ -581,6 +593,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
 }
 
 void ClusterState::PassCompleteBarriers() {
+  bool passed = false;
   for (auto& [name, b] : barriers_) {
     if (b.arrived.empty()) continue;
     bool complete = true;
@@ -594,8 +607,10 @@ void ClusterState::PassCompleteBarriers() {
       for (uint32_t r = 0; r < config_.num_workers(); ++r) {
         if (!Excluded(r)) b.live_at_pass.push_back(r);
       }
+      passed = true;
     }
   }
+  if (passed) Save();  // a rejoining worker is told the barriers passed, also by a restarted scheduler
 }
 
 std::string ClusterState::ServersBehind(uint64_t epoch) const {
