@@ -59,7 +59,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
 }
 
 // What a failed connection most likely means, appended to its error: gRPC
-// reports etcd's refusal of a client certificate only as a failed read.
+// reports etcd's refusal of a client certificate only as a failed read or,
+// when the alert races the first write, a reset connection.
 std::string ConnectionHint(bool https, const EtcdTlsFiles& tls, absl::string_view error) {
   if (!https) {
     return absl::StrContains(error, "Socket closed") ? " (if etcd serves TLS, give https:// and --etcd-ca)" : "";
@@ -67,7 +68,9 @@ std::string ConnectionHint(bool https, const EtcdTlsFiles& tls, absl::string_vie
   if (absl::StrContains(error, "certificate verify failed")) {
     return absl::StrCat(" (etcd's certificate is not signed by --etcd-ca ", tls.ca_file, ")");
   }
-  if (!absl::StrContains(error, "Endpoint read failed")) return "";
+  if (!absl::StrContains(error, "Endpoint read failed") && !absl::StrContains(error, "Connection reset by peer")) {
+    return "";
+  }
   if (tls.cert_file.empty()) {
     return " (etcd closed the TLS connection: with --client-cert-auth it refuses a client without a certificate; "
            "give --etcd-cert and --etcd-key)";
