@@ -37,7 +37,7 @@ std::set<uint32_t> ClusterState::LiveServers() const {
 }
 
 bool ClusterState::LiveCopiesSynced() const {
-  auto synced_on = [&](uint32_t server, uint64_t partition) {
+  auto synced_on = [&](uint32_t server, uint64_t partition) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = servers_.find(server);
     if (it == servers_.end() || it->second.dead) return true;  // not live: the failover's concern
     const std::vector<uint64_t>& synced = it->second.synced_copies;
