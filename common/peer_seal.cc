@@ -205,7 +205,9 @@ absl::Status PeerSeal::Open(const zmq::message_t& envelope, zmq::message_t* payl
         absl::StrCat("replayed sealed message (counter ", counter, ", highest accepted ", last_opened_, ")"));
   }
   const size_t header_bytes = envelope.size() - kSealedEnvelopeOverhead;
-  std::string plain(header_bytes, '\0');
+  // Opened into a buffer kept across messages: no allocation per message.
+  std::string& plain = opened_header_;
+  plain.resize(header_bytes);
   unsigned char tag[kTagBytes];
   std::memcpy(tag, e + kBoundBytes + header_bytes, kTagBytes);
   if (!opener_->Run(MakeNonce(0, counter), e, kBoundBytes, e + kBoundBytes, header_bytes,
@@ -227,7 +229,7 @@ absl::Status PeerSeal::Open(const zmq::message_t& envelope, zmq::message_t* payl
     }
   }
   Accept(counter);
-  *header = std::move(plain);
+  header->assign(plain);
   return absl::OkStatus();
 }
 
@@ -269,7 +271,7 @@ absl::Status SealMessage(PeerSeal& seal, DataHeader& header, bool has_payload, c
 
 absl::Status OpenMessage(PeerSeal& seal, const zmq::message_t& envelope, zmq::message_t* payload,
                          DataHeader* header) {
-  std::string bytes;
+  thread_local std::string bytes;  // reused: one header per data message
   if (absl::Status s = seal.Open(envelope, payload, &bytes); !s.ok()) return s;
   return ParseDataHeaderInto(bytes.data(), bytes.size(), header);
 }

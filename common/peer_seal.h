@@ -104,6 +104,7 @@ class PeerSeal {
   // Bit i: counter last_opened_ - i was accepted (i < kReplayWindow).
   std::array<uint64_t, kReplayWindow / 64> seen_{};
   uint64_t refused_ = 0;
+  std::string opened_header_;  // Open's scratch
 };
 
 // A data message through `seal`: `header` (its protocol version stamped, as
