@@ -183,3 +183,35 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
 
 }  // namespace
 }  // namespace shardps
+
+namespace shardps {
+namespace {
+
+// `shardps local --eval-every N` (next to the checkpoint tests for their
+// launcher helpers): worker 0 alone evaluates every N of its steps and the
+// final weights, and its last point is the job's reported accuracy.
+TEST(LocalCommandTest, EvalEveryPrintsWorkerZerosAccuracyEndingAtTheJobsResult) {
+  const std::string dir = (fs::temp_directory_path() / absl::StrCat("local-eval-test-", getpid())).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  LocalJob run = Start(dir, "eval", {"--epochs", "1", "--eval-every", "16"});
+  ASSERT_EQ(Wait(run), 0) << Slurp(run.err_path);
+  const std::string out = Slurp(run.out_path), err = Slurp(run.err_path);
+  fs::remove_all(dir);
+  std::vector<std::pair<int, std::string>> points;  // step, accuracy
+  const std::regex point("\\{\"eval_step\": ([0-9]+),.*\"test_accuracy\": ([0-9.]+), \"final\": (true|false)\\}");
+  for (auto it = std::sregex_iterator(err.begin(), err.end(), point); it != std::sregex_iterator(); ++it) {
+    points.emplace_back(std::stoi((*it)[1]), (*it)[2]);
+    EXPECT_EQ((*it)[3] == "true", points.back().first == kStepsPerEpoch) << it->str();
+  }
+  ASSERT_EQ(points.size(), 3u) << "one point at steps 16, 32 and the final 40 (worker 0 only): " << err;
+  EXPECT_EQ(points[0].first, 16);
+  EXPECT_EQ(points[1].first, 32);
+  EXPECT_EQ(points[2].first, kStepsPerEpoch);
+  const std::string reported = JsonString(out, "test_accuracy");
+  ASSERT_FALSE(reported.empty()) << out;
+  EXPECT_NEAR(std::stod(points[2].second), std::stod(reported), 0.00005) << out;
+}
+
+}  // namespace
+}  // namespace shardps

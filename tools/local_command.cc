@@ -34,7 +34,7 @@ namespace {
 
 struct LocalOptions {
   int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
-          max_steps = 0, log_every = 100, devices_per_worker = 1;
+          max_steps = 0, log_every = 100, devices_per_worker = 1, eval_every = 0;
   std::string consistency, config_path, compression, hidden = "256,128";
   std::vector<std::string> sets, kills, slow;
   std::map<int64_t, double> slow_factors;  // rank -> compute slow-down, from --slow
@@ -297,7 +297,8 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                          absl::StrCat(o.devices_per_worker), "--log-every",
                          absl::StrCat(r == 0 ? o.log_every : 0), "--result-file", absl::StrCat(dir, "/result.", r),
                          "--progress-file", r == 0 ? dir + "/progress.0" : "", "--slow-factor",
-                         absl::StrCat(o.slow_factors.count(r) ? o.slow_factors.at(r) : 1.0), verbose};
+                         absl::StrCat(o.slow_factors.count(r) ? o.slow_factors.at(r) : 1.0), "--eval-every",
+                         absl::StrCat(r == 0 ? o.eval_every : 0), verbose};
     if (o.no_overlap) argv.push_back("--no-overlap");
     argv.insert(argv.end(), node_security.begin(), node_security.end());
     return Spawn(absl::StrCat("worker ", r), argv, true);
@@ -410,6 +411,9 @@ int LocalCommand(const Args& args) {
   flags.Int("test-limit", &o.test_limit, "use only the first N test images (0 = all)");
   flags.Int("max-steps", &o.max_steps, "stop after N steps per worker (0 = no limit)");
   flags.Int("log-every", &o.log_every, "progress line every N steps");
+  flags.Int("eval-every", &o.eval_every,
+            "worker 0: test accuracy every N of its steps and of the final weights, one JSON line each on stderr "
+            "(0 = none)");
   flags.Double("timeout", &o.timeout_s, "seconds before the run is abandoned");
   flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
   flags.Bool("secure", &o.secure,
@@ -465,6 +469,10 @@ int LocalCommand(const Args& args) {
   }
   if (!faults.empty() && o.reference) {
     std::cerr << "shardps local: --kill needs a cluster (not --reference)\n";
+    return 2;
+  }
+  if (o.eval_every != 0 && o.reference) {
+    std::cerr << "shardps local: --eval-every needs a cluster (not --reference)\n";
     return 2;
   }
   std::map<std::string, double> result;
