@@ -151,6 +151,10 @@ int ClusterState::EndBrokenCopyMoves(uint32_t dead) {
 }
 
 void ClusterState::MaybeStartHandoffs(const std::set<uint32_t>& live) {
+  if (clock_() < handoffs_retry_at_) {
+    balance_checked_epoch_ = 0;  // judged again by a later heartbeat, once the pause is over
+    return;
+  }
   const std::vector<Handoff> handoffs = PlanHandoffs(map_, live);
   if (handoffs.empty()) return;
   map_.set_epoch(map_.epoch() + 1);
@@ -260,13 +264,16 @@ int ClusterState::EndLateHandoffs() {
     LOG(WARNING) << "hand-off of partition " << h.partition() << " from server " << h.from() << " to " << h.to()
                  << " ends at shard map epoch " << map_.epoch() + 1 << ": not drained within heartbeat_timeout_ms ("
                  << absl::FormatDuration(now - started) << "); server " << h.from()
-                 << " stays the primary and replays what it held";
+                 << " stays the primary and replays what it held (no new hand-off for one timeout)";
     handoff_started_.erase(h.partition());
     handoffs->DeleteSubrange(i, 1);
     ++ended;
   }
   if (ended == 0) return 0;
   map_.set_epoch(map_.epoch() + 1);
+  // A partition that did not drain (a round held up by a slow worker) would
+  // be held again at once: new hand-offs wait one timeout first.
+  handoffs_retry_at_ = now + timeout;
   if (map_.handoffs_size() == 0) handoffs_planned_ = handoffs_made_ = 0;
   return ended;
 }

@@ -262,6 +262,8 @@ class ClusterState {
   std::map<uint64_t, absl::Time> handoff_started_ ABSL_GUARDED_BY(mu_);
   absl::Time last_join_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time handoffs_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // After hand-offs ended undrained, none is planned before this time.
+  absl::Time handoffs_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int handoffs_planned_ ABSL_GUARDED_BY(mu_) = 0;
   int handoffs_made_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_planned_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -109,6 +109,7 @@ TEST(PlanCopyMovesTest, AFreshMapNeedsNoMove) {
     EXPECT_TRUE(LoadsBalanced(*map, ServerLoadsAfterMoves(*map, live)))
         << "trial " << trial << ": " << num_servers << " servers, replication " << replication;
     EXPECT_THAT(PlanCopyMoves(*map, live), IsEmpty()) << "trial " << trial;
+    EXPECT_THAT(PlanHandoffs(*map, live), IsEmpty()) << "trial " << trial << ": the primaries too";
   }
 }
 
@@ -486,6 +487,13 @@ TEST_F(CopyMovesTest, AHandoffNotReportedDrainedWithinTheHeartbeatTimeoutEndsAnd
   EXPECT_EQ(Map().epoch(), listed.epoch() + 1);
   EXPECT_EQ(Primaries(), before);
   EXPECT_EQ(state_->Status().handoffs_made(), 0u);
+  // Not planned again at once (the partition would be held again), but
+  // once a timeout has passed.
+  Beat({0, 1, 2});
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+  now_ += absl::Milliseconds(1100);
+  Beat({0, 1, 2});
+  EXPECT_THAT(Map().handoffs(), ::testing::Not(IsEmpty()));
 }
 
 TEST_F(CopyMovesTest, TheNewPrimaryDyingBeforeTheSwitchEndsItsHandoffsAndTheOldPrimariesStay) {

@@ -20,7 +20,15 @@ void PartitionEngine::FollowHandoff(Partition& p, const ShardMap& map, const Par
   }
   const bool primary = info.server() == server_index_;
   if (listed != nullptr && primary && p.primary) {
-    if (p.handoff_epoch != 0) return;  // under way already
+    if (p.handoff_epoch != 0) {
+      // Under way already; a map that ended it and one that listed it again
+      // may have come together (the watch keeps only the latest): the report
+      // must name the new listing.
+      if (p.handoff_epoch != listed->epoch()) ++copies_generation_;
+      p.handoff_epoch = listed->epoch();
+      p.handoff_to = listed->to();
+      return;
+    }
     p.handoff_epoch = listed->epoch();
     p.handoff_done = false;
     p.handoff_to = listed->to();

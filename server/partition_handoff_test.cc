@@ -207,5 +207,15 @@ TEST_F(HandoffTest, AHandoffThatEndsWithoutASwitchReplaysWhatWasHeldInOrder) {
   EXPECT_THAT(Weights(1), ElementsAre(-2, -2));
 }
 
+TEST_F(HandoffTest, AHandoffListedAgainAtALaterEpochIsReportedWithThatEpoch) {
+  // The map that ended the first listing was skipped (a server installs only
+  // the latest map): the report must name the listing the scheduler waits for.
+  Make(SYNC);
+  Install(MapAt(4, 0, 1, /*handoff=*/true));
+  Install(MapAt(6, 0, 1, /*handoff=*/true));
+  ASSERT_THAT(engines_[0]->HandoffsDone(), SizeIs(1));
+  EXPECT_EQ(engines_[0]->HandoffsDone()[0].epoch(), 6u);
+}
+
 }  // namespace
 }  // namespace shardps
