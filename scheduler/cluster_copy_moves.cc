@@ -159,7 +159,10 @@ void ClusterState::MaybeStartHandoffs(const std::set<uint32_t>& live) {
   if (handoffs.empty()) return;
   map_.set_epoch(map_.epoch() + 1);
   const absl::Time now = clock_();
-  if (handoffs_planned_ == 0) handoffs_since_ = last_join_ != absl::InfinitePast() ? last_join_ : now;
+  if (handoffs_planned_ == 0) {
+    handoffs_since_join_ = last_join_ != absl::InfinitePast();
+    handoffs_since_ = handoffs_since_join_ ? last_join_ : now;
+  }
   std::vector<std::string> planned;
   for (Handoff h : handoffs) {
     h.set_epoch(map_.epoch());
@@ -217,13 +220,16 @@ void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& requ
   map_.set_epoch(epoch);
   if (map_.handoffs_size() == 0 && handoffs_planned_ > 0) {
     const auto loads = PrimaryLoadsAfterHandoffs(map_, LiveServers());
+    const bool balanced = LoadsBalanced(map_, loads);
     LOG(WARNING) << "primaries balanced: " << handoffs_made_ << " of " << handoffs_planned_ << " hand-offs made, "
                  << absl::FormatDuration(now - handoffs_since_)
-                 << (last_join_ != absl::InfinitePast() ? " after the join" : " after their plan")
+                 << (handoffs_since_join_ ? " after the join" : " after their plan")
                  << "; primary elements per live server " << DescribeLoads(loads)
-                 << (LoadsBalanced(map_, loads) ? " (each within" : " (not all within") << " one partition of the mean)";
+                 << (balanced ? " (each within" : " (not all within") << " one partition of the mean)";
     handoffs_planned_ = handoffs_made_ = 0;
-    last_join_ = absl::InfinitePast();
+    // A server that joined meanwhile is still to be given its share: the
+    // next plan's time counts from its join.
+    if (balanced) last_join_ = absl::InfinitePast();
   }
   Save();
 }

@@ -262,6 +262,7 @@ class ClusterState {
   std::map<uint64_t, absl::Time> handoff_started_ ABSL_GUARDED_BY(mu_);
   absl::Time last_join_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time handoffs_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool handoffs_since_join_ ABSL_GUARDED_BY(mu_) = false;
   // After hand-offs ended undrained, none is planned before this time.
   absl::Time handoffs_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int handoffs_planned_ ABSL_GUARDED_BY(mu_) = 0;
