@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <thread>
@@ -480,7 +481,12 @@ class ParameterServerImpl : public ParameterServer {
     std::vector<HandoffDone> handoffs = engine_->HandoffsDone();
     absl::MutexLock lock(&mu_);
     synced_copies_ = std::move(synced);
-    if (handoffs.size() > handoffs_done_.size()) heartbeat_now_ = true;
+    auto same = [](const HandoffDone& a, const HandoffDone& b) {
+      return a.partition() == b.partition() && a.epoch() == b.epoch();
+    };
+    if (!std::equal(handoffs.begin(), handoffs.end(), handoffs_done_.begin(), handoffs_done_.end(), same)) {
+      heartbeat_now_ = true;
+    }
     handoffs_done_ = std::move(handoffs);
   }
 
