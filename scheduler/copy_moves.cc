@@ -46,8 +46,9 @@ std::optional<int> BestPartition(const ShardMap& map, const std::set<uint64_t>& 
 // has such a partition, the largest eligible one whose move narrows the gap
 // between the two; `apply` changes `planned` accordingly. Every step lowers
 // the sum of squared loads, so the plan ends. A partition moves at most once.
+using ApplyStep = std::function<void(PartitionInfo& p, const Step& step)>;
 std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t> loads, std::set<uint64_t> fixed,
-                                  const Eligible& eligible, const std::function<void(PartitionInfo&, const Step&)>& apply) {
+                                  const Eligible& eligible, const ApplyStep& apply) {
   std::vector<Step> steps;
   while (!LoadsBalanced(planned, loads)) {
     auto lightest = std::min_element(loads.begin(), loads.end(),
@@ -122,7 +123,8 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
     std::replace(p.mutable_backups()->begin(), p.mutable_backups()->end(), step.donor, step.receiver);
   };
   std::vector<CopyMove> moves;
-  for (const Step& step : BalanceGreedily(planned, ServerLoadsAfterMoves(map, live), fixed, backup_of_donor, move_copy)) {
+  const auto loads = ServerLoadsAfterMoves(map, live);
+  for (const Step& step : BalanceGreedily(planned, loads, fixed, backup_of_donor, move_copy)) {
     CopyMove& move = moves.emplace_back();
     move.set_partition(planned.partitions(step.index).id());
     move.set_from(step.donor);
