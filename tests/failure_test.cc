@@ -331,6 +331,22 @@ TEST(FailureTest, AsyncPrimariesAreHandedOffToAReplacementLosingNoPush) {
   ExpectReplacementHoldsPrimaries(run);
 }
 
+TEST(FailureTest, AServerKilledWhilePrimariesAreHandedOffLosesNothing) {
+  // Server 0 (the old primary of some hand-offs) is killed as soon as the
+  // scheduler has started handing primaries off to server 1's replacement,
+  // then replaced in turn: its hand-offs end (the failover promotes a backup)
+  // and the weights stay bitwise the fault-free run's.
+  std::vector<std::string> job = kSmallPartitionsJob;
+  job[std::find(job.begin(), job.end(), "--epochs") - job.begin() + 1] = "3";
+  LocalRun killed =
+      ExpectFaultsChangeNoWeight(job, {"--replace", "--kill", "server:1@20", "--kill", "server:0@handoff"});
+  if (killed.exit_code != 0) return;
+  EXPECT_THAT(killed.err, HasSubstr("primary hand-offs balance the primaries"));
+  EXPECT_THAT(killed.err, ContainsRegex("server 0 \\(tcp://[^)]*\\) joins the running job"));
+  EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_THAT(killed.err, Not(HasSubstr("before its copy was complete")));
+}
+
 TEST(FailureTest, AServerKilledWhileCopiesMoveToAReplacementLosesNothing) {
   // Server 0 (primary of some moving partitions, holder of old copies of
   // others) is killed as soon as the scheduler starts moving copies to
