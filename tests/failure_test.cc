@@ -224,10 +224,10 @@ struct Balance {
   std::map<int, uint64_t> loads;
   bool within = false;
 };
-Balance LastBalance(const std::string& err) {
+// The last line of the scheduler's log matching `line`, whose groups are
+// the count, the loads ("I:E, ...") and "each" or "not all".
+Balance LastBalanceLine(const std::string& err, const std::regex& line) {
   Balance b;
-  const std::regex line("servers balanced: ([0-9]+) copy moves in [^;]*; elements held per live server ([0-9:, ]+) "
-                        "\\((each|not all) within");
   for (auto it = std::sregex_iterator(err.begin(), err.end(), line); it != std::sregex_iterator(); ++it) {
     b.moves = std::stoi((*it)[1]);
     b.within = (*it)[3] == "each";
@@ -242,6 +242,10 @@ Balance LastBalance(const std::string& err) {
     }
   }
   return b;
+}
+Balance LastBalance(const std::string& err) {
+  return LastBalanceLine(err, std::regex("servers balanced: ([0-9]+) copy moves in [^;]*; elements held per live "
+                                         "server ([0-9:, ]+) \\((each|not all) within"));
 }
 
 // A job cut into many small partitions (64 KiB), so a server's share is
@@ -273,23 +277,8 @@ TEST(FailureTest, AReplacementServerIsGivenItsShareOfCopiesWithoutChangingAWeigh
 // balanced: M of N hand-offs made, D after the join; primary elements per
 // live server I:E, ... (each within one partition of the mean)".
 Balance LastPrimaryBalance(const std::string& err) {
-  Balance b;
-  const std::regex line("primaries balanced: ([0-9]+) of [0-9]+ hand-offs made, [^;]*; primary elements per live "
-                        "server ([0-9:, ]+) \\((each|not all) within");
-  for (auto it = std::sregex_iterator(err.begin(), err.end(), line); it != std::sregex_iterator(); ++it) {
-    b.moves = std::stoi((*it)[1]);
-    b.within = (*it)[3] == "each";
-    b.loads.clear();
-    std::stringstream loads((*it)[2]);
-    int server;
-    char colon, comma;
-    uint64_t elements;
-    while (loads >> server >> colon >> elements) {
-      b.loads[server] = elements;
-      loads >> comma;
-    }
-  }
-  return b;
+  return LastBalanceLine(err, std::regex("primaries balanced: ([0-9]+) of [0-9]+ hand-offs made, [^;]*; primary "
+                                         "elements per live server ([0-9:, ]+) \\((each|not all) within"));
 }
 
 // The replacement for server 1 holds primaries within one partition (16384
