@@ -1,7 +1,8 @@
-// ClusterState, copy moves half: balancing the live servers' loads (after a
-// server joined a running job, or a failover), in two phases so no partition
-// ever has fewer valid copies than before a move (see CopyMove in
-// proto/cluster.proto).
+// ClusterState, balancing half: the live servers' loads (after a server
+// joined a running job, or a failover), first the copies they hold, in two
+// phases so no partition ever has fewer valid copies than before a move (see
+// CopyMove in proto/cluster.proto), then the primaries, each handed off in
+// two epochs so no update is lost or applied twice (see Handoff).
 #include <algorithm>
 
 #include <glog/logging.h>
@@ -56,12 +57,18 @@ void ClusterState::MaybeStartCopyMoves() {
   // One plan at a time, judged once per epoch, on servers that all serve it
   // with every copy synced: in the middle of a failover the re-created
   // copies are still on their way, and moves would only compete with them.
-  if (map_.partitions_size() == 0 || map_.moves_size() > 0 || balance_checked_epoch_ == map_.epoch()) return;
+  if (map_.partitions_size() == 0 || map_.moves_size() > 0 || map_.handoffs_size() > 0 ||
+      balance_checked_epoch_ == map_.epoch()) {
+    return;
+  }
   if (!ServersServe(map_.epoch()) || !LiveCopiesSynced()) return;
   balance_checked_epoch_ = map_.epoch();
   const std::set<uint32_t> live = LiveServers();
   const std::vector<CopyMove> moves = PlanCopyMoves(map_, live);
-  if (moves.empty()) return;
+  if (moves.empty()) {
+    MaybeStartHandoffs(live);  // the copies are as balanced as they get: now the primaries
+    return;
+  }
   if (moves_planned_ == 0) {
     moves_since_join_ = joined_at_ != absl::InfinitePast();
     moves_since_ = moves_since_join_ ? joined_at_ : clock_();
@@ -140,6 +147,140 @@ int ClusterState::EndBrokenCopyMoves(uint32_t dead) {
     ++ended;
   }
   if (map_.moves_size() == 0) moves_planned_ = 0;
+  return ended;
+}
+
+void ClusterState::MaybeStartHandoffs(const std::set<uint32_t>& live) {
+  if (clock_() < handoffs_retry_at_) {
+    balance_checked_epoch_ = 0;  // judged again by a later heartbeat, once the pause is over
+    return;
+  }
+  const std::vector<Handoff> handoffs = PlanHandoffs(map_, live);
+  if (handoffs.empty()) return;
+  map_.set_epoch(map_.epoch() + 1);
+  const absl::Time now = clock_();
+  if (handoffs_planned_ == 0) {
+    handoffs_since_join_ = last_join_ != absl::InfinitePast();
+    handoffs_since_ = handoffs_since_join_ ? last_join_ : now;
+  }
+  std::vector<std::string> planned;
+  for (Handoff h : handoffs) {
+    h.set_epoch(map_.epoch());
+    *map_.add_handoffs() = h;
+    handoff_started_[h.partition()] = now;
+    planned.push_back(absl::StrCat(h.partition(), " (", h.from(), "->", h.to(), ")"));
+  }
+  handoffs_planned_ += static_cast<int>(handoffs.size());
+  handoffs_planned_total_ += handoffs.size();
+  LOG(WARNING) << "primary hand-offs balance the primaries: partition " << absl::StrJoin(planned, ", ")
+               << " at shard map epoch " << map_.epoch() << " (each old primary drains first); primary elements per "
+               << "live server once done " << DescribeLoads(PrimaryLoadsAfterHandoffs(map_, live));
+  Save();
+}
+
+void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& request) {
+  if (map_.handoffs_size() == 0 || node.role != SERVER || request.handoffs_done_size() == 0) return;
+  const uint64_t epoch = map_.epoch() + 1;
+  const absl::Time now = clock_();
+  bool changed = false;
+  auto* handoffs = map_.mutable_handoffs();
+  for (int i = 0; i < handoffs->size();) {
+    const Handoff& h = handoffs->Get(i);
+    const auto& done = request.handoffs_done();
+    auto report = std::find_if(done.begin(), done.end(), [&h](const HandoffDone& d) {
+      return d.partition() == h.partition() && d.epoch() == h.epoch();
+    });
+    if (h.from() != node.rank || request.applied_epoch() < h.epoch() || report == done.end()) {
+      ++i;
+      continue;
+    }
+    PartitionInfo* p = FindPartition(map_, h.partition());
+    const bool still = p != nullptr && p->server() == h.from() &&
+                       std::find(p->backups().begin(), p->backups().end(), h.to()) != p->backups().end();
+    const auto started = handoff_started_.find(h.partition());
+    const std::string after = started != handoff_started_.end() ? absl::FormatDuration(now - started->second) : "?";
+    if (still) {
+      // The old primary takes the new one's place among the backups.
+      std::replace(p->mutable_backups()->begin(), p->mutable_backups()->end(), h.to(), h.from());
+      p->set_server(h.to());
+      ++handoffs_made_;
+      ++handoffs_made_total_;
+      LOG(WARNING) << "primary of partition " << h.partition() << " handed off from server " << h.from() << " to "
+                   << h.to() << " at shard map epoch " << epoch << " after " << after << " ("
+                   << report->completed() << " updates completed on server " << h.from() << ")";
+    } else {
+      LOG(WARNING) << "hand-off of partition " << h.partition() << " from server " << h.from() << " to " << h.to()
+                   << " ends unmade at shard map epoch " << epoch << ": the roles changed meanwhile";
+    }
+    handoff_started_.erase(h.partition());
+    handoffs->DeleteSubrange(i, 1);
+    changed = true;
+  }
+  if (!changed) return;
+  map_.set_epoch(epoch);
+  if (map_.handoffs_size() == 0 && handoffs_planned_ > 0) {
+    const auto loads = PrimaryLoadsAfterHandoffs(map_, LiveServers());
+    const bool balanced = LoadsBalanced(map_, loads);
+    LOG(WARNING) << "primaries balanced: " << handoffs_made_ << " of " << handoffs_planned_ << " hand-offs made, "
+                 << absl::FormatDuration(now - handoffs_since_)
+                 << (handoffs_since_join_ ? " after the join" : " after their plan")
+                 << "; primary elements per live server " << DescribeLoads(loads)
+                 << (balanced ? " (each within" : " (not all within") << " one partition of the mean)";
+    handoffs_planned_ = handoffs_made_ = 0;
+    // A server that joined meanwhile is still to be given its share: the
+    // next plan's time counts from its join.
+    if (balanced) last_join_ = absl::InfinitePast();
+  }
+  Save();
+}
+
+int ClusterState::EndBrokenHandoffs(uint32_t dead) {
+  int ended = 0;
+  auto* handoffs = map_.mutable_handoffs();
+  for (int i = 0; i < handoffs->size();) {
+    const Handoff& h = handoffs->Get(i);
+    if (h.from() != dead && h.to() != dead) {
+      ++i;
+      continue;
+    }
+    LOG(WARNING) << "hand-off of partition " << h.partition() << " from server " << h.from() << " to " << h.to()
+                 << " ends with server " << dead << "'s death at shard map epoch " << map_.epoch()
+                 << (h.to() == dead ? "; its old primary resumes" : "");
+    handoff_started_.erase(h.partition());
+    handoffs->DeleteSubrange(i, 1);
+    ++ended;
+  }
+  if (map_.handoffs_size() == 0) handoffs_planned_ = handoffs_made_ = 0;
+  return ended;
+}
+
+int ClusterState::EndLateHandoffs() {
+  const absl::Time now = clock_();
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  int ended = 0;
+  auto* handoffs = map_.mutable_handoffs();
+  for (int i = 0; i < handoffs->size();) {
+    const Handoff& h = handoffs->Get(i);
+    // A restarted scheduler knows no start: it counts from its first check.
+    const absl::Time started = handoff_started_.try_emplace(h.partition(), now).first->second;
+    if (now - started <= timeout) {
+      ++i;
+      continue;
+    }
+    LOG(WARNING) << "hand-off of partition " << h.partition() << " from server " << h.from() << " to " << h.to()
+                 << " ends at shard map epoch " << map_.epoch() + 1 << ": not drained within heartbeat_timeout_ms ("
+                 << absl::FormatDuration(now - started) << "); server " << h.from()
+                 << " stays the primary and replays what it held (no new hand-off for one timeout)";
+    handoff_started_.erase(h.partition());
+    handoffs->DeleteSubrange(i, 1);
+    ++ended;
+  }
+  if (ended == 0) return 0;
+  map_.set_epoch(map_.epoch() + 1);
+  // A partition that did not drain (a round held up by a slow worker) would
+  // be held again at once: new hand-offs wait one timeout first.
+  handoffs_retry_at_ = now + timeout;
+  if (map_.handoffs_size() == 0) handoffs_planned_ = handoffs_made_ = 0;
   return ended;
 }
 

@@ -331,6 +331,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   }
   if (request.has_counters()) RecordCounters(*node, request.counters());
   FinishCopyMoves(*node, request);
+  FinishHandoffs(*node, request);
   MaybeStartCopyMoves();
   HeartbeatResponse response;
   response.set_epoch(map_.epoch());
@@ -393,12 +394,14 @@ std::string ClusterState::FailOver(uint32_t dead) {
     ++promoted;
   }
   const int moves_ended = EndBrokenCopyMoves(dead);
+  const int handoffs_ended = EndBrokenHandoffs(dead);
   const int recreated = Rereplicate();
   std::string out;
   if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
   if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
   if (moves_ended > 0) absl::StrAppend(&out, "; ", moves_ended, " copy moves ended, their copies kept");
+  if (handoffs_ended > 0) absl::StrAppend(&out, "; ", handoffs_ended, " primary hand-offs ended");
   return out;
 }
 
@@ -456,6 +459,7 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   // fewer valid copies meanwhile.
   const int recreated = Rereplicate();
   joined_at_ = clock_();
+  last_join_ = joined_at_;
   LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
                << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
                << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots); "
@@ -561,6 +565,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
     for (auto* group : {&servers_, &workers_}) {
       for (auto& [k, node] : *group) node.last_seen += gap;
     }
+    for (auto& [partition, started] : handoff_started_) started += gap;
   }
   // A scheduler cut off from the cluster hears from nobody: declaring every
   // node dead would end a job that is training fine. Nodes are declared dead
@@ -588,7 +593,8 @@ std::vector<std::string> ClusterState::CheckLiveness() {
       if (!node.dead && now - node.last_seen > timeout) declared.push_back(DeclareDead(node, now - node.last_seen));
     }
   }
-  if (!declared.empty()) Save();
+  const int handoffs_ended = EndLateHandoffs();
+  if (!declared.empty() || handoffs_ended > 0) Save();
   return declared;
 }
 
@@ -742,6 +748,8 @@ StatusResponse ClusterState::Status() {
   *response.mutable_config() = config_;
   *response.mutable_shard_map() = map_;
   response.set_copy_moves_planned(moves_planned_total_);
+  response.set_handoffs_planned(handoffs_planned_total_);
+  response.set_handoffs_made(handoffs_made_total_);
   const absl::Time now = clock_();
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {

@@ -177,6 +177,20 @@ class ClusterState {
   // no more than `replication` copies (the extra one is needed) or whose old
   // copy became the primary. Returns how many ended.
   int EndBrokenCopyMoves(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Balancing the primaries, once the copies are (PlanCopyMoves has nothing
+  // left to move): epoch 1 of each planned hand-off (PlanHandoffs) lists it
+  // in map_.handoffs; its old primary drains the partition and says so.
+  void MaybeStartHandoffs(const std::set<uint32_t>& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Epoch 2: the hand-offs from server `node` that its heartbeat reports
+  // drained (at an epoch that lists them) make their `to` the primary and
+  // `from` a backup in its place, in one new epoch.
+  void FinishHandoffs(const Node& node, const HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failover of server `dead`: a hand-off from or to it ends (its
+  // old primary, if alive, resumes). Returns how many ended.
+  int EndBrokenHandoffs(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends, in a new epoch, every hand-off not reported drained within
+  // heartbeat_timeout_ms of its listing. Returns how many ended.
+  int EndLateHandoffs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Server `request` takes dead server `index`'s place in the running job:
   // a new epoch gives it the copies that are missing.
   absl::StatusOr<RegisterResponse> JoinRunningJob(uint32_t index, const RegisterRequest& request)
@@ -241,6 +255,20 @@ class ClusterState {
   bool moves_since_join_ ABSL_GUARDED_BY(mu_) = false;
   int moves_planned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t moves_planned_total_ ABSL_GUARDED_BY(mu_) = 0;  // StatusResponse.copy_moves_planned
+  // Hand-offs: when each under way was listed (a restarted scheduler counts
+  // from its first check), when the latest server joined (InfinitePast: no
+  // join since the primaries were last balanced), when the hand-offs under
+  // way began to be planned, and counts for the log and StatusResponse.
+  std::map<uint64_t, absl::Time> handoff_started_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_join_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time handoffs_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool handoffs_since_join_ ABSL_GUARDED_BY(mu_) = false;
+  // After hand-offs ended undrained, none is planned before this time.
+  absl::Time handoffs_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int handoffs_planned_ ABSL_GUARDED_BY(mu_) = 0;
+  int handoffs_made_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t handoffs_planned_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t handoffs_made_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardps

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 
 namespace shardps {
@@ -17,18 +18,65 @@ uint64_t LargestPartition(const ShardMap& map) {
   return largest;
 }
 
-// The largest backup copy on `donor` that `receiver` may take and whose
-// move narrows their gap; ties to the lower partition id.
-std::optional<int> BestCopy(const ShardMap& map, const std::set<uint64_t>& fixed, uint32_t donor,
-                            uint32_t receiver, uint64_t gap) {
+// A step of a greedy plan: partition `index` of the map goes from `donor`
+// to `receiver` (a copy, or the primary role).
+struct Step {
+  int index;
+  uint32_t donor, receiver;
+};
+
+// May `receiver` take partition p from `donor`?
+using Eligible = std::function<bool(const PartitionInfo& p, uint32_t donor, uint32_t receiver)>;
+
+// The largest partition of `donor` that `eligible` lets `receiver` take and
+// whose move narrows their gap; ties to the lower partition id.
+std::optional<int> BestPartition(const ShardMap& map, const std::set<uint64_t>& fixed, const Eligible& eligible,
+                                 uint32_t donor, uint32_t receiver, uint64_t gap) {
   std::optional<int> best;
   for (int i = 0; i < map.partitions_size(); ++i) {
     const PartitionInfo& p = map.partitions(i);
-    if (fixed.contains(p.id()) || p.server() == donor || !Holds(p, donor) || Holds(p, receiver)) continue;
-    if (p.num_elements() >= gap) continue;
+    if (fixed.contains(p.id()) || !eligible(p, donor, receiver) || p.num_elements() >= gap) continue;
     if (!best || p.num_elements() > map.partitions(*best).num_elements()) best = i;
   }
   return best;
+}
+
+// Both plans: while some server of `loads` is more than one partition's size
+// from the mean, the least loaded server takes, from the most loaded one that
+// has such a partition, the largest eligible one whose move narrows the gap
+// between the two; `apply` changes `planned` accordingly. Every step lowers
+// the sum of squared loads, so the plan ends. A partition moves at most once.
+using ApplyStep = std::function<void(PartitionInfo& p, const Step& step)>;
+std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t> loads, std::set<uint64_t> fixed,
+                                  const Eligible& eligible, const ApplyStep& apply) {
+  std::vector<Step> steps;
+  while (!LoadsBalanced(planned, loads)) {
+    auto lightest = std::min_element(loads.begin(), loads.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+    const uint32_t receiver = lightest->first;
+    std::vector<std::pair<uint64_t, uint32_t>> donors;  // (load, server), heaviest first
+    for (const auto& [s, load] : loads) {
+      if (load > lightest->second) donors.emplace_back(load, s);
+    }
+    std::sort(donors.begin(), donors.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    std::optional<Step> step;
+    for (const auto& [load, donor] : donors) {
+      std::optional<int> i = BestPartition(planned, fixed, eligible, donor, receiver, load - loads[receiver]);
+      if (!i) continue;
+      step = Step{*i, donor, receiver};
+      PartitionInfo& p = *planned.mutable_partitions(*i);
+      apply(p, *step);
+      loads[donor] -= p.num_elements();
+      loads[receiver] += p.num_elements();
+      fixed.insert(p.id());
+      break;
+    }
+    if (!step) break;  // nothing can narrow a gap: as balanced as these steps get
+    steps.push_back(*step);
+  }
+  return steps;
 }
 
 }  // namespace
@@ -62,45 +110,63 @@ bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& load
 }
 
 std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live) {
-  std::map<uint32_t, uint64_t> loads = ServerLoadsAfterMoves(map, live);
-  ShardMap planned = map;  // the copies as the plan leaves them
   std::set<uint64_t> fixed;
   for (const CopyMove& m : map.moves()) fixed.insert(m.partition());
   for (const PartitionInfo& p : map.partitions()) {
     if (!live.contains(p.server())) fixed.insert(p.id());
   }
+  ShardMap planned = map;  // the copies as the plan leaves them
+  auto backup_of_donor = [](const PartitionInfo& p, uint32_t donor, uint32_t receiver) {
+    return p.server() != donor && Holds(p, donor) && !Holds(p, receiver);
+  };
+  auto move_copy = [](PartitionInfo& p, const Step& step) {
+    std::replace(p.mutable_backups()->begin(), p.mutable_backups()->end(), step.donor, step.receiver);
+  };
   std::vector<CopyMove> moves;
-  while (!LoadsBalanced(map, loads)) {
-    auto lightest = std::min_element(loads.begin(), loads.end(),
-                                     [](const auto& a, const auto& b) { return a.second < b.second; });
-    const uint32_t receiver = lightest->first;
-    std::vector<std::pair<uint64_t, uint32_t>> donors;  // (load, server), heaviest first
-    for (const auto& [s, load] : loads) {
-      if (load > lightest->second) donors.emplace_back(load, s);
-    }
-    std::sort(donors.begin(), donors.end(), [](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
-    std::optional<CopyMove> move;
-    for (const auto& [load, donor] : donors) {
-      std::optional<int> i = BestCopy(planned, fixed, donor, receiver, load - loads[receiver]);
-      if (!i) continue;
-      PartitionInfo* p = planned.mutable_partitions(*i);
-      auto* backups = p->mutable_backups();
-      std::replace(backups->begin(), backups->end(), donor, receiver);
-      move.emplace();
-      move->set_partition(p->id());
-      move->set_from(donor);
-      move->set_to(receiver);
-      loads[donor] -= p->num_elements();
-      loads[receiver] += p->num_elements();
-      fixed.insert(p->id());
-      break;
-    }
-    if (!move) break;  // no backup copy can narrow a gap: as balanced as moving backups gets
-    moves.push_back(*move);
+  const auto loads = ServerLoadsAfterMoves(map, live);
+  for (const Step& step : BalanceGreedily(planned, loads, fixed, backup_of_donor, move_copy)) {
+    CopyMove& move = moves.emplace_back();
+    move.set_partition(planned.partitions(step.index).id());
+    move.set_from(step.donor);
+    move.set_to(step.receiver);
   }
   return moves;
+}
+
+std::map<uint32_t, uint64_t> PrimaryLoadsAfterHandoffs(const ShardMap& map, const std::set<uint32_t>& live) {
+  std::map<uint32_t, uint64_t> loads;
+  for (uint32_t s : live) loads[s] = 0;
+  std::map<uint64_t, uint32_t> taking;  // partition -> server whose primary it becomes
+  for (const Handoff& h : map.handoffs()) taking[h.partition()] = h.to();
+  for (const PartitionInfo& p : map.partitions()) {
+    auto it = taking.find(p.id());
+    const uint32_t primary = it != taking.end() ? it->second : p.server();
+    if (loads.contains(primary)) loads[primary] += p.num_elements();
+  }
+  return loads;
+}
+
+std::vector<Handoff> PlanHandoffs(const ShardMap& map, const std::set<uint32_t>& live) {
+  std::set<uint64_t> fixed;
+  for (const Handoff& h : map.handoffs()) fixed.insert(h.partition());
+  for (const CopyMove& m : map.moves()) fixed.insert(m.partition());
+  ShardMap planned = map;  // the roles as the plan leaves them
+  auto backup_of_receiver = [](const PartitionInfo& p, uint32_t donor, uint32_t receiver) {
+    return p.server() == donor && std::find(p.backups().begin(), p.backups().end(), receiver) != p.backups().end();
+  };
+  auto swap_roles = [](PartitionInfo& p, const Step& step) {
+    std::replace(p.mutable_backups()->begin(), p.mutable_backups()->end(), step.receiver, step.donor);
+    p.set_server(step.receiver);
+  };
+  std::vector<Handoff> handoffs;
+  for (const Step& step :
+       BalanceGreedily(planned, PrimaryLoadsAfterHandoffs(map, live), fixed, backup_of_receiver, swap_roles)) {
+    Handoff& h = handoffs.emplace_back();
+    h.set_partition(planned.partitions(step.index).id());
+    h.set_from(step.donor);
+    h.set_to(step.receiver);
+  }
+  return handoffs;
 }
 
 }  // namespace shardps

@@ -1,5 +1,6 @@
 // Planning the backup copies that move to balance the live servers' loads
-// (after a server joined a running job, or a failover). Pure functions of a shard map: the scheduler
+// (after a server joined a running job, or a failover), then the primary
+// roles handed off to balance the primaries. Pure functions of a shard map: the scheduler
 // (ClusterState) carries out a plan in two phases, see CopyMove in
 // proto/cluster.proto and "A server that joins" in docs/architecture.md.
 #ifndef SHARDPS_SCHEDULER_COPY_MOVES_H_
@@ -32,6 +33,23 @@ bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& load
 // send), a partition moves at most once per plan, and partitions with a move
 // under way, or whose primary is not live, are left alone. Deterministic.
 std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live);
+
+// Elements of the partitions each server in `live` is the primary of once
+// the hand-offs in `map.handoffs()` are done (their `to` the primary).
+std::map<uint32_t, uint64_t> PrimaryLoadsAfterHandoffs(const ShardMap& map, const std::set<uint32_t>& live);
+
+// The hand-offs of primary roles (epoch unset) that balance `live` servers'
+// primary elements (the workers' traffic and the optimizer work), the same
+// greedy way as PlanCopyMoves: while some server's primaries are more than
+// one partition's size from the mean, the least loaded server takes, from
+// the most loaded one that has such a partition, the primary role of the
+// largest partition it holds a backup of whose switch narrows the gap
+// between the two. Copies stay where they are (the old primary becomes a
+// backup in the new one's place). A partition is handed off at most once
+// per plan; those with a hand-off or a copy move under way are left alone.
+// Deterministic. REQUIRES: every backup the map lists is synced (the
+// scheduler plans only then).
+std::vector<Handoff> PlanHandoffs(const ShardMap& map, const std::set<uint32_t>& live);
 
 }  // namespace shardps
 

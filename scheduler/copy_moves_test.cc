@@ -109,7 +109,54 @@ TEST(PlanCopyMovesTest, AFreshMapNeedsNoMove) {
     EXPECT_TRUE(LoadsBalanced(*map, ServerLoadsAfterMoves(*map, live)))
         << "trial " << trial << ": " << num_servers << " servers, replication " << replication;
     EXPECT_THAT(PlanCopyMoves(*map, live), IsEmpty()) << "trial " << trial;
+    EXPECT_THAT(PlanHandoffs(*map, live), IsEmpty()) << "trial " << trial << ": the primaries too";
   }
+}
+
+ShardMap Apply(ShardMap map, const std::vector<Handoff>& handoffs) {
+  for (const Handoff& h : handoffs) {
+    PartitionInfo* p = map.mutable_partitions(h.partition());
+    std::replace(p->mutable_backups()->begin(), p->mutable_backups()->end(), h.to(), h.from());
+    p->set_server(h.to());
+  }
+  return map;
+}
+
+TEST(PlanHandoffsTest, AServerHoldingOnlyBackupsTakesPrimaryRolesUntilWithinAPartitionOfTheMean) {
+  // 12 partitions of 100: primaries alternate on servers 0 and 1 (600 each);
+  // server 2 holds the backups of partitions 0-7. Mean 400, slack 100: it
+  // takes three (500/400/300).
+  std::vector<std::vector<uint32_t>> copies;
+  for (uint32_t i = 0; i < 12; ++i) copies.push_back({i % 2, i < 8 ? 2u : 1 - i % 2});
+  const ShardMap map = MapOf(std::vector<uint64_t>(12, 100), copies);
+  const std::vector<Handoff> handoffs = PlanHandoffs(map, {0, 1, 2});
+  ASSERT_THAT(handoffs, SizeIs(3));
+  for (size_t i = 0; i < handoffs.size(); ++i) {
+    const Handoff& h = handoffs[i];
+    EXPECT_EQ(h.partition(), i) << "largest first, then the lowest id, alternating donors";
+    EXPECT_EQ(h.from(), map.partitions(h.partition()).server());
+    EXPECT_EQ(h.to(), 2u);
+  }
+  const ShardMap after = Apply(map, handoffs);
+  EXPECT_TRUE(LoadsBalanced(after, PrimaryLoadsAfterHandoffs(after, {0, 1, 2})));
+  EXPECT_EQ(ServerLoadsAfterMoves(after, {0, 1, 2}), ServerLoadsAfterMoves(map, {0, 1, 2})) << "no copy moved";
+  EXPECT_THAT(PlanHandoffs(after, {0, 1, 2}), IsEmpty());
+}
+
+TEST(PlanHandoffsTest, ARoleGoesOnlyWhereABackupIsAndPartitionsUnderWayStay) {
+  // Server 0 is the primary of partitions 0-4 (partition 4 handing off to
+  // server 1 already); server 2 backs up partition 2 only.
+  ShardMap map = MapOf(std::vector<uint64_t>(6, 100), {{0, 1}, {0, 1}, {0, 2}, {0, 1}, {0, 1}, {1, 0}});
+  Handoff* pending = map.add_handoffs();
+  pending->set_partition(4);
+  pending->set_from(0);
+  pending->set_to(1);
+  EXPECT_EQ(PrimaryLoadsAfterHandoffs(map, {0, 1, 2}), (std::map<uint32_t, uint64_t>{{0, 400}, {1, 200}, {2, 0}}));
+  const std::vector<Handoff> handoffs = PlanHandoffs(map, {0, 1, 2});
+  ASSERT_THAT(handoffs, SizeIs(1));  // 400/200/0 -> 300/200/100
+  EXPECT_EQ(handoffs[0].partition(), 2u);
+  EXPECT_EQ(handoffs[0].from(), 0u);
+  EXPECT_EQ(handoffs[0].to(), 2u);
 }
 
 RegisterRequest Server(const std::string& address) {
@@ -172,6 +219,42 @@ class CopyMovesTest : public ::testing::Test {
   }
 
   ShardMap Map() { return state_->Status().shard_map(); }
+
+  // The copy moves to the joined server finish; the beats at their epoch
+  // plan the hand-offs of primaries to it.
+  void StartHandoffs() {
+    StartMoves();
+    Beat({2});
+    ASSERT_THAT(Map().moves(), IsEmpty());
+    Beat({0, 1, 2});
+    ASSERT_THAT(Map().handoffs(), ::testing::Not(IsEmpty()));
+  }
+
+  // Server `server`'s heartbeat at `epoch` (0: the map's) reporting its
+  // hand-offs of `partitions` drained, as listed at `listed_at` (0: the
+  // epoch the map lists them at).
+  void ReportDrained(int server, const std::set<uint64_t>& partitions, uint64_t epoch = 0, uint64_t listed_at = 0) {
+    const ShardMap map = Map();
+    HeartbeatRequest h;
+    h.set_node_id(ids_[server]);
+    h.set_applied_epoch(epoch != 0 ? epoch : map.epoch());
+    for (const Handoff& listed : map.handoffs()) {
+      if (!partitions.contains(listed.partition())) continue;
+      HandoffDone* d = h.add_handoffs_done();
+      d->set_partition(listed.partition());
+      d->set_epoch(listed_at != 0 ? listed_at : listed.epoch());
+      d->set_completed(7);
+    }
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  }
+
+  // Partition id -> its primary.
+  std::map<uint64_t, uint32_t> Primaries() {
+    std::map<uint64_t, uint32_t> primaries;
+    const ShardMap map = Map();
+    for (const PartitionInfo& p : map.partitions()) primaries[p.id()] = p.server();
+    return primaries;
+  }
 
   // Heartbeats from `servers` at the current epoch; each reports every
   // copy it holds synced, but for `unsynced`.
@@ -291,7 +374,8 @@ TEST_F(CopyMovesTest, ARestartedSchedulerPlansTheMovesForAJoinItDidNotSee) {
   EXPECT_TRUE(LoadsBalanced(done, ServerLoadsAfterMoves(done, {0, 1, 2})));
   ExpectNoPartitionShort();
   Beat({0, 1, 2});
-  EXPECT_EQ(Map().epoch(), done.epoch()) << "a balanced map plans nothing more";
+  EXPECT_THAT(Map().moves(), IsEmpty()) << "balanced copies need no more moves";
+  EXPECT_THAT(Map().handoffs(), ::testing::Not(IsEmpty())) << "the primaries come next";
 }
 
 TEST_F(CopyMovesTest, NoMovesStartWhileALiveServerHoldsACopyNotSyncedYet) {
@@ -345,6 +429,108 @@ TEST_F(CopyMovesTest, TheJoinedServerDyingInPhaseOneLeavesTheOldCopies) {
     const PartitionInfo& p = map.partitions(m.partition());
     ASSERT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
     EXPECT_EQ(p.backups(0), m.from()) << "the old copy stays: " << p.ShortDebugString();
+  }
+  ExpectNoPartitionShort();
+}
+
+TEST_F(CopyMovesTest, ThePrimariesAreHandedOffToTheJoinedServerInTwoEpochsEachOnItsOldPrimarysReport) {
+  StartHandoffs();
+  const ShardMap listed = Map();
+  const auto loads = ServerLoadsAfterMoves(listed, {0, 1, 2});
+  for (const Handoff& h : listed.handoffs()) {
+    EXPECT_EQ(h.epoch(), listed.epoch());
+    EXPECT_EQ(h.to(), 2u) << "the joined server holds no primary";
+    EXPECT_EQ(listed.partitions(h.partition()).server(), h.from()) << "the roles switch only once drained";
+  }
+  const Handoff first = listed.handoffs(0);
+  // Not from the old primary, from before the epoch that lists it, or for
+  // another listing: nothing changes.
+  ReportDrained(2, {first.partition()});
+  ReportDrained(first.from(), {first.partition()}, listed.epoch() - 1);
+  ReportDrained(first.from(), {first.partition()}, 0, listed.epoch() - 1);
+  EXPECT_EQ(Map().epoch(), listed.epoch());
+  ReportDrained(first.from(), {first.partition()});
+  const ShardMap switched = Map();
+  EXPECT_EQ(switched.epoch(), listed.epoch() + 1);
+  EXPECT_EQ(switched.partitions(first.partition()).server(), 2u);
+  EXPECT_THAT(switched.partitions(first.partition()).backups(), ::testing::ElementsAre(first.from()))
+      << "the old primary is a backup in the new one's place";
+  EXPECT_THAT(switched.handoffs(), SizeIs(listed.handoffs_size() - 1));
+  for (uint32_t from : {0u, 1u}) {
+    std::set<uint64_t> drained;
+    const ShardMap map = Map();
+    for (const Handoff& h : map.handoffs()) {
+      if (h.from() == from) drained.insert(h.partition());
+    }
+    ReportDrained(static_cast<int>(from), drained);
+  }
+  const ShardMap done = Map();
+  EXPECT_THAT(done.handoffs(), IsEmpty());
+  EXPECT_TRUE(LoadsBalanced(done, PrimaryLoadsAfterHandoffs(done, {0, 1, 2})));
+  EXPECT_GE(PrimaryLoadsAfterHandoffs(done, {0, 1, 2}).at(2), 300u) << "within a partition of the mean, 400";
+  EXPECT_EQ(ServerLoadsAfterMoves(done, {0, 1, 2}), loads) << "no copy moved";
+  EXPECT_EQ(state_->Status().handoffs_made(), static_cast<uint64_t>(listed.handoffs_size()));
+  ExpectNoPartitionShort();
+}
+
+TEST_F(CopyMovesTest, AHandoffNotReportedDrainedWithinTheHeartbeatTimeoutEndsAndTheOldPrimaryStays) {
+  StartHandoffs();
+  const ShardMap listed = Map();
+  const auto before = Primaries();
+  for (int t = 0; t < 10 && !Map().handoffs().empty(); ++t) {
+    now_ += absl::Milliseconds(300);
+    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+    if (Map().handoffs().empty()) break;
+    Beat({0, 1, 2});
+  }
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+  EXPECT_EQ(Map().epoch(), listed.epoch() + 1);
+  EXPECT_EQ(Primaries(), before);
+  EXPECT_EQ(state_->Status().handoffs_made(), 0u);
+  // Not planned again at once (the partition would be held again), but
+  // once a timeout has passed.
+  Beat({0, 1, 2});
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+  now_ += absl::Milliseconds(1100);
+  Beat({0, 1, 2});
+  EXPECT_THAT(Map().handoffs(), ::testing::Not(IsEmpty()));
+}
+
+TEST_F(CopyMovesTest, TheNewPrimaryDyingBeforeTheSwitchEndsItsHandoffsAndTheOldPrimariesStay) {
+  StartHandoffs();
+  const ShardMap listed = Map();
+  for (int t = 0; t < 12 && !Map().servers(2).dead(); ++t) {
+    now_ += absl::Milliseconds(100);
+    Beat({0, 1});
+    state_->CheckLiveness();
+  }
+  const ShardMap map = Map();
+  ASSERT_TRUE(map.servers(2).dead());
+  EXPECT_THAT(map.handoffs(), IsEmpty());
+  for (const Handoff& h : listed.handoffs()) EXPECT_EQ(map.partitions(h.partition()).server(), h.from());
+  ExpectNoPartitionShort();
+}
+
+TEST_F(CopyMovesTest, TheOldPrimaryDyingBeforeTheSwitchEndsItsHandoffsAndItsPartitionsFailOver) {
+  StartHandoffs();
+  const ShardMap listed = Map();
+  std::set<uint64_t> from_survivor;
+  for (const Handoff& h : listed.handoffs()) {
+    if (h.from() == 1) from_survivor.insert(h.partition());
+  }
+  ASSERT_THAT(from_survivor, ::testing::Not(IsEmpty()));
+  ReportDrained(1, from_survivor);  // server 1's switch, server 0's not yet
+  for (int t = 0; t < 12 && !Map().servers(0).dead(); ++t) {
+    now_ += absl::Milliseconds(100);
+    Beat({1, 2});
+    state_->CheckLiveness();
+  }
+  const ShardMap map = Map();
+  ASSERT_TRUE(map.servers(0).dead());
+  EXPECT_THAT(map.handoffs(), IsEmpty());
+  for (const Handoff& h : listed.handoffs()) {
+    EXPECT_EQ(map.partitions(h.partition()).server(), 2u)
+        << (h.from() == 0 ? "its backup takes over" : "handed off before the death");
   }
   ExpectNoPartitionShort();
 }

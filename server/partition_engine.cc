@@ -99,12 +99,14 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
   epoch_ = map.epoch();
   const uint32_t workers = config_.num_workers();
   absl::flat_hash_set<uint64_t> held;
+  std::vector<Deferred> resume;  // held by hand-offs that ended here
   for (const PartitionInfo& info : map.partitions()) {
     const bool holds = info.server() == server_index ||
                        std::find(info.backups().begin(), info.backups().end(), server_index) != info.backups().end();
     if (!holds) continue;
     held.insert(info.id());
     if (auto it = partitions_.find(info.id()); it != partitions_.end()) {
+      FollowHandoff(*it->second, map, info, resume);
       UpdateRole(*it->second, info, /*created=*/false);
       continue;
     }
@@ -174,7 +176,10 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
   ++copies_generation_;
   FollowCheckpoints(map);
   ApplyMembership(map);
+  // In arrival order, before what waited for this epoch (routed later).
+  for (Deferred& d : resume) Dispatch(d.peer, d.header, d.has_payload ? &d.payload : nullptr);
   RunDeferred();
+  if (!handing_off_.empty()) ProgressHandoffs();
   return absl::OkStatus();
 }
 
@@ -459,8 +464,22 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
     deferred_.push_back(std::move(d));
     return;
   }
+  Dispatch(peer, h, payload);
+  if (!handing_off_.empty()) ProgressHandoffs();
+}
+
+void PartitionEngine::Dispatch(const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload) {
   if (h.op() == REPLICATE) {
     HandleReplica(peer, h, payload);
+    return;
+  }
+  if (auto it = partitions_.find(h.partition_id());
+      it != partitions_.end() && !it->second->primary && h.epoch() < it->second->handed_off_at) {
+    // Routed before this server handed the partition off: the worker
+    // re-sends it to the new primary with the same request id, and an
+    // answer from here (even an error) would settle that request.
+    VLOG(1) << "server " << server_index_ << ": request " << h.request_id() << " for partition " << h.partition_id()
+            << " routed at epoch " << h.epoch() << ", before its hand-off: left to the new primary";
     return;
   }
   Partition* p = nullptr;
@@ -469,6 +488,12 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
   if (valid.ok()) valid = CheckRequestId(*p, h);
   if (!valid.ok()) {
     Answer(peer, h, valid);
+    return;
+  }
+  if (p->handoff_epoch != 0 && HoldsForHandoff(*p, h)) {
+    Deferred held{zmq::message_t(peer.data(), peer.size()), h, zmq::message_t(), payload != nullptr};
+    if (payload != nullptr) held.payload.move(*payload);
+    p->handoff_held.push_back(std::move(held));
     return;
   }
   switch (h.op()) {
@@ -835,6 +860,7 @@ void PartitionEngine::EndBatch() {
   for (auto& [id, p] : partitions_) {
     if (p->batch_count > 0) ApplyAsyncBatch(*p);
   }
+  if (!handing_off_.empty()) ProgressHandoffs();
 }
 
 void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
@@ -968,9 +994,11 @@ void PartitionEngine::FailWaiting(const absl::Status& status) {
     for (Waiter& waiter : p->waiting) Answer(waiter.peer, waiter.header, status);
     for (Waiter& waiter : p->unconfirmed) Answer(waiter.peer, waiter.header, status);
     for (ParkedPush& push : p->ahead) Answer(push.peer, push.header, status);
+    for (Deferred& held : p->handoff_held) Answer(held.peer, held.header, status);
     p->waiting.clear();
     p->unconfirmed.clear();
     p->ahead.clear();
+    p->handoff_held.clear();
   }
 }
 

@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "common/optimizer.h"
 #include "common/shared_buffer.h"
@@ -130,6 +131,16 @@ class PartitionEngine {
   // checkpoint to restore that is corrupt or does not match the map.
   // Copies this server holds in no later map are dropped (a copy moved to
   // a server that joined).
+  // Hand-offs (ShardMap.handoffs) of a partition this server is primary of:
+  // from the map that lists one, requests that would start new work are
+  // held (sync, ssp: pushes of a round no push has started, INIT; async:
+  // every push), unanswered, in arrival order, while the rounds already
+  // started complete and are confirmed; then HandoffsDone() lists it. A
+  // later map that makes another server the primary drops what was held
+  // without answering it (the workers re-send it there with the same
+  // request ids) and this copy becomes a backup; one that still has this
+  // server the primary but no longer lists the hand-off replays it all, in
+  // order.
   absl::Status InstallShardMap(const ShardMap& map, uint32_t server_index);
   uint64_t epoch() const { return epoch_; }
 
@@ -180,6 +191,9 @@ class PartitionEngine {
   // synced. copies_generation() changes whenever the answer may have.
   std::vector<uint64_t> SyncedCopies() const;
   uint64_t copies_generation() const { return copies_generation_; }
+  // The hand-offs this server has drained (see InstallShardMap), in
+  // partition id order; changes bump copies_generation().
+  std::vector<HandoffDone> HandoffsDone() const;
   // Current weights of a partition, for tests; null if not owned.
   const float* weights(uint64_t partition_id) const;
 
@@ -193,6 +207,15 @@ class PartitionEngine {
     DataHeader header;
     zmq::message_t payload;
     bool answered = false;  // ssp: answered before its round was counted
+  };
+  // A request kept to be handled later: routed with an epoch this server
+  // does not serve yet (a worker that learned of a failover first), or held
+  // by a hand-off.
+  struct Deferred {
+    zmq::message_t peer;
+    DataHeader header;
+    zmq::message_t payload;
+    bool has_payload = false;
   };
   struct Partition {
     uint64_t id = 0;
@@ -261,14 +284,16 @@ class PartitionEngine {
     // Backup, ssp: the pushes of rounds not complete yet, as the primary
     // forwarded them; a promoted copy counts them again.
     std::vector<ParkedPush> forwarded;
-  };
-  // A request routed with an epoch this server does not serve yet (a worker
-  // that learned of a failover first); handled once the epoch is installed.
-  struct Deferred {
-    zmq::message_t peer;
-    DataHeader header;
-    zmq::message_t payload;
-    bool has_payload = false;
+    // Hand-off of the primary role (ShardMap.handoffs): the epoch that
+    // listed it (0: none), whether the drain is done, the server taking
+    // over, and the requests held meanwhile, in arrival order. Once handed
+    // off, the epoch that did it: requests routed before it are the
+    // workers' to re-send to the new primary, not answered here.
+    uint64_t handoff_epoch = 0;
+    bool handoff_done = false;
+    uint32_t handoff_to = 0;
+    std::vector<Deferred> handoff_held;
+    uint64_t handed_off_at = 0;
   };
 
   PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer, ReplySink sink,
@@ -305,6 +330,17 @@ class PartitionEngine {
   // Answers the pulls a completed, confirmed round satisfies; replays pushes.
   void FinishRound(Partition& p);
   void RunDeferred();
+  // Handle, after the counting and the deferral of later epochs.
+  void Dispatch(const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload);
+  // Hand-offs (partition_handoff.cc). Follows the map's hand-off of p
+  // (`info`: p's entry): starts one, or ends one, dropping what was held
+  // (another server is the primary now) or, still primary, queueing it in
+  // `resume` to be replayed once the map is installed.
+  void FollowHandoff(Partition& p, const ShardMap& map, const PartitionInfo& info, std::vector<Deferred>& resume);
+  // Whether request `h` would start new work on p while p is handed off.
+  bool HoldsForHandoff(const Partition& p, const DataHeader& h) const;
+  // Handles the held requests that may go on now, and marks drained hand-offs done.
+  void ProgressHandoffs();
   // Checkpoints (partition_checkpoint.cc): see CheckpointConfig.
   // Loads p's state from checkpoint.restore_dir.
   absl::Status RestorePartition(Partition& p);
@@ -444,6 +480,7 @@ class PartitionEngine {
   CheckpointRequest requested_checkpoint_;  // from the map: shardps checkpoint
   uint64_t max_completed_ = 0;
   uint64_t copies_generation_ = 0;  // see SyncedCopies
+  absl::flat_hash_set<uint64_t> handing_off_;  // partitions with a hand-off under way
 };
 
 }  // namespace shardps

@@ -42,6 +42,7 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
       for (size_t w = 0; w < join_round_.size(); ++w) p.next_round[w] = std::max(p.completed, join_round_[w]);
     }
     ++stats_.promotions;
+    p.handed_off_at = 0;
     p.arrivals = 0;
     p.sent = 0;
     p.confirmed.clear();
@@ -215,6 +216,7 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   uint64_t& confirmed = p.confirmed[b - p.backups.begin()];
   confirmed = std::max(confirmed, std::min(answer.request_id(), p.sent));
   OnConfirmed(p);
+  if (!handing_off_.empty()) ProgressHandoffs();
 }
 
 void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <thread>
@@ -142,6 +143,8 @@ class ParameterServerImpl : public ParameterServer {
       }
       engine_->EndBatch();
       ReceivePeerAnswers();
+      // A hand-off drains as its backups confirm: say so without waiting.
+      if (engine_->copies_generation() != copies_generation_) PublishSyncedCopies();
       if (metrics_) metrics_->MaybePublish(*engine_);
       PublishCounters();
     }
@@ -461,19 +464,30 @@ class ParameterServerImpl : public ParameterServer {
     LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
     copies_generation_ = engine_->copies_generation();
     std::vector<uint64_t> synced = engine_->SyncedCopies();
+    std::vector<HandoffDone> handoffs = engine_->HandoffsDone();
     absl::MutexLock lock(&mu_);
     applied_epoch_ = map->epoch();
     synced_copies_ = std::move(synced);  // with the epoch they hold at
+    handoffs_done_ = std::move(handoffs);
     heartbeat_now_ = true;
   }
 
   // A copy's snapshot arrived: the next heartbeat says so (see
-  // HeartbeatRequest.synced_copies).
+  // HeartbeatRequest.synced_copies). A drained hand-off is reported at once:
+  // the partition's new work waits for the switch.
   void PublishSyncedCopies() {
     copies_generation_ = engine_->copies_generation();
     std::vector<uint64_t> synced = engine_->SyncedCopies();
+    std::vector<HandoffDone> handoffs = engine_->HandoffsDone();
     absl::MutexLock lock(&mu_);
     synced_copies_ = std::move(synced);
+    auto same = [](const HandoffDone& a, const HandoffDone& b) {
+      return a.partition() == b.partition() && a.epoch() == b.epoch();
+    };
+    if (!std::equal(handoffs.begin(), handoffs.end(), handoffs_done_.begin(), handoffs_done_.end(), same)) {
+      heartbeat_now_ = true;
+    }
+    handoffs_done_ = std::move(handoffs);
   }
 
   absl::Status WatchError() {
@@ -490,6 +504,7 @@ class ParameterServerImpl : public ParameterServer {
       request.set_applied_epoch(applied_epoch_);
       request.set_completed_round(completed_round_.load(std::memory_order_relaxed));
       request.mutable_synced_copies()->Assign(synced_copies_.begin(), synced_copies_.end());
+      for (const HandoffDone& d : handoffs_done_) *request.add_handoffs_done() = d;
       heartbeat_now_ = false;
       mu_.Unlock();
       {
@@ -549,6 +564,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
   uint64_t applied_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> synced_copies_ ABSL_GUARDED_BY(mu_);  // at applied_epoch_
+  std::vector<HandoffDone> handoffs_done_ ABSL_GUARDED_BY(mu_);  // at applied_epoch_
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
   bool heartbeat_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <fstream>
@@ -223,10 +224,10 @@ struct Balance {
   std::map<int, uint64_t> loads;
   bool within = false;
 };
-Balance LastBalance(const std::string& err) {
+// The last line of the scheduler's log matching `line`, whose groups are
+// the count, the loads ("I:E, ...") and "each" or "not all".
+Balance LastBalanceLine(const std::string& err, const std::regex& line) {
   Balance b;
-  const std::regex line("servers balanced: ([0-9]+) copy moves in [^;]*; elements held per live server ([0-9:, ]+) "
-                        "\\((each|not all) within");
   for (auto it = std::sregex_iterator(err.begin(), err.end(), line); it != std::sregex_iterator(); ++it) {
     b.moves = std::stoi((*it)[1]);
     b.within = (*it)[3] == "each";
@@ -241,6 +242,10 @@ Balance LastBalance(const std::string& err) {
     }
   }
   return b;
+}
+Balance LastBalance(const std::string& err) {
+  return LastBalanceLine(err, std::regex("servers balanced: ([0-9]+) copy moves in [^;]*; elements held per live "
+                                         "server ([0-9:, ]+) \\((each|not all) within"));
 }
 
 // A job cut into many small partitions (64 KiB), so a server's share is
@@ -264,6 +269,69 @@ TEST(FailureTest, AReplacementServerIsGivenItsShareOfCopiesWithoutChangingAWeigh
   for (const auto& [server, elements] : b.loads) total += elements;
   // 64 KiB partitions: 16384 elements, the largest.
   EXPECT_GE(b.loads.at(1) + 16384, total / 3) << "the replacement holds less than its share: " << killed.err;
+  EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
+  EXPECT_THAT(killed.err, Not(HasSubstr("before its copy was complete")));
+}
+
+// The scheduler's line once the hand-offs of primaries are done: "primaries
+// balanced: M of N hand-offs made, D after the join; primary elements per
+// live server I:E, ... (each within one partition of the mean)".
+Balance LastPrimaryBalance(const std::string& err) {
+  return LastBalanceLine(err, std::regex("primaries balanced: ([0-9]+) of [0-9]+ hand-offs made, [^;]*; primary "
+                                         "elements per live server ([0-9:, ]+) \\((each|not all) within"));
+}
+
+// The replacement for server 1 holds primaries within one partition (16384
+// elements) of the mean once the hand-offs are done.
+void ExpectReplacementHoldsPrimaries(const LocalRun& run) {
+  const Balance b = LastPrimaryBalance(run.err);
+  ASSERT_GT(b.moves, 0) << run.err;
+  EXPECT_TRUE(b.within) << run.err;
+  ASSERT_EQ(b.loads.size(), 3u) << run.err;
+  uint64_t total = 0;
+  for (const auto& [server, elements] : b.loads) total += elements;
+  EXPECT_GE(b.loads.at(1) + 16384, total / 3) << "the replacement serves less than its share: " << run.err;
+  EXPECT_THAT(run.err, ContainsRegex("primary of partition [0-9]+ handed off from server [02] to 1 at shard map epoch"));
+  EXPECT_THAT(run.err, Not(HasSubstr("not drained within")));
+  EXPECT_THAT(run.err, Not(HasSubstr("before its copy was complete")));
+}
+
+TEST(FailureTest, AReplacementServerTakesOverPrimariesByHandOffsWithoutChangingAWeight) {
+  // Once the copies are balanced, the survivors hand primary roles to the
+  // replacement (each drains the partition, then the scheduler switches):
+  // it serves workers again, and the weights are bitwise the fault-free
+  // run's, nothing lost or applied twice. Three epochs leave the hand-offs
+  // time to finish before the job does.
+  std::vector<std::string> job = kSmallPartitionsJob;
+  job[std::find(job.begin(), job.end(), "--epochs") - job.begin() + 1] = "3";
+  LocalRun killed = ExpectFaultsChangeNoWeight(job, {"--replace", "--kill", "server:1@20"});
+  if (killed.exit_code != 0) return;
+  ExpectReplacementHoldsPrimaries(killed);
+}
+
+TEST(FailureTest, AsyncPrimariesAreHandedOffToAReplacementLosingNoPush) {
+  LocalRun run = RunLocal({"--servers", "3", "--workers", "2", "--train-limit", "9000", "--epochs", "3",
+                           "--consistency", "async", "--set", "partition_bytes=65536", "--replace", "--kill",
+                           "server:1@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+  ExpectReplacementHoldsPrimaries(run);
+}
+
+TEST(FailureTest, AServerKilledWhilePrimariesAreHandedOffLosesNothing) {
+  // Server 0 (the old primary of some hand-offs) is killed as soon as the
+  // scheduler has started handing primaries off to server 1's replacement,
+  // then replaced in turn: its hand-offs end (the failover promotes a backup)
+  // and the weights stay bitwise the fault-free run's.
+  std::vector<std::string> job = kSmallPartitionsJob;
+  job[std::find(job.begin(), job.end(), "--epochs") - job.begin() + 1] = "3";
+  LocalRun killed =
+      ExpectFaultsChangeNoWeight(job, {"--replace", "--kill", "server:1@20", "--kill", "server:0@handoff"});
+  if (killed.exit_code != 0) return;
+  EXPECT_THAT(killed.err, HasSubstr("primary hand-offs balance the primaries"));
+  EXPECT_THAT(killed.err, ContainsRegex("server 0 \\(tcp://[^)]*\\) joins the running job"));
   EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
   EXPECT_THAT(killed.err, Not(HasSubstr("before its copy was complete")));
 }

@@ -25,14 +25,15 @@ std::string RoleName(FaultSpec::Role role) {
 absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec, int servers, int workers) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("--kill '", spec, "': ", why,
-                                                   " (expected ROLE[:INDEX]@STEP or ROLE[:INDEX]@moving, ROLE "
+                                                   " (expected ROLE[:INDEX]@STEP, @moving or @handoff, ROLE "
                                                    "scheduler, server or worker)"));
   };
   const size_t at = spec.rfind('@');
   if (at == absl::string_view::npos) return bad("no @STEP");
   FaultSpec f;
   f.while_moving = spec.substr(at + 1) == "moving";
-  if (!f.while_moving && (!absl::SimpleAtoi(spec.substr(at + 1), &f.step) || f.step < 1)) {
+  f.while_handing_off = spec.substr(at + 1) == "handoff";
+  if (!f.while_moving && !f.while_handing_off && (!absl::SimpleAtoi(spec.substr(at + 1), &f.step) || f.step < 1)) {
     return bad("STEP is not a positive integer");
   }
   absl::string_view who = spec.substr(0, at);
@@ -83,16 +84,20 @@ bool FaultInjector::ServerKilled(int index) const {
 
 absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
   const absl::Time now = absl::Now();
-  const bool moving = std::any_of(plan_.begin(), plan_.end(), [](const FaultSpec& f) { return f.while_moving; }) &&
-                      MovesUnderWay();
+  const bool waits = std::any_of(plan_.begin(), plan_.end(),
+                                 [](const FaultSpec& f) { return f.while_moving || f.while_handing_off; });
+  const Balancing balancing = waits ? BalancingUnderWay() : Balancing{};
   for (auto it = plan_.begin(); it != plan_.end();) {
-    if (it->while_moving ? !moving : it->step > step) {
+    const bool due = it->while_moving        ? balancing.moving
+                     : it->while_handing_off ? balancing.handing_off
+                                             : it->step <= step;
+    if (!due) {
       ++it;
       continue;
     }
     FaultSpec f = *it;
     it = plan_.erase(it);
-    if (f.while_moving) f.step = step;
+    if (f.while_moving || f.while_handing_off) f.step = step;
     size_t slot = 0;
     if (f.role == FaultSpec::Role::kServer) {
       auto found = processes.server_slot(f.index);
@@ -115,11 +120,14 @@ absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
   return absl::OkStatus();
 }
 
-bool FaultInjector::MovesUnderWay() {
+FaultInjector::Balancing FaultInjector::BalancingUnderWay() {
   auto status = scheduler_->Status(absl::Milliseconds(200));
-  // Under way now, or planned and finished between two polls (a move can
-  // finish within a few milliseconds): the kill lands in or just after it.
-  return status.ok() && (status->shard_map().moves_size() > 0 || status->copy_moves_planned() > 0);
+  if (!status.ok()) return {};
+  // Under way now, or planned and finished between two polls (a move or a
+  // hand-off can finish within a few milliseconds): the kill lands in or
+  // just after it.
+  return {status->shard_map().moves_size() > 0 || status->copy_moves_planned() > 0,
+          status->shard_map().handoffs_size() > 0 || status->handoffs_planned() > 0};
 }
 
 void FaultInjector::Measure(int64_t step) {

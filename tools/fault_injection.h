@@ -34,9 +34,14 @@ struct FaultSpec {
   // milliseconds, so the kill lands in it or just after). The record's step
   // is rank 0's at the kill.
   bool while_moving = false;
+  // "@handoff": the same, once the scheduler has started handing primary
+  // roles off (ShardMap.handoffs under way, or
+  // StatusResponse.handoffs_planned).
+  bool while_handing_off = false;
 };
 
-// "server:1@600", "worker:2@600", "scheduler@600", "server:0@moving".
+// "server:1@600", "worker:2@600", "scheduler@600", "server:0@moving",
+// "server:0@handoff".
 // Refuses unknown roles, indices outside the cluster, and worker 0 (its
 // steps are the clock).
 absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec, int servers, int workers);
@@ -84,9 +89,13 @@ class FaultInjector {
     int64_t step_at_detection = -1;
   };
   void Measure(int64_t step);
-  // Whether the scheduler has started copy moves (polled only while an
-  // "@moving" fault waits).
-  bool MovesUnderWay();
+  // Whether the scheduler has started copy moves, and hand-offs (polled
+  // only while an "@moving" or "@handoff" fault waits).
+  struct Balancing {
+    bool moving = false;
+    bool handing_off = false;
+  };
+  Balancing BalancingUnderWay();
 
   std::vector<FaultSpec> plan_;  // not yet injected, in step order
   std::shared_ptr<SchedulerClient> scheduler_;

@@ -25,6 +25,10 @@ TEST(FaultSpecTest, ParsesEachRole) {
   ASSERT_TRUE(moving.ok()) << moving.status();
   EXPECT_TRUE(moving->while_moving);
   EXPECT_FALSE(server->while_moving);
+  auto handoff = ParseFaultSpec("server:0@handoff", 3, 3);
+  ASSERT_TRUE(handoff.ok()) << handoff.status();
+  EXPECT_TRUE(handoff->while_handing_off);
+  EXPECT_FALSE(handoff->while_moving);
 }
 
 TEST(FaultSpecTest, RefusesWhatCannotBeInjectedSayingWhy) {

@@ -421,7 +421,8 @@ int LocalCommand(const Args& args) {
              "and CURVE on the data plane");
   flags.Repeated("kill", &o.kills,
                  "ROLE[:INDEX]@STEP: SIGKILL the scheduler, server INDEX or worker INDEX when worker 0 reaches STEP "
-                 "(@moving: as soon as the scheduler starts moving copies to a server that joined)");
+                 "(@moving: as soon as the scheduler starts moving copies to a server that joined; @handoff: as "
+                 "soon as it starts handing primaries off)");
   flags.String("checkpoint-dir", &o.checkpoint_dir, "write checkpoints here (config checkpoint.dir)");
   flags.Int("checkpoint-every", &o.checkpoint_every, "rounds between checkpoints (config checkpoint.every_rounds)");
   flags.String("resume", &o.resume, "restart from this checkpoint (directory or round directory) and train on");

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "scheduler/node_rates.h"
 
@@ -76,6 +77,15 @@ std::string StatusTable(const StatusResponse& status) {
     absl::StrAppend(&out, absl::StrFormat("  %-60s %s (heartbeat %d ms ago)%s%s\n", what, state,
                                           n.ms_since_heartbeat(), behind ? " behind" : "", lag));
     if (n.has_counters()) absl::StrAppend(&out, RatesLine(n));
+  }
+  if (status.shard_map().handoffs_size() > 0) {
+    absl::StrAppend(&out, "  primary hand-offs under way: ",
+                    absl::StrJoin(status.shard_map().handoffs(), ", ",
+                                  [](std::string* o, const Handoff& h) {
+                                    absl::StrAppend(o, "partition ", h.partition(), " (server ", h.from(), " -> ",
+                                                    h.to(), ", since epoch ", h.epoch(), ")");
+                                  }),
+                    "\n");
   }
   return out;
 }

@@ -68,5 +68,21 @@ TEST(StatusViewTest, SspWorkersWithinTheirStalenessAreNotLagging) {
   EXPECT_NE(StatusTable(ThreeWorkers(SSP, 4, {100, 96, 90})).find("lagging 10 steps"), std::string::npos);
 }
 
+TEST(StatusViewTest, HandoffsUnderWayAreShownInTheTableAndTheJson) {
+  StatusResponse status = OneServer(0, 0, 0);
+  Handoff* h = status.mutable_shard_map()->add_handoffs();
+  h->set_partition(4);
+  h->set_from(0);
+  h->set_to(2);
+  h->set_epoch(9);
+  status.set_handoffs_planned(3);
+  EXPECT_NE(StatusTable(status).find("primary hand-offs under way: partition 4 (server 0 -> 2, since epoch 9)"),
+            std::string::npos)
+      << StatusTable(status);
+  const std::string json = StatusJson(status);
+  EXPECT_NE(json.find("\"handoffs\":[{\"partition\":\"4\",\"from\":0,\"to\":2,\"epoch\":\"9\"}]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"handoffs_planned\":\"3\""), std::string::npos) << json;
+}
+
 }  // namespace
 }  // namespace shardps
