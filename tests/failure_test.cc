@@ -402,7 +402,15 @@ class ControlledScheduler : public SchedulerClient {
       absl::MutexLock lock(&mu_);
       watchers = watchers_;
     }
+    absl::MutexLock deliver(&deliver_mu_);
     for (auto& on_map : watchers) on_map(map);
+  }
+  // From now on watchers see only the maps the test publishes: the real
+  // scheduler's (its first map, a later epoch) could undo a made-up one.
+  // Returns once no real map is being delivered.
+  void Isolate() {
+    absl::MutexLock deliver(&deliver_mu_);
+    isolated_ = true;
   }
   void Die() { dead_ = true; }
 
@@ -434,7 +442,11 @@ class ControlledScheduler : public SchedulerClient {
       absl::MutexLock lock(&mu_);
       watchers_.push_back(on_map);
     }
-    return real_->WatchShardMap(node, on_map, on_error);
+    auto forward = [this, on_map](const ShardMap& map) {
+      absl::MutexLock deliver(&deliver_mu_);
+      if (!isolated_) on_map(map);
+    };
+    return real_->WatchShardMap(node, forward, on_error);
   }
 
  private:
@@ -443,6 +455,8 @@ class ControlledScheduler : public SchedulerClient {
   std::atomic<bool> dead_{false};
   absl::Mutex mu_;
   std::vector<std::function<void(const ShardMap&)>> watchers_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex deliver_mu_ ABSL_ACQUIRED_AFTER(mu_);  // held while a map is handed to the watchers
+  bool isolated_ ABSL_GUARDED_BY(deliver_mu_) = false;
 };
 
 ClusterConfig SmallConfig(int servers) {
@@ -474,6 +488,7 @@ TEST(FailureTest, AWorkerFailsRequestsToAServerTheMapDeclaresDeadAtOnceNamingIt)
   // The real servers never serve a map the test makes up: keep its epoch, so
   // requests to the live server are answered.
   ShardMap map = status->shard_map();
+  scheduler->Isolate();
   map.mutable_servers(1)->set_dead(true);
   map.mutable_servers(1)->set_dead_reason("no heartbeat for 10s");
   const uint32_t dead_index = map.servers(1).index();
