@@ -135,6 +135,22 @@ TEST(FailureTest, AKilledWorkerStartedAgainRejoinsTheSyncJobAtARoundAndItsUpdate
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
+TEST(FailureTest, AKilledWorkerStartedAgainRejoinsAnSspJobWithoutStallingItsBound) {
+  // SSP applied on arrival: while the killed worker is not yet declared dead
+  // the others wait for it at the bound; once it is removed they go on, and
+  // its replacement, counted from its first push at the rejoin round, neither
+  // holds them nor waits for them past the epoch barriers.
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "3", "--train-limit", "6000", "--epochs", "2",
+                           "--consistency", "ssp", "--set", "staleness=2", "--replace", "--kill", "worker:2@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("worker rank 2 (host " + LocalHostName() + ") declared dead"));
+  EXPECT_THAT(run.err, ContainsRegex("worker rank 2 \\(host [^)]+\\) rejoins the running job at round [0-9]+"));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
 TEST(FailureTest, TrainingGoesOnWhileTheSchedulerIsDeadAndARestartedOneResumesTheCluster) {
   LocalRun run = RunLocal({"--servers", "2", "--workers", "2", "--train-limit", "40000", "--kill", "scheduler@20",
                       "--restart-after", "1"});
@@ -377,9 +393,24 @@ TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {
 }
 
 TEST(FailureTest, SspPushesAnsweredAheadOfTheirRoundSurviveAServerKill) {
-  // Workers run up to 2 rounds ahead (one of them slowed down, so they do);
-  // the pushes of the open rounds were forwarded to the backups, so the
-  // promoted copies count them and nothing acknowledged is lost.
+  // SSP in rounds: workers run up to 2 rounds ahead (one of them slowed
+  // down, so they do); the pushes of the open rounds were forwarded to the
+  // backups, so the promoted copies count them and nothing acknowledged is
+  // lost.
+  LocalRun run = RunLocal({"--servers", "3", "--workers", "3", "--train-limit", "9000", "--consistency", "ssp",
+                           "--set", "staleness=2", "--set", "ssp_in_rounds=true", "--slow", "worker:2=3", "--kill",
+                           "server:1@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("fail over to their backups"));
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
+TEST(FailureTest, SspAppliedOnArrivalSurvivesAServerKillWithoutStallingOnTheBound) {
+  // SSP applied on arrival (the default): the promoted copies know no
+  // worker's pace until its next push, re-sent answers are held by the bound
+  // there like any other, and the job neither stalls nor loses an update.
   LocalRun run = RunLocal({"--servers", "3", "--workers", "3", "--train-limit", "9000", "--consistency", "ssp",
                            "--set", "staleness=2", "--slow", "worker:2=3", "--kill", "server:1@20"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
