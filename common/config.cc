@@ -149,10 +149,14 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
     return Invalid("partition_bytes", "must be a multiple of 4 in [4, 1 GiB]");
   }
   if (c.deterministic() && !RoundBased(c)) {
-    return Invalid("deterministic", "applies only to consistency: sync or ssp");
+    return Invalid("deterministic", "applies only to consistency sync, or ssp in rounds (ssp_in_rounds: true, or "
+                                    "staleness 0): ssp applies pushes as they arrive");
   }
   if (c.consistency() != SSP && c.staleness() != 0) {
     return Invalid("staleness", "applies only to consistency: ssp");
+  }
+  if (c.consistency() != SSP && c.ssp_in_rounds()) {
+    return Invalid("ssp_in_rounds", "applies only to consistency: ssp");
   }
   if (c.staleness() > kMaxStaleness) {
     return Invalid("staleness", absl::StrCat("must be at most ", kMaxStaleness,
@@ -277,7 +281,8 @@ absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {
 }
 
 bool RoundBased(const ClusterConfig& config) {
-  return config.consistency() == SYNC || config.consistency() == SSP;
+  if (config.consistency() == SSP) return config.staleness() == 0 || config.ssp_in_rounds();
+  return config.consistency() == SYNC;
 }
 
 uint32_t StalenessBound(const ClusterConfig& config) {

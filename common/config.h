@@ -32,8 +32,9 @@ uint32_t EffectiveReplication(const ClusterConfig& config);
 // that are not complete yet, up to this many per worker and partition.
 inline constexpr uint32_t kMaxStaleness = 256;
 
-// Whether gradients are applied per round, all workers' at once (sync and
-// ssp), rather than one push at a time (async).
+// Whether gradients are applied per round, all workers' at once (sync; ssp
+// with staleness 0 or ssp_in_rounds), rather than one push at a time as
+// they arrive (async; ssp with staleness >= 1, bounded by the staleness).
 bool RoundBased(const ClusterConfig& config);
 // How many rounds a worker may run ahead of the slowest: ssp's staleness, 0
 // for sync (async has no bound and is not round based).

@@ -111,14 +111,26 @@ TEST(ConfigTest, CheckpointsAreRefusedWhereTheServersDoNotHoldTheWholeState) {
 namespace shardps {
 namespace {
 
-TEST(ConfigTest, SspTakesAStalenessBoundAndDeterministicMode) {
+TEST(ConfigTest, SspTakesAStalenessBoundAndDeterministicModeInRounds) {
   ClusterConfig config;
   ASSERT_TRUE(SetConfigField(&config, "consistency=ssp").ok());
   ASSERT_TRUE(SetConfigField(&config, "staleness=2").ok());
-  config.set_deterministic(true);
   EXPECT_TRUE(ValidateConfig(config).ok());
   EXPECT_EQ(StalenessBound(config), 2u);
+  EXPECT_FALSE(RoundBased(config)) << "ssp applies pushes as they arrive by default";
+  config.set_deterministic(true);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("ssp in rounds"));
+  ASSERT_TRUE(SetConfigField(&config, "ssp_in_rounds=true").ok());
+  EXPECT_TRUE(ValidateConfig(config).ok());
   EXPECT_TRUE(RoundBased(config));
+  config.set_ssp_in_rounds(false);
+  config.set_staleness(0);  // behaves as sync
+  EXPECT_TRUE(ValidateConfig(config).ok());
+  EXPECT_TRUE(RoundBased(config));
+  config.set_consistency(ASYNC);
+  config.set_deterministic(false);
+  config.set_ssp_in_rounds(true);
+  EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("ssp_in_rounds"));
 }
 
 TEST(ConfigTest, StalenessOutsideSspOrAboveTheLimitIsRefusedNamingTheField) {

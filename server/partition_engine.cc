@@ -35,7 +35,7 @@ bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL
 // same config then trains at the same pace in either mode.
 OptimizerConfig AsyncAdjusted(const ClusterConfig& config) {
   OptimizerConfig o = config.optimizer();
-  if (config.consistency() != ASYNC || config.num_workers() <= 1) return o;
+  if (RoundBased(config) || config.num_workers() <= 1) return o;
   const uint32_t w = config.num_workers();
   o.set_learning_rate(o.learning_rate() / w);
   LearningRateSchedule* s = o.mutable_schedule();
@@ -81,6 +81,7 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       replicated_(EffectiveReplication(config) > 1),
       worker_last_id_(config.num_workers(), 0),
       staleness_(StalenessBound(config)),
+      bounded_(config.consistency() == SSP && !RoundBased(config)),
       answer_staleness_(staleness_),
       max_ahead_(kMaxRoundsAhead + staleness_),
       forwards_pushes_(replicated_ && staleness_ > 0) {}
@@ -140,6 +141,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->incarnation.assign(workers, 0);
     p->last_request.assign(workers, 0);
     p->applied_by.assign(workers, 0);
+    p->clock.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
     if (RoundBased(config_)) {
       p->acc.assign(p->n, 0.0f);
@@ -210,6 +212,7 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
   const absl::Status gone = absl::UnavailableError("this worker was removed from the job");
   for (auto& [id, part] : partitions_) {
     Partition& p = *part;
+    if (bounded_ && p.primary) ReleaseBounded(p);  // no longer waited for
     // Its parked requests can never be answered usefully; its pushes that
     // were ahead of the round are not counted.
     std::vector<ParkedPush> ahead;
@@ -243,6 +246,7 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
     // applied was acknowledged to no survivor).
     p.last_request[w] = 0;
     p.applied_by[w] = 0;
+    p.clock[w] = 0;  // known again from its first push
     if (!RoundBased(config_)) continue;
     p.next_round[w] = r.round();
     if (p.completed > r.round()) {
@@ -294,7 +298,7 @@ std::vector<PartitionUpdates> PartitionEngine::UpdateCounts() const {
   for (const auto& [id, p] : partitions_) {
     if (!p->primary) continue;
     PartitionUpdates u{id, p->completed, {}};
-    if (config_.consistency() == ASYNC) u.applied_by_worker = p->applied_by;
+    if (!RoundBased(config_)) u.applied_by_worker = p->applied_by;
     out.push_back(std::move(u));
   }
   return out;
@@ -432,7 +436,7 @@ absl::Status PartitionEngine::RefuseNonFinite(const Partition& p, const DataHead
 
 absl::Status PartitionEngine::CheckRequestId(const Partition& p, const DataHeader& h) {
   // Sync rounds are told apart by round, not by request id.
-  if (config_.consistency() != ASYNC) return absl::OkStatus();
+  if (RoundBased(config_)) return absl::OkStatus();
   const uint32_t w = h.worker_rank();
   uint64_t& last = worker_last_id_[w];
   const uint64_t base = std::max(last, p.last_request[w]);
@@ -793,10 +797,11 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
   if (h.request_id() <= p.last_request[w]) {
     // A retry of a push taken already: answer without applying it twice,
     // after what was sent before it (or with the batch that holds it).
+    if (bounded_) RecordClock(p, h);  // a promoted copy learns the pace from retries too
     if (p.batch_count > 0) {
       p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
     } else {
-      AnswerWhenConfirmed(p, peer, h, p.sent);
+      AnswerBounded(p, peer, h, p.sent);
     }
     return;
   }
@@ -820,6 +825,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
     AddInto(p.batch_sum.data(), g, p.n);
   }
   ++p.batch_count;
+  if (bounded_) RecordClock(p, h);  // answered only once the batch is applied
   // Staleness in rounds: W pushes make a round, as for the schedule.
   p.batch_staleness += MeasureStaleness(p, h, p.completed, std::max<uint32_t>(config_.num_workers(), 1));
   p.batch_ids.emplace_back(w, h.request_id());
@@ -852,7 +858,8 @@ void PartitionEngine::ApplyAsyncBatch(Partition& p) {
   p.batch_ids.clear();
   std::vector<Waiter> answers = std::move(p.batch_answers);
   p.batch_answers.clear();
-  for (Waiter& a : answers) AnswerWhenConfirmed(p, a.peer, a.header, sequence);
+  for (Waiter& a : answers) AnswerBounded(p, a.peer, a.header, sequence);
+  if (bounded_) ReleaseBounded(p);
 }
 
 void PartitionEngine::EndBatch() {
@@ -866,7 +873,7 @@ void PartitionEngine::EndBatch() {
 void PartitionEngine::PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
   // The last round is visible once every backup has it.
   const uint64_t visible = Settled(p) || p.completed == 0 ? p.completed : p.completed - 1;
-  if (config_.consistency() == ASYNC || round <= visible) {
+  if (!RoundBased(config_) || round <= visible) {
     AnswerWeights(p, peer, h);
     return;
   }
@@ -950,7 +957,7 @@ absl::StatusOr<zmq::message_t> PartitionEngine::AnswerPayload(Partition& p, Data
   if (codec == nullptr) return source.ZeroCopyMessage();
   reply->set_codec(wire.spec);
   // Every worker pulls the same round: encode once per round, send the same bytes.
-  if (p.encoded_round != static_cast<int64_t>(p.completed) || config_.consistency() == ASYNC) {
+  if (p.encoded_round != static_cast<int64_t>(p.completed) || !RoundBased(config_)) {
     // Warm-up rounds keep no error feedback, as raw ones.
     auto feedback = codec == p.codecs.pull.get() ? pull_feedback_.find(wire.spec) : pull_feedback_.end();
     const size_t max_bytes = feedback != pull_feedback_.end() ? feedback->second->MaxEncodedBytes(p.n)
@@ -994,12 +1001,56 @@ void PartitionEngine::FailWaiting(const absl::Status& status) {
     for (Waiter& waiter : p->waiting) Answer(waiter.peer, waiter.header, status);
     for (Waiter& waiter : p->unconfirmed) Answer(waiter.peer, waiter.header, status);
     for (ParkedPush& push : p->ahead) Answer(push.peer, push.header, status);
+    for (Waiter& held : p->bounded) Answer(held.peer, held.header, status);
+    p->bounded.clear();
     for (Deferred& held : p->handoff_held) Answer(held.peer, held.header, status);
     p->waiting.clear();
     p->unconfirmed.clear();
     p->ahead.clear();
     p->handoff_held.clear();
   }
+}
+
+void PartitionEngine::RecordClock(Partition& p, const DataHeader& h) {
+  uint64_t& clock = p.clock[h.worker_rank()];
+  clock = std::max(clock, h.round() + 1);
+  // Reported in heartbeats: the round a worker that rejoins starts at (its
+  // steps then end with the others').
+  max_completed_ = std::max(max_completed_, h.round() + 1);
+}
+
+bool PartitionEngine::WithinBound(const Partition& p, const DataHeader& h) const {
+  if (h.op() != PUSH && h.op() != PUSH_PULL) return true;
+  const uint32_t w = h.worker_rank();
+  const uint64_t needed = h.round() + 1 - std::min<uint64_t>(h.round() + 1, staleness_);
+  for (uint32_t v = 0; v < p.clock.size(); ++v) {
+    if (v == w || p.clock[v] == 0 || (num_excluded_ > 0 && excluded_[v])) continue;
+    if (p.clock[v] < needed) return false;
+  }
+  return true;
+}
+
+void PartitionEngine::AnswerBounded(Partition& p, const zmq::message_t& peer, const DataHeader& h,
+                                    uint64_t sequence) {
+  if (!bounded_ || WithinBound(p, h)) {
+    AnswerWhenConfirmed(p, peer, h, sequence);
+    return;
+  }
+  p.bounded.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
+}
+
+void PartitionEngine::ReleaseBounded(Partition& p) {
+  if (p.bounded.empty()) return;
+  std::vector<Waiter> still;
+  for (Waiter& waiter : p.bounded) {
+    if (WithinBound(p, waiter.header)) {
+      // Its push was sent to the backups before anything now unconfirmed.
+      AnswerWhenConfirmed(p, waiter.peer, waiter.header, p.sent);
+    } else {
+      still.push_back(std::move(waiter));
+    }
+  }
+  p.bounded = std::move(still);
 }
 
 }  // namespace shardps

@@ -183,7 +183,8 @@ class PartitionEngine {
   // every partition: call at a low rate (metrics).
   std::vector<PartitionReport> Reports(size_t max, size_t* held = nullptr) const;
   // The most rounds a partition this server is primary for has completed
-  // (heartbeats report it; `shardps checkpoint` places its round after it).
+  // (heartbeats report it; `shardps checkpoint` places its round after it);
+  // ssp applied on arrival: the furthest round a worker pushed here.
   uint64_t completed_round() const { return max_completed_; }
   // The partitions this server holds a valid copy of (primaries, and backups
   // whose snapshot has arrived), in id order: heartbeats report them, so
@@ -257,6 +258,10 @@ class PartitionEngine {
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
     std::vector<uint64_t> applied_by;      // async: per worker, pushes applied
+    // SSP applied on arrival: per worker, 1 + the last round of its pushes
+    // applied here (0: not known here yet; see WithinBound).
+    std::vector<uint64_t> clock;
+    std::vector<Waiter> bounded;           // push answers held by the staleness bound
     std::vector<Waiter> waiting;           // pulls waiting for `completed`
     std::vector<ParkedPush> ahead;         // pushes for a later round
     // Replication: whether this server is the primary (else a backup), the
@@ -388,6 +393,17 @@ class PartitionEngine {
   // would restart the rounds the old process had reached.
   absl::Status CheckIncarnation(Partition& p, const DataHeader& h) const;
   void ApplyMembership(const ShardMap& map);
+  // SSP applied on arrival (Ho et al. 2013): worker w's push of its round r
+  // is answered once every live worker whose pace is known here has pushed
+  // round r - staleness. The slowest worker is never held, so the job always
+  // moves; a worker is known from its first push to this copy (a promoted
+  // copy learns every pace within one push from each; a rejoined worker from
+  // its first push at the scheduler's rejoin round).
+  void RecordClock(Partition& p, const DataHeader& h);
+  bool WithinBound(const Partition& p, const DataHeader& h) const;
+  // Answers `h` once it is within the bound and `sequence` is confirmed.
+  void AnswerBounded(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t sequence);
+  void ReleaseBounded(Partition& p);
   // Worker `r.rank()` rejoined the job (a new registration): sync rounds
   // count it from r.round() on, its pushes of an earlier round that a
   // partition has completed are refused, and async counts its request ids
@@ -453,6 +469,7 @@ class PartitionEngine {
   // staleness its push-pulls are answered with, and the farthest ahead a
   // push or pull may be before it is refused (bounds parked memory).
   const uint32_t staleness_;
+  const bool bounded_;  // SSP applied on arrival: answers wait for the staleness bound
   const uint32_t answer_staleness_;
   const uint64_t max_ahead_;
   // SSP with backups: each push is forwarded to the backups before it is

@@ -883,10 +883,12 @@ namespace {
 
 class SspEngineTest : public EngineTest {
  protected:
-  void MakeSsp(uint32_t staleness, int workers, bool staleness_aware = true) {
+  // `in_rounds`: ssp_in_rounds (the tests below before the on-arrival ones).
+  void MakeSsp(uint32_t staleness, int workers, bool staleness_aware = true, bool in_rounds = true) {
     ClusterConfig c = Config(SSP, false, workers);
     c.set_staleness(staleness);
     c.set_staleness_aware_lr(staleness_aware);
+    c.set_ssp_in_rounds(in_rounds);
     MakeFromConfig(c, 2);
   }
   // A push-pull of `round` computed on the weights of `based_on` rounds.
@@ -906,6 +908,72 @@ class SspEngineTest : public EngineTest {
     engine_->Handle(peer, h, &payload);
   }
 };
+
+// SSP applied on arrival (the default): each push steps the weights at once
+// (lr / W, as async), and a push-pull of round r is answered only once every
+// other worker has pushed round r - staleness.
+TEST_F(SspEngineTest, OnArrivalEachPushIsAppliedAtOnceAndAFastWorkerWaitsOnlyForTheBound) {
+  MakeSsp(1, 2, /*staleness_aware=*/true, /*in_rounds=*/false);
+  PushPullBasedOn(1, 0, 0, {0, 0});
+  PushPullBasedOn(0, 0, 0, {2, 2});
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_EQ(Weights(), (std::vector<float>{-1, -1})) << "applied on arrival with lr 1 / 2 workers";
+  EXPECT_EQ(sent_[1].payload, (std::vector<float>{-1, -1}));
+  PushPullBasedOn(0, 1, 1, {2, 2});
+  ASSERT_EQ(sent_.size(), 3u) << "round 1 - 1 = 0: worker 1 has pushed it";
+  PushPullBasedOn(0, 2, 2, {2, 2});
+  EXPECT_EQ(sent_.size(), 3u) << "round 2 - 1 = 1: waits for worker 1's push of round 1";
+  EXPECT_EQ(Weights(), (std::vector<float>{-3, -3})) << "held is the answer, not the update";
+  PushPullBasedOn(1, 1, 1, {0, 0});
+  ASSERT_EQ(sent_.size(), 5u) << "worker 1's answer and worker 0's held one";
+  EXPECT_EQ(sent_[3].peer, "w1");
+  EXPECT_EQ(sent_[4].peer, "w0");
+  EXPECT_EQ(sent_[4].payload, (std::vector<float>{-3, -3}));
+  // The slowest worker is never held: worker 1 may push on.
+  PushPullBasedOn(1, 2, 2, {0, 0});
+  EXPECT_EQ(sent_.size(), 6u);
+}
+
+TEST_F(SspEngineTest, OnArrivalAWorkerRemovedFromTheJobNoLongerHoldsTheOthers) {
+  MakeSsp(1, 3, /*staleness_aware=*/true, /*in_rounds=*/false);
+  for (uint32_t w = 0; w < 3; ++w) PushPullBasedOn(w, 0, 0, {0, 0});
+  PushPullBasedOn(0, 1, 1, {0, 0});
+  PushPullBasedOn(0, 2, 1, {0, 0});
+  ASSERT_EQ(sent_.size(), 4u) << "worker 0's round 2 waits for workers 1 and 2";
+  PushPullBasedOn(1, 1, 1, {0, 0});
+  EXPECT_EQ(sent_.size(), 5u) << "worker 2 is still behind";
+  RemoveWorkers({2});
+  ASSERT_EQ(sent_.size(), 6u);
+  EXPECT_EQ(sent_.back().peer, "w0");
+}
+
+TEST_F(SspEngineTest, OnArrivalARetryOfAnAppliedPushIsHeldByTheBoundToo) {
+  MakeSsp(1, 2, /*staleness_aware=*/true, /*in_rounds=*/false);
+  PushPullBasedOn(1, 0, 0, {0, 0});
+  PushPullBasedOn(0, 0, 0, {2, 2});
+  PushPullBasedOn(0, 1, 1, {2, 2});
+  PushPullBasedOn(0, 2, 2, {2, 2});
+  ASSERT_EQ(sent_.size(), 3u);
+  // Worker 0 sends its round-2 push again (same request id): not applied
+  // twice, and still within the bound only once worker 1 catches up.
+  DataHeader retry;
+  retry.set_op(PUSH_PULL);
+  retry.set_worker_rank(0);
+  retry.set_round(2);
+  retry.set_epoch(3);
+  retry.set_partition_id(5);
+  retry.set_request_id(next_id_);
+  retry.set_dtype(FLOAT32);
+  retry.set_num_elements(2);
+  std::vector<float> g = {2, 2};
+  zmq::message_t peer(std::string("w0")), payload(g.data(), 8);
+  engine_->Handle(peer, retry, &payload);
+  EXPECT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(Weights(), (std::vector<float>{-3, -3}));
+  PushPullBasedOn(1, 1, 1, {0, 0});
+  ASSERT_EQ(sent_.size(), 6u) << "worker 1's answer, then both of worker 0's";
+  EXPECT_EQ(Weights(), (std::vector<float>{-3, -3}));
+}
 
 TEST_F(SspEngineTest, AWorkerRunsAtMostStalenessRoundsAheadOfTheSlowest) {
   MakeSsp(1, 2);

@@ -71,8 +71,10 @@ void PartitionEngine::FollowHandoff(Partition& p, const ShardMap& map, const Par
   // nothing left waiting is answered either: every worker re-sends what it
   // waits for there, with the same request ids, and an answer from here
   // (even an error) would settle the request the worker re-sent.
-  const size_t left = p.handoff_held.size() + p.waiting.size() + p.ahead.size() + p.unconfirmed.size();
+  const size_t left =
+      p.handoff_held.size() + p.waiting.size() + p.ahead.size() + p.unconfirmed.size() + p.bounded.size();
   p.handoff_held.clear();
+  p.bounded.clear();
   p.waiting.clear();
   p.ahead.clear();
   p.unconfirmed.clear();

@@ -42,6 +42,8 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
       for (size_t w = 0; w < join_round_.size(); ++w) p.next_round[w] = std::max(p.completed, join_round_[w]);
     }
     ++stats_.promotions;
+    // SSP: paces are learned afresh from each worker's next push here.
+    std::fill(p.clock.begin(), p.clock.end(), 0);
     p.handed_off_at = 0;
     p.arrivals = 0;
     p.sent = 0;
@@ -266,7 +268,7 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
     return true;
   }
   if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
-  if (config_.consistency() == ASYNC) {
+  if (!RoundBased(config_)) {
     if (h.batch_workers_size() == 0 || h.batch_workers_size() != h.batch_request_ids_size()) {
       return absl::InvalidArgumentError("async replica update names no pushes");
     }
@@ -309,7 +311,7 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
     p.initialized = true;
     p.encoded_round = -1;
-  } else if (config_.consistency() == ASYNC) {
+  } else if (!RoundBased(config_)) {
     // The primary's batch of k pushes: one pass with the same scales.
     const uint32_t k = static_cast<uint32_t>(h.batch_workers_size());
     optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), data, WritableWeights(p), p.state.data(), p.n,

@@ -135,6 +135,22 @@ TEST(FailureTest, AKilledWorkerStartedAgainRejoinsTheSyncJobAtARoundAndItsUpdate
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
+TEST(FailureTest, AKilledWorkerStartedAgainRejoinsAnSspJobWithoutStallingItsBound) {
+  // SSP applied on arrival: while the killed worker is not yet declared dead
+  // the others wait for it at the bound; once it is removed they go on, and
+  // its replacement, counted from its first push at the rejoin round, neither
+  // holds them nor waits for them past the epoch barriers.
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "3", "--train-limit", "6000", "--epochs", "2",
+                           "--consistency", "ssp", "--set", "staleness=2", "--replace", "--kill", "worker:2@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("worker rank 2 (host " + LocalHostName() + ") declared dead"));
+  EXPECT_THAT(run.err, ContainsRegex("worker rank 2 \\(host [^)]+\\) rejoins the running job at round [0-9]+"));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
+  EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
 TEST(FailureTest, TrainingGoesOnWhileTheSchedulerIsDeadAndARestartedOneResumesTheCluster) {
   LocalRun run = RunLocal({"--servers", "2", "--workers", "2", "--train-limit", "40000", "--kill", "scheduler@20",
                       "--restart-after", "1"});
@@ -376,17 +392,32 @@ TEST(FailureTest, AsyncTrainingGoesOnWhenAServerIsKilled) {
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
-TEST(FailureTest, SspPushesAnsweredAheadOfTheirRoundSurviveAServerKill) {
-  // Workers run up to 2 rounds ahead (one of them slowed down, so they do);
-  // the pushes of the open rounds were forwarded to the backups, so the
-  // promoted copies count them and nothing acknowledged is lost.
-  LocalRun run = RunLocal({"--servers", "3", "--workers", "3", "--train-limit", "9000", "--consistency", "ssp",
-                           "--set", "staleness=2", "--slow", "worker:2=3", "--kill", "server:1@20"});
+// An SSP job (bound 2, worker 2 slowed down so the others run ahead) whose
+// server 1 is killed at step 20, plus `mode` flags: it fails over, finishes,
+// and loses or repeats no update.
+void ExpectSspSurvivesAServerKill(const std::vector<std::string>& mode) {
+  std::vector<std::string> job = {"--servers", "3", "--workers", "3", "--train-limit", "9000", "--consistency",
+                                  "ssp", "--set", "staleness=2", "--slow", "worker:2=3", "--kill", "server:1@20"};
+  job.insert(job.end(), mode.begin(), mode.end());
+  LocalRun run = RunLocal(job);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_THAT(run.err, HasSubstr("fail over to their backups"));
   EXPECT_GT(Field(run.out, "test_accuracy"), 0.6) << run.out;
   EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
+TEST(FailureTest, SspPushesAnsweredAheadOfTheirRoundSurviveAServerKill) {
+  // SSP in rounds: the pushes of the open rounds were forwarded to the
+  // backups, so the promoted copies count them.
+  ExpectSspSurvivesAServerKill({"--set", "ssp_in_rounds=true"});
+}
+
+TEST(FailureTest, SspAppliedOnArrivalSurvivesAServerKillWithoutStallingOnTheBound) {
+  // SSP applied on arrival (the default): the promoted copies know no
+  // worker's pace until its next push, and re-sent answers are held by the
+  // bound there like any other.
+  ExpectSspSurvivesAServerKill({});
 }
 
 // Forwards to a real scheduler client; the test can publish shard maps of

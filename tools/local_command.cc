@@ -206,7 +206,7 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
     applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
     ReadStaleness(absl::StrCat(dir, "/updates.", i), &out.staleness);
   }
-  out.updates = AccountUpdates(config.consistency() == ASYNC, applied, acked);
+  out.updates = AccountUpdates(!RoundBased(config), applied, acked);
   return out;
 }
 

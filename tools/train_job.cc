@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include <openssl/evp.h>
+#include "common/config.h"
 #include "common/tensor_spec.h"
 #include "common/status_macros.h"
 #include "scheduler/shard_assignment.h"
@@ -357,7 +358,7 @@ absl::StatusOr<double> EpochsApplied(const Worker& worker, const Data& data, con
   SHARDPS_ASSIGN_OR_RETURN(uint64_t version, worker.WeightsVersion(tensor));
   const int world = static_cast<int>(worker.config().num_workers());
   const int per_epoch = StepsPerEpoch(data.train.size(), world, o.batch_size) *
-                        (worker.config().consistency() == ASYNC ? world : 1);
+                        (RoundBased(worker.config()) ? 1 : world);
   return per_epoch > 0 ? static_cast<double>(version) / per_epoch : 0.0;
 }
 
@@ -365,7 +366,7 @@ absl::StatusOr<double> EpochsApplied(const Worker& worker, const Data& data, con
 // last round has no weights to pull (its first round never comes). Async
 // pulls answer the latest weights.
 absl::Status CheckRejoinedInTime(const Worker& worker, const TrainResult& result) {
-  const bool async = worker.config().consistency() == ASYNC;
+  const bool async = !RoundBased(worker.config());  // ssp too, applied on arrival
   if (worker.rejoin().round == 0 || result.steps > 0 || async) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("worker ", worker.rank(), " rejoined at round ",
                                                     worker.rejoin().round,
