@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -239,10 +240,17 @@ int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_
   {
     absl::MutexLock io_lock(&io_mu_);
     absl::MutexLock lock(&mu_);
-    for (auto& [id, p] : pending_) {
+    // In request-id order, as first sent: the new primary takes a push whose
+    // id is not above the last it applied from this worker for a retry.
+    std::vector<uint64_t> ids;
+    for (const auto& [id, p] : pending_) {
       auto it = primary_of.find(p.partition);
-      if (it == primary_of.end() || it->second == p.server || it->second >= servers_.size()) continue;
-      p.server = it->second;
+      if (it != primary_of.end() && it->second != p.server && it->second < servers_.size()) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (uint64_t id : ids) {
+      Pending& p = pending_.at(id);
+      p.server = primary_of.at(p.partition);
       p.header.set_epoch(epoch);
       zmq::message_t encoded;
       if (p.encoded.size() > 0) encoded.copy(p.encoded);
