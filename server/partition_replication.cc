@@ -111,7 +111,10 @@ size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
 void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   std::string bytes;
   bytes.reserve(SnapshotBytes(p));
-  auto put = [&bytes](const void* data, size_t n) { bytes.append(static_cast<const char*>(data), n); };
+  // n may be 0 with a null data() (SGD keeps no optimizer state).
+  auto put = [&bytes](const void* data, size_t n) {
+    if (n > 0) bytes.append(static_cast<const char*>(data), n);
+  };
   put(p.weights->data(), p.n * sizeof(float));
   put(p.state.data(), p.state.size() * sizeof(float));
   if (p.delta_pulls) put(p.mirror.data(), p.n * sizeof(float));
@@ -130,6 +133,7 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
 void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
   const char* in = payload.data<char>();
   auto take = [&in](void* out, size_t n) {
+    if (n == 0) return;  // out may be null (SGD keeps no optimizer state)
     std::memcpy(out, in, n);
     in += n;
   };
