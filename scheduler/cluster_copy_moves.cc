@@ -195,14 +195,11 @@ void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& requ
       continue;
     }
     PartitionInfo* p = FindPartition(map_, h.partition());
-    const bool still = p != nullptr && p->server() == h.from() &&
-                       std::find(p->backups().begin(), p->backups().end(), h.to()) != p->backups().end();
+    const bool still = p != nullptr && CanHandPrimary(*p, h.from(), h.to());
     const auto started = handoff_started_.find(h.partition());
     const std::string after = started != handoff_started_.end() ? absl::FormatDuration(now - started->second) : "?";
     if (still) {
-      // The old primary takes the new one's place among the backups.
-      std::replace(p->mutable_backups()->begin(), p->mutable_backups()->end(), h.to(), h.from());
-      p->set_server(h.to());
+      HandPrimary(*p, h.from(), h.to());  // the old primary takes the new one's place among the backups
       ++handoffs_made_;
       ++handoffs_made_total_;
       LOG(WARNING) << "primary of partition " << h.partition() << " handed off from server " << h.from() << " to "

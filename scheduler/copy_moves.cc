@@ -133,6 +133,15 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
   return moves;
 }
 
+bool CanHandPrimary(const PartitionInfo& p, uint32_t from, uint32_t to) {
+  return p.server() == from && to != from && Holds(p, to);
+}
+
+void HandPrimary(PartitionInfo& p, uint32_t from, uint32_t to) {
+  std::replace(p.mutable_backups()->begin(), p.mutable_backups()->end(), to, from);
+  p.set_server(to);
+}
+
 std::map<uint32_t, uint64_t> PrimaryLoadsAfterHandoffs(const ShardMap& map, const std::set<uint32_t>& live) {
   std::map<uint32_t, uint64_t> loads;
   for (uint32_t s : live) loads[s] = 0;
@@ -152,12 +161,9 @@ std::vector<Handoff> PlanHandoffs(const ShardMap& map, const std::set<uint32_t>&
   for (const CopyMove& m : map.moves()) fixed.insert(m.partition());
   ShardMap planned = map;  // the roles as the plan leaves them
   auto backup_of_receiver = [](const PartitionInfo& p, uint32_t donor, uint32_t receiver) {
-    return p.server() == donor && std::find(p.backups().begin(), p.backups().end(), receiver) != p.backups().end();
+    return CanHandPrimary(p, donor, receiver);
   };
-  auto swap_roles = [](PartitionInfo& p, const Step& step) {
-    std::replace(p.mutable_backups()->begin(), p.mutable_backups()->end(), step.receiver, step.donor);
-    p.set_server(step.receiver);
-  };
+  auto swap_roles = [](PartitionInfo& p, const Step& step) { HandPrimary(p, step.donor, step.receiver); };
   std::vector<Handoff> handoffs;
   for (const Step& step :
        BalanceGreedily(planned, PrimaryLoadsAfterHandoffs(map, live), fixed, backup_of_receiver, swap_roles)) {

@@ -34,6 +34,11 @@ bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& load
 // under way, or whose primary is not live, are left alone. Deterministic.
 std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live);
 
+// Whether `from`, p's primary, can hand the role to `to`: `to` holds a copy.
+bool CanHandPrimary(const PartitionInfo& p, uint32_t from, uint32_t to);
+// Makes `to` p's primary and `from` a backup in its place (copies unchanged).
+void HandPrimary(PartitionInfo& p, uint32_t from, uint32_t to);
+
 // Elements of the partitions each server in `live` is the primary of once
 // the hand-offs in `map.handoffs()` are done (their `to` the primary).
 std::map<uint32_t, uint64_t> PrimaryLoadsAfterHandoffs(const ShardMap& map, const std::set<uint32_t>& live);
