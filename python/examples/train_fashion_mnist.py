@@ -92,6 +92,8 @@ def main():
     parser.add_argument("--json", action="store_true", help="rank 0 prints one JSON line with the results")
     parser.add_argument("--standalone", action="store_true", help="one process, no ShardPS, local optimizer")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+    parser.add_argument("--pipeline", type=int, default=None,
+                        help="steps a request may stay in flight (async/ssp; default: DistributedOptimizer's)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -112,7 +114,8 @@ def main():
         kind, lr = cluster_optimizer(worker.config_text())
         # model=: step() does not wait for the new weights; each layer's forward does.
         optimizer = shardps.torch.DistributedOptimizer(torch_optimizer(kind, lr, model.parameters()),
-                                                       named_parameters=model.named_parameters(), model=model)
+                                                       named_parameters=model.named_parameters(), model=model,
+                                                       pipeline=args.pipeline)
         shardps.torch.broadcast_parameters(model.named_parameters(), root_rank=0)
 
     loss_fn = nn.CrossEntropyLoss()
@@ -146,6 +149,7 @@ def main():
         # with model=, in the layers' forward pre-hooks).
         "wait_fraction": round(getattr(optimizer, "wait_seconds", 0.0) / wall, 3),
         "consistency": consistency,
+        "pipeline": getattr(optimizer, "pipeline", 0),
         "workers": workers,
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

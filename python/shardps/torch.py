@@ -16,6 +16,15 @@ on_server does not wait at all: a forward pre-hook of each module waits for its 
 parameters, so the next forward gets the first layer's weights first and computes with them
 while later layers' are still on the way (synchronize() waits for all, e.g. before saving).
 
+Pipelining (async and ssp): the staleness these modes allow is used to hide the whole round
+trip. step() returns once the answers of the step `pipeline` steps back have landed, so a step's
+push, the servers' update and the pull overlap the next step's forward and backward, and each
+forward computes with weights at most `pipeline` of this worker's steps old (plus what the
+consistency mode allows between workers). On by default (1 step) in update mode on_server when
+the cluster is async, or ssp with staleness >= 1; pipeline=0 turns it off, and sync refuses it
+(each BSP step needs the previous one's weights). Each in-flight request has its own gradient and
+weights buffers (a copy each way per step), so the parameters only change inside step().
+
 Where the update happens is the cluster's update_mode:
 - on_server: the servers run the cluster config's optimizer; the pulled weights are the
   update and the wrapped torch optimizer's step() is not called (its param_groups,
@@ -75,6 +84,11 @@ class _Slot:
         self.deferred = False  # step() returned; the next forward waits for it
         self.on_device = not sum_only and _device_path(param)  # cleared if the library has no CUDA
         self.grad32 = self.weights32 = None
+        # Pipelined: (handle, weights buffer) of the requests of earlier steps, oldest first,
+        # and the buffer pairs they rotate through.
+        self.inflight = []
+        self.buffers = []
+        self.turn = 0
         if sum_only:
             self.weights32 = torch.zeros(param.shape, dtype=torch.float32)  # the mean gradient lands here
             if not _zero_copy(param):  # 16-bit or CUDA gradients go out through a float32 buffer
@@ -85,6 +99,13 @@ class _Slot:
     def stage(self):
         self.grad32 = torch.zeros(self.param.shape, dtype=torch.float32)
         self.weights32 = torch.zeros(self.param.shape, dtype=torch.float32)
+
+    def pipeline(self, depth):
+        """Pipelined: depth + 1 (gradient, weights) buffer pairs of the wire dtype, one per
+        request that may be in flight."""
+        dtype = self.param.dtype if _wire_dtype(self.param, False) != "float32" else torch.float32
+        self.buffers = [(torch.zeros(self.param.shape, dtype=dtype), torch.zeros(self.param.shape, dtype=dtype))
+                        for _ in range(depth + 1)]
 
 
 def _named(named_parameters, optimizer):
@@ -141,10 +162,12 @@ class DistributedOptimizer:
     gradient is pushed once every parameter of a higher priority has been pushed this step.
     None: as backward produces them.
     model: the module the parameters belong to: its forward pre-hooks wait for each layer's
-    new weights, so step() need not (update mode on_server only)."""
+    new weights, so step() need not (update mode on_server only, when not pipelined).
+    pipeline: how many steps a request may stay in flight behind step() (async and ssp;
+    None: 1 where the cluster allows it, else 0). See the module's description."""
 
     def __init__(self, optimizer, named_parameters=None, backward_passes_per_step=1, worker=None, timeout=None,
-                 compression=None, priorities=None, model=None):
+                 compression=None, priorities=None, model=None, pipeline=None):
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
         self.optimizer = optimizer
@@ -162,10 +185,39 @@ class DistributedOptimizer:
         # Seconds spent waiting for answers (in step() and forward hooks): what communication
         # did not hide.
         self.wait_seconds = 0.0
+        self.pipeline = self._pipeline_depth(pipeline)
+        for slot in self._slots:
+            if self.pipeline:
+                slot.pipeline(self.pipeline)
         self._hooks = [self._register(slot) for slot in self._slots]
-        self._defers = model is not None and not self.sum_only
+        self._defers = model is not None and not self.sum_only and not self.pipeline
         if self._defers:
             self._hooks += self._register_forward(model)
+
+    def _pipeline_depth(self, requested):
+        """The pipeline depth: `requested`, checked against the cluster, or the default."""
+        consistency = self.worker.consistency
+        allows = consistency == "async" or (consistency == "ssp" and self.worker.staleness >= 1)
+        on_cuda = [s.name for s in self._slots if s.on_device]
+        if requested is None:
+            return 1 if allows and not self.sum_only and not on_cuda else 0
+        requested = int(requested)
+        if requested < 0:
+            raise ValueError("pipeline must be 0 or more, got %d" % requested)
+        if requested == 0:
+            return 0
+        if not allows:
+            raise ValueError("pipeline=%d needs consistency async, or ssp with staleness >= 1; the cluster is %s%s "
+                             "(each sync step needs the previous step's weights)"
+                             % (requested, consistency,
+                                " with staleness 0" if consistency == "ssp" else ""))
+        if self.sum_only:
+            raise ValueError("pipeline=%d needs update_mode on_server: in sum_only the local optimizer steps "
+                             "with each step's mean gradient" % requested)
+        if on_cuda:
+            raise ValueError("pipeline=%d takes CPU parameters; %s are on a CUDA device"
+                             % (requested, ", ".join(on_cuda)))
+        return requested
 
     def _register(self, slot):
         p = slot.param
@@ -219,6 +271,14 @@ class DistributedOptimizer:
         grad = p.grad
         if grad is None:
             grad = torch.zeros_like(p.data)
+        if self.pipeline:
+            # Its own buffers: the parameter and p.grad may change while it is in flight.
+            grad_buffer, weights_buffer = slot.buffers[slot.turn]
+            slot.turn = (slot.turn + 1) % len(slot.buffers)
+            grad_buffer.copy_(grad)
+            slot.handle = self.worker.push_pull(slot.name, grad_buffer, weights_buffer)
+            slot.weights32 = weights_buffer
+            return
         if self.sum_only:
             if slot.grad32 is not None:
                 slot.grad32.copy_(grad)
@@ -281,6 +341,29 @@ class DistributedOptimizer:
         finally:
             self.wait_seconds += time.perf_counter() - start
 
+    def _catch_up(self, depth):
+        """Pipelined: lands the in-flight requests until at most `depth` per parameter are
+        left, then those already answered, oldest first, so each parameter holds the newest
+        weights it can without waiting longer than it must."""
+        start = time.perf_counter()
+        try:
+            for slot in self._slots:
+                while slot.inflight:
+                    handle, weights = slot.inflight[0]
+                    if len(slot.inflight) > depth:
+                        handle.wait(self.timeout)
+                    elif not self.worker.poll(handle):
+                        break
+                    slot.inflight.pop(0)
+                    with torch.no_grad():
+                        slot.param.copy_(weights)
+        except shardps.ShardPSError:
+            # That request's buffers are the worker's now; the others stay in flight.
+            slot.inflight.pop(0)
+            raise
+        finally:
+            self.wait_seconds += time.perf_counter() - start
+
     def step(self, closure=None):
         """Pushes what no hook pushed (unused parameters: p.grad or zeros) and completes every
         request, landing the new weights in the parameters (sum-only: the mean gradient in
@@ -295,6 +378,12 @@ class DistributedOptimizer:
         for slot in self._slots:
             if slot.handle is None:
                 self._push(slot)
+        if self.pipeline:
+            for slot in self._slots:
+                slot.inflight.append((slot.handle, slot.weights32))
+                slot.handle, slot.passes = None, 0
+            self._catch_up(self.pipeline)
+            return loss
         if self._defers:
             for slot in self._slots:
                 slot.deferred, slot.passes = True, 0
@@ -311,11 +400,12 @@ class DistributedOptimizer:
     @property
     def outstanding(self):
         """Names of the parameters whose requests are still on the wire."""
-        return [s.name for s in self._slots if s.handle is not None]
+        return [s.name for s in self._slots if s.handle is not None or s.inflight]
 
     def synchronize(self):
-        """Completes every outstanding request (after step() with `model`: before reading
-        or saving the weights outside a forward)."""
+        """Completes every outstanding request (after step() with `model`, or pipelined:
+        before reading or saving the weights outside a forward)."""
+        self._catch_up(0)
         self._complete([s for s in self._slots if s.handle is not None])
 
     def zero_grad(self, set_to_none=False):

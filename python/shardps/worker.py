@@ -13,6 +13,7 @@ needs it); define() must complete before any data request.
 """
 
 import ctypes
+import re
 
 from . import _library
 from .errors import check, ShardPSError
@@ -188,8 +189,15 @@ class Worker:
 
     @property
     def consistency(self):
-        """"sync" or "async"."""
+        """"sync", "async" or "ssp"."""
         return CONSISTENCY_NAMES[self._query("shardps_consistency", ctypes.c_int)]
+
+    @property
+    def staleness(self):
+        """SSP's bound: how many rounds a worker may run ahead of the slowest (0 unless
+        consistency is "ssp")."""
+        found = re.search(r"^staleness:\s*(\d+)", self.config_text(), re.M)
+        return int(found.group(1)) if found and self.consistency == "ssp" else 0
 
     @property
     def update_mode(self):
