@@ -31,9 +31,12 @@ absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec, int servers, in
   const size_t at = spec.rfind('@');
   if (at == absl::string_view::npos) return bad("no @STEP");
   FaultSpec f;
-  f.while_moving = spec.substr(at + 1) == "moving";
-  f.while_handing_off = spec.substr(at + 1) == "handoff";
-  if (!f.while_moving && !f.while_handing_off && (!absl::SimpleAtoi(spec.substr(at + 1), &f.step) || f.step < 1)) {
+  const absl::string_view when = spec.substr(at + 1);
+  if (when == "moving") {
+    f.when = FaultSpec::When::kWhileMoving;
+  } else if (when == "handoff") {
+    f.when = FaultSpec::When::kWhileHandingOff;
+  } else if (!absl::SimpleAtoi(when, &f.step) || f.step < 1) {
     return bad("STEP is not a positive integer");
   }
   absl::string_view who = spec.substr(0, at);
@@ -84,20 +87,21 @@ bool FaultInjector::ServerKilled(int index) const {
 
 absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
   const absl::Time now = absl::Now();
-  const bool waits = std::any_of(plan_.begin(), plan_.end(),
-                                 [](const FaultSpec& f) { return f.while_moving || f.while_handing_off; });
+  using When = FaultSpec::When;
+  const bool waits =
+      std::any_of(plan_.begin(), plan_.end(), [](const FaultSpec& f) { return f.when != When::kAtStep; });
   const Balancing balancing = waits ? BalancingUnderWay() : Balancing{};
   for (auto it = plan_.begin(); it != plan_.end();) {
-    const bool due = it->while_moving        ? balancing.moving
-                     : it->while_handing_off ? balancing.handing_off
-                                             : it->step <= step;
+    bool due = it->step <= step;
+    if (it->when == When::kWhileMoving) due = balancing.moving;
+    if (it->when == When::kWhileHandingOff) due = balancing.handing_off;
     if (!due) {
       ++it;
       continue;
     }
     FaultSpec f = *it;
     it = plan_.erase(it);
-    if (f.while_moving || f.while_handing_off) f.step = step;
+    if (f.when != When::kAtStep) f.step = step;
     size_t slot = 0;
     if (f.role == FaultSpec::Role::kServer) {
       auto found = processes.server_slot(f.index);

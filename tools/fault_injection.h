@@ -28,16 +28,17 @@ struct FaultSpec {
   Role role = Role::kServer;
   int index = 0;      // server index or worker rank (0 for the scheduler)
   int64_t step = 0;   // worker rank 0's step at which to kill
-  // "@moving": instead of at a step, as soon as the scheduler has started
-  // moving copies to a server that joined (ShardMap.moves under way, or
+  // When the kill comes. kAtStep: at rank 0's `step`. kWhileMoving
+  // ("@moving"): as soon as the scheduler has started moving copies to a
+  // server that joined (ShardMap.moves under way, or
   // StatusResponse.copy_moves_planned; a move may finish within a few
-  // milliseconds, so the kill lands in it or just after). The record's step
-  // is rank 0's at the kill.
-  bool while_moving = false;
-  // "@handoff": the same, once the scheduler has started handing primary
+  // milliseconds, so the kill lands in it or just after). kWhileHandingOff
+  // ("@handoff"): the same, once the scheduler has started handing primary
   // roles off (ShardMap.handoffs under way, or
-  // StatusResponse.handoffs_planned).
-  bool while_handing_off = false;
+  // StatusResponse.handoffs_planned). For both, the record's step is rank
+  // 0's at the kill.
+  enum class When { kAtStep, kWhileMoving, kWhileHandingOff };
+  When when = When::kAtStep;
 };
 
 // "server:1@600", "worker:2@600", "scheduler@600", "server:0@moving",

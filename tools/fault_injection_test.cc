@@ -23,12 +23,11 @@ TEST(FaultSpecTest, ParsesEachRole) {
   EXPECT_EQ(scheduler->step, 7);
   auto moving = ParseFaultSpec("server:0@moving", 3, 3);
   ASSERT_TRUE(moving.ok()) << moving.status();
-  EXPECT_TRUE(moving->while_moving);
-  EXPECT_FALSE(server->while_moving);
+  EXPECT_EQ(moving->when, FaultSpec::When::kWhileMoving);
+  EXPECT_EQ(server->when, FaultSpec::When::kAtStep);
   auto handoff = ParseFaultSpec("server:0@handoff", 3, 3);
   ASSERT_TRUE(handoff.ok()) << handoff.status();
-  EXPECT_TRUE(handoff->while_handing_off);
-  EXPECT_FALSE(handoff->while_moving);
+  EXPECT_EQ(handoff->when, FaultSpec::When::kWhileHandingOff);
 }
 
 TEST(FaultSpecTest, RefusesWhatCannotBeInjectedSayingWhy) {
