@@ -70,6 +70,8 @@ struct EngineQueues {
   uint64_t deferred = 0;        // requests of an epoch not installed yet
   uint64_t unconfirmed = 0;     // answers waiting for the backups' confirmation
   uint64_t replication_lag = 0; // updates sent to backups and not yet confirmed by all
+  uint64_t bounded = 0;         // ssp: push answers held by the staleness bound
+  uint64_t handoff_held = 0;    // requests held while a primary role is handed off
 };
 
 // What one partition's primary has applied, for the accounting of lost and

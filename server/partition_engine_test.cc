@@ -924,8 +924,10 @@ TEST_F(SspEngineTest, OnArrivalEachPushIsAppliedAtOnceAndAFastWorkerWaitsOnlyFor
   PushPullBasedOn(0, 2, 2, {2, 2});
   EXPECT_EQ(sent_.size(), 3u) << "round 2 - 1 = 1: waits for worker 1's push of round 1";
   EXPECT_EQ(Weights(), (std::vector<float>{-3, -3})) << "held is the answer, not the update";
+  EXPECT_EQ(engine_->Queues().bounded, 1u) << "the held answer shows in the queue metrics";
   PushPullBasedOn(1, 1, 1, {0, 0});
   ASSERT_EQ(sent_.size(), 5u) << "worker 1's answer and worker 0's held one";
+  EXPECT_EQ(engine_->Queues().bounded, 0u);
   EXPECT_EQ(sent_[3].peer, "w1");
   EXPECT_EQ(sent_[4].peer, "w0");
   EXPECT_EQ(sent_[4].payload, (std::vector<float>{-3, -3}));

@@ -188,6 +188,7 @@ TEST_F(HandoffTest, AsyncHoldsEveryNewPushAndReportsDoneOnceTheBackupConfirmedTh
   Send(0, PUSH, 0, 0, {4, 4}, 4);
   Deliver();
   EXPECT_THAT(Answered(), ElementsAre(applied));
+  EXPECT_EQ(engines_[0]->Queues().handoff_held, 2u) << "the held pushes show in the queue metrics";
   ASSERT_THAT(engines_[0]->HandoffsDone(), SizeIs(1));
   EXPECT_EQ(engines_[0]->HandoffsDone()[0].completed(), 1u);
   EXPECT_THAT(Weights(0), ElementsAre(0, 0)) << "one push of lr 1/2";

@@ -356,6 +356,8 @@ EngineQueues PartitionEngine::Queues() const {
     q.waiting_pulls += p->waiting.size();
     q.parked_pushes += p->ahead.size();
     q.unconfirmed += p->unconfirmed.size();
+    q.bounded += p->bounded.size();
+    q.handoff_held += p->handoff_held.size();
     if (p->primary) q.replication_lag += p->sent - ConfirmedBy(*p);
   }
   return q;

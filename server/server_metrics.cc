@@ -72,6 +72,9 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index, size_t m
   unconfirmed_ = r.Gauge("shardps_server_unconfirmed_answers", "Answers held until the backups confirm", l);
   replication_lag_ = r.Gauge("shardps_server_replication_lag_updates",
                              "Updates sent to backups and not yet confirmed by all of them", l);
+  bounded_ = r.Gauge("shardps_server_bounded_answers", "SSP push answers held by the staleness bound", l);
+  handoff_held_ = r.Gauge("shardps_server_handoff_held_requests",
+                          "Requests held while a partition's primary role is handed off", l);
   epoch_ = r.Gauge("shardps_server_shard_map_epoch", "Shard-map epoch this server serves", l);
 }
 
@@ -99,6 +102,8 @@ void ServerMetrics::MaybePublish(const PartitionEngine& engine, bool force) {
   deferred_.Set(q.deferred);
   unconfirmed_.Set(q.unconfirmed);
   replication_lag_.Set(q.replication_lag);
+  bounded_.Set(q.bounded);
+  handoff_held_.Set(q.handoff_held);
   epoch_.Set(engine.epoch());
   size_t held = 0;
   const std::vector<PartitionReport> reports = engine.Reports(partitions_.max_partitions(), &held);

@@ -51,7 +51,8 @@ class ServerMetrics {
   MetricCounter stale_gradients_, staleness_sum_;
   MetricGauge staleness_max_;
   MetricHistogram handling_;
-  MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, epoch_;
+  MetricGauge waiting_pulls_, parked_pushes_, deferred_, unconfirmed_, replication_lag_, bounded_, handoff_held_,
+      epoch_;
   PartitionMetrics partitions_;
 };
 

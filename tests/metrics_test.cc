@@ -186,6 +186,9 @@ TEST_F(MetricsTest, ServerCountersGrowWithPushPulls) {
   // Every push says which weights it was computed on; in sync none is stale.
   EXPECT_EQ(Sample(*text, R"(shardps_server_gradients_total{server="0"})"), 12);
   EXPECT_EQ(Sample(*text, R"(shardps_server_gradient_staleness_rounds_total{server="0"})"), 0);
+  // Nothing is held once every push is answered (the engine tests fill these queues).
+  EXPECT_EQ(Sample(*text, R"(shardps_server_bounded_answers{server="0"})"), 0);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_handoff_held_requests{server="0"})"), 0);
 }
 
 TEST_F(MetricsTest, ServerAnswersHealthProbe) {
