@@ -84,11 +84,11 @@ class _Slot:
         self.deferred = False  # step() returned; the next forward waits for it
         self.on_device = not sum_only and _device_path(param)  # cleared if the library has no CUDA
         self.grad32 = self.weights32 = None
-        # Pipelined: (handle, weights buffer) of the requests of earlier steps, oldest first,
-        # and the buffer pairs they rotate through.
+        # Pipelined: (handle, index of its buffer pair) of the requests of earlier steps,
+        # oldest first, and the (gradient, weights) buffer pairs they rotate through.
         self.inflight = []
         self.buffers = []
-        self.turn = 0
+        self.turn = self.pair = 0
         if sum_only:
             self.weights32 = torch.zeros(param.shape, dtype=torch.float32)  # the mean gradient lands here
             if not _zero_copy(param):  # 16-bit or CUDA gradients go out through a float32 buffer
@@ -103,9 +103,11 @@ class _Slot:
     def pipeline(self, depth):
         """Pipelined: depth + 1 (gradient, weights) buffer pairs of the wire dtype, one per
         request that may be in flight."""
+        self.buffers = [self.buffer_pair() for _ in range(depth + 1)]
+
+    def buffer_pair(self):
         dtype = self.param.dtype if _wire_dtype(self.param, False) != "float32" else torch.float32
-        self.buffers = [(torch.zeros(self.param.shape, dtype=dtype), torch.zeros(self.param.shape, dtype=dtype))
-                        for _ in range(depth + 1)]
+        return torch.zeros(self.param.shape, dtype=dtype), torch.zeros(self.param.shape, dtype=dtype)
 
 
 def _named(named_parameters, optimizer):
@@ -274,10 +276,10 @@ class DistributedOptimizer:
         if self.pipeline:
             # Its own buffers: the parameter and p.grad may change while it is in flight.
             grad_buffer, weights_buffer = slot.buffers[slot.turn]
-            slot.turn = (slot.turn + 1) % len(slot.buffers)
             grad_buffer.copy_(grad)
             slot.handle = self.worker.push_pull(slot.name, grad_buffer, weights_buffer)
-            slot.weights32 = weights_buffer
+            slot.pair = slot.turn  # step() files the request with it
+            slot.turn = (slot.turn + 1) % len(slot.buffers)
             return
         if self.sum_only:
             if slot.grad32 is not None:
@@ -349,17 +351,19 @@ class DistributedOptimizer:
         try:
             for slot in self._slots:
                 while slot.inflight:
-                    handle, weights = slot.inflight[0]
+                    handle, index = slot.inflight[0]
                     if len(slot.inflight) > depth:
                         handle.wait(self.timeout)
                     elif not self.worker.poll(handle):
                         break
                     slot.inflight.pop(0)
                     with torch.no_grad():
-                        slot.param.copy_(weights)
+                        slot.param.copy_(slot.buffers[index][1])
         except shardps.ShardPSError:
-            # That request's buffers are the worker's now; the others stay in flight.
-            slot.inflight.pop(0)
+            # A request that failed (or timed out, and may still leave) keeps its buffers; the
+            # rotation gets a new pair in their place. The others stay in flight.
+            _, index = slot.inflight.pop(0)
+            slot.buffers[index] = slot.buffer_pair()
             raise
         finally:
             self.wait_seconds += time.perf_counter() - start
@@ -380,7 +384,7 @@ class DistributedOptimizer:
                 self._push(slot)
         if self.pipeline:
             for slot in self._slots:
-                slot.inflight.append((slot.handle, slot.weights32))
+                slot.inflight.append((slot.handle, slot.pair))
                 slot.handle, slot.passes = None, 0
             self._catch_up(self.pipeline)
             return loss

@@ -5,7 +5,10 @@ pushes the weights it computes with include. Prints "pipeline: D", then "include
 ..." (step t has t pushes before it), "changed between steps: N" (times the parameter changed
 outside step() while an answer arrived), and "final: F outstanding: ..." after
 synchronize(). With argument "request=N" the optimizer is created with pipeline=N and a
-refusal is printed as "refused: MESSAGE"."""
+refusal is printed as "refused: MESSAGE". With argument "held" (ssp, staleness 1, two
+workers): rank 1 takes one step and stops, so rank 0's pushes are soon held by the bound; its
+pipelined step() must raise DeadlineExceededError within the optimizer's timeout (printed as
+"held: STATUS MESSAGE" with the step), then both meet at a barrier."""
 
 import sys
 import time
@@ -18,7 +21,7 @@ import shardps.torch
 torch.set_num_threads(1)
 worker = shardps.init()
 w = torch.nn.Parameter(torch.zeros(1000))
-options = dict(arg.split("=", 1) for arg in sys.argv[1:])
+options = dict((arg.split("=", 1) + [""])[:2] for arg in sys.argv[1:])
 try:
     optimizer = shardps.torch.DistributedOptimizer(
         torch.optim.SGD([w], lr=0.5), named_parameters=[("w", w)],
@@ -28,6 +31,21 @@ except ValueError as e:
     sys.exit(0)
 shardps.torch.broadcast_parameters([("w", w)])
 print("pipeline: %d" % optimizer.pipeline, flush=True)
+
+if "held" in options:
+    optimizer.timeout = 0.5
+    for step in range(1 if worker.rank == 1 else 10):
+        optimizer.zero_grad()
+        w.sum().backward()
+        try:
+            optimizer.step()
+        except shardps.DeadlineExceededError as e:
+            print("held: %s %s at step %d" % (e.status, e.message, step), flush=True)
+            break
+    if worker.rank == 1:
+        optimizer.synchronize()
+    worker.barrier("end", timeout=60)
+    sys.exit(0)
 
 included, changed = [], 0
 for step in range(20):

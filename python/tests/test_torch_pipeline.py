@@ -41,6 +41,17 @@ class TorchPipelineTest(unittest.TestCase):
         self.assertEqual(self.steps(out), list(range(20)))
         self.assertRegex(out, r"final: -10 outstanding: *\n")
 
+    def test_a_request_held_past_the_timeout_raises_from_step_naming_the_tensor(self):
+        run = launch(1, 2, python_worker("pipeline_worker.py", "held"),
+                     sets=SGD + ("consistency=ssp", "staleness=1"), timeout=60)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        found = re.search(r"\[0\] held: DEADLINE_EXCEEDED (.*) at step (\d+)", run.stdout)
+        self.assertIsNotNone(found, run.stdout + run.stderr)
+        self.assertIn("'w'", found.group(1))
+        # Rounds 0 and 1 are answered (worker 1 pushed round 0); round 2's is held, and the
+        # step that must land it is the next one.
+        self.assertEqual(int(found.group(2)), 3, run.stdout)
+
     def test_sync_does_not_pipeline_and_refuses_a_request_to(self):
         out = self.run_worker([])
         self.assertIn("pipeline: 0", out)
