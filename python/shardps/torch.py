@@ -84,11 +84,12 @@ class _Slot:
         self.deferred = False  # step() returned; the next forward waits for it
         self.on_device = not sum_only and _device_path(param)  # cleared if the library has no CUDA
         self.grad32 = self.weights32 = None
-        # Pipelined: (handle, index of its buffer pair) of the requests of earlier steps,
-        # oldest first, and the (gradient, weights) buffer pairs they rotate through.
+        # Pipelined: (handle, its (gradient, weights) buffer pair) of the requests of earlier
+        # steps, oldest first, and the pairs they rotate through.
         self.inflight = []
         self.buffers = []
-        self.turn = self.pair = 0
+        self.turn = 0
+        self.pair = None
         if sum_only:
             self.weights32 = torch.zeros(param.shape, dtype=torch.float32)  # the mean gradient lands here
             if not _zero_copy(param):  # 16-bit or CUDA gradients go out through a float32 buffer
@@ -104,6 +105,23 @@ class _Slot:
         """Pipelined: depth + 1 (gradient, weights) buffer pairs of the wire dtype, one per
         request that may be in flight."""
         self.buffers = [self.buffer_pair() for _ in range(depth + 1)]
+        self.grad32 = self.weights32 = None  # the pairs replace the staging buffers
+
+    def next_pair(self):
+        """The next pair of the rotation. One still held by a request in flight (there are
+        more than depth of them after a step() that raised) is replaced, never shared."""
+        pair = self.buffers[self.turn]
+        if any(pair is held for _, held in self.inflight):
+            pair = self.buffers[self.turn] = self.buffer_pair()
+        self.turn = (self.turn + 1) % len(self.buffers)
+        return pair
+
+    def replace(self, pair):
+        """A failed request (a timed-out one may still leave) keeps `pair`: the rotation
+        gets a new one in its place."""
+        for i, mine in enumerate(self.buffers):
+            if mine is pair:
+                self.buffers[i] = self.buffer_pair()
 
     def buffer_pair(self):
         dtype = self.param.dtype if _wire_dtype(self.param, False) != "float32" else torch.float32
@@ -275,11 +293,10 @@ class DistributedOptimizer:
             grad = torch.zeros_like(p.data)
         if self.pipeline:
             # Its own buffers: the parameter and p.grad may change while it is in flight.
-            grad_buffer, weights_buffer = slot.buffers[slot.turn]
+            slot.pair = slot.next_pair()  # step() files the request with it
+            grad_buffer, weights_buffer = slot.pair
             grad_buffer.copy_(grad)
             slot.handle = self.worker.push_pull(slot.name, grad_buffer, weights_buffer)
-            slot.pair = slot.turn  # step() files the request with it
-            slot.turn = (slot.turn + 1) % len(slot.buffers)
             return
         if self.sum_only:
             if slot.grad32 is not None:
@@ -351,19 +368,18 @@ class DistributedOptimizer:
         try:
             for slot in self._slots:
                 while slot.inflight:
-                    handle, index = slot.inflight[0]
+                    handle, pair = slot.inflight[0]
                     if len(slot.inflight) > depth:
                         handle.wait(self.timeout)
                     elif not self.worker.poll(handle):
                         break
                     slot.inflight.pop(0)
                     with torch.no_grad():
-                        slot.param.copy_(slot.buffers[index][1])
+                        slot.param.copy_(pair[1])
         except shardps.ShardPSError:
-            # A request that failed (or timed out, and may still leave) keeps its buffers; the
-            # rotation gets a new pair in their place. The others stay in flight.
-            _, index = slot.inflight.pop(0)
-            slot.buffers[index] = slot.buffer_pair()
+            # The others stay in flight (this and later parameters may keep more than `depth`;
+            # next_pair never hands out a pair one of them holds).
+            slot.replace(slot.inflight.pop(0)[1])
             raise
         finally:
             self.wait_seconds += time.perf_counter() - start
@@ -380,12 +396,13 @@ class DistributedOptimizer:
         self._complete([s for s in self._slots if s.deferred])  # a step with no forward since
         self._release(final=True)
         for slot in self._slots:
-            if slot.handle is None:
+            # Unused parameters (no gradient this step); not one synchronize() completed.
+            if slot.handle is None and slot.passes < self.backward_passes_per_step:
                 self._push(slot)
         if self.pipeline:
+            self._file()
             for slot in self._slots:
-                slot.inflight.append((slot.handle, slot.pair))
-                slot.handle, slot.passes = None, 0
+                slot.passes = 0
             self._catch_up(self.pipeline)
             return loss
         if self._defers:
@@ -406,10 +423,20 @@ class DistributedOptimizer:
         """Names of the parameters whose requests are still on the wire."""
         return [s.name for s in self._slots if s.handle is not None or s.inflight]
 
+    def _file(self):
+        """Pipelined: this step's requests join their parameters' in-flight lists."""
+        for slot in self._slots:
+            if slot.handle is not None:
+                slot.inflight.append((slot.handle, slot.pair))
+                slot.handle = None
+
     def synchronize(self):
         """Completes every outstanding request (after step() with `model`, or pipelined:
         before reading or saving the weights outside a forward)."""
-        self._catch_up(0)
+        if self.pipeline:
+            self._file()
+            self._catch_up(0)
+            return
         self._complete([s for s in self._slots if s.handle is not None])
 
     def zero_grad(self, set_to_none=False):
