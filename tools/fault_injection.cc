@@ -92,9 +92,12 @@ absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
       std::any_of(plan_.begin(), plan_.end(), [](const FaultSpec& f) { return f.when != When::kAtStep; });
   const Balancing balancing = waits ? BalancingUnderWay() : Balancing{};
   for (auto it = plan_.begin(); it != plan_.end();) {
-    bool due = it->step <= step;
-    if (it->when == When::kWhileMoving) due = balancing.moving;
-    if (it->when == When::kWhileHandingOff) due = balancing.handing_off;
+    bool due = false;
+    switch (it->when) {
+      case When::kAtStep: due = it->step <= step; break;
+      case When::kWhileMoving: due = balancing.moving; break;
+      case When::kWhileHandingOff: due = balancing.handing_off; break;
+    }
     if (!due) {
       ++it;
       continue;

@@ -389,12 +389,22 @@ class Worker:
 
     def poll(self, handle):
         """True once `handle` has completed (it is then done, as after wait(); a failed
-        request raises its error), False while it is outstanding. Never blocks."""
-        try:
-            self.wait_any([handle], 0)
-        except ShardPSError as e:
-            if e.handle is None and e.status == "DEADLINE_EXCEEDED":
+        request raises its error), False while it is outstanding. Never blocks. Pipelined
+        training polls every step, so "not yet" builds no exception."""
+        self._check_outstanding(handle)
+        ids = (ctypes.c_uint64 * 1)(handle.id)
+        index = ctypes.c_size_t(1)
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        code = self._lib.shardps_wait_any(self._live(), ids, 1, 0.0, ctypes.byref(index), err, _ERR_LEN)
+        if index.value != 0:  # not consumed: still outstanding, or a call refused as a whole
+            if self._lib.shardps_status_name(code) == b"DEADLINE_EXCEEDED":
                 return False
+            check(self._lib, code, err.value, "shardps_wait_any")
+        self._retire(handle, failed=code != 0)
+        try:
+            check(self._lib, code, err.value, "shardps_wait_any")
+        except ShardPSError as e:
+            e.handle = handle
             raise
         return True
 
