@@ -551,6 +551,12 @@ class WorkerImpl : public Worker {
     // Partitions whose primary moved (a backup promoted): route new requests
     // there and re-send the waiting ones with their request ids.
     absl::flat_hash_map<uint64_t, uint32_t> moved;
+    // Under send_mu_, as Start builds and submits: a request built with the
+    // old routes is in the channel before Reroute looks, or it is built with
+    // the new ones. One submitted in between would reach the old primary
+    // after the re-send, and a primary that handed its role off leaves it
+    // unanswered for the worker to re-send, which then never comes.
+    absl::ReleasableMutexLock send_lock(&send_mu_);
     {
       absl::MutexLock lock(&mu_);
       absl::flat_hash_map<uint64_t, uint32_t> primary_of;
@@ -565,8 +571,9 @@ class WorkerImpl : public Worker {
       }
       epoch_ = std::max(epoch_, map.epoch());
     }
+    const int resent = moved.empty() ? 0 : channel->Reroute(moved, map.epoch());
+    send_lock.Release();
     if (!moved.empty()) {
-      const int resent = channel->Reroute(moved, map.epoch());
       LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
                    << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
     }
