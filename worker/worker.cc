@@ -556,23 +556,25 @@ class WorkerImpl : public Worker {
     // the new ones. One submitted in between would reach the old primary
     // after the re-send, and a primary that handed its role off leaves it
     // unanswered for the worker to re-send, which then never comes.
-    absl::ReleasableMutexLock send_lock(&send_mu_);
+    int resent = 0;
     {
-      absl::MutexLock lock(&mu_);
-      absl::flat_hash_map<uint64_t, uint32_t> primary_of;
-      for (const PartitionInfo& p : map.partitions()) primary_of[p.id()] = p.server();
-      for (auto& [name, route] : routes_) {
-        for (PartitionInfo& p : route.partitions) {
-          auto it = primary_of.find(p.id());
-          if (it == primary_of.end() || it->second == p.server() || map.epoch() <= epoch_) continue;
-          p.set_server(it->second);
-          moved[p.id()] = it->second;
+      absl::MutexLock send_lock(&send_mu_);
+      {
+        absl::MutexLock lock(&mu_);
+        absl::flat_hash_map<uint64_t, uint32_t> primary_of;
+        for (const PartitionInfo& p : map.partitions()) primary_of[p.id()] = p.server();
+        for (auto& [name, route] : routes_) {
+          for (PartitionInfo& p : route.partitions) {
+            auto it = primary_of.find(p.id());
+            if (it == primary_of.end() || it->second == p.server() || map.epoch() <= epoch_) continue;
+            p.set_server(it->second);
+            moved[p.id()] = it->second;
+          }
         }
+        epoch_ = std::max(epoch_, map.epoch());
       }
-      epoch_ = std::max(epoch_, map.epoch());
+      if (!moved.empty()) resent = channel->Reroute(moved, map.epoch());
     }
-    const int resent = moved.empty() ? 0 : channel->Reroute(moved, map.epoch());
-    send_lock.Release();
     if (!moved.empty()) {
       LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
                    << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
