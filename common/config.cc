@@ -285,6 +285,18 @@ bool RoundBased(const ClusterConfig& config) {
   return config.consistency() == SYNC;
 }
 
+std::string ApplyAsyncMomentumDefault(ClusterConfig* config) {
+  OptimizerConfig& o = *config->mutable_optimizer();
+  if (config->consistency() != ASYNC || o.kind() != OptimizerConfig::ADAM || o.has_beta1() ||
+      config->num_workers() < kAsyncMomentumFreeWorkers) {
+    return "";
+  }
+  o.set_beta1(0);
+  return absl::StrCat("async with Adam and ", config->num_workers(),
+                      " workers: optimizer.beta1=0 (asynchrony acts as momentum; measured in "
+                      "docs/performance.md); setting optimizer.beta1 yourself turns it off");
+}
+
 uint32_t StalenessBound(const ClusterConfig& config) {
   return config.consistency() == SSP ? config.staleness() : 0;
 }

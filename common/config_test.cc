@@ -146,5 +146,27 @@ TEST(ConfigTest, StalenessOutsideSspOrAboveTheLimitIsRefusedNamingTheField) {
   EXPECT_THAT(ValidateConfig(config).message(), HasSubstr("sum_only applies only to consistency: sync"));
 }
 
+TEST(ConfigTest, AsyncAdamAtEightWorkersDropsMomentumUnlessTheUserSetIt) {
+  auto config = ParseConfigText("consistency: ASYNC num_workers: 8", "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_THAT(ApplyAsyncMomentumDefault(&*config), HasSubstr("optimizer.beta1=0"));
+  EXPECT_EQ(config->optimizer().beta1(), 0.0f);
+  EXPECT_EQ(ApplyAsyncMomentumDefault(&*config), "") << "applied once; the value is now the user's";
+
+  auto mine = ParseConfigText("consistency: ASYNC num_workers: 8", "test");
+  ASSERT_TRUE(SetConfigField(&*mine, "optimizer.beta1=0.9").ok());
+  EXPECT_EQ(ApplyAsyncMomentumDefault(&*mine), "");
+  EXPECT_EQ(mine->optimizer().beta1(), 0.9f);
+
+  for (const char* text : {"consistency: ASYNC num_workers: 4", "consistency: SYNC num_workers: 8",
+                           "consistency: SSP staleness: 2 num_workers: 8",
+                           "consistency: ASYNC num_workers: 8 optimizer { kind: MOMENTUM }"}) {
+    auto other = ParseConfigText(text, "test");
+    ASSERT_TRUE(other.ok()) << text;
+    EXPECT_EQ(ApplyAsyncMomentumDefault(&*other), "") << text;
+    EXPECT_FALSE(other->optimizer().has_beta1()) << text;
+  }
+}
+
 }  // namespace
 }  // namespace shardps

@@ -120,8 +120,8 @@ int SchedulerCommand(const Args& args) {
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
               << config.checkpoint().restore_dir() << "\n";
   }
-  if (std::string recipe = compression::ApplyCompressionRecipe(&config); !recipe.empty()) {
-    std::cerr << "shardps scheduler: " << recipe << "\n";
+  for (const std::string& line : {compression::ApplyCompressionRecipe(&config), ApplyAsyncMomentumDefault(&config)}) {
+    if (!line.empty()) std::cerr << "shardps scheduler: " << line << "\n";
   }
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.

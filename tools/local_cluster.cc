@@ -29,8 +29,8 @@ absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConf
   for (const std::string& s : sets) {
     if (absl::Status st = SetConfigField(config, s); !st.ok()) return st;
   }
-  if (std::string recipe = compression::ApplyCompressionRecipe(config); !recipe.empty()) {
-    std::cerr << "shardps: " << recipe << "\n";
+  for (const std::string& line : {compression::ApplyCompressionRecipe(config), ApplyAsyncMomentumDefault(config)}) {
+    if (!line.empty()) std::cerr << "shardps: " << line << "\n";
   }
   if (absl::Status s = ValidateConfig(*config); !s.ok()) return s;
   return compression::ValidateCompressionConfig(*config);
