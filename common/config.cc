@@ -286,12 +286,12 @@ bool RoundBased(const ClusterConfig& config) {
 }
 
 std::string ApplyAsyncMomentumDefault(ClusterConfig* config) {
-  OptimizerConfig& o = *config->mutable_optimizer();
+  const OptimizerConfig& o = config->optimizer();
   if (config->consistency() != ASYNC || o.kind() != OptimizerConfig::ADAM || o.has_beta1() ||
       config->num_workers() < kAsyncMomentumFreeWorkers) {
-    return "";
+    return "";  // and the config untouched, down to which messages it has
   }
-  o.set_beta1(0);
+  config->mutable_optimizer()->set_beta1(0);
   return absl::StrCat("async with Adam and ", config->num_workers(),
                       " workers: optimizer.beta1=0 (asynchrony acts as momentum; measured in "
                       "docs/performance.md); setting optimizer.beta1 yourself turns it off");

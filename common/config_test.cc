@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
+
 namespace shardps {
 namespace {
 
@@ -165,6 +167,7 @@ TEST(ConfigTest, AsyncAdamAtEightWorkersDropsMomentumUnlessTheUserSetIt) {
     ASSERT_TRUE(other.ok()) << text;
     EXPECT_EQ(ApplyAsyncMomentumDefault(&*other), "") << text;
     EXPECT_FALSE(other->optimizer().has_beta1()) << text;
+    EXPECT_EQ(other->has_optimizer(), absl::StrContains(text, "optimizer")) << text;
   }
 }
 
