@@ -35,9 +35,30 @@ struct FakeServer {
       auto header = ParseDataHeader(head);
       EXPECT_TRUE(header.ok()) << header.status();
       if (header.ok()) got.push_back(*header);
+      peers.push_back(std::move(peer));
     }
     return got;
   }
+  // Answers `request` (the i-th received) OK with `n` weights of the given
+  // completed rounds.
+  void AnswerWeights(size_t i, const DataHeader& request, uint64_t completed_rounds, size_t n) {
+    DataHeader answer;
+    answer.set_request_id(request.request_id());
+    answer.set_partition_id(request.partition_id());
+    answer.set_op(request.op());
+    answer.set_num_elements(n);
+    answer.set_dtype(FLOAT32);
+    answer.set_completed_rounds(completed_rounds);
+    SetResponseStatus(absl::OkStatus(), &answer);
+    std::vector<float> weights(n, static_cast<float>(completed_rounds));
+    zmq::message_t peer(peers[i].data(), peers[i].size());
+    zmq::message_t head = HeaderFrame(answer);
+    zmq::message_t payload(weights.data(), weights.size() * sizeof(float));
+    socket.send(peer, zmq::send_flags::sndmore);
+    socket.send(head, zmq::send_flags::sndmore);
+    socket.send(payload, zmq::send_flags::none);
+  }
+  std::vector<zmq::message_t> peers;  // of the requests received, in order
   zmq::socket_t socket;
   std::string address;
 };
@@ -77,6 +98,51 @@ TEST(DataChannelTest, RerouteResendsAPartitionsWaitingRequestsInTheOrderTheyWere
     EXPECT_EQ(again[i].round(), static_cast<uint64_t>(i));
     EXPECT_EQ(again[i].epoch(), 2u);
   }
+}
+
+// A caller that keeps a second step in flight computes on the weights it
+// has waited for: an answer that arrived but whose handle was not handed back
+// yet is not what the next gradient is based on.
+TEST(DataChannelTest, WeightsVersionIsThatOfTheAnswersHandedBackNotOfTheLatestArrival) {
+  zmq::context_t context;
+  FakeServer server(context);
+  auto channel = DataChannel::Create({{server.address, "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> gradient(4, 1.0f), weights(4, 0.0f), later(4, 0.0f);
+  auto push_pull = [&](float* out) {
+    DataChannel::Request r;
+    r.header.set_op(PUSH_PULL);
+    r.header.set_partition_id(7);
+    r.header.set_epoch(1);
+    r.header.set_num_elements(gradient.size());
+    r.header.set_dtype(FLOAT32);
+    r.payload = gradient.data();
+    r.out = out;
+    std::vector<DataChannel::Request> one;
+    one.push_back(std::move(r));
+    return (*channel)->Submit(std::move(one), "push_pull");
+  };
+  const uint64_t first = push_pull(weights.data());
+  std::vector<DataHeader> got = server.Receive(1);
+  ASSERT_EQ(got.size(), 1u);
+  server.AnswerWeights(0, got[0], 5, gradient.size());
+  ASSERT_TRUE((*channel)->Wait(first, absl::Seconds(10)).ok());
+  EXPECT_EQ((*channel)->weights_version(7), 5u);
+
+  const uint64_t second = push_pull(later.data());
+  const uint64_t third = push_pull(later.data());
+  got = server.Receive(2);
+  ASSERT_EQ(got.size(), 2u);
+  server.AnswerWeights(1, got[0], 6, gradient.size());
+  // Waiting on the third (never answered here) drains the second's answer.
+  absl::Status status;
+  for (int i = 0; i < 200 && later[0] != 6.0f; ++i) {
+    EXPECT_FALSE((*channel)->WaitAny(absl::MakeConstSpan(&third, 1), absl::Milliseconds(10), &status).ok());
+  }
+  ASSERT_EQ(later[0], 6.0f) << "the second answer never arrived";
+  EXPECT_EQ((*channel)->weights_version(7), 5u) << "arrived, but not handed back";
+  ASSERT_TRUE((*channel)->Wait(second, absl::Seconds(10)).ok());
+  EXPECT_EQ((*channel)->weights_version(7), 6u);
 }
 
 }  // namespace

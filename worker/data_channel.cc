@@ -314,7 +314,11 @@ void DataChannel::Receive(size_t server) {
       std::memcpy(p.out, payload.data(), bytes);
     }
   }
-  if (s.ok() && has_payload) versions_[p.partition] = response_.completed_rounds();
+  if (s.ok() && has_payload) {
+    if (auto h = handles_.find(p.handle); h != handles_.end()) {
+      h->second.versions.emplace_back(p.partition, response_.completed_rounds());
+    }
+  }
   Complete(response_.request_id(), s);
 }
 
@@ -376,8 +380,15 @@ absl::Status DataChannel::Wait(uint64_t handle, absl::Duration timeout) {
         it->second.what, ": no answer within ", absl::FormatDuration(timeout), " from ", Outstanding(it->second)));
     for (uint64_t id : it->second.request_ids) pending_.erase(id);
   }
-  handles_.erase(it);
+  HandBack(it, result);
   return result;
+}
+
+void DataChannel::HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it, const absl::Status& status) {
+  if (status.ok()) {
+    for (const auto& [partition, version] : it->second.versions) versions_[partition] = version;
+  }
+  handles_.erase(it);
 }
 
 absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, absl::Duration timeout,
@@ -433,7 +444,7 @@ absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, 
                                                     absl::FormatDuration(timeout)));
   }
   *status = states[i]->status;
-  handles_.erase(handles[i]);
+  HandBack(handles_.find(handles[i]), *status);
   mu_.Unlock();
   return i;
 }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <zmq.hpp>
@@ -108,8 +109,10 @@ class DataChannel {
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
-  // The completed rounds of the last weights received for `partition` (0
-  // before any): what the next gradient is computed on.
+  // The completed rounds of the weights last handed back for `partition`: by
+  // the Wait or WaitAny that returned their handle, not when they arrived (0
+  // before any). A caller that keeps several steps in flight computes on
+  // what it has waited for, and an answer that arrived meanwhile is not that.
   uint64_t weights_version(uint64_t partition) const {
     absl::MutexLock lock(&mu_);
     auto it = versions_.find(partition);
@@ -145,6 +148,9 @@ class DataChannel {
     size_t remaining = 0;
     absl::Status status;
     std::vector<uint64_t> request_ids;
+    // (partition, completed rounds) of each answer with weights, made the
+    // partitions' weights_version once the handle is handed back.
+    std::vector<std::pair<uint64_t, uint64_t>> versions;
   };
 
   DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank);
@@ -152,6 +158,10 @@ class DataChannel {
   int DrainReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   void Receive(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   void Complete(uint64_t request_id, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases handle `it`, handed back to the caller with `status`: its answers'
+  // versions become the partitions' weights_version when it succeeded.
+  void HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls the sockets' file descriptors (and the wake-up eventfd) for at most
   // `timeout`, without holding io_mu_.
   void PollFds(absl::Duration timeout);
