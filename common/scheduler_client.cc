@@ -62,9 +62,13 @@ class GrpcSchedulerClient : public SchedulerClient {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // A connection whose packets are dropped (a network partition) is noticed
-    // within seconds by keepalive pings, not after TCP gives up.
+    // within seconds by keepalive pings, not after TCP gives up. A ping is
+    // sent every 2 s but given 10 s (heartbeat_timeout_ms's default) to be
+    // answered: a scheduler (or this process) stalled for a few seconds on a
+    // loaded host is no partition, and closing the connection would fail
+    // every call waiting on it (Register, DefineTensors) with UNAVAILABLE.
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     auto credentials = ChannelCredentials(security, args);

@@ -2,6 +2,7 @@
 // real SIGKILL to a scheduler, server or worker process mid-training. In
 // process: a worker and a server given a scheduler client the test controls.
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -444,6 +445,8 @@ class ControlledScheduler : public SchedulerClient {
     isolated_ = true;
   }
   void Die() { dead_ = true; }
+  // The next `n` DefineTensors calls fail as a dropped connection does.
+  void DropDefineTensors(int n) { drops_ = n; }
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r, absl::Duration t) override {
     if (dead_) return Gone();
@@ -455,6 +458,7 @@ class ControlledScheduler : public SchedulerClient {
   }
   absl::StatusOr<ShardMap> DefineTensors(const DefineTensorsRequest& r, absl::Duration t) override {
     if (dead_) return Gone();
+    if (drops_.fetch_sub(1) > 0) return absl::UnavailableError("connection dropped by the test");
     return real_->DefineTensors(r, t);
   }
   absl::Status Barrier(const BarrierRequest& r, absl::Duration t, BarrierResponse* out) override {
@@ -484,10 +488,30 @@ class ControlledScheduler : public SchedulerClient {
   static absl::Status Gone() { return absl::UnavailableError("scheduler killed by the test"); }
   std::unique_ptr<SchedulerClient> real_;
   std::atomic<bool> dead_{false};
+  std::atomic<int> drops_{0};
   absl::Mutex mu_;
   std::vector<std::function<void(const ShardMap&)>> watchers_ ABSL_GUARDED_BY(mu_);
   absl::Mutex deliver_mu_ ABSL_ACQUIRED_AFTER(mu_);  // held while a map is handed to the watchers
   bool isolated_ ABSL_GUARDED_BY(deliver_mu_) = false;
+};
+
+// Runs a server's engine on a thread, stopped and joined when it goes out of
+// scope: a failed ASSERT must not leave the thread joinable.
+class EngineThread {
+ public:
+  explicit EngineThread(ParameterServer& server) : server_(server), thread_([this] { status_ = server_.Run(); }) {}
+  ~EngineThread() { Stop(); }
+  // What Run() returned.
+  absl::Status Stop() {
+    server_.RequestStop();
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  ParameterServer& server_;
+  absl::Status status_ = absl::UnknownError("running");
+  std::thread thread_;  // last: started once the others are set
 };
 
 ClusterConfig SmallConfig(int servers) {
@@ -539,6 +563,57 @@ TEST(FailureTest, AWorkerFailsRequestsToAServerTheMapDeclaresDeadAtOnceNamingIt)
   EXPECT_TRUE((*worker)->Wait(*pulled, absl::Seconds(60)).ok()) << "still refused after the map revived the server";
 }
 
+// A scheduler that stalls for a few seconds (a loaded host; here SIGSTOP)
+// is no partition: a control call waiting on it, here a worker's
+// registration waiting for the second worker, goes on once it answers again,
+// well inside the heartbeat timeout, instead of failing with the connection.
+TEST(FailureTest, AControlCallOutlivesASchedulerStalledForSeconds) {
+  ClusterConfig config = SmallConfig(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Worker>> first = absl::UnknownError("not registered");
+  std::thread registering([&] {
+    first = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  });
+  absl::SleepFor(absl::Seconds(1));  // rank 0 waits for rank 1 in its Register call
+  const pid_t scheduler = (*cluster)->scheduler_pid();
+  ASSERT_EQ(kill(scheduler, SIGSTOP), 0);
+  absl::SleepFor(absl::Seconds(4));
+  ASSERT_EQ(kill(scheduler, SIGCONT), 0);
+  auto second = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 1});
+  registering.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+}
+
+// DefineTensors is idempotent: a call the connection dropped is asked again
+// until its deadline, and a scheduler that stays away fails it at that
+// deadline, not before and not later.
+TEST(FailureTest, DefineTensorsIsAskedAgainAfterADroppedConnectionUntilItsDeadline) {
+  ClusterConfig config = SmallConfig(1);
+  auto daemon = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = config});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto server = ParameterServer::Create({.scheduler_address = (*daemon)->address(), .bind_address = "tcp://127.0.0.1:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EngineThread engine(**server);
+  auto real = SchedulerClient::Create((*daemon)->address());
+  ASSERT_TRUE(real.ok());
+  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto worker = Worker::Create({.scheduler_address = (*daemon)->address(), .rank = 0, .scheduler_client = scheduler});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  scheduler->DropDefineTensors(2);
+  EXPECT_TRUE((*worker)->DefineTensors({Tensor("w", 4)}, absl::Seconds(30)).ok());
+
+  scheduler->Die();
+  const absl::Time start = absl::Now();
+  absl::Status gone = (*worker)->DefineTensors({Tensor("w", 4)}, absl::Seconds(1));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsUnavailable(gone)) << gone;
+  EXPECT_GE(took, absl::Seconds(1)) << "gave up before its deadline";
+  EXPECT_LT(took, absl::Seconds(10)) << "waited past its deadline";
+}
+
 TEST(FailureTest, AServerKeepsServingWhenItsSchedulerDies) {
   ClusterConfig config = SmallConfig(1);
   config.set_heartbeat_interval_ms(50);
@@ -549,16 +624,7 @@ TEST(FailureTest, AServerKeepsServingWhenItsSchedulerDies) {
   auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
   auto server = ParameterServer::Create({.bind_address = "tcp://127.0.0.1:0", .scheduler_client = scheduler});
   ASSERT_TRUE(server.ok()) << server.status();
-  absl::Status run_status = absl::UnknownError("running");
-  std::thread engine([&] { run_status = (*server)->Run(); });
-  struct StopOnExit {  // a failed ASSERT must not leave the engine thread joinable
-    ParameterServer& server;
-    std::thread& thread;
-    ~StopOnExit() {
-      server.RequestStop();
-      if (thread.joinable()) thread.join();
-    }
-  } stop_on_exit{**server, engine};
+  EngineThread engine(**server);
   auto worker = Worker::Create({.scheduler_address = (*daemon)->address(), .rank = 0});
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE((*worker)->DefineTensors({Tensor("w", 4)}).ok());
@@ -572,8 +638,7 @@ TEST(FailureTest, AServerKeepsServingWhenItsSchedulerDies) {
     ASSERT_TRUE((*worker)->Wait(*h, absl::Seconds(10)).ok());
     EXPECT_EQ(out[3], -4.0f * round);
   }
-  (*server)->RequestStop();
-  engine.join();
+  absl::Status run_status = engine.Stop();
   EXPECT_TRUE(run_status.ok()) << run_status;
 }
 

@@ -9,11 +9,13 @@
 #include <glog/logging.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/endpoint.h"
 #include "common/optimizer.h"
 #include "common/protocol.h"
+#include "common/status_macros.h"
 #include "compression/codec_policy.h"
 #include "compression/error_feedback.h"
 #include "common/scheduler_client.h"
@@ -81,8 +83,11 @@ class WorkerImpl : public Worker {
     DefineTensorsRequest request;
     request.set_node_id(node_id_);
     for (const TensorSpec& t : tensors) *request.add_tensors() = t;
-    auto map = scheduler_->DefineTensors(request, timeout > absl::ZeroDuration() ? timeout : options_.control_timeout);
-    if (!map.ok()) return map.status();
+    absl::StatusOr<ShardMap> map;
+    SHARDPS_RETURN_IF_ERROR(AskUntilDeadline(timeout, [&](absl::Duration left) {
+      map = scheduler_->DefineTensors(request, left);  // the same tensors again: the same map
+      return map.status();
+    }));
     absl::Status s = AdoptShardMap(*map);
     if (!s.ok() || watch_ != nullptr) return s;
     // Outside mu_: the watch's callbacks take it.
@@ -147,14 +152,22 @@ class WorkerImpl : public Worker {
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);
-    // A scheduler that dies mid-call is asked again (a restarted one resumes
-    // from its state) until the deadline.
+    BarrierResponse response;
+    SHARDPS_RETURN_IF_ERROR(AskUntilDeadline(timeout, [&](absl::Duration left) {
+      return scheduler_->Barrier(request, left, &response);
+    }));
+    if (live_ranks != nullptr) live_ranks->assign(response.live_workers().begin(), response.live_workers().end());
+    return absl::OkStatus();
+  }
+
+  // Runs an idempotent control call with the time left of `timeout` (0: the
+  // control timeout), again while the scheduler cannot be reached (one that
+  // died mid-call and restarted resumes from its state; a dropped connection
+  // reconnects), until the deadline.
+  absl::Status AskUntilDeadline(absl::Duration timeout, absl::FunctionRef<absl::Status(absl::Duration)> call) {
     const absl::Time deadline = absl::Now() + (timeout > absl::ZeroDuration() ? timeout : options_.control_timeout);
     for (;;) {
-      BarrierResponse response;
-      absl::Status s =
-          scheduler_->Barrier(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)), &response);
-      if (s.ok() && live_ranks != nullptr) live_ranks->assign(response.live_workers().begin(), response.live_workers().end());
+      absl::Status s = call(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
       if (!absl::IsUnavailable(s) || absl::Now() >= deadline) return s;
       absl::SleepFor(absl::Milliseconds(200));
     }
