@@ -500,7 +500,7 @@ class ControlledScheduler : public SchedulerClient {
 class EngineThread {
  public:
   explicit EngineThread(ParameterServer& server) : server_(server), thread_([this] { status_ = server_.Run(); }) {}
-  ~EngineThread() { Stop(); }
+  ~EngineThread() { (void)Stop(); }
   // What Run() returned.
   absl::Status Stop() {
     server_.RequestStop();

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_store.h"
 #include "common/config.h"
+#include "tools/local_cluster.h"
 #include "common/logging.h"
 #include "common/scheduler_client.h"
 #include "compression/codec_policy.h"
@@ -120,9 +121,7 @@ int SchedulerCommand(const Args& args) {
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
               << config.checkpoint().restore_dir() << "\n";
   }
-  for (const std::string& line : {compression::ApplyCompressionRecipe(&config), ApplyAsyncMomentumDefault(&config)}) {
-    if (!line.empty()) std::cerr << "shardps scheduler: " << line << "\n";
-  }
+  for (const std::string& line : ApplyMeasuredDefaults(&config)) std::cerr << "shardps scheduler: " << line << "\n";
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);

@@ -25,13 +25,19 @@ absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t s
   return config;
 }
 
+std::vector<std::string> ApplyMeasuredDefaults(ClusterConfig* config) {
+  std::vector<std::string> lines;
+  for (std::string line : {compression::ApplyCompressionRecipe(config), ApplyAsyncMomentumDefault(config)}) {
+    if (!line.empty()) lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
 absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config) {
   for (const std::string& s : sets) {
     if (absl::Status st = SetConfigField(config, s); !st.ok()) return st;
   }
-  for (const std::string& line : {compression::ApplyCompressionRecipe(config), ApplyAsyncMomentumDefault(config)}) {
-    if (!line.empty()) std::cerr << "shardps: " << line << "\n";
-  }
+  for (const std::string& line : ApplyMeasuredDefaults(config)) std::cerr << "shardps: " << line << "\n";
   if (absl::Status s = ValidateConfig(*config); !s.ok()) return s;
   return compression::ValidateCompressionConfig(*config);
 }

@@ -17,9 +17,13 @@ namespace shardps {
 
 // The config file at `path` (empty: defaults) with the process counts set.
 absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t servers, int64_t workers);
-// Applies each `--set field=value` and the lossy codecs' accuracy recipe
-// (printing what it set), then validates the result as the scheduler would
-// (fields and compression).
+// The defaults measured to keep accuracy where the config leaves the fields
+// unset: the lossy codecs' recipe and async's Adam momentum. Returns a line
+// for each that changed something, saying what.
+std::vector<std::string> ApplyMeasuredDefaults(ClusterConfig* config);
+// Applies each `--set field=value` and the measured defaults (printing what
+// they set), then validates the result as the scheduler would (fields and
+// compression).
 absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config);
 
 // Starts `shardps scheduler` on `listen` with the config file and writes its

@@ -314,15 +314,10 @@ void DataChannel::Receive(size_t server) {
       std::memcpy(p.out, payload.data(), bytes);
     }
   }
-  if (s.ok() && has_payload) {
-    if (auto h = handles_.find(p.handle); h != handles_.end()) {
-      h->second.versions.emplace_back(p.partition, response_.completed_rounds());
-    }
-  }
-  Complete(response_.request_id(), s);
+  Complete(response_.request_id(), s, has_payload ? std::optional(response_.completed_rounds()) : std::nullopt);
 }
 
-void DataChannel::Complete(uint64_t request_id, const absl::Status& status) {
+void DataChannel::Complete(uint64_t request_id, const absl::Status& status, std::optional<uint64_t> version) {
   auto it = pending_.find(request_id);
   const Pending p = std::move(it->second);
   pending_.erase(it);
@@ -332,6 +327,7 @@ void DataChannel::Complete(uint64_t request_id, const absl::Status& status) {
     h.status = absl::Status(status.code(), absl::StrCat(h.what, ": server ", p.server, " (", addresses_[p.server],
                                                         "), partition ", p.partition, ": ", status.message()));
   }
+  if (status.ok() && version) h.versions.emplace_back(p.partition, *version);
   --h.remaining;
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -150,14 +152,17 @@ class DataChannel {
     std::vector<uint64_t> request_ids;
     // (partition, completed rounds) of each answer with weights, made the
     // partitions' weights_version once the handle is handed back.
-    std::vector<std::pair<uint64_t, uint64_t>> versions;
+    absl::InlinedVector<std::pair<uint64_t, uint64_t>, 2> versions;
   };
 
   DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank);
   // Receives and handles every answer already queued; returns how many.
   int DrainReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   void Receive(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  void Complete(uint64_t request_id, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends request `request_id` with `status`; `version`: the completed rounds
+  // of the weights its answer carried, if any.
+  void Complete(uint64_t request_id, const absl::Status& status, std::optional<uint64_t> version = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases handle `it`, handed back to the caller with `status`: its answers'
   // versions become the partitions' weights_version when it succeeded.
   void HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it, const absl::Status& status)

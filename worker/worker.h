@@ -171,9 +171,9 @@ class Worker {
   // The fewest completed rounds (async: pushes applied) among the weights
   // last handed back for the partitions of `name` (by the Wait or WaitAny
   // that returned their handle): how far the cluster had got in the weights
-  // this worker computes on. Each push carries it as `based_on`. 0 before
-  // any answer; NotFound for an unknown tensor. Async jobs stop on it once the cluster has applied
-  // their whole budget of pushes.
+  // this worker computes on; each partition's push carries its own as
+  // `based_on`. 0 before any answer; NotFound for an unknown tensor. Async
+  // jobs stop on it once the cluster has applied their whole budget of pushes.
   virtual absl::StatusOr<uint64_t> WeightsVersion(const std::string& name) const = 0;
 };
 
