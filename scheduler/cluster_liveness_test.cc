@@ -177,6 +177,58 @@ TEST_F(LivenessTest, AReplacementServerTakesTheDeadOnesPlace) {
             absl::StatusCode::kResourceExhausted);
 }
 
+TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
+  // Workers 0 and 1 wait at a barrier; worker 2's job ends and it says so.
+  absl::Status passed[2] = {absl::UnknownError("not run"), absl::UnknownError("not run")};
+  std::vector<std::thread> waiters;
+  for (int r = 0; r < 2; ++r) {
+    waiters.emplace_back([&, r] { passed[r] = state_->Barrier(worker_ids_[r], "done", absl::Now() + absl::Seconds(10)); });
+  }
+  HeartbeatRequest leaving;
+  leaving.set_node_id(worker_ids_[2]);
+  leaving.set_leaving(true);
+  auto r = state_->Heartbeat(leaving);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epoch(), 2u);
+  for (std::thread& t : waiters) t.join();
+  EXPECT_TRUE(passed[0].ok()) << passed[0] << " (the barrier does not wait for a worker that left)";
+  EXPECT_TRUE(passed[1].ok()) << passed[1];
+  StatusResponse status = state_->Status();
+  EXPECT_EQ(status.shard_map().epoch(), 2u);
+  EXPECT_THAT(status.shard_map().excluded_workers(), ElementsAre(2));
+  EXPECT_THAT(status.shard_map().left_workers(), ElementsAre(2));
+  for (const NodeStatus& n : status.nodes()) {
+    if (n.role() != WORKER) continue;
+    EXPECT_EQ(n.left(), n.rank() == 2) << n.ShortDebugString();
+    EXPECT_FALSE(n.declared_dead()) << n.ShortDebugString();
+  }
+  // Said twice (a retried call) changes nothing; an ordinary heartbeat after
+  // it is refused, naming the leave.
+  ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  HeartbeatRequest late;
+  late.set_node_id(worker_ids_[2]);
+  EXPECT_THAT(state_->Heartbeat(late).status().message(), HasSubstr("worker rank 2 left the job"));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 2u);
+  // Its silence from now on is no death; another worker's still is.
+  Beat({0, 1}, {0, 1}, 2);
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0}, 2);
+  std::vector<std::string> lines = Advance(200);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("worker rank 1"));
+  // A restarted scheduler knows it left; the rank may rejoin the job.
+  auto restored = ClusterState::Restore(*saved_, [this] { return now_; });
+  const StatusResponse after_restart = restored->Status();
+  for (const NodeStatus& n : after_restart.nodes()) {
+    if (n.role() == WORKER && n.rank() == 2) EXPECT_TRUE(n.left()) << n.ShortDebugString();
+  }
+  ReportRounds(50);
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_THAT(state_->Status().shard_map().left_workers(), IsEmpty());
+  EXPECT_THAT(state_->Status().shard_map().excluded_workers(), ElementsAre(1));
+}
+
 TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoch) {
   // Worker 2 dies; the other two pass the barrier of epoch 1 without it.
   EXPECT_THAT(Advance(900), IsEmpty());

@@ -72,7 +72,9 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   cs->next_node_id_ = state.next_node_id();
   for (const SchedulerState::Node& n : state.nodes()) {
     auto& group = n.role() == SERVER ? cs->servers_ : cs->workers_;
-    group[n.rank()] = Node{n.id(), n.role(), n.rank(), n.address(), n.host(), now, 0, n.dead(), /*heard=*/false};
+    Node& node = group[n.rank()];
+    node = Node{n.id(), n.role(), n.rank(), n.address(), n.host(), now, 0, n.dead(), /*heard=*/false};
+    node.left = n.left();
   }
   cs->map_ = state.shard_map();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
@@ -115,6 +117,7 @@ void ClusterState::Save() {
       n->set_address(node.address);
       n->set_host(node.host);
       n->set_dead(node.dead);
+      n->set_left(node.left);
     }
   }
   *state.mutable_shard_map() = map_;
@@ -303,11 +306,19 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
                                             " is not registered (scheduler restarted without its --state-dir?)"));
   }
   if (node->dead) {
-    return absl::FailedPreconditionError(absl::StrCat(node->role == SERVER ? "server " : "worker rank ", node->rank,
-                                                      " was declared dead after missing its heartbeats and is no "
-                                                      "longer a member of the job"));
+    if (node->left && request.leaving()) return HeartbeatResponse();  // said twice
+    return absl::FailedPreconditionError(absl::StrCat(
+        node->role == SERVER ? "server " : "worker rank ", node->rank,
+        node->left ? " left the job and is no longer a member of it"
+                   : " was declared dead after missing its heartbeats and is no longer a member of the job"));
   }
   node->last_seen = clock_();
+  if (request.leaving() && node->role == WORKER) {
+    Leave(*node);
+    HeartbeatResponse response;
+    response.set_epoch(map_.epoch());
+    return response;
+  }
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
   if (node->role == SERVER && request.applied_epoch() >= map_.epoch() && balance_checked_epoch_ != map_.epoch()) {
@@ -377,6 +388,18 @@ std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
   return absl::StrCat("worker rank ", node.rank, " (host ", node.host, ") declared dead: ", reason,
                       "; removed from the job at shard map epoch ", map_.epoch(), ", ", LiveWorkers(),
                       " workers go on");
+}
+
+void ClusterState::Leave(Node& node) {
+  node.dead = true;
+  node.left = true;
+  map_.set_epoch(map_.epoch() + 1);
+  map_.add_excluded_workers(node.rank);
+  map_.add_left_workers(node.rank);
+  PassCompleteBarriers();
+  Save();
+  LOG(INFO) << "worker rank " << node.rank << " (host " << node.host << ") left the job; shard map epoch "
+            << map_.epoch() << ", " << LiveWorkers() << " workers go on";
 }
 
 std::string ClusterState::FailOver(uint32_t dead) {
@@ -512,8 +535,9 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   // last reports understates the pace the survivors resume at; a round
   // completed without the worker would refuse it (PartitionEngine::Rejoin).
   const uint64_t round = RoundPastServers(/*for_rejoin=*/true);
-  auto* excluded = map_.mutable_excluded_workers();
-  excluded->erase(std::remove(excluded->begin(), excluded->end(), rank), excluded->end());
+  for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
+    list->erase(std::remove(list->begin(), list->end(), rank), list->end());
+  }
   Node& node = workers_[rank];
   node = Node{next_node_id_++, WORKER, rank, "", request.host(), clock_(), 0};
   node.rendezvous = true;
@@ -716,7 +740,8 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   }
   if (node->dead) {
     return absl::FailedPreconditionError(absl::StrCat("barrier '", name, "': worker rank ", node->rank,
-                                                      " was declared dead and removed from the job"));
+                                                      node->left ? " left the job"
+                                                                 : " was declared dead and removed from the job"));
   }
   BarrierState& b = barriers_[name];
   const uint64_t generation = b.generation;
@@ -763,7 +788,8 @@ StatusResponse ClusterState::Status() {
       s->set_ms_since_heartbeat(ms);
       s->set_alive(!node.dead && ms <= static_cast<int64_t>(config_.heartbeat_timeout_ms()));
       s->set_applied_epoch(node.applied_epoch);
-      s->set_declared_dead(node.dead);
+      s->set_declared_dead(node.dead && !node.left);
+      s->set_left(node.left);
       s->set_heard_since_start(node.heard);
       if (node.counters_seen != absl::InfinitePast()) {
         *s->mutable_counters() = node.counters;

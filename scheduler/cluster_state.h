@@ -109,6 +109,7 @@ class ClusterState {
     uint64_t applied_epoch = 0;
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
+    bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
     // Servers: the rounds they report completed, when, and the rate (rounds
     // per second) between their last two reports.
     uint64_t completed_round = 0;
@@ -147,6 +148,9 @@ class ClusterState {
   // Passes every barrier that all live workers have entered.
   void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DeclareDead(Node& node, absl::Duration silent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `node` said it leaves: removed from the job as a dead one is, at
+  // once, and listed as left rather than dead.
+  void Leave(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Promotes the first live backup of every partition whose primary was
   // server `dead`, and drops `dead` from every backup list. Says what moved.
   std::string FailOver(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -8,6 +8,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
@@ -199,8 +200,12 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
   for (uint32_t r = 0; r < workers; ++r) {
     if (now_excluded[r] && !excluded_[r]) {
       removed[r] = any = true;
-      LOG(WARNING) << "server " << server_index_ << ": worker " << r << " was removed from the job (shard map epoch "
-                   << epoch_ << "); " << (RoundBased(config_) ? "rounds complete without it" : "");
+      const bool left = absl::c_linear_search(map.left_workers(), r);  // its job ended: no news
+      LOG_IF(WARNING, !left) << "server " << server_index_ << ": worker " << r << " was removed from the job "
+                             << "(shard map epoch " << epoch_ << ")"
+                             << (RoundBased(config_) ? "; rounds complete without it" : "");
+      LOG_IF(INFO, left) << "server " << server_index_ << ": worker " << r << " left the job (shard map epoch " << epoch_
+                         << ")";
     }
   }
   excluded_ = now_excluded;

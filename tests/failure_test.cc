@@ -587,6 +587,53 @@ TEST(FailureTest, AControlCallOutlivesASchedulerStalledForSeconds) {
   ASSERT_TRUE(second.ok()) << second.status();
 }
 
+// A worker whose job ends says so: sync rounds go on without it at once,
+// not after the heartbeat timeout, and the scheduler lists it as left, not
+// dead (before, a finished job's workers stayed SILENT for good).
+TEST(FailureTest, AWorkerThatIsDestroyedLeavesTheJobAndSyncRoundsGoOnWithoutIt) {
+  ClusterConfig config = SmallConfig(1);
+  config.set_num_workers(2);
+  config.set_heartbeat_timeout_ms(60000);  // a removal inside this test is the leave's
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Worker>> workers[2];
+  {
+    std::thread second([&] { workers[1] = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 1}); });
+    workers[0] = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+    second.join();
+  }
+  for (auto& w : workers) ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> grad = {1, 2, 3, 4}, out[2] = {std::vector<float>(4), std::vector<float>(4)};
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE((*workers[r])->DefineTensors({Tensor("w", 4)}).ok());
+  absl::StatusOr<Worker::Handle> h[2];
+  for (int r = 0; r < 2; ++r) {
+    h[r] = (*workers[r])->PushPull("w", grad, absl::MakeSpan(out[r]));
+    ASSERT_TRUE(h[r].ok()) << h[r].status();
+  }
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE((*workers[r])->Wait(*h[r], absl::Seconds(10)).ok());
+  EXPECT_EQ(out[0][3], -4.0f) << "round 1: the mean of both gradients";
+
+  workers[1]->reset();
+  auto alone = (*workers[0])->PushPull("w", grad, absl::MakeSpan(out[0]));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  absl::Status s = (*workers[0])->Wait(*alone, absl::Seconds(20));
+  ASSERT_TRUE(s.ok()) << s << " (round 2 waited for the worker that left)";
+  EXPECT_EQ(out[0][3], -8.0f) << "round 2: worker 0's gradient alone";
+
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->Status(absl::Seconds(10));
+  ASSERT_TRUE(status.ok()) << status.status();
+  bool seen = false;
+  for (const NodeStatus& n : status->nodes()) {
+    if (n.role() != WORKER || n.rank() != 1) continue;
+    seen = true;
+    EXPECT_TRUE(n.left()) << n.ShortDebugString();
+    EXPECT_FALSE(n.declared_dead()) << n.ShortDebugString();
+  }
+  EXPECT_TRUE(seen);
+}
+
 // DefineTensors is idempotent: a call the connection dropped is asked again
 // until its deadline, and a scheduler that stays away fails it at that
 // deadline, not before and not later.

@@ -15,14 +15,16 @@ namespace {
 // Gauges and counters of the scheduler, refreshed from one status snapshot.
 class SchedulerSeries {
  public:
+  static constexpr int kStates = 4;  // alive, silent, dead, left
+
   SchedulerSeries(MetricsRegistry& r, SchedulerDaemon& scheduler) : scheduler_(scheduler) {
     const std::array<const char*, 2> roles = {"server", "worker"};
-    const std::array<const char*, 3> states = {"alive", "silent", "dead"};
+    const std::array<const char*, kStates> states = {"alive", "silent", "dead", "left"};
     for (int role = 0; role < 2; ++role) {
-      for (int state = 0; state < 3; ++state) {
+      for (int state = 0; state < kStates; ++state) {
         nodes_[role][state] = r.Gauge("shardps_scheduler_nodes",
                                       "Registered nodes by role and state (silent: missed heartbeats, not yet "
-                                      "declared dead)",
+                                      "declared dead; left: workers whose job ended)",
                                       {{"role", roles[role]}, {"state", states[state]}});
       }
     }
@@ -34,15 +36,15 @@ class SchedulerSeries {
 
   void Refresh() {
     const StatusResponse status = scheduler_.Status();
-    std::array<std::array<int, 3>, 2> count{};
+    std::array<std::array<int, kStates>, 2> count{};
     uint64_t dead = 0;
     for (const NodeStatus& n : status.nodes()) {
-      const int state = n.declared_dead() ? 2 : n.alive() ? 0 : 1;
+      const int state = n.left() ? 3 : n.declared_dead() ? 2 : n.alive() ? 0 : 1;
       ++count[n.role() == SERVER ? 0 : 1][state];
       if (n.declared_dead()) ++dead;
     }
     for (int role = 0; role < 2; ++role) {
-      for (int state = 0; state < 3; ++state) nodes_[role][state].Set(count[role][state]);
+      for (int state = 0; state < kStates; ++state) nodes_[role][state].Set(count[role][state]);
     }
     epoch_.Set(status.shard_map().epoch());
     partitions_.Set(status.shard_map().partitions_size());
@@ -55,7 +57,7 @@ class SchedulerSeries {
 
  private:
   SchedulerDaemon& scheduler_;
-  std::array<std::array<MetricGauge, 3>, 2> nodes_;
+  std::array<std::array<MetricGauge, kStates>, 2> nodes_;
   MetricGauge epoch_, partitions_;
   MetricCounter declared_dead_;
   absl::Mutex mu_;

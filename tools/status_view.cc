@@ -43,22 +43,23 @@ uint64_t LagAllowance(const ClusterConfig& c) {
 std::string StatusTable(const StatusResponse& status) {
   const ClusterConfig& c = status.config();
   const uint64_t epoch = status.shard_map().epoch();
-  int alive = 0, dead = 0;
+  int alive = 0, dead = 0, left = 0;
   for (const NodeStatus& n : status.nodes()) {
-    if (n.declared_dead()) ++dead;
+    if (n.left()) ++left;
+    else if (n.declared_dead()) ++dead;
     else if (n.alive()) ++alive;
   }
   std::string out = absl::StrFormat(
-      "cluster: %s, %d servers, %d workers, shard map epoch %d, %d partitions; %d nodes alive, %d dead\n",
+      "cluster: %s, %d servers, %d workers, shard map epoch %d, %d partitions; %d nodes alive, %d dead%s\n",
       ConsistencyName(c.consistency()), c.num_servers(), c.num_workers(), epoch,
-      status.shard_map().partitions_size(), alive, dead);
+      status.shard_map().partitions_size(), alive, dead, left > 0 ? absl::StrFormat(", %d left", left) : "");
   std::vector<uint64_t> bytes(c.num_servers(), 0);
   for (const PartitionInfo& p : status.shard_map().partitions()) {
     if (p.server() < bytes.size()) bytes[p.server()] += p.num_elements() * 4;
   }
   uint64_t most_steps = 0;
   for (const NodeStatus& n : status.nodes()) {
-    if (n.role() == WORKER && !n.declared_dead() && n.has_counters()) {
+    if (n.role() == WORKER && !n.declared_dead() && !n.left() && n.has_counters()) {
       most_steps = std::max<uint64_t>(most_steps, n.counters().steps());
     }
   }
@@ -67,10 +68,10 @@ std::string StatusTable(const StatusResponse& status) {
     std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
                                                             n.address(), served, n.applied_epoch())
                                           : absl::StrFormat("worker %d  %s", n.rank(), n.host());
-    const char* state = n.declared_dead() ? "DEAD" : n.alive() ? "alive" : "SILENT";
+    const char* state = n.left() ? "left" : n.declared_dead() ? "DEAD" : n.alive() ? "alive" : "SILENT";
     const bool behind = n.role() == SERVER && !n.declared_dead() && n.applied_epoch() < epoch;
     std::string lag;
-    if (n.role() == WORKER && !n.declared_dead() && n.has_counters() &&
+    if (n.role() == WORKER && !n.declared_dead() && !n.left() && n.has_counters() &&
         n.counters().steps() + LagAllowance(c) < most_steps) {
       lag = absl::StrFormat(" lagging %d steps", most_steps - n.counters().steps());
     }

@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -72,6 +73,7 @@ class WorkerImpl : public Worker {
       stopping_ = true;
     }
     heartbeat_.join();
+    Leave();
   }
 
   const ClusterConfig& config() const override { return config_; }
@@ -550,6 +552,23 @@ class WorkerImpl : public Worker {
         LOG_EVERY_N(WARNING, 10) << "worker " << options_.rank << ": " << r.status();
       }
       mu_.Lock();
+    }
+  }
+
+  // The last heartbeat: the scheduler removes this worker from the job now
+  // (sync rounds and barriers go on without it) instead of declaring it dead
+  // once its heartbeats stop. Bounded by one heartbeat interval (at most 2 s):
+  // a scheduler that does not answer then finds it silent, as before.
+  void Leave() {
+    HeartbeatRequest request;
+    request.set_node_id(node_id_);
+    request.set_leaving(true);
+    const absl::Duration wait =
+        std::clamp(absl::Milliseconds(config_.heartbeat_interval_ms()), absl::Milliseconds(100), absl::Seconds(2));
+    auto r = scheduler_->Heartbeat(request, wait);
+    if (!r.ok() && !absl::IsFailedPrecondition(r.status())) {  // FailedPrecondition: no longer a member anyway
+      LOG(WARNING) << "worker " << options_.rank << ": could not tell the scheduler it leaves (" << r.status()
+                   << "); it will be declared dead after heartbeat_timeout_ms";
     }
   }
 
