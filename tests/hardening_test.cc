@@ -2,6 +2,8 @@
 // against real scheduler and server processes: forged request ids, NaN
 // gradients, bad and stolen addresses, duplicate ranks, oversized models,
 // calls that block, bad ports, and a reader that never reads.
+#include <sys/wait.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -285,8 +287,20 @@ TEST(BlockedCallsTest, AThousandWaitingCallsDoNotCostTheSchedulerAThreadEach) {
                                                   << threads_during << " with " << kCalls << " waiting calls";
 }
 
+// Runs `shardps ARGS` for each case: it must exit with `exit_code` (-1: any
+// failure) and print the case's text.
+void ExpectEachFails(const std::vector<std::pair<std::string, std::string>>& cases, int exit_code) {
+  for (const auto& [args, expect] : cases) {
+    auto [status, out] = RunCommand(std::string(SHARDPS_BINARY) + " " + args);
+    EXPECT_NE(status, 0) << args << ": " << out;
+    if (exit_code >= 0) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == exit_code) << args << ": " << out;
+    }
+    EXPECT_THAT(out, HasSubstr(expect)) << args;
+  }
+}
+
 TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
-  const std::string bin = SHARDPS_BINARY;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"scheduler --listen 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
       {"scheduler --listen 127.0.0.1:-5", "'127.0.0.1:-5' has no valid port"},
@@ -295,11 +309,15 @@ TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
       {"server --scheduler 127.0.0.1:99999 --listen tcp://127.0.0.1:0", "'127.0.0.1:99999' has no valid port"},
       {"status --scheduler 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
   };
-  for (const auto& [args, expect] : cases) {
-    auto [code, out] = RunCommand(bin + " " + args);
-    EXPECT_NE(code, 0) << args << ": " << out;
-    EXPECT_THAT(out, HasSubstr(expect)) << args;
-  }
+  ExpectEachFails(cases, /*exit_code=*/-1);
+}
+
+TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag) {
+  ExpectEachFails({{"server --listen tcp://127.0.0.1:0", "shardps server: --scheduler is missing"},
+                   {"train --rank 0", "shardps train: --scheduler is missing"},
+                   {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
+                   {"status --scheduler", "shardps status: flag --scheduler needs a value"}},
+                  /*exit_code=*/2);
 }
 
 }  // namespace

@@ -40,6 +40,18 @@ int Fail(const std::string& command, const absl::Status& s) {
   return 1;
 }
 
+// A command line that cannot run: exit code 2, as every other command gives.
+int UsageError(const std::string& command, const absl::Status& s) {
+  Fail(command, s);
+  return 2;
+}
+
+// The nodes have no default scheduler: the daemons' commands need --scheduler.
+absl::Status RequireScheduler(const std::string& address) {
+  if (!address.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError("--scheduler is missing: the HOST:PORT the scheduler serves on (its --listen)");
+}
+
 }  // namespace
 
 bool StopRequested() { return g_stop.load(); }
@@ -104,7 +116,7 @@ int SchedulerCommand(const Args& args) {
   flags.Bool("verbose", &verbose, "log INFO messages");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("scheduler", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("scheduler", s);
   if (flags.help()) return 0;
   InitLogging("shardps-scheduler", verbose);
   ClusterConfig config;
@@ -195,8 +207,9 @@ int ServerCommand(const Args& args) {
   int64_t max_partition_series = static_cast<int64_t>(options.metrics_max_partitions);
   flags.Int("metrics-max-partitions", &max_partition_series,
             "partitions (lowest ids) that get per-partition metric series; the rest are only counted");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("server", s);
   if (flags.help()) return 0;
+  if (absl::Status s = RequireScheduler(options.scheduler_address); !s.ok()) return UsageError("server", s);
   if (max_partition_series < 0) {
     return Fail("server", absl::InvalidArgumentError(absl::StrCat("--metrics-max-partitions ", max_partition_series,
                                                                   " is negative")));
@@ -287,9 +300,10 @@ int TrainCommand(const Args& args) {
              "push every tensor after the whole backward and await every answer before the next step "
              "(default: push each gradient as backward computes it, await each weight as forward reaches it)");
   flags.Bool("verbose", &verbose, "log INFO messages");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("train", s);
   train.overlap = !no_overlap;
   if (flags.help()) return 0;
+  if (absl::Status s = RequireScheduler(worker_options.scheduler_address); !s.ok()) return UsageError("train", s);
   InitLogging("shardps-train", verbose);
   worker_options.rank = static_cast<uint32_t>(rank);
   worker_options.rendezvous_timeout = absl::Seconds(rendezvous_s);
@@ -351,7 +365,7 @@ int StatusCommand(const Args& args) {
   flags.Bool("json", &json, "print each snapshot as one line of JSON");
   std::string security_config;
   flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("status", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("status", s);
   if (flags.help()) return 0;
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("status", security.status());
