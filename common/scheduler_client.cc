@@ -231,15 +231,13 @@ class GrpcSchedulerClient : public SchedulerClient {
       return status;
     }
     const std::string last_error = LastConnectError();
-    std::string hint;
     if (absl::StrContains(last_error, "Connection refused")) {
-      hint = absl::StrCat("nothing listens at ", address, ": is the scheduler running, on that port?");
-    } else if (secure_) {
-      hint = "does the scheduler's certificate come from this node's security.tls_ca_file, and does the "
-             "scheduler accept this node's certificate?";
-    } else {
-      hint = "a secured scheduler needs --security-config";
+      return absl::Status(status.code(), absl::StrCat(status.message(), " (connection refused: nothing listens "
+                                                      "there; is the scheduler running, on that port?)"));
     }
+    const char* hint = secure_ ? "does the scheduler's certificate come from this node's security.tls_ca_file, "
+                                 "and does the scheduler accept this node's certificate?"
+                               : "a secured scheduler needs --security-config";
     return absl::Status(status.code(), absl::StrCat(status.message(), " (connections keep failing",
                                                     last_error.empty() ? "" : ": ", last_error, "; ", hint, ")"));
   }
