@@ -418,7 +418,7 @@ int LocalCommand(const Args& args) {
   flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
   flags.Bool("secure", &o.secure,
              "make fresh credentials (CA, certificates, token) and run with TLS + token on the control plane "
-             "and CURVE on the data plane");
+             "and sealed messages (AES-256-GCM) on the data plane");
   flags.Repeated("kill", &o.kills,
                  "ROLE[:INDEX]@STEP: SIGKILL the scheduler, server INDEX or worker INDEX when worker 0 reaches STEP "
                  "(@moving: as soon as the scheduler starts moving copies to a server that joined; @handoff: as "
