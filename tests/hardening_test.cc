@@ -21,6 +21,7 @@
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
+#include "scheduler/scheduler.h"
 #include "tests/test_cluster.h"
 #include "worker/worker.h"
 
@@ -310,6 +311,18 @@ TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
       {"status --scheduler 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
   };
   ExpectEachFails(cases, /*exit_code=*/-1);
+}
+
+TEST(ListenTest, ASecondSchedulerOnAPortInUseIsRefusedNotServedBesideTheFirst) {
+  auto first = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = ClusterConfig()});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = SchedulerDaemon::Create({.listen_address = (*first)->address(), .config = ClusterConfig()});
+  ASSERT_FALSE(second.ok()) << "a second scheduler serves " << (*first)->address() << " beside the first";
+  EXPECT_THAT(second.status().message(), HasSubstr("cannot listen on " + (*first)->address()));
+  EXPECT_THAT(second.status().message(), HasSubstr("port in use"));
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --metrics-listen " + (*first)->address(),
+                    "cannot serve metrics on " + (*first)->address() + " (is the port in use"}},
+                  /*exit_code=*/1);
 }
 
 TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag) {
