@@ -329,7 +329,8 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
   ExpectEachFails({{"server --listen tcp://127.0.0.1:0", "shardps server: --scheduler is missing"},
                    {"train --rank 0", "shardps train: --scheduler is missing"},
                    {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
-                   {"status --scheduler", "shardps status: flag --scheduler needs a value"}},
+                   {"status --scheduler", "shardps status: flag --scheduler needs a value"},
+                   {"local --epochs -1", "shardps local: epochs -1 is below 1"}},
                   /*exit_code=*/2);
 }
 

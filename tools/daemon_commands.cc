@@ -307,7 +307,7 @@ int TrainCommand(const Args& args) {
   InitLogging("shardps-train", verbose);
   worker_options.rank = static_cast<uint32_t>(rank);
   worker_options.rendezvous_timeout = absl::Seconds(rendezvous_s);
-  train.epochs = epochs;
+  train.epochs = static_cast<int>(std::clamp<int64_t>(epochs, -1, 1 << 30));  // validated below
   train.batch_size = batch;
   train.devices_per_worker = static_cast<int>(std::clamp<int64_t>(devices_per_worker, 0, 1025));  // validated below
   train.seed = seed;

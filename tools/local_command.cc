@@ -454,6 +454,7 @@ int LocalCommand(const Args& args) {
     TrainOptions check;
     check.batch_size = static_cast<int>(std::clamp<int64_t>(o.batch, 0, 1 << 30));
     check.devices_per_worker = static_cast<int>(std::clamp<int64_t>(o.devices_per_worker, 0, 1025));
+    check.epochs = static_cast<int>(std::clamp<int64_t>(o.epochs, -1, 1 << 30));
     if (absl::Status s = ValidateTrainOptions(check); !s.ok()) {
       std::cerr << "shardps local: " << s.message() << "\n";
       return 2;
