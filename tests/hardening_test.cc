@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <thread>
@@ -332,6 +333,17 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"status --scheduler", "shardps status: flag --scheduler needs a value"},
                    {"local --epochs -1", "shardps local: epochs -1 is below 1"}},
                   /*exit_code=*/2);
+}
+
+TEST(CommandLineTest, ASecurityConfigNamingAMissingFileStopsTheSchedulerNamingTheConfigAndTheFile) {
+  const std::string conf = ::testing::TempDir() + "/missing-key.conf";
+  std::ofstream(conf) << "security { enabled: true token_file: \"/nonexistent/token\" "
+                         "tls_cert_file: \"/nonexistent/s.pem\" tls_key_file: \"/nonexistent/s.key\" "
+                         "tls_ca_file: \"/nonexistent/ca.pem\" }\n";
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --security-config " + conf, conf + ": security."},
+                   {"scheduler --listen 127.0.0.1:0 --security-config " + conf, "/nonexistent/"}},
+                  /*exit_code=*/1);
+  std::filesystem::remove(conf);
 }
 
 }  // namespace

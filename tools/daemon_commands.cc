@@ -143,7 +143,11 @@ int SchedulerCommand(const Args& args) {
     *config.mutable_security() = loaded->security();
   }
   auto security = LoadSecurityCredentials(config.security(), /*for_scheduler=*/true);
-  if (!security.ok()) return Fail("scheduler", security.status());
+  if (!security.ok()) {  // named like a node's (LoadSecurityCredentialsFile): the file the block came from
+    const std::string& from = security_config.empty() ? config_path : security_config;
+    return Fail("scheduler", absl::Status(security.status().code(),
+                                          absl::StrCat(from, ": ", security.status().message())));
+  }
   InstallStopSignals();
   SchedulerOptions options;
   options.listen_address = listen;
