@@ -335,13 +335,15 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                   /*exit_code=*/2);
 }
 
-TEST(CommandLineTest, ASecurityConfigNamingAMissingFileStopsTheSchedulerNamingTheConfigAndTheFile) {
+TEST(CommandLineTest, AMissingConfigOrKeyFileStopsTheSchedulerNamingTheFileAndWhy) {
   const std::string conf = ::testing::TempDir() + "/missing-key.conf";
   std::ofstream(conf) << "security { enabled: true token_file: \"/nonexistent/token\" "
                          "tls_cert_file: \"/nonexistent/s.pem\" tls_key_file: \"/nonexistent/s.key\" "
                          "tls_ca_file: \"/nonexistent/ca.pem\" }\n";
   ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --security-config " + conf, conf + ": security."},
-                   {"scheduler --listen 127.0.0.1:0 --security-config " + conf, "/nonexistent/"}},
+                   {"scheduler --listen 127.0.0.1:0 --security-config " + conf, "/nonexistent/"},
+                   {"scheduler --listen 127.0.0.1:0 --config /nonexistent/cluster.pbtxt",
+                    "cannot open config file /nonexistent/cluster.pbtxt: No such file or directory"}},
                   /*exit_code=*/1);
   std::filesystem::remove(conf);
 }
