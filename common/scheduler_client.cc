@@ -223,7 +223,8 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   // FromGrpc, plus a hint when a call waited out its deadline on a connection
   // that keeps failing: nothing listening at the address (connection refused),
-  // or, with TLS on either side only, a handshake refused.
+  // something that is not gRPC there, or, with TLS on either side only, a
+  // handshake refused.
   absl::Status Check(const grpc::Status& s, const std::string& address, absl::string_view what) {
     absl::Status status = FromGrpc(s, address, what);
     if (status.ok() || s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -234,6 +235,10 @@ class GrpcSchedulerClient : public SchedulerClient {
     if (absl::StrContains(last_error, "Connection refused")) {
       return absl::Status(status.code(), absl::StrCat(status.message(), " (connection refused: nothing listens "
                                                       "there; is the scheduler running, on that port?)"));
+    }
+    if (absl::StrContains(last_error, "Failed parsing HTTP/2")) {
+      return absl::Status(status.code(), absl::StrCat(status.message(), " (what listens there is no gRPC "
+                                                      "service: a server's data port or a metrics port?)"));
     }
     const char* hint = secure_ ? "does the scheduler's certificate come from this node's security.tls_ca_file, "
                                  "and does the scheduler accept this node's certificate?"

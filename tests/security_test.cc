@@ -253,6 +253,20 @@ TEST_F(SecurityTest, NodeThatFindsNothingListeningIsToldSoNotToCheckItsCertifica
   close(fd);
 }
 
+TEST_F(SecurityTest, NodePointedAtAServersDataPortIsToldItIsNoGrpcService) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.bind("tcp://127.0.0.1:*");
+  const std::string endpoint = router.get(zmq::sockopt::last_endpoint);
+  const std::string address = endpoint.substr(endpoint.find("//") + 2);
+  auto client = SchedulerClient::Create(address, SecurityCredentials());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status s = (*client)->Status(absl::Seconds(2)).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("no gRPC service: a server's data port"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("--security-config")));
+}
+
 TEST_F(SecurityTest, NodeCertificateOfAnotherCaIsRefusedWithALogLine) {
   auto other = WriteClusterCredentials(dir_ + "/other", {}, /*mutual=*/true);
   ASSERT_TRUE(other.ok()) << other.status();
