@@ -331,7 +331,8 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"train --rank 0", "shardps train: --scheduler is missing"},
                    {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
                    {"status --scheduler", "shardps status: flag --scheduler needs a value"},
-                   {"local --epochs -1", "shardps local: epochs -1 is below 1"}},
+                   {"local --epochs -1", "shardps local: epochs -1 is below 1"},
+                   {"launch --workers 1 python3", "the workers' command goes after --"}},
                   /*exit_code=*/2);
 }
 

@@ -333,6 +333,8 @@ int Launch(LaunchOptions o, const ClusterConfig& config) {
 
 }  // namespace
 
+constexpr char kLaunchUsage[] = "shardps launch --servers S --workers W -- COMMAND ARGS...";
+
 int LaunchCommand(const Args& args) {
   LaunchOptions o;
   auto dashes = std::find(args.begin(), args.end(), "--");
@@ -349,6 +351,7 @@ int LaunchCommand(const Args& args) {
              "make fresh credentials, secure both planes, and give workers SHARDPS_SECURITY_CONFIG");
   if (absl::Status s = flags.Parse(flag_args); !s.ok()) {
     std::cerr << "shardps launch: " << s.message() << "\n";
+    if (dashes == args.end()) std::cerr << "the workers' command goes after --: " << kLaunchUsage << "\n";
     return 2;
   }
   if (flags.help()) {
@@ -357,7 +360,7 @@ int LaunchCommand(const Args& args) {
     return 0;
   }
   if (o.command.empty()) {
-    std::cerr << "shardps launch: no command: shardps launch --servers S --workers W -- COMMAND ARGS...\n";
+    std::cerr << "shardps launch: no command: " << kLaunchUsage << "\n";
     return 2;
   }
   if (o.servers < 1 || o.workers < 1) {
