@@ -81,7 +81,12 @@ absl::Status CheckDataAddress(const std::string& address) {
   auto endpoint = ParseTcpEndpoint(address, "server data address");
   if (!endpoint.ok()) return endpoint.status();
   if (absl::Status s = CheckResolvable(endpoint->host, "server data address"); !s.ok()) return s;
-  return CheckReachable(*endpoint, absl::Seconds(1), "server data address");
+  absl::Status reachable = CheckReachable(*endpoint, absl::Seconds(1), "server data address");
+  if (reachable.ok()) return reachable;
+  // Not UNAVAILABLE: the scheduler answered, and a node reads that code as
+  // "cannot reach the scheduler" (and a failover client tries the next one).
+  return absl::FailedPreconditionError(absl::StrCat(
+      reachable.message(), " (seen from the scheduler; does --advertise-host name this host as others reach it?)"));
 }
 
 // Calls that wait (rendezvous, tensor definition, barriers, map watches) each

@@ -30,6 +30,7 @@ namespace shardps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Threads of process `pid` (/proc/PID/task).
 size_t ThreadCount(pid_t pid) {
@@ -212,11 +213,12 @@ TEST(RegisterTest, InvalidUnreachableAndStolenAddressesAndDuplicateRanksAreRefus
   for (const Case& c : std::vector<Case>{{"not-an-endpoint", "is not tcp://host:port"},
                                          {"tcp://127.0.0.1:99999", "no valid port"},
                                          {"tcp://no-such-host.invalid:5000", "does not resolve"},
-                                         {"tcp://127.0.0.1:1", "not reachable"},
+                                         {"tcp://127.0.0.1:1", "not reachable: Connection refused (seen from the scheduler"},
                                          {(*addresses)[0], "is alive"}}) {
     auto r = (*client)->Register(server(c.address), absl::Seconds(10));
     ASSERT_FALSE(r.ok()) << c.address;
     EXPECT_THAT(r.status().message(), HasSubstr(c.expect)) << c.address;
+    EXPECT_THAT(r.status().message(), Not(HasSubstr("cannot reach the scheduler"))) << c.address;
   }
   // Rank 0 waits for rank 1; a second rank 0 is refused at once.
   RegisterRequest rank0;
