@@ -193,7 +193,8 @@ int ServerCommand(const Args& args) {
   double register_timeout_s = 30;
   bool verbose = false;
   CliFlags flags("server");
-  flags.String("scheduler", &options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
+  flags.String("scheduler", &options.scheduler_address,
+               "scheduler host:port, required (several, comma-separated: schedulers on etcd)");
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
@@ -273,7 +274,8 @@ int TrainCommand(const Args& args) {
   CliFlags flags("train");
   flags.Double("slow-factor", &train.slow_factor,
                "make this worker's compute F times slower (sleeps (F-1) x each step's compute time)");
-  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
+  flags.String("scheduler", &worker_options.scheduler_address,
+               "scheduler host:port, required (several, comma-separated: schedulers on etcd)");
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");
   flags.Int("batch-size", &batch, "images per step per worker");
