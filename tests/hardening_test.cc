@@ -334,7 +334,8 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
                    {"status --scheduler", "shardps status: flag --scheduler needs a value"},
                    {"local --epochs -1", "shardps local: epochs -1 is below 1"},
-                   {"launch --workers 1 python3", "the workers' command goes after --"}},
+                   {"launch --workers 1 python3", "the workers' command goes after --"},
+                   {"status --watch --interval 0", "--interval 0 must be at least 0.1"}},
                   /*exit_code=*/2);
 }
 

@@ -373,6 +373,14 @@ int StatusCommand(const Args& args) {
   flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
   if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("status", s);
   if (flags.help()) return 0;
+  // --interval 0 would ask the scheduler for its status in a busy loop.
+  if (!(interval_s >= 0.1)) {
+    return UsageError("status", absl::InvalidArgumentError(
+                                    absl::StrCat("--interval ", interval_s, " must be at least 0.1 (seconds)")));
+  }
+  if (!(timeout_s > 0)) {
+    return UsageError("status", absl::InvalidArgumentError(absl::StrCat("--timeout ", timeout_s, " must be above 0")));
+  }
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("status", security.status());
   auto client = SchedulerClient::Create(address, *security);
