@@ -335,7 +335,8 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"status --scheduler", "shardps status: flag --scheduler needs a value"},
                    {"local --epochs -1", "shardps local: epochs -1 is below 1"},
                    {"launch --workers 1 python3", "the workers' command goes after --"},
-                   {"status --watch --interval 0", "--interval 0 must be at least 0.1"}},
+                   {"status --watch --interval 0", "--interval 0 must be at least 0.1"},
+                   {"server --scheduler 127.0.0.1:7000 --register-timeout -1", "--register-timeout -1 must be above 0"}},
                   /*exit_code=*/2);
 }
 

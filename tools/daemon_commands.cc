@@ -46,6 +46,12 @@ int UsageError(const std::string& command, const absl::Status& s) {
   return 2;
 }
 
+// A wait given in seconds: NaN, 0 or a negative one would fail at once.
+absl::Status RequirePositiveSeconds(absl::string_view flag, double seconds) {
+  if (seconds > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", seconds, " must be above 0 (seconds)"));
+}
+
 // The nodes have no default scheduler: the daemons' commands need --scheduler.
 absl::Status RequireScheduler(const std::string& address) {
   if (!address.empty()) return absl::OkStatus();
@@ -215,6 +221,9 @@ int ServerCommand(const Args& args) {
   if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("server", s);
   if (flags.help()) return 0;
   if (absl::Status s = RequireScheduler(options.scheduler_address); !s.ok()) return UsageError("server", s);
+  if (absl::Status s = RequirePositiveSeconds("register-timeout", register_timeout_s); !s.ok()) {
+    return UsageError("server", s);
+  }
   if (max_partition_series < 0) {
     return Fail("server", absl::InvalidArgumentError(absl::StrCat("--metrics-max-partitions ", max_partition_series,
                                                                   " is negative")));
@@ -310,6 +319,9 @@ int TrainCommand(const Args& args) {
   train.overlap = !no_overlap;
   if (flags.help()) return 0;
   if (absl::Status s = RequireScheduler(worker_options.scheduler_address); !s.ok()) return UsageError("train", s);
+  if (absl::Status s = RequirePositiveSeconds("rendezvous-timeout", rendezvous_s); !s.ok()) {
+    return UsageError("train", s);
+  }
   InitLogging("shardps-train", verbose);
   worker_options.rank = static_cast<uint32_t>(rank);
   worker_options.rendezvous_timeout = absl::Seconds(rendezvous_s);
@@ -378,9 +390,7 @@ int StatusCommand(const Args& args) {
     return UsageError("status", absl::InvalidArgumentError(
                                     absl::StrCat("--interval ", interval_s, " must be at least 0.1 (seconds)")));
   }
-  if (!(timeout_s > 0)) {
-    return UsageError("status", absl::InvalidArgumentError(absl::StrCat("--timeout ", timeout_s, " must be above 0")));
-  }
+  if (absl::Status s = RequirePositiveSeconds("timeout", timeout_s); !s.ok()) return UsageError("status", s);
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("status", security.status());
   auto client = SchedulerClient::Create(address, *security);

@@ -435,6 +435,10 @@ int LocalCommand(const Args& args) {
     return 2;
   }
   if (flags.help()) return 0;
+  if (!(o.timeout_s > 0)) {  // would abandon the run as soon as it started
+    std::cerr << "shardps local: --timeout " << o.timeout_s << " must be above 0 (seconds)\n";
+    return 2;
+  }
   if (absl::Status s = ParseSlowFlags(o); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";
     return 2;
