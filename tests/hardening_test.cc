@@ -336,11 +336,12 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"local --epochs -1", "shardps local: epochs -1 is below 1"},
                    {"launch --workers 1 python3", "the workers' command goes after --"},
                    {"status --watch --interval 0", "--interval 0 must be at least 0.1"},
-                   {"server --scheduler 127.0.0.1:7000 --register-timeout -1", "--register-timeout -1 must be above 0"}},
+                   {"server --scheduler 127.0.0.1:7000 --register-timeout -1", "--register-timeout -1 must be above 0"},
+                   {"train --scheduler 127.0.0.1:7000 --rank -1", "--rank -1 is negative"}},
                   /*exit_code=*/2);
 }
 
-TEST(CommandLineTest, AMissingConfigOrKeyFileStopsTheSchedulerNamingTheFileAndWhy) {
+TEST(CommandLineTest, AMissingConfigKeyOrDataFileStopsTheCommandNamingTheFileAndWhy) {
   const std::string conf = ::testing::TempDir() + "/missing-key.conf";
   std::ofstream(conf) << "security { enabled: true token_file: \"/nonexistent/token\" "
                          "tls_cert_file: \"/nonexistent/s.pem\" tls_key_file: \"/nonexistent/s.key\" "
@@ -348,7 +349,10 @@ TEST(CommandLineTest, AMissingConfigOrKeyFileStopsTheSchedulerNamingTheFileAndWh
   ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --security-config " + conf, conf + ": security."},
                    {"scheduler --listen 127.0.0.1:0 --security-config " + conf, "/nonexistent/"},
                    {"scheduler --listen 127.0.0.1:0 --config /nonexistent/cluster.pbtxt",
-                    "cannot open config file /nonexistent/cluster.pbtxt: No such file or directory"}},
+                    "cannot open config file /nonexistent/cluster.pbtxt: No such file or directory"},
+                   // Before registering: no scheduler listens at port 1, which would take the whole rendezvous.
+                   {"train --scheduler 127.0.0.1:1 --data-dir /nonexistent",
+                    "/nonexistent/train-images-idx3-ubyte.gz: cannot open"}},
                   /*exit_code=*/1);
   std::filesystem::remove(conf);
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "tools/status_view.h"
 #include "common/durable_file.h"
 #include "tools/process.h"
+#include "tools/train/fashion_mnist.h"
 #include "tools/train_job.h"
 #include "worker/worker.h"
 
@@ -322,6 +324,9 @@ int TrainCommand(const Args& args) {
   if (absl::Status s = RequirePositiveSeconds("rendezvous-timeout", rendezvous_s); !s.ok()) {
     return UsageError("train", s);
   }
+  if (rank < 0 || rank > std::numeric_limits<int32_t>::max()) {
+    return UsageError("train", absl::InvalidArgumentError(absl::StrCat("--rank ", rank, " is negative or too large")));
+  }
   InitLogging("shardps-train", verbose);
   worker_options.rank = static_cast<uint32_t>(rank);
   worker_options.rendezvous_timeout = absl::Seconds(rendezvous_s);
@@ -341,6 +346,13 @@ int TrainCommand(const Args& args) {
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("train", security.status());
   worker_options.security = *std::move(security);
+  // A wrong --data-dir fails here, not after this rank has joined (and then
+  // left the others waiting at) the cluster.
+  for (train::Split split : {train::Split::kTrain, train::Split::kTest}) {
+    if (auto probe = train::LoadFashionMnist(train.data_dir, split, /*limit=*/1); !probe.ok()) {
+      return Fail("train", probe.status());
+    }
+  }
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
