@@ -213,7 +213,8 @@ TEST(RegisterTest, InvalidUnreachableAndStolenAddressesAndDuplicateRanksAreRefus
   for (const Case& c : std::vector<Case>{{"not-an-endpoint", "is not tcp://host:port"},
                                          {"tcp://127.0.0.1:99999", "no valid port"},
                                          {"tcp://no-such-host.invalid:5000", "does not resolve"},
-                                         {"tcp://127.0.0.1:1", "not reachable: Connection refused (seen from the scheduler"},
+                                         {"tcp://127.0.0.1:1",
+                                          "not reachable: Connection refused (seen from the scheduler"},
                                          {(*addresses)[0], "is alive"}}) {
     auto r = (*client)->Register(server(c.address), absl::Seconds(10));
     ASSERT_FALSE(r.ok()) << c.address;
