@@ -1,5 +1,7 @@
 #include "common/config.h"
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -128,7 +130,7 @@ absl::StatusOr<ClusterConfig> ParseConfigText(absl::string_view text, absl::stri
 
 absl::StatusOr<ClusterConfig> LoadConfigFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path, ": ", std::strerror(errno)));
   std::stringstream buf;
   buf << in.rdbuf();
   return ParseConfigText(buf.str(), path);

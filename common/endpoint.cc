@@ -36,6 +36,9 @@ bool ValidHostChars(absl::string_view host) {
 }  // namespace
 
 absl::StatusOr<Endpoint> ParseHostPort(absl::string_view text, absl::string_view what, EndpointRules rules) {
+  if (const size_t scheme = text.find("://"); scheme != absl::string_view::npos) {
+    return Bad(what, text, absl::StrCat("is not host:port (no scheme: write ", text.substr(scheme + 3), ")"));
+  }
   const size_t colon = text.rfind(':');
   if (colon == absl::string_view::npos) return Bad(what, text, "is not host:port");
   absl::string_view host = text.substr(0, colon);

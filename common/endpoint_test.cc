@@ -29,6 +29,15 @@ TEST(EndpointTest, PortOutOfRangeIsAnErrorNamingTheFlag) {
   }
 }
 
+TEST(EndpointTest, AHostPortWithASchemeIsToldToDropIt) {
+  for (const char* bad : {"tcp://127.0.0.1:7000", "http://127.0.0.1:7000"}) {
+    auto e = ParseHostPort(bad, "scheduler address");
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_THAT(e.status().message(), HasSubstr("no scheme: write 127.0.0.1:7000")) << e.status();
+    EXPECT_THAT(e.status().message(), ::testing::Not(HasSubstr("IPv6"))) << e.status();
+  }
+}
+
 TEST(EndpointTest, PortZeroAndWildcardOnlyWhereAllowed) {
   EXPECT_FALSE(ParseHostPort("127.0.0.1:0", "x").ok());
   EXPECT_TRUE(ParseHostPort("127.0.0.1:0", "x", {.allow_port_zero = true}).ok());

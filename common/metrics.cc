@@ -107,13 +107,16 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(const std:
   }
   std::string host = listen.substr(0, colon);
   std::unique_ptr<prometheus::Exposer> exposer;
+  // civetweb says only "Possible problem binding to port": name the likely causes.
+  const std::string cannot = absl::StrCat("cannot serve metrics on ", listen,
+                                          " (is the port in use, or the host not this machine's?)");
   try {
     exposer = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat(cannot, ": ", e.what()));
   }
   std::vector<int> ports = exposer->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen));
+  if (ports.empty()) return absl::UnavailableError(cannot);
   {
     absl::MutexLock lock(&registry.families_->mu);
     for (const auto& hook : registry.hooks_) {

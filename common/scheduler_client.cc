@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_split.h"
@@ -221,17 +222,38 @@ class GrpcSchedulerClient : public SchedulerClient {
   }
 
   // FromGrpc, plus a hint when a call waited out its deadline on a connection
-  // that keeps failing: with TLS on, a handshake refused by either side.
+  // that keeps failing: nothing listening at the address (connection refused),
+  // something that is not gRPC there, or, with TLS on either side only, a
+  // handshake refused.
   absl::Status Check(const grpc::Status& s, const std::string& address, absl::string_view what) {
     absl::Status status = FromGrpc(s, address, what);
     if (status.ok() || s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED ||
         channel_->GetState(false) != GRPC_CHANNEL_TRANSIENT_FAILURE) {
       return status;
     }
-    return absl::Status(status.code(), absl::StrCat(status.message(), secure_
-        ? " (connections keep failing: does the scheduler's certificate come from this node's "
-          "security.tls_ca_file, and does the scheduler accept this node's certificate?)"
-        : " (connections keep failing: a secured scheduler needs --security-config)"));
+    const std::string last_error = LastConnectError();
+    if (absl::StrContains(last_error, "Connection refused")) {
+      return absl::Status(status.code(), absl::StrCat(status.message(), " (connection refused: nothing listens "
+                                                      "there; is the scheduler running, on that port?)"));
+    }
+    if (absl::StrContains(last_error, "Failed parsing HTTP/2")) {
+      return absl::Status(status.code(), absl::StrCat(status.message(), " (what listens there is no gRPC "
+                                                      "service: a server's data port or a metrics port?)"));
+    }
+    const char* hint = secure_ ? "does the scheduler's certificate come from this node's security.tls_ca_file, "
+                                 "and does the scheduler accept this node's certificate?"
+                               : "a secured scheduler needs --security-config";
+    return absl::Status(status.code(), absl::StrCat(status.message(), " (connections keep failing",
+                                                    last_error.empty() ? "" : ": ", last_error, "; ", hint, ")"));
+  }
+
+  // Why the channel's connections fail, from one cheap call that fails at
+  // once instead of waiting for a connection; empty if it got an answer.
+  std::string LastConnectError() {
+    auto ctx = Context(absl::Seconds(1));
+    StatusResponse response;
+    grpc::Status s = stub_->Status(ctx.get(), StatusRequest(), &response);
+    return s.ok() ? "" : s.error_message();
   }
 
   const std::string token_;  // "Bearer <token>", or empty: security off

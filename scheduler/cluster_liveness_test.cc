@@ -455,6 +455,17 @@ TEST_F(LivenessTest, ACheckpointIsPlacedPastEveryServersRoundByItsPaceInANewEpoc
   EXPECT_EQ(saved_->shard_map().checkpoint().round(), r->round()) << "persisted for a restarted scheduler";
 }
 
+TEST_F(LivenessTest, ACheckpointAskedBeforeAnyServerReportedARoundIsRefusedNotPlacedAtRoundOne) {
+  Report(0, 0);
+  Report(1, 0);
+  auto early = state_->RequestCheckpoint("/ckpt");
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
+  EXPECT_THAT(early.status().message(), HasSubstr("no server has reported a completed round yet"));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 1u) << "a refused request publishes nothing";
+  ReportRounds(50);
+  EXPECT_TRUE(state_->RequestCheckpoint("/ckpt").ok());
+}
+
 TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {
   ClusterConfig config;
   ClusterState early(config);

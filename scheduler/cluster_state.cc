@@ -496,6 +496,13 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   return response;
 }
 
+bool ClusterState::AnyServerReportedARound() const {
+  for (const auto& [index, node] : servers_) {
+    if (!node.dead && node.completed_round > 0) return true;
+  }
+  return false;
+}
+
 uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
   uint64_t reported = 0;
   double rate = 0;
@@ -710,6 +717,13 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   absl::MutexLock lock(&mu_);
   if (map_.partitions_size() == 0) {
     return absl::FailedPreconditionError("checkpoint: no tensors are defined yet, so there is nothing to save");
+  }
+  // With no round reported, a round placed at 1 is one training has likely
+  // passed already (the servers log it and the checkpoint never completes).
+  if (!AnyServerReportedARound()) {
+    return absl::FailedPreconditionError(
+        "checkpoint: no server has reported a completed round yet, so where training is is unknown; ask again "
+        "once it has run for a few heartbeat intervals");
   }
   const uint64_t round = RoundPastServers(/*for_rejoin=*/false);
   map_.set_epoch(map_.epoch() + 1);

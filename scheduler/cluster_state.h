@@ -206,6 +206,9 @@ class ClusterState {
   // stalled for a dead worker resume at full pace, which the last two
   // reports understate), over two intervals plus the oldest report's age.
   uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live server has reported a completed round (a heartbeat since
+  // training started, or a restored checkpoint's round).
+  bool AnyServerReportedARound() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `request` takes its excluded rank back: a new epoch drops the
   // rank from excluded_workers and records its join round J
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J

@@ -81,7 +81,12 @@ absl::Status CheckDataAddress(const std::string& address) {
   auto endpoint = ParseTcpEndpoint(address, "server data address");
   if (!endpoint.ok()) return endpoint.status();
   if (absl::Status s = CheckResolvable(endpoint->host, "server data address"); !s.ok()) return s;
-  return CheckReachable(*endpoint, absl::Seconds(1), "server data address");
+  absl::Status reachable = CheckReachable(*endpoint, absl::Seconds(1), "server data address");
+  if (reachable.ok()) return reachable;
+  // Not UNAVAILABLE: the scheduler answered, and a node reads that code as
+  // "cannot reach the scheduler" (and a failover client tries the next one).
+  return absl::FailedPreconditionError(absl::StrCat(
+      reachable.message(), " (seen from the scheduler; does --advertise-host name this host as others reach it?)"));
 }
 
 // Calls that wait (rendezvous, tensor definition, barriers, map watches) each
@@ -432,6 +437,9 @@ std::unique_ptr<grpc::Server> StartServer(const SchedulerOptions& options,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, credentials, port);
+  // gRPC binds with SO_REUSEPORT by default: a second scheduler started on a
+  // port in use would share it, each taking some of the nodes' connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
   // Backstop for the waiting-call limit: gRPC never runs more threads than
   // the calls one cluster needs plus room for heartbeats and status.
@@ -483,7 +491,9 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   int port = 0;
   std::unique_ptr<grpc::Server> server = StartServer(options, *credentials, service->get(), &port);
   if (server == nullptr || port == 0) {
-    return unlock_on_error(absl::UnavailableError(absl::StrCat("scheduler cannot listen on ", options.listen_address)));
+    return unlock_on_error(absl::UnavailableError(absl::StrCat(
+        "scheduler cannot listen on ", options.listen_address,
+        ": is the port in use (another scheduler?), or the host not one of this machine's addresses?")));
   }
   std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
   if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";

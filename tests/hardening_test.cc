@@ -2,11 +2,14 @@
 // against real scheduler and server processes: forged request ids, NaN
 // gradients, bad and stolen addresses, duplicate ranks, oversized models,
 // calls that block, bad ports, and a reader that never reads.
+#include <sys/wait.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <thread>
@@ -19,6 +22,7 @@
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
+#include "scheduler/scheduler.h"
 #include "tests/test_cluster.h"
 #include "worker/worker.h"
 
@@ -26,6 +30,7 @@ namespace shardps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Threads of process `pid` (/proc/PID/task).
 size_t ThreadCount(pid_t pid) {
@@ -208,11 +213,13 @@ TEST(RegisterTest, InvalidUnreachableAndStolenAddressesAndDuplicateRanksAreRefus
   for (const Case& c : std::vector<Case>{{"not-an-endpoint", "is not tcp://host:port"},
                                          {"tcp://127.0.0.1:99999", "no valid port"},
                                          {"tcp://no-such-host.invalid:5000", "does not resolve"},
-                                         {"tcp://127.0.0.1:1", "not reachable"},
+                                         {"tcp://127.0.0.1:1",
+                                          "not reachable: Connection refused (seen from the scheduler"},
                                          {(*addresses)[0], "is alive"}}) {
     auto r = (*client)->Register(server(c.address), absl::Seconds(10));
     ASSERT_FALSE(r.ok()) << c.address;
     EXPECT_THAT(r.status().message(), HasSubstr(c.expect)) << c.address;
+    EXPECT_THAT(r.status().message(), Not(HasSubstr("cannot reach the scheduler"))) << c.address;
   }
   // Rank 0 waits for rank 1; a second rank 0 is refused at once.
   RegisterRequest rank0;
@@ -285,8 +292,20 @@ TEST(BlockedCallsTest, AThousandWaitingCallsDoNotCostTheSchedulerAThreadEach) {
                                                   << threads_during << " with " << kCalls << " waiting calls";
 }
 
+// Runs `shardps ARGS` for each case: it must exit with `exit_code` (-1: any
+// failure) and print the case's text.
+void ExpectEachFails(const std::vector<std::pair<std::string, std::string>>& cases, int exit_code) {
+  for (const auto& [args, expect] : cases) {
+    auto [status, out] = RunCommand(std::string(SHARDPS_BINARY) + " " + args);
+    EXPECT_NE(status, 0) << args << ": " << out;
+    if (exit_code >= 0) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == exit_code) << args << ": " << out;
+    }
+    EXPECT_THAT(out, HasSubstr(expect)) << args;
+  }
+}
+
 TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
-  const std::string bin = SHARDPS_BINARY;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"scheduler --listen 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
       {"scheduler --listen 127.0.0.1:-5", "'127.0.0.1:-5' has no valid port"},
@@ -295,11 +314,48 @@ TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
       {"server --scheduler 127.0.0.1:99999 --listen tcp://127.0.0.1:0", "'127.0.0.1:99999' has no valid port"},
       {"status --scheduler 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
   };
-  for (const auto& [args, expect] : cases) {
-    auto [code, out] = RunCommand(bin + " " + args);
-    EXPECT_NE(code, 0) << args << ": " << out;
-    EXPECT_THAT(out, HasSubstr(expect)) << args;
-  }
+  ExpectEachFails(cases, /*exit_code=*/-1);
+}
+
+TEST(ListenTest, ASecondSchedulerOnAPortInUseIsRefusedNotServedBesideTheFirst) {
+  auto first = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = ClusterConfig()});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = SchedulerDaemon::Create({.listen_address = (*first)->address(), .config = ClusterConfig()});
+  ASSERT_FALSE(second.ok()) << "a second scheduler serves " << (*first)->address() << " beside the first";
+  EXPECT_THAT(second.status().message(), HasSubstr("cannot listen on " + (*first)->address()));
+  EXPECT_THAT(second.status().message(), HasSubstr("port in use"));
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --metrics-listen " + (*first)->address(),
+                    "cannot serve metrics on " + (*first)->address() + " (is the port in use"}},
+                  /*exit_code=*/1);
+}
+
+TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag) {
+  ExpectEachFails({{"server --listen tcp://127.0.0.1:0", "shardps server: --scheduler is missing"},
+                   {"train --rank 0", "shardps train: --scheduler is missing"},
+                   {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
+                   {"status --scheduler", "shardps status: flag --scheduler needs a value"},
+                   {"local --epochs -1", "shardps local: epochs -1 is below 1"},
+                   {"launch --workers 1 python3", "the workers' command goes after --"},
+                   {"status --watch --interval 0", "--interval 0 must be at least 0.1"},
+                   {"server --scheduler 127.0.0.1:7000 --register-timeout -1", "--register-timeout -1 must be above 0"},
+                   {"train --scheduler 127.0.0.1:7000 --rank -1", "--rank -1 is negative"}},
+                  /*exit_code=*/2);
+}
+
+TEST(CommandLineTest, AMissingConfigKeyOrDataFileStopsTheCommandNamingTheFileAndWhy) {
+  const std::string conf = ::testing::TempDir() + "/missing-key.conf";
+  std::ofstream(conf) << "security { enabled: true token_file: \"/nonexistent/token\" "
+                         "tls_cert_file: \"/nonexistent/s.pem\" tls_key_file: \"/nonexistent/s.key\" "
+                         "tls_ca_file: \"/nonexistent/ca.pem\" }\n";
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --security-config " + conf, conf + ": security."},
+                   {"scheduler --listen 127.0.0.1:0 --security-config " + conf, "/nonexistent/"},
+                   {"scheduler --listen 127.0.0.1:0 --config /nonexistent/cluster.pbtxt",
+                    "cannot open config file /nonexistent/cluster.pbtxt: No such file or directory"},
+                   // Before registering: no scheduler listens at port 1, which would take the whole rendezvous.
+                   {"train --scheduler 127.0.0.1:1 --data-dir /nonexistent",
+                    "/nonexistent/train-images-idx3-ubyte.gz: cannot open"}},
+                  /*exit_code=*/1);
+  std::filesystem::remove(conf);
 }
 
 }  // namespace

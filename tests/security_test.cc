@@ -2,6 +2,11 @@
 // lines can be read) with TLS, mutual TLS and a token, real server processes
 // with sealed (AES-256-GCM) or CURVE data sockets, and clients with and
 // without the credentials.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -221,6 +226,45 @@ TEST_F(SecurityTest, PlainClientCannotTalkToASecuredScheduler) {
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(s.message(), HasSubstr(scheduler_->address()));
   EXPECT_THAT(s.message(), HasSubstr("a secured scheduler needs --security-config"));
+}
+
+// A port bound but not listening refuses connections, as a scheduler's would
+// before it starts or at a mistyped port.
+TEST_F(SecurityTest, NodeThatFindsNothingListeningIsToldSoNotToCheckItsCertificates) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  for (const SecurityCredentials& security : {node_, SecurityCredentials()}) {
+    auto client = SchedulerClient::Create(address, security);
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::Status s = (*client)->Status(absl::Seconds(2)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr(address));
+    EXPECT_THAT(s.message(), HasSubstr("connection refused: nothing listens there"));
+    EXPECT_THAT(s.message(), Not(HasSubstr("certificate")));
+    EXPECT_THAT(s.message(), Not(HasSubstr("--security-config")));
+  }
+  close(fd);
+}
+
+TEST_F(SecurityTest, NodePointedAtAServersDataPortIsToldItIsNoGrpcService) {
+  zmq::context_t ctx(1);
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.bind("tcp://127.0.0.1:*");
+  const std::string endpoint = router.get(zmq::sockopt::last_endpoint);
+  const std::string address = endpoint.substr(endpoint.find("//") + 2);
+  auto client = SchedulerClient::Create(address, SecurityCredentials());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Status s = (*client)->Status(absl::Seconds(2)).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("no gRPC service: a server's data port"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("--security-config")));
 }
 
 TEST_F(SecurityTest, NodeCertificateOfAnotherCaIsRefusedWithALogLine) {

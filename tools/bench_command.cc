@@ -497,7 +497,7 @@ int BenchCommand(const Args& args) {
   flags.Int("warmup", &o.warmup, "round trips per worker before measuring");
   flags.Int("partition-bytes", &o.partition_bytes, "partition size");
   flags.String("op", &o.op, "pushpull (one request) or push-then-pull");
-  flags.String("consistency", &o.consistency, "sync or async");
+  flags.String("consistency", &o.consistency, "sync, ssp or async");
   flags.Bool("json", &o.json, "print one JSON object as the last line");
   flags.String("metrics-listen", &o.metrics_listen,
                "HOST:PORT: start the servers with Prometheus metrics, server i on PORT + i (0: any free port)");

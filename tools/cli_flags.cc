@@ -62,7 +62,7 @@ absl::Status CliFlags::Parse(const std::vector<std::string>& args) {
       return absl::OkStatus();
     }
     if (arg.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(command_, ": unexpected argument '", arg, "'\n", Usage()));
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'\n", Usage()));
     }
     std::string name = arg.substr(2), value;
     bool has_value = false;
@@ -73,7 +73,7 @@ absl::Status CliFlags::Parse(const std::vector<std::string>& args) {
     }
     auto it = flags_.find(name);
     if (it == flags_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(command_, ": unknown flag --", name, "\n", Usage()));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, "\n", Usage()));
     }
     if (!has_value) {
       if (it->second.is_bool) {
@@ -81,7 +81,7 @@ absl::Status CliFlags::Parse(const std::vector<std::string>& args) {
       } else if (i + 1 < args.size()) {
         value = args[++i];
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(command_, ": flag --", name, " needs a value"));
+        return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
       }
     }
     if (absl::Status s = it->second.set(value); !s.ok()) return s;

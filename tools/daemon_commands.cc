@@ -6,6 +6,7 @@
 #include <atomic>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "tools/status_view.h"
 #include "common/durable_file.h"
 #include "tools/process.h"
+#include "tools/train/fashion_mnist.h"
 #include "tools/train_job.h"
 #include "worker/worker.h"
 
@@ -38,6 +40,24 @@ void OnStopSignal(int) { g_stop.store(true); }
 int Fail(const std::string& command, const absl::Status& s) {
   std::cerr << "shardps " << command << ": " << s.message() << "\n";
   return 1;
+}
+
+// A command line that cannot run: exit code 2, as every other command gives.
+int UsageError(const std::string& command, const absl::Status& s) {
+  Fail(command, s);
+  return 2;
+}
+
+// A wait given in seconds: NaN, 0 or a negative one would fail at once.
+absl::Status RequirePositiveSeconds(absl::string_view flag, double seconds) {
+  if (seconds > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", seconds, " must be above 0 (seconds)"));
+}
+
+// The nodes have no default scheduler: the daemons' commands need --scheduler.
+absl::Status RequireScheduler(const std::string& address) {
+  if (!address.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError("--scheduler is missing: the HOST:PORT the scheduler serves on (its --listen)");
 }
 
 }  // namespace
@@ -104,7 +124,7 @@ int SchedulerCommand(const Args& args) {
   flags.Bool("verbose", &verbose, "log INFO messages");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("scheduler", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("scheduler", s);
   if (flags.help()) return 0;
   InitLogging("shardps-scheduler", verbose);
   ClusterConfig config;
@@ -131,7 +151,11 @@ int SchedulerCommand(const Args& args) {
     *config.mutable_security() = loaded->security();
   }
   auto security = LoadSecurityCredentials(config.security(), /*for_scheduler=*/true);
-  if (!security.ok()) return Fail("scheduler", security.status());
+  if (!security.ok()) {  // named like a node's (LoadSecurityCredentialsFile): the file the block came from
+    const std::string& from = security_config.empty() ? config_path : security_config;
+    return Fail("scheduler", absl::Status(security.status().code(),
+                                          absl::StrCat(from, ": ", security.status().message())));
+  }
   InstallStopSignals();
   SchedulerOptions options;
   options.listen_address = listen;
@@ -177,7 +201,8 @@ int ServerCommand(const Args& args) {
   double register_timeout_s = 30;
   bool verbose = false;
   CliFlags flags("server");
-  flags.String("scheduler", &options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
+  flags.String("scheduler", &options.scheduler_address,
+               "scheduler host:port, required (several, comma-separated: schedulers on etcd)");
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
@@ -195,8 +220,12 @@ int ServerCommand(const Args& args) {
   int64_t max_partition_series = static_cast<int64_t>(options.metrics_max_partitions);
   flags.Int("metrics-max-partitions", &max_partition_series,
             "partitions (lowest ids) that get per-partition metric series; the rest are only counted");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("server", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("server", s);
   if (flags.help()) return 0;
+  if (absl::Status s = RequireScheduler(options.scheduler_address); !s.ok()) return UsageError("server", s);
+  if (absl::Status s = RequirePositiveSeconds("register-timeout", register_timeout_s); !s.ok()) {
+    return UsageError("server", s);
+  }
   if (max_partition_series < 0) {
     return Fail("server", absl::InvalidArgumentError(absl::StrCat("--metrics-max-partitions ", max_partition_series,
                                                                   " is negative")));
@@ -256,7 +285,8 @@ int TrainCommand(const Args& args) {
   CliFlags flags("train");
   flags.Double("slow-factor", &train.slow_factor,
                "make this worker's compute F times slower (sleeps (F-1) x each step's compute time)");
-  flags.String("scheduler", &worker_options.scheduler_address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
+  flags.String("scheduler", &worker_options.scheduler_address,
+               "scheduler host:port, required (several, comma-separated: schedulers on etcd)");
   flags.Int("rank", &rank, "this worker's rank");
   flags.Int("epochs", &epochs, "training epochs");
   flags.Int("batch-size", &batch, "images per step per worker");
@@ -287,13 +317,20 @@ int TrainCommand(const Args& args) {
              "push every tensor after the whole backward and await every answer before the next step "
              "(default: push each gradient as backward computes it, await each weight as forward reaches it)");
   flags.Bool("verbose", &verbose, "log INFO messages");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("train", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("train", s);
   train.overlap = !no_overlap;
   if (flags.help()) return 0;
+  if (absl::Status s = RequireScheduler(worker_options.scheduler_address); !s.ok()) return UsageError("train", s);
+  if (absl::Status s = RequirePositiveSeconds("rendezvous-timeout", rendezvous_s); !s.ok()) {
+    return UsageError("train", s);
+  }
+  if (rank < 0 || rank > std::numeric_limits<int32_t>::max()) {
+    return UsageError("train", absl::InvalidArgumentError(absl::StrCat("--rank ", rank, " is negative or too large")));
+  }
   InitLogging("shardps-train", verbose);
   worker_options.rank = static_cast<uint32_t>(rank);
   worker_options.rendezvous_timeout = absl::Seconds(rendezvous_s);
-  train.epochs = epochs;
+  train.epochs = static_cast<int>(std::clamp<int64_t>(epochs, -1, 1 << 30));  // validated below
   train.batch_size = batch;
   train.devices_per_worker = static_cast<int>(std::clamp<int64_t>(devices_per_worker, 0, 1025));  // validated below
   train.seed = seed;
@@ -309,6 +346,13 @@ int TrainCommand(const Args& args) {
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("train", security.status());
   worker_options.security = *std::move(security);
+  // A wrong --data-dir fails here, not after this rank has joined (and then
+  // left the others waiting at) the cluster.
+  for (train::Split split : {train::Split::kTrain, train::Split::kTest}) {
+    if (auto probe = train::LoadFashionMnist(train.data_dir, split, /*limit=*/1); !probe.ok()) {
+      return Fail("train", probe.status());
+    }
+  }
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
@@ -351,8 +395,14 @@ int StatusCommand(const Args& args) {
   flags.Bool("json", &json, "print each snapshot as one line of JSON");
   std::string security_config;
   flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
-  if (absl::Status s = flags.Parse(args); !s.ok()) return Fail("status", s);
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("status", s);
   if (flags.help()) return 0;
+  // --interval 0 would ask the scheduler for its status in a busy loop.
+  if (!(interval_s >= 0.1)) {
+    return UsageError("status", absl::InvalidArgumentError(
+                                    absl::StrCat("--interval ", interval_s, " must be at least 0.1 (seconds)")));
+  }
+  if (absl::Status s = RequirePositiveSeconds("timeout", timeout_s); !s.ok()) return UsageError("status", s);
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("status", security.status());
   auto client = SchedulerClient::Create(address, *security);

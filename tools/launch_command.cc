@@ -103,7 +103,13 @@ absl::StatusOr<WorkerProcess> SpawnWorker(int rank, const LaunchOptions& o, cons
   posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  // No signal blocked, as for the daemons (tools/process.cc): this thread
+  // blocks SIGTERM and SIGINT (InstallStopSignals), and a worker that
+  // inherited that could not be stopped but by SIGKILL after the grace.
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
   posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid;
   int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, CStrings(argv).data(), CStrings(env).data());
@@ -327,6 +333,8 @@ int Launch(LaunchOptions o, const ClusterConfig& config) {
 
 }  // namespace
 
+constexpr char kLaunchUsage[] = "shardps launch --servers S --workers W -- COMMAND ARGS...";
+
 int LaunchCommand(const Args& args) {
   LaunchOptions o;
   auto dashes = std::find(args.begin(), args.end(), "--");
@@ -343,6 +351,7 @@ int LaunchCommand(const Args& args) {
              "make fresh credentials, secure both planes, and give workers SHARDPS_SECURITY_CONFIG");
   if (absl::Status s = flags.Parse(flag_args); !s.ok()) {
     std::cerr << "shardps launch: " << s.message() << "\n";
+    if (dashes == args.end()) std::cerr << "the workers' command goes after --: " << kLaunchUsage << "\n";
     return 2;
   }
   if (flags.help()) {
@@ -351,7 +360,7 @@ int LaunchCommand(const Args& args) {
     return 0;
   }
   if (o.command.empty()) {
-    std::cerr << "shardps launch: no command: shardps launch --servers S --workers W -- COMMAND ARGS...\n";
+    std::cerr << "shardps launch: no command: " << kLaunchUsage << "\n";
     return 2;
   }
   if (o.servers < 1 || o.workers < 1) {

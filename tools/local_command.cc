@@ -418,7 +418,7 @@ int LocalCommand(const Args& args) {
   flags.Bool("verbose", &o.verbose, "log INFO messages of every process");
   flags.Bool("secure", &o.secure,
              "make fresh credentials (CA, certificates, token) and run with TLS + token on the control plane "
-             "and CURVE on the data plane");
+             "and sealed messages (AES-256-GCM) on the data plane");
   flags.Repeated("kill", &o.kills,
                  "ROLE[:INDEX]@STEP: SIGKILL the scheduler, server INDEX or worker INDEX when worker 0 reaches STEP "
                  "(@moving: as soon as the scheduler starts moving copies to a server that joined; @handoff: as "
@@ -435,6 +435,10 @@ int LocalCommand(const Args& args) {
     return 2;
   }
   if (flags.help()) return 0;
+  if (!(o.timeout_s > 0)) {  // would abandon the run as soon as it started
+    std::cerr << "shardps local: --timeout " << o.timeout_s << " must be above 0 (seconds)\n";
+    return 2;
+  }
   if (absl::Status s = ParseSlowFlags(o); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";
     return 2;
@@ -454,6 +458,7 @@ int LocalCommand(const Args& args) {
     TrainOptions check;
     check.batch_size = static_cast<int>(std::clamp<int64_t>(o.batch, 0, 1 << 30));
     check.devices_per_worker = static_cast<int>(std::clamp<int64_t>(o.devices_per_worker, 0, 1025));
+    check.epochs = static_cast<int>(std::clamp<int64_t>(o.epochs, -1, 1 << 30));
     if (absl::Status s = ValidateTrainOptions(check); !s.ok()) {
       std::cerr << "shardps local: " << s.message() << "\n";
       return 2;

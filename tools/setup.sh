@@ -22,6 +22,8 @@ packages=(
   # The Python package's tests and example: torch for Debian's /usr/bin/python3
   # (about 48 MB to download, half a minute to install without recommends).
   python3-torch
+  # `pip install ./python` into a venv (README: Python and PyTorch).
+  python3-pip python3-venv python3-setuptools
 )
 
 for arg in "$@"; do

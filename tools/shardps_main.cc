@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
       {"certs", shardps::CertsCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
   }

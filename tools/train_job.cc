@@ -555,6 +555,7 @@ absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
 }
 
 absl::Status ValidateTrainOptions(const TrainOptions& o) {
+  if (o.epochs < 1) return absl::InvalidArgumentError(absl::StrCat("epochs ", o.epochs, " is below 1"));
   if (o.batch_size < 1) return absl::InvalidArgumentError(absl::StrCat("batch size ", o.batch_size, " is below 1"));
   if (o.devices_per_worker < 1 || o.devices_per_worker > 1024) {
     return absl::InvalidArgumentError(

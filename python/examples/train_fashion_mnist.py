@@ -2,8 +2,11 @@
 """A torch.nn MLP (784-256-128-10) on Fashion-MNIST, trained data-parallel through
 shardps.torch.DistributedOptimizer.
 
-    shardps launch --servers 2 --workers 2 -- python3 python/examples/train_fashion_mnist.py --epochs 3 --json
-    python3 python/examples/train_fashion_mnist.py --standalone --epochs 3 --json
+    shardps launch --servers 2 --workers 2 -- /usr/bin/python3 python/examples/train_fashion_mnist.py --epochs 3 --json
+    /usr/bin/python3 python/examples/train_fashion_mnist.py --standalone --epochs 3 --json
+
+It needs numpy and torch: Debian's python3-torch (tools/setup.sh) installs them for Debian's
+/usr/bin/python3, which another python3 first on PATH may not see.
 
 The consistency and the optimizer are the cluster configuration's (`shardps launch --set
 consistency=async`, `--set optimizer.learning_rate=0.01`). --standalone trains the same model
@@ -23,9 +26,13 @@ import struct
 import sys
 import time
 
-import numpy as np
-import torch
-from torch import nn
+try:
+    import numpy as np
+    import torch
+    from torch import nn
+except ImportError as e:
+    sys.exit("%s: %s: %s needs numpy and torch (Debian: python3-torch, for /usr/bin/python3)"
+             % (os.path.basename(__file__), e, sys.executable))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # the package of this checkout, when not installed

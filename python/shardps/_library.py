@@ -96,7 +96,8 @@ def _load():
         lib.shardps_loaded_from = path
         return lib
     raise LibraryNotFoundError(
-        "cannot load libshardps.so; build it (tools/build.sh) or set SHARDPS_LIBRARY. Tried:\n  "
+        "cannot load libshardps.so; build it (tools/build.sh makes build/worker/libshardps.so) and, for a "
+        "package installed with pip, set SHARDPS_LIBRARY to that file or `cmake --install` it. Tried:\n  "
         + "\n  ".join(tried))
 
 

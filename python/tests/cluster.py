@@ -21,12 +21,17 @@ def worker_environment():
     return env
 
 
-def launch(servers, workers, command, sets=(), timeout=120):
-    """Runs the launcher to completion; returns the CompletedProcess (text output)."""
+def launch_argv(servers, workers, command, sets=()):
+    """The command line of `shardps launch` running `command` as the workers."""
     argv = [shardps_binary(), "launch", "--servers", str(servers), "--workers", str(workers)]
     for s in sets:
         argv += ["--set", s]
-    argv += ["--"] + list(command)
+    return argv + ["--"] + list(command)
+
+
+def launch(servers, workers, command, sets=(), timeout=120):
+    """Runs the launcher to completion; returns the CompletedProcess (text output)."""
+    argv = launch_argv(servers, workers, command, sets)
     return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                           timeout=timeout, env=worker_environment())
 

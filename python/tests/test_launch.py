@@ -1,7 +1,21 @@
+import signal
+import subprocess
+import sys
 import time
 import unittest
 
-from cluster import launch
+from cluster import launch, launch_argv, worker_environment
+
+# A worker that says when it is up and exits 0 on SIGTERM, saying so.
+_TERM_AWARE_WORKER = """
+import signal, sys, time
+def stop(*_):
+    print("stopped by SIGTERM", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
 
 
 class LaunchTest(unittest.TestCase):
@@ -25,6 +39,25 @@ class LaunchTest(unittest.TestCase):
         run = launch(1, 1, ["/nonexistent/job"])
         self.assertNotEqual(run.returncode, 0)
         self.assertIn("/nonexistent/job", run.stderr)
+
+    def test_ctrl_c_stops_the_workers_with_sigterm_they_can_handle(self):
+        # SIGINT to the launcher (Ctrl-C) ends each worker with SIGTERM: a
+        # worker that inherited the launcher's blocked signals never saw it
+        # and was SIGKILLed after the grace, its handler never run.
+        argv = launch_argv(1, 2, [sys.executable, "-c", _TERM_AWARE_WORKER])
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                              env=worker_environment()) as proc:
+            ready = 0
+            for line in proc.stdout:
+                ready += line.endswith("] ready\n")
+                if ready == 2:
+                    break
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 1, err)
+        self.assertIn("interrupted", err)
+        self.assertIn("[0] stopped by SIGTERM", out, err)
+        self.assertIn("[1] stopped by SIGTERM", out, err)
 
 
 if __name__ == "__main__":

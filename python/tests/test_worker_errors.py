@@ -31,6 +31,7 @@ class WorkerErrorsTest(unittest.TestCase):
         self.assertNotEqual(run.returncode, 0)
         self.assertIn("LibraryNotFoundError", run.stderr)
         self.assertIn("/nonexistent/libshardps.so (no such file)", run.stderr)
+        self.assertIn("set SHARDPS_LIBRARY to that file", run.stderr)
 
 
 if __name__ == "__main__":
