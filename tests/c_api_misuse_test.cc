@@ -1,0 +1,248 @@
+// The C ABI used the way a careless or hostile caller would: every mistake
+// must come back as a status naming what was wrong, never a crash, a hang or
+// an abort of the host process. Run under ASan by
+// `tools/test.sh --sanitize address -R CApi`.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/c_api_test_cluster.h"
+#include "worker/c_api.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::HasSubstr;
+
+// CApiClusterTest's worker, with tensor "w" defined on demand.
+class CApiMisuseTest : public CApiClusterTest {
+ protected:
+  // Declares float32 "w" of n elements and defines it.
+  void Define(int64_t n) {
+    ASSERT_EQ(shardps_declare_tensor(w_, "w", &n, 1, err_, sizeof(err_)), SHARDPS_OK) << err_;
+    ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  }
+  std::string Err() const { return err_; }
+};
+
+TEST_F(CApiMisuseTest, EveryNullPointerIsRefusedByName) {
+  Define(8);
+  float buf[8] = {};
+  uint64_t h = 0;
+  size_t count = 0;
+  const int64_t shape[] = {8};
+  EXPECT_EQ(shardps_worker_create(nullptr, 0, 1.0, &w_, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("scheduler_address"));
+  EXPECT_EQ(shardps_worker_create("127.0.0.1:1", 0, 1.0, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_declare_tensor(w_, nullptr, shape, 1, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_declare_tensor(w_, "x", nullptr, 1, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_define_done(nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_define_done_timeout(nullptr, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_reset_declared(nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_init_tensor(w_, nullptr, buf, 8, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_init_tensor(w_, "w", nullptr, 8, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_barrier(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_barrier_timeout(nullptr, "b", 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  for (shardps_worker* w : {static_cast<shardps_worker*>(nullptr), w_}) {
+    const char* name = w == nullptr ? "w" : nullptr;
+    EXPECT_EQ(shardps_push(w, name, buf, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+    EXPECT_EQ(shardps_pull(w, name, buf, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+    EXPECT_EQ(shardps_push_pull(w, name, buf, buf, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+    EXPECT_EQ(shardps_push_pull_typed(w, name, buf, buf, 32, SHARDPS_FLOAT32, &h, err_, sizeof(err_)),
+              SHARDPS_INVALID_ARGUMENT);
+    EXPECT_EQ(shardps_push_pull_mean_gradient(w, name, buf, buf, 8, &h, err_, sizeof(err_)),
+              SHARDPS_INVALID_ARGUMENT);
+    EXPECT_EQ(shardps_push_pull_partition(w, name, 0, buf, buf, 8, &h, err_, sizeof(err_)),
+              SHARDPS_INVALID_ARGUMENT);
+    EXPECT_EQ(shardps_partitions(w, name, nullptr, 0, &count, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(shardps_push(w_, "w", nullptr, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_push(w_, "w", buf, 8, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("handle"));
+  EXPECT_EQ(shardps_pull(w_, "w", nullptr, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_push_pull_partition(w_, "w", 0, buf, nullptr, 8, &h, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_wait(nullptr, 1, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  size_t done = 0;
+  EXPECT_EQ(shardps_wait_any(w_, nullptr, 2, 1.0, &done, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_wait_any(w_, nullptr, 0, 1.0, &done, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_partitions(w_, "w", nullptr, 8, &count, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_partitions(w_, "w", nullptr, 0, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  uint32_t u = 0;
+  int i = 0;
+  shardps_worker_stats stats;
+  EXPECT_EQ(shardps_rank(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_world_size(nullptr, &u, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_num_servers(nullptr, &u, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_consistency(nullptr, &i, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_update_mode(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_stats(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_stats(nullptr, &stats, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_config_text(w_, nullptr, 1 << 20, &count, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_config_text(w_, nullptr, 0, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  // No message buffer at all, or one of zero bytes: still a code.
+  EXPECT_EQ(shardps_define_done(nullptr, nullptr, 0), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_define_done(nullptr, err_, 0), SHARDPS_INVALID_ARGUMENT);
+  shardps_worker_destroy(nullptr);
+}
+
+TEST_F(CApiMisuseTest, BadSizesAndUnknownTensorsAreRefusedByName) {
+  Define(8);
+  std::vector<float> buf(16);
+  uint64_t h = 0;
+  EXPECT_EQ(shardps_push(w_, "w", buf.data(), 4, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("'w'"));
+  EXPECT_EQ(shardps_push(w_, "w", buf.data(), 0, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_pull(w_, "w", buf.data(), 16, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_push_pull(w_, "w", buf.data(), buf.data(), SIZE_MAX, &h, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_push(w_, "nope", buf.data(), 8, &h, err_, sizeof(err_)), SHARDPS_NOT_FOUND);
+  EXPECT_THAT(Err(), HasSubstr("'nope'"));
+  EXPECT_EQ(shardps_push_pull_typed(w_, "nope", buf.data(), buf.data(), 32, SHARDPS_FLOAT32, &h, err_,
+                                    sizeof(err_)),
+            SHARDPS_NOT_FOUND);
+  EXPECT_EQ(shardps_push_pull_typed(w_, "w", buf.data(), buf.data(), 32, 99, &h, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_push_pull_partition(w_, "w", 5, buf.data(), buf.data(), 8, &h, err_, sizeof(err_)),
+            SHARDPS_OUT_OF_RANGE);
+  EXPECT_EQ(shardps_push_pull_partition(w_, "w", SIZE_MAX, buf.data(), buf.data(), 8, &h, err_, sizeof(err_)),
+            SHARDPS_OUT_OF_RANGE);
+  EXPECT_EQ(shardps_init_tensor(w_, "w", buf.data(), 3, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_init_tensor(w_, "nope", buf.data(), 8, 1.0, err_, sizeof(err_)), SHARDPS_NOT_FOUND);
+  size_t count = 0;
+  EXPECT_EQ(shardps_partitions(w_, "nope", nullptr, 0, &count, err_, sizeof(err_)), SHARDPS_NOT_FOUND);
+}
+
+TEST_F(CApiMisuseTest, UnknownAndSpentHandlesAreRefused) {
+  Define(8);
+  float grad[8] = {}, out[8] = {};
+  uint64_t h = 0;
+  EXPECT_EQ(shardps_wait(w_, 12345, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_wait(w_, 0, 0.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_wait(w_, UINT64_MAX, -1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  ASSERT_EQ(shardps_push_pull(w_, "w", grad, out, 8, &h, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  EXPECT_EQ(shardps_wait(w_, h, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("already waited on"));
+  // The same handle twice in one wait_any: the first completes it, nothing crashes.
+  ASSERT_EQ(shardps_push_pull(w_, "w", grad, out, 8, &h, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  const uint64_t twice[] = {h, h};
+  size_t done = 9;
+  EXPECT_EQ(shardps_wait_any(w_, twice, 2, 10.0, &done, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  EXPECT_LT(done, 2u);
+  EXPECT_EQ(shardps_wait_any(w_, twice, 2, 1.0, &done, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(done, 2u);
+}
+
+TEST_F(CApiMisuseTest, ZeroNegativeAndOddTimeoutsReturn) {
+  Define(8);
+  EXPECT_EQ(shardps_define_done_timeout(w_, 0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_define_done_timeout(w_, -1, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_define_done_timeout(w_, std::nan(""), err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_barrier_timeout(w_, "b", -5, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  float grad[8] = {}, out[8] = {};
+  for (double timeout : {0.0, -1.0, std::nan("")}) {
+    uint64_t h = 0;
+    ASSERT_EQ(shardps_push_pull(w_, "w", grad, out, 8, &h, err_, sizeof(err_)), SHARDPS_OK) << err_;
+    const int rc = shardps_wait(w_, h, timeout, err_, sizeof(err_));
+    EXPECT_TRUE(rc == SHARDPS_OK || rc == SHARDPS_DEADLINE_EXCEEDED) << timeout << ": " << rc << " " << err_;
+  }
+}
+
+TEST_F(CApiMisuseTest, CallsBeforeDefineDoneAreRefused) {
+  float buf[8] = {};
+  uint64_t h = 0;
+  size_t count = 0;
+  EXPECT_EQ(shardps_push(w_, "w", buf, 8, &h, err_, sizeof(err_)), SHARDPS_FAILED_PRECONDITION);
+  EXPECT_THAT(Err(), HasSubstr("before DefineTensors"));
+  EXPECT_EQ(shardps_push_pull_partition(w_, "w", 0, buf, buf, 8, &h, err_, sizeof(err_)),
+            SHARDPS_FAILED_PRECONDITION);
+  EXPECT_EQ(shardps_init_tensor(w_, "w", buf, 8, 1.0, err_, sizeof(err_)), SHARDPS_FAILED_PRECONDITION);
+  EXPECT_NE(shardps_partitions(w_, "w", nullptr, 0, &count, err_, sizeof(err_)), SHARDPS_OK);
+  const int64_t shape[] = {8};
+  ASSERT_EQ(shardps_declare_tensor(w_, "w", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  // Declared but not defined: typed push knows the dtype, the cluster does not know the tensor.
+  EXPECT_NE(shardps_push_pull_typed(w_, "w", buf, buf, 32, SHARDPS_FLOAT32, &h, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(shardps_define_done(w_, nullptr, 0), SHARDPS_OK);
+}
+
+TEST_F(CApiMisuseTest, BadDeclarationsFailDefineDoneByName) {
+  const int64_t negative[] = {-4}, huge[] = {int64_t{1} << 30, int64_t{1} << 30}, ok[] = {8};
+  auto define_fails = [&](const char* name, const int64_t* shape, size_t ndim, const char* says) {
+    ASSERT_EQ(shardps_reset_declared(w_, err_, sizeof(err_)), SHARDPS_OK);
+    ASSERT_EQ(shardps_declare_tensor(w_, name, shape, ndim, err_, sizeof(err_)), SHARDPS_OK) << err_;
+    EXPECT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT) << name;
+    EXPECT_THAT(Err(), HasSubstr(says)) << name;
+  };
+  define_fails("neg", negative, 1, "dimension -4");
+  define_fails("huge", huge, 2, "too large");
+  define_fails("scalar", ok, 0, "no shape");
+  define_fails("", ok, 1, "empty name");
+  // The same name twice.
+  ASSERT_EQ(shardps_reset_declared(w_, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor(w_, "d", ok, 1, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_declare_tensor(w_, "d", ok, 1, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("declared twice"));
+}
+
+TEST_F(CApiMisuseTest, TheLargestTensorAllowedIsRefusedBeforeAnyServerAllocatesIt) {
+  const int64_t shape[] = {int64_t{1} << 40};
+  ASSERT_EQ(shardps_declare_tensor(w_, "big", shape, 1, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_EQ(shardps_define_done_timeout(w_, 20.0, err_, sizeof(err_)), SHARDPS_RESOURCE_EXHAUSTED);
+  EXPECT_THAT(Err(), HasSubstr("max_model_bytes"));
+  EXPECT_THAT(Err(), HasSubstr("'big'"));
+}
+
+TEST_F(CApiMisuseTest, ManyThreadsOnOneWorkerEachGetTheirAnswers) {
+  Define(1000);
+  constexpr int kThreads = 8, kRounds = 20;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<float> grad(1000, 0.0f), out(1000);
+      char err[256];
+      for (int r = 0; r < kRounds; ++r) {
+        uint64_t h[3];
+        size_t done = 0;
+        int rc = shardps_push_pull(w_, "w", grad.data(), out.data(), 1000, &h[0], err, sizeof(err));
+        if (rc == SHARDPS_OK) rc = shardps_wait(w_, h[0], 30.0, err, sizeof(err));
+        if (rc == SHARDPS_OK) rc = shardps_pull(w_, "w", out.data(), 1000, &h[1], err, sizeof(err));
+        if (rc == SHARDPS_OK) rc = shardps_wait_any(w_, &h[1], 1, 30.0, &done, err, sizeof(err));
+        if (rc != SHARDPS_OK) {
+          ++failures;
+          ADD_FAILURE() << "thread " << t << " round " << r << ": " << err;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(CApiSchedulerLossTest, ABarrierBlockedWhenTheSchedulerIsKilledReturnsNamingIt) {
+  TwoWorkers job{ClusterConfig()};
+  ASSERT_TRUE(job.ok());
+  // Rank 1 never enters the barrier; the scheduler dies while rank 0 waits in it.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    kill(job.cluster().scheduler_pid(), SIGKILL);
+  });
+  char why[256] = "";
+  const int rc = shardps_barrier_timeout(job.w[0], "b", 5.0, why, sizeof(why));
+  killer.join();
+  EXPECT_NE(rc, SHARDPS_OK);
+  EXPECT_THAT(std::string(why), HasSubstr("scheduler " + job.cluster().scheduler_address())) << why;
+}
+
+}  // namespace
+}  // namespace shardps
