@@ -130,14 +130,6 @@ TEST_F(CApiClusterTest, WaitAnyCompletesEveryHandleOnceInOneThread) {
   EXPECT_EQ(shardps_wait_any(w_, handles, 1, 1.0, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
 }
 
-ClusterConfig SyncSgd(float learning_rate) {
-  ClusterConfig config;
-  config.set_consistency(SYNC);
-  config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-  config.mutable_optimizer()->set_learning_rate(learning_rate);
-  return config;
-}
-
 TEST(CApiWaitAnyTest, NothingDoneInTimeLeavesEveryHandleOutstanding) {
   TwoWorkers job(SyncSgd(0.5f));
   ASSERT_TRUE(job.ok());

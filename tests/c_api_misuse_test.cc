@@ -229,6 +229,95 @@ TEST_F(CApiMisuseTest, ManyThreadsOnOneWorkerEachGetTheirAnswers) {
   EXPECT_EQ(failures.load(), 0);
 }
 
+TEST_F(CApiMisuseTest, NonUtf8NamesAreRefusedWhenDeclaredNamingTheByte) {
+  const int64_t shape[] = {8};
+  const char bad[] = {'w', static_cast<char>(0xff), static_cast<char>(0xfe), 0};
+  EXPECT_EQ(shardps_declare_tensor(w_, bad, shape, 1, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("tensor name 'w\\xff\\xfe' is not UTF-8 (byte 1"));
+  const char surrogate[] = {'s', static_cast<char>(0xed), static_cast<char>(0xa0), static_cast<char>(0x80), 0};
+  EXPECT_EQ(shardps_declare_tensor(w_, surrogate, shape, 1, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_declare_tensor_codec(w_, "c", shape, 1, SHARDPS_FLOAT32, bad, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("codec of tensor 'c'"));
+  EXPECT_EQ(shardps_barrier_timeout(w_, bad, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("barrier name"));
+  // Nothing was declared: the worker defines its tensors as if none of that happened.
+  ASSERT_EQ(shardps_declare_tensor(w_, "\xc3\xa9t\xc3\xa9", shape, 1, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+}
+
+TEST_F(CApiMisuseTest, OverlongNamesAreRefusedWhenDeclared) {
+  const int64_t shape[] = {8};
+  const std::string name(8 << 20, 'n');
+  EXPECT_EQ(shardps_declare_tensor(w_, name.c_str(), shape, 1, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("is 8388608 bytes long; at most 4096"));
+  EXPECT_EQ(shardps_barrier(w_, name.c_str(), err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  Define(8);
+}
+
+TEST_F(CApiMisuseTest, CallsOnADestroyedWorkerAreRefused) {
+  Define(8);
+  shardps_worker* gone = w_;
+  shardps_worker_destroy(gone);
+  w_ = nullptr;
+  shardps_worker_destroy(gone);  // twice: ignored
+  float buf[8] = {};
+  uint64_t h = 0;
+  uint32_t rank = 0;
+  EXPECT_EQ(shardps_rank(gone, &rank, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(Err(), HasSubstr("shardps_rank: worker 0x"));
+  EXPECT_THAT(Err(), HasSubstr("is not a live worker"));
+  EXPECT_EQ(shardps_push_pull(gone, "w", buf, buf, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_wait(gone, 1, 1.0, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_define_done(gone, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_declare_tensor(reinterpret_cast<shardps_worker*>(buf), "w", nullptr, 0, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT)
+      << "a pointer that never was a worker";
+}
+
+TEST(CApiDestroyTest, DestroyWhileAnotherThreadWaitsLetsTheWaitReturn) {
+  TwoWorkers job(SyncSgd(0.5f));
+  ASSERT_TRUE(job.ok());
+  job.Define("w", 4);
+  char err[256] = "";
+  float grad[4] = {1, 1, 1, 1}, out[4] = {};
+  uint64_t h = 0;
+  // Sync: rank 0's round cannot complete while rank 1 does not push.
+  ASSERT_EQ(shardps_push_pull(job.w[0], "w", grad, out, 4, &h, err, sizeof(err)), SHARDPS_OK) << err;
+  std::atomic<int> rc{-1};
+  std::thread waiter([&] { rc = shardps_wait(job.w[0], h, 2.0, err, sizeof(err)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  shardps_worker_destroy(job.w[0]);
+  waiter.join();
+  job.w[0] = nullptr;
+  EXPECT_EQ(rc.load(), SHARDPS_DEADLINE_EXCEEDED) << err;
+}
+
+TEST_F(CApiMisuseTest, ManyThreadsDeclaringAtOnceDeclareEveryTensor) {
+  constexpr int kThreads = 8;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const int64_t shape[] = {4};
+      char err[256];
+      for (int i = 0; i < 50; ++i) {
+        const std::string name = "t" + std::to_string(t) + "." + std::to_string(i);
+        EXPECT_EQ(shardps_declare_tensor(w_, name.c_str(), shape, 1, err, sizeof(err)), SHARDPS_OK) << err;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  size_t count = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(shardps_partitions(w_, ("t" + std::to_string(t) + ".49").c_str(), nullptr, 0, &count, err_,
+                                 sizeof(err_)),
+              SHARDPS_OUT_OF_RANGE)
+        << err_;
+    EXPECT_EQ(count, 1u);
+  }
+}
+
 TEST(CApiSchedulerLossTest, ABarrierBlockedWhenTheSchedulerIsKilledReturnsNamingIt) {
   TwoWorkers job{ClusterConfig()};
   ASSERT_TRUE(job.ok());

@@ -36,6 +36,15 @@ class CApiClusterTest : public ::testing::Test {
   char err_[256] = "";
 };
 
+// Sync SGD at `learning_rate`.
+inline ClusterConfig SyncSgd(float learning_rate) {
+  ClusterConfig config;
+  config.set_consistency(SYNC);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  config.mutable_optimizer()->set_learning_rate(learning_rate);
+  return config;
+}
+
 // Two workers (ranks 0 and 1) of a cluster of one server running `config`.
 class TwoWorkers {
  public:

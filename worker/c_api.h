@@ -63,9 +63,19 @@ int shardps_worker_create(const char* scheduler_address, uint32_t rank, double r
  * shardps_worker_create. */
 int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                                  const char* security_config, shardps_worker** out, char* err, size_t err_len);
+/* Leaves the job and frees the worker. NULL, or a worker already destroyed:
+ * nothing happens. A call another thread is inside meanwhile runs to its end
+ * (a wait until its answer or timeout), and the worker is freed when the last
+ * such call returns. Any later call with the destroyed pointer returns
+ * SHARDPS_INVALID_ARGUMENT ("not a live worker"), as does one with a pointer
+ * shardps_worker_create never returned; the one exception is a pointer that a
+ * later shardps_worker_create returned again, which is then that new worker. */
 void shardps_worker_destroy(shardps_worker* w);
 
-/* Declares one float32 tensor; call for each tensor, then shardps_define_done. */
+/* Declares one float32 tensor; call for each tensor, then shardps_define_done.
+ * Names (of tensors, barriers) and codec specs are UTF-8 of at most 4096
+ * bytes: another is refused with SHARDPS_INVALID_ARGUMENT naming the byte
+ * that breaks it, and nothing is declared. */
 int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, char* err,
                            size_t err_len);
 /* Defines the declared tensors (the same list on every worker). A failed call
