@@ -103,7 +103,7 @@ absl::StatusOr<WorkerProcess> SpawnWorker(int rank, const LaunchOptions& o, cons
   posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  StartWithNoSignalBlocked(&attr, POSIX_SPAWN_SETPGROUP);  // Ctrl-C and SIGTERM must reach the job
   posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid;
   int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, CStrings(argv).data(), CStrings(env).data());
