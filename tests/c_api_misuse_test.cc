@@ -3,10 +3,13 @@
 // an abort of the host process. Run under ASan by
 // `tools/test.sh --sanitize address -R CApi`.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -273,6 +276,26 @@ TEST_F(CApiMisuseTest, CallsOnADestroyedWorkerAreRefused) {
   EXPECT_EQ(shardps_declare_tensor(reinterpret_cast<shardps_worker*>(buf), "w", nullptr, 0, err_, sizeof(err_)),
             SHARDPS_INVALID_ARGUMENT)
       << "a pointer that never was a worker";
+}
+
+TEST_F(CApiMisuseTest, AForkedChildIsRefusedTheParentsWorkerAndLeavesItAlone) {
+  Define(8);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char err[256] = "";
+    uint32_t rank = 0;
+    const int rc = shardps_rank(w_, &rank, err, sizeof(err));
+    shardps_worker_destroy(w_);  // the child's copy only
+    _exit(rc == SHARDPS_FAILED_PRECONDITION && std::strstr(err, "forked from it, cannot use it") ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  float grad[8] = {}, out[8] = {};
+  uint64_t h = 0;
+  ASSERT_EQ(shardps_push_pull(w_, "w", grad, out, 8, &h, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  EXPECT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
 }
 
 TEST(CApiDestroyTest, DestroyWhileAnotherThreadWaitsLetsTheWaitReturn) {

@@ -1,5 +1,7 @@
 #include "worker/c_api.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -33,6 +35,9 @@ struct shardps_worker {
     void* stream = nullptr;
   };
   std::unique_ptr<shardps::Worker> worker;
+  // The process that made it: a forked child shares its sockets' memory but
+  // not their threads, so it must not use it.
+  pid_t creator = getpid();
   absl::Mutex mu;
   std::vector<shardps::TensorSpec> declared ABSL_GUARDED_BY(mu);
   std::map<std::string, std::pair<int, uint64_t>> dtypes ABSL_GUARDED_BY(mu);  // name -> (dtype, elements)
@@ -155,6 +160,12 @@ int WithWorker(const char* entry, const shardps_worker* w, char* err, size_t err
       return Report(absl::InvalidArgumentError(absl::StrCat(
                         entry, ": worker 0x", absl::Hex(reinterpret_cast<uintptr_t>(w)),
                         " is not a live worker (already destroyed, or not made by shardps_worker_create)")),
+                    err, err_len);
+    }
+    if (held->creator != getpid()) {
+      return Report(absl::FailedPreconditionError(absl::StrCat(
+                        entry, ": the worker was made in process ", held->creator, "; process ", getpid(),
+                        ", forked from it, cannot use it (make a worker in the child)")),
                     err, err_len);
     }
     return body(*held);
@@ -437,6 +448,9 @@ int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, d
 void shardps_worker_destroy(shardps_worker* w) {
   Guarded(__func__, nullptr, 0, [&] {
     if (w == nullptr) return 0;
+    // A forked child's copy is left alone: its destructor would stop threads
+    // the child does not have and close the parent's connections.
+    if (std::shared_ptr<shardps_worker> held = Live().Find(w); held != nullptr && held->creator != getpid()) return 0;
     // Deleted here, or when the last call another thread is inside returns.
     if (Live().Remove(w) == nullptr) {
       LOG(WARNING) << "shardps_worker_destroy: worker " << w

@@ -69,7 +69,10 @@ int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, d
  * such call returns. Any later call with the destroyed pointer returns
  * SHARDPS_INVALID_ARGUMENT ("not a live worker"), as does one with a pointer
  * shardps_worker_create never returned; the one exception is a pointer that a
- * later shardps_worker_create returned again, which is then that new worker. */
+ * later shardps_worker_create returned again, which is then that new worker.
+ * In a process forked after shardps_worker_create, every call with the
+ * parent's worker returns SHARDPS_FAILED_PRECONDITION (its threads and
+ * connections stayed in the parent), and destroy leaves it alone. */
 void shardps_worker_destroy(shardps_worker* w);
 
 /* Declares one float32 tensor; call for each tensor, then shardps_define_done.
