@@ -34,8 +34,7 @@ def init(scheduler=None, rank=None, rendezvous_timeout=None, timeout=60.0, secur
         raise RuntimeError("shardps.init() was already called in this process")
     address, _ = environment.scheduler_address(scheduler)
     worker_rank, _ = environment.worker_rank(rank)
-    if rendezvous_timeout is None:
-        rendezvous_timeout = float(os.environ.get("SHARDPS_RENDEZVOUS_TIMEOUT", "60"))
+    rendezvous_timeout = environment.rendezvous_timeout(rendezvous_timeout)
     if security_config is None:
         security_config = os.environ.get("SHARDPS_SECURITY_CONFIG") or None
     _worker = Worker(address, worker_rank, rendezvous_timeout=rendezvous_timeout, timeout=timeout,
