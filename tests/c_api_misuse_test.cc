@@ -341,6 +341,26 @@ TEST_F(CApiMisuseTest, ManyThreadsDeclaringAtOnceDeclareEveryTensor) {
   }
 }
 
+TEST(CApiSchedulerLossTest, ARendezvousBlockedWhenTheSchedulerIsKilledReturnsNamingIt) {
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // Rank 1 never registers; the scheduler dies while rank 0 waits for it.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    kill((*cluster)->scheduler_pid(), SIGKILL);
+  });
+  shardps_worker* w = nullptr;
+  char why[256] = "";
+  const int rc = shardps_worker_create((*cluster)->scheduler_address().c_str(), 0, 5.0, &w, why, sizeof(why));
+  killer.join();
+  EXPECT_NE(rc, SHARDPS_OK);
+  EXPECT_EQ(w, nullptr);
+  EXPECT_THAT(std::string(why), HasSubstr("scheduler " + (*cluster)->scheduler_address())) << why;
+}
+
 TEST(CApiSchedulerLossTest, ABarrierBlockedWhenTheSchedulerIsKilledReturnsNamingIt) {
   TwoWorkers job{ClusterConfig()};
   ASSERT_TRUE(job.ok());
