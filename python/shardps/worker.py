@@ -24,7 +24,7 @@ import re
 import time
 
 from . import _library
-from .errors import check, ShardPSError
+from .errors import check, DeadlineExceededError, ShardPSError
 
 _ERR_LEN = 1024
 _FLOAT32 = 1  # SHARDPS_FLOAT32
@@ -417,10 +417,21 @@ class Worker:
             while deadline - time.monotonic() > _SLICE and not self._answered(handle, _SLICE):
                 pass
             if not handle.done:
-                self._call("shardps_wait", self._live(), handle.id, max(deadline - time.monotonic(), 0.0))
+                self._last_stretch(handle, deadline, timeout)
             failed = False
         finally:
             self._retire(handle, failed)
+
+    def _last_stretch(self, handle, deadline, timeout):
+        """shardps_wait until `deadline`; its timeout error names the whole wait, not the stretch."""
+        try:
+            self._call("shardps_wait", self._live(), handle.id, max(deadline - time.monotonic(), 0.0))
+        except DeadlineExceededError as e:
+            total = self._timeout(timeout)
+            if total <= _SLICE:
+                raise
+            raise DeadlineExceededError(e.code, e.status, "%s (of a wait of %gs)" % (e.message, total),
+                                        e.call) from None
 
     def _answered(self, handle, timeout):
         """Waits up to `timeout` for `handle`: True once its request completed (it is then

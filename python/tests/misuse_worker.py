@@ -43,6 +43,9 @@ if worker.rank == 0:
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     expect("interrupted wait", KeyboardInterrupt, lambda: pending.wait(timeout=600))
     expect("interrupted handle is done", ValueError, lambda: pending.wait())
+    late = worker.push_pull("lonely", zeros(), zeros())
+    expect("timeout names the whole wait", shardps.DeadlineExceededError, lambda: late.wait(timeout=0.6),
+           lambda e: "'lonely'" in e.message and "of a wait of 0.6s" in e.message)
 
     # A forked child cannot use its parent's worker: it says so, and exits cleanly.
     child = os.fork()

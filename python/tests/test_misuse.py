@@ -16,7 +16,8 @@ class MisuseTest(unittest.TestCase):
         for case in ("[0] ok: negative rank", "[0] ok: dtype without codec: True", "[1] ok: NUL in a name",
                      "[0] ok: not a handle", "[0] ok: list as a buffer",
                      "[0] ok: a dropped handle keeps its buffers: True", "[0] ok: interrupted wait",
-                     "[0] ok: interrupted handle is done", "[0] ok: forked child: this ShardPS worker was made in",
+                     "[0] ok: interrupted handle is done",
+                     "[0] ok: timeout names the whole wait", "[0] ok: forked child: this ShardPS worker was made in",
                      "[0] ok: forked child exits cleanly: True", "[0] ok: all", "[1] ok: all"):
             self.assertIn(case, run.stdout)
 
