@@ -341,17 +341,22 @@ TEST_F(CApiMisuseTest, ManyThreadsDeclaringAtOnceDeclareEveryTensor) {
   }
 }
 
+// The scheduler of `cluster` SIGKILLed half a second from now, while the
+// caller blocks in a call (join the thread after it).
+std::thread KillSchedulerSoon(TestCluster& cluster) {
+  return std::thread([&cluster] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    kill(cluster.scheduler_pid(), SIGKILL);
+  });
+}
+
 TEST(CApiSchedulerLossTest, ARendezvousBlockedWhenTheSchedulerIsKilledReturnsNamingIt) {
-  ClusterConfig config;
-  config.set_num_servers(1);
-  config.set_num_workers(2);
-  auto cluster = TestCluster::Start(config);
+  ClusterConfig two_workers;
+  two_workers.set_num_workers(2);
+  auto cluster = TestCluster::Start(two_workers);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   // Rank 1 never registers; the scheduler dies while rank 0 waits for it.
-  std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    kill((*cluster)->scheduler_pid(), SIGKILL);
-  });
+  std::thread killer = KillSchedulerSoon(**cluster);
   shardps_worker* w = nullptr;
   char why[256] = "";
   const int rc = shardps_worker_create((*cluster)->scheduler_address().c_str(), 0, 5.0, &w, why, sizeof(why));
@@ -365,10 +370,7 @@ TEST(CApiSchedulerLossTest, ABarrierBlockedWhenTheSchedulerIsKilledReturnsNaming
   TwoWorkers job{ClusterConfig()};
   ASSERT_TRUE(job.ok());
   // Rank 1 never enters the barrier; the scheduler dies while rank 0 waits in it.
-  std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    kill(job.cluster().scheduler_pid(), SIGKILL);
-  });
+  std::thread killer = KillSchedulerSoon(job.cluster());
   char why[256] = "";
   const int rc = shardps_barrier_timeout(job.w[0], "b", 5.0, why, sizeof(why));
   killer.join();
