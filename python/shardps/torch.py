@@ -135,7 +135,15 @@ def _named(named_parameters, optimizer):
     named = list(named_parameters)
     names = [n for n, _ in named]
     if len(set(names)) != len(names):
-        raise ValueError("named_parameters has duplicate names")
+        raise ValueError("named_parameters has duplicate names: %s"
+                         % ", ".join(sorted({n for n in names if names.count(n) > 1})))
+    # One tensor under two names would be pushed twice a step, and the two answers would race
+    # into its weights (model.named_parameters() lists a shared parameter once).
+    first = {}
+    for n, p in named:
+        other = first.setdefault(id(p), n)
+        if other != n:
+            raise ValueError("named_parameters lists one parameter under two names: %r and %r" % (other, n))
     return named
 
 
