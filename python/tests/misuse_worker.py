@@ -56,6 +56,7 @@ if worker.rank == 0:
             os._exit(1)
         except RuntimeError as e:
             print("ok: forked child: %s" % e, flush=True)
+        expect("init in a forked child", RuntimeError, shardps.init, lambda e: "forked this one" in str(e))
         shardps.shutdown()  # forgets the parent's worker, leaves it running
         os._exit(0)
     _, status = os.waitpid(child, 0)

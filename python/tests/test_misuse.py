@@ -18,6 +18,7 @@ class MisuseTest(unittest.TestCase):
                      "[0] ok: a dropped handle keeps its buffers: True", "[0] ok: interrupted wait",
                      "[0] ok: interrupted handle is done",
                      "[0] ok: timeout names the whole wait", "[0] ok: forked child: this ShardPS worker was made in",
+                     "[0] ok: init in a forked child",
                      "[0] ok: forked child exits cleanly: True", "[0] ok: all", "[1] ok: all"):
             self.assertIn(case, run.stdout)
 
