@@ -1,6 +1,6 @@
 import unittest
 
-from cluster import has_torch
+from cluster import has_torch, launch, python_worker
 
 if has_torch():
     import torch
@@ -23,6 +23,15 @@ class NamedParametersTest(unittest.TestCase):
         model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
         model[1].weight = model[0].weight
         self.assertEqual(len(_named(model.named_parameters(), None)), 3)
+
+
+@unittest.skipUnless(has_torch(), "torch is not installed")
+class ZeroGradTest(unittest.TestCase):
+    def test_zero_grad_between_backward_and_step_leaves_the_pushed_gradient_alone(self):
+        run = launch(1, 1, python_worker("torch_misuse_worker.py"), timeout=60)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("[0] ok: the gradient on the wire is untouched: True", run.stdout)
+        self.assertIn("[0] ok: no gradient is left for the next step: True", run.stdout)
 
 
 if __name__ == "__main__":
