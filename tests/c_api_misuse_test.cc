@@ -341,6 +341,35 @@ TEST_F(CApiMisuseTest, ManyThreadsDeclaringAtOnceDeclareEveryTensor) {
   }
 }
 
+TEST(CApiWaitTest, TwoThreadsWaitingOnOneHandleGetOneAnswerAndOneRefusal) {
+  // Before the refusal, the thread that completed the handle freed the state
+  // the other was still reading (the process died of SIGILL).
+  TwoWorkers job(SyncSgd(0.5f));
+  ASSERT_TRUE(job.ok());
+  job.Define("w", 4);
+  float grad[4] = {1, 1, 1, 1}, out0[4] = {}, out1[4] = {};
+  uint64_t h0 = 0, h1 = 0;
+  char err[256] = "";
+  // Sync: rank 0's round completes once rank 1 pushes, while both threads wait on it.
+  ASSERT_EQ(shardps_push_pull(job.w[0], "w", grad, out0, 4, &h0, err, sizeof(err)), SHARDPS_OK) << err;
+  int rc[2] = {-1, -1};
+  char why[2][256] = {"", ""};
+  std::thread a([&] { rc[0] = shardps_wait(job.w[0], h0, 10.0, why[0], sizeof(why[0])); });
+  std::thread b([&] {
+    size_t done = 0;
+    rc[1] = shardps_wait_any(job.w[0], &h0, 1, 10.0, &done, why[1], sizeof(why[1]));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(shardps_push_pull(job.w[1], "w", grad, out1, 4, &h1, err, sizeof(err)), SHARDPS_OK) << err;
+  EXPECT_EQ(shardps_wait(job.w[1], h1, 10.0, err, sizeof(err)), SHARDPS_OK) << err;
+  a.join();
+  b.join();
+  EXPECT_THAT((std::vector<int>{rc[0], rc[1]}),
+              ::testing::UnorderedElementsAre(SHARDPS_OK, SHARDPS_ABORTED))
+      << why[0] << " / " << why[1];
+  EXPECT_EQ(out0[0], -0.5f);
+}
+
 // The scheduler of `cluster` SIGKILLed half a second from now, while the
 // caller blocks in a call (join the thread after it).
 std::thread KillSchedulerSoon(TestCluster& cluster) {

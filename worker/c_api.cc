@@ -395,6 +395,7 @@ absl::Status StoreDeviceWeights(shardps_worker& w, shardps_worker::Staged& s) {
 // back to the caller's 16-bit or device buffer, or its staging is kept alive
 // when the request failed (it may still leave later).
 absl::Status Finish(shardps_worker& w, uint64_t handle, absl::Status s) {
+  if (absl::IsAborted(s)) return s;  // another thread waits on it and finishes it
   std::unique_ptr<shardps_worker::Staged> staged;
   {
     absl::MutexLock lock(&w.mu);

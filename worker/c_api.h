@@ -153,7 +153,9 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
  * *done_index is n, the call returns SHARDPS_DEADLINE_EXCEEDED and every
  * handle stays outstanding; timeout_s 0 polls (answers already received are
  * taken, then it returns at once). An unknown or already consumed handle:
- * SHARDPS_INVALID_ARGUMENT with *done_index n, nothing consumed. */
+ * SHARDPS_INVALID_ARGUMENT with *done_index n, nothing consumed. A handle
+ * another thread is waiting on (here or in shardps_wait): SHARDPS_ABORTED,
+ * nothing consumed; that thread completes it. */
 int shardps_wait_any(shardps_worker* w, const uint64_t* handles, size_t n, double timeout_s, size_t* done_index,
                      char* err, size_t err_len);
 
