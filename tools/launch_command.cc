@@ -103,13 +103,7 @@ absl::StatusOr<WorkerProcess> SpawnWorker(int rank, const LaunchOptions& o, cons
   posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  // No signal blocked, as for the daemons (tools/process.cc): this thread
-  // blocks SIGTERM and SIGINT (InstallStopSignals), and a worker that
-  // inherited that could not be stopped but by SIGKILL after the grace.
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+  StartWithNoSignalBlocked(&attr, POSIX_SPAWN_SETPGROUP);  // Ctrl-C and SIGTERM must reach the job
   posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid;
   int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, CStrings(argv).data(), CStrings(env).data());

@@ -33,6 +33,13 @@ std::string SelfExecutable() {
   return std::string(buf, n);
 }
 
+void StartWithNoSignalBlocked(posix_spawnattr_t* attr, short flags) {
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(attr, &none);
+  posix_spawnattr_setflags(attr, static_cast<short>(flags | POSIX_SPAWN_SETSIGMASK));
+}
+
 absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
                                    bool stdout_to_stderr) {
   std::vector<char*> args;
@@ -41,15 +48,9 @@ absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<st
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (stdout_to_stderr) posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  // The child starts with no signal blocked: this process may block SIGTERM
-  // and SIGINT in every thread but the one that waits for them
-  // (InstallStopSignals), and a mask is inherited across exec.
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  StartWithNoSignalBlocked(&attr, 0);
   pid_t pid;
   int err = posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
   posix_spawnattr_destroy(&attr);

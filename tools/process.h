@@ -3,6 +3,7 @@
 #ifndef SHARDPS_TOOLS_PROCESS_H_
 #define SHARDPS_TOOLS_PROCESS_H_
 
+#include <spawn.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -22,6 +23,13 @@ struct ChildProcess {
 
 // Path of the running executable.
 std::string SelfExecutable();
+
+// Has the child of a posix_spawn with `attr` start with no signal blocked
+// (`flags`: the POSIX_SPAWN_* flags it sets besides). This process may block
+// SIGTERM and SIGINT in every thread but the one that waits for them
+// (InstallStopSignals), and a mask is inherited across exec: a child that
+// kept it could not be stopped by SIGTERM nor interrupted by Ctrl-C.
+void StartWithNoSignalBlocked(posix_spawnattr_t* attr, short flags);
 
 // Starts `argv` (argv[0] is the program path). When `stdout_to_stderr`, the
 // child's stdout is redirected to our stderr (keeps our stdout for results).

@@ -1,5 +1,7 @@
 #include "worker/c_api.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -8,10 +10,13 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "compression/codec_math.h"
 #include "google/protobuf/text_format.h"
+#include "glog/logging.h"
 #include "worker/cuda_transfer.h"
 #include "worker/worker.h"
 
@@ -30,9 +35,12 @@ struct shardps_worker {
     void* stream = nullptr;
   };
   std::unique_ptr<shardps::Worker> worker;
-  std::vector<shardps::TensorSpec> declared;
-  std::map<std::string, std::pair<int, uint64_t>> dtypes;  // declared name -> (dtype, elements)
+  // The process that made it: a forked child shares its sockets' memory but
+  // not their threads, so it must not use it.
+  pid_t creator = getpid();
   absl::Mutex mu;
+  std::vector<shardps::TensorSpec> declared ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::pair<int, uint64_t>> dtypes ABSL_GUARDED_BY(mu);  // name -> (dtype, elements)
   std::map<uint64_t, std::unique_ptr<Staged>> staged ABSL_GUARDED_BY(mu);
   // Staging of requests whose wait failed: a request may still leave later
   // and read it, so it lives as long as the worker (worker/worker.h).
@@ -103,9 +111,69 @@ int Null(const char* what, char* err, size_t err_len) {
   return Report(absl::InvalidArgumentError(std::string(what) + " is NULL"), err, err_len);
 }
 
+// Every worker shardps_worker_create handed out and shardps_worker_destroy
+// has not yet taken back. A call with any other pointer (destroyed already,
+// destroyed twice, never created) is refused instead of reading freed
+// memory. Each call holds a reference for its duration, so a destroy while
+// another thread is inside a call deletes the worker when that call returns.
+// Never destroyed: calls may still arrive from other threads at exit.
+class LiveWorkers {
+ public:
+  void Add(std::shared_ptr<shardps_worker> w) {
+    absl::MutexLock lock(&mu_);
+    live_.emplace(w.get(), std::move(w));
+  }
+  // The worker `w` if it is live, else null.
+  std::shared_ptr<shardps_worker> Find(const shardps_worker* w) {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(w);
+    return it == live_.end() ? nullptr : it->second;
+  }
+  // Takes `w` out of the live set; null if it was not in it.
+  std::shared_ptr<shardps_worker> Remove(const shardps_worker* w) {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(w);
+    if (it == live_.end()) return nullptr;
+    std::shared_ptr<shardps_worker> removed = std::move(it->second);
+    live_.erase(it);
+    return removed;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<const shardps_worker*, std::shared_ptr<shardps_worker>> live_ ABSL_GUARDED_BY(mu_);
+};
+
+LiveWorkers& Live() {
+  static LiveWorkers* const live = new LiveWorkers;
+  return *live;
+}
+
+// The guard of every entry point that takes a worker: body(worker) runs with
+// the worker held live, or the call is refused naming the pointer.
 template <typename F>
-int StartRequest(shardps_worker* w, uint64_t* handle, char* err, size_t err_len, F start) {
-  if (w == nullptr) return Null("worker", err, err_len);
+int WithWorker(const char* entry, const shardps_worker* w, char* err, size_t err_len, F&& body) noexcept {
+  return Guarded(entry, err, err_len, [&] {
+    if (w == nullptr) return Null("worker", err, err_len);
+    std::shared_ptr<shardps_worker> held = Live().Find(w);
+    if (held == nullptr) {
+      return Report(absl::InvalidArgumentError(absl::StrCat(
+                        entry, ": worker 0x", absl::Hex(reinterpret_cast<uintptr_t>(w)),
+                        " is not a live worker (already destroyed, or not made by shardps_worker_create)")),
+                    err, err_len);
+    }
+    if (held->creator != getpid()) {
+      return Report(absl::FailedPreconditionError(absl::StrCat(
+                        entry, ": the worker was made in process ", held->creator, "; process ", getpid(),
+                        ", forked from it, cannot use it (make a worker in the child)")),
+                    err, err_len);
+    }
+    return body(*held);
+  });
+}
+
+template <typename F>
+int StartRequest(uint64_t* handle, char* err, size_t err_len, F start) {
   if (handle == nullptr) return Null("handle", err, err_len);
   absl::StatusOr<uint64_t> h = start();
   if (!h.ok()) return Report(h.status(), err, err_len);
@@ -116,9 +184,9 @@ int StartRequest(shardps_worker* w, uint64_t* handle, char* err, size_t err_len,
 // A query entry point: fills *out with get(worker).
 template <typename T, typename F>
 int Query(const char* entry, const shardps_worker* w, T* out, char* err, size_t err_len, F get) {
-  return Guarded(entry, err, err_len, [&] {
-    if (w == nullptr || out == nullptr) return Null("worker or output", err, err_len);
-    *out = get(*w->worker);
+  return WithWorker(entry, w, err, err_len, [&](shardps_worker& live) {
+    if (out == nullptr) return Null("output", err, err_len);
+    *out = get(*live.worker);
     return 0;
   });
 }
@@ -127,6 +195,47 @@ int TooSmall(const char* what, size_t capacity, size_t needed, char* err, size_t
   return Report(absl::OutOfRangeError(absl::StrCat(what, " holds ", capacity, ", needs ", needed)), err, err_len);
 }
 
+
+// The offset of the first byte of `s` that is not part of a well-formed
+// UTF-8 sequence (overlong forms, surrogates and code points past U+10FFFF
+// included), or s.size().
+size_t Utf8Prefix(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || len > s.size() - i) return i;
+    uint32_t cp = len == 1 ? c : c & (0x7f >> len);
+    for (size_t k = 1; k < len; ++k) {
+      const auto next = static_cast<unsigned char>(s[i + k]);
+      if ((next & 0xc0) != 0x80) return i;
+      cp = (cp << 6) | (next & 0x3f);
+    }
+    static constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kSmallest[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+    i += len;
+  }
+  return i;
+}
+
+// Names travel in protobuf string fields, which must be UTF-8 (protobuf
+// drops a message that is not, with no word of which field), and into every
+// shard map: at most kMaxNameBytes.
+constexpr size_t kMaxNameBytes = 4096;
+
+absl::Status CheckName(const char* what, const char* name) {
+  const absl::string_view s(name);
+  if (s.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", absl::CHexEscape(s.substr(0, 32)), "...' is ",
+                                                   s.size(), " bytes long; at most ", kMaxNameBytes));
+  }
+  const size_t valid = Utf8Prefix(s);
+  if (valid < s.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", absl::CHexEscape(s), "' is not UTF-8 (byte ", valid,
+                                                   " breaks it)"));
+  }
+  return absl::OkStatus();
+}
 
 size_t ElementBytes(int dtype) {
   switch (dtype) {
@@ -156,7 +265,7 @@ absl::Status UnknownDtype(int dtype) {
       absl::StrCat("dtype ", dtype, " is not SHARDPS_FLOAT32, SHARDPS_FLOAT16 or SHARDPS_BFLOAT16"));
 }
 
-int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, int dtype, const char* codec) {
+int Declare(shardps_worker& w, const char* name, const int64_t* shape, size_t ndim, int dtype, const char* codec) {
   shardps::TensorSpec spec;
   spec.set_name(name);
   uint64_t n = 1;
@@ -166,25 +275,29 @@ int Declare(shardps_worker* w, const char* name, const int64_t* shape, size_t nd
   }
   spec.set_dtype(shardps::FLOAT32);  // on the wire; the buffers' dtype stays here
   if (codec != nullptr) spec.set_codec(codec);
-  w->declared.push_back(std::move(spec));
-  w->dtypes[name] = {dtype, n};
+  absl::MutexLock lock(&w.mu);
+  w.declared.push_back(std::move(spec));
+  w.dtypes[name] = {dtype, n};
   return SHARDPS_OK;
 }
 
 // What every shardps_declare_tensor* entry point does: checks its arguments, then declares.
 int CheckedDeclare(const char* entry, shardps_worker* w, const char* name, const int64_t* shape, size_t ndim,
                    int dtype, const char* codec, char* err, size_t err_len) {
-  return Guarded(entry, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
+  return WithWorker(entry, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
     if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
-    return Declare(w, name, shape, ndim, dtype, codec);
+    absl::Status valid = CheckName("tensor name", name);
+    if (valid.ok() && codec != nullptr) valid = CheckName(absl::StrCat("codec of tensor '", name, "'").c_str(), codec);
+    if (!valid.ok()) return Report(valid, err, err_len);
+    return Declare(live, name, shape, ndim, dtype, codec);
   });
 }
 
 // The element count of `name`, once its buffers' dtype and size match.
-absl::StatusOr<size_t> CheckTyped(const shardps_worker& w, const char* name, size_t bytes, int dtype) {
+absl::StatusOr<size_t> CheckTyped(shardps_worker& w, const char* name, size_t bytes, int dtype) {
   if (ElementBytes(dtype) == 0) return UnknownDtype(dtype);
+  absl::MutexLock lock(&w.mu);
   auto it = w.dtypes.find(name);
   if (it == w.dtypes.end()) return absl::NotFoundError(absl::StrCat("tensor '", name, "' was not declared here"));
   const auto [declared, n] = it->second;
@@ -260,6 +373,13 @@ absl::StatusOr<std::unique_ptr<shardps_worker::Staged>> StageFromDevice(shardps_
   return staged;
 }
 
+// The tensors declared so far (a copy: define_done must not hold the lock
+// while it waits for the cluster).
+std::vector<shardps::TensorSpec> Declared(shardps_worker& w) {
+  absl::MutexLock lock(&w.mu);
+  return w.declared;
+}
+
 // After a successful wait: the new weights to the device (narrowed first for
 // 16-bit dtypes); the pinned buffer goes back to the free list.
 absl::Status StoreDeviceWeights(shardps_worker& w, shardps_worker::Staged& s) {
@@ -275,6 +395,7 @@ absl::Status StoreDeviceWeights(shardps_worker& w, shardps_worker::Staged& s) {
 // back to the caller's 16-bit or device buffer, or its staging is kept alive
 // when the request failed (it may still leave later).
 absl::Status Finish(shardps_worker& w, uint64_t handle, absl::Status s) {
+  if (absl::IsAborted(s)) return s;  // another thread waits on it and finishes it
   std::unique_ptr<shardps_worker::Staged> staged;
   {
     absl::MutexLock lock(&w.mu);
@@ -317,16 +438,25 @@ int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, d
     options.security = *std::move(security);
     auto worker = shardps::Worker::Create(options);
     if (!worker.ok()) return Report(worker.status(), err, err_len);
-    auto created = std::make_unique<shardps_worker>();
+    auto created = std::make_shared<shardps_worker>();
     created->worker = *std::move(worker);
-    *out = created.release();
+    *out = created.get();
+    Live().Add(std::move(created));
     return 0;
   });
 }
 
 void shardps_worker_destroy(shardps_worker* w) {
   Guarded(__func__, nullptr, 0, [&] {
-    delete w;
+    if (w == nullptr) return 0;
+    // A forked child's copy is left alone: its destructor would stop threads
+    // the child does not have and close the parent's connections.
+    if (std::shared_ptr<shardps_worker> held = Live().Find(w); held != nullptr && held->creator != getpid()) return 0;
+    // Deleted here, or when the last call another thread is inside returns.
+    if (Live().Remove(w) == nullptr) {
+      LOG(WARNING) << "shardps_worker_destroy: worker " << w
+                   << " is not a live worker (destroyed twice, or not made by shardps_worker_create); ignored";
+    }
     return 0;
   });
 }
@@ -359,123 +489,122 @@ int shardps_declare_tensor_codec(shardps_worker* w, const char* name, const int6
 }
 
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
-    return Report(w->worker->DefineTensors(w->declared), err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    return Report(live.worker->DefineTensors(Declared(live)), err, err_len);
   });
 }
 
 int shardps_define_done_timeout(shardps_worker* w, double timeout_s, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (!(timeout_s > 0)) return Report(absl::InvalidArgumentError("timeout must be > 0 seconds"), err, err_len);
-    return Report(w->worker->DefineTensors(w->declared, Seconds(timeout_s)), err, err_len);
+    return Report(live.worker->DefineTensors(Declared(live), Seconds(timeout_s)), err, err_len);
   });
 }
 
 int shardps_barrier_timeout(shardps_worker* w, const char* name, double timeout_s, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr || name == nullptr) return Null("worker or name", err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (name == nullptr) return Null("name", err, err_len);
     if (!(timeout_s > 0)) return Report(absl::InvalidArgumentError("timeout must be > 0 seconds"), err, err_len);
-    return Report(w->worker->Barrier(name, nullptr, Seconds(timeout_s)), err, err_len);
+    if (absl::Status valid = CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
+    return Report(live.worker->Barrier(name, nullptr, Seconds(timeout_s)), err, err_len);
   });
 }
 
 int shardps_reset_declared(shardps_worker* w, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
-    w->declared.clear();
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    absl::MutexLock lock(&live.mu);
+    live.declared.clear();
     return 0;
   });
 }
 
 int shardps_init_tensor(shardps_worker* w, const char* name, const float* values, size_t n, double timeout_s, char* err,
                         size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr || name == nullptr || values == nullptr) return Null("worker, name or values", err, err_len);
-    return Report(w->worker->InitTensor(name, absl::MakeConstSpan(values, n), Seconds(timeout_s)), err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (name == nullptr || values == nullptr) return Null("name or values", err, err_len);
+    return Report(live.worker->InitTensor(name, absl::MakeConstSpan(values, n), Seconds(timeout_s)), err, err_len);
   });
 }
 
 int shardps_barrier(shardps_worker* w, const char* name, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr || name == nullptr) return Null("worker or name", err, err_len);
-    return Report(w->worker->Barrier(name), err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (name == nullptr) return Null("name", err, err_len);
+    if (absl::Status valid = CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
+    return Report(live.worker->Barrier(name), err, err_len);
   });
 }
 
 int shardps_push(shardps_worker* w, const char* name, const float* grad, size_t n, uint64_t* handle, char* err,
                  size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr || grad == nullptr) return Null("name or grad", err, err_len);
-    return StartRequest(w, handle, err, err_len, [&] { return w->worker->Push(name, absl::MakeConstSpan(grad, n)); });
+    return StartRequest(handle, err, err_len, [&] { return live.worker->Push(name, absl::MakeConstSpan(grad, n)); });
   });
 }
 
 int shardps_pull(shardps_worker* w, const char* name, float* weights, size_t n, uint64_t* handle, char* err,
                  size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr || weights == nullptr) return Null("name or weights", err, err_len);
-    return StartRequest(w, handle, err, err_len, [&] { return w->worker->Pull(name, absl::MakeSpan(weights, n)); });
+    return StartRequest(handle, err, err_len, [&] { return live.worker->Pull(name, absl::MakeSpan(weights, n)); });
   });
 }
 
 int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, float* weights, size_t n,
                       uint64_t* handle, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
-    return StartRequest(w, handle, err, err_len, [&] {
-      return w->worker->PushPull(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+    return StartRequest(handle, err, err_len, [&] {
+      return live.worker->PushPull(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
     });
   });
 }
 
 int shardps_push_pull_mean_gradient(shardps_worker* w, const char* name, const float* grad, float* mean_grad, size_t n,
                                     uint64_t* handle, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr || grad == nullptr || mean_grad == nullptr) {
       return Null("name, grad or mean_grad", err, err_len);
     }
-    return StartRequest(w, handle, err, err_len, [&] {
-      return w->worker->PushPullMeanGradient(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(mean_grad, n));
+    return StartRequest(handle, err, err_len, [&] {
+      return live.worker->PushPullMeanGradient(name, absl::MakeConstSpan(grad, n), absl::MakeSpan(mean_grad, n));
     });
   });
 }
 
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr) return Null("worker", err, err_len);
-    return Report(Finish(*w, handle, w->worker->Wait(handle, Seconds(timeout_s))), err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    return Report(Finish(live, handle, live.worker->Wait(handle, Seconds(timeout_s))), err, err_len);
   });
 }
 
 int shardps_wait_any(shardps_worker* w, const uint64_t* handles, size_t n, double timeout_s, size_t* done_index,
                      char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
+  if (done_index != nullptr) *done_index = n;
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (done_index == nullptr) return Null("done_index", err, err_len);
-    *done_index = n;
-    if (w == nullptr || (handles == nullptr && n > 0)) return Null("worker or handles", err, err_len);
+    if (handles == nullptr && n > 0) return Null("handles", err, err_len);
     if (n == 0) return Report(absl::InvalidArgumentError("shardps_wait_any: no handles"), err, err_len);
     absl::Status status;
     absl::StatusOr<size_t> done =
-        w->worker->WaitAny(absl::MakeConstSpan(handles, n), Seconds(timeout_s), &status);
+        live.worker->WaitAny(absl::MakeConstSpan(handles, n), Seconds(timeout_s), &status);
     if (!done.ok()) return Report(done.status(), err, err_len);
     *done_index = *done;
-    return Report(Finish(*w, handles[*done], status), err, err_len);
+    return Report(Finish(live, handles[*done], status), err, err_len);
   });
 }
 
 int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* grad, void* weights, size_t bytes,
                             int dtype, uint64_t* handle, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr || name == nullptr || grad == nullptr || weights == nullptr || handle == nullptr) {
-      return Null("worker, name, grad, weights or handle", err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (name == nullptr || grad == nullptr || weights == nullptr || handle == nullptr) {
+      return Null("name, grad, weights or handle", err, err_len);
     }
-    auto n = CheckTyped(*w, name, bytes, dtype);
+    auto n = CheckTyped(live, name, bytes, dtype);
     if (!n.ok()) return Report(n.status(), err, err_len);
     if (dtype == SHARDPS_FLOAT32) {
-      return StartRequest(w, handle, err, err_len, [&] {
-        return w->worker->PushPull(name, absl::MakeConstSpan(static_cast<const float*>(grad), *n),
+      return StartRequest(handle, err, err_len, [&] {
+        return live.worker->PushPull(name, absl::MakeConstSpan(static_cast<const float*>(grad), *n),
                                    absl::MakeSpan(static_cast<float*>(weights), *n));
       });
     }
@@ -484,12 +613,12 @@ int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* gra
     staged->dtype = dtype;
     staged->grad = ToFloats(grad, *n, dtype);
     staged->weights = ToFloats(weights, *n, dtype);  // sum-only and delta pulls update them in place
-    const int rc = StartRequest(w, handle, err, err_len, [&] {
-      return w->worker->PushPull(name, staged->grad, absl::MakeSpan(staged->weights));
+    const int rc = StartRequest(handle, err, err_len, [&] {
+      return live.worker->PushPull(name, staged->grad, absl::MakeSpan(staged->weights));
     });
     if (rc == SHARDPS_OK) {
-      absl::MutexLock lock(&w->mu);
-      w->staged[*handle] = std::move(staged);
+      absl::MutexLock lock(&live.mu);
+      live.staged[*handle] = std::move(staged);
     }
     return rc;
   });
@@ -497,31 +626,31 @@ int shardps_push_pull_typed(shardps_worker* w, const char* name, const void* gra
 
 int shardps_push_pull_cuda(shardps_worker* w, const char* name, const void* grad, void* weights, size_t bytes,
                            int dtype, void* stream, uint64_t* handle, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr || name == nullptr || grad == nullptr || weights == nullptr || handle == nullptr) {
-      return Null("worker, name, grad, weights or handle", err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (name == nullptr || grad == nullptr || weights == nullptr || handle == nullptr) {
+      return Null("name, grad, weights or handle", err, err_len);
     }
     if (!shardps::CudaTransfersBuilt()) {
       return Report(absl::UnimplementedError("shardps_push_pull_cuda: this libshardps was built without CUDA; "
                                              "copy the tensors to the host and use shardps_push_pull_typed"),
                     err, err_len);
     }
-    auto n = CheckTyped(*w, name, bytes, dtype);
+    auto n = CheckTyped(live, name, bytes, dtype);
     if (!n.ok()) return Report(n.status(), err, err_len);
-    auto staged = StageFromDevice(*w, grad, weights, bytes, *n, dtype, stream);
+    auto staged = StageFromDevice(live, grad, weights, bytes, *n, dtype, stream);
     if (!staged.ok()) return Report(staged.status(), err, err_len);
     shardps_worker::Staged& s = **staged;
     auto* host = static_cast<float*>(s.pinned->data());
     const bool wide = dtype == SHARDPS_FLOAT32;  // pushed from and pulled into the pinned bytes
-    const int rc = StartRequest(w, handle, err, err_len, [&] {
-      return w->worker->PushPull(name, wide ? absl::MakeConstSpan(host, *n) : absl::MakeConstSpan(s.grad),
+    const int rc = StartRequest(handle, err, err_len, [&] {
+      return live.worker->PushPull(name, wide ? absl::MakeConstSpan(host, *n) : absl::MakeConstSpan(s.grad),
                                  wide ? absl::MakeSpan(host + *n, *n) : absl::MakeSpan(s.weights));
     });
-    absl::MutexLock lock(&w->mu);
+    absl::MutexLock lock(&live.mu);
     if (rc == SHARDPS_OK) {
-      w->staged[*handle] = std::move(*staged);
+      live.staged[*handle] = std::move(*staged);
     } else {
-      w->pinned_free.push_back(std::move(s.pinned));
+      live.pinned_free.push_back(std::move(s.pinned));
     }
     return rc;
   });
@@ -529,10 +658,10 @@ int shardps_push_pull_cuda(shardps_worker* w, const char* name, const void* grad
 
 int shardps_push_pull_partition(shardps_worker* w, const char* name, size_t index, const float* grad, float* weights,
                                 size_t n, uint64_t* handle, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr || grad == nullptr || weights == nullptr) return Null("name, grad or weights", err, err_len);
-    return StartRequest(w, handle, err, err_len, [&] {
-      return w->worker->PushPullPartition(name, index, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
+    return StartRequest(handle, err, err_len, [&] {
+      return live.worker->PushPullPartition(name, index, absl::MakeConstSpan(grad, n), absl::MakeSpan(weights, n));
     });
   });
 }
@@ -560,10 +689,10 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
 }
 
 int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr || needed == nullptr) return Null("worker or needed", err, err_len);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (needed == nullptr) return Null("needed", err, err_len);
     std::string text;
-    if (!google::protobuf::TextFormat::PrintToString(w->worker->config(), &text)) {
+    if (!google::protobuf::TextFormat::PrintToString(live.worker->config(), &text)) {
       return Report(absl::InternalError("cannot print the cluster config"), err, err_len);
     }
     *needed = text.size() + 1;
@@ -576,9 +705,9 @@ int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size
 
 int shardps_partitions(const shardps_worker* w, const char* name, shardps_partition* out, size_t capacity,
                        size_t* count, char* err, size_t err_len) {
-  return Guarded(__func__, err, err_len, [&] {
-    if (w == nullptr || name == nullptr || count == nullptr) return Null("worker, name or count", err, err_len);
-    auto partitions = w->worker->Partitions(name);
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (name == nullptr || count == nullptr) return Null("name or count", err, err_len);
+    auto partitions = live.worker->Partitions(name);
     if (!partitions.ok()) return Report(partitions.status(), err, err_len);
     *count = partitions->size();
     if (capacity < *count) return TooSmall("partition array", capacity, *count, err, err_len);

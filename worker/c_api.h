@@ -63,9 +63,22 @@ int shardps_worker_create(const char* scheduler_address, uint32_t rank, double r
  * shardps_worker_create. */
 int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, double rendezvous_timeout_s,
                                  const char* security_config, shardps_worker** out, char* err, size_t err_len);
+/* Leaves the job and frees the worker. NULL, or a worker already destroyed:
+ * nothing happens. A call another thread is inside meanwhile runs to its end
+ * (a wait until its answer or timeout), and the worker is freed when the last
+ * such call returns. Any later call with the destroyed pointer returns
+ * SHARDPS_INVALID_ARGUMENT ("not a live worker"), as does one with a pointer
+ * shardps_worker_create never returned; the one exception is a pointer that a
+ * later shardps_worker_create returned again, which is then that new worker.
+ * In a process forked after shardps_worker_create, every call with the
+ * parent's worker returns SHARDPS_FAILED_PRECONDITION (its threads and
+ * connections stayed in the parent), and destroy leaves it alone. */
 void shardps_worker_destroy(shardps_worker* w);
 
-/* Declares one float32 tensor; call for each tensor, then shardps_define_done. */
+/* Declares one float32 tensor; call for each tensor, then shardps_define_done.
+ * Names (of tensors, barriers) and codec specs are UTF-8 of at most 4096
+ * bytes: another is refused with SHARDPS_INVALID_ARGUMENT naming the byte
+ * that breaks it, and nothing is declared. */
 int shardps_declare_tensor(shardps_worker* w, const char* name, const int64_t* shape, size_t ndim, char* err,
                            size_t err_len);
 /* Defines the declared tensors (the same list on every worker). A failed call
@@ -140,7 +153,9 @@ int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err
  * *done_index is n, the call returns SHARDPS_DEADLINE_EXCEEDED and every
  * handle stays outstanding; timeout_s 0 polls (answers already received are
  * taken, then it returns at once). An unknown or already consumed handle:
- * SHARDPS_INVALID_ARGUMENT with *done_index n, nothing consumed. */
+ * SHARDPS_INVALID_ARGUMENT with *done_index n, nothing consumed. A handle
+ * another thread is waiting on (here or in shardps_wait): SHARDPS_ABORTED,
+ * nothing consumed; that thread completes it. */
 int shardps_wait_any(shardps_worker* w, const uint64_t* handles, size_t n, double timeout_s, size_t* done_index,
                      char* err, size_t err_len);
 

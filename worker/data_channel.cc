@@ -364,12 +364,15 @@ std::string DataChannel::Outstanding(const HandleState& h) const {
 absl::Status DataChannel::Wait(uint64_t handle, absl::Duration timeout) {
   absl::Status status;
   absl::StatusOr<size_t> done = WaitAny(absl::MakeConstSpan(&handle, 1), timeout, &status);
-  if (!done.ok() && absl::IsInvalidArgument(done.status())) return done.status();
+  if (!done.ok() && (absl::IsInvalidArgument(done.status()) || absl::IsAborted(done.status()))) {
+    return done.status();  // refused: nothing of it was ours
+  }
   if (done.ok()) return status;
   // Wait's contract: a handle that timed out is released, naming who owes it.
   absl::MutexLock lock(&mu_);
   auto it = handles_.find(handle);
   if (it == handles_.end()) return done.status();
+  if (it->second.waited) return done.status();  // another thread waits on it now and releases it
   absl::Status result = it->second.status;  // answered since WaitAny gave up
   if (it->second.remaining > 0) {
     result = absl::DeadlineExceededError(absl::StrCat(
@@ -391,16 +394,25 @@ absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, 
                                             absl::Status* status) {
   const absl::Time deadline = absl::Now() + timeout;
   mu_.Lock();
-  // Stable: only a Wait(Any) of the handle erases it. Inline: Wait passes one.
+  // Stable: only a Wait(Any) of the handle erases it, and one at a time
+  // holds it (`waited`). Inline: Wait passes one.
   absl::InlinedVector<HandleState*, 4> states;
   for (uint64_t handle : handles) {
     auto it = handles_.find(handle);
+    absl::Status refused;
     if (it == handles_.end()) {
+      refused = absl::InvalidArgumentError(absl::StrCat("unknown handle ", handle, " (already waited on?)"));
+    } else if (it->second.waited) {
+      refused = absl::AbortedError(
+          absl::StrCat("handle ", handle, " (", it->second.what, ") is being waited on by another thread"));
+    }
+    if (!refused.ok()) {
       mu_.Unlock();
-      return absl::InvalidArgumentError(absl::StrCat("unknown handle ", handle, " (already waited on?)"));
+      return refused;
     }
     states.push_back(&it->second);
   }
+  for (HandleState* state : states) state->waited = true;
   auto first_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     size_t i = 0;
     while (i < states.size() && states[i]->remaining > 0) ++i;
@@ -433,6 +445,7 @@ absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, 
     mu_.Lock();
   }
   if (polling) poller_active_ = false;  // waking a sleeper to take over (Await re-checks)
+  for (HandleState* state : states) state->waited = false;
   const size_t i = first_done();
   if (i == none) {
     mu_.Unlock();

@@ -153,6 +153,9 @@ class DataChannel {
     // (partition, completed rounds) of each answer with weights, made the
     // partitions' weights_version once the handle is handed back.
     absl::InlinedVector<std::pair<uint64_t, uint64_t>, 2> versions;
+    // A WaitAny holds it: another thread's wait is refused, since the one
+    // that completes it erases this state under the other's feet.
+    bool waited = false;
   };
 
   DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank);

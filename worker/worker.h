@@ -149,7 +149,8 @@ class Worker {
   // outstanding. DEADLINE_EXCEEDED when none completes within `timeout` (zero
   // polls: answers already received are taken, then it returns at once); no
   // handle is released then. INVALID_ARGUMENT for a handle that is unknown or
-  // was already waited on.
+  // was already waited on; ABORTED for one another thread is waiting on
+  // (Wait too): that thread completes it, this call consumes nothing.
   virtual absl::StatusOr<size_t> WaitAny(absl::Span<const Handle> handles, absl::Duration timeout,
                                          absl::Status* status) = 0;
 

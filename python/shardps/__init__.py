@@ -30,12 +30,14 @@ def init(scheduler=None, rank=None, rendezvous_timeout=None, timeout=60.0, secur
     the security config file of a secured cluster (SHARDPS_SECURITY_CONFIG). Returns
     once every server and worker has registered. Once per process."""
     global _worker
+    if _worker is not None and _worker._pid != os.getpid():
+        raise RuntimeError("shardps.init() was called in process %d, which forked this one; call "
+                           "shardps.shutdown() here first (it forgets the parent's worker)" % _worker._pid)
     if _worker is not None:
         raise RuntimeError("shardps.init() was already called in this process")
     address, _ = environment.scheduler_address(scheduler)
     worker_rank, _ = environment.worker_rank(rank)
-    if rendezvous_timeout is None:
-        rendezvous_timeout = float(os.environ.get("SHARDPS_RENDEZVOUS_TIMEOUT", "60"))
+    rendezvous_timeout = environment.rendezvous_timeout(rendezvous_timeout)
     if security_config is None:
         security_config = os.environ.get("SHARDPS_SECURITY_CONFIG") or None
     _worker = Worker(address, worker_rank, rendezvous_timeout=rendezvous_timeout, timeout=timeout,

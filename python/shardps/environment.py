@@ -6,6 +6,7 @@ Scheduler address: SHARDPS_SCHEDULER ("host:port"), else DMLC_PS_ROOT_URI + DMLC
 Rank: SHARDPS_RANK, RANK (torchrun and most launchers), DMLC_WORKER_ID, SLURM_PROCID,
 JOB_COMPLETION_INDEX (Kubernetes indexed Jobs), OMPI_COMM_WORLD_RANK, PMI_RANK.
 Local rank: SHARDPS_LOCAL_RANK, LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK, else 0.
+Rendezvous timeout: SHARDPS_RENDEZVOUS_TIMEOUT (seconds > 0), else 60.
 Security (a secured cluster): SHARDPS_SECURITY_CONFIG, the config file whose security { } block
 the worker uses (shardps.init() reads it).
 """
@@ -65,3 +66,18 @@ def local_rank(env=None):
     env = os.environ if env is None else env
     value, _ = _first_int(LOCAL_RANK_VARIABLES, env)
     return 0 if value is None else value
+
+
+def rendezvous_timeout(explicit=None, env=None):
+    """Seconds to wait for every node to register: the argument, else
+    SHARDPS_RENDEZVOUS_TIMEOUT, else 60. ValueError unless a number > 0."""
+    env = os.environ if env is None else env
+    source, value = ("argument", explicit) if explicit is not None else \
+        ("SHARDPS_RENDEZVOUS_TIMEOUT", env.get("SHARDPS_RENDEZVOUS_TIMEOUT", "60"))
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("rendezvous timeout (%s) %r is not a number of seconds" % (source, value)) from None
+    if not seconds > 0:
+        raise ValueError("rendezvous timeout (%s) %r must be > 0 seconds" % (source, value))
+    return seconds

@@ -135,7 +135,15 @@ def _named(named_parameters, optimizer):
     named = list(named_parameters)
     names = [n for n, _ in named]
     if len(set(names)) != len(names):
-        raise ValueError("named_parameters has duplicate names")
+        raise ValueError("named_parameters has duplicate names: %s"
+                         % ", ".join(sorted({n for n in names if names.count(n) > 1})))
+    # One tensor under two names would be pushed twice a step, and the two answers would race
+    # into its weights (model.named_parameters() lists a shared parameter once).
+    first = {}
+    for n, p in named:
+        other = first.setdefault(id(p), n)
+        if other != n:
+            raise ValueError("named_parameters lists one parameter under two names: %r and %r" % (other, n))
     return named
 
 
@@ -440,10 +448,12 @@ class DistributedOptimizer:
         self._complete([s for s in self._slots if s.handle is not None])
 
     def zero_grad(self, set_to_none=False):
-        # A gradient still on the wire must not be zeroed in place: drop it instead (its
-        # request keeps it alive).
+        # A gradient still on the wire must not be zeroed in place (the library sends it
+        # from p.grad without a copy, and may send it again after a fail-over): drop it
+        # instead; its request keeps it alive. That includes one a backward hook pushed before
+        # this zero_grad(): it was sent, and the next step() applies it.
         for slot in self._slots:
-            if slot.deferred:
+            if slot.deferred or slot.handle is not None:
                 slot.param.grad = None
         self.optimizer.zero_grad(set_to_none=set_to_none)
 

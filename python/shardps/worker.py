@@ -10,13 +10,21 @@ the worker's lifetime.
 
 Thread safety: a Worker may be used from several threads (the C++ worker serialises what
 needs it); define() must complete before any data request.
+
+Signals: a blocking wait returns to Python at least every _SLICE seconds, so Ctrl-C
+(KeyboardInterrupt) interrupts it; the interrupted request's buffers are kept for the
+worker's lifetime, like those of a timed-out one. A process forked after the Worker was
+made cannot use it (its connections belong to the parent): every call raises RuntimeError
+there, and the child's exit leaves the parent's worker alone.
 """
 
 import ctypes
+import os
 import re
+import time
 
 from . import _library
-from .errors import check, ShardPSError
+from .errors import check, DeadlineExceededError, ShardPSError
 
 _ERR_LEN = 1024
 _FLOAT32 = 1  # SHARDPS_FLOAT32
@@ -24,6 +32,9 @@ DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3}  # SHARDPS_FLOAT32, ...
 _ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _TORCH_DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
 _FORMATS = {"f": "float32", "e": "float16"}
+
+# The longest a blocking wait stays in the library before Python checks for signals.
+_SLICE = 0.25
 
 CONSISTENCY_NAMES = {1: "sync", 2: "async", 3: "ssp"}
 UPDATE_MODE_NAMES = {0: "on_server", 1: "sum_only"}
@@ -51,7 +62,11 @@ def _buffer(obj, writable, what, dtypes=("float32",)):
         if writable and not obj.flags["WRITEABLE"]:
             raise ValueError("%s is read-only" % what)
         return obj.ctypes.data, obj.size, str(obj.dtype), obj
-    view = memoryview(obj)
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise TypeError("%s must be a torch tensor, a numpy array or a buffer of %s, got %s"
+                        % (what, " or ".join(dtypes), type(obj).__name__)) from None
     dtype = _FORMATS.get(view.format)
     if dtype not in dtypes or not view.c_contiguous:
         raise TypeError("%s must be a contiguous buffer of %s (format %s), got format %r"
@@ -63,6 +78,14 @@ def _buffer(obj, writable, what, dtypes=("float32",)):
     return ctypes.addressof(array), view.nbytes // view.itemsize, dtype, (obj, array)
 
 
+def _name(name, what="tensor name"):
+    """`name` as the C ABI takes it: UTF-8 bytes without a NUL, which would cut it short."""
+    encoded = name.encode()
+    if b"\0" in encoded:
+        raise ValueError("%s %r contains a NUL character" % (what, name))
+    return encoded
+
+
 class Handle:
     """An outstanding request; wait() once."""
 
@@ -72,6 +95,12 @@ class Handle:
 
     def wait(self, timeout=None):
         self._worker.wait(self, timeout)
+
+    def __del__(self):
+        # Dropped without a wait: the request may still read its gradient or write its
+        # weights, so its buffers live as long as the worker.
+        if not self.done and self._keep is not None:
+            self._worker._orphans.append(self._keep)
 
 
 class Completions:
@@ -101,9 +130,15 @@ class Completions:
         count = len(self._handles)
         index = ctypes.c_size_t(count)
         worker = self._worker
+        deadline = time.monotonic() + worker._timeout(timeout)
         try:
-            worker._call("shardps_wait_any", worker._live(), self._ids, count, worker._timeout(timeout),
-                         ctypes.byref(index))
+            while True:
+                left = max(deadline - time.monotonic(), 0.0)
+                code, err = worker._raw("shardps_wait_any", worker._live(), self._ids, count, min(left, _SLICE),
+                                        ctypes.byref(index))
+                if index.value < count or left <= _SLICE or worker._status(code) != "DEADLINE_EXCEEDED":
+                    check(worker._lib, code, err, "shardps_wait_any")
+                    break
         except ShardPSError as e:
             e.handle = self._take(index.value) if index.value < count else None
             if e.handle is not None:
@@ -130,6 +165,9 @@ class Worker:
         cluster (README "Security"); None: plain."""
         self._lib = _library.load()
         self._ptr = None
+        self._pid = os.getpid()
+        if not 0 <= int(rank) < 2 ** 32:
+            raise ValueError("rank %d is not in [0, 2^32)" % int(rank))
         self.timeout = float(timeout)
         self._shapes, self._dtypes = {}, {}
         self._orphans = []
@@ -140,9 +178,17 @@ class Worker:
 
     # ---- plumbing ----
     def _call(self, fn, *args):
+        code, err = self._raw(fn, *args)
+        check(self._lib, code, err, fn)
+
+    def _raw(self, fn, *args):
+        """(status code, message) of C function `fn`."""
         err = ctypes.create_string_buffer(_ERR_LEN)
         code = getattr(self._lib, fn)(*args, err, _ERR_LEN)
-        check(self._lib, code, err.value, fn)
+        return code, err.value
+
+    def _status(self, code):
+        return self._lib.shardps_status_name(code).decode()
 
     def _query(self, fn, ctype):
         value = ctype()
@@ -152,12 +198,18 @@ class Worker:
     def _live(self):
         if self._ptr is None:
             raise ValueError("the worker is closed")
+        if os.getpid() != self._pid:
+            raise RuntimeError("this ShardPS worker was made in process %d; process %d, forked from it, cannot "
+                               "use it (make a Worker in the child, or fork before shardps.init())"
+                               % (self._pid, os.getpid()))
         return self._ptr
 
     def close(self):
-        """Leaves the job (the C++ worker's destructor); further calls raise ValueError."""
+        """Leaves the job (the C++ worker's destructor); further calls raise ValueError. In a
+        forked child it only forgets the parent's worker."""
         if self._ptr is not None:
-            self._lib.shardps_worker_destroy(self._ptr)
+            if os.getpid() == self._pid:
+                self._lib.shardps_worker_destroy(self._ptr)
             self._ptr = None
             self._orphans.clear()
 
@@ -210,7 +262,7 @@ class Worker:
         err = ctypes.create_string_buffer(_ERR_LEN)
         self._lib.shardps_config_text(self._live(), None, 0, ctypes.byref(needed), err, _ERR_LEN)
         out = ctypes.create_string_buffer(needed.value)
-        self._call("shardps_config_text", self._ptr, out, needed.value, ctypes.byref(needed))
+        self._call("shardps_config_text", self._live(), out, needed.value, ctypes.byref(needed))
         return out.value.decode()
 
     def stats(self):
@@ -233,15 +285,18 @@ class Worker:
         self._call("shardps_reset_declared", self._live())
         shapes, dtypes = {}, {}
         for entry in tensors:
-            name, shape, dtype, codec = (tuple(entry) + ("float32", None))[:4]
+            entry = tuple(entry)
+            if not 2 <= len(entry) <= 4:
+                raise ValueError("tensor entry %r is not (name, shape[, dtype[, codec]])" % (entry,))
+            name, shape, dtype, codec = entry + ("float32", None)[len(entry) - 2:]
             if dtype not in DTYPES:
                 raise ValueError("tensor %r: dtype %r is not one of %s" % (name, dtype, ", ".join(DTYPES)))
             shape = [int(d) for d in shape]
             dims = (ctypes.c_int64 * len(shape))(*shape)
-            self._call("shardps_declare_tensor_codec", self._live(), name.encode(), dims, len(shape), DTYPES[dtype],
-                       codec.encode() if codec else None)
+            self._call("shardps_declare_tensor_codec", self._live(), _name(name), dims, len(shape), DTYPES[dtype],
+                       _name(codec, "codec") if codec else None)
             shapes[name], dtypes[name] = shape, dtype
-        self._call("shardps_define_done", self._ptr)
+        self._call("shardps_define_done", self._live())
         self._shapes, self._dtypes = shapes, dtypes
 
     @property
@@ -258,9 +313,9 @@ class Worker:
         """[(offset, num_elements, server), ...] of `name` in shard-map order."""
         count = ctypes.c_size_t()
         err = ctypes.create_string_buffer(_ERR_LEN)
-        self._lib.shardps_partitions(self._live(), name.encode(), None, 0, ctypes.byref(count), err, _ERR_LEN)
+        self._lib.shardps_partitions(self._live(), _name(name), None, 0, ctypes.byref(count), err, _ERR_LEN)
         out = (_library._Partition * count.value)()
-        self._call("shardps_partitions", self._ptr, name.encode(), out, count.value, ctypes.byref(count))
+        self._call("shardps_partitions", self._live(), _name(name), out, count.value, ctypes.byref(count))
         return [(p.offset, p.num_elements, p.server) for p in out]
 
     def _elements(self, name):
@@ -284,15 +339,15 @@ class Worker:
     def init_tensor(self, name, values, timeout=None):
         """Sets the initial weights of `name` (one worker does this, before any update)."""
         ptr, n, _ = self._checked(name, values, False, "values")
-        self._call("shardps_init_tensor", self._live(), name.encode(), ptr, n, self._timeout(timeout))
+        self._call("shardps_init_tensor", self._live(), _name(name), ptr, n, self._timeout(timeout))
 
     def barrier(self, name, timeout=None):
         """Returns once every worker still in the job has entered the barrier `name`; with
         `timeout` (seconds) raises DeadlineExceededError naming the missing ranks after it."""
         if timeout is None:
-            self._call("shardps_barrier", self._live(), name.encode())
+            self._call("shardps_barrier", self._live(), _name(name, "barrier name"))
         else:
-            self._call("shardps_barrier_timeout", self._live(), name.encode(), float(timeout))
+            self._call("shardps_barrier_timeout", self._live(), _name(name, "barrier name"), float(timeout))
 
     def push(self, name, grad):
         g, n, keep = self._checked(name, grad, False, "gradient")
@@ -347,19 +402,49 @@ class Worker:
 
     def _start(self, fn, name, args, keep):
         ident = ctypes.c_uint64()
-        self._call(fn, self._live(), name.encode(), *args, ctypes.byref(ident))
+        self._call(fn, self._live(), _name(name), *args, ctypes.byref(ident))
         return Handle(self, ident.value, "%s(%s)" % (fn[len("shardps_"):], name), keep)
 
     def wait(self, handle, timeout=None):
         """Blocks until the request completes; raises ShardPSError (DeadlineExceededError at the
         timeout, naming the tensor and the servers still owing an answer)."""
         self._check_outstanding(handle)
+        deadline = time.monotonic() + self._timeout(timeout)
         failed = True
         try:
-            self._call("shardps_wait", self._live(), handle.id, self._timeout(timeout))
+            # Slices of wait_any, which leaves the handle outstanding when none answered, so
+            # Python sees Ctrl-C in between; the last stretch is a wait, which releases it.
+            while deadline - time.monotonic() > _SLICE and not self._answered(handle, _SLICE):
+                pass
+            if not handle.done:
+                self._last_stretch(handle, deadline, timeout)
             failed = False
         finally:
             self._retire(handle, failed)
+
+    def _last_stretch(self, handle, deadline, timeout):
+        """shardps_wait until `deadline`; its timeout error names the whole wait, not the stretch."""
+        try:
+            self._call("shardps_wait", self._live(), handle.id, max(deadline - time.monotonic(), 0.0))
+        except DeadlineExceededError as e:
+            total = self._timeout(timeout)
+            if total <= _SLICE:
+                raise
+            raise DeadlineExceededError(e.code, e.status, "%s (of a wait of %gs)" % (e.message, total),
+                                        e.call) from None
+
+    def _answered(self, handle, timeout):
+        """Waits up to `timeout` for `handle`: True once its request completed (it is then
+        released; a failed one raises its error), False if still outstanding."""
+        ids = (ctypes.c_uint64 * 1)(handle.id)
+        index = ctypes.c_size_t(1)
+        code, err = self._raw("shardps_wait_any", self._live(), ids, 1, timeout, ctypes.byref(index))
+        if index.value != 0 and self._status(code) == "DEADLINE_EXCEEDED":
+            return False
+        if index.value == 0:
+            handle.done = True
+        check(self._lib, code, err, "shardps_wait_any")
+        return True
 
     def wait_any(self, handles, timeout=None):
         """Waits until one of `handles` completes and returns it (then done, as after wait());
@@ -376,6 +461,8 @@ class Worker:
         return Completions(self, handles)
 
     def _check_outstanding(self, handle):
+        if not isinstance(handle, Handle) or handle._worker is not self:
+            raise ValueError("%r is not a Handle of this worker" % (handle,))
         if handle.done:
             raise ValueError("%s was already waited on" % handle.what)
 
@@ -392,20 +479,15 @@ class Worker:
         request raises its error), False while it is outstanding. Never blocks. Pipelined
         training polls every step, so "not yet" builds no exception."""
         self._check_outstanding(handle)
-        ids = (ctypes.c_uint64 * 1)(handle.id)
-        index = ctypes.c_size_t(1)
-        err = ctypes.create_string_buffer(_ERR_LEN)
-        code = self._lib.shardps_wait_any(self._live(), ids, 1, 0.0, ctypes.byref(index), err, _ERR_LEN)
-        if index.value != 0:  # not consumed: still outstanding, or a call refused as a whole
-            if self._lib.shardps_status_name(code) == b"DEADLINE_EXCEEDED":
-                return False
-            check(self._lib, code, err.value, "shardps_wait_any")
-        self._retire(handle, failed=code != 0)
         try:
-            check(self._lib, code, err.value, "shardps_wait_any")
+            if not self._answered(handle, 0.0):
+                return False
         except ShardPSError as e:
-            e.handle = handle
+            if handle.done:  # the request's own error
+                self._retire(handle, failed=True)
+                e.handle = handle
             raise
+        self._retire(handle, failed=False)
         return True
 
     def _timeout(self, timeout):

@@ -3,25 +3,9 @@
 a float16 buffer where it is installed)."""
 
 import array
-import sys
 
 import shardps
-
-
-def expect(case, exception, fn, check=lambda e: True):
-    try:
-        fn()
-    except exception as e:
-        if not check(e):
-            print("FAIL %s: %r" % (case, e))
-            sys.exit(1)
-        print("ok: %s: %s" % (case, e))
-        return
-    except Exception as e:
-        print("FAIL %s: raised %r, expected %s" % (case, e, exception.__name__))
-        sys.exit(1)
-    print("FAIL %s: nothing raised, expected %s" % (case, exception.__name__))
-    sys.exit(1)
+from expect import expect
 
 
 worker = shardps.init()

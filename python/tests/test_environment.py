@@ -5,6 +5,16 @@ from shardps import environment
 
 
 class EnvironmentTest(unittest.TestCase):
+    def test_a_rendezvous_timeout_that_is_not_positive_seconds_names_its_source(self):
+        self.assertEqual(environment.rendezvous_timeout(None, {}), 60.0)
+        self.assertEqual(environment.rendezvous_timeout(None, {"SHARDPS_RENDEZVOUS_TIMEOUT": "2.5"}), 2.5)
+        for env in ({"SHARDPS_RENDEZVOUS_TIMEOUT": "abc"}, {"SHARDPS_RENDEZVOUS_TIMEOUT": "-1"},
+                    {"SHARDPS_RENDEZVOUS_TIMEOUT": "nan"}):
+            with self.assertRaisesRegex(ValueError, "SHARDPS_RENDEZVOUS_TIMEOUT"):
+                environment.rendezvous_timeout(None, env)
+        with self.assertRaisesRegex(ValueError, r"\(argument\) 0"):
+            environment.rendezvous_timeout(0, {})
+
     def test_arguments_win_over_the_environment(self):
         env = {"SHARDPS_SCHEDULER": "a:1", "SHARDPS_RANK": "3"}
         self.assertEqual(environment.scheduler_address("b:2", env), ("b:2", "argument"))
