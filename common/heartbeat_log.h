@@ -21,12 +21,11 @@
 namespace shardps {
 
 class HeartbeatLog {
-public:
+ public:
   // `node` names the node in every line ("worker 1", "server 0");
   // `interval` and `timeout` are the cluster's heartbeat_interval_ms and
   // heartbeat_timeout_ms.
-  HeartbeatLog(std::string node, absl::Duration interval,
-               absl::Duration timeout);
+  HeartbeatLog(std::string node, absl::Duration interval, absl::Duration timeout);
 
   // Called just before a heartbeat is sent at `now`. Returns a line when
   // the previous one was sent so long ago (more than half the timeout, and
@@ -39,19 +38,18 @@ public:
   // the first failure of a run of failures and every tenth after it (with
   // the count), and for the first answer after failures (how many, for how
   // long). Declared dead (FAILED_PRECONDITION) is the caller's to report.
-  std::optional<std::string> Answered(const absl::Status &status,
-                                      absl::Time now);
+  std::optional<std::string> Answered(const absl::Status& status, absl::Time now);
 
-private:
+ private:
   const std::string node_;
   const absl::Duration interval_;
   const absl::Duration timeout_;
   absl::Time last_sent_ = absl::InfinitePast();
   absl::Time last_answered_ = absl::InfinitePast();
-  uint64_t failures_ = 0; // in a row
+  uint64_t failures_ = 0;  // in a row
   absl::Time first_failure_sent_ = absl::InfinitePast();
 };
 
-} // namespace shardps
+}  // namespace shardps
 
-#endif // SHARDPS_COMMON_HEARTBEAT_LOG_H_
+#endif  // SHARDPS_COMMON_HEARTBEAT_LOG_H_
