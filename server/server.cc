@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/endpoint.h"
+#include "common/heartbeat_log.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "server/peer_admission.h"
@@ -497,6 +498,7 @@ class ParameterServerImpl : public ParameterServer {
 
   void HeartbeatLoop() {
     const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+    HeartbeatLog log(absl::StrCat("server ", index_), interval, absl::Milliseconds(config_.heartbeat_timeout_ms()));
     absl::MutexLock lock(&mu_);
     while (!heartbeat_stop_) {
       HeartbeatRequest request;
@@ -511,11 +513,13 @@ class ParameterServerImpl : public ParameterServer {
         absl::MutexLock counters_lock(&counters_mu_);
         *request.mutable_counters() = counters_;
       }
+      if (auto late = log.Sending(absl::Now())) LOG(WARNING) << *late;
       auto r = scheduler_->Heartbeat(request, std::min(interval, absl::Milliseconds(config_.request_timeout_ms())));
+      const std::optional<std::string> told = log.Answered(r.status(), absl::Now());
       if (absl::IsNotFound(r.status()) || absl::IsFailedPrecondition(r.status())) {
         LOG_EVERY_N(ERROR, 30) << "server " << index_ << ": " << r.status();
-      } else if (!r.ok()) {
-        LOG_EVERY_N(WARNING, 10) << "server " << index_ << ": " << r.status();
+      } else if (told) {
+        LOG(WARNING) << *told;
       }
       mu_.Lock();
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeat_now_ || heartbeat_stop_; };

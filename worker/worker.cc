@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/endpoint.h"
+#include "common/heartbeat_log.h"
 #include "common/optimizer.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
@@ -527,6 +528,8 @@ class WorkerImpl : public Worker {
   // Tells the scheduler this worker is alive (shown by `shardps status`).
   void HeartbeatLoop() {
     const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+    HeartbeatLog log(absl::StrCat("worker ", options_.rank), interval,
+                     absl::Milliseconds(config_.heartbeat_timeout_ms()));
     absl::MutexLock lock(&mu_);
     auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
     while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), interval)) {
@@ -539,7 +542,9 @@ class WorkerImpl : public Worker {
       c->set_bytes_in(s.bytes_pulled);
       c->set_bytes_out(s.bytes_pushed);
       c->set_requests(s.requests);
+      if (auto late = log.Sending(absl::Now())) LOG(WARNING) << *late;
       auto r = scheduler_->Heartbeat(request, interval);
+      const std::optional<std::string> told = log.Answered(r.status(), absl::Now());
       if (absl::IsFailedPrecondition(r.status())) {
         // Declared dead (e.g. it stalled past the heartbeat timeout): the job
         // went on without it, so nothing it sends may count any more.
@@ -548,8 +553,8 @@ class WorkerImpl : public Worker {
           channel->FailAll(absl::FailedPreconditionError(absl::StrCat("this worker (rank ", options_.rank, ") ",
                                                                       r.status().message())));
         }
-      } else if (!r.ok()) {
-        LOG_EVERY_N(WARNING, 10) << "worker " << options_.rank << ": " << r.status();
+      } else if (told) {
+        LOG(WARNING) << *told;
       }
       mu_.Lock();
     }
