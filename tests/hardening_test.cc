@@ -24,6 +24,7 @@
 #include "common/tensor_spec.h"
 #include "scheduler/scheduler.h"
 #include "tests/test_cluster.h"
+#include "worker/c_api.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -305,6 +306,12 @@ void ExpectEachFails(const std::vector<std::pair<std::string, std::string>>& cas
   }
 }
 
+TEST(VersionTest, ShardpsVersionPrintsTheLibraryVersionAndTheWireProtocol) {
+  auto [code, out] = RunCommand(std::string(SHARDPS_BINARY) + " --version");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out, absl::StrCat("shardps ", shardps_version(), " (wire protocol ", kProtocolVersion, ")\n"));
+}
+
 TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"scheduler --listen 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
@@ -335,6 +342,9 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
                    {"status --scheduler", "shardps status: flag --scheduler needs a value"},
                    {"local --epochs -1", "shardps local: epochs -1 is below 1"},
+                   {"local --train-limit -5", "shardps local: --train-limit: -5 is below 0"},
+                   {"train --scheduler 127.0.0.1:7000 --max-steps -1", "shardps train: --max-steps: -1 is below 0"},
+                   {"local --hidden 256,,128", "hidden layer widths '256,,128' have an empty entry"},
                    {"launch --workers 1 python3", "the workers' command goes after --"},
                    {"status --watch --interval 0", "--interval 0 must be at least 0.1"},
                    {"server --scheduler 127.0.0.1:7000 --register-timeout -1", "--register-timeout -1 must be above 0"},

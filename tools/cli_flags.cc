@@ -25,6 +25,16 @@ void CliFlags::Int(const std::string& name, int64_t* target, const std::string& 
                  std::to_string(*target)});
 }
 
+void CliFlags::Count(const std::string& name, int64_t* target, const std::string& help) {
+  Int(name, target, help);
+  Flag& flag = flags_.at(name);
+  flag.set = [parse = std::move(flag.set), target, name](const std::string& v) {
+    if (absl::Status s = parse(v); !s.ok()) return s;
+    if (*target >= 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", v, " is below 0"));
+  };
+}
+
 void CliFlags::Double(const std::string& name, double* target, const std::string& help) {
   Add(name, Flag{help, false, [target, name](const std::string& v) {
                    if (!absl::SimpleAtod(v, target)) {

@@ -21,6 +21,8 @@ class CliFlags {
 
   void String(const std::string& name, std::string* target, const std::string& help);
   void Int(const std::string& name, int64_t* target, const std::string& help);
+  // An integer of 0 or more (a count or a limit, where 0 often means none).
+  void Count(const std::string& name, int64_t* target, const std::string& help);
   void Double(const std::string& name, double* target, const std::string& help);
   void Bool(const std::string& name, bool* target, const std::string& help);
   // Repeatable flag: each occurrence appends.

@@ -37,5 +37,15 @@ TEST(CliFlagsTest, ErrorsNameTheFlag) {
   EXPECT_THAT(flags.Parse({"stray"}).message(), HasSubstr("unexpected argument 'stray'"));
 }
 
+TEST(CliFlagsTest, ACountIsAnIntegerOfZeroOrMore) {
+  int64_t limit = 7;
+  CliFlags flags("local");
+  flags.Count("train-limit", &limit, "");
+  EXPECT_TRUE(flags.Parse({"--train-limit", "0"}).ok());
+  EXPECT_EQ(limit, 0);
+  EXPECT_THAT(flags.Parse({"--train-limit", "-5"}).message(), HasSubstr("--train-limit: -5 is below 0"));
+  EXPECT_THAT(flags.Parse({"--train-limit", "x"}).message(), HasSubstr("--train-limit: 'x' is not an integer"));
+}
+
 }  // namespace
 }  // namespace shardps

@@ -295,9 +295,9 @@ int TrainCommand(const Args& args) {
   flags.String("devices", &train.devices,
                "local-tier devices, e.g. cuda:0,cuda:1 or cpu:4 (count must equal --devices-per-worker)");
   flags.Int("seed", &seed, "seed of initial weights and data order");
-  flags.Int("train-limit", &train_limit, "use only the first N training images (0 = all)");
-  flags.Int("test-limit", &test_limit, "use only the first N test images (0 = all)");
-  flags.Int("max-steps", &max_steps, "stop after N steps (0 = no limit)");
+  flags.Count("train-limit", &train_limit, "use only the first N training images (0 = all)");
+  flags.Count("test-limit", &test_limit, "use only the first N test images (0 = all)");
+  flags.Count("max-steps", &max_steps, "stop after N steps (0 = no limit)");
   flags.Int("log-every", &log_every, "progress line every N steps (0 = none)");
   flags.Int("eval-every", &eval_every,
             "rank 0: test accuracy every N steps and of the final weights, one JSON line each on stderr (0 = none)");

@@ -407,9 +407,9 @@ int LocalCommand(const Args& args) {
   flags.Int("devices-per-worker", &o.devices_per_worker,
             "CPU devices (model replicas) per worker, each on batch-size / D images; gradients merged locally");
   flags.Int("seed", &o.seed, "seed of initial weights and data order");
-  flags.Int("train-limit", &o.train_limit, "use only the first N training images (0 = all)");
-  flags.Int("test-limit", &o.test_limit, "use only the first N test images (0 = all)");
-  flags.Int("max-steps", &o.max_steps, "stop after N steps per worker (0 = no limit)");
+  flags.Count("train-limit", &o.train_limit, "use only the first N training images (0 = all)");
+  flags.Count("test-limit", &o.test_limit, "use only the first N test images (0 = all)");
+  flags.Count("max-steps", &o.max_steps, "stop after N steps per worker (0 = no limit)");
   flags.Int("log-every", &o.log_every, "progress line every N steps");
   flags.Int("eval-every", &o.eval_every,
             "worker 0: test accuracy every N of its steps and of the final weights, one JSON line each on stderr "

@@ -2,7 +2,9 @@
 #include <iostream>
 #include <map>
 
+#include "common/protocol.h"
 #include "tools/commands.h"
+#include "worker/c_api.h"
 
 namespace shardps {
 int EchoServerCommand(const Args& args);
@@ -11,6 +13,7 @@ int EchoServerCommand(const Args& args);
 namespace {
 
 constexpr char kUsage[] = R"(usage: shardps COMMAND [flags]   (shardps COMMAND --help for its flags)
+       shardps --version
 
 daemons:
   scheduler     serve the scheduler (membership, shard map, barriers)
@@ -49,6 +52,11 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    // Nodes of one cluster must speak the same wire protocol (Register refuses another).
+    std::cout << "shardps " << shardps_version() << " (wire protocol " << shardps::kProtocolVersion << ")\n";
+    return 0;
   }
   auto it = commands.find(argv[1]);
   if (it == commands.end()) {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -542,6 +543,10 @@ std::string AccuracyPointJson(const AccuracyPoint& p) {
 
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
   std::vector<int> layers = {train::kImagePixels};
+  // Empty: no hidden layer. Otherwise every entry is a width ("256,,128" is a typo, not two layers).
+  if (!hidden.empty() && absl::StrContains(absl::StrCat(",", hidden, ","), ",,")) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden layer widths '", hidden, "' have an empty entry"));
+  }
   for (absl::string_view part : absl::StrSplit(hidden, ',', absl::SkipEmpty())) {
     int width;
     if (!absl::SimpleAtoi(part, &width) || width <= 0 || width > 65536) {
