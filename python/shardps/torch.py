@@ -49,12 +49,16 @@ cannot use raises InvalidArgumentError naming the parameter.
 
 import itertools
 import time
+import warnings
+import weakref
 
 import torch
 
 import shardps
 
 _broadcasts = itertools.count()
+# id(parameter) -> (weakref to it, weakref to the DistributedOptimizer whose hooks it carries).
+_owners = {}
 _HALF = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -217,10 +221,49 @@ class DistributedOptimizer:
         for slot in self._slots:
             if self.pipeline:
                 slot.pipeline(self.pipeline)
+        self._closed = False
+        self._take_over()
         self._hooks = [self._register(slot) for slot in self._slots]
+        for slot in self._slots:
+            _owners[id(slot.param)] = (weakref.ref(slot.param), weakref.ref(self))
         self._defers = model is not None and not self.sum_only and not self.pipeline
         if self._defers:
             self._hooks += self._register_forward(model)
+
+    def _take_over(self):
+        """Closes the earlier DistributedOptimizers over any of these parameters: their hooks
+        would push each gradient a second time. An optimizer made again (a new learning rate,
+        after loading a checkpoint) is a common pattern, and the old one's hooks keep it alive
+        even once its user dropped it."""
+        earlier = []
+        for slot in self._slots:
+            param_ref, owner_ref = _owners.get(id(slot.param), (lambda: None, lambda: None))
+            owner = owner_ref() if param_ref() is slot.param else None
+            if owner is not None and not owner._closed and all(owner is not e for e in earlier):
+                earlier.append(owner)
+        for owner in earlier:
+            warnings.warn("shardps.torch: a new DistributedOptimizer takes over parameters of an earlier one "
+                          "(%s...); the earlier one is closed (its hooks removed)" % owner._slots[0].name,
+                          stacklevel=3)
+            owner.close()
+
+    def close(self):
+        """Completes this optimizer's outstanding requests and removes its hooks: its parameters
+        are no longer pushed by it, and step() raises. A new DistributedOptimizer over the same
+        parameters closes the earlier one itself."""
+        if self._closed:
+            return
+        try:
+            self.synchronize()
+        finally:
+            self._closed = True
+            for hook in self._hooks:
+                (hook[0] if isinstance(hook, tuple) else hook).remove()
+            self._hooks = []
+            for slot in self._slots:
+                param_ref, owner_ref = _owners.get(id(slot.param), (lambda: None, lambda: None))
+                if owner_ref() is self:
+                    del _owners[id(slot.param)]
 
     def _pipeline_depth(self, requested):
         """The pipeline depth: `requested`, checked against the cluster, or the default."""
@@ -397,6 +440,9 @@ class DistributedOptimizer:
         request, landing the new weights in the parameters (sum-only: the mean gradient in
         p.grad, then the wrapped optimizer steps). With `model` in update mode on_server it
         returns at once and the next forward completes them. Returns the closure's loss."""
+        if self._closed:
+            raise RuntimeError("this DistributedOptimizer is closed (close(), or a newer one over the same "
+                               "parameters took them over)")
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -32,6 +32,9 @@ class ZeroGradTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         self.assertIn("[0] ok: the gradient on the wire is untouched: True", run.stdout)
         self.assertIn("[0] ok: no gradient is left for the next step: True", run.stdout)
+        self.assertIn("[0] ok: the take-over is announced: True", run.stdout)
+        self.assertIn("[0] ok: one push per parameter a step: True", run.stdout)
+        self.assertIn("[0] ok: the earlier optimizer refuses to step: True", run.stdout)
 
 
 if __name__ == "__main__":
