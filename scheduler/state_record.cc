@@ -30,7 +30,9 @@ absl::StatusOr<std::unique_ptr<ClusterState>> ResumeOrCreateState(const std::opt
                                                                   const StateOrigin& origin,
                                                                   ClusterState::Persist persist) {
   if (!saved.has_value()) {
-    if (!origin.where.empty()) LOG(WARNING) << origin.who << ": a new cluster (none saved in " << origin.where << " yet)";
+    // The normal first start (every `shardps local`): news only with --verbose. A scheduler that
+    // lost its state hears from nodes it does not know, and they say so.
+    if (!origin.where.empty()) LOG(INFO) << origin.who << ": a new cluster (none saved in " << origin.where << " yet)";
     return std::make_unique<ClusterState>(config, absl::Now, std::move(persist));
   }
   if (!google::protobuf::util::MessageDifferencer::Equals(saved->config(), config)) {
