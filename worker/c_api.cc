@@ -1,7 +1,9 @@
 #include "worker/c_api.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -20,6 +22,17 @@
 #include "worker/cuda_transfer.h"
 #include "worker/worker.h"
 
+namespace {
+
+// Forks this process has been the child of (counted by a pthread_atfork
+// handler that LiveWorkers installs): a worker made before the last of them
+// belongs to another process. A comparison per call, where getpid() would be
+// a system call per request.
+std::atomic<uint64_t> g_forks{0};
+uint64_t ForksSeen() { return g_forks.load(std::memory_order_relaxed); }
+
+}  // namespace
+
 struct shardps_worker {
   // A 16-bit request's float32 staging and where its weights go back.
   struct Staged {
@@ -35,9 +48,11 @@ struct shardps_worker {
     void* stream = nullptr;
   };
   std::unique_ptr<shardps::Worker> worker;
-  // The process that made it: a forked child shares its sockets' memory but
-  // not their threads, so it must not use it.
+  // The process that made it, and the forks it had seen (ForksSeen): a
+  // forked child shares its sockets' memory but not their threads, so it must
+  // not use it.
   pid_t creator = getpid();
+  uint64_t forks = ForksSeen();
   absl::Mutex mu;
   std::vector<shardps::TensorSpec> declared ABSL_GUARDED_BY(mu);
   std::map<std::string, std::pair<int, uint64_t>> dtypes ABSL_GUARDED_BY(mu);  // name -> (dtype, elements)
@@ -119,13 +134,15 @@ int Null(const char* what, char* err, size_t err_len) {
 // Never destroyed: calls may still arrive from other threads at exit.
 class LiveWorkers {
  public:
+  LiveWorkers() { pthread_atfork(nullptr, nullptr, [] { ++g_forks; }); }
+
   void Add(std::shared_ptr<shardps_worker> w) {
     absl::MutexLock lock(&mu_);
     live_.emplace(w.get(), std::move(w));
   }
   // The worker `w` if it is live, else null.
   std::shared_ptr<shardps_worker> Find(const shardps_worker* w) {
-    absl::MutexLock lock(&mu_);
+    absl::ReaderMutexLock lock(&mu_);  // every call: threads look up at once
     auto it = live_.find(w);
     return it == live_.end() ? nullptr : it->second;
   }
@@ -143,6 +160,8 @@ class LiveWorkers {
   absl::Mutex mu_;
   std::map<const shardps_worker*, std::shared_ptr<shardps_worker>> live_ ABSL_GUARDED_BY(mu_);
 };
+
+bool MadeInAnotherProcess(const shardps_worker& w) { return w.forks != ForksSeen(); }
 
 LiveWorkers& Live() {
   static LiveWorkers* const live = new LiveWorkers;
@@ -162,7 +181,7 @@ int WithWorker(const char* entry, const shardps_worker* w, char* err, size_t err
                         " is not a live worker (already destroyed, or not made by shardps_worker_create)")),
                     err, err_len);
     }
-    if (held->creator != getpid()) {
+    if (MadeInAnotherProcess(*held)) {
       return Report(absl::FailedPreconditionError(absl::StrCat(
                         entry, ": the worker was made in process ", held->creator, "; process ", getpid(),
                         ", forked from it, cannot use it (make a worker in the child)")),
@@ -451,7 +470,7 @@ void shardps_worker_destroy(shardps_worker* w) {
     if (w == nullptr) return 0;
     // A forked child's copy is left alone: its destructor would stop threads
     // the child does not have and close the parent's connections.
-    if (std::shared_ptr<shardps_worker> held = Live().Find(w); held != nullptr && held->creator != getpid()) return 0;
+    if (std::shared_ptr<shardps_worker> held = Live().Find(w); held != nullptr && MadeInAnotherProcess(*held)) return 0;
     // Deleted here, or when the last call another thread is inside returns.
     if (Live().Remove(w) == nullptr) {
       LOG(WARNING) << "shardps_worker_destroy: worker " << w

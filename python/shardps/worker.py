@@ -36,6 +36,18 @@ _FORMATS = {"f": "float32", "e": "float16"}
 # The longest a blocking wait stays in the library before Python checks for signals.
 _SLICE = 0.25
 
+# Forks this process is the child of: a Worker made before the last one belongs to another
+# process. Compared on every call, where os.getpid() would be a system call each time.
+_forks = 0
+
+
+def _count_fork():
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
 CONSISTENCY_NAMES = {1: "sync", 2: "async", 3: "ssp"}
 UPDATE_MODE_NAMES = {0: "on_server", 1: "sum_only"}
 
@@ -165,7 +177,7 @@ class Worker:
         cluster (README "Security"); None: plain."""
         self._lib = _library.load()
         self._ptr = None
-        self._pid = os.getpid()
+        self._pid, self._forks = os.getpid(), _forks
         if not 0 <= int(rank) < 2 ** 32:
             raise ValueError("rank %d is not in [0, 2^32)" % int(rank))
         self.timeout = float(timeout)
@@ -198,7 +210,7 @@ class Worker:
     def _live(self):
         if self._ptr is None:
             raise ValueError("the worker is closed")
-        if os.getpid() != self._pid:
+        if self._forks != _forks:
             raise RuntimeError("this ShardPS worker was made in process %d; process %d, forked from it, cannot "
                                "use it (make a Worker in the child, or fork before shardps.init())"
                                % (self._pid, os.getpid()))
@@ -208,7 +220,7 @@ class Worker:
         """Leaves the job (the C++ worker's destructor); further calls raise ValueError. In a
         forked child it only forgets the parent's worker."""
         if self._ptr is not None:
-            if os.getpid() == self._pid:
+            if self._forks == _forks:
                 self._lib.shardps_worker_destroy(self._ptr)
             self._ptr = None
             self._orphans.clear()
