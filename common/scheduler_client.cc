@@ -232,19 +232,18 @@ class GrpcSchedulerClient : public SchedulerClient {
       return status;
     }
     const std::string last_error = LastConnectError();
+    std::string hint;
     if (absl::StrContains(last_error, "Connection refused")) {
-      return absl::Status(status.code(), absl::StrCat(status.message(), " (connection refused: nothing listens "
-                                                      "there; is the scheduler running, on that port?)"));
+      hint = "connection refused: nothing listens there; is the scheduler running, on that port?";
+    } else if (absl::StrContains(last_error, "Failed parsing HTTP/2")) {
+      hint = "what listens there is no gRPC service: a server's data port or a metrics port?";
+    } else {
+      hint = absl::StrCat("connections keep failing", last_error.empty() ? "" : ": ", last_error, "; ",
+                          secure_ ? "does the scheduler's certificate come from this node's security.tls_ca_file, "
+                                    "and does the scheduler accept this node's certificate?"
+                                  : "a secured scheduler needs --security-config");
     }
-    if (absl::StrContains(last_error, "Failed parsing HTTP/2")) {
-      return absl::Status(status.code(), absl::StrCat(status.message(), " (what listens there is no gRPC "
-                                                      "service: a server's data port or a metrics port?)"));
-    }
-    const char* hint = secure_ ? "does the scheduler's certificate come from this node's security.tls_ca_file, "
-                                 "and does the scheduler accept this node's certificate?"
-                               : "a secured scheduler needs --security-config";
-    return absl::Status(status.code(), absl::StrCat(status.message(), " (connections keep failing",
-                                                    last_error.empty() ? "" : ": ", last_error, "; ", hint, ")"));
+    return absl::Status(status.code(), absl::StrCat(status.message(), " (", hint, ")"));
   }
 
   // Why the channel's connections fail, from one cheap call that fails at
