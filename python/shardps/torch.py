@@ -59,6 +59,12 @@ import shardps
 _broadcasts = itertools.count()
 # id(parameter) -> (weakref to it, weakref to the DistributedOptimizer whose hooks it carries).
 _owners = {}
+
+
+def _owner(param):
+    """The DistributedOptimizer whose hooks `param` carries, or None."""
+    entry = _owners.get(id(param))
+    return entry[1]() if entry is not None and entry[0]() is param else None
 _HALF = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -237,8 +243,7 @@ class DistributedOptimizer:
         even once its user dropped it."""
         earlier = []
         for slot in self._slots:
-            param_ref, owner_ref = _owners.get(id(slot.param), (lambda: None, lambda: None))
-            owner = owner_ref() if param_ref() is slot.param else None
+            owner = _owner(slot.param)
             if owner is not None and not owner._closed and all(owner is not e for e in earlier):
                 earlier.append(owner)
         for owner in earlier:
@@ -261,8 +266,7 @@ class DistributedOptimizer:
                 (hook[0] if isinstance(hook, tuple) else hook).remove()
             self._hooks = []
             for slot in self._slots:
-                param_ref, owner_ref = _owners.get(id(slot.param), (lambda: None, lambda: None))
-                if owner_ref() is self:
+                if _owner(slot.param) is self:
                     del _owners[id(slot.param)]
 
     def _pipeline_depth(self, requested):
