@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,13 +66,6 @@ std::vector<std::string> WorkerEnvironment(const std::map<std::string, std::stri
   return env;
 }
 
-std::vector<char*> CStrings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (std::string& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
 // A worker command: its process leads its own process group, so stopping it
 // also stops what it started (a shell script's python, say).
 struct WorkerProcess {
@@ -96,27 +88,22 @@ absl::StatusOr<WorkerProcess> SpawnWorker(int rank, const LaunchOptions& o, cons
                                                     {"SHARDPS_WORKERS", absl::StrCat(o.workers)},
                                                     {"SHARDPS_SERVERS", absl::StrCat(o.servers)},
                                                     {"SHARDPS_SECURITY_CONFIG", o.node_security_config}});
-  std::vector<std::string> argv = o.command;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  StartWithNoSignalBlocked(&attr, POSIX_SPAWN_SETPGROUP);  // Ctrl-C and SIGTERM must reach the job
-  posix_spawnattr_setpgroup(&attr, 0);
-  pid_t pid;
-  int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, CStrings(argv).data(), CStrings(env).data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  SpawnOptions options;
+  options.stdout_fd = out[1];
+  options.stderr_fd = err[1];
+  options.environment = &env;
+  options.search_path = true;
+  options.own_process_group = true;  // stopping it ends what it started too
+  options.stop_with_us = true;
+  auto child = Spawn(absl::StrCat("worker ", rank), o.command, options);
   close(out[1]);
   close(err[1]);
-  if (rc != 0) {
+  if (!child.ok()) {
     close(out[0]);
     close(err[0]);
-    return absl::InternalError(absl::StrCat("cannot start worker ", rank, " (", argv[0], "): ", strerror(rc)));
+    return child.status();
   }
-  return WorkerProcess{rank, ChildProcess{absl::StrCat("worker ", rank), pid}, out[0], err[0]};
+  return WorkerProcess{rank, *child, out[0], err[0]};
 }
 
 // SIGTERM to the worker's process group, SIGKILL after `grace`.

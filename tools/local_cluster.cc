@@ -11,6 +11,17 @@ namespace {
 
 std::string VerboseFlag(bool verbose) { return verbose ? "--verbose" : "--verbose=false"; }
 
+// A daemon started for one job: Ctrl-C at the terminal reaches the job's
+// command and its workers, which stop while the daemons still serve them, and
+// we stop the daemons after; the daemons end with us however we end.
+absl::StatusOr<ChildProcess> SpawnDaemon(const std::string& name, const std::vector<std::string>& argv) {
+  SpawnOptions options;
+  options.stdout_to_stderr = true;
+  options.own_process_group = true;
+  options.stop_with_us = true;
+  return Spawn(name, argv, options);
+}
+
 }  // namespace
 
 absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t servers, int64_t workers) {
@@ -48,7 +59,7 @@ absl::StatusOr<ChildProcess> SpawnScheduler(const std::string& listen, const std
   std::vector<std::string> argv = {SelfExecutable(), "scheduler", "--listen", listen, "--config", config_file,
                                    "--port-file", port_file, VerboseFlag(verbose)};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  return Spawn("scheduler", argv, true);
+  return SpawnDaemon("scheduler", argv);
 }
 
 absl::Status SpawnServers(const std::string& address, int64_t count, bool verbose,
@@ -61,7 +72,7 @@ absl::Status SpawnServers(const std::string& address, int64_t count, bool verbos
       std::vector<std::string> more = extra(i);
       argv.insert(argv.end(), more.begin(), more.end());
     }
-    auto server = Spawn(absl::StrCat("server ", i), argv, true);
+    auto server = SpawnDaemon(absl::StrCat("server ", i), argv);
     if (!server.ok()) return server.status();
     daemons.push_back(*server);
   }

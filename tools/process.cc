@@ -1,17 +1,21 @@
 #include "tools/process.h"
 
+#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
@@ -24,6 +28,55 @@ int ExitCode(int status) {
   return -1;
 }
 
+// argv[0] as a path to execute: looked up in our PATH when asked and it has
+// no '/', as execvp does (here, before fork: execvp may allocate).
+std::string ProgramPath(const std::string& program, bool search_path) {
+  if (!search_path || program.empty() || program.find('/') != std::string::npos) return program;
+  const char* path = getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
+    std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
+    struct stat st;
+    if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+  }
+  return program;  // not found: execve says ENOENT
+}
+
+std::vector<char*> CStrings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// A step of ExecChild failed: errno goes to `report`, for the parent to name.
+[[noreturn]] void ChildFailed(int report) {
+  const int e = errno;
+  [[maybe_unused]] ssize_t n = write(report, &e, sizeof(e));
+  _exit(127);
+}
+
+// The child's side of Spawn, between fork and exec. Only async-signal-safe
+// calls: another thread of ours may have held a lock (malloc's) at the fork.
+[[noreturn]] void ExecChild(const char* program, char* const* args, char* const* env, const SpawnOptions& o,
+                            pid_t parent, int report) {
+  auto fail = [report] { ChildFailed(report); };
+  if (o.own_process_group && setpgid(0, 0) != 0) fail();
+  if (o.stop_with_us) {
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) fail();
+    if (getppid() != parent) _exit(127);  // ended before the line above: nobody is left to serve
+  }
+  if (o.stdout_fd >= 0 && dup2(o.stdout_fd, STDOUT_FILENO) < 0) fail();
+  if (o.stderr_fd >= 0 && dup2(o.stderr_fd, STDERR_FILENO) < 0) fail();
+  if (o.stdout_to_stderr && dup2(STDERR_FILENO, STDOUT_FILENO) < 0) fail();
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  execve(program, args, env);
+  ChildFailed(report);
+}
+
 }  // namespace
 
 std::string SelfExecutable() {
@@ -33,30 +86,44 @@ std::string SelfExecutable() {
   return std::string(buf, n);
 }
 
-void StartWithNoSignalBlocked(posix_spawnattr_t* attr, short flags) {
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(attr, &none);
-  posix_spawnattr_setflags(attr, static_cast<short>(flags | POSIX_SPAWN_SETSIGMASK));
+absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
+                                   const SpawnOptions& options) {
+  if (argv.empty()) return absl::InvalidArgumentError(absl::StrCat("cannot start ", name, ": no program"));
+  const std::string program = ProgramPath(argv[0], options.search_path);
+  std::vector<char*> args = CStrings(argv);
+  std::vector<char*> env = options.environment != nullptr ? CStrings(*options.environment) : std::vector<char*>{};
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(report[0]);
+    ExecChild(program.c_str(), args.data(), options.environment != nullptr ? env.data() : environ, options, parent,
+              report[1]);
+  }
+  const int fork_errno = errno;
+  close(report[1]);
+  int child_errno = 0;
+  ssize_t n = 0;
+  if (pid > 0) {
+    // The write end closes at exec (O_CLOEXEC): end of file means started.
+    do n = read(report[0], &child_errno, sizeof(child_errno));
+    while (n < 0 && errno == EINTR);
+  }
+  close(report[0]);
+  if (pid < 0 || n == sizeof(child_errno)) {
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    return absl::InternalError(
+        absl::StrCat("cannot start ", name, " (", argv[0], "): ", strerror(pid < 0 ? fork_errno : child_errno)));
+  }
+  return ChildProcess{name, pid};
 }
 
 absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
                                    bool stdout_to_stderr) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (stdout_to_stderr) posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  StartWithNoSignalBlocked(&attr, 0);
-  pid_t pid;
-  int err = posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&actions);
-  if (err != 0) return absl::InternalError(absl::StrCat("cannot start ", name, " (", argv[0], "): ", strerror(err)));
-  return ChildProcess{name, pid};
+  SpawnOptions options;
+  options.stdout_to_stderr = stdout_to_stderr;
+  return Spawn(name, argv, options);
 }
 
 absl::StatusOr<size_t> WaitAny(std::vector<ChildProcess>& children, absl::Time deadline, int* exit_code) {
@@ -132,6 +199,23 @@ std::string DescribeExit(int code) {
 }  // namespace shardps
 
 namespace shardps {
+
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> children;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", std::filesystem::directory_options::skip_permission_denied)) {
+    pid_t child;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &child)) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<absl::string_view> fields = absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
+    pid_t parent;
+    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &parent) && parent == pid) children.push_back(child);
+  }
+  return children;
+}
 
 uint64_t ResidentBytes(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));

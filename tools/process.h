@@ -3,7 +3,6 @@
 #ifndef SHARDPS_TOOLS_PROCESS_H_
 #define SHARDPS_TOOLS_PROCESS_H_
 
-#include <spawn.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -24,15 +23,36 @@ struct ChildProcess {
 // Path of the running executable.
 std::string SelfExecutable();
 
-// Has the child of a posix_spawn with `attr` start with no signal blocked
-// (`flags`: the POSIX_SPAWN_* flags it sets besides). This process may block
-// SIGTERM and SIGINT in every thread but the one that waits for them
-// (InstallStopSignals), and a mask is inherited across exec: a child that
-// kept it could not be stopped by SIGTERM nor interrupted by Ctrl-C.
-void StartWithNoSignalBlocked(posix_spawnattr_t* attr, short flags);
+// How Spawn starts a child. Every child starts with no signal blocked: this
+// process may block SIGTERM and SIGINT in every thread but the one that waits
+// for them (InstallStopSignals), and a mask is inherited across exec, so a
+// child that kept it could not be stopped by SIGTERM nor interrupted by Ctrl-C.
+struct SpawnOptions {
+  // The child's stdout goes to our stderr (keeps our stdout for results).
+  bool stdout_to_stderr = false;
+  // Where the child's stdout and stderr go instead, when >= 0 (pipes' write ends, say).
+  int stdout_fd = -1, stderr_fd = -1;
+  // The child's environment, "KEY=VALUE" each; null: ours.
+  const std::vector<std::string>* environment = nullptr;
+  // argv[0] without a '/' is looked up in our PATH.
+  bool search_path = false;
+  // The child leads a process group of its own: what a terminal sends to
+  // ours (Ctrl-C) does not reach it, and we stop it when and how we choose.
+  bool own_process_group = false;
+  // The child gets SIGTERM when this process ends, however it ends (SIGKILL
+  // included), so nothing started for one job outlives it. Linux's
+  // PR_SET_PDEATHSIG, which fires when the *thread* that spawned the child
+  // ends: spawn such children from a thread that lives as long as the process.
+  bool stop_with_us = false;
+};
 
-// Starts `argv` (argv[0] is the program path). When `stdout_to_stderr`, the
-// child's stdout is redirected to our stderr (keeps our stdout for results).
+// Starts `argv` (argv[0] is the program) as `options` say. `name` is for
+// messages ("server 1"). A program that cannot be executed is an error here,
+// not a child that exits 127.
+absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
+                                   const SpawnOptions& options);
+
+// The same with default options but `stdout_to_stderr`.
 absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
                                    bool stdout_to_stderr);
 
@@ -56,6 +76,9 @@ absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vec
 // Resident memory of process `pid` in bytes (VmRSS of /proc/PID/status);
 // 0 if it cannot be read (the process is gone).
 uint64_t ResidentBytes(pid_t pid);
+
+// The processes whose parent is `pid` now (from /proc).
+std::vector<pid_t> ChildrenOf(pid_t pid);
 
 // Describes an exit code: "exited with 3" / "killed by signal 9".
 std::string DescribeExit(int code);
