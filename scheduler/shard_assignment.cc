@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/names.h"
 
 namespace shardps {
 
@@ -26,6 +27,8 @@ absl::Status ValidateTensorSpecs(const std::vector<TensorSpec>& tensors) {
   absl::flat_hash_set<std::string> names;
   for (const TensorSpec& t : tensors) {
     if (t.name().empty()) return absl::InvalidArgumentError("a tensor has an empty name");
+    if (absl::Status s = CheckName("tensor name", t.name()); !s.ok()) return s;
+    if (absl::Status s = CheckName(absl::StrCat("codec of tensor '", t.name(), "'"), t.codec()); !s.ok()) return s;
     if (!names.insert(t.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "' is declared twice"));
     }

@@ -62,6 +62,13 @@ TEST(ShardAssignmentTest, RejectsBadSpecs) {
   EXPECT_FALSE(BuildShardMap({Tensor("a", {0})}, Servers(1), 1024, 1).ok());
   EXPECT_FALSE(BuildShardMap({Tensor("a", {2}), Tensor("a", {3})}, Servers(1), 1024, 1).ok());
   EXPECT_FALSE(BuildShardMap({Tensor("", {2})}, Servers(1), 1024, 1).ok());
+  // A client that is not ours can still send any bytes: a name past the limit.
+  EXPECT_THAT(BuildShardMap({Tensor(std::string(4097, 'a'), {2})}, Servers(1), 1024, 1).status().message(),
+              ::testing::HasSubstr("is 4097 bytes long; at most 4096"));
+  TensorSpec long_codec = Tensor("a", {2});
+  long_codec.set_codec(std::string(4097, 'c'));
+  EXPECT_THAT(BuildShardMap({long_codec}, Servers(1), 1024, 1).status().message(),
+              ::testing::HasSubstr("codec of tensor 'a'"));
   EXPECT_FALSE(BuildShardMap({Tensor("a", {2})}, {}, 1024, 1).ok());
   TensorSpec no_dtype = Tensor("a", {2});
   no_dtype.set_dtype(DTYPE_UNSPECIFIED);

@@ -281,6 +281,29 @@ TEST(ClusterTest, ErrorsNameTheTensorAndSizes) {
   EXPECT_EQ(worker->Wait(12345, absl::Seconds(1)).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Names travel in protobuf strings: one that is not UTF-8 made protobuf drop
+// the request with no word of which field. The worker names it instead, and
+// the definition can be made again.
+TEST(ClusterTest, NamesThatAreNotUtf8OrTooLongAreRefusedByTheWorkerNamingThem) {
+  auto cluster = TestCluster::Start(Config(1, 1));
+  ASSERT_TRUE(cluster.ok());
+  auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
+  absl::Status s = worker->DefineTensors({Tensor("w\xff", 10)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tensor name 'w\\xff' is not UTF-8 (byte 1"));
+  TensorSpec coded = Tensor("w", 10);
+  coded.set_codec(std::string(5000, 'x'));
+  s = worker->DefineTensors({coded});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("codec of tensor 'w' 'xxxx"));
+  EXPECT_THAT(s.message(), HasSubstr("is 5000 bytes long; at most 4096"));
+  ASSERT_TRUE(worker->DefineTensors({Tensor("w", 10)}).ok());
+  s = worker->Barrier("b\xc0\xaf", nullptr, absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("barrier name 'b\\xc0\\xaf' is not UTF-8 (byte 1"));
+}
+
 TEST(ClusterTest, WorkerWithNoSchedulerFailsWithinItsDeadline) {
   const absl::Time start = absl::Now();
   auto w = Worker::Create({.scheduler_address = "127.0.0.1:1", .rank = 0, .rendezvous_timeout = absl::Seconds(1)});

@@ -12,10 +12,10 @@
 #include <memory>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/names.h"
 #include "compression/codec_math.h"
 #include "google/protobuf/text_format.h"
 #include "glog/logging.h"
@@ -215,47 +215,6 @@ int TooSmall(const char* what, size_t capacity, size_t needed, char* err, size_t
 }
 
 
-// The offset of the first byte of `s` that is not part of a well-formed
-// UTF-8 sequence (overlong forms, surrogates and code points past U+10FFFF
-// included), or s.size().
-size_t Utf8Prefix(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (len == 0 || len > s.size() - i) return i;
-    uint32_t cp = len == 1 ? c : c & (0x7f >> len);
-    for (size_t k = 1; k < len; ++k) {
-      const auto next = static_cast<unsigned char>(s[i + k]);
-      if ((next & 0xc0) != 0x80) return i;
-      cp = (cp << 6) | (next & 0x3f);
-    }
-    static constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kSmallest[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-    i += len;
-  }
-  return i;
-}
-
-// Names travel in protobuf string fields, which must be UTF-8 (protobuf
-// drops a message that is not, with no word of which field), and into every
-// shard map: at most kMaxNameBytes.
-constexpr size_t kMaxNameBytes = 4096;
-
-absl::Status CheckName(const char* what, const char* name) {
-  const absl::string_view s(name);
-  if (s.size() > kMaxNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " '", absl::CHexEscape(s.substr(0, 32)), "...' is ",
-                                                   s.size(), " bytes long; at most ", kMaxNameBytes));
-  }
-  const size_t valid = Utf8Prefix(s);
-  if (valid < s.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " '", absl::CHexEscape(s), "' is not UTF-8 (byte ", valid,
-                                                   " breaks it)"));
-  }
-  return absl::OkStatus();
-}
-
 size_t ElementBytes(int dtype) {
   switch (dtype) {
     case SHARDPS_FLOAT32:
@@ -306,8 +265,8 @@ int CheckedDeclare(const char* entry, shardps_worker* w, const char* name, const
   return WithWorker(entry, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr || (shape == nullptr && ndim > 0)) return Null("name or shape", err, err_len);
     if (ElementBytes(dtype) == 0) return Report(UnknownDtype(dtype), err, err_len);
-    absl::Status valid = CheckName("tensor name", name);
-    if (valid.ok() && codec != nullptr) valid = CheckName(absl::StrCat("codec of tensor '", name, "'").c_str(), codec);
+    absl::Status valid = shardps::CheckName("tensor name", name);
+    if (valid.ok() && codec != nullptr) valid = shardps::CheckName(absl::StrCat("codec of tensor '", name, "'"), codec);
     if (!valid.ok()) return Report(valid, err, err_len);
     return Declare(live, name, shape, ndim, dtype, codec);
   });
@@ -524,7 +483,7 @@ int shardps_barrier_timeout(shardps_worker* w, const char* name, double timeout_
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr) return Null("name", err, err_len);
     if (!(timeout_s > 0)) return Report(absl::InvalidArgumentError("timeout must be > 0 seconds"), err, err_len);
-    if (absl::Status valid = CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
+    if (absl::Status valid = shardps::CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
     return Report(live.worker->Barrier(name, nullptr, Seconds(timeout_s)), err, err_len);
   });
 }
@@ -548,7 +507,7 @@ int shardps_init_tensor(shardps_worker* w, const char* name, const float* values
 int shardps_barrier(shardps_worker* w, const char* name, char* err, size_t err_len) {
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr) return Null("name", err, err_len);
-    if (absl::Status valid = CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
+    if (absl::Status valid = shardps::CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
     return Report(live.worker->Barrier(name), err, err_len);
   });
 }

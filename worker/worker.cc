@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/endpoint.h"
 #include "common/heartbeat_log.h"
+#include "common/names.h"
 #include "common/optimizer.h"
 #include "common/protocol.h"
 #include "common/status_macros.h"
@@ -85,7 +86,11 @@ class WorkerImpl : public Worker {
   absl::Status DefineTensors(const std::vector<TensorSpec>& tensors, absl::Duration timeout) override {
     DefineTensorsRequest request;
     request.set_node_id(node_id_);
-    for (const TensorSpec& t : tensors) *request.add_tensors() = t;
+    for (const TensorSpec& t : tensors) {
+      SHARDPS_RETURN_IF_ERROR(CheckName("tensor name", t.name()));
+      SHARDPS_RETURN_IF_ERROR(CheckName(absl::StrCat("codec of tensor '", t.name(), "'"), t.codec()));
+      *request.add_tensors() = t;
+    }
     absl::StatusOr<ShardMap> map;
     SHARDPS_RETURN_IF_ERROR(AskUntilDeadline(timeout, [&](absl::Duration left) {
       map = scheduler_->DefineTensors(request, left);  // the same tensors again: the same map
@@ -152,6 +157,7 @@ class WorkerImpl : public Worker {
   }
 
   absl::Status Barrier(const std::string& name, std::vector<uint32_t>* live_ranks, absl::Duration timeout) override {
+    SHARDPS_RETURN_IF_ERROR(CheckName("barrier name", name));
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);

@@ -1,0 +1,27 @@
+// The names a job gives its tensors, codecs and barriers. They travel in
+// protobuf string fields, which must be UTF-8 (protobuf drops a message that
+// is not, with no word of which field), and into every shard map.
+#ifndef SHARDPS_COMMON_NAMES_H_
+#define SHARDPS_COMMON_NAMES_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace shardps {
+
+inline constexpr size_t kMaxNameBytes = 4096;
+
+// The offset of the first byte of `s` that is not part of a well-formed
+// UTF-8 sequence (overlong forms, surrogates and code points past U+10FFFF
+// included), or s.size().
+size_t Utf8Prefix(absl::string_view s);
+
+// InvalidArgument naming `what` (e.g. "tensor name") unless `name` is UTF-8
+// and at most kMaxNameBytes long.
+absl::Status CheckName(absl::string_view what, absl::string_view name);
+
+}  // namespace shardps
+
+#endif  // SHARDPS_COMMON_NAMES_H_
