@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/c_api_test_cluster.h"
+#include "tests/sanitizer_slowdown.h"
 #include "worker/c_api.h"
 
 namespace shardps {
@@ -33,6 +34,16 @@ class CApiMisuseTest : public CApiClusterTest {
     ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
   }
   std::string Err() const { return err_; }
+  // In a forked child: exits 0 if a call with the parent's worker is refused
+  // and its destroy (of the child's copy only, and a writer of the live set)
+  // returns.
+  [[noreturn]] void ChildIsRefusedTheParentsWorker() {
+    char err[256] = "";
+    uint32_t rank = 0;
+    const int rc = shardps_rank(w_, &rank, err, sizeof(err));
+    shardps_worker_destroy(w_);
+    _exit(rc == SHARDPS_FAILED_PRECONDITION && std::strstr(err, "forked from it, cannot use it") ? 0 : 1);
+  }
 };
 
 TEST_F(CApiMisuseTest, EveryNullPointerIsRefusedByName) {
@@ -282,13 +293,7 @@ TEST_F(CApiMisuseTest, AForkedChildIsRefusedTheParentsWorkerAndLeavesItAlone) {
   Define(8);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    char err[256] = "";
-    uint32_t rank = 0;
-    const int rc = shardps_rank(w_, &rank, err, sizeof(err));
-    shardps_worker_destroy(w_);  // the child's copy only
-    _exit(rc == SHARDPS_FAILED_PRECONDITION && std::strstr(err, "forked from it, cannot use it") ? 0 : 1);
-  }
+  if (child == 0) ChildIsRefusedTheParentsWorker();
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
@@ -296,6 +301,49 @@ TEST_F(CApiMisuseTest, AForkedChildIsRefusedTheParentsWorkerAndLeavesItAlone) {
   uint64_t h = 0;
   ASSERT_EQ(shardps_push_pull(w_, "w", grad, out, 8, &h, err_, sizeof(err_)), SHARDPS_OK) << err_;
   EXPECT_EQ(shardps_wait(w_, h, 10.0, err_, sizeof(err_)), SHARDPS_OK) << err_;
+}
+
+// The live set's lock, held by another thread at the moment of a fork, stayed
+// held in the child for good: the child's destroy of the parent's worker (or
+// any call, had that thread been adding or removing) waited forever. Two
+// threads take it all the time, as a reader (a call) and as a writer (a
+// destroy); every child must still be refused at once and leave.
+TEST_F(CApiMisuseTest, ForksWhileOtherThreadsUseTheLibraryLeaveNoChildStuck) {
+  Define(8);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  busy.emplace_back([&] {
+    uint32_t rank;
+    char err[128];
+    while (!stop.load()) shardps_rank(w_, &rank, err, sizeof(err));
+  });
+  busy.emplace_back([&] {
+    int not_a_worker;
+    while (!stop.load()) shardps_worker_destroy(reinterpret_cast<shardps_worker*>(&not_a_worker));
+  });
+  int stuck = 0, refused = 0;
+  for (int i = 0; i < 100; ++i) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) ChildIsRefusedTheParentsWorker();
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10 * kTestSlowdown);
+    pid_t r;
+    while ((r = waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (r == 0) {
+      ++stuck;
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+    } else {
+      refused += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+  }
+  stop = true;
+  for (std::thread& t : busy) t.join();
+  EXPECT_EQ(stuck, 0) << "children that did not exit within 10 s";
+  EXPECT_EQ(refused, 100);
 }
 
 TEST(CApiDestroyTest, DestroyWhileAnotherThreadWaitsLetsTheWaitReturn) {

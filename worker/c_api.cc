@@ -10,8 +10,10 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -126,6 +128,28 @@ int Null(const char* what, char* err, size_t err_len) {
   return Report(absl::InvalidArgumentError(std::string(what) + " is NULL"), err, err_len);
 }
 
+// A plain mutex that a fork may cross: its lock is one futex word with no
+// queue of waiters, so the child can release what the forking thread took,
+// whoever else was waiting in the parent. (absl::Mutex hands itself over to
+// a queued waiter on release; in the child that thread does not exist.)
+class ABSL_LOCKABLE ForkableMutex {
+ public:
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+
+ private:
+  std::mutex mu_;
+};
+
+class ABSL_SCOPED_LOCKABLE ForkableLock {
+ public:
+  explicit ForkableLock(ForkableMutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~ForkableLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+
+ private:
+  ForkableMutex* const mu_;
+};
+
 // Every worker shardps_worker_create handed out and shardps_worker_destroy
 // has not yet taken back. A call with any other pointer (destroyed already,
 // destroyed twice, never created) is refused instead of reading freed
@@ -134,21 +158,27 @@ int Null(const char* what, char* err, size_t err_len) {
 // Never destroyed: calls may still arrive from other threads at exit.
 class LiveWorkers {
  public:
-  LiveWorkers() { pthread_atfork(nullptr, nullptr, [] { ++g_forks; }); }
+  // The set's lock is held across every fork, so a child never starts with
+  // it held by a thread the child does not have: its first call, or its
+  // destroy of the parent's worker, would wait for good.
+  LiveWorkers() {
+    the_ = this;  // for the handlers, which may run before Live() has returned
+    pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild);
+  }
 
   void Add(std::shared_ptr<shardps_worker> w) {
-    absl::MutexLock lock(&mu_);
+    ForkableLock lock(&mu_);
     live_.emplace(w.get(), std::move(w));
   }
   // The worker `w` if it is live, else null.
   std::shared_ptr<shardps_worker> Find(const shardps_worker* w) {
-    absl::ReaderMutexLock lock(&mu_);  // every call: threads look up at once
+    ForkableLock lock(&mu_);
     auto it = live_.find(w);
     return it == live_.end() ? nullptr : it->second;
   }
   // Takes `w` out of the live set; null if it was not in it.
   std::shared_ptr<shardps_worker> Remove(const shardps_worker* w) {
-    absl::MutexLock lock(&mu_);
+    ForkableLock lock(&mu_);
     auto it = live_.find(w);
     if (it == live_.end()) return nullptr;
     std::shared_ptr<shardps_worker> removed = std::move(it->second);
@@ -157,7 +187,15 @@ class LiveWorkers {
   }
 
  private:
-  absl::Mutex mu_;
+  static void BeforeFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { the_->mu_.Lock(); }
+  static void AfterForkInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { the_->mu_.Unlock(); }
+  static void AfterForkInChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ++g_forks;
+    the_->mu_.Unlock();
+  }
+
+  static inline LiveWorkers* the_ = nullptr;
+  ForkableMutex mu_;
   std::map<const shardps_worker*, std::shared_ptr<shardps_worker>> live_ ABSL_GUARDED_BY(mu_);
 };
 
