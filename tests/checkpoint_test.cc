@@ -20,7 +20,6 @@
 #include "common/checkpoint_store.h"
 #include "common/durable_file.h"
 #include "tests/sanitizer_slowdown.h"
-#include "tools/process.h"
 
 namespace shardps {
 namespace {
@@ -32,7 +31,7 @@ using ::testing::HasSubstr;
 constexpr int kStepsPerEpoch = 40;
 
 struct LocalJob {
-  pid_t pid = -1;  // leads its own process group
+  pid_t pid = -1;  // leads its own process group: the launcher and every node
   std::string out_path, err_path;
 };
 
@@ -108,9 +107,6 @@ class CheckpointTest : public ::testing::Test {
            waitpid(run.pid, nullptr, WNOHANG) == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    // Every node first: they lead process groups of their own, and the
-    // launcher's end would only SIGTERM them.
-    for (pid_t node : ChildrenOf(run.pid)) kill(node, SIGKILL);
     kill(-run.pid, SIGKILL);
     EXPECT_EQ(Wait(run), 128 + SIGKILL) << "the job ended before the kill: " << Slurp(run.err_path);
     fs::remove_all(fs::temp_directory_path() / absl::StrCat("shardps-local-", run.pid));  // the launcher's

@@ -26,7 +26,8 @@ int BenchCheckpointCommand(const Args& args);
 int FloodCommand(const Args& args);  // server memory under a push flood
 int RunCommand(const Args& args);  // role and addresses from DMLC_* (tools/run_plan.h)
 
-// Set by SIGTERM/SIGINT once InstallStopSignals() ran.
+// Set by SIGTERM/SIGINT once InstallStopSignals() ran (SIGINT only when it
+// was not ignored at start: a background job's, or a launched daemon's).
 bool StopRequested();
 void InstallStopSignals();
 

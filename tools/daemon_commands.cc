@@ -67,13 +67,20 @@ bool StopRequested() { return g_stop.load(); }
 void InstallStopSignals() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // SIGINT ignored at start stays ignored, as the GNU coding standards ask:
+    // a shell starts background jobs so, and a launcher starts its daemons so
+    // that a terminal's Ctrl-C, sent to the whole group, leaves them serving
+    // until it has stopped the workers (tools/local_cluster.cc).
+    struct sigaction at_start {};
+    sigaction(SIGINT, nullptr, &at_start);
+    const bool interrupts = at_start.sa_handler != SIG_IGN;
     // A handler for threads that were started before this call and do not
     // block the signals.
     struct sigaction sa {};
     sa.sa_handler = OnStopSignal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, nullptr);
-    sigaction(SIGINT, &sa, nullptr);
+    if (interrupts) sigaction(SIGINT, &sa, nullptr);
     // Every thread started from here on blocks them, and one thread takes
     // them with sigwait. A handler runs on whichever thread the kernel picks,
     // and under ThreadSanitizer it is held back until that thread next enters
@@ -83,7 +90,7 @@ void InstallStopSignals() {
     sigset_t stop;
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGINT);
+    if (interrupts) sigaddset(&stop, SIGINT);  // blocked, an ignored one would wait for sigwait
     pthread_sigmask(SIG_BLOCK, &stop, nullptr);
     std::thread([stop] {
       int sig = 0;

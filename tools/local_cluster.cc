@@ -11,13 +11,14 @@ namespace {
 
 std::string VerboseFlag(bool verbose) { return verbose ? "--verbose" : "--verbose=false"; }
 
-// A daemon started for one job: Ctrl-C at the terminal reaches the job's
-// command and its workers, which stop while the daemons still serve them, and
-// we stop the daemons after; the daemons end with us however we end.
+// A daemon started for one job: Ctrl-C at the terminal stops the job's
+// workers while the daemons, which ignore it, still serve them, and we stop
+// the daemons after; the daemons end with us however we end. They stay in
+// our process group, so Ctrl-Z pauses the whole job alike.
 absl::StatusOr<ChildProcess> SpawnDaemon(const std::string& name, const std::vector<std::string>& argv) {
   SpawnOptions options;
   options.stdout_to_stderr = true;
-  options.own_process_group = true;
+  options.ignore_interrupt = true;
   options.stop_with_us = true;
   return Spawn(name, argv, options);
 }

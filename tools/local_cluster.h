@@ -26,10 +26,9 @@ std::vector<std::string> ApplyMeasuredDefaults(ClusterConfig* config);
 // compression).
 absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config);
 
-// The daemons below each lead a process group of their own (Ctrl-C at the
-// terminal reaches the job, not them: the caller stops them after it) and get
-// SIGTERM when this process ends, SIGKILLed or not (SpawnOptions). Call from
-// the main thread.
+// The daemons below ignore SIGINT (Ctrl-C at the terminal stops the job, not
+// them: the caller stops them after it) and get SIGTERM when this process
+// ends, SIGKILLed or not (SpawnOptions). Call from the main thread.
 
 // Starts `shardps scheduler` on `listen` with the config file and writes its
 // address to `port_file`, with `extra` flags.

@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -29,18 +28,20 @@ int ExitCode(int status) {
 }
 
 // argv[0] as a path to execute: looked up in our PATH when asked and it has
-// no '/', as execvp does (here, before fork: execvp may allocate).
-std::string ProgramPath(const std::string& program, bool search_path) {
-  if (!search_path || program.empty() || program.find('/') != std::string::npos) return program;
+// no '/', as execvp does (here, before fork: execvp may allocate). Never the
+// bare name, which execve would take as relative to our working directory.
+absl::StatusOr<std::string> ProgramPath(const std::string& program, bool search_path) {
+  if (!search_path || program.find('/') != std::string::npos) return program;
   const char* path = getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
+  if (path == nullptr) path = "/usr/local/bin:/usr/bin:/bin";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
     std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
     struct stat st;
     if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(candidate.c_str(), X_OK) == 0) {
       return candidate;
     }
   }
-  return program;  // not found: execve says ENOENT
+  return absl::NotFoundError(absl::StrCat("no executable '", program, "' in PATH (", path, ")"));
 }
 
 std::vector<char*> CStrings(const std::vector<std::string>& strings) {
@@ -70,11 +71,37 @@ std::vector<char*> CStrings(const std::vector<std::string>& strings) {
   if (o.stdout_fd >= 0 && dup2(o.stdout_fd, STDOUT_FILENO) < 0) fail();
   if (o.stderr_fd >= 0 && dup2(o.stderr_fd, STDERR_FILENO) < 0) fail();
   if (o.stdout_to_stderr && dup2(STDERR_FILENO, STDOUT_FILENO) < 0) fail();
+  // Our handlers back to the default before unblocking: a signal that came
+  // meanwhile (the SIGTERM of a parent that just ended, say) must act as it
+  // will after exec, not run a copy of our handler and be forgotten.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction now {};
+    if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, nullptr, &now) != 0) continue;
+    if (now.sa_handler != SIG_DFL && now.sa_handler != SIG_IGN) sigaction(sig, &dfl, nullptr);
+  }
+  if (o.ignore_interrupt) {
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGINT, &ign, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   execve(program, args, env);
   ChildFailed(report);
+}
+
+// `fd` moved to a descriptor above stderr (close-on-exec), where a child's
+// dup2 onto 0-2 cannot copy it: with our stdout or stderr closed, pipe2 hands
+// out 1 and 2, and a child that kept the report pipe's write end open past
+// exec would leave Spawn waiting for good.
+int AboveStandardStreams(int fd) {
+  if (fd > STDERR_FILENO) return fd;
+  const int moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+  close(fd);
+  return moved;
 }
 
 }  // namespace
@@ -89,16 +116,29 @@ std::string SelfExecutable() {
 absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
                                    const SpawnOptions& options) {
   if (argv.empty()) return absl::InvalidArgumentError(absl::StrCat("cannot start ", name, ": no program"));
-  const std::string program = ProgramPath(argv[0], options.search_path);
+  const absl::StatusOr<std::string> program = ProgramPath(argv[0], options.search_path);
+  if (!program.ok()) return absl::NotFoundError(absl::StrCat("cannot start ", name, ": ", program.status().message()));
   std::vector<char*> args = CStrings(argv);
   std::vector<char*> env = options.environment != nullptr ? CStrings(*options.environment) : std::vector<char*>{};
+  auto pipe_failed = [&name](int e) {
+    return absl::InternalError(absl::StrCat("cannot start ", name, ": pipe: ", strerror(e)));
+  };
   int report[2];
-  if (pipe2(report, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  if (pipe2(report, O_CLOEXEC) != 0) return pipe_failed(errno);
+  report[0] = AboveStandardStreams(report[0]);
+  report[1] = AboveStandardStreams(report[1]);
+  if (report[0] < 0 || report[1] < 0) {
+    const int e = errno;
+    for (int fd : report) {
+      if (fd >= 0) close(fd);
+    }
+    return pipe_failed(e);
+  }
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
     close(report[0]);
-    ExecChild(program.c_str(), args.data(), options.environment != nullptr ? env.data() : environ, options, parent,
+    ExecChild(program->c_str(), args.data(), options.environment != nullptr ? env.data() : environ, options, parent,
               report[1]);
   }
   const int fork_errno = errno;
@@ -199,23 +239,6 @@ std::string DescribeExit(int code) {
 }  // namespace shardps
 
 namespace shardps {
-
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::vector<pid_t> children;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", std::filesystem::directory_options::skip_permission_denied)) {
-    pid_t child;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &child)) continue;
-    std::ifstream in(entry.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::vector<absl::string_view> fields = absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
-    pid_t parent;
-    if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &parent) && parent == pid) children.push_back(child);
-  }
-  return children;
-}
 
 uint64_t ResidentBytes(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));

@@ -23,10 +23,11 @@ struct ChildProcess {
 // Path of the running executable.
 std::string SelfExecutable();
 
-// How Spawn starts a child. Every child starts with no signal blocked: this
-// process may block SIGTERM and SIGINT in every thread but the one that waits
-// for them (InstallStopSignals), and a mask is inherited across exec, so a
-// child that kept it could not be stopped by SIGTERM nor interrupted by Ctrl-C.
+// How Spawn starts a child. Every child starts with no signal blocked and
+// our signal handlers reset to the default: this process may block SIGTERM
+// and SIGINT in every thread but the one that waits for them
+// (InstallStopSignals), and a mask is inherited across exec, so a child that
+// kept it could not be stopped by SIGTERM nor interrupted by Ctrl-C.
 struct SpawnOptions {
   // The child's stdout goes to our stderr (keeps our stdout for results).
   bool stdout_to_stderr = false;
@@ -36,9 +37,15 @@ struct SpawnOptions {
   const std::vector<std::string>* environment = nullptr;
   // argv[0] without a '/' is looked up in our PATH.
   bool search_path = false;
-  // The child leads a process group of its own: what a terminal sends to
-  // ours (Ctrl-C) does not reach it, and we stop it when and how we choose.
+  // The child leads a process group of its own, so stopping the group
+  // stops what it started too. (A terminal's Ctrl-C and Ctrl-Z no longer
+  // reach it: its parent must pass them on.)
   bool own_process_group = false;
+  // The child starts with SIGINT ignored, so a terminal's Ctrl-C, which goes
+  // to our whole process group, leaves it to us to stop it when and how we
+  // choose (InstallStopSignals keeps an ignored SIGINT ignored, as shells
+  // expect of a job started in the background).
+  bool ignore_interrupt = false;
   // The child gets SIGTERM when this process ends, however it ends (SIGKILL
   // included), so nothing started for one job outlives it. Linux's
   // PR_SET_PDEATHSIG, which fires when the *thread* that spawned the child
@@ -47,8 +54,8 @@ struct SpawnOptions {
 };
 
 // Starts `argv` (argv[0] is the program) as `options` say. `name` is for
-// messages ("server 1"). A program that cannot be executed is an error here,
-// not a child that exits 127.
+// messages ("server 1"). A program that cannot be found or executed is an
+// error here, not a child that exits 127.
 absl::StatusOr<ChildProcess> Spawn(const std::string& name, const std::vector<std::string>& argv,
                                    const SpawnOptions& options);
 
@@ -76,9 +83,6 @@ absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vec
 // Resident memory of process `pid` in bytes (VmRSS of /proc/PID/status);
 // 0 if it cannot be read (the process is gone).
 uint64_t ResidentBytes(pid_t pid);
-
-// The processes whose parent is `pid` now (from /proc).
-std::vector<pid_t> ChildrenOf(pid_t pid);
 
 // Describes an exit code: "exited with 3" / "killed by signal 9".
 std::string DescribeExit(int code);
