@@ -27,8 +27,13 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterCon
   const std::string config_file = cluster->dir_ + "/cluster.pbtxt";
   std::ofstream(config_file) << config.DebugString();
   const std::string port_file = cluster->dir_ + "/scheduler.addr";
+  // A test killed at its time limit leaves no daemon behind to hold ports and
+  // CPU for the tests after it (servers outlive their scheduler by design).
+  SpawnOptions options;
+  options.stdout_to_stderr = true;
+  options.stop_with_us = true;
   auto scheduler = Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", "127.0.0.1:0", "--config",
-                                       config_file, "--port-file", port_file}, true);
+                                       config_file, "--port-file", port_file}, options);
   if (!scheduler.ok()) return scheduler.status();
   cluster->scheduler_ = *scheduler;
   std::vector<ChildProcess> watch = {cluster->scheduler_};
@@ -38,7 +43,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterCon
   for (uint32_t i = 0; i < config.num_servers(); ++i) {
     auto server = Spawn(absl::StrCat("server ", i), {SHARDPS_BINARY, "server", "--scheduler",
                                                      cluster->scheduler_address_, "--listen", "tcp://127.0.0.1:0"},
-                        true);
+                        options);
     if (!server.ok()) return server.status();
     cluster->servers_.push_back(*server);
   }

@@ -25,6 +25,9 @@ std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t
 
 class TestCluster {
  public:
+  // A scheduler and config.num_servers() servers as processes, which end with
+  // the thread that starts them (SpawnOptions::stop_with_us): start from the
+  // test's own thread.
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const ClusterConfig& config);
   ~TestCluster();
 

@@ -373,7 +373,10 @@ absl::Status RunBench(const BenchOptions& o) {
     }
   } cleanup{children, dir};
   auto spawn = [&](const std::string& name, std::vector<std::string> argv) -> absl::Status {
-    auto child = Spawn(name, argv, true);
+    SpawnOptions options;
+    options.stdout_to_stderr = true;
+    options.stop_with_us = true;  // a SIGKILLed bench leaves no server behind
+    auto child = Spawn(name, argv, options);
     if (!child.ok()) return child.status();
     children.push_back(*child);
     return absl::OkStatus();
