@@ -46,7 +46,8 @@ flags:
                       normal-width model (default 0 = no accuracy run)
   --accuracy-hidden H hidden widths of the accuracy model (default 256,128)
   --timeout S         limit of one run in seconds; past it every process is killed
-                      and the ones still running are reported (default 300)
+                      and the ones still running are reported (default 900; the
+                      accuracy run of none at --epochs 3 takes about 7 minutes)
   --shardps PATH      the shardps binary (default: $SHARDPS, build/tools/shardps,
                       /work/build-ci/tools/shardps, first that exists)
   --data-dir DIR      Fashion-MNIST directory (default: shardps's default)
@@ -70,7 +71,7 @@ source "$(dirname "$0")/fakehosts.sh"
 
 # ---------------------------------------------------------------- flags
 RATE=200mbit BURST=256kb HIDDEN=2048,2048 BATCH=32 STEPS=40 EPOCHS=0 ACC_HIDDEN=256,128
-RUN_TIMEOUT=300 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.77.0 PREFIX=nb WORKDIR="" JSON=0 VERBOSE=0
+RUN_TIMEOUT=900 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.77.0 PREFIX=nb WORKDIR="" JSON=0 VERBOSE=0
 COMPARE_OVERLAP=0 CONFIGS=()
 while (($#)); do
   case "$1" in
