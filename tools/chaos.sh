@@ -59,8 +59,9 @@ accuracy of worker 0), delta (against "none"), wall (seconds from the first
 process start to the last worker's exit), stall (the longest time worker 0's
 step count stood still), steps in fault (worker 0's steps taken while the fault
 was on, and its step at the fault's start and end: 0 means the job stalled),
-pass (every worker exited 0 and |delta| <= 0.01), failover (the nodes the
-scheduler declared dead, from its log). Exit status 1 when a scenario fails.
+pass (the fault came, every worker exited 0 and |delta| <= 0.01), failover (the
+nodes the scheduler declared dead, from its log). Exit status 1 when a scenario
+fails.
 EOF
 }
 
@@ -273,7 +274,7 @@ run_scenario() {
     for h in "${fault_hosts[@]}"; do heal_host "$h"; done
     note="${note:+$note; }job ended before the fault's end"
   elif [[ $phase != run ]]; then
-    note="${note:+$note; }job ended before the fault started"
+    note="${note:+$note; }job ended before the fault started, so it tested nothing (more --epochs or a smaller --fault-after)"
   fi
   # Daemons: still running (as they should be) or exited, and with what.
   local daemons=()
@@ -319,6 +320,7 @@ run_scenario() {
   } >"$dir/events.txt" || true
   local pass=1
   ((all_ok)) || pass=0
+  [[ $name != none && -z $t_fault ]] && pass=0   # the fault never came: nothing survived it
   if [[ -n ${R_ACC[$name]} && -n ${R_ACC[none]:-} ]]; then
     awk -v a="${R_ACC[$name]}" -v b="${R_ACC[none]}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' || pass=0
   elif [[ -z ${R_ACC[$name]} ]]; then

@@ -11,10 +11,19 @@ cd "$(dirname "$0")/.."
 runs=${1:-5}
 iters=${2:-50000}
 shardps=${SHARDPS_BINARY:-${SHARDPS_BUILD_DIR:-build}/tools/shardps}
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+[[ -x $shardps ]] || { echo "metrics_overhead: no shardps binary at $shardps (build with tools/build.sh, or set SHARDPS_BINARY)" >&2; exit 1; }
+out=$(mktemp) err=$(mktemp)
+trap 'rm -f "$out" "$err"' EXIT
 for ((i = 0; i < runs; i++)); do
-  "$shardps" bench --bytes 4096 --iters "$iters" --warmup 1000 --metrics-compare --json 2>/dev/null | tail -1 >>"$out"
+  cmd=("$shardps" bench --bytes 4096 --iters "$iters" --warmup 1000 --metrics-compare --json)
+  # The bench's own log goes to $err, shown only when a run fails, so the
+  # failure names its command and says why.
+  if ! line=$("${cmd[@]}" 2>"$err" | tail -1) || [[ $line != "{"* ]]; then
+    echo "metrics_overhead: run $((i + 1)) of $runs failed: ${cmd[*]}; its last lines:" >&2
+    tail -n 20 "$err" | sed 's/^/    | /' >&2
+    exit 1
+  fi
+  echo "$line" >>"$out"
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys

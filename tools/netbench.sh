@@ -20,19 +20,21 @@ usage: tools/netbench.sh [flags] [CONFIG ...]
 
 CONFIG is a built-in name or NAME=FILE (FILE: protobuf text, ClusterConfig fields
 such as compression {...} and update_mode; num_servers/num_workers are forced
-to 2/2). Default: none 2bit. Built-in configurations:
+to 2/2; replication is the cluster's default, 2 copies with 2 servers, so each
+server also forwards every update to the other: put replication: 1 in a FILE to
+time one copy). Default: none 2bit. Built-in configurations:
   none         no compression
   2bit         2bit:scale=1 pushes, onebit aggregate pulls (SUM_ONLY), 150 uncompressed
                rounds, then Adam's variance frozen (optimizer epsilon 1e-4)
   2bit-delta   2bit:scale=2 pushes, onebit weight-delta pulls (optimizer on the servers)
   2bit-push    compression { codec: "2bit:scale=2" error_feedback: true }   (push only)
+  fp16         compression { codec: "fp16" pull_codec: "fp16" }
+  onebit       update_mode: SUM_ONLY  compression { codec: "onebit" pull_codec: "onebit" error_feedback: true }
+  topk         update_mode: SUM_ONLY  compression { codec: "topk:ratio=0.01" pull_codec: "topk:ratio=0.01" error_feedback: true }
 
 A configuration with compression.uncompressed_rounds R is timed without them (its
 compressed steady state); "with warm-up" then counts R of the accuracy run's n rounds
 at none's step time: none / ((R * none + (n - R) * config) / n).
-  fp16         compression { codec: "fp16" pull_codec: "fp16" }
-  onebit       update_mode: SUM_ONLY  compression { codec: "onebit" pull_codec: "onebit" error_feedback: true }
-  topk         update_mode: SUM_ONLY  compression { codec: "topk:ratio=0.01" pull_codec: "topk:ratio=0.01" error_feedback: true }
 
 flags:
   --rate R            tbf rate of every host link, each direction (default 200mbit)
@@ -44,7 +46,8 @@ flags:
                       normal-width model (default 0 = no accuracy run)
   --accuracy-hidden H hidden widths of the accuracy model (default 256,128)
   --timeout S         limit of one run in seconds; past it every process is killed
-                      and the ones still running are reported (default 300)
+                      and the ones still running are reported (default 900; the
+                      accuracy run of none at --epochs 3 takes about 7 minutes)
   --shardps PATH      the shardps binary (default: $SHARDPS, build/tools/shardps,
                       /work/build-ci/tools/shardps, first that exists)
   --data-dir DIR      Fashion-MNIST directory (default: shardps's default)
@@ -68,7 +71,7 @@ source "$(dirname "$0")/fakehosts.sh"
 
 # ---------------------------------------------------------------- flags
 RATE=200mbit BURST=256kb HIDDEN=2048,2048 BATCH=32 STEPS=40 EPOCHS=0 ACC_HIDDEN=256,128
-RUN_TIMEOUT=300 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.77.0 PREFIX=nb WORKDIR="" JSON=0 VERBOSE=0
+RUN_TIMEOUT=900 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.77.0 PREFIX=nb WORKDIR="" JSON=0 VERBOSE=0
 COMPARE_OVERLAP=0 CONFIGS=()
 while (($#)); do
   case "$1" in
