@@ -383,20 +383,23 @@ std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
     return absl::StrCat("server ", node.rank, " (", node.address, ", host ", node.host, ") declared dead: ", reason,
                         "; shard map epoch ", map_.epoch(), FailOver(node.rank));
   }
-  map_.add_excluded_workers(node.rank);
-  PassCompleteBarriers();
+  ExcludeWorker(node);
   return absl::StrCat("worker rank ", node.rank, " (host ", node.host, ") declared dead: ", reason,
                       "; removed from the job at shard map epoch ", map_.epoch(), ", ", LiveWorkers(),
                       " workers go on");
 }
 
-void ClusterState::Leave(Node& node) {
+void ClusterState::ExcludeWorker(Node& node) {
   node.dead = true;
+  map_.add_excluded_workers(node.rank);
+  PassCompleteBarriers();
+}
+
+void ClusterState::Leave(Node& node) {
   node.left = true;
   map_.set_epoch(map_.epoch() + 1);
-  map_.add_excluded_workers(node.rank);
   map_.add_left_workers(node.rank);
-  PassCompleteBarriers();
+  ExcludeWorker(node);
   Save();
   LOG(INFO) << "worker rank " << node.rank << " (host " << node.host << ") left the job; shard map epoch "
             << map_.epoch() << ", " << LiveWorkers() << " workers go on";

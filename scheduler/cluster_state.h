@@ -148,6 +148,9 @@ class ClusterState {
   // Passes every barrier that all live workers have entered.
   void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string DeclareDead(Node& node, absl::Duration silent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker `node` out of the job in the current (new) epoch: dead, its rank
+  // excluded, and the barriers only it held up passed.
+  void ExcludeWorker(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `node` said it leaves: removed from the job as a dead one is, at
   // once, and listed as left rather than dead.
   void Leave(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
