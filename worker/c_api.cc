@@ -521,7 +521,6 @@ int shardps_barrier_timeout(shardps_worker* w, const char* name, double timeout_
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr) return Null("name", err, err_len);
     if (!(timeout_s > 0)) return Report(absl::InvalidArgumentError("timeout must be > 0 seconds"), err, err_len);
-    if (absl::Status valid = shardps::CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
     return Report(live.worker->Barrier(name, nullptr, Seconds(timeout_s)), err, err_len);
   });
 }
@@ -545,7 +544,6 @@ int shardps_init_tensor(shardps_worker* w, const char* name, const float* values
 int shardps_barrier(shardps_worker* w, const char* name, char* err, size_t err_len) {
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (name == nullptr) return Null("name", err, err_len);
-    if (absl::Status valid = shardps::CheckName("barrier name", name); !valid.ok()) return Report(valid, err, err_len);
     return Report(live.worker->Barrier(name), err, err_len);
   });
 }
