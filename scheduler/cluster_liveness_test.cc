@@ -220,7 +220,9 @@ TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
   auto restored = ClusterState::Restore(*saved_, [this] { return now_; });
   const StatusResponse after_restart = restored->Status();
   for (const NodeStatus& n : after_restart.nodes()) {
-    if (n.role() == WORKER && n.rank() == 2) EXPECT_TRUE(n.left()) << n.ShortDebugString();
+    if (n.role() == WORKER && n.rank() == 2) {
+      EXPECT_TRUE(n.left()) << n.ShortDebugString();
+    }
   }
   ReportRounds(50);
   auto rejoined = state_->RegisterWorker(Node(WORKER, 2));

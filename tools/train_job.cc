@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "absl/functional/function_ref.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -542,12 +541,13 @@ std::string AccuracyPointJson(const AccuracyPoint& p) {
 }
 
 absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
-  std::vector<int> layers = {train::kImagePixels};
   // Empty: no hidden layer. Otherwise every entry is a width ("256,,128" is a typo, not two layers).
-  if (!hidden.empty() && absl::StrContains(absl::StrCat(",", hidden, ","), ",,")) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden layer widths '", hidden, "' have an empty entry"));
-  }
-  for (absl::string_view part : absl::StrSplit(hidden, ',', absl::SkipEmpty())) {
+  if (hidden.empty()) return std::vector<int>{train::kImagePixels, train::kNumClasses};
+  std::vector<int> layers = {train::kImagePixels};
+  for (absl::string_view part : absl::StrSplit(hidden, ',')) {
+    if (part.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden layer widths '", hidden, "' have an empty entry"));
+    }
     int width;
     if (!absl::SimpleAtoi(part, &width) || width <= 0 || width > 65536) {
       return absl::InvalidArgumentError(absl::StrCat("hidden layer width '", std::string(part),

@@ -65,6 +65,8 @@ def _owner(param):
     """The DistributedOptimizer whose hooks `param` carries, or None."""
     entry = _owners.get(id(param))
     return entry[1]() if entry is not None and entry[0]() is param else None
+
+
 _HALF = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
