@@ -85,7 +85,8 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       bounded_(config.consistency() == SSP && !RoundBased(config)),
       answer_staleness_(staleness_),
       max_ahead_(kMaxRoundsAhead + staleness_),
-      forwards_pushes_(replicated_ && staleness_ > 0) {}
+      forwards_pushes_(replicated_ && staleness_ > 0),
+      forwards_counted_(replicated_ && RoundBased(config) && staleness_ == 0) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
   server_index_ = server_index;
@@ -603,10 +604,12 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
     if (early) AnswerPush(p, peer, h, round);
     return;
   }
+  const size_t bytes = payload->size();  // a raw deterministic payload is moved away
   if (absl::Status s = Accumulate(p, w, round, payload, staged); !s.ok()) {
     Answer(peer, h, s);  // not counted: the worker may send it again
     return;
   }
+  if (forwards_counted_) ForwardCounted(p, h, *payload, bytes);
   p.next_round[w] = round + 1;
   p.contributed[w] = true;
   ++p.arrivals;
@@ -736,7 +739,14 @@ void PartitionEngine::CompleteRound(Partition& p) {
   update.set_round(p.completed);
   update.set_contributors(p.contributors);
   update.set_lr_scale(p.lr_scale);
-  const uint64_t sequence = Replicate(p, update, p.acc.data(), p.n * sizeof(float));
+  uint64_t sequence;
+  if (p.forwarding_round && p.counted_order.size() == p.contributors) {
+    // The backups hold this round's pushes: they sum them as this copy did.
+    for (uint32_t w : p.counted_order) update.add_summed_workers(w);
+    sequence = Replicate(p, update, nullptr, 0);
+  } else {
+    sequence = Replicate(p, update, p.acc.data(), p.n * sizeof(float));
+  }
   ApplyRound(p);
   MaybeCheckpoint(p);
   if (sequence > 0) return;  // FinishRound once confirmed
@@ -757,6 +767,8 @@ void PartitionEngine::ApplyRound(Partition& p) {
   p.arrivals = 0;
   p.round_staleness = 0;
   std::fill(p.contributed.begin(), p.contributed.end(), false);
+  p.forwarding_round = false;
+  p.counted_order.clear();
   if (replicated_ && p.codecs.pull != nullptr && RoundBased(config_)) {
     // Every copy encodes each round's answer once, right after the round, so
     // error feedback and the weight-delta mirror agree on every copy.

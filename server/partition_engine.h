@@ -39,10 +39,12 @@ struct EngineStats {
   uint64_t snapshots_sent = 0;  // whole partitions sent to re-created copies
   // For metrics (server/server_metrics.h): requests by op (DataHeader op
   // value, 0 for unknown), error answers by absl::StatusCode, updates sent to
-  // backups (one per backup copy), and promotions from backup to primary.
+  // backups (one per backup copy) and their payload bytes, and promotions
+  // from backup to primary.
   std::array<uint64_t, 7> requests_by_op{};
   std::array<uint64_t, 17> errors_by_code{};
   uint64_t replicated = 0;
+  uint64_t replicated_bytes = 0;
   uint64_t promotions = 0;
   // Refused requests, by reason: gradients holding NaN/Inf, request ids far
   // ahead of the worker's sequence.
@@ -113,7 +115,12 @@ class PartitionEngine {
   // (a push's ack, the weights that include a round) is held back until
   // every backup has confirmed it. A sync round completes only once the one
   // before it is confirmed, so at most one round per partition is in flight
-  // to the backups. When the map promotes this server from backup to
+  // to the backups. A sync round whose pushes are compressed, when the
+  // workers' pushes together are smaller than the fp32 sum, goes to the
+  // backups as those pushes instead: each is forwarded as it is counted,
+  // and the round's update names them in counting order, so the backup
+  // decodes and sums them with the same float operations (ForwardCounted).
+  // When the map promotes this server from backup to
   // primary, it takes over with the last round it applied: a worker's retry
   // of a later push (same request id) counts it, an earlier one is answered
   // as a duplicate, and nothing is applied twice.
@@ -288,9 +295,15 @@ class PartitionEngine {
     double batch_staleness = 0;
     std::vector<std::pair<uint32_t, uint64_t>> batch_ids;
     std::vector<Waiter> batch_answers;
-    // Backup, ssp: the pushes of rounds not complete yet, as the primary
-    // forwarded them; a promoted copy counts them again.
+    // Backup, ssp and compressed sync rounds: the pushes of rounds not
+    // complete yet, as the primary forwarded them; a promoted copy counts
+    // them again.
     std::vector<ParkedPush> forwarded;
+    // Primary, sync: whether the open round's pushes are forwarded to the
+    // backups as they are counted (decided at its first), and their workers
+    // in counting order.
+    bool forwarding_round = false;
+    std::vector<uint32_t> counted_order;
     // Hand-off of the primary role (ShardMap.handoffs): the epoch that
     // listed it (0: none), whether the drain is done, the server taking
     // over, and the requests held meanwhile, in arrival order. Once handed
@@ -430,6 +443,15 @@ class PartitionEngine {
   void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // A promoted copy counts the forwarded pushes of the rounds still open.
   void ReplayForwarded(Partition& p);
+  // Sync: called as worker `h`'s push (`payload`, of `bytes` before it was
+  // counted) is counted into the open round; forwards it to the backups if
+  // the round's pushes go there (decided at the round's first push: a
+  // compressing codec and pushes from the live workers smaller than the
+  // fp32 sum).
+  void ForwardCounted(Partition& p, const DataHeader& h, const zmq::message_t& payload, size_t bytes);
+  // Backup: sums the forwarded pushes the round update `h` names into p.acc,
+  // in its order, as the primary did. REQUIRES: ReplicaIsNew(p, h).
+  void SumForwarded(Partition& p, const DataHeader& h);
   // Answers a counted or parked push of `round` once the weights it may use
   // are there: round + 1 - staleness complete (sync: its own round).
   void AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
@@ -477,6 +499,8 @@ class PartitionEngine {
   // SSP with backups: each push is forwarded to the backups before it is
   // answered ahead of its round, so a failover loses none.
   const bool forwards_pushes_;
+  // Sync with backups: compressed rounds may go to them as their pushes.
+  const bool forwards_counted_;
   bool batching_ = false;  // between BeginBatch and EndBatch
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "compression/codec_policy.h"
+#include "server/engine_test_util.h"
 
 namespace shardps {
 namespace {
@@ -66,16 +67,7 @@ class EngineTest : public ::testing::Test {
   // Sends raw bytes as a payload encoded with `codec`.
   void SendEncoded(Op op, uint32_t rank, uint64_t round, const std::string& codec, const std::string& bytes,
                    uint64_t n) {
-    DataHeader h;
-    h.set_op(op);
-    h.set_worker_rank(rank);
-    h.set_round(round);
-    h.set_epoch(3);
-    h.set_partition_id(5);
-    h.set_request_id(++next_id_);
-    h.set_dtype(FLOAT32);
-    h.set_num_elements(n);
-    h.set_codec(codec);
+    const DataHeader h = RequestHeader(op, rank, round, 3, ++next_id_, n, codec);
     zmq::message_t peer(std::string("w") + std::to_string(rank));
     zmq::message_t payload(bytes.data(), bytes.size());
     engine_->Handle(peer, h, &payload);
@@ -84,15 +76,7 @@ class EngineTest : public ::testing::Test {
   // `epoch` the request was routed with; `incarnation` 0: not said.
   void Send(Op op, uint32_t rank, uint64_t round, std::vector<float> values, uint64_t id = 0, uint64_t epoch = 3,
             uint64_t incarnation = 0) {
-    DataHeader h;
-    h.set_op(op);
-    h.set_worker_rank(rank);
-    h.set_round(round);
-    h.set_epoch(epoch);
-    h.set_partition_id(5);
-    h.set_request_id(id ? id : ++next_id_);
-    h.set_dtype(FLOAT32);
-    h.set_num_elements(values.size());
+    DataHeader h = RequestHeader(op, rank, round, epoch, id ? id : ++next_id_, values.size());
     h.set_worker_incarnation(incarnation);
     zmq::message_t peer(std::string("w") + std::to_string(rank));
     zmq::message_t payload(values.data(), values.size() * 4);
@@ -271,24 +255,13 @@ TEST_F(EngineTest, BadRequestsGetErrorsAndChangeNothing) {
   EXPECT_EQ(engine_->stats().errors, 6u);
 }
 
-std::string Encode(const std::string& spec, const std::vector<float>& values, uint64_t partition, uint64_t round) {
-  auto codec = compression::CreateCodec(spec);
-  EXPECT_TRUE(codec.ok());
-  std::string out((*codec)->EncodedBytes(values.size()), '\0');
-  auto n = (*codec)->Encode(values, compression::CodecSeed(partition, round),
-                            absl::MakeSpan(reinterpret_cast<uint8_t*>(out.data()), out.size()));
-  EXPECT_TRUE(n.ok());
-  out.resize(*n);
-  return out;
-}
-
 TEST_F(EngineTest, CompressedPushesAreDecodedAndSummed) {
   const int n = 4096;  // above the 2bit minimum size
   Make(SYNC, false, 2, "2bit:threshold=0.25", UPDATE_ON_SERVER, n);
   const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
   std::vector<float> g(n, 1.0f);
-  SendEncoded(PUSH, 0, 0, spec, Encode(spec, g, 5, 0), n);
-  SendEncoded(PUSH, 1, 0, spec, Encode(spec, g, 5, 0), n);
+  SendEncoded(PUSH, 0, 0, spec, EncodeForTest(spec, g, 5, 0), n);
+  SendEncoded(PUSH, 1, 0, spec, EncodeForTest(spec, g, 5, 0), n);
   // Each worker's 2bit gradient decodes to +0.25: mean 0.25, lr 1.
   EXPECT_EQ(Weights(n), std::vector<float>(n, -0.25f));
 }
@@ -311,7 +284,7 @@ TEST_F(EngineTest, NonFiniteCompressedGradientsAreRefused) {
     sent_.clear();
     Make(c.mode, c.deterministic, 1, c.codec, UPDATE_ON_SERVER, n);
     const std::string spec = compression::ParseCodecSpec(c.codec)->ToString();
-    SendEncoded(PUSH, 0, 0, spec, Encode(spec, bad, 5, 0), n);
+    SendEncoded(PUSH, 0, 0, spec, EncodeForTest(spec, bad, 5, 0), n);
     ASSERT_EQ(sent_.size(), 1u) << c.codec;
     EXPECT_EQ(sent_[0].header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << c.codec;
     EXPECT_THAT(sent_[0].header.error(), HasSubstr("reject_non_finite")) << c.codec;
@@ -328,16 +301,16 @@ TEST_F(EngineTest, SummableCodecIsAggregatedWithoutDecodingEachPush) {
     a[i] = static_cast<float>(i % 7);
     b[i] = 1.0f;
   }
-  SendEncoded(PUSH, 0, 0, spec, Encode(spec, a, 5, 0), n);
-  SendEncoded(PUSH, 1, 0, spec, Encode(spec, b, 5, 0), n);
+  SendEncoded(PUSH, 0, 0, spec, EncodeForTest(spec, a, 5, 0), n);
+  SendEncoded(PUSH, 1, 0, spec, EncodeForTest(spec, b, 5, 0), n);
   // Decoding the summed payloads equals summing the decoded payloads.
   auto codec = compression::CreateCodec(spec);
   std::vector<float> da(n), db(n);
-  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(Encode(spec, a, 5, 0).data()),
-                                                   Encode(spec, a, 5, 0).size()),
+  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(EncodeForTest(spec, a, 5, 0).data()),
+                                                   EncodeForTest(spec, a, 5, 0).size()),
                                compression::CodecSeed(5, 0), absl::MakeSpan(da)).ok());
-  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(Encode(spec, b, 5, 0).data()),
-                                                   Encode(spec, b, 5, 0).size()),
+  ASSERT_TRUE((*codec)->Decode(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(EncodeForTest(spec, b, 5, 0).data()),
+                                                   EncodeForTest(spec, b, 5, 0).size()),
                                compression::CodecSeed(5, 0), absl::MakeSpan(db)).ok());
   std::vector<float> w = Weights(n);
   for (int i = 0; i < n; ++i) ASSERT_FLOAT_EQ(w[i], -0.5f * (da[i] + db[i])) << i;
@@ -347,7 +320,7 @@ TEST_F(EngineTest, MalformedCompressedPayloadsAreRejectedAndNotCounted) {
   const int n = 4096;
   Make(SYNC, false, 1, "2bit", UPDATE_ON_SERVER, n);
   const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
-  std::string good = Encode(spec, std::vector<float>(n, 1.0f), 5, 0);
+  std::string good = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
   std::string truncated = good.substr(0, good.size() - 8);
   std::string bad_threshold = good;
   const float nan = std::nanf("");
@@ -376,14 +349,14 @@ TEST_F(EngineTest, UncompressedRoundsTakeRawPushesThenTheCodec) {
   c.mutable_compression()->set_uncompressed_rounds(2);
   MakeFromConfig(c, n);
   const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
-  SendEncoded(PUSH, 0, 0, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 0), n);  // round 0 is raw
+  SendEncoded(PUSH, 0, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0), n);  // round 0 is raw
   EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match"));
   Send(PUSH, 0, 0, std::vector<float>(n, 1.0f));
   Send(PUSH, 0, 1, std::vector<float>(n, 1.0f));
   EXPECT_EQ(Weights(n), std::vector<float>(n, -2.0f));  // exact values, not +-0.25
   Send(PUSH, 0, 2, std::vector<float>(n, 1.0f));  // round 2 must be compressed
   EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match"));
-  SendEncoded(PUSH, 0, 2, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 2), n);
+  SendEncoded(PUSH, 0, 2, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 2), n);
   EXPECT_EQ(sent_.back().header.status_code(), 0);
   EXPECT_EQ(Weights(n), std::vector<float>(n, -2.25f));
 }
@@ -396,11 +369,11 @@ TEST_F(EngineTest, WarmupRoundsTakeTheWarmupCodecOnlyAndAtItsExactSize) {
   c.mutable_compression()->set_warmup_codec("fp16");
   MakeFromConfig(c, n);
   const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
-  const std::string fp16 = Encode("fp16", std::vector<float>(n, 1.0f), 5, 0);
+  const std::string fp16 = EncodeForTest("fp16", std::vector<float>(n, 1.0f), 5, 0);
   Send(PUSH, 0, 0, std::vector<float>(n, 1.0f));  // raw fp32 in a warm-up round
   EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match the codec 'fp16'"));
   EXPECT_THAT(sent_.back().header.error(), HasSubstr("warm-up round 0"));
-  SendEncoded(PUSH, 0, 0, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 0), n);
+  SendEncoded(PUSH, 0, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0), n);
   EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match"));
   SendEncoded(PUSH, 0, 0, "fp16", fp16.substr(2), n);  // one value short
   EXPECT_EQ(sent_.back().header.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
@@ -409,11 +382,11 @@ TEST_F(EngineTest, WarmupRoundsTakeTheWarmupCodecOnlyAndAtItsExactSize) {
   EXPECT_EQ(Weights(n), std::vector<float>(n, 0.0f));
   SendEncoded(PUSH, 0, 0, "fp16", fp16, n);
   EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
-  SendEncoded(PUSH, 0, 1, "fp16", Encode("fp16", std::vector<float>(n, 0.5f), 5, 1), n);
+  SendEncoded(PUSH, 0, 1, "fp16", EncodeForTest("fp16", std::vector<float>(n, 0.5f), 5, 1), n);
   EXPECT_EQ(Weights(n), std::vector<float>(n, -1.5f));  // fp16 holds 1 and 0.5 exactly
-  SendEncoded(PUSH, 0, 2, "fp16", Encode("fp16", std::vector<float>(n, 1.0f), 5, 2), n);
+  SendEncoded(PUSH, 0, 2, "fp16", EncodeForTest("fp16", std::vector<float>(n, 1.0f), 5, 2), n);
   EXPECT_THAT(sent_.back().header.error(), HasSubstr("does not match the codec '" + spec + "'"));
-  SendEncoded(PUSH, 0, 2, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 2), n);
+  SendEncoded(PUSH, 0, 2, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 2), n);
   EXPECT_EQ(sent_.back().header.status_code(), 0);
   EXPECT_EQ(Weights(n), std::vector<float>(n, -1.75f));
 }
@@ -426,8 +399,8 @@ TEST_F(EngineTest, SumOnlyAggregateOfAWarmupRoundGoesBackInTheWarmupCodec) {
   c.mutable_compression()->set_uncompressed_rounds(1);
   c.mutable_compression()->set_warmup_codec("bf16");
   MakeFromConfig(c, n);
-  SendEncoded(PUSH_PULL, 0, 0, "bf16", Encode("bf16", std::vector<float>(n, 0.25f), 5, 0), n);
-  SendEncoded(PUSH_PULL, 1, 0, "bf16", Encode("bf16", std::vector<float>(n, 0.5f), 5, 0), n);
+  SendEncoded(PUSH_PULL, 0, 0, "bf16", EncodeForTest("bf16", std::vector<float>(n, 0.25f), 5, 0), n);
+  SendEncoded(PUSH_PULL, 1, 0, "bf16", EncodeForTest("bf16", std::vector<float>(n, 0.5f), 5, 0), n);
   ASSERT_EQ(sent_.size(), 2u);
   for (const Sent& s : sent_) {
     ASSERT_EQ(s.header.codec(), "bf16") << s.header.error();
@@ -440,8 +413,8 @@ TEST_F(EngineTest, SumOnlyAggregateOfAWarmupRoundGoesBackInTheWarmupCodec) {
     EXPECT_EQ(sum, std::vector<float>(n, 0.75f));
   }
   const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
-  SendEncoded(PUSH_PULL, 0, 1, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 1), n);
-  SendEncoded(PUSH_PULL, 1, 1, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 1), n);
+  SendEncoded(PUSH_PULL, 0, 1, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 1), n);
+  SendEncoded(PUSH_PULL, 1, 1, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 1), n);
   ASSERT_EQ(sent_.size(), 4u);
   EXPECT_EQ(sent_[3].header.codec(), compression::ParseCodecSpec("onebit")->ToString());
 }
@@ -481,7 +454,7 @@ TEST_F(EngineTest, SumOnlyAggregateOfAnUncompressedRoundIsRaw) {
   ASSERT_EQ(sent_.size(), 1u);
   EXPECT_TRUE(sent_[0].header.codec().empty());
   EXPECT_EQ(sent_[0].payload, std::vector<float>(n, 0.1f));
-  SendEncoded(PUSH_PULL, 0, 1, spec, Encode(spec, std::vector<float>(n, 1.0f), 5, 1), n);
+  SendEncoded(PUSH_PULL, 0, 1, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 1), n);
   ASSERT_EQ(sent_.size(), 2u);
   EXPECT_EQ(sent_[1].header.codec(), spec);
 }

@@ -1,13 +1,10 @@
 // A primary handing its role to a backup (ShardMap.handoffs): two engines,
-// server 0 the primary and server 1 the backup of partition 5, with their
-// replication delivered by the test.
+// server 0 the primary and server 1 the backup of partition 5
+// (ReplicaPairTest).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <deque>
-#include <string>
-
-#include "server/partition_engine.h"
+#include "server/engine_test_util.h"
 
 namespace shardps {
 namespace {
@@ -16,127 +13,7 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
-struct Message {
-  uint32_t from = 0, to = 0;
-  DataHeader header;
-  std::string payload;
-};
-
-class HandoffTest : public ::testing::Test {
- protected:
-  // SGD with learning rate 1 (sync: a weight moves by the mean gradient).
-  void Make(Consistency consistency) {
-    ClusterConfig c;
-    c.set_consistency(consistency);
-    c.set_num_workers(2);
-    c.set_num_servers(2);
-    c.set_replication(2);
-    c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-    c.mutable_optimizer()->set_learning_rate(1.0f);
-    for (uint32_t s : {0u, 1u}) {
-      auto engine = PartitionEngine::Create(
-          c,
-          [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t*) {
-            const std::string to = peer.to_string();
-            if (to.rfind("server", 0) == 0) {  // a confirmation, back to the primary
-              acks_.push_back(Message{s, static_cast<uint32_t>(std::stoul(to.substr(6))), h, ""});
-            } else {
-              answers_.push_back(h);
-            }
-          },
-          [this, s](uint32_t server, DataHeader& h, zmq::message_t& payload) {
-            outbox_.push_back(Message{s, server, h, payload.to_string()});
-          });
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      engines_[s] = *std::move(engine);
-    }
-    Install(MapAt(3, 0, 1));
-    Send(0, INIT, 0, 0, {1, 1});
-    Deliver();
-    answers_.clear();
-  }
-
-  // Epoch `epoch`: partition 5 (2 elements) with primary `primary` and
-  // backup `backup`, handing off from the primary to the backup if `handoff`.
-  static ShardMap MapAt(uint64_t epoch, uint32_t primary, uint32_t backup, bool handoff = false) {
-    ShardMap map;
-    map.set_epoch(epoch);
-    map.add_tensors()->set_name("t");
-    for (uint32_t s : {0u, 1u}) {
-      ServerInfo* info = map.add_servers();
-      info->set_index(s);
-      info->set_data_address("tcp://s:" + std::to_string(s + 1));
-    }
-    PartitionInfo* p = map.add_partitions();
-    p->set_id(5);
-    p->set_num_elements(2);
-    p->set_server(primary);
-    p->add_backups(backup);
-    if (handoff) {
-      Handoff* h = map.add_handoffs();
-      h->set_partition(5);
-      h->set_from(primary);
-      h->set_to(backup);
-      h->set_epoch(epoch);
-    }
-    return map;
-  }
-
-  void Install(const ShardMap& map) {
-    for (uint32_t s : {0u, 1u}) ASSERT_TRUE(engines_[s]->InstallShardMap(map, s).ok());
-  }
-
-  // A request of worker `rank` to server `server`; returns its id.
-  uint64_t Send(uint32_t server, Op op, uint32_t rank, uint64_t round, std::vector<float> values,
-                uint64_t epoch = 3, uint64_t id = 0) {
-    DataHeader h;
-    h.set_op(op);
-    h.set_worker_rank(rank);
-    h.set_round(round);
-    h.set_epoch(epoch);
-    h.set_partition_id(5);
-    h.set_request_id(id != 0 ? id : ++next_id_);
-    h.set_dtype(FLOAT32);
-    h.set_num_elements(2);
-    zmq::message_t peer("w" + std::to_string(rank));
-    zmq::message_t payload(values.data(), values.size() * sizeof(float));
-    engines_[server]->Handle(peer, h, op == PULL ? nullptr : &payload);
-    return h.request_id();
-  }
-
-  // Delivers every replica update and confirmation until none is left.
-  void Deliver() {
-    while (!outbox_.empty() || !acks_.empty()) {
-      if (!outbox_.empty()) {
-        Message m = std::move(outbox_.front());
-        outbox_.pop_front();
-        zmq::message_t peer("server" + std::to_string(m.from));
-        zmq::message_t payload(m.payload.data(), m.payload.size());
-        engines_[m.to]->Handle(peer, m.header, &payload);
-      } else {
-        Message m = std::move(acks_.front());
-        acks_.pop_front();
-        engines_[m.to]->HandleReplicaAck(m.from, m.header);
-      }
-    }
-  }
-
-  std::vector<uint64_t> Answered() {
-    std::vector<uint64_t> ids;
-    for (const DataHeader& h : answers_) ids.push_back(h.request_id());
-    return ids;
-  }
-
-  std::vector<float> Weights(uint32_t server) {
-    const float* w = engines_[server]->weights(5);
-    return {w[0], w[1]};
-  }
-
-  std::unique_ptr<PartitionEngine> engines_[2];
-  std::deque<Message> outbox_, acks_;
-  std::vector<DataHeader> answers_;
-  uint64_t next_id_ = 0;
-};
+class HandoffTest : public ReplicaPairTest {};
 
 TEST_F(HandoffTest, ASyncRoundStartedBeforeTheHandoffCompletesAndTheNextIsHeldUntilTheBackupConfirmed) {
   Make(SYNC);

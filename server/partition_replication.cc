@@ -12,9 +12,6 @@
 #include "server/partition_engine.h"
 
 namespace shardps {
-namespace {
-
-}  // namespace
 
 uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
   uint64_t confirmed = p.sent;
@@ -46,6 +43,10 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     std::fill(p.clock.begin(), p.clock.end(), 0);
     p.handed_off_at = 0;
     p.arrivals = 0;
+    p.round_staleness = 0;
+    std::fill(p.contributed.begin(), p.contributed.end(), false);
+    p.forwarding_round = false;
+    p.counted_order.clear();
     p.sent = 0;
     p.confirmed.clear();
     p.last_sent.clear();
@@ -72,6 +73,9 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   p.backup_addresses = std::move(addresses);
   p.confirmed = std::move(confirmed);
   p.last_sent = std::move(last_sent);
+  // A new copy lacks the open round's pushes forwarded so far: this round
+  // goes to the backups as its sum.
+  if (!added.empty()) p.forwarding_round = false;
   for (uint32_t b : added) SendSnapshot(p, b);
   if (primary) ReplayForwarded(p);
   OnConfirmed(p);  // a backup that died holds nothing back any more
@@ -86,6 +90,37 @@ void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::
   f.set_codec(h.codec());
   if (h.has_based_on()) f.set_based_on(h.based_on());
   Replicate(p, f, payload.data(), payload.size());
+}
+
+void PartitionEngine::ForwardCounted(Partition& p, const DataHeader& h, const zmq::message_t& payload,
+                                     size_t bytes) {
+  if (p.arrivals == 0) {
+    const uint64_t live = config_.num_workers() - num_excluded_;
+    p.forwarding_round = !p.backups.empty() && PushCodec(p, h.round()).codec != nullptr &&
+                         bytes * live < p.n * sizeof(float);
+  }
+  if (!p.forwarding_round) return;
+  p.counted_order.push_back(h.worker_rank());
+  ForwardPush(p, h, payload);
+}
+
+void PartitionEngine::SumForwarded(Partition& p, const DataHeader& h) {
+  p.arrivals = 0;
+  for (uint32_t w : h.summed_workers()) {
+    auto it = std::find_if(p.forwarded.begin(), p.forwarded.end(), [&](const ParkedPush& f) {
+      return f.header.worker_rank() == w && f.header.round() == h.round();
+    });
+    // The primary decoded the same bytes: a failure here is a bug, and the
+    // copies differ from now on.
+    if (absl::Status s = Accumulate(p, w, h.round(), &it->payload); !s.ok()) {
+      ++stats_.errors;
+      LOG(ERROR) << "server " << server_index_ << ": partition " << p.id << ": summing worker " << w
+                 << "'s forwarded push of round " << h.round() << ": " << s;
+    }
+    p.contributed[w] = true;
+    ++p.arrivals;
+  }
+  SumRound(p);
 }
 
 void PartitionEngine::ReplayForwarded(Partition& p) {
@@ -174,8 +209,9 @@ uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data
   stats_.replicated += p.backups.size();
   for (size_t i = 0; i < p.backups.size(); ++i) {
     if (only && p.backups[i] != *only) continue;
-    zmq::message_t payload(data, bytes);
+    zmq::message_t payload = bytes > 0 ? zmq::message_t(data, bytes) : zmq::message_t();
     replicate_(p.backups[i], h, payload);
+    stats_.replicated_bytes += bytes;
     p.last_sent[i] = p.sent;
   }
   return p.sent;
@@ -233,14 +269,19 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (it->second->primary) {
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
                                                    h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
-  } else if (payload == nullptr ||
-             (h.replica_of() == PUSH_PULL ? payload->size() == 0
-                                          : payload->size() != (h.replica_of() == SNAPSHOT
-                                                                    ? SnapshotBytes(*it->second)
-                                                                    : it->second->n * sizeof(float)))) {
-    s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ",
-                                                payload ? payload->size() : 0, " bytes, expected ",
-                                                it->second->n * sizeof(float)));
+  } else {
+    // A forwarded push carries what the worker sent; a round summed from
+    // forwarded pushes carries nothing.
+    const bool forwarded = h.replica_of() == PUSH_PULL;
+    const size_t expected = h.replica_of() == SNAPSHOT       ? SnapshotBytes(*it->second)
+                            : h.summed_workers_size() > 0    ? 0
+                                                             : it->second->n * sizeof(float);
+    const size_t got = payload != nullptr ? payload->size() : 0;
+    if (payload == nullptr || (forwarded ? got == 0 : got != expected)) {
+      s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ", got,
+                                                  " bytes, expected ",
+                                                  forwarded ? "a non-empty push" : absl::StrCat(expected)));
+    }
   }
   bool apply = false;
   if (s.ok()) {
@@ -263,7 +304,7 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
                                                       "snapshot has not arrived"));
   }
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
-  if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp)
+  if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp, compressed sync rounds)
     if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
     if (h.round() < p.completed) return false;  // its round is applied here already
     for (const ParkedPush& f : p.forwarded) {
@@ -289,6 +330,23 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
     return absl::DataLossError(absl::StrCat("partition ", p.id, ": replica update ", h.round(),
                                             " arrived but this copy has applied ", p.completed,
                                             " (an update is missing)"));
+  }
+  if (h.summed_workers_size() > 0) {
+    if (!RoundBased(config_) || static_cast<uint32_t>(h.summed_workers_size()) != h.contributors()) {
+      return absl::InvalidArgumentError("replica update sums forwarded pushes that do not match its contributors");
+    }
+    std::vector<bool> seen(config_.num_workers(), false);
+    for (uint32_t w : h.summed_workers()) {
+      if (w >= seen.size() || seen[w]) return absl::InvalidArgumentError("replica update names a bad or repeated worker");
+      seen[w] = true;
+      const bool held = std::any_of(p.forwarded.begin(), p.forwarded.end(), [&](const ParkedPush& f) {
+        return f.header.worker_rank() == w && f.header.round() == h.round();
+      });
+      if (!held) {
+        return absl::DataLossError(absl::StrCat("partition ", p.id, ": round ", h.round(), " sums worker ", w,
+                                                "'s push, which was not forwarded to this copy"));
+      }
+    }
   }
   return true;
 }
@@ -329,7 +387,11 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     p.completed += k;
     ++stats_.updates;
   } else {
-    std::memcpy(p.acc.data(), data, payload.size());
+    if (h.summed_workers_size() > 0) {
+      SumForwarded(p, h);
+    } else {
+      std::memcpy(p.acc.data(), data, payload.size());
+    }
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
     p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
     ApplyRound(p);

@@ -161,7 +161,8 @@ class ParameterServerImpl : public ParameterServer {
     if (metrics_) metrics_->MaybePublish(*engine_, /*force=*/true);
     const EngineStats& s = engine_->stats();
     LOG(INFO) << "server " << index_ << " stopped: " << s.requests << " requests, " << s.errors << " errors, "
-              << s.updates << " updates, " << s.bytes_in << " bytes in, " << s.bytes_out << " bytes out";
+              << s.updates << " updates, " << s.bytes_in << " bytes in, " << s.bytes_out << " bytes out, "
+              << s.replicated_bytes << " bytes to backups";
     return result;
   }
 

@@ -46,6 +46,8 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index, size_t m
                        "batches of pushes drained together)",
                        l);
   replicated_ = r.Counter("shardps_server_replicated_updates_total", "Updates sent to backups (one per copy)", l);
+  replicated_bytes_ = r.Counter("shardps_server_replicated_bytes_total",
+                                "Payload bytes of the updates sent to backups (one per copy)", l);
   stale_gradients_ = r.Counter("shardps_server_gradients_total",
                                "Gradients applied whose staleness was measured (they say what they were computed on)", l);
   staleness_sum_ = r.Counter("shardps_server_gradient_staleness_rounds_total",
@@ -89,6 +91,7 @@ void ServerMetrics::MaybePublish(const PartitionEngine& engine, bool force) {
   bytes_out_.Add(s.bytes_out - last_.bytes_out);
   updates_.Add(s.updates - last_.updates);
   replicated_.Add(s.replicated - last_.replicated);
+  replicated_bytes_.Add(s.replicated_bytes - last_.replicated_bytes);
   promotions_.Add(s.promotions - last_.promotions);
   non_finite_.Add(s.non_finite - last_.non_finite);
   bad_request_ids_.Add(s.bad_request_ids - last_.bad_request_ids);

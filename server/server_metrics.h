@@ -45,7 +45,7 @@ class ServerMetrics {
   EngineStats last_;
   std::array<MetricCounter, 7> requests_;   // by op
   std::array<MetricCounter, 17> errors_;    // by status code
-  MetricCounter bytes_in_, bytes_out_, updates_, replicated_, promotions_;
+  MetricCounter bytes_in_, bytes_out_, updates_, replicated_, replicated_bytes_, promotions_;
   // shardps_server_refused_total{reason}.
   MetricCounter non_finite_, bad_request_ids_, over_inflight_, over_connections_;
   MetricCounter stale_gradients_, staleness_sum_;

@@ -21,8 +21,9 @@ usage: tools/netbench.sh [flags] [CONFIG ...]
 CONFIG is a built-in name or NAME=FILE (FILE: protobuf text, ClusterConfig fields
 such as compression {...} and update_mode; num_servers/num_workers are forced
 to 2/2; replication is the cluster's default, 2 copies with 2 servers, so each
-server also forwards every update to the other: put replication: 1 in a FILE to
-time one copy). Default: none 2bit. Built-in configurations:
+server also sends every update to the other (a raw round as its fp32 sum, a
+compressed one as the workers' pushes): put replication: 1 in a FILE to time
+one copy). Default: none 2bit. Built-in configurations:
   none         no compression
   2bit         2bit:scale=1 pushes, onebit aggregate pulls (SUM_ONLY), 150 uncompressed
                rounds, then Adam's variance frozen (optimizer epsilon 1e-4)
