@@ -106,6 +106,52 @@ absl::StatusOr<WorkerProcess> SpawnWorker(int rank, const LaunchOptions& o, cons
   return WorkerProcess{rank, *child, out[0], err[0]};
 }
 
+// Job control. A terminal's Ctrl-Z stops its foreground process group: this
+// launcher and its daemons. The workers lead groups of their own (so that
+// Ctrl-C reaches them through us, before the daemons stop), so we stop them,
+// then ourselves, and resume them once continued (fg, bg). A worker left
+// running would wait on stopped servers and fail its requests.
+std::atomic<bool> g_suspend{false};
+
+// Takes SIGTSTP on a thread of its own, like InstallStopSignals, unless it
+// was ignored at start (a shell without job control). Call before any other
+// thread starts.
+void TakeSuspendSignal() {
+  struct sigaction at_start {};
+  sigaction(SIGTSTP, nullptr, &at_start);
+  if (at_start.sa_handler == SIG_IGN) return;
+  sigset_t tstp;
+  sigemptyset(&tstp);
+  sigaddset(&tstp, SIGTSTP);
+  pthread_sigmask(SIG_BLOCK, &tstp, nullptr);
+  std::thread([tstp] {
+    int sig = 0;
+    while (sigwait(&tstp, &sig) == 0) g_suspend.store(true);
+  }).detach();
+}
+
+// Stops the workers' groups, the daemons and then this process; once it is
+// continued, resumes the daemons, then the workers. Returns how long it was
+// stopped.
+absl::Duration Suspend(const std::vector<WorkerProcess>& workers, const std::vector<ChildProcess>& daemons) {
+  for (const WorkerProcess& w : workers) {
+    if (w.process.running()) kill(-w.process.pid, SIGSTOP);
+  }
+  for (const ChildProcess& d : daemons) {
+    if (d.running()) kill(d.pid, SIGSTOP);
+  }
+  std::cerr << "shardps launch: stopped with its workers and daemons; fg or bg resumes them\n";
+  const absl::Time stopped = absl::Now();
+  raise(SIGSTOP);
+  for (const ChildProcess& d : daemons) {
+    if (d.running()) kill(d.pid, SIGCONT);
+  }
+  for (const WorkerProcess& w : workers) {
+    if (w.process.running()) kill(-w.process.pid, SIGCONT);
+  }
+  return absl::Now() - stopped;
+}
+
 // SIGTERM to the worker's process group, SIGKILL after `grace`.
 void StopWorker(WorkerProcess& w, absl::Duration grace) {
   if (!w.process.running()) return;
@@ -231,9 +277,11 @@ absl::StatusOr<std::string> StartDaemons(LaunchOptions& o, const std::string& di
 
 // Waits for the workers. Returns 0 when all exit 0, else the first failure's
 // exit code (1 when a daemon dies, the deadline passes or we are stopped).
+// Time spent suspended (Ctrl-Z) does not count toward --timeout.
 int Supervise(const LaunchOptions& o, std::vector<WorkerProcess>& workers, std::vector<ChildProcess>& daemons) {
-  const absl::Time deadline = o.timeout_s > 0 ? absl::Now() + absl::Seconds(o.timeout_s) : absl::InfiniteFuture();
+  absl::Time deadline = o.timeout_s > 0 ? absl::Now() + absl::Seconds(o.timeout_s) : absl::InfiniteFuture();
   for (size_t done = 0; done < workers.size();) {
+    if (g_suspend.exchange(false)) deadline += Suspend(workers, daemons);
     std::vector<ChildProcess> running;
     for (WorkerProcess& w : workers) running.push_back(w.process);
     int code;
@@ -353,6 +401,7 @@ int LaunchCommand(const Args& args) {
     std::cerr << "shardps launch: " << config.status().message() << "\n";
     return 2;
   }
+  TakeSuspendSignal();  // first: InstallStopSignals' thread must block SIGTSTP too
   InstallStopSignals();
   return Launch(o, *config);
 }

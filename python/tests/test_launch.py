@@ -1,7 +1,11 @@
 import os
+import pty
+import select
+import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -44,6 +48,75 @@ except Exception as e:
     print("round %d failed: %s" % (rounds, e), flush=True)
     sys.exit(3)
 """
+
+# Trains (push-pull rounds) until the file named by argv[1] exists; a round
+# that fails (servers stopped while it ran on) says so.
+_PAUSABLE_WORKER = """
+import array, os, sys
+import shardps
+worker = shardps.init()
+worker.define([("w", [1024])])
+if worker.rank == 0:
+    worker.init_tensor("w", array.array("f", [0.0] * 1024))
+worker.barrier("init")
+grad, out = array.array("f", [1.0] * 1024), array.array("f", [0.0] * 1024)
+rounds = 0
+try:
+    while not os.path.exists(sys.argv[1]):
+        worker.wait(worker.push_pull("w", grad, out), timeout=30)
+        rounds += 1
+        if rounds == 5:
+            print("ready", flush=True)
+except Exception as e:
+    print("round %d failed: %s" % (rounds, e), flush=True)
+    sys.exit(3)
+print("done after %d rounds" % rounds, flush=True)
+"""
+
+
+class _Terminal:
+    """An interactive bash on a pseudo-terminal, with job control as a user has it."""
+
+    def __init__(self, env):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.execvpe("bash", ["bash", "--norc", "--noprofile", "-i"], env)
+        self.seen = ""
+
+    def type(self, text):
+        os.write(self.fd, text.encode())
+
+    def expect(self, needle, timeout=60):
+        """Reads the screen until `needle` appears after what was expected before."""
+        deadline = time.monotonic() + timeout
+        while needle not in self.seen:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                raise AssertionError("%r not on the terminal within %s s; it shows:\n%s" % (needle, timeout, self.seen))
+            try:
+                self.seen += os.read(self.fd, 65536).decode(errors="replace")
+            except OSError:
+                raise AssertionError("the terminal closed before %r; it showed:\n%s" % (needle, self.seen))
+        at = self.seen.index(needle) + len(needle)
+        shown, self.seen = self.seen[:at], self.seen[at:]
+        return shown
+
+    def close(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+def _state(pid):
+    """The state letter of `pid` (T: stopped), or None once it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def _children(pid):
@@ -117,8 +190,9 @@ class LaunchTest(unittest.TestCase):
 
     def test_ctrl_c_at_the_terminal_stops_training_workers_before_the_daemons(self):
         # A terminal sends SIGINT to its whole foreground process group. The
-        # scheduler and servers lead groups of their own, so they keep serving
-        # until the workers have stopped: no worker sees its servers go first.
+        # scheduler and servers ignore it (the launcher starts them so), so
+        # they keep serving until the workers have stopped: no worker sees its
+        # servers go first.
         argv = launch_argv(2, 2, [sys.executable, "-c", _TRAINING_WORKER])
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                               env=worker_environment(), start_new_session=True) as proc:
@@ -130,6 +204,51 @@ class LaunchTest(unittest.TestCase):
         self.assertNotIn("failed", out, err)
         self.assertIn("[0] stopped by SIGTERM", out, err)
         self.assertIn("[1] stopped by SIGTERM", out, err)
+
+    def test_ctrl_z_at_the_terminal_pauses_the_workers_too_and_fg_resumes_the_job(self):
+        # The terminal stops its foreground group: the launcher and its
+        # daemons. The workers lead groups of their own, so the launcher must
+        # stop them too, or they wait on stopped servers and fail; fg resumes
+        # all of them and the job ends as if never paused.
+        with tempfile.TemporaryDirectory() as tmp:
+            done = os.path.join(tmp, "done")
+            argv = launch_argv(2, 2, [sys.executable, "-c", _PAUSABLE_WORKER, done])
+            env = worker_environment()
+            env["PS1"] = "$ "
+            term = _Terminal(env)
+            try:
+                term.expect("$ ")
+                term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+                term.expect("] ready")
+                term.expect("] ready")
+                launcher = [pid for pid in _children(term.pid)]
+                self.assertEqual(len(launcher), 1, launcher)
+                started = launcher + _children(launcher[0])
+                self.assertEqual(len(started), 6, started)  # launcher, scheduler, 2 servers, 2 workers
+                term.type("\x1a")  # Ctrl-Z
+                term.expect("Stopped")
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and any(_state(pid) != "T" for pid in started):
+                    time.sleep(0.1)
+                self.assertEqual([_state(pid) for pid in started], ["T"] * 6)
+                time.sleep(3)  # longer than a round; nothing may run meanwhile
+                self.assertEqual([_state(pid) for pid in started], ["T"] * 6)
+                term.type("fg\n")
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and any(_state(pid) == "T" for pid in started):
+                    time.sleep(0.1)
+                self.assertNotIn("T", [_state(pid) for pid in started])
+                time.sleep(1)
+                open(done, "w").close()
+                shown = term.expect("] done after")
+                shown += term.expect("] done after")
+                shown += term.expect("$ ")  # the job ended: the prompt is back
+                self.assertNotIn("] round", shown)  # a failed round
+                term.type("echo EXIT=$?\n")
+                term.expect("echo EXIT=$?")  # the echo of what was typed
+                self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+            finally:
+                term.close()
 
     def test_a_killed_launcher_takes_its_daemons_and_workers_with_it(self):
         argv = launch_argv(2, 2, [sys.executable, "-c", _TERM_AWARE_WORKER])
