@@ -348,6 +348,8 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"launch --workers 1 python3", "the workers' command goes after --"},
                    {"status --watch --interval 0", "--interval 0 must be at least 0.1"},
                    {"server --scheduler 127.0.0.1:7000 --register-timeout -1", "--register-timeout -1 must be above 0"},
+                   {"server --scheduler 127.0.0.1:7000 --metrics-max-partitions -3",
+                    "--metrics-max-partitions: -3 is below 0"},
                    {"train --scheduler 127.0.0.1:7000 --rank -1", "--rank -1 is negative"}},
                   /*exit_code=*/2);
 }

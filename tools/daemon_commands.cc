@@ -225,17 +225,13 @@ int ServerCommand(const Args& args) {
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
   int64_t max_partition_series = static_cast<int64_t>(options.metrics_max_partitions);
-  flags.Int("metrics-max-partitions", &max_partition_series,
+  flags.Count("metrics-max-partitions", &max_partition_series,
             "partitions (lowest ids) that get per-partition metric series; the rest are only counted");
   if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("server", s);
   if (flags.help()) return 0;
   if (absl::Status s = RequireScheduler(options.scheduler_address); !s.ok()) return UsageError("server", s);
   if (absl::Status s = RequirePositiveSeconds("register-timeout", register_timeout_s); !s.ok()) {
     return UsageError("server", s);
-  }
-  if (max_partition_series < 0) {
-    return Fail("server", absl::InvalidArgumentError(absl::StrCat("--metrics-max-partitions ", max_partition_series,
-                                                                  " is negative")));
   }
   options.metrics_max_partitions = static_cast<size_t>(max_partition_series);
   InitLogging("shardps-server", verbose);
