@@ -140,6 +140,26 @@ std::vector<float> ErrorFeedback::Residual(uint64_t key) const {
   return it->second->residual;
 }
 
+ErrorFeedback::KeyCopy ErrorFeedback::Save(uint64_t key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = states_.find(key);
+  if (it == states_.end()) return {};
+  absl::MutexLock key_lock(&it->second->mu);
+  return KeyCopy{it->second->residual, it->second->velocity, it->second->calls};
+}
+
+void ErrorFeedback::Restore(uint64_t key, KeyCopy copy) {
+  if (copy.calls == 0) {
+    Reset(key);
+    return;
+  }
+  const std::shared_ptr<KeyState> state = StateFor(key);
+  absl::MutexLock lock(&state->mu);
+  state->residual = std::move(copy.residual);
+  state->velocity = std::move(copy.velocity);
+  state->calls = copy.calls;
+}
+
 void ErrorFeedback::Reset(uint64_t key) {
   absl::MutexLock lock(&mu_);
   states_.erase(key);

@@ -55,6 +55,16 @@ class ErrorFeedback {
 
   // Copy of the key's residual (empty if the key is unknown).
   std::vector<float> Residual(uint64_t key) const;
+  // A key's whole state, to carry it to another encoder (a re-created copy
+  // of a server's partition): residual, velocity (momentum) and the calls
+  // made (warm-up). All empty/0 if the key is unknown.
+  struct KeyCopy {
+    std::vector<float> residual, velocity;
+    int64_t calls = 0;
+  };
+  KeyCopy Save(uint64_t key) const;
+  // Replaces the key's state with `copy`; calls 0 drops it (Reset).
+  void Restore(uint64_t key, KeyCopy copy);
   // Drops a key's state (e.g. when a partition moves away).
   void Reset(uint64_t key);
   size_t num_keys() const;

@@ -91,6 +91,30 @@ TEST(ErrorFeedbackTest, WarmUpAnnealsTheRatio) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(counts[i], want[i], 1.0) << i;
 }
 
+TEST(ErrorFeedbackTest, ARestoredKeyEncodesBitwiseAsTheOneItWasSavedFrom) {
+  // Momentum and warm-up: every part of a key's state must travel.
+  const size_t n = 5000;
+  const ErrorFeedbackOptions options{.momentum = 0.5f, .warmup_calls = 4, .warmup_start_ratio = 0.16f};
+  auto original = MustCreateEf("topk:ratio=0.01", options);
+  auto copy = MustCreateEf("topk:ratio=0.01", options);
+  std::vector<uint8_t> a(original->MaxEncodedBytes(n)), b(a.size());
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(original->Encode(7, RandomGradient(n, 80 + step), step, absl::MakeSpan(a)).ok());
+  }
+  copy->Restore(7, original->Save(7));
+  for (int step = 2; step < 6; ++step) {
+    const auto g = RandomGradient(n, 80 + step);
+    auto x = original->Encode(7, g, step, absl::MakeSpan(a));
+    auto y = copy->Encode(7, g, step, absl::MakeSpan(b));
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_EQ(std::vector<uint8_t>(a.begin(), a.begin() + *x), std::vector<uint8_t>(b.begin(), b.begin() + *y))
+        << "step " << step;
+  }
+  copy->Restore(7, original->Save(99));  // an unknown key: nothing to carry
+  EXPECT_TRUE(copy->Residual(7).empty());
+  EXPECT_EQ(copy->num_keys(), 0u);
+}
+
 TEST(ErrorFeedbackTest, RejectsMomentumForDenseCodecs) {
   auto params = ParseCodecSpec("2bit");
   ASSERT_TRUE(params.ok());

@@ -73,12 +73,13 @@ class ReplicaPairTest : public ::testing::Test {
     for (uint32_t s : {0u, 1u}) {
       auto engine = PartitionEngine::Create(
           c,
-          [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t*) {
+          [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t* payload) {
             const std::string to = peer.to_string();
             if (to.rfind("server", 0) == 0) {  // a confirmation, back to the primary
               acks_.push_back(Message{s, static_cast<uint32_t>(std::stoul(to.substr(6))), h, ""});
             } else {
               answers_.push_back(h);
+              answer_payloads_.push_back(payload != nullptr ? payload->to_string() : "");
             }
           },
           [this, s](uint32_t server, DataHeader& h, zmq::message_t& payload) {
@@ -91,6 +92,7 @@ class ReplicaPairTest : public ::testing::Test {
     Send(0, INIT, 0, 0, std::vector<float>(n, 1.0f));
     Deliver();
     answers_.clear();
+    answer_payloads_.clear();
     replicated_.clear();
   }
 
@@ -177,6 +179,7 @@ class ReplicaPairTest : public ::testing::Test {
   std::deque<Message> outbox_, acks_;
   std::vector<Message> replicated_;
   std::vector<DataHeader> answers_;
+  std::vector<std::string> answer_payloads_;  // per answer, its payload bytes
   uint64_t next_id_ = 0;
 };
 

@@ -326,6 +326,8 @@ class PartitionEngine {
   void SendSnapshot(Partition& p, uint32_t server);
   void ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   size_t SnapshotBytes(const Partition& p) const;
+  // The error feedback of p's compressed sum-only aggregates (null if none).
+  compression::ErrorFeedback* PullFeedback(const Partition& p) const;
   bool Settled(const Partition& p) const;
   // Sends update `h` (op REPLICATE, replica_of and round set) to every backup;
   // returns its sequence number, or 0 if the partition has no backup.

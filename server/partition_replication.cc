@@ -135,14 +135,25 @@ void PartitionEngine::ReplayForwarded(Partition& p) {
   }
 }
 
+compression::ErrorFeedback* PartitionEngine::PullFeedback(const Partition& p) const {
+  if (!sum_only_ || p.codecs.pull == nullptr) return nullptr;
+  auto it = pull_feedback_.find(p.codecs.pull_spec);
+  return it != pull_feedback_.end() ? it->second.get() : nullptr;
+}
+
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
-  const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0);
-  return floats * sizeof(float) + 2 * p.last_request.size() * sizeof(uint64_t);
+  const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0) +
+                        (PullFeedback(p) != nullptr ? p.n : 0);
+  return floats * sizeof(float) + 2 * p.last_request.size() * sizeof(uint64_t) +
+         (PullFeedback(p) != nullptr ? sizeof(uint64_t) : 0);
 }
 
 // Layout: weights, optimizer state, [mirror], [aggregate] as float32, then
-// per worker last request id and pushes applied as uint64; completed rounds
-// in the header's round.
+// per worker last request id and pushes applied as uint64, then [the
+// aggregates' error feedback: encodings made as uint64, residual as float32
+// (zeros before the first)]; completed rounds in the header's round. The
+// servers' feedback has no momentum or warm-up: the residual and the count
+// are its whole state.
 void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   std::string bytes;
   bytes.reserve(SnapshotBytes(p));
@@ -156,6 +167,13 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   if (sum_only_) put(p.aggregate->data(), p.n * sizeof(float));
   put(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   put(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  if (compression::ErrorFeedback* feedback = PullFeedback(p)) {
+    compression::ErrorFeedback::KeyCopy copy = feedback->Save(p.id);
+    const uint64_t calls = copy.calls;
+    copy.residual.resize(p.n, 0.0f);
+    put(&calls, sizeof(calls));
+    put(copy.residual.data(), p.n * sizeof(float));
+  }
   DataHeader h;
   h.set_replica_of(SNAPSHOT);
   h.set_round(p.completed);
@@ -178,6 +196,15 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   if (sum_only_) take(p.aggregate->data(), p.n * sizeof(float));
   take(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   take(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  if (compression::ErrorFeedback* feedback = PullFeedback(p)) {
+    compression::ErrorFeedback::KeyCopy copy;
+    uint64_t calls = 0;
+    take(&calls, sizeof(calls));
+    copy.calls = static_cast<int64_t>(calls);
+    copy.residual.resize(p.n);
+    take(copy.residual.data(), p.n * sizeof(float));
+    feedback->Restore(p.id, std::move(copy));
+  }
   p.completed = h.round();
   p.initialized = true;
   p.encoded_round = -1;

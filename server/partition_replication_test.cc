@@ -128,6 +128,52 @@ TEST_F(ReplicationTest, ABackupPromotedMidRoundCountsTheForwardedPushOnceAndItsR
   EXPECT_EQ(Weights(1), std::vector<float>(n, 0.75f)) << "the retry was applied twice";
 }
 
+TEST_F(ReplicationTest, ACopyReCreatedFromASnapshotEncodesTheAggregatesAsItsPrimaryDoes) {
+  // Sum-only with onebit pulls: the servers carry what each encoding of the
+  // aggregate dropped over to the next (error feedback). A copy re-created
+  // from a snapshot must get that residual too, or its answers differ once
+  // it is promoted.
+  const int n = 4096;
+  Make(
+      SYNC,
+      [](ClusterConfig& config) {
+        config.set_update_mode(SUM_ONLY);
+        config.mutable_compression()->set_pull_codec("onebit");
+      },
+      n);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // A round's pushes; returns worker 0's request id.
+  auto round = [&](uint64_t r, uint64_t epoch, Op op) {
+    uint64_t first = 0;
+    for (uint32_t rank : {0u, 1u}) {
+      std::vector<float> g(n);
+      for (float& x : g) x = normal(rng);
+      const uint64_t id = Send(0, op, rank, r, g, epoch);
+      if (rank == 0) first = id;
+    }
+    Deliver();
+    return first;
+  };
+  Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
+  for (uint64_t r = 0; r < 3; ++r) round(r, 4, PUSH);
+  Install(MapAt(5, 0, 1));  // and comes back: a snapshot re-creates it
+  Deliver();
+  round(3, 5, PUSH);
+  answers_.clear();
+  answer_payloads_.clear();
+  const uint64_t id = round(4, 5, PUSH_PULL);  // answered by server 0 with round 4's aggregate
+  Install(MapAt(6, 1, 0));  // server 1 takes over
+  Send(1, PUSH_PULL, 0, 4, std::vector<float>(n, 0.0f), 6, id);  // worker 0 re-sends its push there
+  Deliver();  // server 1 re-creates server 0's copy: answers wait for its confirmation
+  ASSERT_EQ(answers_.size(), 3u);
+  for (const DataHeader& h : answers_) ASSERT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_EQ(answers_[0].codec(), "onebit");
+  EXPECT_EQ(answers_[2].request_id(), id);
+  EXPECT_EQ(answer_payloads_[2].size(), answer_payloads_[0].size());
+  EXPECT_TRUE(answer_payloads_[2] == answer_payloads_[0]) << "the re-created copy lost the error-feedback residual";
+}
+
 TEST_F(ReplicationTest, ARoundNamingAPushTheBackupNeverReceivedIsRefusedAndChangesNothing) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
