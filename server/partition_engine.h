@@ -325,9 +325,17 @@ class PartitionEngine {
   // Sends backup `server` this partition's whole state (a re-created copy).
   void SendSnapshot(Partition& p, uint32_t server);
   void ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // A snapshot's size before the encoded answer it carries (if any).
   size_t SnapshotBytes(const Partition& p) const;
+  // The size snapshot `payload` of p must have: SnapshotBytes plus the
+  // encoded answer's length it states.
+  size_t ExpectedSnapshotBytes(const Partition& p, const zmq::message_t& payload) const;
   // The error feedback of p's compressed sum-only aggregates (null if none).
   compression::ErrorFeedback* PullFeedback(const Partition& p) const;
+  // Whether p's snapshots carry its last round's encoded answer: sync with a
+  // pull codec, whose encoder state (error feedback, weight-delta mirror) has
+  // moved past that round, so the answer could not be encoded again.
+  bool CarriesEncodedAnswer(const Partition& p) const;
   bool Settled(const Partition& p) const;
   // Sends update `h` (op REPLICATE, replica_of and round set) to every backup;
   // returns its sequence number, or 0 if the partition has no backup.

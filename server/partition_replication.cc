@@ -141,19 +141,32 @@ compression::ErrorFeedback* PartitionEngine::PullFeedback(const Partition& p) co
   return it != pull_feedback_.end() ? it->second.get() : nullptr;
 }
 
+bool PartitionEngine::CarriesEncodedAnswer(const Partition& p) const {
+  return RoundBased(config_) && p.codecs.pull != nullptr;
+}
+
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
   const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0) +
                         (PullFeedback(p) != nullptr ? p.n : 0);
   return floats * sizeof(float) + 2 * p.last_request.size() * sizeof(uint64_t) +
-         (PullFeedback(p) != nullptr ? sizeof(uint64_t) : 0);
+         (PullFeedback(p) != nullptr ? sizeof(uint64_t) : 0) + (CarriesEncodedAnswer(p) ? sizeof(uint64_t) : 0);
+}
+
+size_t PartitionEngine::ExpectedSnapshotBytes(const Partition& p, const zmq::message_t& payload) const {
+  const size_t fixed = SnapshotBytes(p);
+  if (!CarriesEncodedAnswer(p) || payload.size() < fixed) return fixed;
+  uint64_t encoded = 0;
+  std::memcpy(&encoded, payload.data<char>() + fixed - sizeof(encoded), sizeof(encoded));
+  return fixed + std::min<uint64_t>(encoded, payload.size());  // a wrong length cannot overflow
 }
 
 // Layout: weights, optimizer state, [mirror], [aggregate] as float32, then
 // per worker last request id and pushes applied as uint64, then [the
 // aggregates' error feedback: encodings made as uint64, residual as float32
-// (zeros before the first)]; completed rounds in the header's round. The
-// servers' feedback has no momentum or warm-up: the residual and the count
-// are its whole state.
+// (zeros before the first)], then [the last round's encoded answer: its
+// length as uint64 (0: none was encoded), its bytes]; completed rounds in the
+// header's round. The servers' feedback has no momentum or warm-up: the
+// residual and the count are its whole state.
 void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   std::string bytes;
   bytes.reserve(SnapshotBytes(p));
@@ -173,6 +186,11 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
     copy.residual.resize(p.n, 0.0f);
     put(&calls, sizeof(calls));
     put(copy.residual.data(), p.n * sizeof(float));
+  }
+  if (CarriesEncodedAnswer(p)) {
+    const uint64_t encoded = p.encoded && p.encoded_round == static_cast<int64_t>(p.completed) ? p.encoded_bytes : 0;
+    put(&encoded, sizeof(encoded));
+    if (encoded > 0) put(p.encoded->byte_data(), encoded);
   }
   DataHeader h;
   h.set_replica_of(SNAPSHOT);
@@ -205,9 +223,21 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
     take(copy.residual.data(), p.n * sizeof(float));
     feedback->Restore(p.id, std::move(copy));
   }
+  p.encoded_round = -1;
+  if (CarriesEncodedAnswer(p)) {
+    uint64_t encoded = 0;
+    take(&encoded, sizeof(encoded));
+    if (encoded > 0) {
+      if (!p.encoded || !p.encoded->unique() || p.encoded->bytes() < encoded) {
+        p.encoded.reset(SharedBuffer::Create((encoded + sizeof(float) - 1) / sizeof(float)));
+      }
+      take(p.encoded->byte_data(), encoded);
+      p.encoded_bytes = encoded;
+      p.encoded_round = static_cast<int64_t>(h.round());
+    }
+  }
   p.completed = h.round();
   p.initialized = true;
-  p.encoded_round = -1;
   p.synced = true;
   ++copies_generation_;
 }
@@ -299,10 +329,14 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else {
     // A forwarded push carries what the worker sent; a round summed from
     // forwarded pushes carries nothing.
+    const Partition& p = *it->second;
     const bool forwarded = h.replica_of() == PUSH_PULL;
-    const size_t expected = h.replica_of() == SNAPSHOT       ? SnapshotBytes(*it->second)
-                            : h.summed_workers_size() > 0    ? 0
-                                                             : it->second->n * sizeof(float);
+    size_t expected = p.n * sizeof(float);
+    if (h.replica_of() == SNAPSHOT) {
+      expected = payload != nullptr ? ExpectedSnapshotBytes(p, *payload) : SnapshotBytes(p);
+    } else if (h.summed_workers_size() > 0) {
+      expected = 0;
+    }
     const size_t got = payload != nullptr ? payload->size() : 0;
     if (payload == nullptr || (forwarded ? got == 0 : got != expected)) {
       s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ", got,

@@ -174,6 +174,45 @@ TEST_F(ReplicationTest, ACopyReCreatedFromASnapshotEncodesTheAggregatesAsItsPrim
   EXPECT_TRUE(answer_payloads_[2] == answer_payloads_[0]) << "the re-created copy lost the error-feedback residual";
 }
 
+TEST_F(ReplicationTest, ACopyPromotedRightAfterItsSnapshotAnswersTheLastRoundAsItsPrimaryDid) {
+  // The snapshot's encoder state is past the last round's answer (error
+  // feedback, or the weight-delta mirror): encoding that round again would
+  // answer a retry with something else. The snapshot carries the answer.
+  const int n = 4096;
+  for (const bool sum_only : {true, false}) {
+    SCOPED_TRACE(sum_only ? "sum-only, onebit aggregates" : "onebit weight deltas");
+    Make(
+        SYNC,
+        [&](ClusterConfig& config) {
+          if (sum_only) config.set_update_mode(SUM_ONLY);
+          config.mutable_compression()->set_pull_codec("onebit");
+        },
+        n);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
+    uint64_t retried = 0;
+    for (uint64_t r = 0; r < 3; ++r) {
+      for (uint32_t rank : {0u, 1u}) {
+        std::vector<float> g(n);
+        for (float& x : g) x = normal(rng);
+        const uint64_t id = Send(0, PUSH_PULL, rank, r, g, 4);
+        if (rank == 0) retried = id;
+      }
+    }
+    ASSERT_EQ(answers_.size(), 6u);
+    const std::string last = answer_payloads_[4];  // worker 0's answer of round 2
+    Install(MapAt(5, 0, 1));  // the copy comes back: a snapshot at round 3
+    Deliver();
+    Install(MapAt(6, 1, std::nullopt));  // server 0 dies at once; server 1 takes over
+    Send(1, PUSH_PULL, 0, 2, std::vector<float>(n, 0.0f), 6, retried);  // worker 0 re-sends round 2
+    ASSERT_EQ(answers_.size(), 7u);
+    ASSERT_EQ(answers_[6].status_code(), 0) << answers_[6].error();
+    EXPECT_EQ(answers_[6].request_id(), retried);
+    EXPECT_TRUE(answer_payloads_[6] == last) << "the promoted copy encoded the last round again";
+  }
+}
+
 TEST_F(ReplicationTest, ARoundNamingAPushTheBackupNeverReceivedIsRefusedAndChangesNothing) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
