@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -40,6 +41,47 @@ class ReplicationTest : public ReplicaPairTest {
   static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
+
+  // Hands the backup (server 1) replica update `h` of partition 5 as if the
+  // primary (server 0) sent it, with `payload`; returns the backup's answer.
+  DataHeader ToBackup(DataHeader h, const std::string& payload) {
+    h.set_op(REPLICATE);
+    h.set_partition_id(5);
+    h.set_epoch(3);
+    h.set_num_elements(n_);
+    h.set_dtype(FLOAT32);
+    h.set_request_id(++replica_id_);
+    zmq::message_t peer("server0");
+    zmq::message_t m(payload.data(), payload.size());
+    acks_.clear();
+    engines_[1]->Handle(peer, h, &m);
+    EXPECT_EQ(acks_.size(), 1u);
+    DataHeader answer = acks_.empty() ? DataHeader() : acks_.back().header;
+    acks_.clear();
+    return answer;
+  }
+  // Worker `rank`'s push of `round`, forwarded (its payload as the worker sent it).
+  static DataHeader Forwarded(uint32_t rank, uint64_t round, const std::string& codec) {
+    DataHeader h;
+    h.set_replica_of(PUSH_PULL);
+    h.set_worker_rank(rank);
+    h.set_round(round);
+    h.set_replica_request_id(1000 + 10 * round + rank);
+    h.set_codec(codec);
+    return h;
+  }
+  // Round `round`'s update, summed from the forwarded pushes of `workers`.
+  static DataHeader Summed(uint64_t round, const std::vector<uint32_t>& workers) {
+    DataHeader h;
+    h.set_replica_of(PUSH);
+    h.set_round(round);
+    h.set_contributors(workers.size());
+    h.set_lr_scale(1.0f);
+    for (uint32_t w : workers) h.add_summed_workers(w);
+    return h;
+  }
+
+  uint64_t replica_id_ = 1000;
 };
 
 TEST_F(ReplicationTest, CompressedRoundsReachTheBackupAsTheirPushesAndTheCopiesStayBitwiseEqual) {
@@ -149,6 +191,70 @@ TEST_F(ReplicationTest, ARoundNamingAPushTheBackupNeverReceivedIsRefusedAndChang
   EXPECT_EQ(acks_.back().header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_THAT(acks_.back().header.error(), HasSubstr("not forwarded to this copy"));
   EXPECT_EQ(Weights(1), std::vector<float>(n, 1.0f));
+}
+
+// A malformed update from a buggy or hostile primary: `summed_workers` is
+// meaningful only on a sync round's update (replica_of PUSH), but the size
+// check of HandleReplica expects no payload for any kind that names them, and
+// ReplicaIsNew checks them only for PUSH. An INIT naming one with no payload
+// is taken: the backup marks itself initialised with its zero weights, so the
+// real INIT is answered as one applied already and the copies differ.
+TEST_F(ReplicationTest, AnInitThatNamesSummedWorkersAndCarriesNoWeightsIsRefusedAndChangesNothing) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n, /*init=*/false);
+  DataHeader init;
+  init.set_replica_of(INIT);
+  init.add_summed_workers(0);
+  const DataHeader answer = ToBackup(init, "");
+  EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << answer.error();
+  // The primary's real INIT then reaches the backup as usual.
+  Send(0, INIT, 0, 0, std::vector<float>(n, 1.0f));
+  Deliver();
+  EXPECT_EQ(Weights(0), std::vector<float>(n, 1.0f));
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the backup kept its zero weights: backup[0] = " << Weights(1)[0];
+}
+
+// A malformed forwarded push (bytes its codec cannot decode) is confirmed
+// at once, and so is the round update that names it: SumForwarded only logs
+// the decoding error and applies the round anyway, with a sum that lacks
+// that push (here, its first: p.acc keeps whatever the last round left).
+// The backup confirms an update it did not apply as the primary did, and
+// its weights change.
+TEST_F(ReplicationTest, ARoundThatNamesAForwardedPushTheBackupCannotDecodeIsRefusedAndChangesNothing) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  const std::string good = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  const std::string truncated = good.substr(0, good.size() - 8);
+  std::vector<DataHeader> answers;
+  answers.push_back(ToBackup(Forwarded(0, 0, spec), truncated));
+  answers.push_back(ToBackup(Forwarded(1, 0, spec), good));
+  answers.push_back(ToBackup(Summed(0, {0, 1}), ""));
+  const bool refused = std::any_of(answers.begin(), answers.end(), [](const DataHeader& a) { return a.status_code() != 0; });
+  EXPECT_TRUE(refused) << "every update was confirmed, though the round could not be summed";
+  EXPECT_EQ(Weights(1), std::vector<float>(n, 1.0f)) << "the backup applied a round it could not sum";
+}
+
+// ReplicaIsNew takes a forwarded push of any round at or past the backup's,
+// of any size: nothing bounds p.forwarded. Sync forwards only the open
+// round's pushes (ssp a few rounds ahead), yet a backup takes and keeps
+// pushes of rounds arbitrarily far ahead. The same holds for a backup that
+// refused one round's update (it never applies another, so nothing it holds
+// is ever dropped, while every later round's pushes keep arriving).
+TEST_F(ReplicationTest, ABackupHoldsForwardedPushesOnlyOfRoundsNearItsOwn) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  const std::string good = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  const DataHeader huge = ToBackup(Forwarded(0, 0, spec), std::string(64 * n, '\1'));
+  EXPECT_NE(huge.status_code(), 0) << "a forwarded push larger than any a worker may send was kept";
+  int taken = 0;
+  for (uint64_t round = 1; round <= 1000; ++round) {
+    for (uint32_t rank : {0u, 1u}) {
+      if (ToBackup(Forwarded(rank, round, spec), good).status_code() == 0) ++taken;
+    }
+  }
+  EXPECT_LE(taken, 2 * 8) << "the backup holds the pushes of every round it was sent";
 }
 
 }  // namespace
