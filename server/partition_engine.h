@@ -340,7 +340,8 @@ class PartitionEngine {
   // Validates replica update `h`: true when it is new, false when this copy
   // has applied it already; an error for a gap or a malformed update.
   absl::StatusOr<bool> ReplicaIsNew(const Partition& p, const DataHeader& h) const;
-  // REQUIRES: ReplicaIsNew(p, h) returned true; `payload` holds n floats.
+  // REQUIRES: ReplicaIsNew(p, h) returned true; `payload` holds n floats
+  // (a round that names summed workers: none, and SumForwarded succeeded).
   void ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // Holds an answer until the backups confirm update `sequence`.
   void AnswerWhenConfirmed(Partition& p, const zmq::message_t& peer, const DataHeader& request, uint64_t sequence);
@@ -450,8 +451,9 @@ class PartitionEngine {
   // fp32 sum).
   void ForwardCounted(Partition& p, const DataHeader& h, const zmq::message_t& payload, size_t bytes);
   // Backup: sums the forwarded pushes the round update `h` names into p.acc,
-  // in its order, as the primary did. REQUIRES: ReplicaIsNew(p, h).
-  void SumForwarded(Partition& p, const DataHeader& h);
+  // in its order, as the primary did; fails (leaving only scratch changed)
+  // if one does not decode. REQUIRES: ReplicaIsNew(p, h) returned true.
+  absl::Status SumForwarded(Partition& p, const DataHeader& h);
   // Answers a counted or parked push of `round` once the weights it may use
   // are there: round + 1 - staleness complete (sync: its own round).
   void AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
