@@ -257,5 +257,118 @@ TEST_F(ReplicationTest, ABackupHoldsForwardedPushesOnlyOfRoundsNearItsOwn) {
   EXPECT_LE(taken, 2 * 8) << "the backup holds the pushes of every round it was sent";
 }
 
+// Scenarios checked and found to keep the copies equal (no bug): a backup
+// re-created mid-round, a worker removed mid-round, a hand-off with a round
+// open, a deterministic promotion, and warm-up rounds before the codec.
+TEST_F(ReplicationTest, ABackupRecreatedMidRoundGetsThatRoundAsItsSum) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  SendBytes(0, PUSH, 0, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0));
+  Deliver();
+  // Server 1 comes back at a new address: a new copy, sent a snapshot.
+  ShardMap map = MapAt(4, 0, 1);
+  map.mutable_servers(1)->set_data_address("tcp://s:9");
+  Install(map);
+  SendBytes(0, PUSH, 1, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0), 4);
+  Deliver();
+  const Traffic t = TakeTraffic();
+  EXPECT_EQ(t.forwarded_pushes, 1);
+  EXPECT_EQ(t.summed_rounds, 0) << "the new copy lacks the push forwarded before it";
+  EXPECT_EQ(answers_.size(), 2u);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_FALSE(SameBits(Weights(0), std::vector<float>(n, 1.0f)));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+TEST_F(ReplicationTest, ARoundCompletedWithoutARemovedWorkerSumsTheOthersPushes) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  SendBytes(0, PUSH, 0, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0));
+  Deliver();
+  ShardMap map = MapAt(4, 0, 1);
+  map.add_excluded_workers(1);
+  Install(map);
+  Deliver();
+  const Traffic t = TakeTraffic();
+  EXPECT_EQ(t.summed_rounds, 1);
+  EXPECT_EQ(Weights(0), std::vector<float>(n, 0.75f));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+  SendBytes(0, PUSH, 0, 1, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 1), 4);
+  Deliver();
+  EXPECT_EQ(Weights(0), std::vector<float>(n, 0.5f));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitches) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  const std::string g0 = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  SendBytes(0, PUSH, 0, 0, spec, g0);
+  Deliver();
+  Install(MapAt(4, 0, 1, /*handoff=*/true));
+  EXPECT_TRUE(engines_[0]->HandoffsDone().empty()) << "a round is open";
+  SendBytes(0, PUSH, 1, 0, spec, g0, 4);
+  Deliver();
+  EXPECT_EQ(engines_[0]->HandoffsDone().size(), 1u);
+  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  Install(MapAt(5, 1, 0));
+  Deliver();  // the new primary's snapshot to the old one
+  for (uint32_t rank : {0u, 1u}) SendBytes(1, PUSH, rank, 1, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 1), 5);
+  Deliver();
+  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_EQ(answers_.size(), 4u);
+  EXPECT_EQ(Weights(1), std::vector<float>(n, 0.5f));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+TEST_F(ReplicationTest, ADeterministicBackupPromotedMidRoundCountsTheForwardedPushOnce) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) {
+    config.mutable_compression()->set_codec("2bit:threshold=0.25");
+    config.set_deterministic(true);
+  }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  const std::string g = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  const uint64_t first = SendBytes(0, PUSH, 0, 0, spec, g);
+  Deliver();
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(4, 1, std::nullopt), 1).ok());
+  SendBytes(1, PUSH, 1, 0, spec, g, 4);
+  SendBytes(1, PUSH, 0, 0, spec, g, 4, first);
+  EXPECT_EQ(answers_.size(), 2u);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_EQ(Weights(1), std::vector<float>(n, 0.75f));
+}
+
+TEST_F(ReplicationTest, WarmupRoundsGoAsTheSumAndTheCodecsRoundsAsTheirPushes) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) {
+    config.mutable_compression()->set_codec("2bit");
+    config.mutable_compression()->set_uncompressed_rounds(1);
+    config.mutable_compression()->set_warmup_codec("fp16");
+    config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+    config.mutable_optimizer()->set_learning_rate(0.01f);
+  }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint64_t round = 0; round < 3; ++round) {
+    const std::string codec = round == 0 ? "fp16" : spec;
+    for (uint32_t rank : {1u, 0u}) {
+      std::vector<float> g(n);
+      for (float& x : g) x = normal(rng);
+      SendBytes(0, PUSH, rank, round, codec, EncodeForTest(codec, g, 5, round));
+    }
+    Deliver();
+    const Traffic t = TakeTraffic();
+    EXPECT_EQ(t.summed_rounds, round == 0 ? 0 : 1) << round;
+    EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << round;
+  }
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+}
+
 }  // namespace
 }  // namespace shardps
