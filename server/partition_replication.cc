@@ -21,8 +21,10 @@ uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
   return confirmed;
 }
 
-void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool created) {
+void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool created, uint64_t since) {
   const bool primary = info.server() == server_index_;
+  if (created || info.server() != p.primary_server) p.primary_since = since;
+  p.primary_server = info.server();
   if (primary && !p.primary && !p.synced) {
     LOG(ERROR) << "server " << server_index_ << ": promoted to primary of partition " << p.id
                << " before its copy was complete (its snapshot had not arrived): its state is not valid";
@@ -273,6 +275,14 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (it->second->primary) {
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
                                                    h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
+  } else if (h.epoch() < it->second->primary_since) {
+    // Sent before the map replaced its sender (a primary that died with
+    // updates in flight): applied after the new primary's, it would make
+    // this copy differ from it.
+    s = absl::FailedPreconditionError(absl::StrCat("replica update of partition ", h.partition_id(), " routed at epoch ",
+                                                   h.epoch(), ", before server ", it->second->primary_server,
+                                                   " became its primary (epoch ", it->second->primary_since,
+                                                   " or later): from a replaced primary, refused"));
   } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));
