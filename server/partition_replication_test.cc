@@ -487,5 +487,44 @@ TEST_F(ReplicationTest, AnUpdateFromAReplacedPrimaryThatArrivesLateIsRefused) {
   EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the copies differ";
 }
 
+// Replication 3 again: the dead primary (server 2) forwarded worker 0's push
+// of round 0 to server 1 only. Worker 0 then pushes round 0 to the new
+// primary (server 0) with other bytes under a new request id (its step was
+// failed and run again, its error feedback re-encoding the gradient):
+// server 0 counts them and forwards them, but server 1 answers the forward
+// as one it holds already, keyed by (worker, round) only, and sums the dead
+// primary's bytes for the round the new primary names.
+TEST_F(ReplicationTest, ABackupSumsThePushTheNewPrimaryCountedNotAnOlderOneOfTheSameRound) {
+  const int n = 4096;
+  Make(SYNC, ThreeCopies, n, /*init=*/false);
+  Install(MapOfThree(4, 2, {0, 1}));
+  const std::string spec = compression::ParseCodecSpec("topk:ratio=0.05")->ToString();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::string g[2];
+  for (std::string& e : g) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    e = EncodeForTest(spec, v, 5, 0);
+  }
+  const std::vector<float> ones(n, 1.0f);
+  DataHeader init;
+  init.set_replica_of(INIT);
+  for (uint32_t to : {0u, 1u}) {
+    EXPECT_EQ(Replica(2, to, 4, init, std::string(reinterpret_cast<const char*>(ones.data()), n * sizeof(float)))
+                  .status_code(), 0);
+  }
+  EXPECT_EQ(Replica(2, 1, 4, Forwarded(0, 0, spec), g[0]).status_code(), 0);
+  ShardMap map = MapOfThree(5, 0, {1});
+  map.add_excluded_workers(1);
+  Install(map);
+  Deliver();
+  SendBytes(0, PUSH, 0, 0, spec, g[1], 5);  // other bytes, a new request id
+  Deliver();
+  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  EXPECT_FALSE(SameBits(Weights(0), ones));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup summed another push than the primary counted";
+}
+
 }  // namespace
 }  // namespace shardps
