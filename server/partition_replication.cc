@@ -347,7 +347,12 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
                                                      PushCodec(p, h.round()).spec, "'"));
     }
     for (const ParkedPush& f : p.forwarded) {
-      if (f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round()) return false;
+      // Held already, unless it is another push of that round (another
+      // request): the one this primary counted replaces one a replaced
+      // primary forwarded (the worker re-ran its step and re-encoded it).
+      if (f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round()) {
+        return f.header.request_id() != h.replica_request_id();
+      }
     }
     return true;
   }
@@ -406,7 +411,15 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     push.set_num_elements(p.n);
     push.set_dtype(FLOAT32);
     if (h.has_based_on()) push.set_based_on(h.based_on());
-    p.forwarded.push_back(ParkedPush{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true});
+    ParkedPush forwarded{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true};
+    auto held = std::find_if(p.forwarded.begin(), p.forwarded.end(), [&h](const ParkedPush& f) {
+      return f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round();
+    });
+    if (held != p.forwarded.end()) {
+      *held = std::move(forwarded);  // in place: a promoted copy replays them in order
+    } else {
+      p.forwarded.push_back(std::move(forwarded));
+    }
   } else if (h.replica_of() == INIT) {
     std::memcpy(WritableWeights(p), data, payload.size());
     if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
