@@ -59,8 +59,10 @@ class ReplicaPairTest : public ::testing::Test {
 
   // Two workers, two servers, two copies; SGD with learning rate 1 (sync: a
   // weight moves by the mean gradient) unless `tweak` changes the config.
-  // Partition 5 holds `n` elements, initialised to 1.
-  void Make(Consistency consistency, const std::function<void(ClusterConfig&)>& tweak = nullptr, int n = 2) {
+  // Partition 5 holds `n` elements, initialised to 1 (left uninitialised,
+  // on both copies, when `init` is false).
+  void Make(Consistency consistency, const std::function<void(ClusterConfig&)>& tweak = nullptr, int n = 2,
+            bool init = true) {
     n_ = n;
     ClusterConfig c;
     c.set_consistency(consistency);
@@ -89,7 +91,7 @@ class ReplicaPairTest : public ::testing::Test {
       engines_[s] = *std::move(engine);
     }
     Install(MapAt(3, 0, 1));
-    Send(0, INIT, 0, 0, std::vector<float>(n, 1.0f));
+    if (init) Send(0, INIT, 0, 0, std::vector<float>(n, 1.0f));
     Deliver();
     answers_.clear();
     answer_payloads_.clear();

@@ -95,6 +95,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     server_addresses_[s.index()] = s.data_address();
   }
   const bool first_map = epoch_ == 0 && !joined_running_job_;
+  const uint64_t since = first_map ? 0 : epoch_ + 1;  // a primary newly named here took over no earlier
   // Before the partitions follow the map: what they send the backups now (a
   // re-created copy's snapshot) must carry the new epoch, so a backup that
   // has not installed it yet holds it until it has, instead of refusing a
@@ -110,7 +111,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     held.insert(info.id());
     if (auto it = partitions_.find(info.id()); it != partitions_.end()) {
       FollowHandoff(*it->second, map, info, resume);
-      UpdateRole(*it->second, info, /*created=*/false);
+      UpdateRole(*it->second, info, /*created=*/false, since);
       continue;
     }
     auto p = std::make_unique<Partition>();
@@ -162,7 +163,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     // A backup added to a running job holds nothing valid until its
     // primary's snapshot arrives; one listed from the start begins equal.
     p->synced = first_map || info.server() == server_index;
-    UpdateRole(*p, info, /*created=*/true);
+    UpdateRole(*p, info, /*created=*/true, since);
     partitions_.emplace(info.id(), std::move(p));
   }
   // A backup copy moved elsewhere: dropped, so that a later map giving it

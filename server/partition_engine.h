@@ -279,6 +279,12 @@ class PartitionEngine {
     // False on a backup added after the partition existed, until its
     // primary's snapshot arrived: it holds no valid copy before that.
     bool synced = true;
+    // The server the map names its primary, and the lowest epoch at which
+    // that server may have become it: replica updates routed before it come
+    // from a primary the map replaced (one that died with some still in
+    // flight) and are refused.
+    uint32_t primary_server = 0;
+    uint64_t primary_since = 0;
     std::vector<uint32_t> backups;
     // Per backup: the data address it had when listed. A new address under
     // the same index is a server that joined in a dead one's place (the maps
@@ -320,8 +326,10 @@ class PartitionEngine {
                   ReplicaSink replicate);
   // Replication (partition_replication.cc).
   // `created`: the partition was just created here (no snapshot needed for
-  // the backups the map lists from the start).
-  void UpdateRole(Partition& p, const PartitionInfo& info, bool created);
+  // the backups the map lists from the start). `since`: the lowest epoch a
+  // primary this map newly names may have taken over at (the epoch installed
+  // before it, plus one).
+  void UpdateRole(Partition& p, const PartitionInfo& info, bool created, uint64_t since);
   // Sends backup `server` this partition's whole state (a re-created copy).
   void SendSnapshot(Partition& p, uint32_t server);
   void ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload);
@@ -350,7 +358,8 @@ class PartitionEngine {
   // Validates replica update `h`: true when it is new, false when this copy
   // has applied it already; an error for a gap or a malformed update.
   absl::StatusOr<bool> ReplicaIsNew(const Partition& p, const DataHeader& h) const;
-  // REQUIRES: ReplicaIsNew(p, h) returned true; `payload` holds n floats.
+  // REQUIRES: ReplicaIsNew(p, h) returned true; `payload` holds n floats
+  // (a round that names summed workers: none, and SumForwarded succeeded).
   void ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // Holds an answer until the backups confirm update `sequence`.
   void AnswerWhenConfirmed(Partition& p, const zmq::message_t& peer, const DataHeader& request, uint64_t sequence);
@@ -460,8 +469,9 @@ class PartitionEngine {
   // fp32 sum).
   void ForwardCounted(Partition& p, const DataHeader& h, const zmq::message_t& payload, size_t bytes);
   // Backup: sums the forwarded pushes the round update `h` names into p.acc,
-  // in its order, as the primary did. REQUIRES: ReplicaIsNew(p, h).
-  void SumForwarded(Partition& p, const DataHeader& h);
+  // in its order, as the primary did; fails (leaving only scratch changed)
+  // if one does not decode. REQUIRES: ReplicaIsNew(p, h) returned true.
+  absl::Status SumForwarded(Partition& p, const DataHeader& h);
   // Answers a counted or parked push of `round` once the weights it may use
   // are there: round + 1 - staleness complete (sync: its own round).
   void AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);

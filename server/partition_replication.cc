@@ -21,8 +21,10 @@ uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
   return confirmed;
 }
 
-void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool created) {
+void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool created, uint64_t since) {
   const bool primary = info.server() == server_index_;
+  if (created || info.server() != p.primary_server) p.primary_since = since;
+  p.primary_server = info.server();
   if (primary && !p.primary && !p.synced) {
     LOG(ERROR) << "server " << server_index_ << ": promoted to primary of partition " << p.id
                << " before its copy was complete (its snapshot had not arrived): its state is not valid";
@@ -104,23 +106,27 @@ void PartitionEngine::ForwardCounted(Partition& p, const DataHeader& h, const zm
   ForwardPush(p, h, payload);
 }
 
-void PartitionEngine::SumForwarded(Partition& p, const DataHeader& h) {
+absl::Status PartitionEngine::SumForwarded(Partition& p, const DataHeader& h) {
   p.arrivals = 0;
+  std::fill(p.contributed.begin(), p.contributed.end(), false);
   for (uint32_t w : h.summed_workers()) {
     auto it = std::find_if(p.forwarded.begin(), p.forwarded.end(), [&](const ParkedPush& f) {
       return f.header.worker_rank() == w && f.header.round() == h.round();
     });
-    // The primary decoded the same bytes: a failure here is a bug, and the
-    // copies differ from now on.
+    // The primary decoded the same bytes: a failure here means a buggy or
+    // hostile primary. The update is refused; what was summed so far is
+    // scratch (p.acc and the per-rank buffers are a backup's scratch).
     if (absl::Status s = Accumulate(p, w, h.round(), &it->payload); !s.ok()) {
-      ++stats_.errors;
-      LOG(ERROR) << "server " << server_index_ << ": partition " << p.id << ": summing worker " << w
-                 << "'s forwarded push of round " << h.round() << ": " << s;
+      p.arrivals = 0;
+      std::fill(p.contributed.begin(), p.contributed.end(), false);
+      return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": round ", h.round(), " sums worker ", w,
+                                                     "'s forwarded push, which does not decode: ", s.message()));
     }
     p.contributed[w] = true;
     ++p.arrivals;
   }
   SumRound(p);
+  return absl::OkStatus();
 }
 
 void PartitionEngine::ReplayForwarded(Partition& p) {
@@ -326,22 +332,35 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (it->second->primary) {
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
                                                    h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
+  } else if (h.epoch() < it->second->primary_since) {
+    // Sent before the map replaced its sender (a primary that died with
+    // updates in flight): applied after the new primary's, it would make
+    // this copy differ from it.
+    s = absl::FailedPreconditionError(absl::StrCat("replica update of partition ", h.partition_id(), " routed at epoch ",
+                                                   h.epoch(), ", before server ", it->second->primary_server,
+                                                   " became its primary (epoch ", it->second->primary_since,
+                                                   " or later): from a replaced primary, refused"));
+  } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
+    s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
+                                                " names summed workers, which only a sync round's update may"));
   } else {
-    // A forwarded push carries what the worker sent; a round summed from
-    // forwarded pushes carries nothing.
+    // A forwarded push carries what the worker sent (Validate's bounds); a
+    // round summed from forwarded pushes carries nothing.
     const Partition& p = *it->second;
+    const size_t n = p.n;
     const bool forwarded = h.replica_of() == PUSH_PULL;
-    size_t expected = p.n * sizeof(float);
+    size_t expected = n * sizeof(float);
     if (h.replica_of() == SNAPSHOT) {
       expected = payload != nullptr ? ExpectedSnapshotBytes(p, *payload) : SnapshotBytes(p);
     } else if (h.summed_workers_size() > 0) {
       expected = 0;
     }
     const size_t got = payload != nullptr ? payload->size() : 0;
-    if (payload == nullptr || (forwarded ? got == 0 : got != expected)) {
+    if (payload == nullptr || (forwarded ? got == 0 || got > n * 8 + 64 : got != expected)) {
       s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ", got,
                                                   " bytes, expected ",
-                                                  forwarded ? "a non-empty push" : absl::StrCat(expected)));
+                                                  forwarded ? absl::StrCat("a push of 1 to ", n * 8 + 64)
+                                                            : absl::StrCat(expected)));
     }
   }
   bool apply = false;
@@ -349,6 +368,13 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     auto is_new = ReplicaIsNew(*it->second, h);
     s = is_new.status();
     apply = is_new.ok() && *is_new;
+  }
+  if (apply && h.replica_of() == PUSH && h.summed_workers_size() > 0) {
+    // Summed before it is confirmed, so a push that does not decode refuses
+    // the update instead of leaving a copy that confirmed what it did not
+    // apply. (The optimizer pass still runs after the confirmation.)
+    s = SumForwarded(*it->second, h);
+    apply = s.ok();
   }
   if (!s.ok()) LOG(ERROR) << "server " << server_index_ << ": " << s;
   // Confirmed before applying, to keep this pass off the primary's critical
@@ -368,8 +394,26 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
   if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp, compressed sync rounds)
     if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
     if (h.round() < p.completed) return false;  // its round is applied here already
+    // The primary forwards pushes of rounds at most max_ahead_ past its own,
+    // and this copy is at most one round behind it: farther is a bad update
+    // (and would be held here for ever).
+    if (h.round() > p.completed + 1 + max_ahead_) {
+      return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": forwarded push of round ", h.round(),
+                                                     ", more than ", max_ahead_ + 1, " rounds past this copy's ",
+                                                     p.completed));
+    }
+    if (h.codec() != PushCodec(p, h.round()).spec) {
+      return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": forwarded push of round ", h.round(),
+                                                     " in codec '", h.codec(), "', expected '",
+                                                     PushCodec(p, h.round()).spec, "'"));
+    }
     for (const ParkedPush& f : p.forwarded) {
-      if (f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round()) return false;
+      // Held already, unless it is another push of that round (another
+      // request): the one this primary counted replaces one a replaced
+      // primary forwarded (the worker re-ran its step and re-encoded it).
+      if (f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round()) {
+        return f.header.request_id() != h.replica_request_id();
+      }
     }
     return true;
   }
@@ -428,7 +472,15 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     push.set_num_elements(p.n);
     push.set_dtype(FLOAT32);
     if (h.has_based_on()) push.set_based_on(h.based_on());
-    p.forwarded.push_back(ParkedPush{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true});
+    ParkedPush forwarded{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true};
+    auto held = std::find_if(p.forwarded.begin(), p.forwarded.end(), [&h](const ParkedPush& f) {
+      return f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round();
+    });
+    if (held != p.forwarded.end()) {
+      *held = std::move(forwarded);  // in place: a promoted copy replays them in order
+    } else {
+      p.forwarded.push_back(std::move(forwarded));
+    }
   } else if (h.replica_of() == INIT) {
     std::memcpy(WritableWeights(p), data, payload.size());
     if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());
@@ -448,11 +500,8 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     p.completed += k;
     ++stats_.updates;
   } else {
-    if (h.summed_workers_size() > 0) {
-      SumForwarded(p, h);
-    } else {
-      std::memcpy(p.acc.data(), data, payload.size());
-    }
+    // A round summed from forwarded pushes is in p.acc already (HandleReplica).
+    if (h.summed_workers_size() == 0) std::memcpy(p.acc.data(), data, payload.size());
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
     p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
     ApplyRound(p);

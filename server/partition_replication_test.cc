@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -40,6 +41,92 @@ class ReplicationTest : public ReplicaPairTest {
   static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
+
+  // Hands server `to` replica update `h` of partition 5 as if server `from`
+  // sent it at `epoch`, with `payload`; returns the answer.
+  DataHeader Replica(uint32_t from, uint32_t to, uint64_t epoch, DataHeader h, const std::string& payload) {
+    h.set_op(REPLICATE);
+    h.set_partition_id(5);
+    h.set_epoch(epoch);
+    h.set_num_elements(n_);
+    h.set_dtype(FLOAT32);
+    h.set_request_id(++replica_id_);
+    zmq::message_t peer("server" + std::to_string(from));
+    zmq::message_t m(payload.data(), payload.size());
+    acks_.clear();
+    engines_[to]->Handle(peer, h, &m);
+    EXPECT_EQ(acks_.size(), 1u);
+    DataHeader answer = acks_.empty() ? DataHeader() : acks_.back().header;
+    acks_.clear();
+    return answer;
+  }
+  // As the primary (server 0) to the backup (server 1).
+  DataHeader ToBackup(DataHeader h, const std::string& payload) { return Replica(0, 1, 3, h, payload); }
+  // Worker `rank`'s push of `round`, forwarded (its payload as the worker sent it).
+  static DataHeader Forwarded(uint32_t rank, uint64_t round, const std::string& codec) {
+    DataHeader h;
+    h.set_replica_of(PUSH_PULL);
+    h.set_worker_rank(rank);
+    h.set_round(round);
+    h.set_replica_request_id(1000 + 10 * round + rank);
+    h.set_codec(codec);
+    return h;
+  }
+  // Round `round`'s update, summed from the forwarded pushes of `workers`.
+  static DataHeader Summed(uint64_t round, const std::vector<uint32_t>& workers) {
+    DataHeader h;
+    h.set_replica_of(PUSH);
+    h.set_round(round);
+    h.set_contributors(workers.size());
+    h.set_lr_scale(1.0f);
+    for (uint32_t w : workers) h.add_summed_workers(w);
+    return h;
+  }
+
+  // Partition 5 with primary `primary` and `backups`, among servers 0, 1 and
+  // 2 (server 2 played by the test).
+  ShardMap MapOfThree(uint64_t epoch, uint32_t primary, const std::vector<uint32_t>& backups) const {
+    ShardMap map = MapAt(epoch, primary, std::nullopt);
+    ServerInfo* third = map.add_servers();
+    third->set_index(2);
+    third->set_data_address("tcp://s:3");
+    for (uint32_t b : backups) map.mutable_partitions(0)->add_backups(b);
+    return map;
+  }
+  // Three copies (ThreeCopies): server 2 the primary of partition 5 at
+  // epoch 4 and servers 0 and 1 its backups, initialised to ones by server
+  // 2. Returns two workers' topk pushes of round 0 (random, from `seed`).
+  std::vector<std::string> StartThreeCopies(int n, uint32_t seed) {
+    Make(SYNC, ThreeCopies, n, /*init=*/false);
+    Install(MapOfThree(4, 2, {0, 1}));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<std::string> g(2);
+    for (std::string& e : g) {
+      std::vector<float> v(n);
+      for (float& x : v) x = normal(rng);
+      e = EncodeForTest(kThreeCopiesCodec, v, 5, 0);
+    }
+    const std::vector<float> ones(n, 1.0f);
+    DataHeader init;
+    init.set_replica_of(INIT);
+    for (uint32_t to : {0u, 1u}) {
+      const DataHeader answer =
+          Replica(2, to, 4, init, std::string(reinterpret_cast<const char*>(ones.data()), n * sizeof(float)));
+      EXPECT_EQ(answer.status_code(), 0) << answer.error();
+    }
+    return g;
+  }
+  static constexpr char kThreeCopiesCodec[] = "topk:ratio=0.05";
+  static void ThreeCopies(ClusterConfig& config) {
+    config.set_num_servers(3);
+    config.set_replication(3);
+    config.mutable_compression()->set_codec(kThreeCopiesCodec);
+    config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+    config.mutable_optimizer()->set_learning_rate(0.01f);
+  }
+
+  uint64_t replica_id_ = 1000;
 };
 
 TEST_F(ReplicationTest, CompressedRoundsReachTheBackupAsTheirPushesAndTheCopiesStayBitwiseEqual) {
@@ -227,13 +314,280 @@ TEST_F(ReplicationTest, ARoundNamingAPushTheBackupNeverReceivedIsRefusedAndChang
   h.add_summed_workers(0);
   h.add_summed_workers(1);
   h.set_num_elements(n);
-  zmq::message_t peer("server0");
+  zmq::message_t peer(std::string("server0"));
   zmq::message_t empty;
   engines_[1]->Handle(peer, h, &empty);
   ASSERT_FALSE(acks_.empty());
   EXPECT_EQ(acks_.back().header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_THAT(acks_.back().header.error(), HasSubstr("not forwarded to this copy"));
   EXPECT_EQ(Weights(1), std::vector<float>(n, 1.0f));
+}
+
+// A malformed update from a buggy or hostile primary: `summed_workers` is
+// meaningful only on a sync round's update (replica_of PUSH), but the size
+// check of HandleReplica expects no payload for any kind that names them, and
+// ReplicaIsNew checks them only for PUSH. An INIT naming one with no payload
+// is taken: the backup marks itself initialised with its zero weights, so the
+// real INIT is answered as one applied already and the copies differ.
+TEST_F(ReplicationTest, AnInitThatNamesSummedWorkersAndCarriesNoWeightsIsRefusedAndChangesNothing) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n, /*init=*/false);
+  DataHeader init;
+  init.set_replica_of(INIT);
+  init.add_summed_workers(0);
+  const DataHeader answer = ToBackup(init, "");
+  EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << answer.error();
+  // The primary's real INIT then reaches the backup as usual.
+  Send(0, INIT, 0, 0, std::vector<float>(n, 1.0f));
+  Deliver();
+  EXPECT_EQ(Weights(0), std::vector<float>(n, 1.0f));
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the backup kept its zero weights: backup[0] = " << Weights(1)[0];
+}
+
+// A malformed forwarded push (bytes its codec cannot decode) is confirmed
+// at once, and so is the round update that names it: SumForwarded only logs
+// the decoding error and applies the round anyway, with a sum that lacks
+// that push (here, its first: p.acc keeps whatever the last round left).
+// The backup confirms an update it did not apply as the primary did, and
+// its weights change.
+TEST_F(ReplicationTest, ARoundThatNamesAForwardedPushTheBackupCannotDecodeIsRefusedAndChangesNothing) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  const std::string good = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  const std::string truncated = good.substr(0, good.size() - 8);
+  std::vector<DataHeader> answers;
+  answers.push_back(ToBackup(Forwarded(0, 0, spec), truncated));
+  answers.push_back(ToBackup(Forwarded(1, 0, spec), good));
+  answers.push_back(ToBackup(Summed(0, {0, 1}), ""));
+  const bool refused = std::any_of(answers.begin(), answers.end(), [](const DataHeader& a) { return a.status_code() != 0; });
+  EXPECT_TRUE(refused) << "every update was confirmed, though the round could not be summed";
+  EXPECT_EQ(Weights(1), std::vector<float>(n, 1.0f)) << "the backup applied a round it could not sum";
+}
+
+// ReplicaIsNew takes a forwarded push of any round at or past the backup's,
+// of any size: nothing bounds p.forwarded. Sync forwards only the open
+// round's pushes (ssp a few rounds ahead), yet a backup takes and keeps
+// pushes of rounds arbitrarily far ahead. The same holds for a backup that
+// refused one round's update (it never applies another, so nothing it holds
+// is ever dropped, while every later round's pushes keep arriving).
+TEST_F(ReplicationTest, ABackupHoldsForwardedPushesOnlyOfRoundsNearItsOwn) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  const std::string good = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  const DataHeader huge = ToBackup(Forwarded(0, 0, spec), std::string(64 * n, '\1'));
+  EXPECT_NE(huge.status_code(), 0) << "a forwarded push larger than any a worker may send was kept";
+  int taken = 0;
+  for (uint64_t round = 1; round <= 1000; ++round) {
+    for (uint32_t rank : {0u, 1u}) {
+      if (ToBackup(Forwarded(rank, round, spec), good).status_code() == 0) ++taken;
+    }
+  }
+  EXPECT_LE(taken, 2 * 8) << "the backup holds the pushes of every round it was sent";
+}
+
+// Scenarios checked and found to keep the copies equal (no bug): a backup
+// re-created mid-round, a worker removed mid-round, a hand-off with a round
+// open, a deterministic promotion, and warm-up rounds before the codec.
+TEST_F(ReplicationTest, ABackupRecreatedMidRoundGetsThatRoundAsItsSum) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  SendBytes(0, PUSH, 0, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0));
+  Deliver();
+  // Server 1 comes back at a new address: a new copy, sent a snapshot.
+  ShardMap map = MapAt(4, 0, 1);
+  map.mutable_servers(1)->set_data_address("tcp://s:9");
+  Install(map);
+  SendBytes(0, PUSH, 1, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0), 4);
+  Deliver();
+  const Traffic t = TakeTraffic();
+  EXPECT_EQ(t.forwarded_pushes, 1);
+  EXPECT_EQ(t.summed_rounds, 0) << "the new copy lacks the push forwarded before it";
+  EXPECT_EQ(answers_.size(), 2u);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_FALSE(SameBits(Weights(0), std::vector<float>(n, 1.0f)));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+TEST_F(ReplicationTest, ARoundCompletedWithoutARemovedWorkerSumsTheOthersPushes) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  SendBytes(0, PUSH, 0, 0, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0));
+  Deliver();
+  ShardMap map = MapAt(4, 0, 1);
+  map.add_excluded_workers(1);
+  Install(map);
+  Deliver();
+  const Traffic t = TakeTraffic();
+  EXPECT_EQ(t.summed_rounds, 1);
+  EXPECT_EQ(Weights(0), std::vector<float>(n, 0.75f));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+  SendBytes(0, PUSH, 0, 1, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 1), 4);
+  Deliver();
+  EXPECT_EQ(Weights(0), std::vector<float>(n, 0.5f));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitches) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  const std::string g0 = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  SendBytes(0, PUSH, 0, 0, spec, g0);
+  Deliver();
+  Install(MapAt(4, 0, 1, /*handoff=*/true));
+  EXPECT_TRUE(engines_[0]->HandoffsDone().empty()) << "a round is open";
+  SendBytes(0, PUSH, 1, 0, spec, g0, 4);
+  Deliver();
+  EXPECT_EQ(engines_[0]->HandoffsDone().size(), 1u);
+  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  Install(MapAt(5, 1, 0));
+  Deliver();  // the new primary's snapshot to the old one
+  for (uint32_t rank : {0u, 1u}) SendBytes(1, PUSH, rank, 1, spec, EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 1), 5);
+  Deliver();
+  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_EQ(answers_.size(), 4u);
+  EXPECT_EQ(Weights(1), std::vector<float>(n, 0.5f));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+TEST_F(ReplicationTest, ADeterministicBackupPromotedMidRoundCountsTheForwardedPushOnce) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) {
+    config.mutable_compression()->set_codec("2bit:threshold=0.25");
+    config.set_deterministic(true);
+  }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit:threshold=0.25")->ToString();
+  const std::string g = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, 0);
+  const uint64_t first = SendBytes(0, PUSH, 0, 0, spec, g);
+  Deliver();
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(4, 1, std::nullopt), 1).ok());
+  SendBytes(1, PUSH, 1, 0, spec, g, 4);
+  SendBytes(1, PUSH, 0, 0, spec, g, 4, first);
+  EXPECT_EQ(answers_.size(), 2u);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_EQ(Weights(1), std::vector<float>(n, 0.75f));
+}
+
+TEST_F(ReplicationTest, WarmupRoundsGoAsTheSumAndTheCodecsRoundsAsTheirPushes) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) {
+    config.mutable_compression()->set_codec("2bit");
+    config.mutable_compression()->set_uncompressed_rounds(1);
+    config.mutable_compression()->set_warmup_codec("fp16");
+    config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+    config.mutable_optimizer()->set_learning_rate(0.01f);
+  }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint64_t round = 0; round < 3; ++round) {
+    const std::string codec = round == 0 ? "fp16" : spec;
+    for (uint32_t rank : {1u, 0u}) {
+      std::vector<float> g(n);
+      for (float& x : g) x = normal(rng);
+      SendBytes(0, PUSH, rank, round, codec, EncodeForTest(codec, g, 5, round));
+    }
+    Deliver();
+    const Traffic t = TakeTraffic();
+    EXPECT_EQ(t.summed_rounds, round == 0 ? 0 : 1) << round;
+    EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << round;
+  }
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+}
+
+// Replication 3, with a third server (2) played by the test: it is the
+// primary, servers 0 and 1 its backups. It forwards worker 0's push of round
+// 0 to both and worker 1's to server 1 only, then dies; server 0 becomes the
+// primary with server 1 its backup (sent a snapshot: it now holds pushes
+// forwarded by the dead primary and by the new one).
+TEST_F(ReplicationTest, ABackupThatStaysABackupWhileAnotherIsPromotedSumsWhatTheNewPrimaryCounted) {
+  const int n = 4096;
+  const std::vector<std::string> g = StartThreeCopies(n, 11);
+  const std::string spec = compression::ParseCodecSpec(kThreeCopiesCodec)->ToString();
+  const std::vector<float> ones(n, 1.0f);
+  // From server 2, to `to`.
+  auto from_dead = [&](uint32_t to, DataHeader h, const std::string& payload) {
+    const DataHeader answer = Replica(2, to, 4, h, payload);
+    EXPECT_EQ(answer.status_code(), 0) << answer.error();
+  };
+  for (uint32_t to : {0u, 1u}) from_dead(to, Forwarded(0, 0, spec), g[0]);
+  from_dead(1, Forwarded(1, 0, spec), g[1]);
+  Install(MapOfThree(5, 0, {1}));
+  Deliver();
+  const uint64_t retry1 = SendBytes(0, PUSH, 1, 0, spec, g[1], 5, 77);
+  const uint64_t retry0 = SendBytes(0, PUSH, 0, 0, spec, g[0], 5, 78);
+  Deliver();
+  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  EXPECT_THAT(Answered(), ::testing::UnorderedElementsAre(retry1, retry0));
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_FALSE(SameBits(Weights(0), ones));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+// Replication 3, as above, but an update the dead primary (server 2) sent
+// before it died reaches the backup that stays (server 1) after the new
+// primary's snapshot: ZeroMQ queues each sender's messages apart and the
+// backup's socket takes them in turn, so nothing orders the two. Nothing in
+// HandleReplica refuses an update from a primary the map has replaced
+// (epoch 4, the backup serves 5): server 1 applies the dead primary's round
+// 0 (workers 0 and 1), then confirms the new primary's round 0 (worker 0
+// only: worker 1 was removed with it) as one it has applied already. The
+// copies differ from then on, silently. (Not new with the forwarded pushes:
+// a round sent as its fp32 sum goes the same way.)
+TEST_F(ReplicationTest, AnUpdateFromAReplacedPrimaryThatArrivesLateIsRefused) {
+  const int n = 4096;
+  const std::vector<std::string> g = StartThreeCopies(n, 5);
+  const std::string spec = compression::ParseCodecSpec(kThreeCopiesCodec)->ToString();
+  const std::vector<float> ones(n, 1.0f);
+  // Server 2 counts both pushes; server 0 receives the first only.
+  EXPECT_EQ(Replica(2, 0, 4, Forwarded(0, 0, spec), g[0]).status_code(), 0);
+  for (uint32_t w : {0u, 1u}) EXPECT_EQ(Replica(2, 1, 4, Forwarded(w, 0, spec), g[w]).status_code(), 0);
+  // Server 2 and worker 1 die: server 0 is the primary, server 1 its backup.
+  ShardMap map = MapOfThree(5, 0, {1});
+  map.add_excluded_workers(1);
+  Install(map);
+  ASSERT_FALSE(outbox_.empty());
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  Message snapshot = std::move(outbox_.front());
+  outbox_.pop_front();
+  zmq::message_t peer(std::string("server0"));
+  zmq::message_t payload(snapshot.payload.data(), snapshot.payload.size());
+  engines_[1]->Handle(peer, snapshot.header, &payload);
+  // Server 2's round 0, sent before it died, arrives now.
+  const DataHeader late = Replica(2, 1, 4, Summed(0, {0, 1}), "");
+  EXPECT_NE(late.status_code(), 0) << "server 1 took an update from the primary the map replaced";
+  Deliver();
+  EXPECT_FALSE(SameBits(Weights(0), ones)) << "server 0 completed round 0 with worker 0";
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the copies differ";
+}
+
+// Replication 3 again: the dead primary (server 2) forwarded worker 0's push
+// of round 0 to server 1 only. Worker 0 then pushes round 0 to the new
+// primary (server 0) with other bytes under a new request id (its step was
+// failed and run again, its error feedback re-encoding the gradient):
+// server 0 counts them and forwards them, but server 1 answers the forward
+// as one it holds already, keyed by (worker, round) only, and sums the dead
+// primary's bytes for the round the new primary names.
+TEST_F(ReplicationTest, ABackupSumsThePushTheNewPrimaryCountedNotAnOlderOneOfTheSameRound) {
+  const int n = 4096;
+  const std::vector<std::string> g = StartThreeCopies(n, 9);
+  const std::string spec = compression::ParseCodecSpec(kThreeCopiesCodec)->ToString();
+  const std::vector<float> ones(n, 1.0f);
+  EXPECT_EQ(Replica(2, 1, 4, Forwarded(0, 0, spec), g[0]).status_code(), 0);
+  ShardMap map = MapOfThree(5, 0, {1});
+  map.add_excluded_workers(1);
+  Install(map);
+  Deliver();
+  SendBytes(0, PUSH, 0, 0, spec, g[1], 5);  // other bytes, a new request id
+  Deliver();
+  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  EXPECT_FALSE(SameBits(Weights(0), ones));
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup summed another push than the primary counted";
 }
 
 }  // namespace
