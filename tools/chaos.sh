@@ -235,7 +235,7 @@ run_scenario() {
     loss) for ((h = 0; h < NHOSTS; h++)); do fault_hosts+=("$h"); done
       fault_secs=$LOSS_SECONDS fault_kind=loss ;;
   esac
-  local phase=wait_first_step t_first="" t_fault="" t_heal="" steps_fault=0 steps_heal=0
+  local phase=wait_first_step t_first="" t_fault="" steps_fault=0 steps_heal=0
   # Longest stall: the longest time worker 0's step count stood still after its first step.
   local seen_steps=0 t_change="" stall=0 p0
   [[ $name == none ]] && phase=run
@@ -267,7 +267,6 @@ run_scenario() {
           for h in "${fault_hosts[@]}"; do dropped=$((dropped + $(dropped_packets "$h"))); done
           R_DROPPED[$name]=$dropped
           for h in "${fault_hosts[@]}"; do heal_host "$h"; done
-          t_heal=$(now)
           log "[$name] fault off at $(elapsed "$t0") s (worker 0 at step $steps_heal; $dropped packets dropped)"
           phase=run
         fi ;;
