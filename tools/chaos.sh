@@ -43,6 +43,13 @@ flags:
   --loss-seconds S       how long the loss lasts (default 60)
   --heartbeat-timeout-ms N   cluster heartbeat_timeout_ms (default 10000)
   --request-timeout-ms N     cluster request_timeout_ms (default 60000)
+  --compression C        codec of the workers' pushes, e.g. 2bit, topk:ratio=0.01, as
+                         `shardps local --compression` (cluster compression.codec); the
+                         scheduler fills in the measured recipe as it does for local
+  --set FIELD=VALUE      override one cluster config field, as `shardps local --set`
+                         (repeatable; applied after --compression, e.g. --set
+                         compression.warmup_codec=none). num_servers and num_workers
+                         follow the hosts, and the two timeouts have their own flags
   --timeout S            limit of one run in seconds; past it every process is
                          killed and the scenario reported as failed (default 420)
   --shardps PATH         the shardps binary (default: $SHARDPS, build/tools/shardps)
@@ -71,8 +78,8 @@ source "$(dirname "$0")/fakehosts.sh"
 # ---------------------------------------------------------------- flags
 RATE=1gbit WORKERS=3 EPOCHS=3 TRAIN_LIMIT=0 TEST_LIMIT=0 FAULT_AFTER=10 CUT_HOST=2 LOSS=0.1 LOSS_SECONDS=60
 HB_MS=10000 REQ_MS=60000 RUN_TIMEOUT=420 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.78.0 PREFIX=ch
-WORKDIR="" JSON=0 VERBOSE=0
-SCENARIOS=()
+WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION=""
+SCENARIOS=() CONFIG_SETS=()
 while (($#)); do
   case "$1" in
     --workers) WORKERS=$2; shift 2 ;;
@@ -86,6 +93,8 @@ while (($#)); do
     --loss-seconds) LOSS_SECONDS=$2; shift 2 ;;
     --heartbeat-timeout-ms) HB_MS=$2; shift 2 ;;
     --request-timeout-ms) REQ_MS=$2; shift 2 ;;
+    --compression) COMPRESSION=$2; shift 2 ;;
+    --set) CONFIG_SETS+=("$2"); shift 2 ;;
     --timeout) RUN_TIMEOUT=$2; shift 2 ;;
     --shardps) SHARDPS_BIN=$2; shift 2 ;;
     --data-dir) DATA_DIR=$2; shift 2 ;;
@@ -108,6 +117,22 @@ done
 [[ $LOSS =~ ^0?\.[0-9]+$ ]] || die "--loss must be a probability below 1, e.g. 0.1"
 [[ $PREFIX =~ ^[a-z0-9]{1,6}$ ]] || die "--prefix must be 1-6 lower-case letters/digits"
 [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--subnet must look like 10.78.0"
+# The job's config: the scheduler hands it to every node, so it gets these
+# after its own --set flags (a later --set of a field wins, as in shardps local).
+JOB_SETS=()
+[[ -n $COMPRESSION ]] && JOB_SETS+=(--set "compression.codec=$COMPRESSION")
+for kv in "${CONFIG_SETS[@]}"; do
+  [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_.]*= ]] || die "--set takes FIELD=VALUE, got '$kv'"
+  case "${kv%%=*}" in
+    num_servers|num_workers) die "--set ${kv%%=*}: the hosts fix it (3 servers; --workers for the workers)" ;;
+    heartbeat_timeout_ms) die "--set heartbeat_timeout_ms: use --heartbeat-timeout-ms" ;;
+    request_timeout_ms) die "--set request_timeout_ms: use --request-timeout-ms" ;;
+  esac
+  JOB_SETS+=(--set "$kv")
+done
+JOB_CONFIG=""   # what JOB_SETS change, for the log and the table
+for ((i = 1; i < ${#JOB_SETS[@]}; i += 2)); do JOB_CONFIG+=" ${JOB_SETS[$i]}"; done
+JOB_CONFIG=${JOB_CONFIG# }
 ((${#SCENARIOS[@]})) || SCENARIOS=(cut5 cut30 loss sched)
 RUN_LIST=(none)
 for s in "${SCENARIOS[@]}"; do
@@ -187,7 +212,7 @@ run_scenario() {
   start 0 scheduler "$dir/h0.scheduler.log" "$SHARDPS_BIN" scheduler --listen "$SCHED_ADDR" \
     --set consistency=sync --set num_servers=3 --set "num_workers=$WORKERS" --set replication=2 \
     --set "heartbeat_timeout_ms=$HB_MS" --set "request_timeout_ms=$REQ_MS" \
-    --set rendezvous_timeout_ms=60000 "${v[@]}"
+    --set rendezvous_timeout_ms=60000 "${JOB_SETS[@]}" "${v[@]}"
   local h
   for h in 1 2 3; do
     start "$h" server "$dir/h$h.server.log" "$SHARDPS_BIN" server --scheduler "$SCHED_ADDR" \
@@ -210,7 +235,7 @@ run_scenario() {
     loss) for ((h = 0; h < NHOSTS; h++)); do fault_hosts+=("$h"); done
       fault_secs=$LOSS_SECONDS fault_kind=loss ;;
   esac
-  local phase=wait_first_step t_first="" t_fault="" t_heal="" steps_fault=0 steps_heal=0
+  local phase=wait_first_step t_first="" t_fault="" steps_fault=0 steps_heal=0
   # Longest stall: the longest time worker 0's step count stood still after its first step.
   local seen_steps=0 t_change="" stall=0 p0
   [[ $name == none ]] && phase=run
@@ -242,7 +267,6 @@ run_scenario() {
           for h in "${fault_hosts[@]}"; do dropped=$((dropped + $(dropped_packets "$h"))); done
           R_DROPPED[$name]=$dropped
           for h in "${fault_hosts[@]}"; do heal_host "$h"; done
-          t_heal=$(now)
           log "[$name] fault off at $(elapsed "$t0") s (worker 0 at step $steps_heal; $dropped packets dropped)"
           phase=run
         fi ;;
@@ -347,7 +371,7 @@ SHARDPS_BIN=$WORKDIR/shardps
 setup_net
 check_net "links $RATE each way"
 log "sync job: 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT;" \
-  "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS"
+  "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS${JOB_CONFIG:+; config $JOB_CONFIG}"
 
 for s in "${RUN_LIST[@]}"; do
   log "[$s] starting"
@@ -383,6 +407,7 @@ else
   echo
   echo "sync, 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT, links $RATE;" \
     "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS; fault $FAULT_AFTER s after the first step"
+  [[ -n $JOB_CONFIG ]] && echo "config: $JOB_CONFIG"
   printf '%-8s %-34s %-8s %9s %8s %7s %8s %16s %4s  %s\n' scenario fault exit accuracy delta "wall s" "stall s" \
     "steps in fault" pass failover
   for s in "${RUN_LIST[@]}"; do
