@@ -269,11 +269,11 @@ uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data
   h.set_epoch(epoch_);
   h.set_num_elements(p.n);
   h.set_dtype(FLOAT32);
-  stats_.replicated += p.backups.size();
   for (size_t i = 0; i < p.backups.size(); ++i) {
     if (only && p.backups[i] != *only) continue;
     zmq::message_t payload = bytes > 0 ? zmq::message_t(data, bytes) : zmq::message_t();
     replicate_(p.backups[i], h, payload);
+    ++stats_.replicated;
     stats_.replicated_bytes += bytes;
     p.last_sent[i] = p.sent;
   }
