@@ -250,6 +250,31 @@ class LaunchTest(unittest.TestCase):
             finally:
                 term.close()
 
+    def test_ctrl_z_while_the_job_ends_does_not_hold_up_the_daemons_shutdown(self):
+        # Once the workers are done the launcher no longer acts on SIGTSTP,
+        # but the terminal still stops its daemons (its foreground group):
+        # SIGTERM alone cannot end a stopped process, so each daemon waited
+        # out Stop's 10 s grace and was SIGKILLed. The worker leaves behind a
+        # process that presses Ctrl-Z (SIGTSTP to the launcher's group) while
+        # the launcher drains the output.
+        script = '(sleep 1; kill -TSTP -$PPID) & exit 0'
+        argv = launch_argv(1, 1, ["sh", "-c", script])
+        env = worker_environment()
+        env["PS1"] = "$ "
+        term = _Terminal(env)
+        try:
+            term.expect("$ ")
+            start = time.monotonic()
+            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+            term.expect("$ ", 60)  # the job ended: the prompt is back
+            elapsed = time.monotonic() - start
+            term.type("echo EXIT=$?\n")
+            term.expect("echo EXIT=$?")  # the echo of what was typed
+            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+            self.assertLess(elapsed, 8, "the stopped daemons waited out their grace: %.1f s" % elapsed)
+        finally:
+            term.close()
+
     def test_a_killed_launcher_takes_its_daemons_and_workers_with_it(self):
         argv = launch_argv(2, 2, [sys.executable, "-c", _TERM_AWARE_WORKER])
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
