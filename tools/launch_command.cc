@@ -157,6 +157,7 @@ void StopWorker(WorkerProcess& w, absl::Duration grace) {
   if (!w.process.running()) return;
   const pid_t group = w.process.pid;
   kill(-group, SIGTERM);
+  kill(-group, SIGCONT);  // a stopped group acts on SIGTERM only once continued
   const absl::Time deadline = absl::Now() + grace;
   int status;
   while (waitpid(group, &status, WNOHANG) != group) {
