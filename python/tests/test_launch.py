@@ -250,6 +250,36 @@ class LaunchTest(unittest.TestCase):
             finally:
                 term.close()
 
+    def test_ctrl_z_while_the_daemons_start_stops_the_job_and_fg_resumes_it(self):
+        # Before the workers run the launcher only noted SIGTSTP for later,
+        # while the terminal stopped the scheduler it was waiting for: the job
+        # never stopped, and the launch failed 30 s later ("no address
+        # written"). Ctrl-Z as soon as the scheduler is started.
+        argv = launch_argv(1, 1, ["sh", "-c", "echo finished"])
+        env = worker_environment()
+        env["PS1"] = "$ "
+        term = _Terminal(env)
+        try:
+            term.expect("$ ")
+            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+            deadline = time.monotonic() + 30
+            launcher = []
+            while not launcher and time.monotonic() < deadline:
+                launcher = _children(term.pid)
+            while launcher and not _children(launcher[0]) and time.monotonic() < deadline:
+                pass
+            self.assertTrue(launcher and _children(launcher[0]), "the launcher started no scheduler")
+            term.type("\x1a")  # Ctrl-Z
+            term.expect("Stopped", 15)
+            term.type("fg\n")
+            term.expect("[0] finished", 60)
+            term.expect("$ ", 60)  # the job ended: the prompt is back
+            term.type("echo EXIT=$?\n")
+            term.expect("echo EXIT=$?")  # the echo of what was typed
+            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+        finally:
+            term.close()
+
     def test_ctrl_z_while_the_job_ends_does_not_hold_up_the_daemons_shutdown(self):
         # Once the workers are done the launcher no longer acts on SIGTSTP,
         # but the terminal still stops its daemons (its foreground group):
