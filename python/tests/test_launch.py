@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -249,6 +250,50 @@ class LaunchTest(unittest.TestCase):
                 self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
             finally:
                 term.close()
+
+    def test_a_second_sigtstp_while_the_launcher_suspends_does_not_stop_it_again_once_continued(self):
+        # Both mean the same stop. One that came after Supervise took the
+        # first, before the launcher stopped, stopped the job again right after
+        # it was continued. The launcher's stderr is left full here, so it
+        # waits in Suspend (its note) with the workers already stopped.
+        script = "import sys, time\nwhile True:\n    sys.stderr.write('x' * 1000 + '\\n')\n    time.sleep(0.001)\n"
+        argv = launch_argv(1, 1, [sys.executable, "-c", script])
+        with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=worker_environment(),
+                              start_new_session=True) as proc:
+            try:
+                deadline = time.monotonic() + 30
+                workers = []
+                while not workers and time.monotonic() < deadline:
+                    workers = [c for c in _children(proc.pid) if b"-c" in open("/proc/%d/cmdline" % c, "rb").read()
+                               and b"sys.stderr" in open("/proc/%d/cmdline" % c, "rb").read()]
+                    time.sleep(0.05)
+                self.assertEqual(len(workers), 1)
+                time.sleep(1)  # the stderr pipe fills
+                proc.send_signal(signal.SIGTSTP)
+                while _state(workers[0]) != "T" and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.assertEqual(_state(workers[0]), "T")  # Suspend stopped it, and waits on its stderr
+                proc.send_signal(signal.SIGTSTP)
+                time.sleep(0.3)
+                drain = threading.Thread(target=lambda: proc.stderr.read(), daemon=True)
+                drain.start()
+                while _state(proc.pid) != "T" and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.assertEqual(_state(proc.pid), "T")
+                proc.send_signal(signal.SIGCONT)
+                time.sleep(0.2)
+                states = []
+                for _ in range(15):
+                    states.append((_state(proc.pid), _state(workers[0])))
+                    time.sleep(0.1)
+                self.assertNotIn("T", [x for pair in states for x in pair], states)
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                for c in workers:
+                    try:
+                        os.killpg(c, signal.SIGKILL)
+                    except OSError:
+                        pass
 
     def test_ctrl_z_while_the_daemons_start_stops_the_job_and_fg_resumes_it(self):
         # Before the workers run the launcher only noted SIGTSTP for later,
