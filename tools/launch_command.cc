@@ -156,6 +156,8 @@ absl::Duration Suspend(const std::vector<WorkerProcess>& workers, const std::vec
   std::cerr << "shardps launch: stopped with its workers and daemons; fg or bg resumes them\n";
   const absl::Time stopped = absl::Now();
   raise(SIGSTOP);
+  // A SIGTSTP that came while we were stopping asked for this same stop.
+  g_suspend.store(false);
   for (const ChildProcess& d : daemons) {
     if (d.running()) kill(d.pid, SIGCONT);
   }
