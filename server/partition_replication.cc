@@ -154,7 +154,7 @@ bool PartitionEngine::CarriesEncodedAnswer(const Partition& p) const {
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
   const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0) +
                         (PullFeedback(p) != nullptr ? p.n : 0);
-  return floats * sizeof(float) + 2 * p.last_request.size() * sizeof(uint64_t) +
+  return floats * sizeof(float) + (2 * p.last_request.size() + 1) * sizeof(uint64_t) +
          (PullFeedback(p) != nullptr ? sizeof(uint64_t) : 0) + (CarriesEncodedAnswer(p) ? sizeof(uint64_t) : 0);
 }
 
@@ -167,12 +167,14 @@ size_t PartitionEngine::ExpectedSnapshotBytes(const Partition& p, const zmq::mes
 }
 
 // Layout: weights, optimizer state, [mirror], [aggregate] as float32, then
-// per worker last request id and pushes applied as uint64, then [the
+// per worker last request id and pushes applied as uint64, whether an INIT
+// was applied as uint64 (0 or 1), then [the
 // aggregates' error feedback: encodings made as uint64, residual as float32
 // (zeros before the first)], then [the last round's encoded answer: its
 // length as uint64 (0: none was encoded), its bytes]; completed rounds in the
-// header's round. The servers' feedback has no momentum or warm-up: the
-// residual and the count are its whole state.
+// header's round, the last round's contributors in its contributors. The
+// servers' feedback has no momentum or warm-up: the residual and the count
+// are its whole state.
 void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   std::string bytes;
   bytes.reserve(SnapshotBytes(p));
@@ -186,6 +188,9 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   if (sum_only_) put(p.aggregate->data(), p.n * sizeof(float));
   put(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   put(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  // A copy made before the INIT must still take it when it comes.
+  const uint64_t initialized = p.initialized ? 1 : 0;
+  put(&initialized, sizeof(initialized));
   if (compression::ErrorFeedback* feedback = PullFeedback(p)) {
     compression::ErrorFeedback::KeyCopy copy = feedback->Save(p.id);
     const uint64_t calls = copy.calls;
@@ -201,6 +206,8 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   DataHeader h;
   h.set_replica_of(SNAPSHOT);
   h.set_round(p.completed);
+  // Answers name the last round's contributors (a retry of it, once promoted).
+  h.set_contributors(p.contributors);
   Replicate(p, h, bytes.data(), bytes.size(), server);  // this one only; the others have the state
   ++stats_.snapshots_sent;
   LOG(WARNING) << "server " << server_index_ << ": re-creating a copy of partition " << p.id << " on server "
@@ -220,6 +227,8 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   if (sum_only_) take(p.aggregate->data(), p.n * sizeof(float));
   take(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   take(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  uint64_t initialized = 0;
+  take(&initialized, sizeof(initialized));
   if (compression::ErrorFeedback* feedback = PullFeedback(p)) {
     compression::ErrorFeedback::KeyCopy copy;
     uint64_t calls = 0;
@@ -243,7 +252,8 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
     }
   }
   p.completed = h.round();
-  p.initialized = true;
+  p.contributors = h.contributors();
+  p.initialized = initialized != 0 || p.completed > 0;
   p.synced = true;
   ++copies_generation_;
 }

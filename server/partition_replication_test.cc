@@ -300,6 +300,96 @@ TEST_F(ReplicationTest, ACopyPromotedRightAfterItsSnapshotAnswersTheLastRoundAsI
   }
 }
 
+// The snapshot does not carry the last round's contributors: a copy
+// promoted right after it answers a retry of that round with contributors 0,
+// which a worker reads as "all of them" (worker.cc), so once a worker was
+// removed from the job the retrying worker scales the aggregate by 1/W
+// instead of 1/(W-1) and its weights leave its peers'.
+TEST_F(ReplicationTest, ACopyPromotedRightAfterItsSnapshotAnswersTheLastRoundWithItsContributors) {
+  const int n = 4;
+  Make(SYNC, [](ClusterConfig& config) { config.set_update_mode(SUM_ONLY); }, n);
+  auto map = [this](uint64_t epoch, uint32_t primary, std::optional<uint32_t> backup) {
+    ShardMap m = MapAt(epoch, primary, backup);
+    m.add_excluded_workers(1);  // worker 1 left the job
+    return m;
+  };
+  Install(map(4, 0, std::nullopt));  // server 1's copy goes away
+  const uint64_t id = Send(0, PUSH_PULL, 0, 0, {1.0f, 2.0f, 3.0f, 4.0f}, 4);
+  ASSERT_EQ(answers_.size(), 1u);
+  ASSERT_EQ(answers_[0].status_code(), 0) << answers_[0].error();
+  ASSERT_EQ(answers_[0].contributors(), 1u);
+  Install(map(5, 0, 1));  // the copy comes back: a snapshot at round 1
+  Deliver();
+  Install(map(6, 1, std::nullopt));  // server 0 dies at once; server 1 takes over
+  Send(1, PUSH_PULL, 0, 0, std::vector<float>(n, 0.0f), 6, id);  // worker 0 re-sends round 0
+  ASSERT_EQ(answers_.size(), 2u);
+  ASSERT_EQ(answers_[1].status_code(), 0) << answers_[1].error();
+  EXPECT_EQ(answers_[1].request_id(), id);
+  EXPECT_TRUE(answer_payloads_[1] == answer_payloads_[0]);
+  EXPECT_EQ(answers_[1].contributors(), answers_[0].contributors())
+      << "the promoted copy lost the last round's contributors (0 reads as all workers)";
+}
+
+// A snapshot of a partition no INIT has reached yet marks the new copy
+// initialised (ApplySnapshot), so the primary's INIT, replicated next, is
+// confirmed as one applied already and the copy keeps zero weights: promoted
+// later, it would train from them.
+TEST_F(ReplicationTest, ACopyReCreatedBeforeTheInitTakesTheInitWhenItComes) {
+  const int n = 4;
+  Make(SYNC, nullptr, n, /*init=*/false);
+  Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
+  Install(MapAt(5, 0, 1));             // and comes back before any INIT: a snapshot re-creates it
+  Deliver();
+  Send(0, INIT, 0, 0, std::vector<float>(n, 1.0f), 5);
+  Deliver();
+  ASSERT_EQ(answers_.size(), 1u);
+  EXPECT_EQ(answers_[0].status_code(), 0) << answers_[0].error();
+  EXPECT_EQ(Weights(0), std::vector<float>(n, 1.0f));
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the copy dropped the INIT: backup[0] = " << Weights(1)[0];
+}
+
+TEST_F(ReplicationTest, ASnapshotWhoseEncodedAnswerLengthIsWrongIsRefusedAndTheRealOneTaken) {
+  const int n = 4096;
+  Make(
+      SYNC,
+      [](ClusterConfig& config) {
+        config.set_update_mode(SUM_ONLY);
+        config.mutable_compression()->set_pull_codec("onebit");
+      },
+      n);
+  Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
+  for (uint32_t rank : {0u, 1u}) Send(0, PUSH_PULL, rank, 0, std::vector<float>(n, 0.5f + rank), 4);
+  ASSERT_EQ(answers_.size(), 2u);
+  const size_t encoded = answer_payloads_[0].size();
+  ASSERT_GT(encoded, 0u);
+  Install(MapAt(5, 0, 1));  // a snapshot re-creates it; held here
+  ASSERT_EQ(outbox_.size(), 1u);
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  const Message real = outbox_.front();
+  outbox_.clear();
+  ASSERT_GT(real.payload.size(), encoded + 8);
+  const size_t at = real.payload.size() - encoded - 8;  // the encoded answer's length
+  uint64_t stated = 0;
+  std::memcpy(&stated, real.payload.data() + at, 8);
+  ASSERT_EQ(stated, encoded);
+  for (const uint64_t hostile : {~uint64_t{0}, uint64_t{encoded + 1}, uint64_t{encoded - 1}, uint64_t{0},
+                                 uint64_t{real.payload.size()}}) {
+    std::string bytes = real.payload;
+    std::memcpy(bytes.data() + at, &hostile, 8);
+    const DataHeader answer = Replica(0, 1, 5, real.header, bytes);
+    EXPECT_EQ(answer.status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << hostile;
+  }
+  // Still waiting for its snapshot: an update is refused.
+  EXPECT_EQ(Replica(0, 1, 5, Summed(1, {0, 1}), "").status_code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(Replica(0, 1, 5, real.header, real.payload).status_code(), 0);
+  Install(MapAt(6, 1, std::nullopt));  // server 1 takes over
+  Send(1, PUSH_PULL, 0, 0, std::vector<float>(n, 0.0f), 6, answers_[0].request_id());
+  ASSERT_EQ(answers_.size(), 3u);
+  EXPECT_EQ(answers_[2].status_code(), 0) << answers_[2].error();
+  EXPECT_TRUE(answer_payloads_[2] == answer_payloads_[0]);
+}
+
 TEST_F(ReplicationTest, ARoundNamingAPushTheBackupNeverReceivedIsRefusedAndChangesNothing) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);

@@ -112,6 +112,13 @@ absl::StatusOr<WorkerProcess> SpawnWorker(int rank, const LaunchOptions& o, cons
 // then ourselves, and resume them once continued (fg, bg). A worker left
 // running would wait on stopped servers and fail its requests.
 std::atomic<bool> g_suspend{false};
+// Set once the daemons are up, just before the workers start: from then
+// Supervise acts on g_suspend (stopping the workers too), or once it has
+// returned nothing does, the job ending anyway (Stop continues a daemon the
+// terminal stopped). Before, no worker runs and the launcher stops at once,
+// as its daemons did: a scheduler it waits for, stopped, would never write
+// its address.
+std::atomic<bool> g_supervising{false};
 
 // Takes SIGTSTP on a thread of its own, like InstallStopSignals, unless it
 // was ignored at start (a shell without job control). Call before any other
@@ -126,7 +133,13 @@ void TakeSuspendSignal() {
   pthread_sigmask(SIG_BLOCK, &tstp, nullptr);
   std::thread([tstp] {
     int sig = 0;
-    while (sigwait(&tstp, &sig) == 0) g_suspend.store(true);
+    while (sigwait(&tstp, &sig) == 0) {
+      if (g_supervising.load()) {
+        g_suspend.store(true);
+      } else {
+        raise(SIGSTOP);
+      }
+    }
   }).detach();
 }
 
@@ -143,6 +156,8 @@ absl::Duration Suspend(const std::vector<WorkerProcess>& workers, const std::vec
   std::cerr << "shardps launch: stopped with its workers and daemons; fg or bg resumes them\n";
   const absl::Time stopped = absl::Now();
   raise(SIGSTOP);
+  // A SIGTSTP that came while we were stopping asked for this same stop.
+  g_suspend.store(false);
   for (const ChildProcess& d : daemons) {
     if (d.running()) kill(d.pid, SIGCONT);
   }
@@ -157,6 +172,7 @@ void StopWorker(WorkerProcess& w, absl::Duration grace) {
   if (!w.process.running()) return;
   const pid_t group = w.process.pid;
   kill(-group, SIGTERM);
+  kill(-group, SIGCONT);  // a stopped group acts on SIGTERM only once continued
   const absl::Time deadline = absl::Now() + grace;
   int status;
   while (waitpid(group, &status, WNOHANG) != group) {
@@ -328,6 +344,9 @@ int Launch(LaunchOptions o, const ClusterConfig& config) {
   int code = 1;
   auto address = StartDaemons(o, dir, daemons);
   if (!address.ok()) std::cerr << "shardps launch: " << address.status().message() << "\n";
+  // From here a Ctrl-Z must stop the workers too: Supervise's first pass
+  // takes one that comes while they start.
+  if (address.ok()) g_supervising.store(true);
   for (int r = 0; address.ok() && r < o.workers; ++r) {
     auto worker = SpawnWorker(r, o, *address);
     if (!worker.ok()) {

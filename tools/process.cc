@@ -197,6 +197,9 @@ void Kill(ChildProcess& child) {
 int Stop(ChildProcess& child, absl::Duration grace) {
   if (!child.running()) return 0;
   kill(child.pid, SIGTERM);
+  // A stopped child (a terminal's Ctrl-Z reached it) acts on SIGTERM only
+  // once continued, as a shell's kill does for a stopped job.
+  kill(child.pid, SIGCONT);
   const absl::Time deadline = absl::Now() + grace;
   int status = 0;
   while (true) {

@@ -71,7 +71,8 @@ absl::StatusOr<size_t> WaitAny(std::vector<ChildProcess>& children, absl::Time d
 // SIGKILL at once (fault injection); reaps the child.
 void Kill(ChildProcess& child);
 
-// SIGTERM, then SIGKILL after `grace`; returns the exit code.
+// SIGTERM (and SIGCONT, should it be stopped), then SIGKILL after `grace`;
+// returns the exit code.
 int Stop(ChildProcess& child, absl::Duration grace);
 
 // Waits until `path` holds a non-empty first line (a daemon writes its bound

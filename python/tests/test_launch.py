@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -249,6 +250,105 @@ class LaunchTest(unittest.TestCase):
                 self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
             finally:
                 term.close()
+
+    def test_a_second_sigtstp_while_the_launcher_suspends_does_not_stop_it_again_once_continued(self):
+        # Both mean the same stop. One that came after Supervise took the
+        # first, before the launcher stopped, stopped the job again right after
+        # it was continued. The launcher's stderr is left full here, so it
+        # waits in Suspend (its note) with the workers already stopped.
+        script = "import sys, time\nwhile True:\n    sys.stderr.write('x' * 1000 + '\\n')\n    time.sleep(0.001)\n"
+        argv = launch_argv(1, 1, [sys.executable, "-c", script])
+        with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=worker_environment(),
+                              start_new_session=True) as proc:
+            try:
+                deadline = time.monotonic() + 30
+                workers = []
+                while not workers and time.monotonic() < deadline:
+                    workers = [c for c in _children(proc.pid) if b"-c" in open("/proc/%d/cmdline" % c, "rb").read()
+                               and b"sys.stderr" in open("/proc/%d/cmdline" % c, "rb").read()]
+                    time.sleep(0.05)
+                self.assertEqual(len(workers), 1)
+                time.sleep(1)  # the stderr pipe fills
+                proc.send_signal(signal.SIGTSTP)
+                while _state(workers[0]) != "T" and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.assertEqual(_state(workers[0]), "T")  # Suspend stopped it, and waits on its stderr
+                proc.send_signal(signal.SIGTSTP)
+                time.sleep(0.3)
+                drain = threading.Thread(target=lambda: proc.stderr.read(), daemon=True)
+                drain.start()
+                while _state(proc.pid) != "T" and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.assertEqual(_state(proc.pid), "T")
+                proc.send_signal(signal.SIGCONT)
+                time.sleep(0.2)
+                states = []
+                for _ in range(15):
+                    states.append((_state(proc.pid), _state(workers[0])))
+                    time.sleep(0.1)
+                self.assertNotIn("T", [x for pair in states for x in pair], states)
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+                for c in workers:
+                    try:
+                        os.killpg(c, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+    def test_ctrl_z_while_the_daemons_start_stops_the_job_and_fg_resumes_it(self):
+        # Before the workers run the launcher only noted SIGTSTP for later,
+        # while the terminal stopped the scheduler it was waiting for: the job
+        # never stopped, and the launch failed 30 s later ("no address
+        # written"). Ctrl-Z as soon as the scheduler is started.
+        argv = launch_argv(1, 1, ["sh", "-c", "echo finished"])
+        env = worker_environment()
+        env["PS1"] = "$ "
+        term = _Terminal(env)
+        try:
+            term.expect("$ ")
+            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+            deadline = time.monotonic() + 30
+            launcher = []
+            while not launcher and time.monotonic() < deadline:
+                launcher = _children(term.pid)
+            while launcher and not _children(launcher[0]) and time.monotonic() < deadline:
+                pass
+            self.assertTrue(launcher and _children(launcher[0]), "the launcher started no scheduler")
+            term.type("\x1a")  # Ctrl-Z
+            term.expect("Stopped", 15)
+            term.type("fg\n")
+            term.expect("[0] finished", 60)
+            term.expect("$ ", 60)  # the job ended: the prompt is back
+            term.type("echo EXIT=$?\n")
+            term.expect("echo EXIT=$?")  # the echo of what was typed
+            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+        finally:
+            term.close()
+
+    def test_ctrl_z_while_the_job_ends_does_not_hold_up_the_daemons_shutdown(self):
+        # Once the workers are done the launcher no longer acts on SIGTSTP,
+        # but the terminal still stops its daemons (its foreground group):
+        # SIGTERM alone cannot end a stopped process, so each daemon waited
+        # out Stop's 10 s grace and was SIGKILLed. The worker leaves behind a
+        # process that presses Ctrl-Z (SIGTSTP to the launcher's group) while
+        # the launcher drains the output.
+        script = '(sleep 1; kill -TSTP -$PPID) & exit 0'
+        argv = launch_argv(1, 1, ["sh", "-c", script])
+        env = worker_environment()
+        env["PS1"] = "$ "
+        term = _Terminal(env)
+        try:
+            term.expect("$ ")
+            start = time.monotonic()
+            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+            term.expect("$ ", 60)  # the job ended: the prompt is back
+            elapsed = time.monotonic() - start
+            term.type("echo EXIT=$?\n")
+            term.expect("echo EXIT=$?")  # the echo of what was typed
+            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+            self.assertLess(elapsed, 8, "the stopped daemons waited out their grace: %.1f s" % elapsed)
+        finally:
+            term.close()
 
     def test_a_killed_launcher_takes_its_daemons_and_workers_with_it(self):
         argv = launch_argv(2, 2, [sys.executable, "-c", _TERM_AWARE_WORKER])
