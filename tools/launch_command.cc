@@ -130,7 +130,13 @@ void TakeSuspendSignal() {
   sigset_t tstp;
   sigemptyset(&tstp);
   sigaddset(&tstp, SIGTSTP);
-  pthread_sigmask(SIG_BLOCK, &tstp, nullptr);
+  // The thread blocks SIGTERM and SIGINT too, which InstallStopSignals takes
+  // on its own thread (a handler run on a thread parked in sigwait would be
+  // held back under ThreadSanitizer); this thread keeps only SIGTSTP blocked.
+  sigset_t start = tstp, before;
+  sigaddset(&start, SIGTERM);
+  sigaddset(&start, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &start, &before);
   std::thread([tstp] {
     int sig = 0;
     while (sigwait(&tstp, &sig) == 0) {
@@ -141,6 +147,8 @@ void TakeSuspendSignal() {
       }
     }
   }).detach();
+  sigaddset(&before, SIGTSTP);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
 }
 
 // Stops the workers' groups, the daemons and then this process; once it is
