@@ -12,6 +12,17 @@
 #include "server/partition_engine.h"
 
 namespace shardps {
+namespace {
+
+// A backup's refusal `s` of an update routed at epoch `routed_at` says only
+// that it dropped its copy at a later map (`backup_epoch`): a copy moved to
+// a server that joined, once synced there. Nothing differs; the map that
+// dropped it takes it off the partition's backups.
+bool MovedAway(const absl::Status& s, uint64_t routed_at, uint64_t backup_epoch) {
+  return s.code() == absl::StatusCode::kNotFound && backup_epoch > routed_at;
+}
+
+}  // namespace
 
 uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
   uint64_t confirmed = p.sent;
@@ -320,7 +331,10 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   Partition& p = *it->second;
   auto b = std::find(p.backups.begin(), p.backups.end(), from_server);
   if (!p.primary || b == p.backups.end()) return;  // from a copy the map no longer lists
-  if (absl::Status s = ResponseStatus(answer); !s.ok()) {
+  if (absl::Status s = ResponseStatus(answer); !s.ok() && MovedAway(s, epoch_, answer.server_epoch())) {
+    VLOG(1) << "server " << server_index_ << ": backup server " << from_server << " no longer holds partition "
+            << p.id << " (its shard map epoch " << answer.server_epoch() << ", this server's " << epoch_ << ")";
+  } else if (!s.ok()) {
     // The copies may differ from here on: say so loudly, and do not stall
     // training on a copy that will never confirm.
     ++stats_.errors;
@@ -386,7 +400,12 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     s = SumForwarded(*it->second, h);
     apply = s.ok();
   }
-  if (!s.ok()) LOG(ERROR) << "server " << server_index_ << ": " << s;
+  if (!s.ok() && MovedAway(s, h.epoch(), epoch_)) {
+    VLOG(1) << "server " << server_index_ << ": " << s << " (moved away; the update was routed at epoch "
+            << h.epoch() << ", this server is at " << epoch_ << ")";
+  } else if (!s.ok()) {
+    LOG(ERROR) << "server " << server_index_ << ": " << s;
+  }
   // Confirmed before applying, to keep this pass off the primary's critical
   // path: this thread applies it before it handles anything else, so no
   // request can see this copy without it.

@@ -390,6 +390,21 @@ TEST_F(ReplicationTest, ASnapshotWhoseEncodedAnswerLengthIsWrongIsRefusedAndTheR
   EXPECT_TRUE(answer_payloads_[2] == answer_payloads_[0]);
 }
 
+TEST_F(ReplicationTest, ABackupThatDroppedItsCopyAtALaterMapIsNoErrorForThePrimary) {
+  // A copy moved to a server that joined is dropped at a map its primary
+  // may not have installed yet: the updates sent meanwhile are refused as
+  // NOT_FOUND. That is the move, not copies that differ: no error.
+  Make(SYNC);
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(4, 0, std::nullopt), 1).ok());  // server 0 still at epoch 3
+  const uint64_t a = Send(0, PUSH, 0, 0, {2, 2});
+  const uint64_t b = Send(0, PUSH, 1, 0, {4, 4});
+  Deliver();
+  EXPECT_THAT(Answered(), ElementsAre(a, b)) << "the round waits for no confirmation that will not come";
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_EQ(engines_[0]->stats().errors, 0u) << "the primary counted the move as an error";
+  EXPECT_EQ(Weights(0), std::vector<float>({-2, -2}));
+}
+
 TEST_F(ReplicationTest, ARoundNamingAPushTheBackupNeverReceivedIsRefusedAndChangesNothing) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
