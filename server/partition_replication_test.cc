@@ -671,6 +671,34 @@ TEST_F(ReplicationTest, AnUpdateFromAReplacedPrimaryThatArrivesLateIsRefused) {
   EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the copies differ";
 }
 
+// As above, but the dead primary (server 2) sent its round 0 at epoch 5, a
+// map that changed no role (a membership change) and that server 1 never
+// installed: the watch keeps only the latest map, and server 1 went from
+// epoch 4 to 6. The epoch rule takes the new primary's "since" as the epoch
+// server 1 had before plus one (5), so the late update passes it.
+TEST_F(ReplicationTest, AnUpdateFromAReplacedPrimaryIsRefusedWhenTheBackupSkippedTheMapItWasRoutedAt) {
+  const int n = 4096;
+  const std::vector<std::string> g = StartThreeCopies(n, 5);
+  const std::string spec = compression::ParseCodecSpec(kThreeCopiesCodec)->ToString();
+  EXPECT_EQ(Replica(2, 0, 4, Forwarded(0, 0, spec), g[0]).status_code(), 0);
+  for (uint32_t w : {0u, 1u}) EXPECT_EQ(Replica(2, 1, 4, Forwarded(w, 0, spec), g[w]).status_code(), 0);
+  ASSERT_TRUE(engines_[0]->InstallShardMap(MapOfThree(5, 2, {0, 1}), 0).ok());  // server 1 skips it
+  ShardMap map = MapOfThree(6, 0, {1});
+  map.add_excluded_workers(1);
+  Install(map);
+  ASSERT_FALSE(outbox_.empty());
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  Message snapshot = std::move(outbox_.front());
+  outbox_.pop_front();
+  zmq::message_t peer(std::string("server0"));
+  zmq::message_t payload(snapshot.payload.data(), snapshot.payload.size());
+  engines_[1]->Handle(peer, snapshot.header, &payload);
+  const DataHeader late = Replica(2, 1, 5, Summed(0, {0, 1}), "");
+  EXPECT_NE(late.status_code(), 0) << "server 1 took an update from the primary the map replaced";
+  Deliver();
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the copies differ";
+}
+
 // Replication 3 again: the dead primary (server 2) forwarded worker 0's push
 // of round 0 to server 1 only. Worker 0 then pushes round 0 to the new
 // primary (server 0) with other bytes under a new request id (its step was

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -218,6 +219,13 @@ int Stop(ChildProcess& child, absl::Duration grace) {
 
 absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vector<ChildProcess>& watch,
                                                absl::Time deadline) {
+  // Only the time this process runs counts: one that was stopped (a
+  // terminal's Ctrl-Z stops shardps launch with its daemons) would otherwise
+  // give up as soon as it is continued, before the daemon, continued too,
+  // writes its address. A pass that took far longer than its 20 ms sleep
+  // was such a stop: at most 1 s of it counts.
+  absl::Duration left = deadline - absl::Now();
+  absl::Time last = absl::Now();
   while (true) {
     std::ifstream in(path);
     std::string line;
@@ -227,7 +235,10 @@ absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vec
     if (exited.ok()) {
       return absl::UnavailableError(absl::StrCat(watch[*exited].name, " ", DescribeExit(code), " at start"));
     }
-    if (absl::Now() >= deadline) {
+    const absl::Time now = absl::Now();
+    left -= std::min(now - last, absl::Seconds(1));
+    last = now;
+    if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat("no address written to ", path, " in time"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

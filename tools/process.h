@@ -77,7 +77,8 @@ int Stop(ChildProcess& child, absl::Duration grace);
 
 // Waits until `path` holds a non-empty first line (a daemon writes its bound
 // address there once serving) and returns it. Fails early, naming the child,
-// if one of `watch` exits; DeadlineExceeded at the deadline.
+// if one of `watch` exits; DeadlineExceeded at the deadline. Time spent
+// stopped (SIGSTOP, SIGTSTP) does not count toward it.
 absl::StatusOr<std::string> WaitForAddressFile(const std::string& path, std::vector<ChildProcess>& watch,
                                                absl::Time deadline);
 

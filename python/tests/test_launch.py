@@ -325,6 +325,39 @@ class LaunchTest(unittest.TestCase):
         finally:
             term.close()
 
+    def test_a_long_ctrl_z_while_the_daemons_start_does_not_fail_the_launch(self):
+        # The launcher stops with its daemons, but the time it stays stopped
+        # counted toward the 30 s it gives the scheduler to write its
+        # address: stopped longer than that, it gave up as soon as fg
+        # continued it ("no address written"), before the scheduler, continued
+        # too, could write it. (Supervise does not count a stop toward
+        # --timeout either.) Slow: stays stopped 32 s.
+        argv = launch_argv(1, 1, ["sh", "-c", "echo finished"])
+        env = worker_environment()
+        env["PS1"] = "$ "
+        term = _Terminal(env)
+        try:
+            term.expect("$ ")
+            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+            deadline = time.monotonic() + 30
+            launcher = []
+            while not launcher and time.monotonic() < deadline:
+                launcher = _children(term.pid)
+            while launcher and not _children(launcher[0]) and time.monotonic() < deadline:
+                pass
+            self.assertTrue(launcher and _children(launcher[0]), "the launcher started no scheduler")
+            term.type("\x1a")  # Ctrl-Z
+            term.expect("Stopped", 15)
+            time.sleep(32)
+            term.type("fg\n")
+            term.expect("[0] finished", 60)
+            term.expect("$ ", 60)  # the job ended: the prompt is back
+            term.type("echo EXIT=$?\n")
+            term.expect("echo EXIT=$?")  # the echo of what was typed
+            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+        finally:
+            term.close()
+
     def test_ctrl_z_while_the_job_ends_does_not_hold_up_the_daemons_shutdown(self):
         # Once the workers are done the launcher no longer acts on SIGTSTP,
         # but the terminal still stops its daemons (its foreground group):
