@@ -285,6 +285,7 @@ uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data
   if (p.backups.empty() || !replicate_) return 0;
   ++p.sent;
   h.set_op(REPLICATE);
+  h.set_replica_from(server_index_);
   h.set_request_id(p.sent);
   h.set_partition_id(p.id);
   h.set_epoch(epoch_);
@@ -364,6 +365,14 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
                                                    h.epoch(), ", before server ", it->second->primary_server,
                                                    " became its primary (epoch ", it->second->primary_since,
                                                    " or later): from a replaced primary, refused"));
+  } else if (h.has_replica_from() && h.replica_from() != it->second->primary_server && h.epoch() <= epoch_) {
+    // This copy's map is at least as recent as the sender's, and names
+    // another primary: the sender was replaced (maps a server skipped can
+    // hide that from the epoch rule above).
+    s = absl::FailedPreconditionError(absl::StrCat("replica update of partition ", h.partition_id(), " from server ",
+                                                   h.replica_from(), ", which is not its primary at shard map epoch ",
+                                                   epoch_, " (server ", it->second->primary_server,
+                                                   " is): from a replaced primary, refused"));
   } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));

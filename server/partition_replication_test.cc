@@ -51,6 +51,7 @@ class ReplicationTest : public ReplicaPairTest {
     h.set_num_elements(n_);
     h.set_dtype(FLOAT32);
     h.set_request_id(++replica_id_);
+    h.set_replica_from(from);
     zmq::message_t peer("server" + std::to_string(from));
     zmq::message_t m(payload.data(), payload.size());
     acks_.clear();
