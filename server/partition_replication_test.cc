@@ -119,6 +119,28 @@ class ReplicationTest : public ReplicaPairTest {
     return g;
   }
   static constexpr char kThreeCopiesCodec[] = "topk:ratio=0.05";
+  // After StartThreeCopies: server 2 counts both workers' pushes `g` of round
+  // 0, forwarding worker 0's to servers 0 and 1, worker 1's to server 1 only.
+  void ServerTwoCountsRoundZero(const std::vector<std::string>& g) {
+    const std::string spec = compression::ParseCodecSpec(kThreeCopiesCodec)->ToString();
+    EXPECT_EQ(Replica(2, 0, 4, Forwarded(0, 0, spec), g[0]).status_code(), 0);
+    for (uint32_t w : {0u, 1u}) EXPECT_EQ(Replica(2, 1, 4, Forwarded(w, 0, spec), g[w]).status_code(), 0);
+  }
+  // Server 2 and worker 1 die: the map of `epoch` makes server 0 the primary
+  // and server 1 its backup, which takes server 0's snapshot (and nothing
+  // else is delivered yet).
+  void ServerZeroTakesOverAt(uint64_t epoch) {
+    ShardMap map = MapOfThree(epoch, 0, {1});
+    map.add_excluded_workers(1);
+    Install(map);
+    ASSERT_FALSE(outbox_.empty());
+    ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+    Message snapshot = std::move(outbox_.front());
+    outbox_.pop_front();
+    zmq::message_t peer(std::string("server0"));
+    zmq::message_t payload(snapshot.payload.data(), snapshot.payload.size());
+    engines_[1]->Handle(peer, snapshot.header, &payload);
+  }
   static void ThreeCopies(ClusterConfig& config) {
     config.set_num_servers(3);
     config.set_replication(3);
@@ -647,23 +669,9 @@ TEST_F(ReplicationTest, ABackupThatStaysABackupWhileAnotherIsPromotedSumsWhatThe
 // a round sent as its fp32 sum goes the same way.)
 TEST_F(ReplicationTest, AnUpdateFromAReplacedPrimaryThatArrivesLateIsRefused) {
   const int n = 4096;
-  const std::vector<std::string> g = StartThreeCopies(n, 5);
-  const std::string spec = compression::ParseCodecSpec(kThreeCopiesCodec)->ToString();
+  ServerTwoCountsRoundZero(StartThreeCopies(n, 5));
   const std::vector<float> ones(n, 1.0f);
-  // Server 2 counts both pushes; server 0 receives the first only.
-  EXPECT_EQ(Replica(2, 0, 4, Forwarded(0, 0, spec), g[0]).status_code(), 0);
-  for (uint32_t w : {0u, 1u}) EXPECT_EQ(Replica(2, 1, 4, Forwarded(w, 0, spec), g[w]).status_code(), 0);
-  // Server 2 and worker 1 die: server 0 is the primary, server 1 its backup.
-  ShardMap map = MapOfThree(5, 0, {1});
-  map.add_excluded_workers(1);
-  Install(map);
-  ASSERT_FALSE(outbox_.empty());
-  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
-  Message snapshot = std::move(outbox_.front());
-  outbox_.pop_front();
-  zmq::message_t peer(std::string("server0"));
-  zmq::message_t payload(snapshot.payload.data(), snapshot.payload.size());
-  engines_[1]->Handle(peer, snapshot.header, &payload);
+  ServerZeroTakesOverAt(5);
   // Server 2's round 0, sent before it died, arrives now.
   const DataHeader late = Replica(2, 1, 4, Summed(0, {0, 1}), "");
   EXPECT_NE(late.status_code(), 0) << "server 1 took an update from the primary the map replaced";
@@ -679,21 +687,9 @@ TEST_F(ReplicationTest, AnUpdateFromAReplacedPrimaryThatArrivesLateIsRefused) {
 // server 1 had before plus one (5), so the late update passes it.
 TEST_F(ReplicationTest, AnUpdateFromAReplacedPrimaryIsRefusedWhenTheBackupSkippedTheMapItWasRoutedAt) {
   const int n = 4096;
-  const std::vector<std::string> g = StartThreeCopies(n, 5);
-  const std::string spec = compression::ParseCodecSpec(kThreeCopiesCodec)->ToString();
-  EXPECT_EQ(Replica(2, 0, 4, Forwarded(0, 0, spec), g[0]).status_code(), 0);
-  for (uint32_t w : {0u, 1u}) EXPECT_EQ(Replica(2, 1, 4, Forwarded(w, 0, spec), g[w]).status_code(), 0);
+  ServerTwoCountsRoundZero(StartThreeCopies(n, 5));
   ASSERT_TRUE(engines_[0]->InstallShardMap(MapOfThree(5, 2, {0, 1}), 0).ok());  // server 1 skips it
-  ShardMap map = MapOfThree(6, 0, {1});
-  map.add_excluded_workers(1);
-  Install(map);
-  ASSERT_FALSE(outbox_.empty());
-  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
-  Message snapshot = std::move(outbox_.front());
-  outbox_.pop_front();
-  zmq::message_t peer(std::string("server0"));
-  zmq::message_t payload(snapshot.payload.data(), snapshot.payload.size());
-  engines_[1]->Handle(peer, snapshot.header, &payload);
+  ServerZeroTakesOverAt(6);
   const DataHeader late = Replica(2, 1, 5, Summed(0, {0, 1}), "");
   EXPECT_NE(late.status_code(), 0) << "server 1 took an update from the primary the map replaced";
   Deliver();

@@ -78,11 +78,26 @@ print("done after %d rounds" % rounds, flush=True)
 class _Terminal:
     """An interactive bash on a pseudo-terminal, with job control as a user has it."""
 
-    def __init__(self, env):
+    def __init__(self):
+        env = worker_environment()
+        env["PS1"] = "$ "
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
             os.execvpe("bash", ["bash", "--norc", "--noprofile", "-i"], env)
         self.seen = ""
+        self.expect("$ ")
+
+    def run(self, argv):
+        """Types `argv` as a command line."""
+        self.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+
+    def exit_status(self):
+        """The shell's $? once the prompt is back: the last foreground job's exit status."""
+        self.expect("$ ", 60)
+        self.type("echo EXIT=$?\n")
+        self.expect("echo EXIT=$?")  # the echo of what was typed
+        self.expect("EXIT=", 10)
+        return self.expect("\n", 10).strip()
 
     def type(self, text):
         os.write(self.fd, text.encode())
@@ -214,12 +229,9 @@ class LaunchTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             done = os.path.join(tmp, "done")
             argv = launch_argv(2, 2, [sys.executable, "-c", _PAUSABLE_WORKER, done])
-            env = worker_environment()
-            env["PS1"] = "$ "
-            term = _Terminal(env)
+            term = _Terminal()
             try:
-                term.expect("$ ")
-                term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+                term.run(argv)
                 term.expect("] ready")
                 term.expect("] ready")
                 launcher = [pid for pid in _children(term.pid)]
@@ -243,11 +255,8 @@ class LaunchTest(unittest.TestCase):
                 open(done, "w").close()
                 shown = term.expect("] done after")
                 shown += term.expect("] done after")
-                shown += term.expect("$ ")  # the job ended: the prompt is back
                 self.assertNotIn("] round", shown)  # a failed round
-                term.type("echo EXIT=$?\n")
-                term.expect("echo EXIT=$?")  # the echo of what was typed
-                self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+                self.assertEqual(term.exit_status(), "0")
             finally:
                 term.close()
 
@@ -295,18 +304,12 @@ class LaunchTest(unittest.TestCase):
                     except OSError:
                         pass
 
-    def test_ctrl_z_while_the_daemons_start_stops_the_job_and_fg_resumes_it(self):
-        # Before the workers run the launcher only noted SIGTSTP for later,
-        # while the terminal stopped the scheduler it was waiting for: the job
-        # never stopped, and the launch failed 30 s later ("no address
-        # written"). Ctrl-Z as soon as the scheduler is started.
-        argv = launch_argv(1, 1, ["sh", "-c", "echo finished"])
-        env = worker_environment()
-        env["PS1"] = "$ "
-        term = _Terminal(env)
+    def _ctrl_z_while_the_daemons_start_then_fg(self, stopped_seconds):
+        """Ctrl-Z as soon as the launcher has started its scheduler, `fg` after
+        `stopped_seconds`: the job must stop, then finish with exit 0."""
+        term = _Terminal()
         try:
-            term.expect("$ ")
-            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+            term.run(launch_argv(1, 1, ["sh", "-c", "echo finished"]))
             deadline = time.monotonic() + 30
             launcher = []
             while not launcher and time.monotonic() < deadline:
@@ -316,14 +319,19 @@ class LaunchTest(unittest.TestCase):
             self.assertTrue(launcher and _children(launcher[0]), "the launcher started no scheduler")
             term.type("\x1a")  # Ctrl-Z
             term.expect("Stopped", 15)
+            time.sleep(stopped_seconds)
             term.type("fg\n")
             term.expect("[0] finished", 60)
-            term.expect("$ ", 60)  # the job ended: the prompt is back
-            term.type("echo EXIT=$?\n")
-            term.expect("echo EXIT=$?")  # the echo of what was typed
-            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+            self.assertEqual(term.exit_status(), "0")
         finally:
             term.close()
+
+    def test_ctrl_z_while_the_daemons_start_stops_the_job_and_fg_resumes_it(self):
+        # Before the workers run the launcher only noted SIGTSTP for later,
+        # while the terminal stopped the scheduler it was waiting for: the job
+        # never stopped, and the launch failed 30 s later ("no address
+        # written").
+        self._ctrl_z_while_the_daemons_start_then_fg(0)
 
     def test_a_long_ctrl_z_while_the_daemons_start_does_not_fail_the_launch(self):
         # The launcher stops with its daemons, but the time it stays stopped
@@ -332,31 +340,7 @@ class LaunchTest(unittest.TestCase):
         # continued it ("no address written"), before the scheduler, continued
         # too, could write it. (Supervise does not count a stop toward
         # --timeout either.) Slow: stays stopped 32 s.
-        argv = launch_argv(1, 1, ["sh", "-c", "echo finished"])
-        env = worker_environment()
-        env["PS1"] = "$ "
-        term = _Terminal(env)
-        try:
-            term.expect("$ ")
-            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
-            deadline = time.monotonic() + 30
-            launcher = []
-            while not launcher and time.monotonic() < deadline:
-                launcher = _children(term.pid)
-            while launcher and not _children(launcher[0]) and time.monotonic() < deadline:
-                pass
-            self.assertTrue(launcher and _children(launcher[0]), "the launcher started no scheduler")
-            term.type("\x1a")  # Ctrl-Z
-            term.expect("Stopped", 15)
-            time.sleep(32)
-            term.type("fg\n")
-            term.expect("[0] finished", 60)
-            term.expect("$ ", 60)  # the job ended: the prompt is back
-            term.type("echo EXIT=$?\n")
-            term.expect("echo EXIT=$?")  # the echo of what was typed
-            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
-        finally:
-            term.close()
+        self._ctrl_z_while_the_daemons_start_then_fg(32)
 
     def test_ctrl_z_while_the_job_ends_does_not_hold_up_the_daemons_shutdown(self):
         # Once the workers are done the launcher no longer acts on SIGTSTP,
@@ -366,19 +350,14 @@ class LaunchTest(unittest.TestCase):
         # process that presses Ctrl-Z (SIGTSTP to the launcher's group) while
         # the launcher drains the output.
         script = '(sleep 1; kill -TSTP -$PPID) & exit 0'
-        argv = launch_argv(1, 1, ["sh", "-c", script])
-        env = worker_environment()
-        env["PS1"] = "$ "
-        term = _Terminal(env)
+        term = _Terminal()
         try:
-            term.expect("$ ")
             start = time.monotonic()
-            term.type(" ".join(shlex.quote(a) for a in argv) + "\n")
+            term.run(launch_argv(1, 1, ["sh", "-c", script]))
             term.expect("$ ", 60)  # the job ended: the prompt is back
             elapsed = time.monotonic() - start
-            term.type("echo EXIT=$?\n")
-            term.expect("echo EXIT=$?")  # the echo of what was typed
-            self.assertIn("EXIT=0", term.expect("\n", 10) + term.expect("\n", 10))
+            term.type("\n")  # a prompt again for exit_status
+            self.assertEqual(term.exit_status(), "0")
             self.assertLess(elapsed, 8, "the stopped daemons waited out their grace: %.1f s" % elapsed)
         finally:
             term.close()
