@@ -462,6 +462,11 @@ class PartitionEngine {
   void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // A promoted copy counts the forwarded pushes of the rounds still open.
   void ReplayForwarded(Partition& p);
+  // Backup: the forwarded push of worker `w`'s `round` it holds, or null.
+  static ParkedPush* FindForwarded(Partition& p, uint32_t w, uint64_t round);
+  static const ParkedPush* FindForwarded(const Partition& p, uint32_t w, uint64_t round) {
+    return FindForwarded(const_cast<Partition&>(p), w, round);
+  }
   // Sync: called as worker `h`'s push (`payload`, of `bytes` before it was
   // counted) is counted into the open round; forwards it to the backups if
   // the round's pushes go there (decided at the round's first push: a

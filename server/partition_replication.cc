@@ -117,17 +117,22 @@ void PartitionEngine::ForwardCounted(Partition& p, const DataHeader& h, const zm
   ForwardPush(p, h, payload);
 }
 
+PartitionEngine::ParkedPush* PartitionEngine::FindForwarded(Partition& p, uint32_t w, uint64_t round) {
+  for (ParkedPush& f : p.forwarded) {
+    if (f.header.worker_rank() == w && f.header.round() == round) return &f;
+  }
+  return nullptr;
+}
+
 absl::Status PartitionEngine::SumForwarded(Partition& p, const DataHeader& h) {
   p.arrivals = 0;
   std::fill(p.contributed.begin(), p.contributed.end(), false);
   for (uint32_t w : h.summed_workers()) {
-    auto it = std::find_if(p.forwarded.begin(), p.forwarded.end(), [&](const ParkedPush& f) {
-      return f.header.worker_rank() == w && f.header.round() == h.round();
-    });
+    ParkedPush* held = FindForwarded(p, w, h.round());
     // The primary decoded the same bytes: a failure here means a buggy or
     // hostile primary. The update is refused; what was summed so far is
     // scratch (p.acc and the per-rank buffers are a backup's scratch).
-    if (absl::Status s = Accumulate(p, w, h.round(), &it->payload); !s.ok()) {
+    if (absl::Status s = Accumulate(p, w, h.round(), &held->payload); !s.ok()) {
       p.arrivals = 0;
       std::fill(p.contributed.begin(), p.contributed.end(), false);
       return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": round ", h.round(), " sums worker ", w,
@@ -357,22 +362,19 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (it->second->primary) {
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
                                                    h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
-  } else if (h.epoch() < it->second->primary_since) {
-    // Sent before the map replaced its sender (a primary that died with
-    // updates in flight): applied after the new primary's, it would make
-    // this copy differ from it.
-    s = absl::FailedPreconditionError(absl::StrCat("replica update of partition ", h.partition_id(), " routed at epoch ",
-                                                   h.epoch(), ", before server ", it->second->primary_server,
-                                                   " became its primary (epoch ", it->second->primary_since,
-                                                   " or later): from a replaced primary, refused"));
-  } else if (h.has_replica_from() && h.replica_from() != it->second->primary_server && h.epoch() <= epoch_) {
-    // This copy's map is at least as recent as the sender's, and names
-    // another primary: the sender was replaced (maps a server skipped can
-    // hide that from the epoch rule above).
-    s = absl::FailedPreconditionError(absl::StrCat("replica update of partition ", h.partition_id(), " from server ",
-                                                   h.replica_from(), ", which is not its primary at shard map epoch ",
-                                                   epoch_, " (server ", it->second->primary_server,
-                                                   " is): from a replaced primary, refused"));
+  } else if (h.epoch() < it->second->primary_since ||
+             (h.has_replica_from() && h.replica_from() != it->second->primary_server && h.epoch() <= epoch_)) {
+    // From a replaced primary (one that died with updates in flight):
+    // routed before the map named this copy's primary, or sent by another
+    // server while this copy's map, at least as recent as the sender's,
+    // names that one (a map this server skipped can hide the change from
+    // the epoch alone). Applied after the new primary's, it would make this
+    // copy differ from it.
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "replica update of partition ", h.partition_id(), " from server ",
+        h.has_replica_from() ? absl::StrCat(h.replica_from()) : "?", " routed at epoch ", h.epoch(),
+        ", but this copy's primary is server ", it->second->primary_server, " since epoch ", it->second->primary_since,
+        " or later (this server is at ", epoch_, "): from a replaced primary, refused"));
   } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));
@@ -445,15 +447,11 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
                                                      " in codec '", h.codec(), "', expected '",
                                                      PushCodec(p, h.round()).spec, "'"));
     }
-    for (const ParkedPush& f : p.forwarded) {
-      // Held already, unless it is another push of that round (another
-      // request): the one this primary counted replaces one a replaced
-      // primary forwarded (the worker re-ran its step and re-encoded it).
-      if (f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round()) {
-        return f.header.request_id() != h.replica_request_id();
-      }
-    }
-    return true;
+    // Held already, unless it is another push of that round (another
+    // request): the one this primary counted replaces one a replaced
+    // primary forwarded (the worker re-ran its step and re-encoded it).
+    const ParkedPush* held = FindForwarded(p, h.worker_rank(), h.round());
+    return held == nullptr || held->header.request_id() != h.replica_request_id();
   }
   if (h.replica_of() != PUSH) return absl::InvalidArgumentError("replica update of an unknown kind");
   if (!RoundBased(config_)) {
@@ -482,10 +480,7 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
     for (uint32_t w : h.summed_workers()) {
       if (w >= seen.size() || seen[w]) return absl::InvalidArgumentError("replica update names a bad or repeated worker");
       seen[w] = true;
-      const bool held = std::any_of(p.forwarded.begin(), p.forwarded.end(), [&](const ParkedPush& f) {
-        return f.header.worker_rank() == w && f.header.round() == h.round();
-      });
-      if (!held) {
+      if (FindForwarded(p, w, h.round()) == nullptr) {
         return absl::DataLossError(absl::StrCat("partition ", p.id, ": round ", h.round(), " sums worker ", w,
                                                 "'s push, which was not forwarded to this copy"));
       }
@@ -511,10 +506,7 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     push.set_dtype(FLOAT32);
     if (h.has_based_on()) push.set_based_on(h.based_on());
     ParkedPush forwarded{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true};
-    auto held = std::find_if(p.forwarded.begin(), p.forwarded.end(), [&h](const ParkedPush& f) {
-      return f.header.worker_rank() == h.worker_rank() && f.header.round() == h.round();
-    });
-    if (held != p.forwarded.end()) {
+    if (ParkedPush* held = FindForwarded(p, h.worker_rank(), h.round())) {
       *held = std::move(forwarded);  // in place: a promoted copy replays them in order
     } else {
       p.forwarded.push_back(std::move(forwarded));
