@@ -72,30 +72,35 @@ class ReplicaPairTest : public ::testing::Test {
     c.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
     c.mutable_optimizer()->set_learning_rate(1.0f);
     if (tweak) tweak(c);
-    for (uint32_t s : {0u, 1u}) {
-      auto engine = PartitionEngine::Create(
-          c,
-          [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t* payload) {
-            const std::string to = peer.to_string();
-            if (to.rfind("server", 0) == 0) {  // a confirmation, back to the primary
-              acks_.push_back(Message{s, static_cast<uint32_t>(std::stoul(to.substr(6))), h, ""});
-            } else {
-              answers_.push_back(h);
-              answer_payloads_.push_back(payload != nullptr ? payload->to_string() : "");
-            }
-          },
-          [this, s](uint32_t server, DataHeader& h, zmq::message_t& payload) {
-            outbox_.push_back(Message{s, server, h, payload.to_string()});
-          });
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      engines_[s] = *std::move(engine);
-    }
+    config_ = c;
+    for (uint32_t s : {0u, 1u}) Restart(s);
     Install(MapAt(3, 0, 1));
     if (init) Send(0, INIT, 0, 0, std::vector<float>(n, 1.0f));
     Deliver();
     answers_.clear();
     answer_payloads_.clear();
     replicated_.clear();
+  }
+
+  // A new engine for server `s`, with nothing in it (a process started in
+  // a dead one's place); it holds partition 5 once it installs a map.
+  void Restart(uint32_t s) {
+    auto engine = PartitionEngine::Create(
+        config_,
+        [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t* payload) {
+          const std::string to = peer.to_string();
+          if (to.rfind("server", 0) == 0) {  // a confirmation, back to the primary
+            acks_.push_back(Message{s, static_cast<uint32_t>(std::stoul(to.substr(6))), h, ""});
+          } else {
+            answers_.push_back(h);
+            answer_payloads_.push_back(payload != nullptr ? payload->to_string() : "");
+          }
+        },
+        [this, s](uint32_t server, DataHeader& h, zmq::message_t& payload) {
+          outbox_.push_back(Message{s, server, h, payload.to_string()});
+        });
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engines_[s] = *std::move(engine);
   }
 
   // Epoch `epoch`: partition 5 with primary `primary` and, if any, backup
@@ -177,6 +182,7 @@ class ReplicaPairTest : public ::testing::Test {
   }
 
   int n_ = 2;
+  ClusterConfig config_;
   std::unique_ptr<PartitionEngine> engines_[2];
   std::deque<Message> outbox_, acks_;
   std::vector<Message> replicated_;

@@ -598,19 +598,25 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   }
   if (round > p.completed) {
     // SSP answers at once what the staleness bound allows; sync answers
-    // when the push is replayed into its round.
+    // when the push is replayed into its round. A push replayed here
+    // unanswered (`answer` false) was answered, or is answered with its
+    // retry, already.
     const bool early = answer && answer_staleness_ > 0;
-    p.ahead.push_back(ParkedPush{zmq::message_t(peer.data(), peer.size()), h, std::move(*payload), early});
+    p.ahead.push_back(
+        ParkedPush{zmq::message_t(peer.data(), peer.size()), h, std::move(*payload), early || !answer});
     p.next_round[w] = round + 1;
     if (early) AnswerPush(p, peer, h, round);
     return;
   }
   const size_t bytes = payload->size();  // a raw deterministic payload is moved away
+  zmq::message_t kept;
+  if (forwards_pushes_) kept.copy(*payload);  // shares the bytes: nothing changes them
   if (absl::Status s = Accumulate(p, w, round, payload, staged); !s.ok()) {
     Answer(peer, h, s);  // not counted: the worker may send it again
     return;
   }
   if (forwards_counted_) ForwardCounted(p, h, *payload, bytes);
+  if (forwards_pushes_) p.open_pushes.push_back(ParkedPush{zmq::message_t(), h, std::move(kept), true});
   p.next_round[w] = round + 1;
   p.contributed[w] = true;
   ++p.arrivals;
@@ -770,6 +776,7 @@ void PartitionEngine::ApplyRound(Partition& p) {
   std::fill(p.contributed.begin(), p.contributed.end(), false);
   p.forwarding_round = false;
   p.counted_order.clear();
+  p.open_pushes.clear();
   if (replicated_ && p.codecs.pull != nullptr && RoundBased(config_)) {
     // Every copy encodes each round's answer once, right after the round, so
     // error feedback and the weight-delta mirror agree on every copy.

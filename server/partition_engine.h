@@ -216,7 +216,9 @@ class PartitionEngine {
     zmq::message_t peer;
     DataHeader header;
     zmq::message_t payload;
-    bool answered = false;  // ssp: answered before its round was counted
+    // Answered before its round was counted (ssp), or replayed from the
+    // pushes a replaced primary forwarded: not answered again when counted.
+    bool answered = false;
   };
   // A request kept to be handled later: routed with an epoch this server
   // does not serve yet (a worker that learned of a failover first), or held
@@ -310,6 +312,11 @@ class PartitionEngine {
     // in counting order.
     bool forwarding_round = false;
     std::vector<uint32_t> counted_order;
+    // Primary, ssp in rounds: the open round's pushes as counted here (their
+    // payloads shared, not copied). A copy re-created while rounds are open
+    // gets them, and the parked ones (`ahead`), after its snapshot: its
+    // snapshot holds only applied rounds, and some of these were answered.
+    std::vector<ParkedPush> open_pushes;
     // Hand-off of the primary role (ShardMap.handoffs): the epoch that
     // listed it (0: none), whether the drain is done, the server taking
     // over, and the requests held meanwhile, in arrival order. Once handed
@@ -458,8 +465,12 @@ class PartitionEngine {
   void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload,
                 bool answer = true, bool staged = false);
   // SSP with backups: sends a worker's push to the backups (kept there until
-  // its round is applied).
-  void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // its round is applied), or to backup `only`.
+  void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload,
+                   std::optional<uint32_t> only = std::nullopt);
+  // SSP in rounds: the pushes of the rounds still open, counted or parked,
+  // to a copy just re-created on server `to` (after its snapshot).
+  void ForwardOpenPushes(Partition& p, uint32_t to);
   // A promoted copy counts the forwarded pushes of the rounds still open.
   void ReplayForwarded(Partition& p);
   // Backup: the forwarded push of worker `w`'s `round` it holds, or null.

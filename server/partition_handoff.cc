@@ -80,6 +80,7 @@ void PartitionEngine::FollowHandoff(Partition& p, const ShardMap& map, const Par
   p.unconfirmed.clear();
   p.arrivals = 0;
   std::fill(p.contributed.begin(), p.contributed.end(), false);
+  p.open_pushes.clear();
   p.handed_off_at = map.epoch();
   LOG(WARNING) << "server " << server_index_ << ": primary of partition " << p.id << " handed off to server "
                << info.server() << " at shard map epoch " << map.epoch() << " after " << p.completed

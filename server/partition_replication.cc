@@ -60,6 +60,7 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     std::fill(p.contributed.begin(), p.contributed.end(), false);
     p.forwarding_round = false;
     p.counted_order.clear();
+    p.open_pushes.clear();
     p.sent = 0;
     p.confirmed.clear();
     p.last_sent.clear();
@@ -91,10 +92,12 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   if (!added.empty()) p.forwarding_round = false;
   for (uint32_t b : added) SendSnapshot(p, b);
   if (primary) ReplayForwarded(p);
+  for (uint32_t b : added) ForwardOpenPushes(p, b);
   OnConfirmed(p);  // a backup that died holds nothing back any more
 }
 
-void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload,
+                                  std::optional<uint32_t> only) {
   DataHeader f;
   f.set_replica_of(PUSH_PULL);
   f.set_round(h.round());
@@ -102,7 +105,15 @@ void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::
   f.set_replica_request_id(h.request_id());
   f.set_codec(h.codec());
   if (h.has_based_on()) f.set_based_on(h.based_on());
-  Replicate(p, f, payload.data(), payload.size());
+  Replicate(p, f, payload.data(), payload.size(), only);
+}
+
+void PartitionEngine::ForwardOpenPushes(Partition& p, uint32_t to) {
+  if (!forwards_pushes_) return;
+  // Each worker's rounds in order: the open round's pushes, then the
+  // parked ones (later rounds, in arrival order).
+  for (const ParkedPush& push : p.open_pushes) ForwardPush(p, push.header, push.payload, to);
+  for (const ParkedPush& push : p.ahead) ForwardPush(p, push.header, push.payload, to);
 }
 
 void PartitionEngine::ForwardCounted(Partition& p, const DataHeader& h, const zmq::message_t& payload,

@@ -539,6 +539,41 @@ TEST_F(ReplicationTest, ABackupRecreatedMidRoundGetsThatRoundAsItsSum) {
   EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
 }
 
+// SSP in rounds: a push answered ahead of its round lives on the backups
+// as the forwarded push until the round completes. Server 1 dies and a new
+// one takes its place while round 0 is open: its snapshot holds only the
+// rounds applied. Then server 0 dies too, before round 0 completes: the new
+// copy, promoted, must count worker 0's answered push (the worker will not
+// send it again).
+TEST_F(ReplicationTest, ACopyReCreatedWhileAnSspRoundIsOpenGetsThePushesAnsweredInIt) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  const uint64_t early = Send(0, PUSH, 0, 0, {2.0f, 4.0f});
+  const uint64_t parked = Send(0, PUSH, 0, 1, {10.0f, 20.0f});
+  Deliver();
+  EXPECT_THAT(Answered(), ElementsAre(early, parked)) << "answered ahead of round 0, within the bound";
+  answers_.clear();
+  // A new server 1, at a new address, while round 0 is open.
+  Restart(1);
+  ShardMap map = MapAt(4, 0, 1);
+  map.mutable_servers(1)->set_data_address("tcp://s:9");
+  Install(map);
+  Deliver();
+  // Server 0 dies: server 1 alone holds partition 5.
+  ShardMap alone = MapAt(5, 1, std::nullopt);
+  alone.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[1]->InstallShardMap(alone, 1).ok());
+  const uint64_t late = Send(1, PUSH, 1, 0, {6.0f, 8.0f}, 5);
+  const uint64_t next = Send(1, PUSH, 1, 1, {0.0f, 0.0f}, 5);
+  const uint64_t after = Send(1, PUSH, 0, 2, {0.0f, 0.0f}, 5);
+  EXPECT_THAT(Answered(), ElementsAre(late, next, after));
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  // Round 0: 1 - (2 + 6) / 2, 1 - (4 + 8) / 2; round 1: minus (10 + 0) / 2, (20 + 0) / 2.
+  EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
+}
+
 TEST_F(ReplicationTest, ARoundCompletedWithoutARemovedWorkerSumsTheOthersPushes) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
