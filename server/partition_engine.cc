@@ -147,7 +147,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->clock.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
     if (RoundBased(config_)) {
-      p->acc.assign(p->n, 0.0f);
+      p->acc.reset(SharedBuffer::Create(p->n));
       if (config_.deterministic()) {
         p->held.resize(workers);
         if (push != nullptr) p->decoded.assign(workers, std::vector<float>(p->n));
@@ -411,7 +411,7 @@ absl::Status PartitionEngine::CheckRawGradient(Partition& p, const DataHeader& h
   const bool push = h.op() == PUSH || h.op() == PUSH_PULL;
   float* into = nullptr;
   if (push && RoundBased(config_) && !config_.deterministic() && h.round() == p.completed && p.arrivals == 0) {
-    into = p.acc.data();  // the round's first gradient (Accumulate)
+    into = StartSum(p);  // the round's first gradient (Accumulate)
   } else if (push && !RoundBased(config_) && p.batch_count == 0) {
     p.batch_sum.resize(p.n);
     into = p.batch_sum.data();  // the batch's first push (PushAsync)
@@ -670,9 +670,9 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
     } else if (staged && p.arrivals == 0) {
       // Copied into p.acc already, by the pass that checked it.
     } else if (p.arrivals == 0) {
-      std::memcpy(p.acc.data(), g, p.n * sizeof(float));
+      std::memcpy(StartSum(p), g, p.n * sizeof(float));
     } else {
-      AddInto(p.acc.data(), g, p.n);
+      AddInto(p.acc->data(), g, p.n);
     }
     return absl::OkStatus();
   }
@@ -701,8 +701,13 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
     }
     return absl::OkStatus();
   }
-  return p.arrivals == 0 ? codec->Decode(bytes, seed, absl::MakeSpan(p.acc))
-                         : codec->DecodeAdd(bytes, seed, absl::MakeSpan(p.acc));
+  return p.arrivals == 0 ? codec->Decode(bytes, seed, absl::MakeSpan(StartSum(p), p.n))
+                         : codec->DecodeAdd(bytes, seed, absl::MakeSpan(p.acc->data(), p.n));
+}
+
+float* PartitionEngine::StartSum(Partition& p) {
+  if (!p.acc->unique()) p.acc.reset(SharedBuffer::Create(p.n));
+  return p.acc->data();
 }
 
 // Leaves the round's gradient sum in p.acc, in rank order when deterministic.
@@ -716,17 +721,18 @@ void PartitionEngine::SumRound(Partition& p) {
     for (uint32_t w = 0; w < workers; ++w) {
       if (!Contributed(p, w)) continue;  // removed before pushing this round, or not rejoined yet
       if (first) {
-        std::memcpy(p.acc.data(), rank(w), p.n * sizeof(float));
+        std::memcpy(StartSum(p), rank(w), p.n * sizeof(float));
         first = false;
       } else {
-        AddInto(p.acc.data(), rank(w), p.n);
+        AddInto(p.acc->data(), rank(w), p.n);
       }
     }
     for (auto& m : p.held) m.rebuild();  // release the gradients
   } else if (!p.acc_encoded.empty() && codec == p.codecs.push.get()) {
     auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(p.acc_encoded.data()),
                                      p.acc_encoded.size() * sizeof(float));
-    absl::Status s = p.codecs.push->Decode(bytes, compression::CodecSeed(p.id, p.completed), absl::MakeSpan(p.acc));
+    absl::Status s =
+        p.codecs.push->Decode(bytes, compression::CodecSeed(p.id, p.completed), absl::MakeSpan(StartSum(p), p.n));
     if (!s.ok()) LOG(ERROR) << "partition " << p.id << ": decoding the summed payloads: " << s;
   }
 }
@@ -752,7 +758,7 @@ void PartitionEngine::CompleteRound(Partition& p) {
     for (uint32_t w : p.counted_order) update.add_summed_workers(w);
     sequence = Replicate(p, update, nullptr, 0);
   } else {
-    sequence = Replicate(p, update, p.acc.data(), p.n * sizeof(float));
+    sequence = Replicate(p, update, *p.acc);
   }
   ApplyRound(p);
   MaybeCheckpoint(p);
@@ -760,14 +766,19 @@ void PartitionEngine::CompleteRound(Partition& p) {
   FinishRound(p);
 }
 
-void PartitionEngine::ApplyRound(Partition& p) {
-  if (sum_only_) {
-    // Workers run the optimizer; the server keeps the sum for their pulls.
+void PartitionEngine::ApplyRound(Partition& p, const float* sum) {
+  if (sum_only_ && sum == nullptr) {
+    // Workers run the optimizer; the server keeps the sum for their pulls:
+    // this round's sum becomes the aggregate (StartSum replaces the old one
+    // once it is written over, if answers still hold it).
+    std::swap(p.aggregate, p.acc);
+  } else if (sum_only_) {
     if (!p.aggregate->unique()) p.aggregate.reset(SharedBuffer::Create(p.n));
-    std::memcpy(p.aggregate->data(), p.acc.data(), p.n * sizeof(float));
+    std::memcpy(p.aggregate->data(), sum, p.n * sizeof(float));
   } else {
-    optimizer_->Apply(p.completed, 1.0f / static_cast<float>(p.contributors), p.acc.data(), WritableWeights(p),
-                      p.state.data(), p.n, p.lr_scale);
+    if (sum == nullptr) sum = p.acc->data();
+    optimizer_->Apply(p.completed, 1.0f / static_cast<float>(p.contributors), sum, WritableWeights(p), p.state.data(),
+                      p.n, p.lr_scale);
   }
   ++stats_.updates;
   ++p.completed;

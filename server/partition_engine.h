@@ -19,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "common/optimizer.h"
 #include "common/shared_buffer.h"
@@ -253,7 +254,9 @@ class PartitionEngine {
     std::vector<float> state;
     uint64_t completed = 0;  // sync: rounds applied; async: pushes applied
     bool initialized = false;
-    std::vector<float> acc;                // sync: this round's sum
+    // Sync: this round's sum; shared with the replica updates that carry it
+    // (no copy), so a round's first write takes a fresh one if still sent.
+    SharedBufferPtr acc;
     uint32_t arrivals = 0;                 // sync: pushes in for this round
     std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
     std::vector<bool> contributed;         // sync: per worker, counted in the open round
@@ -356,6 +359,11 @@ class PartitionEngine {
   // returns its sequence number, or 0 if the partition has no backup.
   uint64_t Replicate(Partition& p, DataHeader h, const void* data, size_t bytes,
                      std::optional<uint32_t> only = std::nullopt);
+  // The same with `sum` as the payload, sent without a copy.
+  uint64_t Replicate(Partition& p, DataHeader h, SharedBuffer& sum);
+  // Both: each backup's payload made by `payload_for_one`.
+  uint64_t Replicate(Partition& p, DataHeader h, size_t bytes, std::optional<uint32_t> only,
+                     absl::FunctionRef<zmq::message_t()> payload_for_one);
   // The last update every backup has confirmed, counting as confirmed what
   // was never sent to a backup that has confirmed all it was sent.
   static uint64_t ConfirmedBy(const Partition& p);
@@ -370,9 +378,13 @@ class PartitionEngine {
   void ApplyReplica(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // Holds an answer until the backups confirm update `sequence`.
   void AnswerWhenConfirmed(Partition& p, const zmq::message_t& peer, const DataHeader& request, uint64_t sequence);
-  // Applies the round in p.acc (p.contributors gradients), then encodes its
-  // pull answer at once when replicated, so every copy's encoder state agrees.
-  void ApplyRound(Partition& p);
+  // p.acc, writable for a round's first gradient (a new buffer while the
+  // last round's sum is still being sent to the backups).
+  static float* StartSum(Partition& p);
+  // Applies the round's sum (p.contributors gradients): `sum`, or p.acc if
+  // null; then encodes its pull answer at once when replicated, so every
+  // copy's encoder state agrees.
+  void ApplyRound(Partition& p, const float* sum = nullptr);
   // Answers the pulls a completed, confirmed round satisfies; replays pushes.
   void FinishRound(Partition& p);
   void RunDeferred();

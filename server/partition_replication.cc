@@ -298,6 +298,17 @@ bool PartitionEngine::Settled(const Partition& p) const { return ConfirmedBy(p) 
 
 uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data, size_t bytes,
                                     std::optional<uint32_t> only) {
+  return Replicate(p, std::move(h), bytes, only, [data, bytes] {
+    return bytes > 0 ? zmq::message_t(data, bytes) : zmq::message_t();
+  });
+}
+
+uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, SharedBuffer& sum) {
+  return Replicate(p, std::move(h), sum.bytes(), std::nullopt, [&sum] { return sum.ZeroCopyMessage(); });
+}
+
+uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, size_t bytes, std::optional<uint32_t> only,
+                                    absl::FunctionRef<zmq::message_t()> payload_for_one) {
   if (p.backups.empty() || !replicate_) return 0;
   ++p.sent;
   h.set_op(REPLICATE);
@@ -309,7 +320,7 @@ uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, const void* data
   h.set_dtype(FLOAT32);
   for (size_t i = 0; i < p.backups.size(); ++i) {
     if (only && p.backups[i] != *only) continue;
-    zmq::message_t payload = bytes > 0 ? zmq::message_t(data, bytes) : zmq::message_t();
+    zmq::message_t payload = payload_for_one();
     replicate_(p.backups[i], h, payload);
     ++stats_.replicated;
     stats_.replicated_bytes += bytes;
@@ -541,11 +552,11 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     p.completed += k;
     ++stats_.updates;
   } else {
-    // A round summed from forwarded pushes is in p.acc already (HandleReplica).
-    if (h.summed_workers_size() == 0) std::memcpy(p.acc.data(), data, payload.size());
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
     p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
-    ApplyRound(p);
+    // Applied from the message (aligned by Handle); a round summed from
+    // forwarded pushes is in p.acc already (HandleReplica).
+    ApplyRound(p, h.summed_workers_size() == 0 ? data : nullptr);
     std::erase_if(p.forwarded, [&p](const ParkedPush& f) { return f.header.round() < p.completed; });
   }
 }
