@@ -251,7 +251,10 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   take(WritableWeights(p), p.n * sizeof(float));
   take(p.state.data(), p.state.size() * sizeof(float));
   if (p.delta_pulls) take(p.mirror.data(), p.n * sizeof(float));
-  if (sum_only_) take(p.aggregate->data(), p.n * sizeof(float));
+  if (sum_only_) {
+    if (!p.aggregate->unique()) p.aggregate.reset(SharedBuffer::Create(p.n));  // still being sent
+    take(p.aggregate->data(), p.n * sizeof(float));
+  }
   take(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   take(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
   uint64_t initialized = 0;
