@@ -373,10 +373,7 @@ absl::Status RunBench(const BenchOptions& o) {
     }
   } cleanup{children, dir};
   auto spawn = [&](const std::string& name, std::vector<std::string> argv) -> absl::Status {
-    SpawnOptions options;
-    options.stdout_to_stderr = true;
-    options.stop_with_us = true;  // a SIGKILLed bench leaves no server behind
-    auto child = Spawn(name, argv, options);
+    auto child = Spawn(name, argv, SpawnOptions::JobChild());  // a SIGKILLed bench leaves no server behind
     if (!child.ok()) return child.status();
     children.push_back(*child);
     return absl::OkStatus();

@@ -16,10 +16,8 @@ std::string VerboseFlag(bool verbose) { return verbose ? "--verbose" : "--verbos
 // the daemons after; the daemons end with us however we end. They stay in
 // our process group, so Ctrl-Z pauses the whole job alike.
 absl::StatusOr<ChildProcess> SpawnDaemon(const std::string& name, const std::vector<std::string>& argv) {
-  SpawnOptions options;
-  options.stdout_to_stderr = true;
+  SpawnOptions options = SpawnOptions::JobChild();
   options.ignore_interrupt = true;
-  options.stop_with_us = true;
   return Spawn(name, argv, options);
 }
 

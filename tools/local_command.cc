@@ -301,10 +301,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
                          absl::StrCat(r == 0 ? o.eval_every : 0), verbose};
     if (o.no_overlap) argv.push_back("--no-overlap");
     argv.insert(argv.end(), node_security.begin(), node_security.end());
-    SpawnOptions options;
-    options.stdout_to_stderr = true;
-    options.stop_with_us = true;
-    return Spawn(absl::StrCat("worker ", r), argv, options);
+    return Spawn(absl::StrCat("worker ", r), argv, SpawnOptions::JobChild());
   };
   for (int r = 0; r < o.workers; ++r) {
     auto worker = spawn_worker(r);

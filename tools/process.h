@@ -51,6 +51,15 @@ struct SpawnOptions {
   // PR_SET_PDEATHSIG, which fires when the *thread* that spawned the child
   // ends: spawn such children from a thread that lives as long as the process.
   bool stop_with_us = false;
+
+  // A process started for one job and ended with it (servers, workers of
+  // `shardps local` and `shardps bench`), its output on our stderr.
+  static SpawnOptions JobChild() {
+    SpawnOptions o;
+    o.stdout_to_stderr = true;
+    o.stop_with_us = true;
+    return o;
+  }
 };
 
 // Starts `argv` (argv[0] is the program) as `options` say. `name` is for
