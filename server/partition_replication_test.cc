@@ -904,6 +904,51 @@ TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
   }
 }
 
+// SSP in rounds: the pushes of the open round go to a re-created copy
+// right after its snapshot, one message each. A copy whose server has not
+// installed the map yet holds them until it has, but only so many (its
+// deferred requests are bounded): with many workers (or many partitions
+// re-created at once) the rest are refused, and the copy, promoted, lacks
+// answered pushes: their workers' next pushes are refused (owe round 0).
+TEST_F(ReplicationTest, ACopyWhoseMapIsLateStillGetsEveryOpenPushOfTheRounds) {
+  const uint32_t workers = 4200;
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_num_workers(workers);
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  // Every worker but the last pushes round 0: the round stays open.
+  for (uint32_t rank = 0; rank + 1 < workers; ++rank) Send(0, PUSH, rank, 0, {1.0f, 1.0f});
+  Deliver();
+  ASSERT_EQ(answers_.size(), workers - 1);
+  for (const DataHeader& h : answers_) ASSERT_EQ(h.status_code(), 0) << h.error();
+  answers_.clear();
+  // Server 1 dies; a new one takes its place (epoch 4: no copy there yet).
+  ShardMap alone = MapAt(4, 0, std::nullopt);
+  alone.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[0]->InstallShardMap(alone, 0).ok());
+  Restart(1);
+  engines_[1]->JoinRunningJob();
+  ASSERT_TRUE(engines_[1]->InstallShardMap(alone, 1).ok());
+  // Epoch 5 re-creates the copy on server 1, which installs it late.
+  ShardMap recreated = MapAt(5, 0, 1);
+  recreated.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[0]->InstallShardMap(recreated, 0).ok());
+  Deliver();
+  ASSERT_TRUE(engines_[1]->InstallShardMap(recreated, 1).ok());
+  Deliver();
+  // Server 0 dies before round 0 completes.
+  ShardMap last = MapAt(6, 1, std::nullopt);
+  last.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[1]->InstallShardMap(last, 1).ok());
+  int refused = 0;
+  for (uint32_t rank = 0; rank + 1 < workers; ++rank) Send(1, PUSH, rank, 1, {0.0f, 0.0f}, 6);
+  for (const DataHeader& h : answers_) refused += h.status_code() != 0;
+  EXPECT_EQ(refused, 0) << "the promoted copy lacks answered pushes of round 0, e.g. " << answers_.back().error();
+  answers_.clear();
+  Send(1, PUSH, workers - 1, 0, {1.0f, 1.0f}, 6);
+  EXPECT_EQ(Weights(1), (std::vector<float>{0.0f, 0.0f})) << "round 0 did not complete with every worker's push";
+}
 
 TEST_F(ReplicationTest, ARoundCompletedWithoutARemovedWorkerSumsTheOthersPushes) {
   const int n = 4096;
