@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compression/codec_policy.h"
@@ -94,10 +95,12 @@ class ReplicaPairTest : public ::testing::Test {
           } else {
             answers_.push_back(h);
             answer_payloads_.push_back(payload != nullptr ? payload->to_string() : "");
+            if (hold_in_flight_ && payload != nullptr) Hold(*payload);
           }
         },
         [this, s](uint32_t server, DataHeader& h, zmq::message_t& payload) {
           outbox_.push_back(Message{s, server, h, payload.to_string()});
+          if (hold_in_flight_) Hold(payload);
         });
     ASSERT_TRUE(engine.ok()) << engine.status();
     engines_[s] = *std::move(engine);
@@ -170,6 +173,21 @@ class ReplicaPairTest : public ::testing::Test {
     }
   }
 
+  // With `hold_in_flight_`, every payload the engines send (answers and
+  // replica updates) is kept as ZeroMQ keeps one still in its queue, with
+  // its bytes when it was sent: nothing may write into it meanwhile.
+  void Hold(zmq::message_t& payload) {
+    std::string bytes = payload.to_string();
+    in_flight_.emplace_back(std::move(payload), std::move(bytes));
+  }
+  void ExpectInFlightUnchanged() {
+    for (size_t i = 0; i < in_flight_.size(); ++i) {
+      EXPECT_TRUE(in_flight_[i].first.to_string() == in_flight_[i].second)
+          << "message " << i << " of " << in_flight_.size() << " (" << in_flight_[i].second.size()
+          << " bytes) was written into while it was being sent";
+    }
+  }
+
   std::vector<uint64_t> Answered() {
     std::vector<uint64_t> ids;
     for (const DataHeader& h : answers_) ids.push_back(h.request_id());
@@ -189,6 +207,8 @@ class ReplicaPairTest : public ::testing::Test {
   std::vector<DataHeader> answers_;
   std::vector<std::string> answer_payloads_;  // per answer, its payload bytes
   uint64_t next_id_ = 0;
+  bool hold_in_flight_ = false;
+  std::vector<std::pair<zmq::message_t, std::string>> in_flight_;
 };
 
 }  // namespace shardps

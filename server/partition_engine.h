@@ -297,6 +297,11 @@ class PartitionEngine {
     std::vector<std::string> backup_addresses;
     std::vector<uint64_t> confirmed;
     std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
+    // Per backup: the update number of the snapshot that re-created it,
+    // until it confirms it (0: none). Then it gets the open rounds' pushes
+    // (ForwardOpenPushes): its server has installed the map by then, so
+    // they are not held as early requests (of which a server holds few).
+    std::vector<uint64_t> snapshot_sent;
     uint64_t sent = 0;                     // updates sent to the backups
     std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
     // Async batch (BeginBatch): the sum of the pushes not applied yet, their
@@ -317,8 +322,9 @@ class PartitionEngine {
     std::vector<uint32_t> counted_order;
     // Primary, ssp in rounds: the open round's pushes as counted here (their
     // payloads shared, not copied). A copy re-created while rounds are open
-    // gets them, and the parked ones (`ahead`), after its snapshot: its
-    // snapshot holds only applied rounds, and some of these were answered.
+    // gets them, and the parked ones (`ahead`), once it confirmed its
+    // snapshot: that holds only applied rounds, and some of these were
+    // answered.
     std::vector<ParkedPush> open_pushes;
     // Hand-off of the primary role (ShardMap.handoffs): the epoch that
     // listed it (0: none), whether the drain is done, the server taking
@@ -481,7 +487,7 @@ class PartitionEngine {
   void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload,
                    std::optional<uint32_t> only = std::nullopt);
   // SSP in rounds: the pushes of the rounds still open, counted or parked,
-  // to a copy just re-created on server `to` (after its snapshot).
+  // to a copy re-created on server `to`, once it confirmed its snapshot.
   void ForwardOpenPushes(Partition& p, uint32_t to);
   // A promoted copy counts the forwarded pushes of the rounds still open.
   void ReplayForwarded(Partition& p);

@@ -64,11 +64,12 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     p.sent = 0;
     p.confirmed.clear();
     p.last_sent.clear();
+    p.snapshot_sent.clear();
   }
   p.primary = primary;
   std::vector<uint32_t> backups, added;
   std::vector<std::string> addresses;
-  std::vector<uint64_t> confirmed, last_sent;
+  std::vector<uint64_t> confirmed, last_sent, snapshot_sent;
   if (primary) {
     for (uint32_t b : info.backups()) {
       const std::string address = b < server_addresses_.size() ? server_addresses_[b] : "";
@@ -80,6 +81,7 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
       // with what was sent so far and first gets the whole state.
       confirmed.push_back(it != p.backups.end() ? p.confirmed[it - p.backups.begin()] : p.sent);
       last_sent.push_back(it != p.backups.end() ? p.last_sent[it - p.backups.begin()] : p.sent);
+      snapshot_sent.push_back(it != p.backups.end() ? p.snapshot_sent[it - p.backups.begin()] : 0);
       if (it == p.backups.end() && !created) added.push_back(b);
     }
   }
@@ -87,12 +89,15 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   p.backup_addresses = std::move(addresses);
   p.confirmed = std::move(confirmed);
   p.last_sent = std::move(last_sent);
+  p.snapshot_sent = std::move(snapshot_sent);
   // A new copy lacks the open round's pushes forwarded so far: this round
   // goes to the backups as its sum.
   if (!added.empty()) p.forwarding_round = false;
-  for (uint32_t b : added) SendSnapshot(p, b);
+  for (uint32_t b : added) {
+    SendSnapshot(p, b);
+    p.snapshot_sent[std::find(p.backups.begin(), p.backups.end(), b) - p.backups.begin()] = p.sent;
+  }
   if (primary) ReplayForwarded(p);
-  for (uint32_t b : added) ForwardOpenPushes(p, b);
   OnConfirmed(p);  // a backup that died holds nothing back any more
 }
 
@@ -162,6 +167,10 @@ void PartitionEngine::ReplayForwarded(Partition& p) {
   // workers' retries.
   std::vector<ParkedPush> pushes = std::move(p.forwarded);
   p.forwarded.clear();
+  // A re-created copy gets the open rounds' pushes after those forwarded
+  // since its snapshot: rounds in order, arrival order within a round.
+  std::stable_sort(pushes.begin(), pushes.end(),
+                   [](const ParkedPush& a, const ParkedPush& b) { return a.header.round() < b.header.round(); });
   for (ParkedPush& push : pushes) {
     if (push.header.round() < p.completed) continue;
     PushSync(p, push.peer, push.header, &push.payload, /*answer=*/false);
@@ -362,7 +371,8 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   Partition& p = *it->second;
   auto b = std::find(p.backups.begin(), p.backups.end(), from_server);
   if (!p.primary || b == p.backups.end()) return;  // from a copy the map no longer lists
-  if (absl::Status s = ResponseStatus(answer); !s.ok() && MovedAway(s, epoch_, answer.server_epoch())) {
+  const absl::Status s = ResponseStatus(answer);
+  if (!s.ok() && MovedAway(s, epoch_, answer.server_epoch())) {
     VLOG(1) << "server " << server_index_ << ": backup server " << from_server << " no longer holds partition "
             << p.id << " (its shard map epoch " << answer.server_epoch() << ", this server's " << epoch_ << ")";
   } else if (!s.ok()) {
@@ -373,8 +383,14 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
     LOG(ERROR) << "server " << server_index_ << ": backup server " << from_server << " refused update "
                << answer.request_id() << " of partition " << p.id << ": " << s;
   }
-  uint64_t& confirmed = p.confirmed[b - p.backups.begin()];
+  const size_t i = b - p.backups.begin();
+  uint64_t& confirmed = p.confirmed[i];
   confirmed = std::max(confirmed, std::min(answer.request_id(), p.sent));
+  if (p.snapshot_sent[i] != 0 && confirmed >= p.snapshot_sent[i]) {
+    // A re-created copy holds its snapshot: now the open rounds' pushes.
+    p.snapshot_sent[i] = 0;
+    if (s.ok()) ForwardOpenPushes(p, from_server);
+  }
   OnConfirmed(p);
   if (!handing_off_.empty()) ProgressHandoffs();
 }

@@ -574,6 +574,382 @@ TEST_F(ReplicationTest, ACopyReCreatedWhileAnSspRoundIsOpenGetsThePushesAnswered
   EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
 }
 
+// Zero-copy sends: a round's sum and the answers' weights or aggregate go
+// out referencing the engine's buffers, and ZeroMQ may still hold them when
+// the next round starts. The same rounds, with every message held until
+// the end, give the same answers and copies, and no held message changes.
+TEST_F(ReplicationTest, MessagesStillBeingSentAreNeverWrittenIntoAndChangeNothing) {
+  const int n = 64;
+  struct Mode {
+    const char* name;
+    std::function<void(ClusterConfig&)> tweak;
+    Consistency consistency = SYNC;
+  };
+  const std::vector<Mode> modes = {
+      {"sync", nullptr},
+      {"sync, reject_non_finite (staged sums)", [](ClusterConfig& c) { c.set_reject_non_finite(true); }},
+      {"sum-only", [](ClusterConfig& c) { c.set_update_mode(SUM_ONLY); }},
+      {"sum-only, staged", [](ClusterConfig& c) {
+         c.set_update_mode(SUM_ONLY);
+         c.set_reject_non_finite(true);
+       }},
+      {"deterministic", [](ClusterConfig& c) { c.set_deterministic(true); }},
+      {"deterministic sum-only", [](ClusterConfig& c) {
+         c.set_deterministic(true);
+         c.set_update_mode(SUM_ONLY);
+       }},
+      {"sum-only, onebit aggregates", [](ClusterConfig& c) {
+         c.set_update_mode(SUM_ONLY);
+         c.mutable_compression()->set_pull_codec("onebit");
+       }},
+      {"ssp in rounds", [](ClusterConfig& c) {
+         c.set_staleness(2);
+         c.set_ssp_in_rounds(true);
+         c.set_reject_non_finite(true);
+       }, SSP},
+  };
+  for (const Mode& mode : modes) {
+    SCOPED_TRACE(mode.name);
+    std::vector<std::string> runs[2];
+    std::vector<float> weights[2][2];
+    for (const bool hold : {false, true}) {
+      in_flight_.clear();
+      hold_in_flight_ = hold;
+      Make(mode.consistency, mode.tweak, n);
+      std::mt19937 rng(7);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      auto grad = [&] {
+        std::vector<float> g(n);
+        for (float& x : g) x = normal(rng);
+        return g;
+      };
+      uint64_t epoch = 3;
+      for (uint64_t r = 0; r < 6; ++r) {
+        if (r == 2) {
+          // Server 1 comes back at a new address: a snapshot mid-training.
+          ShardMap map = MapAt(++epoch, 0, 1);
+          map.mutable_servers(1)->set_data_address("tcp://s:9");
+          Install(map);
+        }
+        if (r == 4) {
+          // Hand-off to server 1, then server 1 the primary.
+          ShardMap map = MapAt(++epoch, 0, 1, /*handoff=*/true);
+          map.mutable_servers(1)->set_data_address("tcp://s:9");
+          Install(map);
+          Deliver();
+          map = MapAt(++epoch, 1, 0);
+          map.mutable_servers(1)->set_data_address("tcp://s:9");
+          Install(map);
+        }
+        const uint32_t primary = r >= 4 ? 1 : 0;
+        for (uint32_t rank : {1u, 0u}) {
+          Send(primary, PUSH_PULL, rank, r, grad(), epoch);
+          if (rank == 1) Deliver();
+        }
+        Deliver();
+        Send(primary, PULL, 0, r + 1, {}, epoch);
+        Deliver();
+      }
+      for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+      runs[hold] = answer_payloads_;
+      EXPECT_EQ(answers_.size(), 18u);
+      if (hold) EXPECT_GT(in_flight_.size(), 20u);
+      weights[hold][0] = Weights(0);
+      weights[hold][1] = Weights(1);
+      ExpectInFlightUnchanged();
+      in_flight_.clear();
+    }
+    EXPECT_EQ(runs[0].size(), runs[1].size());
+    for (size_t i = 0; i < std::min(runs[0].size(), runs[1].size()); ++i) {
+      EXPECT_TRUE(runs[0][i] == runs[1][i]) << "answer " << i << " differs when messages are still being sent";
+    }
+    EXPECT_TRUE(SameBits(weights[0][0], weights[1][0]));
+    EXPECT_TRUE(SameBits(weights[0][1], weights[1][1]));
+    EXPECT_TRUE(SameBits(weights[1][0], weights[1][1]));
+  }
+}
+
+// SSP in rounds, three copies: server 2 (the primary, played by the test)
+// forwarded worker 0's push of round 0 to both backups, then its push of
+// round 1 to server 0 only, and died before server 1 had it (so that push
+// was not answered). Server 0, promoted with server 1 its backup, holds
+// that push parked: the worker's retry is answered, so server 1 must hold
+// it before server 0 dies too, or server 1, promoted, refuses the worker's
+// next push (owes round 1) and the answered gradient is lost.
+TEST_F(ReplicationTest, ABackupThatStaysABackupGetsThePushesAPromotedSspCopyReplays) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_num_servers(3);
+    config.set_replication(3);
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  }, 2, /*init=*/false);
+  Install(MapOfThree(4, 2, {0, 1}));
+  const std::vector<float> ones = {1.0f, 1.0f};
+  auto bytes = [](const std::vector<float>& v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  DataHeader init;
+  init.set_replica_of(INIT);
+  for (uint32_t to : {0u, 1u}) ASSERT_EQ(Replica(2, to, 4, init, bytes(ones)).status_code(), 0);
+  for (uint32_t to : {0u, 1u}) ASSERT_EQ(Replica(2, to, 4, Forwarded(0, 0, ""), bytes({2.0f, 4.0f})).status_code(), 0);
+  ASSERT_EQ(Replica(2, 0, 4, Forwarded(0, 1, ""), bytes({10.0f, 20.0f})).status_code(), 0);
+  // Server 2 dies: server 0 the primary, server 1 its backup.
+  Install(MapOfThree(5, 0, {1}));
+  Deliver();
+  // Worker 0 re-sends its unanswered push of round 1 (same request id).
+  const uint64_t retry = Send(0, PUSH, 0, 1, {10.0f, 20.0f}, 5, Forwarded(0, 1, "").replica_request_id());
+  const uint64_t first = Send(0, PUSH, 1, 0, {6.0f, 8.0f}, 5);
+  Deliver();
+  EXPECT_THAT(Answered(), ElementsAre(retry, first));
+  answers_.clear();
+  // Server 0 dies too: server 1 alone.
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapOfThree(6, 1, {}), 1).ok());
+  const uint64_t next = Send(1, PUSH, 1, 1, {0.0f, 0.0f}, 6);
+  const uint64_t after = Send(1, PUSH, 0, 2, {0.0f, 0.0f}, 6);
+  EXPECT_THAT(Answered(), ElementsAre(next, after));
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  // Round 0: 1 - (2 + 6) / 2, 1 - (4 + 8) / 2; round 1: minus (10 + 0) / 2, (20 + 0) / 2.
+  EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
+}
+
+// SSP in rounds (and sync with forwarded compressed pushes), at random: two
+// workers push rounds (at most two pushes in flight each), replica updates
+// and confirmations arrive one at a time, the primary dies (its undelivered
+// messages lost; only once its backup is synced and, if re-created, holds
+// all its primary sent it), a new server takes the dead one's place as the
+// backup, and the primary role is handed off. Every worker re-sends what
+// was not answered to the new primary. At the end the weights are those of
+// the fault-free run: no answered push is lost, none is counted twice.
+TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
+  struct Variant {
+    const char* name;
+    std::string sync_codec;  // empty: ssp in rounds
+    bool deterministic = false, staged = false, handoffs = false;
+    uint32_t staleness = 2;
+  };
+  const std::vector<Variant> variants = {
+      {"ssp", "", false, false, false},
+      {"ssp, deterministic", "", true, false, false},
+      {"ssp, staged sums", "", false, true, false},
+      {"ssp, hand-offs", "", false, false, true},
+      {"ssp 1, deterministic, hand-offs", "", true, false, true, 1},
+      {"sync 2bit, deterministic, hand-offs", "2bit:threshold=0.25", true, false, true},
+  };
+  for (const Variant& v : variants) {
+    std::vector<float> sync_reference;
+    for (uint32_t seed = 1; seed <= 60; ++seed) {
+      SCOPED_TRACE(std::string(v.name) + ", seed " + std::to_string(seed));
+      std::mt19937 rng(seed);
+      const uint64_t rounds = 8;
+      const bool sync_codec = !v.sync_codec.empty();
+      const int n = sync_codec ? 4096 : 2;
+      const std::string spec = sync_codec ? compression::ParseCodecSpec(v.sync_codec)->ToString() : "";
+      Make(sync_codec ? SYNC : SSP, [&](ClusterConfig& config) {
+        if (!sync_codec) {
+          config.set_staleness(v.staleness);
+          config.set_ssp_in_rounds(true);
+        } else {
+          config.mutable_compression()->set_codec(v.sync_codec);
+        }
+        config.set_deterministic(v.deterministic);
+        config.set_reject_non_finite(v.staged);
+      }, n);
+      bool handing_off = false;
+      uint32_t primary = 0;
+      std::optional<uint32_t> backup = 1;
+      uint64_t epoch = 3;
+      int address = 10;
+      std::string addresses[2] = {"tcp://s:1", "tcp://s:2"};
+      auto map_now = [&] {
+        ShardMap m = MapAt(epoch, primary, backup, handing_off);
+        for (uint32_t s : {0u, 1u}) m.mutable_servers(s)->set_data_address(addresses[s]);
+        return m;
+      };
+      struct Push {
+        uint64_t round, id;
+        bool answered = false;
+      };
+      std::vector<Push> pushes[2];
+      auto grad = [&](uint32_t rank, uint64_t round) {
+        if (!sync_codec) return std::vector<float>{static_cast<float>(rank + 1), static_cast<float>(round + 1)};
+        std::mt19937 g(1000 * round + rank);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<float> v(n);
+        for (float& x : v) x = normal(g);
+        return v;
+      };
+      auto send_push = [&](uint32_t rank, uint64_t round, uint64_t id) {
+        if (!sync_codec) return Send(primary, PUSH, rank, round, grad(rank, round), epoch, id);
+        return SendBytes(primary, PUSH, rank, round, spec, EncodeForTest(spec, grad(rank, round), 5, round), epoch, id);
+      };
+      size_t seen = 0;
+      bool recreating = false;
+      bool failed = false;
+      auto collect = [&] {
+        for (; seen < answers_.size(); ++seen) {
+          const DataHeader& h = answers_[seen];
+          for (auto& list : pushes) {
+            for (Push& p : list) {
+              if (p.id != h.request_id()) continue;
+              if (h.status_code() != 0) {
+                ADD_FAILURE() << "push " << p.id << " of round " << p.round << " refused: " << h.error();
+                failed = true;
+              }
+              p.answered = true;
+            }
+          }
+        }
+      };
+      auto deliver_one = [&] {
+        if (!outbox_.empty() && (acks_.empty() || rng() % 2 == 0)) {
+          Message m = std::move(outbox_.front());
+          outbox_.pop_front();
+          zmq::message_t peer("server" + std::to_string(m.from));
+          zmq::message_t payload(m.payload.data(), m.payload.size());
+          engines_[m.to]->Handle(peer, m.header, &payload);
+        } else if (!acks_.empty()) {
+          Message m = std::move(acks_.front());
+          acks_.pop_front();
+          engines_[m.to]->HandleReplicaAck(m.from, m.header);
+        }
+      };
+      auto resend = [&] {
+        for (uint32_t rank : {0u, 1u}) {
+          for (const Push& p : pushes[rank]) {
+            if (!p.answered) send_push(rank, p.round, p.id);
+          }
+        }
+      };
+      int steps = 0;
+      while (!failed && steps++ < 2000) {
+        collect();
+        bool done = true;
+        for (auto& list : pushes) {
+          done = done && list.size() == rounds && std::all_of(list.begin(), list.end(), [](const Push& p) { return p.answered; });
+        }
+        if (done) break;
+        if (outbox_.empty() && acks_.empty()) recreating = false;
+        if (handing_off && !engines_[primary]->HandoffsDone().empty()) {
+          handing_off = false;
+          std::swap(primary, *backup);
+          ++epoch;
+          Install(map_now());
+          resend();
+          continue;
+        }
+        int action = rng() % 10;
+        if (sync_codec && seed == 1 && action >= 8) action = 5;  // the fault-free reference
+        if (action < 4) {
+          const uint32_t rank = rng() % 2;
+          auto& list = pushes[rank];
+          const int open = std::count_if(list.begin(), list.end(), [](const Push& p) { return !p.answered; });
+          if (list.size() < rounds && open < 2) {
+            const uint64_t round = list.size();
+            list.push_back(Push{round, 0});
+            list.back().id = send_push(rank, round, 0);
+          }
+        } else if (action < 8) {
+          deliver_one();
+        } else if (action == 9 && backup && !handing_off && v.handoffs && rng() % 2 == 0 &&
+                   !engines_[*backup]->SyncedCopies().empty()) {
+          handing_off = true;
+          ++epoch;
+          Install(map_now());
+        } else if (action == 8 && backup && !handing_off && rng() % 3 == 0) {
+          // The primary dies; its backup, if synced, takes over.
+          const std::vector<uint64_t> synced = engines_[*backup]->SyncedCopies();
+          if (synced.empty()) continue;
+          if (recreating) continue;  // a second failure once the new copy is made
+          const uint32_t dead = primary;
+          std::erase_if(outbox_, [&](const Message& m) { return m.from == dead || m.to == dead; });
+          std::erase_if(acks_, [&](const Message& m) { return m.from == dead || m.to == dead; });
+          primary = *backup;
+          backup.reset();
+          ++epoch;
+          ASSERT_TRUE(engines_[primary]->InstallShardMap(map_now(), primary).ok());
+          Restart(dead);
+          engines_[dead]->JoinRunningJob();
+          resend();
+        } else if (action == 9 && !backup) {
+          // A new server in the dead one's place, as the backup.
+          const uint32_t fresh = 1 - primary;
+          addresses[fresh] = "tcp://s:" + std::to_string(++address);
+          backup = fresh;
+          ++epoch;
+          Install(map_now());
+          recreating = true;
+        }
+      }
+      collect();
+      ASSERT_FALSE(failed);
+      ASSERT_LT(steps, 2000) << "did not finish";
+      Deliver();
+      if (sync_codec) {
+        if (seed == 1) sync_reference = Weights(primary);
+        EXPECT_TRUE(SameBits(Weights(primary), sync_reference));
+        if (backup) EXPECT_TRUE(SameBits(Weights(*backup), sync_reference));
+        if (HasFailure()) break;
+        continue;
+      }
+      // Each round r: minus (1 + 2) / 2 and (r + 1 + r + 1) / 2.
+      std::vector<float> expected = {1.0f, 1.0f};
+      for (uint64_t r = 0; r < rounds; ++r) {
+        expected[0] -= 1.5f;
+        expected[1] -= static_cast<float>(r + 1);
+      }
+      EXPECT_EQ(Weights(primary), expected);
+      if (backup) EXPECT_EQ(Weights(*backup), expected);
+      if (HasFailure()) break;
+    }
+  }
+}
+
+// SSP in rounds: the pushes of the open round go to a re-created copy
+// right after its snapshot, one message each. A copy whose server has not
+// installed the map yet holds them until it has, but only so many (its
+// deferred requests are bounded): with many workers (or many partitions
+// re-created at once) the rest are refused, and the copy, promoted, lacks
+// answered pushes: their workers' next pushes are refused (owe round 0).
+TEST_F(ReplicationTest, ACopyWhoseMapIsLateStillGetsEveryOpenPushOfTheRounds) {
+  const uint32_t workers = 4200;
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_num_workers(workers);
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  // Every worker but the last pushes round 0: the round stays open.
+  for (uint32_t rank = 0; rank + 1 < workers; ++rank) Send(0, PUSH, rank, 0, {1.0f, 1.0f});
+  Deliver();
+  ASSERT_EQ(answers_.size(), workers - 1);
+  for (const DataHeader& h : answers_) ASSERT_EQ(h.status_code(), 0) << h.error();
+  answers_.clear();
+  // Server 1 dies; a new one takes its place (epoch 4: no copy there yet).
+  ShardMap alone = MapAt(4, 0, std::nullopt);
+  alone.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[0]->InstallShardMap(alone, 0).ok());
+  Restart(1);
+  engines_[1]->JoinRunningJob();
+  ASSERT_TRUE(engines_[1]->InstallShardMap(alone, 1).ok());
+  // Epoch 5 re-creates the copy on server 1, which installs it late.
+  ShardMap recreated = MapAt(5, 0, 1);
+  recreated.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[0]->InstallShardMap(recreated, 0).ok());
+  Deliver();
+  ASSERT_TRUE(engines_[1]->InstallShardMap(recreated, 1).ok());
+  Deliver();
+  // Server 0 dies before round 0 completes.
+  ShardMap last = MapAt(6, 1, std::nullopt);
+  last.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[1]->InstallShardMap(last, 1).ok());
+  int refused = 0;
+  for (uint32_t rank = 0; rank + 1 < workers; ++rank) Send(1, PUSH, rank, 1, {0.0f, 0.0f}, 6);
+  for (const DataHeader& h : answers_) refused += h.status_code() != 0;
+  EXPECT_EQ(refused, 0) << "the promoted copy lacks answered pushes of round 0, e.g. " << answers_.back().error();
+  answers_.clear();
+  Send(1, PUSH, workers - 1, 0, {1.0f, 1.0f}, 6);
+  EXPECT_EQ(Weights(1), (std::vector<float>{0.0f, 0.0f})) << "round 0 did not complete with every worker's push";
+}
+
 TEST_F(ReplicationTest, ARoundCompletedWithoutARemovedWorkerSumsTheOthersPushes) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
