@@ -571,6 +571,7 @@ EngineQueues PartitionEngine::Queues() const {
     q.unconfirmed += p->unconfirmed.size();
     q.bounded += p->bounded.size();
     q.handoff_held += p->handoff_held.size();
+    q.forwarded += p->forwarded.size();
     if (p->primary) q.replication_lag += p->sent - ConfirmedBy(*p);
   }
   return q;

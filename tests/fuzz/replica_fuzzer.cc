@@ -1,0 +1,423 @@
+// Fuzzes the backup side of replication: a real PartitionEngine that is
+// server 1, a BACKUP of partition 5 whose primary is server 0 (with three
+// servers, server 2 another backup), handed REPLICATE requests as a primary
+// sends them (INIT, sync rounds' sums, rounds summed from forwarded pushes,
+// forwarded pushes, async batches, snapshots) with fuzzed fields and
+// payloads that are mostly the right size, and shard maps that keep it a
+// backup, promote it (then workers push and pull), add or remove backups or
+// exclude a worker. A buggy primary, or a hostile peer holding a server key,
+// may send anything: the backup must never crash, leak or read out of bounds.
+// Invariants checked after each request:
+//  - every answer is a RESPONSE; a worker's uncompressed answer holds what
+//    its header says;
+//  - a refused replica update leaves the weights and the update count as
+//    they were;
+//  - the weights stay finite while every payload the input sent was finite
+//    (and learning-rate scales at most 1);
+//  - the forwarded pushes a backup holds stay within workers x (the rounds
+//    a push may run ahead + 2).
+//
+// Input: [variant][variant2][n] then up to 64 requests: [kind][...fields...]
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/data_message.h"
+#include "common/optimizer.h"
+#include "common/protocol.h"
+#include "compression/codec_policy.h"
+#include "server/partition_engine.h"
+#include "tests/fuzz/fuzz_input.h"
+
+namespace shardps::fuzz {
+namespace {
+
+constexpr const char* kCodecs[] = {"none", "fp16", "2bit:threads=1", "onebit:threads=1",
+                                   "topk:ratio=0.25,threads=1", "randomk:ratio=0.5,threads=1", "bf16", "none"};
+constexpr uint64_t kPartition = 5;
+constexpr uint32_t kThisServer = 1;
+constexpr uint64_t kMaxRoundsAhead = 4;  // server/partition_engine.cc
+
+// The cluster variant: consistency (sync, ssp in rounds, ssp on arrival,
+// async), determinism, optimizer, update mode, codecs, workers, servers.
+ClusterConfig Config(uint8_t bits, uint8_t bits2) {
+  ClusterConfig c;
+  switch (bits & 3) {
+    case 0: c.set_consistency(SYNC); break;
+    case 1: c.set_consistency(SSP); c.set_ssp_in_rounds(true); break;
+    case 2: c.set_consistency(SSP); break;
+    default: c.set_consistency(ASYNC); break;
+  }
+  if (c.consistency() == SSP) c.set_staleness(1 + (bits2 >> 2) % 3);
+  c.set_deterministic(bits & 4);
+  c.set_update_mode(bits & 0x10 ? SUM_ONLY : UPDATE_ON_SERVER);
+  c.set_num_workers(2 + (bits2 >> 4 & 1));
+  c.set_num_servers(bits2 & 2 ? 3 : 2);
+  c.set_replication(bits2 & 2 ? 3 : 2);
+  c.mutable_optimizer()->set_kind(bits & 8 ? OptimizerConfig::ADAM : OptimizerConfig::SGD);
+  c.mutable_optimizer()->set_learning_rate(0.5f);
+  c.set_reject_non_finite(bits2 & 0x20);
+  c.set_staleness_aware_lr(bits2 & 0x40);
+  const char* codec = kCodecs[bits >> 5];
+  c.mutable_compression()->set_codec(codec);
+  if (bits2 & 1) c.mutable_compression()->set_pull_codec(codec);
+  return c;
+}
+
+// The harness's side of the cluster: what it sent, what the engine answered.
+struct Cluster {
+  ClusterConfig config;
+  uint64_t n = 0;
+  uint32_t workers = 0;
+  bool three = false;
+  uint64_t epoch = 3;
+  uint32_t primary = 0;
+  std::vector<uint32_t> backups;
+  int excluded = -1;
+  uint32_t generation = 0;  // bumps server 2's address: a server that joined in its place
+  compression::PartitionCodecs codecs;
+  int state_slots = 0;
+  uint64_t replica_id = 0;
+  // Replica updates the engine sent as primary, not confirmed yet.
+  std::deque<DataHeader> unconfirmed;
+  // The answers of the request being handled, to the servers.
+  std::vector<DataHeader> server_answers;
+  // Whether every payload and learning-rate scale sent so far was finite
+  // (at most 1).
+  bool clean = true;
+};
+
+ShardMap Map(const Cluster& c) {
+  ShardMap map;
+  map.set_epoch(c.epoch);
+  TensorSpec* t = map.add_tensors();
+  t->set_name("t");
+  t->add_shape(c.n);
+  for (uint32_t s = 0; s < (c.three ? 3u : 2u); ++s) {
+    ServerInfo* info = map.add_servers();
+    info->set_index(s);
+    info->set_data_address("tcp://s" + std::to_string(s) + ":" + std::to_string(s == 2 ? c.generation : 0));
+  }
+  PartitionInfo* info = map.add_partitions();
+  info->set_id(kPartition);
+  info->set_tensor(0);
+  info->set_num_elements(c.n);
+  info->set_server(c.primary);
+  for (uint32_t b : c.backups) info->add_backups(b);
+  if (c.excluded >= 0) map.add_excluded_workers(c.excluded);
+  return map;
+}
+
+// A new map (the next epoch, or one further: a skipped map) with the
+// membership the input chooses.
+void NextMap(FuzzInput& in, Cluster& c) {
+  const uint8_t b = in.Byte();
+  c.epoch += 1 + (b >> 7);
+  switch (b & 7) {
+    case 0: break;  // the same roles
+    case 1: c.primary = 1; c.backups.clear(); break;  // promoted, alone
+    case 2: c.primary = 1; c.backups = {0}; break;    // promoted, the old primary back as its backup
+    case 3: c.primary = 0; c.backups = {1}; break;
+    case 4:
+      if (c.three) { c.primary = 2; c.backups = {1}; }  // server 0 died; server 2 took over
+      break;
+    case 5:
+      if (c.three) { c.primary = 1; c.backups = {2}; ++c.generation; }  // a re-created copy on server 2
+      break;
+    case 6: c.excluded = in.Byte() % (c.workers + 1) - 1; break;
+    default:
+      if (c.three) c.backups = c.primary == 1 ? std::vector<uint32_t>{0, 2} : std::vector<uint32_t>{1, 2};
+      break;
+  }
+}
+
+std::string FloatBytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// n finite values from the input, in [-8, 8).
+std::vector<float> Values(FuzzInput& in, size_t n) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<int8_t>(in.Byte()) / 16.0f;
+  return v;
+}
+
+// `values` as a worker sends them for `round`: in the round's push codec.
+std::string Encoded(const Cluster& c, const std::vector<float>& values, uint64_t round, std::string* spec) {
+  const compression::WireCodec wire =
+      compression::RoundCodec(c.config, c.codecs, compression::Direction::kPush, round);
+  *spec = wire.spec;
+  if (wire.raw()) return FloatBytes(values);
+  std::string out(wire.codec->EncodedBytes(values.size()), '\0');
+  auto bytes = wire.codec->Encode(values, compression::CodecSeed(kPartition, round),
+                                  absl::MakeSpan(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+  out.resize(bytes.ok() ? *bytes : 0);
+  return out;
+}
+
+// A snapshot as SendSnapshot lays it out (partition_replication.cc), its
+// values finite: weights, optimizer state (non-negative, as Adam's), mirror,
+// aggregate, per-worker request ids and pushes, INIT flag, error feedback,
+// the last round's encoded answer.
+std::string Snapshot(FuzzInput& in, const Cluster& c) {
+  const bool sum_only = c.config.update_mode() == SUM_ONLY;
+  const bool feedback = sum_only && c.codecs.pull != nullptr;
+  const size_t floats = c.n * (1 + c.state_slots + (compression::PullsWeightDeltas(c.config, c.codecs) ? 1 : 0) +
+                               (sum_only ? 1 : 0));
+  std::vector<float> v = Values(in, floats);
+  for (float& x : v) x = std::fabs(x);
+  std::string s = FloatBytes(v);
+  std::vector<uint64_t> ids(2 * c.workers + 1);
+  for (uint64_t& id : ids) id = in.Byte() % 4;
+  s += std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint64_t));
+  if (feedback) {
+    const uint64_t calls = in.Byte() % 4;
+    s += std::string(reinterpret_cast<const char*>(&calls), sizeof(calls)) + FloatBytes(Values(in, c.n));
+  }
+  if (RoundBased(c.config) && c.codecs.pull != nullptr) {
+    const std::string answer = in.Field();
+    const uint64_t length = answer.size();
+    s += std::string(reinterpret_cast<const char*>(&length), sizeof(length)) + answer;
+  }
+  return s;
+}
+
+// Values read back from the engine for the invariants.
+struct Copy {
+  bool held = false;
+  std::vector<float> weights;
+  uint64_t version = 0;
+  bool primary = false;
+  uint64_t forwarded = 0;
+};
+
+Copy Read(const PartitionEngine& engine, uint64_t n) {
+  Copy copy;
+  const float* w = engine.weights(kPartition);
+  if (w == nullptr) return copy;
+  copy.held = true;
+  copy.weights.assign(w, w + n);
+  const std::vector<PartitionReport> reports = engine.Reports(1);
+  if (!reports.empty()) {
+    copy.version = reports[0].version;
+    copy.primary = reports[0].primary;
+  }
+  copy.forwarded = engine.Queues().forwarded;
+  return copy;
+}
+
+// A REPLICATE request from the input: its sender, epoch, kind, round and
+// the fields of each kind, mostly as a primary sends them.
+DataHeader ReplicaHeader(FuzzInput& in, Cluster& c, uint64_t completed, std::string* payload) {
+  DataHeader h;
+  const uint8_t bits = in.Byte();
+  const uint8_t sender = in.Byte();
+  h.set_op(REPLICATE);
+  h.set_protocol_version(kProtocolVersion);
+  h.set_partition_id(bits & 1 ? in.Int(1) : kPartition);
+  h.set_epoch(bits & 2 ? c.epoch + in.Byte() % 7 - 3 : c.epoch);
+  h.set_num_elements(c.n);
+  h.set_dtype(FLOAT32);
+  h.set_request_id(bits & 4 ? in.Int(2) : ++c.replica_id);
+  switch (sender % 8) {
+    case 0: break;  // an older primary: no replica_from
+    case 1: h.set_replica_from(2); break;
+    case 2: h.set_replica_from(sender); break;  // a bogus index
+    default: h.set_replica_from(c.primary); break;
+  }
+  constexpr Op kKinds[] = {PUSH, PUSH, PUSH_PULL, PUSH_PULL, INIT, SNAPSHOT, PUSH, OP_UNSPECIFIED};
+  Op kind = kKinds[(bits >> 3) & 7];
+  if (kind == OP_UNSPECIFIED) kind = static_cast<Op>(in.Byte() % 9);
+  h.set_replica_of(kind);
+  const uint8_t ahead = in.Byte() % 5;  // 4: the round before this copy's
+  h.set_round(bits & 0x40 ? in.Int(8) : ahead == 4 ? completed - 1 : completed + ahead);
+  h.set_worker_rank(in.Byte() % (c.workers + 1));
+  h.set_replica_request_id(in.Byte() % 8);
+  h.set_contributors(in.Byte() % (c.workers + 2));
+  const uint8_t lists = in.Byte();
+  for (int i = 0; i < lists % 4; ++i) h.add_summed_workers(in.Byte() % (c.workers + 1));
+  for (int i = 0; i < (lists >> 2) % 4; ++i) {
+    h.add_batch_workers(in.Byte() % (c.workers + 1));
+    h.add_batch_request_ids(in.Byte() % 8);
+  }
+  if (lists & 0x10 && h.batch_request_ids_size() > 0) h.add_batch_request_ids(1);  // lists of unequal length
+  constexpr float kScales[] = {0.0f, 1.0f, 0.5f, 0.25f};
+  h.set_lr_scale(kScales[(lists >> 5) & 3]);
+  if (lists & 0x80) {
+    float scale;
+    const uint32_t raw = static_cast<uint32_t>(in.Int(4));
+    std::memcpy(&scale, &raw, sizeof(scale));
+    h.set_lr_scale(scale);
+    if (!(scale <= 1.0f) || std::isnan(scale)) c.clean = false;
+  }
+  if (bits & 0x80) h.set_based_on(in.Byte() % 8);
+  std::string spec;
+  const uint8_t mode = in.Byte();
+  switch (mode % 8) {
+    case 0: case 1: *payload = FloatBytes(Values(in, c.n)); break;
+    case 2: case 3: *payload = Encoded(c, Values(in, c.n), h.round(), &spec); break;
+    case 4: *payload = Snapshot(in, c); break;
+    case 5: *payload = in.Field(); c.clean = false; break;
+    case 6: payload->clear(); break;
+    default: {
+      std::vector<float> v = Values(in, c.n);
+      v[in.Byte() % c.n] = mode & 8 ? NAN : INFINITY;
+      *payload = FloatBytes(v);
+      c.clean = false;
+    }
+  }
+  h.set_codec(mode & 0x10 ? in.Field() : spec);
+  return h;
+}
+
+// A worker's request (answered once this copy is promoted; refused before).
+DataHeader WorkerHeader(FuzzInput& in, Cluster& c, uint64_t completed, std::string* payload) {
+  DataHeader h;
+  const uint8_t bits = in.Byte();
+  constexpr Op kOps[] = {PUSH, PUSH_PULL, PUSH_PULL, PULL, INIT, PUSH, PULL, OP_UNSPECIFIED};
+  h.set_op(kOps[bits & 7]);
+  h.set_protocol_version(kProtocolVersion);
+  h.set_worker_rank(in.Byte() % (c.workers + 1));
+  h.set_request_id(in.Int(1));
+  h.set_round(completed + in.Byte() % 4);
+  h.set_partition_id(kPartition);
+  h.set_epoch(bits & 8 ? c.epoch - 1 : c.epoch);
+  h.set_num_elements(c.n);
+  h.set_dtype(FLOAT32);
+  h.set_worker_incarnation(bits & 0x10 ? 1 : 0);
+  if (bits & 0x20) h.set_based_on(completed);
+  std::string spec;
+  if (h.op() == INIT || bits & 0x40) {
+    *payload = FloatBytes(Values(in, c.n));
+  } else {
+    *payload = Encoded(c, Values(in, c.n), h.round(), &spec);
+  }
+  h.set_codec(spec);
+  if (bits & 0x80) {
+    *payload = in.Field();
+    c.clean = false;
+  }
+  return h;
+}
+
+void CheckAnswer(const DataHeader& answer, const zmq::message_t* payload) {
+  Require(answer.op() == RESPONSE, "an answer is not a RESPONSE");
+  if (payload != nullptr && answer.codec().empty() && answer.status_code() == 0) {
+    Require(payload->size() == answer.num_elements() * sizeof(float),
+            "an uncompressed answer's payload does not hold num_elements floats");
+  }
+}
+
+void CheckFinite(const Cluster& c, const Copy& copy) {
+  if (!c.clean || !copy.held) return;
+  for (float x : copy.weights) Require(std::isfinite(x), "weights not finite after finite updates");
+}
+
+// Confirms (or refuses, by kind bit 4) up to four of the updates this copy
+// sent as a primary, as the backup (kind bit 5: server 2, else 0) would.
+void Confirm(FuzzInput& in, Cluster& c, PartitionEngine& engine, uint8_t kind) {
+  for (int k = in.Byte() % 4; k >= 0 && !c.unconfirmed.empty(); --k) {
+    DataHeader ack;
+    ack.set_op(RESPONSE);
+    ack.set_request_id(c.unconfirmed.front().request_id());
+    ack.set_partition_id(c.unconfirmed.front().partition_id());
+    if (kind & 0x10) ack.set_status_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+    c.unconfirmed.pop_front();
+    engine.HandleReplicaAck(kind & 0x20 ? 2 : 0, ack);
+  }
+}
+
+// Sends a replica update (kinds 0-10) or a worker's request (11-13), its
+// payload in `bytes` (which outlives the engine: it may hold the frame), and
+// checks that a refused replica update changed nothing.
+void Send(FuzzInput& in, Cluster& c, PartitionEngine& engine, uint8_t kind, const Copy& before, std::string& bytes) {
+  const bool replica = kind % 16 < 11;
+  const DataHeader h =
+      replica ? ReplicaHeader(in, c, before.version, &bytes) : WorkerHeader(in, c, before.version, &bytes);
+  zmq::message_t peer(replica ? "server" + std::to_string(h.replica_from()) : "w" + std::to_string(h.worker_rank()));
+  zmq::message_t payload(bytes.data(), bytes.size(), nullptr, nullptr);
+  const bool with_payload = !(replica && bytes.empty() && (kind & 0x20));
+  engine.Handle(peer, h, with_payload ? &payload : nullptr);
+  const Copy after = Read(engine, c.n);
+  if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {  // what an input does, to read a finding
+    std::fprintf(stderr, "fuzz: %s (%zu bytes) -> %s; version %lu -> %lu, forwarded %lu\n",
+                 h.ShortDebugString().c_str(), bytes.size(),
+                 c.server_answers.empty() ? "-" : c.server_answers[0].ShortDebugString().c_str(),
+                 static_cast<unsigned long>(before.version), static_cast<unsigned long>(after.version),
+                 static_cast<unsigned long>(after.forwarded));
+  }
+  if (replica && c.server_answers.size() == 1 && c.server_answers[0].status_code() != 0 && before.held) {
+    Require(after.held && after.version == before.version, "a refused replica update changed the update count");
+    Require(std::memcmp(after.weights.data(), before.weights.data(), c.n * sizeof(float)) == 0,
+            "a refused replica update changed the weights");
+  }
+}
+
+}  // namespace
+}  // namespace shardps::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  shardps::fuzz::QuietProtobufLogs();
+  using namespace shardps;
+  using namespace shardps::fuzz;
+  FuzzInput in(data, size);
+  Cluster c;
+  const uint8_t variant = in.Byte();
+  const uint8_t variant2 = in.Byte();
+  c.config = Config(variant, variant2);
+  if (!ValidateConfig(c.config).ok()) return 0;
+  c.n = 1 + in.Byte() % 48;
+  c.workers = c.config.num_workers();
+  c.three = c.config.num_servers() == 3;
+  c.backups = c.three && (variant2 & 0x80) ? std::vector<uint32_t>{1, 2} : std::vector<uint32_t>{1};
+  auto codecs = compression::CodecsForPartition(c.config, "t", c.n);
+  if (!codecs.ok()) return 0;
+  c.codecs = *std::move(codecs);
+  auto optimizer = Optimizer::Create(c.config.optimizer());
+  if (!optimizer.ok()) return 0;
+  c.state_slots = (*optimizer)->state_slots();
+
+  auto engine = PartitionEngine::Create(
+      c.config,
+      [&c](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
+        CheckAnswer(h, p);
+        if (peer.to_string().rfind("server", 0) == 0) c.server_answers.push_back(h);
+      },
+      [&c](uint32_t, DataHeader& h, zmq::message_t&) {
+        Require(h.op() == REPLICATE, "a replica update is not a REPLICATE");
+        if (c.unconfirmed.size() < 256) c.unconfirmed.push_back(h);
+      });
+  if (!engine.ok()) return 0;
+  if (variant2 & 8) (*engine)->JoinRunningJob();  // a re-created copy: nothing valid before its snapshot
+  if (!(*engine)->InstallShardMap(Map(c), kThisServer).ok()) return 0;
+  // With the staleness bound, the rounds a backup may hold forwarded pushes
+  // for: its own, the primary's, and as far ahead as a push may go.
+  const uint64_t max_forwarded = c.workers * (kMaxRoundsAhead + c.config.staleness() + 2);
+
+  std::vector<std::unique_ptr<std::string>> buffers;  // frames the engine may hold until the end
+  for (int i = 0; i < 64 && !in.empty(); ++i) {
+    const uint8_t kind = in.Byte();
+    const Copy before = Read(**engine, c.n);
+    c.server_answers.clear();
+    if (kind % 16 == 15) {
+      NextMap(in, c);
+      (void)(*engine)->InstallShardMap(Map(c), kThisServer);
+    } else if (kind % 16 == 14) {
+      Confirm(in, c, **engine, kind);
+    } else {
+      buffers.push_back(std::make_unique<std::string>());
+      Send(in, c, **engine, kind, before, *buffers.back());
+    }
+    const Copy after = Read(**engine, c.n);
+    CheckFinite(c, after);
+    Require(after.forwarded <= max_forwarded, "a backup holds more forwarded pushes than the rounds allow");
+  }
+  (*engine)->FailWaiting(absl::UnavailableError("fuzz input ended"));
+  return 0;
+}
