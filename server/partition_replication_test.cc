@@ -515,6 +515,25 @@ TEST_F(ReplicationTest, ABackupHoldsForwardedPushesOnlyOfRoundsNearItsOwn) {
   EXPECT_LE(taken, 2 * 8) << "the backup holds the pushes of every round it was sent";
 }
 
+// Found by the replica fuzzer: only round-based primaries forward pushes; an
+// async copy that held one counted it as a sync round's push once promoted,
+// into a round sum it does not have.
+TEST_F(ReplicationTest, AnAsyncOrSspOnArrivalBackupRefusesAForwardedPush) {
+  for (const bool ssp : {false, true}) {
+    SCOPED_TRACE(ssp ? "ssp on arrival" : "async");
+    Make(ssp ? SSP : ASYNC, [ssp](ClusterConfig& config) {
+      if (ssp) config.set_staleness(2);
+    });
+    const std::vector<float> g = {0.5f, 0.5f};
+    const DataHeader answer = ToBackup(Forwarded(0, 0, ""), std::string(reinterpret_cast<const char*>(g.data()), 8));
+    EXPECT_NE(answer.status_code(), 0) << "a forwarded push was taken";
+    EXPECT_EQ(engines_[1]->Queues().forwarded, 0u);
+    if (engines_[1]->Queues().forwarded != 0) return;  // promoting would count it into nothing
+    Install(MapAt(4, 1, std::nullopt));
+    EXPECT_EQ(Weights(1), std::vector<float>(2, 1.0f));
+  }
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.
