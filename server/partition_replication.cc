@@ -443,6 +443,9 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
   }
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
   if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp, compressed sync rounds)
+    // Only a round-based primary forwards pushes (PushSync); a copy applied
+    // on arrival would count one, once promoted, into a round it lacks.
+    if (!RoundBased(config_)) return absl::InvalidArgumentError("forwarded push to a copy that is not round based");
     if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
     if (h.round() < p.completed) return false;  // its round is applied here already
     // The primary forwards pushes of rounds at most max_ahead_ past its own,
