@@ -534,6 +534,29 @@ TEST_F(ReplicationTest, AnAsyncOrSspOnArrivalBackupRefusesAForwardedPush) {
   }
 }
 
+// Found by the replica fuzzer: a raw forwarded push (ssp in rounds sends
+// pushes as the workers sent them) was held at any size from 1 byte, then
+// summed or, once promoted, counted as n floats: a read past its end.
+TEST_F(ReplicationTest, ABackupRefusesARawForwardedPushThatIsNotNFloats) {
+  const int n = 64;
+  Make(
+      SSP,
+      [](ClusterConfig& config) {
+        config.set_staleness(1);
+        config.set_ssp_in_rounds(true);
+      },
+      n);
+  for (const size_t bytes : {size_t{4}, n * sizeof(float) - 4, n * sizeof(float) + 4}) {
+    const DataHeader answer = ToBackup(Forwarded(0, 0, ""), std::string(bytes, '\0'));
+    EXPECT_NE(answer.status_code(), 0) << "a raw forwarded push of " << bytes << " bytes was taken";
+  }
+  EXPECT_EQ(engines_[1]->Queues().forwarded, 0u);
+  DataHeader real = Forwarded(0, 0, "");
+  real.set_replica_request_id(7);
+  EXPECT_EQ(ToBackup(real, std::string(n * sizeof(float), '\0')).status_code(), 0) << "the real one is taken";
+  EXPECT_EQ(engines_[1]->Queues().forwarded, 1u);
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.
