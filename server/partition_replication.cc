@@ -390,11 +390,12 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));
   } else {
-    // A forwarded push carries what the worker sent (Validate's bounds); a
-    // round summed from forwarded pushes carries nothing.
+    // A forwarded push carries what the worker sent (Validate's bounds: a
+    // raw one n floats, which Accumulate reads); a round summed from
+    // forwarded pushes carries nothing.
     const Partition& p = *it->second;
     const size_t n = p.n;
-    const bool forwarded = h.replica_of() == PUSH_PULL;
+    const bool encoded_push = h.replica_of() == PUSH_PULL && !PushCodec(p, h.round()).raw();
     size_t expected = n * sizeof(float);
     if (h.replica_of() == SNAPSHOT) {
       expected = payload != nullptr ? ExpectedSnapshotBytes(p, *payload) : SnapshotBytes(p);
@@ -402,11 +403,11 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
       expected = 0;
     }
     const size_t got = payload != nullptr ? payload->size() : 0;
-    if (payload == nullptr || (forwarded ? got == 0 || got > n * 8 + 64 : got != expected)) {
+    if (payload == nullptr || (encoded_push ? got == 0 || got > n * 8 + 64 : got != expected)) {
       s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ", got,
                                                   " bytes, expected ",
-                                                  forwarded ? absl::StrCat("a push of 1 to ", n * 8 + 64)
-                                                            : absl::StrCat(expected)));
+                                                  encoded_push ? absl::StrCat("a push of 1 to ", n * 8 + 64)
+                                                               : absl::StrCat(expected)));
     }
   }
   bool apply = false;
