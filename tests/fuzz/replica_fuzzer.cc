@@ -257,13 +257,24 @@ DataHeader ReplicaHeader(FuzzInput& in, Cluster& c, uint64_t completed, std::str
     if (!(scale <= 1.0f) || std::isnan(scale)) c.clean = false;
   }
   if (bits & 0x80) h.set_based_on(in.Byte() % 8);
+  // Adam's bias correction divides by zero at step 2^64 - 1: a snapshot
+  // that far (no primary gets there) may make the weights infinite.
+  if (kind == SNAPSHOT && h.round() > (uint64_t{1} << 32)) c.clean = false;
   std::string spec;
   const uint8_t mode = in.Byte();
   switch (mode % 8) {
     case 0: case 1: *payload = FloatBytes(Values(in, c.n)); break;
     case 2: case 3: *payload = Encoded(c, Values(in, c.n), h.round(), &spec); break;
     case 4: *payload = Snapshot(in, c); break;
-    case 5: *payload = in.Field(); c.clean = false; break;
+    case 5:
+      if (mode & 0x20) {  // the right size, off by one float
+        *payload = FloatBytes(Values(in, c.n + 1));
+        if (mode & 0x40) payload->resize(payload->size() - 2 * sizeof(float));
+      } else {
+        *payload = in.Field();
+        c.clean = false;
+      }
+      break;
     case 6: payload->clear(); break;
     default: {
       std::vector<float> v = Values(in, c.n);
