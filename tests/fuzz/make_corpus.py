@@ -220,6 +220,31 @@ def replica():
     seq += replica_update(R_PUSH, n, 0, contributors=2) + bytes([15, 5]) + worker_request(1, 0, 1, 1, n)
     seq += bytes([14, 3])
     write("replica", "three_servers", seq)
+    pair(0x00, 0x00, 4, "pair_sync")
+    pair(0x40, 0x00, 32, "pair_sync_2bit")
+    pair(0x44, 0x00, 32, "pair_sync_2bit_deterministic")
+    pair(0x89, 0x00, 32, "pair_ssp_rounds_topk_adam")
+    pair(0x50, 0x01, 8, "pair_sum_only_2bit_pull")
+    pair(0x03, 0x00, 4, "pair_async")
+    pair(0x02, 0x04, 4, "pair_ssp_arrival")
+
+
+# Pair mode (n byte bit 7): a real primary and backup. Kinds: bits 0-2 < 4 a
+# worker's push (bit 0 a retry, bit 1 INIT, bits 3+ the worker), 4-6 deliver
+# up to 8 messages, 7 a map (0 same, 1 the primary dies, 2 the backup dies,
+# 3 the dead server comes back).
+def pair_push(w, n, retry=False, init=False):
+    return bytes([w << 3 | (1 if retry else 0) | (2 if init else 0)]) + bytes((i * 9) % 32 for i in range(n))
+
+
+def pair(variant, variant2, n, name):
+    deliver = bytes([4, 7])
+    seq = bytes([variant, variant2, 0x80 | (n - 1)]) + pair_push(0, n, init=True) + deliver
+    for _ in range(2):
+        seq += pair_push(0, n) + pair_push(1, n) + deliver
+    seq += bytes([7, 1]) + pair_push(0, n, retry=True) + pair_push(1, n, retry=True) + bytes([7, 3]) + deliver * 2
+    seq += pair_push(0, n) + pair_push(1, n) + deliver
+    write("replica", name, seq)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,14 @@
 //  - every answer is a RESPONSE; a worker's uncompressed answer holds what
 //    its header says;
 //  - a refused replica update leaves the weights and the update count as
-//    they were;
+//    they were; a confirmed one was applied whole (or had been before);
 //  - the weights stay finite while every payload the input sent was finite
 //    (and learning-rate scales at most 1);
 //  - the forwarded pushes a backup holds stay within workers x (the rounds
 //    a push may run ahead + 2).
+// Pair mode (n byte bit 7) runs a real primary beside the backup instead,
+// with failures and re-created copies, and checks that the two copies are
+// bitwise equal whenever nothing is in flight (class Pair).
 //
 // Input: [variant][variant2][n] then up to 64 requests: [kind][...fields...]
 #include <cmath>
@@ -80,7 +83,7 @@ struct Cluster {
   uint32_t primary = 0;
   std::vector<uint32_t> backups;
   int excluded = -1;
-  uint32_t generation = 0;  // bumps server 2's address: a server that joined in its place
+  uint32_t generation[3] = {};  // per server: bumps its address, a server that joined in its place
   compression::PartitionCodecs codecs;
   int state_slots = 0;
   uint64_t replica_id = 0;
@@ -102,7 +105,7 @@ ShardMap Map(const Cluster& c) {
   for (uint32_t s = 0; s < (c.three ? 3u : 2u); ++s) {
     ServerInfo* info = map.add_servers();
     info->set_index(s);
-    info->set_data_address("tcp://s" + std::to_string(s) + ":" + std::to_string(s == 2 ? c.generation : 0));
+    info->set_data_address("tcp://s" + std::to_string(s) + ":" + std::to_string(c.generation[s]));
   }
   PartitionInfo* info = map.add_partitions();
   info->set_id(kPartition);
@@ -128,7 +131,7 @@ void NextMap(FuzzInput& in, Cluster& c) {
       if (c.three) { c.primary = 2; c.backups = {1}; }  // server 0 died; server 2 took over
       break;
     case 5:
-      if (c.three) { c.primary = 1; c.backups = {2}; ++c.generation; }  // a re-created copy on server 2
+      if (c.three) { c.primary = 1; c.backups = {2}; ++c.generation[2]; }  // a re-created copy on server 2
       break;
     case 6: c.excluded = in.Byte() % (c.workers + 1) - 1; break;
     default:
@@ -344,6 +347,22 @@ void Confirm(FuzzInput& in, Cluster& c, PartitionEngine& engine, uint8_t kind) {
   }
 }
 
+// A confirmed replica update was applied, whole, or was one applied before.
+void CheckConfirmed(const Cluster& c, const DataHeader& h, const Copy& before, const Copy& after) {
+  if (h.replica_of() == SNAPSHOT) {
+    Require(after.version == h.round(), "a confirmed snapshot was not applied");
+  } else if (h.replica_of() == PUSH && RoundBased(c.config)) {
+    Require(after.version == before.version + (h.round() == before.version ? 1 : 0),
+            "a confirmed round was not applied, or applied out of order");
+  } else if (h.replica_of() == PUSH) {
+    Require(after.version == before.version ||
+                (h.round() == before.version && after.version == before.version + h.batch_workers_size()),
+            "a confirmed async batch moved the update count by other than its pushes");
+  } else {
+    Require(after.version == before.version, "a confirmed INIT or forwarded push moved the update count");
+  }
+}
+
 // Sends a replica update (kinds 0-10) or a worker's request (11-13), its
 // payload in `bytes` (which outlives the engine: it may hold the frame), and
 // checks that a refused replica update changed nothing.
@@ -363,11 +382,161 @@ void Send(FuzzInput& in, Cluster& c, PartitionEngine& engine, uint8_t kind, cons
                  static_cast<unsigned long>(before.version), static_cast<unsigned long>(after.version),
                  static_cast<unsigned long>(after.forwarded));
   }
-  if (replica && c.server_answers.size() == 1 && c.server_answers[0].status_code() != 0 && before.held) {
+  if (!replica || c.server_answers.size() != 1 || !before.held) return;
+  if (c.server_answers[0].status_code() != 0) {
     Require(after.held && after.version == before.version, "a refused replica update changed the update count");
     Require(std::memcmp(after.weights.data(), before.weights.data(), c.n * sizeof(float)) == 0,
             "a refused replica update changed the weights");
+  } else {
+    CheckConfirmed(c, h, before, after);
   }
+}
+
+// Pair mode: a real primary and backup (servers 0 and 1) whose replica
+// updates and confirmations travel in one queue, in order; workers push to
+// the server the map names primary. A map may kill the primary (the backup
+// takes over alone) or the backup, or bring the dead server back as a new
+// process (a backup re-created from a snapshot). Whenever nothing is in
+// flight and both live, the two copies must be bitwise equal.
+class Pair {
+ public:
+  explicit Pair(Cluster& c) : c_(c) {}
+
+  bool Start(uint32_t s) {
+    live_[s] = false;
+    auto engine = PartitionEngine::Create(
+        c_.config,
+        [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
+          CheckAnswer(h, p);
+          const std::string to = peer.to_string();
+          if (to.rfind("server", 0) == 0) wire_.push_back(Wire{s, static_cast<uint32_t>(to[6] - '0'), h, "", true});
+        },
+        [this, s](uint32_t to, DataHeader& h, zmq::message_t& payload) {
+          Require(h.op() == REPLICATE, "a replica update is not a REPLICATE");
+          wire_.push_back(Wire{s, to, h, payload.to_string(), false});
+        });
+    if (!engine.ok()) return false;
+    engines_[s] = *std::move(engine);
+    if (c_.epoch > 3) engines_[s]->JoinRunningJob();
+    live_[s] = engines_[s]->InstallShardMap(Map(c_), s).ok();
+    return live_[s];
+  }
+
+  void Step(FuzzInput& in) {
+    const uint8_t kind = in.Byte();
+    if (kind % 8 == 7) {
+      NewMap(in.Byte());
+    } else if (kind % 8 >= 4) {
+      for (int k = in.Byte() % 8; k >= 0 && !wire_.empty(); --k) DeliverOne();
+    } else {
+      Push(in, kind);
+    }
+    CheckEqual();
+  }
+
+ private:
+  struct Wire {
+    uint32_t from, to;
+    DataHeader header;
+    std::string payload;
+    bool ack;
+  };
+
+  void DeliverOne() {
+    Wire m = std::move(wire_.front());
+    wire_.pop_front();
+    if (!live_[m.from] || !live_[m.to]) return;  // lost with a dead server
+    if (m.ack) {
+      engines_[m.to]->HandleReplicaAck(m.from, m.header);
+      return;
+    }
+    zmq::message_t peer("server" + std::to_string(m.from));
+    zmq::message_t payload(m.payload.data(), m.payload.size());
+    engines_[m.to]->Handle(peer, m.header, &payload);
+  }
+
+  // Worker `kind / 8 % workers` sends its next round's push (or INIT, or a
+  // retry of its last push, same request id) to the primary.
+  void Push(FuzzInput& in, uint8_t kind) {
+    const uint32_t w = (kind >> 3) % c_.workers;
+    const bool retry = kind & 1 && ids_[w] > 0;
+    DataHeader h;
+    h.set_op(kind & 2 && !initialized_ ? INIT : PUSH_PULL);
+    initialized_ = initialized_ || h.op() == INIT;
+    h.set_protocol_version(kProtocolVersion);
+    h.set_worker_rank(w);
+    h.set_partition_id(kPartition);
+    h.set_epoch(c_.epoch);
+    h.set_num_elements(c_.n);
+    h.set_dtype(FLOAT32);
+    if (h.op() == PUSH_PULL && !retry) {
+      ++ids_[w];
+      ++rounds_[w];
+    }
+    h.set_request_id(h.op() == INIT ? 1000 : ids_[w]);
+    h.set_round(h.op() == INIT ? 0 : rounds_[w] - 1);
+    if (h.op() == PUSH_PULL && RoundBased(c_.config)) h.set_based_on(h.round());
+    std::string spec;
+    const std::vector<float> values = Values(in, c_.n);
+    const std::string bytes = h.op() == INIT ? FloatBytes(values) : Encoded(c_, values, h.round(), &spec);
+    h.set_codec(spec);
+    zmq::message_t peer("w" + std::to_string(w));
+    zmq::message_t payload(bytes.data(), bytes.size());
+    if (live_[c_.primary]) engines_[c_.primary]->Handle(peer, h, &payload);
+  }
+
+  void NewMap(uint8_t b) {
+    const uint32_t other = 1 - c_.primary;
+    ++c_.epoch;
+    bool restart = false;
+    switch (b % 4) {
+      case 0: break;
+      case 1:  // the primary dies: the backup takes over alone
+        if (c_.backups.empty() || !live_[other]) return;
+        live_[c_.primary] = false;
+        c_.primary = other;
+        c_.backups.clear();
+        break;
+      case 2:  // the backup dies
+        live_[other] = false;
+        c_.backups.clear();
+        break;
+      default:  // the dead server comes back as a new process, a backup
+        if (!c_.backups.empty()) return;
+        ++c_.generation[other];
+        c_.backups = {other};
+        restart = true;
+    }
+    if (b & 0x80) c_.excluded = (b >> 4) % (c_.workers + 1) - 1;
+    for (uint32_t s : {0u, 1u}) {
+      if (live_[s]) (void)engines_[s]->InstallShardMap(Map(c_), s);
+    }
+    if (restart) Start(other);
+  }
+
+  void CheckEqual() const {
+    if (!wire_.empty() || !live_[0] || !live_[1]) return;
+    const float* a = engines_[0]->weights(kPartition);
+    const float* b = engines_[1]->weights(kPartition);
+    if (a == nullptr || b == nullptr) return;
+    Require(std::memcmp(a, b, c_.n * sizeof(float)) == 0, "the copies differ with nothing in flight");
+  }
+
+  Cluster& c_;
+  std::unique_ptr<PartitionEngine> engines_[2];
+  bool live_[2] = {};
+  std::deque<Wire> wire_;
+  bool initialized_ = false;
+  uint64_t ids_[4] = {};
+  uint64_t rounds_[4] = {};
+};
+
+void RunPair(FuzzInput& in, Cluster& c) {
+  c.three = false;
+  c.backups = {1};
+  Pair pair(c);
+  if (!pair.Start(0) || !pair.Start(1)) return;
+  for (int i = 0; i < 128 && !in.empty(); ++i) pair.Step(in);
 }
 
 }  // namespace
@@ -383,7 +552,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t variant2 = in.Byte();
   c.config = Config(variant, variant2);
   if (!ValidateConfig(c.config).ok()) return 0;
-  c.n = 1 + in.Byte() % 48;
+  const uint8_t size_bits = in.Byte();
+  c.n = 1 + (size_bits & 0x7f) % 48;
   c.workers = c.config.num_workers();
   c.three = c.config.num_servers() == 3;
   c.backups = c.three && (variant2 & 0x80) ? std::vector<uint32_t>{1, 2} : std::vector<uint32_t>{1};
@@ -393,6 +563,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto optimizer = Optimizer::Create(c.config.optimizer());
   if (!optimizer.ok()) return 0;
   c.state_slots = (*optimizer)->state_slots();
+  if (size_bits & 0x80) {  // pair mode
+    RunPair(in, c);
+    return 0;
+  }
 
   auto engine = PartitionEngine::Create(
       c.config,
