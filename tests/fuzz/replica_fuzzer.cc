@@ -409,11 +409,11 @@ class Pair {
         [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
           CheckAnswer(h, p);
           const std::string to = peer.to_string();
-          if (to.rfind("server", 0) == 0) wire_.push_back(Wire{s, static_cast<uint32_t>(to[6] - '0'), h, "", true});
+          if (to.rfind("server", 0) == 0) Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), 0, h, "", true});
         },
         [this, s](uint32_t to, DataHeader& h, zmq::message_t& payload) {
           Require(h.op() == REPLICATE, "a replica update is not a REPLICATE");
-          wire_.push_back(Wire{s, to, h, payload.to_string(), false});
+          Post(Wire{s, to, 0, h, payload.to_string(), false});
         });
     if (!engine.ok()) return false;
     engines_[s] = *std::move(engine);
@@ -437,15 +437,24 @@ class Pair {
  private:
   struct Wire {
     uint32_t from, to;
+    uint32_t to_generation;  // the receiving process: one that died loses what was sent to it
     DataHeader header;
     std::string payload;
     bool ack;
   };
 
+  void Post(Wire m) {
+    if (m.to > 1) return;
+    m.to_generation = c_.generation[m.to];
+    wire_.push_back(std::move(m));
+  }
+
+  // What a server sent before it died still arrives (a replaced primary's
+  // late update); what was sent to a process that died is lost with it.
   void DeliverOne() {
     Wire m = std::move(wire_.front());
     wire_.pop_front();
-    if (!live_[m.from] || !live_[m.to]) return;  // lost with a dead server
+    if (!live_[m.to] || m.to_generation != c_.generation[m.to]) return;
     if (m.ack) {
       engines_[m.to]->HandleReplicaAck(m.from, m.header);
       return;
