@@ -226,13 +226,16 @@ def replica():
     pair(0x89, 0x00, 32, "pair_ssp_rounds_topk_adam")
     pair(0x50, 0x01, 8, "pair_sum_only_2bit_pull")
     pair(0x03, 0x00, 4, "pair_async")
+    # Async pushes batched (bit 7 opens and closes a batch): applied as one update.
+    write("replica", "pair_async_batch", bytes([0x03, 0x00, 0x83]) + pair_push(0, 4, init=True) + bytes([4, 7]) +
+          bytes([0x80]) + bytes(4) + bytes([0x88]) + bytes(4) + bytes([4, 7]))
     pair(0x02, 0x04, 4, "pair_ssp_arrival")
 
 
 # Pair mode (n byte bit 7): a real primary and backup. Kinds: bits 0-2 < 4 a
-# worker's push (bit 0 a retry, bit 1 INIT, bits 3+ the worker), 4-6 deliver
-# up to 8 messages, 7 a map (0 same, 1 the primary dies, 2 the backup dies,
-# 3 the dead server comes back).
+# worker's push (bit 0 a retry, bit 1 INIT, bits 3-6 the worker, bit 7 opens or
+# closes a batch first), 4-6 deliver up to 8 messages, 7 a map (0 same, 1 the
+# primary dies, 2 the backup dies, 3 the dead server comes back).
 def pair_push(w, n, retry=False, init=False):
     return bytes([w << 3 | (1 if retry else 0) | (2 if init else 0)]) + bytes((i * 9) % 32 for i in range(n))
 

@@ -429,6 +429,7 @@ class Pair {
     } else if (kind % 8 >= 4) {
       for (int k = in.Byte() % 8; k >= 0 && !wire_.empty(); --k) DeliverOne();
     } else {
+      if (kind & 0x80) Batch();
       Push(in, kind);
     }
     CheckEqual();
@@ -464,10 +465,22 @@ class Pair {
     engines_[m.to]->Handle(peer, m.header, &payload);
   }
 
+  // Opens a batch on the primary (async: the pushes until it closes apply
+  // as one update), or closes the open one.
+  void Batch() {
+    if (!live_[c_.primary]) return;
+    batching_ = !batching_;
+    if (batching_) {
+      engines_[c_.primary]->BeginBatch();
+    } else {
+      engines_[c_.primary]->EndBatch();
+    }
+  }
+
   // Worker `kind / 8 % workers` sends its next round's push (or INIT, or a
   // retry of its last push, same request id) to the primary.
   void Push(FuzzInput& in, uint8_t kind) {
-    const uint32_t w = (kind >> 3) % c_.workers;
+    const uint32_t w = (kind >> 3 & 0x0f) % c_.workers;
     const bool retry = kind & 1 && ids_[w] > 0;
     DataHeader h;
     h.set_op(kind & 2 && !initialized_ ? INIT : PUSH_PULL);
@@ -536,6 +549,7 @@ class Pair {
   bool live_[2] = {};
   std::deque<Wire> wire_;
   bool initialized_ = false;
+  bool batching_ = false;
   uint64_t ids_[4] = {};
   uint64_t rounds_[4] = {};
 };
