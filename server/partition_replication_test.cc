@@ -557,6 +557,33 @@ TEST_F(ReplicationTest, ABackupRefusesARawForwardedPushThatIsNotNFloats) {
   EXPECT_EQ(engines_[1]->Queues().forwarded, 1u);
 }
 
+// Found by the replica fuzzer's bound on held pushes: a snapshot moves a
+// copy past rounds whose forwarded pushes it held, and kept them; each
+// further snapshot let the window of rounds it takes fill up again.
+TEST_F(ReplicationTest, ASnapshotDropsTheForwardedPushesOfTheRoundsItCovers) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  for (uint64_t round = 0; round < 4; ++round) {
+    for (uint32_t rank : {0u, 1u}) {
+      const std::string push = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, round);
+      const DataHeader answer = ToBackup(Forwarded(rank, round, spec), push);
+      EXPECT_EQ(answer.status_code(), 0) << answer.error();
+    }
+  }
+  ASSERT_EQ(engines_[1]->Queues().forwarded, 8u);
+  // Sync, SGD, no pull codec: the weights, then per worker its last request
+  // id and pushes applied, then the INIT flag.
+  DataHeader snapshot;
+  snapshot.set_replica_of(SNAPSHOT);
+  snapshot.set_round(3);
+  snapshot.set_contributors(2);
+  std::string state(n * sizeof(float) + 5 * sizeof(uint64_t), '\0');
+  state[n * sizeof(float) + 4 * sizeof(uint64_t)] = 1;
+  ASSERT_EQ(ToBackup(snapshot, state).status_code(), 0);
+  EXPECT_EQ(engines_[1]->Queues().forwarded, 2u) << "only round 3's pushes are of a round not applied";
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.
