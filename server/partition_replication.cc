@@ -279,6 +279,8 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
     }
   }
   p.completed = h.round();
+  // Held pushes of rounds the snapshot covers are never summed or replayed.
+  std::erase_if(p.forwarded, [&p](const ParkedPush& f) { return f.header.round() < p.completed; });
   p.contributors = h.contributors();
   p.initialized = initialized != 0 || p.completed > 0;
   p.synced = true;
