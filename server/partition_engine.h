@@ -173,7 +173,7 @@ class PartitionEngine {
   // what it drains from its socket in one go, so pushes coalesce only when
   // they queue up (the engine thread is the bottleneck); a lone push is
   // applied at once, as before. Outside a batch every push applies on
-  // arrival.
+  // arrival. A shard map installed while a batch is open applies it first.
   void BeginBatch() { batching_ = true; }
   void EndBatch();
 
