@@ -456,6 +456,10 @@ class Pair {
     Wire m = std::move(wire_.front());
     wire_.pop_front();
     if (!live_[m.to] || m.to_generation != c_.generation[m.to]) return;
+    if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
+      std::fprintf(stderr, "fuzz: %u -> %u: %s (%zu bytes)\n", m.from, m.to, m.header.ShortDebugString().c_str(),
+                   m.payload.size());
+    }
     if (m.ack) {
       engines_[m.to]->HandleReplicaAck(m.from, m.header);
       return;
@@ -504,6 +508,9 @@ class Pair {
     h.set_codec(spec);
     zmq::message_t peer("w" + std::to_string(w));
     zmq::message_t payload(bytes.data(), bytes.size());
+    if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
+      std::fprintf(stderr, "fuzz: worker %u -> %u: %s\n", w, c_.primary, h.ShortDebugString().c_str());
+    }
     if (live_[c_.primary]) engines_[c_.primary]->Handle(peer, h, &payload);
   }
 
