@@ -18,9 +18,11 @@
 //    a push may run ahead + 2).
 // Pair mode (n byte bit 7) runs a real primary beside the backup instead,
 // with failures and re-created copies, and checks that the two copies are
-// bitwise equal whenever nothing is in flight (class Pair).
+// bitwise equal whenever nothing is in flight, and that a push answered OK
+// has its round on the backup (class Pair).
 //
 // Input: [variant][variant2][n] then up to 64 requests: [kind][...fields...]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -410,6 +412,7 @@ class Pair {
           CheckAnswer(h, p);
           const std::string to = peer.to_string();
           if (to.rfind("server", 0) == 0) Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), 0, h, "", true});
+          if (to[0] == 'w' && h.status_code() == 0 && h.request_id() != kInitId) CheckDurable(s, h.request_id() - 1);
         },
         [this, s](uint32_t to, DataHeader& h, zmq::message_t& payload) {
           Require(h.op() == REPLICATE, "a replica update is not a REPLICATE");
@@ -499,7 +502,7 @@ class Pair {
       ++ids_[w];
       ++rounds_[w];
     }
-    h.set_request_id(h.op() == INIT ? 1000 : ids_[w]);
+    h.set_request_id(h.op() == INIT ? kInitId : ids_[w]);  // a push's id is its round + 1
     h.set_round(h.op() == INIT ? 0 : rounds_[w] - 1);
     if (h.op() == PUSH_PULL && RoundBased(c_.config)) h.set_based_on(h.round());
     std::string spec;
@@ -543,6 +546,20 @@ class Pair {
     if (restart) Start(other);
   }
 
+  // Primary `s` answered OK a worker's push of `round`: a listed backup that
+  // holds a valid copy has the rounds that answer may show (a round-based
+  // push is answered once round + 1 - staleness is on every copy), so the
+  // answer survives the primary's death.
+  void CheckDurable(uint32_t s, uint64_t round) const {
+    const uint32_t other = 1 - s;
+    if (!RoundBased(c_.config) || !live_[other] || c_.backups.empty()) return;
+    const std::vector<uint64_t> synced = engines_[other]->SyncedCopies();
+    if (std::find(synced.begin(), synced.end(), kPartition) == synced.end()) return;
+    const uint64_t needed = round + 1 - std::min<uint64_t>(round + 1, c_.config.staleness());
+    const std::vector<PartitionReport> reports = engines_[other]->Reports(1);
+    Require(!reports.empty() && reports[0].version >= needed, "a push was answered before its round was on the backup");
+  }
+
   void CheckEqual() const {
     if (!wire_.empty() || !live_[0] || !live_[1]) return;
     const float* a = engines_[0]->weights(kPartition);
@@ -551,6 +568,7 @@ class Pair {
     Require(std::memcmp(a, b, c_.n * sizeof(float)) == 0, "the copies differ with nothing in flight");
   }
 
+  static constexpr uint64_t kInitId = 1000;
   Cluster& c_;
   std::unique_ptr<PartitionEngine> engines_[2];
   bool live_[2] = {};
