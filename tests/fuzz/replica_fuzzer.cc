@@ -21,7 +21,8 @@
 // bitwise equal whenever nothing is in flight, and that a push answered OK
 // has its round on the backup (class Pair).
 //
-// Input: [variant][variant2][n] then up to 64 requests: [kind][...fields...]
+// Input: [variant][variant2][n: bit 7 pair mode, bit 6 a partition of 1024+]
+// then up to 64 requests: [kind][...fields...]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -146,10 +147,15 @@ std::string FloatBytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
-// n finite values from the input, in [-8, 8).
+// n finite values in [-8, 8): the first 64 from the input, the rest
+// mixed from those (partitions large enough for a codec hold 1024 or more).
 std::vector<float> Values(FuzzInput& in, size_t n) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<int8_t>(in.Byte()) / 16.0f;
+  const std::string bytes = in.Bytes(std::min<size_t>(n, 64));
+  std::vector<float> v(n, 0.0f);
+  for (size_t i = 0; i < n && !bytes.empty(); ++i) {
+    const uint8_t b = static_cast<uint8_t>(bytes[i % bytes.size()]) ^ (i < bytes.size() ? 0 : i * 37);
+    v[i] = static_cast<int8_t>(b) / 16.0f;
+  }
   return v;
 }
 
@@ -601,7 +607,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.config = Config(variant, variant2);
   if (!ValidateConfig(c.config).ok()) return 0;
   const uint8_t size_bits = in.Byte();
-  c.n = 1 + (size_bits & 0x7f) % 48;
+  // Small partitions travel raw (a codec needs 256 or 1024 elements).
+  c.n = size_bits & 0x40 ? 1024 + 8 * (size_bits & 0x3f) : 1 + (size_bits & 0x3f) % 48;
   c.workers = c.config.num_workers();
   c.three = c.config.num_servers() == 3;
   c.backups = c.three && (variant2 & 0x80) ? std::vector<uint32_t>{1, 2} : std::vector<uint32_t>{1};
