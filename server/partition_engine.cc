@@ -89,6 +89,13 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       forwards_counted_(replicated_ && RoundBased(config) && staleness_ == 0) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
+  // An async batch still open is applied under the map its pushes came
+  // with: a snapshot for a copy this map re-creates must hold its gradient
+  // along with its request ids (taken at arrival), or that copy would take
+  // the batch's update for one it has.
+  for (auto& [id, p] : partitions_) {
+    if (p->batch_count > 0) ApplyAsyncBatch(*p);
+  }
   server_index_ = server_index;
   for (const ServerInfo& s : map.servers()) {
     if (server_addresses_.size() <= s.index()) server_addresses_.resize(s.index() + 1);

@@ -75,6 +75,7 @@ struct EngineQueues {
   uint64_t replication_lag = 0; // updates sent to backups and not yet confirmed by all
   uint64_t bounded = 0;         // ssp: push answers held by the staleness bound
   uint64_t handoff_held = 0;    // requests held while a primary role is handed off
+  uint64_t forwarded = 0;       // backups: pushes forwarded by the primary, held until their round
 };
 
 // What one partition's primary has applied, for the accounting of lost and
@@ -173,7 +174,7 @@ class PartitionEngine {
   // what it drains from its socket in one go, so pushes coalesce only when
   // they queue up (the engine thread is the bottleneck); a lone push is
   // applied at once, as before. Outside a batch every push applies on
-  // arrival.
+  // arrival. A shard map installed while a batch is open applies it first.
   void BeginBatch() { batching_ = true; }
   void EndBatch();
 

@@ -291,6 +291,8 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
     }
   }
   p.completed = h.round();
+  // Held pushes of rounds the snapshot covers are never summed or replayed.
+  std::erase_if(p.forwarded, [&p](const ParkedPush& f) { return f.header.round() < p.completed; });
   p.contributors = h.contributors();
   p.initialized = initialized != 0 || p.completed > 0;
   p.synced = true;
@@ -420,11 +422,12 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));
   } else {
-    // A forwarded push carries what the worker sent (Validate's bounds); a
-    // round summed from forwarded pushes carries nothing.
+    // A forwarded push carries what the worker sent (Validate's bounds: a
+    // raw one n floats, which Accumulate reads); a round summed from
+    // forwarded pushes carries nothing.
     const Partition& p = *it->second;
     const size_t n = p.n;
-    const bool forwarded = h.replica_of() == PUSH_PULL;
+    const bool encoded_push = h.replica_of() == PUSH_PULL && !PushCodec(p, h.round()).raw();
     size_t expected = n * sizeof(float);
     if (h.replica_of() == SNAPSHOT) {
       expected = payload != nullptr ? ExpectedSnapshotBytes(p, *payload) : SnapshotBytes(p);
@@ -432,11 +435,11 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
       expected = 0;
     }
     const size_t got = payload != nullptr ? payload->size() : 0;
-    if (payload == nullptr || (forwarded ? got == 0 || got > n * 8 + 64 : got != expected)) {
+    if (payload == nullptr || (encoded_push ? got == 0 || got > n * 8 + 64 : got != expected)) {
       s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ", got,
                                                   " bytes, expected ",
-                                                  forwarded ? absl::StrCat("a push of 1 to ", n * 8 + 64)
-                                                            : absl::StrCat(expected)));
+                                                  encoded_push ? absl::StrCat("a push of 1 to ", n * 8 + 64)
+                                                               : absl::StrCat(expected)));
     }
   }
   bool apply = false;
@@ -473,6 +476,9 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
   }
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
   if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp, compressed sync rounds)
+    // Only a round-based primary forwards pushes (PushSync); a copy applied
+    // on arrival would count one, once promoted, into a round it lacks.
+    if (!RoundBased(config_)) return absl::InvalidArgumentError("forwarded push to a copy that is not round based");
     if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
     if (h.round() < p.completed) return false;  // its round is applied here already
     // The primary forwards pushes of rounds at most max_ahead_ past its own,
@@ -601,6 +607,7 @@ EngineQueues PartitionEngine::Queues() const {
     q.unconfirmed += p->unconfirmed.size();
     q.bounded += p->bounded.size();
     q.handoff_held += p->handoff_held.size();
+    q.forwarded += p->forwarded.size();
     if (p->primary) q.replication_lag += p->sent - ConfirmedBy(*p);
   }
   return q;

@@ -515,6 +515,92 @@ TEST_F(ReplicationTest, ABackupHoldsForwardedPushesOnlyOfRoundsNearItsOwn) {
   EXPECT_LE(taken, 2 * 8) << "the backup holds the pushes of every round it was sent";
 }
 
+// Found by the replica fuzzer: only round-based primaries forward pushes; an
+// async copy that held one counted it as a sync round's push once promoted,
+// into a round sum it does not have.
+TEST_F(ReplicationTest, AnAsyncOrSspOnArrivalBackupRefusesAForwardedPush) {
+  for (const bool ssp : {false, true}) {
+    SCOPED_TRACE(ssp ? "ssp on arrival" : "async");
+    Make(ssp ? SSP : ASYNC, [ssp](ClusterConfig& config) {
+      if (ssp) config.set_staleness(2);
+    });
+    const std::vector<float> g = {0.5f, 0.5f};
+    const DataHeader answer = ToBackup(Forwarded(0, 0, ""), std::string(reinterpret_cast<const char*>(g.data()), 8));
+    EXPECT_NE(answer.status_code(), 0) << "a forwarded push was taken";
+    EXPECT_EQ(engines_[1]->Queues().forwarded, 0u);
+    if (engines_[1]->Queues().forwarded != 0) return;  // promoting would count it into nothing
+    Install(MapAt(4, 1, std::nullopt));
+    EXPECT_EQ(Weights(1), std::vector<float>(2, 1.0f));
+  }
+}
+
+// Found by the replica fuzzer: a raw forwarded push (ssp in rounds sends
+// pushes as the workers sent them) was held at any size from 1 byte, then
+// summed or, once promoted, counted as n floats: a read past its end.
+TEST_F(ReplicationTest, ABackupRefusesARawForwardedPushThatIsNotNFloats) {
+  const int n = 64;
+  Make(
+      SSP,
+      [](ClusterConfig& config) {
+        config.set_staleness(1);
+        config.set_ssp_in_rounds(true);
+      },
+      n);
+  for (const size_t bytes : {size_t{4}, n * sizeof(float) - 4, n * sizeof(float) + 4}) {
+    const DataHeader answer = ToBackup(Forwarded(0, 0, ""), std::string(bytes, '\0'));
+    EXPECT_NE(answer.status_code(), 0) << "a raw forwarded push of " << bytes << " bytes was taken";
+  }
+  EXPECT_EQ(engines_[1]->Queues().forwarded, 0u);
+  DataHeader real = Forwarded(0, 0, "");
+  real.set_replica_request_id(7);
+  EXPECT_EQ(ToBackup(real, std::string(n * sizeof(float), '\0')).status_code(), 0) << "the real one is taken";
+  EXPECT_EQ(engines_[1]->Queues().forwarded, 1u);
+}
+
+// Found by the replica fuzzer's bound on held pushes: a snapshot moves a
+// copy past rounds whose forwarded pushes it held, and kept them; each
+// further snapshot let the window of rounds it takes fill up again.
+TEST_F(ReplicationTest, ASnapshotDropsTheForwardedPushesOfTheRoundsItCovers) {
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  for (uint64_t round = 0; round < 4; ++round) {
+    for (uint32_t rank : {0u, 1u}) {
+      const std::string push = EncodeForTest(spec, std::vector<float>(n, 1.0f), 5, round);
+      const DataHeader answer = ToBackup(Forwarded(rank, round, spec), push);
+      EXPECT_EQ(answer.status_code(), 0) << answer.error();
+    }
+  }
+  ASSERT_EQ(engines_[1]->Queues().forwarded, 8u);
+  // Sync, SGD, no pull codec: the weights, then per worker its last request
+  // id and pushes applied, then the INIT flag.
+  DataHeader snapshot;
+  snapshot.set_replica_of(SNAPSHOT);
+  snapshot.set_round(3);
+  snapshot.set_contributors(2);
+  std::string state(n * sizeof(float) + 5 * sizeof(uint64_t), '\0');
+  state[n * sizeof(float) + 4 * sizeof(uint64_t)] = 1;
+  ASSERT_EQ(ToBackup(snapshot, state).status_code(), 0);
+  EXPECT_EQ(engines_[1]->Queues().forwarded, 2u) << "only round 3's pushes are of a round not applied";
+}
+
+// Found by the replica fuzzer's pair mode: a map that re-creates a copy
+// while an async batch is open snapshots the batch's request ids (taken at
+// arrival) without its gradient (applied when the batch closes); the
+// batch's update then looks like one the new copy has, and it skips it.
+TEST_F(ReplicationTest, ACopyReCreatedWhileAnAsyncBatchIsOpenGetsThatBatch) {
+  Make(ASYNC);
+  Install(MapAt(4, 1, std::nullopt));  // server 0 dies
+  Restart(0);
+  engines_[1]->BeginBatch();
+  Send(1, PUSH, 1, 0, {0.5f, 0.5f}, /*epoch=*/4);
+  Install(MapAt(5, 1, 0));  // server 0 comes back: a copy re-created from a snapshot
+  engines_[1]->EndBatch();
+  Deliver();
+  EXPECT_NE(Weights(1), std::vector<float>(2, 1.0f)) << "the batch was applied";
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the re-created copy lacks the batch";
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.

@@ -5,7 +5,7 @@
 # finds is written to fuzz-out/TARGET/ (crash-*, leak-*, timeout-* files);
 # copy such an input into tests/fuzz/regressions/TARGET with its fix.
 #   tools/fuzz.sh [--runs N] [--jobs J] [TARGET...]
-# TARGETs: data_plane codec config scheduler sealed (default: all). --runs defaults
+# TARGETs: data_plane replica codec config scheduler sealed (default: all). --runs defaults
 # to 100000 per target; --jobs runs that many targets at once (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(data_plane codec config scheduler sealed)
+all=(data_plane replica codec config scheduler sealed)
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 for t in "${targets[@]}"; do
   [ -f "tests/fuzz/${t}_fuzzer.cc" ] || { echo "fuzz: unknown target '$t' (known: ${all[*]})" >&2; exit 2; }

@@ -158,8 +158,113 @@ def sealed():
     write("sealed", "raw", bytes([0]) + lv(bytes(80)) + lv(body) + bytes([4]) + lv(bytes(5)) + lv(b""))
 
 
+# replica_fuzzer.cc's requests. Kinds: 0 a replica update, 11 a worker's
+# request, 14 confirmations, 15 a new map. A replica update's kind index
+# (bits 3-5): 0 PUSH, 2 PUSH_PULL (forwarded), 4 INIT, 5 SNAPSHOT; payload
+# modes: 0 n floats, 2 encoded in the round's push codec, 4 a snapshot.
+R_PUSH, R_FORWARDED, R_INIT, R_SNAPSHOT = 0, 2, 4, 5
+
+
+def replica_update(kind, n, rnd=0, rank=0, rrid=0, contributors=0, summed=(), batch=(), mode=0, tail=None):
+    lists = len(summed) | len(batch) << 2 | 1 << 5  # lr_scale 1
+    out = bytes([0, kind << 3, 3, rnd, rank, rrid, contributors, lists]) + bytes(summed)
+    for w, rid in batch:
+        out += bytes([w, rid])
+    out += bytes([mode])
+    return out + (tail if tail is not None else values(n))
+
+
+def worker_request(op_index, rank, rid, rnd, n):
+    return bytes([11, op_index, rank, rid, rnd]) + values(n, 5)
+
+
+def values(n, step=7):
+    """The input bytes of n values: the harness reads at most 64 and mixes the rest."""
+    return bytes((i * step) % 64 for i in range(min(n, 64)))
+
+
+def n_byte(n):
+    """n as the harness reads it: bit 6 a partition of 1024 + 8k elements (large enough for a codec)."""
+    return 0x40 | (n - 1024) // 8 if n >= 1024 else n - 1
+
+
+def replica():
+    n = 4
+    # Sync, raw, SGD: INIT, two rounds' sums, promotion (map kind 1), a worker's push and pull.
+    seq = bytes([0x00, 0x00, n - 1]) + replica_update(R_INIT, n)
+    seq += replica_update(R_PUSH, n, 0, contributors=2) + replica_update(R_PUSH, n, 0, contributors=2)
+    seq += bytes([15, 1]) + worker_request(1, 0, 1, 0, n) + worker_request(3, 1, 1, 0, n) + bytes([14, 3])
+    write("replica", "sync_rounds", seq)
+    # Sync 2bit (codec 2): forwarded pushes, a round summed from them, promotion mid-round.
+    n = 1024
+    seq = bytes([0x40, 0x00, n_byte(n)]) + replica_update(R_INIT, n)
+    seq += replica_update(R_FORWARDED, n, 0, 0, 1, mode=2) + replica_update(R_FORWARDED, n, 0, 1, 2, mode=2)
+    seq += replica_update(R_PUSH, n, 0, contributors=2, summed=(1, 0), mode=6, tail=b"")
+    seq += replica_update(R_FORWARDED, n, 0, 0, 3, mode=2) + bytes([15, 2]) + worker_request(1, 1, 4, 0, n)
+    write("replica", "sync_2bit_forwarded", seq)
+    # SSP in rounds (staleness 1), topk (codec 4), Adam: forwarded pushes ahead, then promotion.
+    seq = bytes([0x81 | 0x08, 0x00, n_byte(n)]) + replica_update(R_INIT, n)
+    for rnd in (0, 1):
+        for w in (0, 1):
+            seq += replica_update(R_FORWARDED, n, rnd, w, 1 + rnd, mode=2)
+    seq += replica_update(R_PUSH, n, 0, contributors=2) + bytes([15, 1]) + worker_request(0, 0, 3, 0, n)
+    write("replica", "ssp_rounds_forwarded", seq)
+    # Async: an INIT and batches of pushes; SSP on arrival the same.
+    n = 4
+    for variant, name in [(0x03, "async_batches"), (0x02, "ssp_arrival_batches")]:
+        seq = bytes([variant, 0x00, n - 1]) + replica_update(R_INIT, n)
+        seq += replica_update(R_PUSH, n, 0, contributors=1, batch=[(0, 1)])
+        seq += replica_update(R_PUSH, n, 0, contributors=2, batch=[(0, 2), (1, 1)])
+        seq += bytes([15, 1]) + worker_request(0, 1, 2, 0, n)
+        write("replica", name, seq)
+    # A re-created copy (variant2 bit 3) of a sync, sum-only, 2bit with pull codec partition:
+    # refused updates before its snapshot (weights, aggregate, ids, INIT flag, feedback, answer).
+    n = 1024
+    snapshot = values(2 * n) + bytes(5) + bytes([1]) + values(n) + lv(b"")
+    seq = bytes([0x50, 0x09, n_byte(n)]) + replica_update(R_PUSH, n, 0, contributors=2)
+    seq += replica_update(R_SNAPSHOT, n, 0, mode=4, tail=snapshot) + replica_update(R_PUSH, n, 0, contributors=2)
+    write("replica", "snapshot_sum_only", seq)
+    # Three servers (variant2 bit 1): server 0 dies and server 2 takes over; then this copy
+    # is promoted and server 2 re-created (its snapshot goes out).
+    n = 8
+    seq = bytes([0x00, 0x02, n - 1]) + replica_update(R_INIT, n) + bytes([15, 4])
+    seq += replica_update(R_PUSH, n, 0, contributors=2) + bytes([15, 5]) + worker_request(1, 0, 1, 1, n)
+    seq += bytes([14, 3])
+    write("replica", "three_servers", seq)
+    pair(0x00, 0x00, 4, "pair_sync")
+    pair(0x40, 0x00, 1024, "pair_sync_2bit")
+    pair(0x44, 0x00, 1024, "pair_sync_2bit_deterministic")
+    pair(0x89, 0x00, 1024, "pair_ssp_rounds_topk_adam")
+    pair(0x50, 0x01, 1024, "pair_sum_only_2bit_pull")
+    pair(0x20, 0x01, 1024, "pair_sync_fp16_pull")
+    pair(0x03, 0x00, 4, "pair_async")
+    # Async pushes batched (bit 7 opens and closes a batch): applied as one update.
+    write("replica", "pair_async_batch", bytes([0x03, 0x00, 0x83]) + pair_push(0, 4, init=True) + bytes([4, 7]) +
+          bytes([0x80]) + bytes(4) + bytes([0x88]) + bytes(4) + bytes([4, 7]))
+    pair(0x02, 0x04, 4, "pair_ssp_arrival")
+
+
+# Pair mode (n byte bit 7): a real primary and backup. Kinds: bits 0-2 < 4 a
+# worker's push (bit 0 a retry, bit 1 INIT, bits 3-6 the worker, bit 7 opens or
+# closes a batch first), 4-6 deliver up to 8 messages, 7 a map (0 same, 1 the
+# primary dies, 2 the backup dies, 3 the dead server comes back).
+def pair_push(w, n, retry=False, init=False):
+    return bytes([w << 3 | (1 if retry else 0) | (2 if init else 0)]) + values(n, 9)
+
+
+def pair(variant, variant2, n, name):
+    deliver = bytes([4, 7])
+    seq = bytes([variant, variant2, 0x80 | n_byte(n)]) + pair_push(0, n, init=True) + deliver
+    for _ in range(2):
+        seq += pair_push(0, n) + pair_push(1, n) + deliver
+    seq += bytes([7, 1]) + pair_push(0, n, retry=True) + pair_push(1, n, retry=True) + bytes([7, 3]) + deliver * 2
+    seq += pair_push(0, n) + pair_push(1, n) + deliver
+    write("replica", name, seq)
+
+
 if __name__ == "__main__":
     data_plane()
+    replica()
     codec()
     config()
     scheduler()
