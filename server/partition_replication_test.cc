@@ -739,7 +739,9 @@ TEST_F(ReplicationTest, MessagesStillBeingSentAreNeverWrittenIntoAndChangeNothin
       for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
       runs[hold] = answer_payloads_;
       EXPECT_EQ(answers_.size(), 18u);
-      if (hold) EXPECT_GT(in_flight_.size(), 20u);
+      if (hold) {
+        EXPECT_GT(in_flight_.size(), 20u);
+      }
       weights[hold][0] = Weights(0);
       weights[hold][1] = Weights(1);
       ExpectInFlightUnchanged();
@@ -973,7 +975,9 @@ TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
       if (sync_codec) {
         if (seed == 1) sync_reference = Weights(primary);
         EXPECT_TRUE(SameBits(Weights(primary), sync_reference));
-        if (backup) EXPECT_TRUE(SameBits(Weights(*backup), sync_reference));
+        if (backup) {
+          EXPECT_TRUE(SameBits(Weights(*backup), sync_reference));
+        }
         if (HasFailure()) break;
         continue;
       }
@@ -984,7 +988,9 @@ TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
         expected[1] -= static_cast<float>(r + 1);
       }
       EXPECT_EQ(Weights(primary), expected);
-      if (backup) EXPECT_EQ(Weights(*backup), expected);
+      if (backup) {
+        EXPECT_EQ(Weights(*backup), expected);
+      }
       if (HasFailure()) break;
     }
   }
