@@ -38,6 +38,13 @@ class ReplicationTest : public ReplicaPairTest {
     return t;
   }
 
+  // Sum-only mode with onebit pulls: the servers keep error feedback of the
+  // aggregates they encode.
+  static void SumOnlyOnebitAggregates(ClusterConfig& config) {
+    config.set_update_mode(SUM_ONLY);
+    config.mutable_compression()->set_pull_codec("onebit");
+  }
+
   static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
@@ -244,13 +251,7 @@ TEST_F(ReplicationTest, ACopyReCreatedFromASnapshotEncodesTheAggregatesAsItsPrim
   // from a snapshot must get that residual too, or its answers differ once
   // it is promoted.
   const int n = 4096;
-  Make(
-      SYNC,
-      [](ClusterConfig& config) {
-        config.set_update_mode(SUM_ONLY);
-        config.mutable_compression()->set_pull_codec("onebit");
-      },
-      n);
+  Make(SYNC, SumOnlyOnebitAggregates, n);
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // A round's pushes; returns worker 0's request id.
@@ -373,13 +374,7 @@ TEST_F(ReplicationTest, ACopyReCreatedBeforeTheInitTakesTheInitWhenItComes) {
 
 TEST_F(ReplicationTest, ASnapshotWhoseEncodedAnswerLengthIsWrongIsRefusedAndTheRealOneTaken) {
   const int n = 4096;
-  Make(
-      SYNC,
-      [](ClusterConfig& config) {
-        config.set_update_mode(SUM_ONLY);
-        config.mutable_compression()->set_pull_codec("onebit");
-      },
-      n);
+  Make(SYNC, SumOnlyOnebitAggregates, n);
   Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
   for (uint32_t rank : {0u, 1u}) Send(0, PUSH_PULL, rank, 0, std::vector<float>(n, 0.5f + rank), 4);
   ASSERT_EQ(answers_.size(), 2u);
@@ -684,10 +679,7 @@ TEST_F(ReplicationTest, MessagesStillBeingSentAreNeverWrittenIntoAndChangeNothin
          c.set_deterministic(true);
          c.set_update_mode(SUM_ONLY);
        }},
-      {"sum-only, onebit aggregates", [](ClusterConfig& c) {
-         c.set_update_mode(SUM_ONLY);
-         c.mutable_compression()->set_pull_codec("onebit");
-       }},
+      {"sum-only, onebit aggregates", SumOnlyOnebitAggregates},
       {"ssp in rounds", [](ClusterConfig& c) {
          c.set_staleness(2);
          c.set_ssp_in_rounds(true);

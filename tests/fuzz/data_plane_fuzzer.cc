@@ -14,6 +14,7 @@
 #include "common/data_message.h"
 #include "common/protocol.h"
 #include "server/partition_engine.h"
+#include "tests/fuzz/engine_answer.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace shardps::fuzz {
@@ -79,14 +80,6 @@ std::string BuiltHeader(FuzzInput& in, const ClusterConfig& config) {
   if (bits & 0x80) h.set_worker_incarnation(in.Int(1));
   h.set_protocol_version(kProtocolVersion);
   return h.SerializeAsString();
-}
-
-void CheckAnswer(const DataHeader& answer, const zmq::message_t* payload) {
-  Require(answer.op() == RESPONSE, "an answer to a worker is not a RESPONSE");
-  if (payload != nullptr && answer.codec().empty() && answer.status_code() == 0) {
-    Require(payload->size() == answer.num_elements() * sizeof(float),
-            "an uncompressed answer's payload does not hold num_elements floats");
-  }
 }
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include "common/protocol.h"
 #include "compression/codec_policy.h"
 #include "server/partition_engine.h"
+#include "tests/fuzz/engine_answer.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace shardps::fuzz {
@@ -326,14 +327,6 @@ DataHeader WorkerHeader(FuzzInput& in, Cluster& c, uint64_t completed, std::stri
     c.clean = false;
   }
   return h;
-}
-
-void CheckAnswer(const DataHeader& answer, const zmq::message_t* payload) {
-  Require(answer.op() == RESPONSE, "an answer is not a RESPONSE");
-  if (payload != nullptr && answer.codec().empty() && answer.status_code() == 0) {
-    Require(payload->size() == answer.num_elements() * sizeof(float),
-            "an uncompressed answer's payload does not hold num_elements floats");
-  }
 }
 
 void CheckFinite(const Cluster& c, const Copy& copy) {
