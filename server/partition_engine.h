@@ -298,11 +298,6 @@ class PartitionEngine {
     std::vector<std::string> backup_addresses;
     std::vector<uint64_t> confirmed;
     std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
-    // Per backup: the update number of the snapshot that re-created it,
-    // until it confirms it (0: none). Then it gets the open rounds' pushes
-    // (ForwardOpenPushes): its server has installed the map by then, so
-    // they are not held as early requests (of which a server holds few).
-    std::vector<uint64_t> snapshot_sent;
     uint64_t sent = 0;                     // updates sent to the backups
     std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
     // Async batch (BeginBatch): the sum of the pushes not applied yet, their
@@ -323,9 +318,8 @@ class PartitionEngine {
     std::vector<uint32_t> counted_order;
     // Primary, ssp in rounds: the open round's pushes as counted here (their
     // payloads shared, not copied). A copy re-created while rounds are open
-    // gets them, and the parked ones (`ahead`), once it confirmed its
-    // snapshot: that holds only applied rounds, and some of these were
-    // answered.
+    // gets them, and the parked ones (`ahead`), in its snapshot: some were
+    // answered, and the copy is synced (may be promoted) only with them.
     std::vector<ParkedPush> open_pushes;
     // Hand-off of the primary role (ShardMap.handoffs): the epoch that
     // listed it (0: none), whether the drain is done, the server taking
@@ -352,9 +346,20 @@ class PartitionEngine {
   void ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // A snapshot's size before the encoded answer it carries (if any).
   size_t SnapshotBytes(const Partition& p) const;
-  // The size snapshot `payload` of p must have: SnapshotBytes plus the
-  // encoded answer's length it states.
-  size_t ExpectedSnapshotBytes(const Partition& p, const zmq::message_t& payload) const;
+  // The size of the state in snapshot `payload` of p: SnapshotBytes plus
+  // the encoded answer's length it states. The open rounds' pushes follow.
+  size_t SnapshotStateBytes(const Partition& p, const zmq::message_t& payload) const;
+  // A worker's push that snapshot `h` of p carries, viewed in its payload.
+  struct SnapshotPush {
+    DataHeader header;  // as ForwardedHeader makes it
+    const char* data;
+    size_t bytes;
+  };
+  // The pushes snapshot `h` carries after its state, each checked as a
+  // forwarded push is; an error if the payload is not laid out as
+  // SendSnapshot lays it out.
+  absl::StatusOr<std::vector<SnapshotPush>> SnapshotPushes(const Partition& p, const DataHeader& h,
+                                                           const zmq::message_t& payload) const;
   // The error feedback of p's compressed sum-only aggregates (null if none).
   compression::ErrorFeedback* PullFeedback(const Partition& p) const;
   // Whether p's snapshots carry its last round's encoded answer: sync with a
@@ -484,12 +489,17 @@ class PartitionEngine {
   void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload,
                 bool answer = true, bool staged = false);
   // SSP with backups: sends a worker's push to the backups (kept there until
-  // its round is applied), or to backup `only`.
-  void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload,
-                   std::optional<uint32_t> only = std::nullopt);
-  // SSP in rounds: the pushes of the rounds still open, counted or parked,
-  // to a copy re-created on server `to`, once it confirmed its snapshot.
-  void ForwardOpenPushes(Partition& p, uint32_t to);
+  // its round is applied).
+  void ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload);
+  // The replica header of worker push `h` forwarded (replica_of PUSH_PULL).
+  static DataHeader ForwardedHeader(const DataHeader& h);
+  // Whether forwarded push `h` (a replica header) may be held by p at
+  // `completed` rounds: the error, else OK. Its bytes: ForwardedPushFits.
+  absl::Status CheckForwarded(const Partition& p, const DataHeader& h, uint64_t completed) const;
+  bool ForwardedPushFits(const Partition& p, const DataHeader& h, size_t bytes) const;
+  // Backup: keeps forwarded push `h` (a replica header) until its round is
+  // applied here, in place of one it held for the same round.
+  void HoldForwarded(Partition& p, const DataHeader& h, const void* data, size_t bytes);
   // A promoted copy counts the forwarded pushes of the rounds still open.
   void ReplayForwarded(Partition& p);
   // Backup: the forwarded push of worker `w`'s `round` it holds, or null.

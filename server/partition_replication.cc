@@ -64,12 +64,15 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     p.sent = 0;
     p.confirmed.clear();
     p.last_sent.clear();
-    p.snapshot_sent.clear();
   }
   p.primary = primary;
+  // Before the backups are listed: a promoted copy has none yet (each gets
+  // a snapshot below, which holds what this replays), so nothing it
+  // replicates reaches a copy before its snapshot.
+  if (primary) ReplayForwarded(p);
   std::vector<uint32_t> backups, added;
   std::vector<std::string> addresses;
-  std::vector<uint64_t> confirmed, last_sent, snapshot_sent;
+  std::vector<uint64_t> confirmed, last_sent;
   if (primary) {
     for (uint32_t b : info.backups()) {
       const std::string address = b < server_addresses_.size() ? server_addresses_[b] : "";
@@ -81,7 +84,6 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
       // with what was sent so far and first gets the whole state.
       confirmed.push_back(it != p.backups.end() ? p.confirmed[it - p.backups.begin()] : p.sent);
       last_sent.push_back(it != p.backups.end() ? p.last_sent[it - p.backups.begin()] : p.sent);
-      snapshot_sent.push_back(it != p.backups.end() ? p.snapshot_sent[it - p.backups.begin()] : 0);
       if (it == p.backups.end() && !created) added.push_back(b);
     }
   }
@@ -89,20 +91,14 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   p.backup_addresses = std::move(addresses);
   p.confirmed = std::move(confirmed);
   p.last_sent = std::move(last_sent);
-  p.snapshot_sent = std::move(snapshot_sent);
   // A new copy lacks the open round's pushes forwarded so far: this round
   // goes to the backups as its sum.
   if (!added.empty()) p.forwarding_round = false;
-  for (uint32_t b : added) {
-    SendSnapshot(p, b);
-    p.snapshot_sent[std::find(p.backups.begin(), p.backups.end(), b) - p.backups.begin()] = p.sent;
-  }
-  if (primary) ReplayForwarded(p);
+  for (uint32_t b : added) SendSnapshot(p, b);
   OnConfirmed(p);  // a backup that died holds nothing back any more
 }
 
-void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload,
-                                  std::optional<uint32_t> only) {
+DataHeader PartitionEngine::ForwardedHeader(const DataHeader& h) {
   DataHeader f;
   f.set_replica_of(PUSH_PULL);
   f.set_round(h.round());
@@ -110,15 +106,59 @@ void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::
   f.set_replica_request_id(h.request_id());
   f.set_codec(h.codec());
   if (h.has_based_on()) f.set_based_on(h.based_on());
-  Replicate(p, f, payload.data(), payload.size(), only);
+  return f;
 }
 
-void PartitionEngine::ForwardOpenPushes(Partition& p, uint32_t to) {
-  if (!forwards_pushes_) return;
-  // Each worker's rounds in order: the open round's pushes, then the
-  // parked ones (later rounds, in arrival order).
-  for (const ParkedPush& push : p.open_pushes) ForwardPush(p, push.header, push.payload, to);
-  for (const ParkedPush& push : p.ahead) ForwardPush(p, push.header, push.payload, to);
+void PartitionEngine::ForwardPush(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
+  Replicate(p, ForwardedHeader(h), payload.data(), payload.size());
+}
+
+absl::Status PartitionEngine::CheckForwarded(const Partition& p, const DataHeader& h, uint64_t completed) const {
+  // Only a round-based primary forwards pushes (PushSync); a copy applied
+  // on arrival would count one, once promoted, into a round it lacks.
+  if (!RoundBased(config_)) return absl::InvalidArgumentError("forwarded push to a copy that is not round based");
+  if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
+  // The primary forwards pushes of rounds at most max_ahead_ past its own,
+  // and this copy is at most one round behind it: farther is a bad update
+  // (and would be held here for ever).
+  if (h.round() > completed + 1 + max_ahead_) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": forwarded push of round ", h.round(),
+                                                   ", more than ", max_ahead_ + 1, " rounds past this copy's ",
+                                                   completed));
+  }
+  if (h.codec() != PushCodec(p, h.round()).spec) {
+    return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": forwarded push of round ", h.round(),
+                                                   " in codec '", h.codec(), "', expected '",
+                                                   PushCodec(p, h.round()).spec, "'"));
+  }
+  return absl::OkStatus();
+}
+
+bool PartitionEngine::ForwardedPushFits(const Partition& p, const DataHeader& h, size_t bytes) const {
+  // What the worker sent (Validate's bounds): a raw push n floats, which
+  // Accumulate reads.
+  if (PushCodec(p, h.round()).raw()) return bytes == p.n * sizeof(float);
+  return bytes > 0 && bytes <= p.n * 8 + 64;
+}
+
+void PartitionEngine::HoldForwarded(Partition& p, const DataHeader& h, const void* data, size_t bytes) {
+  // Kept as the worker sent it, until its round is applied here.
+  DataHeader push;
+  push.set_op(PUSH_PULL);
+  push.set_worker_rank(h.worker_rank());
+  push.set_partition_id(p.id);
+  push.set_round(h.round());
+  push.set_request_id(h.replica_request_id());
+  push.set_codec(h.codec());
+  push.set_num_elements(p.n);
+  push.set_dtype(FLOAT32);
+  if (h.has_based_on()) push.set_based_on(h.based_on());
+  ParkedPush forwarded{zmq::message_t(), push, zmq::message_t(data, bytes), true};
+  if (ParkedPush* held = FindForwarded(p, h.worker_rank(), h.round())) {
+    *held = std::move(forwarded);  // in place: a promoted copy replays them in order
+  } else {
+    p.forwarded.push_back(std::move(forwarded));
+  }
 }
 
 void PartitionEngine::ForwardCounted(Partition& p, const DataHeader& h, const zmq::message_t& payload,
@@ -167,8 +207,9 @@ void PartitionEngine::ReplayForwarded(Partition& p) {
   // workers' retries.
   std::vector<ParkedPush> pushes = std::move(p.forwarded);
   p.forwarded.clear();
-  // A re-created copy gets the open rounds' pushes after those forwarded
-  // since its snapshot: rounds in order, arrival order within a round.
+  // Rounds in order, arrival order within a round: a re-created copy holds
+  // its snapshot's pushes (the open rounds') before those forwarded since,
+  // which may be of an earlier round than the snapshot's parked ones.
   std::stable_sort(pushes.begin(), pushes.end(),
                    [](const ParkedPush& a, const ParkedPush& b) { return a.header.round() < b.header.round(); });
   for (ParkedPush& push : pushes) {
@@ -194,7 +235,7 @@ size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
          (PullFeedback(p) != nullptr ? sizeof(uint64_t) : 0) + (CarriesEncodedAnswer(p) ? sizeof(uint64_t) : 0);
 }
 
-size_t PartitionEngine::ExpectedSnapshotBytes(const Partition& p, const zmq::message_t& payload) const {
+size_t PartitionEngine::SnapshotStateBytes(const Partition& p, const zmq::message_t& payload) const {
   const size_t fixed = SnapshotBytes(p);
   if (!CarriesEncodedAnswer(p) || payload.size() < fixed) return fixed;
   uint64_t encoded = 0;
@@ -239,6 +280,25 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
     put(&encoded, sizeof(encoded));
     if (encoded > 0) put(p.encoded->byte_data(), encoded);
   }
+  // SSP in rounds: the open rounds' pushes, counted then parked, some of
+  // them answered already; the copy holds them from the moment it is synced
+  // (a copy promoted without them would lose them).
+  std::vector<const ParkedPush*> open;
+  if (forwards_pushes_) {
+    for (const ParkedPush& push : p.open_pushes) open.push_back(&push);
+    for (const ParkedPush& push : p.ahead) open.push_back(&push);
+  }
+  const uint64_t count = open.size();
+  put(&count, sizeof(count));
+  for (const ParkedPush* push : open) {
+    const std::string header = ForwardedHeader(push->header).SerializeAsString();
+    const uint64_t header_bytes = header.size();
+    const uint64_t payload_bytes = push->payload.size();
+    put(&header_bytes, sizeof(header_bytes));
+    put(header.data(), header.size());
+    put(&payload_bytes, sizeof(payload_bytes));
+    put(push->payload.data(), push->payload.size());
+  }
   DataHeader h;
   h.set_replica_of(SNAPSHOT);
   h.set_round(p.completed);
@@ -247,7 +307,53 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   Replicate(p, h, bytes.data(), bytes.size(), server);  // this one only; the others have the state
   ++stats_.snapshots_sent;
   LOG(WARNING) << "server " << server_index_ << ": re-creating a copy of partition " << p.id << " on server "
-               << server << " (" << bytes.size() << " bytes at update " << p.completed << ")";
+               << server << " (" << bytes.size() << " bytes at update " << p.completed
+               << (open.empty() ? "" : absl::StrCat(", with ", open.size(), " pushes of open rounds")) << ")";
+}
+
+absl::StatusOr<std::vector<PartitionEngine::SnapshotPush>> PartitionEngine::SnapshotPushes(
+    const Partition& p, const DataHeader& h, const zmq::message_t& payload) const {
+  const size_t state = SnapshotStateBytes(p, payload);
+  auto bad = [&p](const auto&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("snapshot of partition ", p.id, ": ", what...));
+  };
+  if (payload.size() < state + sizeof(uint64_t)) {
+    return bad(payload.size(), " bytes, expected at least ", state + sizeof(uint64_t));
+  }
+  const char* in = payload.data<char>() + state;
+  size_t left = payload.size() - state;
+  auto take = [&in, &left](uint64_t* value) {
+    if (left < sizeof(*value)) return false;
+    std::memcpy(value, in, sizeof(*value));
+    in += sizeof(*value);
+    left -= sizeof(*value);
+    return true;
+  };
+  uint64_t count = 0;
+  take(&count);
+  std::vector<SnapshotPush> pushes;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t header_bytes = 0;
+    if (!take(&header_bytes) || header_bytes > left) return bad("push ", i, " of ", count, " is cut short");
+    SnapshotPush push;
+    if (!push.header.ParseFromArray(in, static_cast<int>(header_bytes))) return bad("push ", i, "'s header does not parse");
+    in += header_bytes;
+    left -= header_bytes;
+    uint64_t bytes = 0;
+    if (!take(&bytes) || bytes > left) return bad("push ", i, " of ", count, " is cut short");
+    push.data = in;
+    push.bytes = bytes;
+    in += bytes;
+    left -= bytes;
+    if (push.header.replica_of() != PUSH_PULL || push.header.round() < h.round()) {
+      return bad("push ", i, " is not a worker's push of a round the snapshot leaves open");
+    }
+    if (absl::Status s = CheckForwarded(p, push.header, h.round()); !s.ok()) return bad("push ", i, ": ", s.message());
+    if (!ForwardedPushFits(p, push.header, bytes)) return bad("push ", i, " carries ", bytes, " bytes");
+    pushes.push_back(push);
+  }
+  if (left != 0) return bad(left, " bytes after its ", count, " pushes");
+  return pushes;
 }
 
 void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload) {
@@ -293,6 +399,10 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   p.completed = h.round();
   // Held pushes of rounds the snapshot covers are never summed or replayed.
   std::erase_if(p.forwarded, [&p](const ParkedPush& f) { return f.header.round() < p.completed; });
+  // The open rounds' pushes (HandleReplica checked them).
+  if (auto pushes = SnapshotPushes(p, h, payload); pushes.ok()) {
+    for (const SnapshotPush& push : *pushes) HoldForwarded(p, push.header, push.data, push.bytes);
+  }
   p.contributors = h.contributors();
   p.initialized = initialized != 0 || p.completed > 0;
   p.synced = true;
@@ -388,11 +498,6 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   const size_t i = b - p.backups.begin();
   uint64_t& confirmed = p.confirmed[i];
   confirmed = std::max(confirmed, std::min(answer.request_id(), p.sent));
-  if (p.snapshot_sent[i] != 0 && confirmed >= p.snapshot_sent[i]) {
-    // A re-created copy holds its snapshot: now the open rounds' pushes.
-    p.snapshot_sent[i] = 0;
-    if (s.ok()) ForwardOpenPushes(p, from_server);
-  }
   OnConfirmed(p);
   if (!handing_off_.empty()) ProgressHandoffs();
 }
@@ -421,25 +526,22 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));
+  } else if (h.replica_of() == SNAPSHOT) {
+    s = payload != nullptr ? SnapshotPushes(*it->second, h, *payload).status()
+                           : absl::InvalidArgumentError(absl::StrCat("snapshot of partition ", h.partition_id(),
+                                                                     " carries no payload"));
   } else {
-    // A forwarded push carries what the worker sent (Validate's bounds: a
-    // raw one n floats, which Accumulate reads); a round summed from
+    // A forwarded push carries what the worker sent; a round summed from
     // forwarded pushes carries nothing.
     const Partition& p = *it->second;
-    const size_t n = p.n;
-    const bool encoded_push = h.replica_of() == PUSH_PULL && !PushCodec(p, h.round()).raw();
-    size_t expected = n * sizeof(float);
-    if (h.replica_of() == SNAPSHOT) {
-      expected = payload != nullptr ? ExpectedSnapshotBytes(p, *payload) : SnapshotBytes(p);
-    } else if (h.summed_workers_size() > 0) {
-      expected = 0;
-    }
     const size_t got = payload != nullptr ? payload->size() : 0;
-    if (payload == nullptr || (encoded_push ? got == 0 || got > n * 8 + 64 : got != expected)) {
-      s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(), " carries ", got,
-                                                  " bytes, expected ",
-                                                  encoded_push ? absl::StrCat("a push of 1 to ", n * 8 + 64)
-                                                               : absl::StrCat(expected)));
+    const size_t expected = h.summed_workers_size() > 0 ? 0 : p.n * sizeof(float);
+    const bool fits = h.replica_of() == PUSH_PULL ? ForwardedPushFits(p, h, got) : got == expected;
+    if (payload == nullptr || !fits) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "replica update of partition ", h.partition_id(), " carries ", got, " bytes, expected ",
+          h.replica_of() == PUSH_PULL && !PushCodec(p, h.round()).raw() ? absl::StrCat("a push of 1 to ", p.n * 8 + 64)
+                                                                        : absl::StrCat(expected)));
     }
   }
   bool apply = false;
@@ -476,24 +578,8 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
   }
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
   if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp, compressed sync rounds)
-    // Only a round-based primary forwards pushes (PushSync); a copy applied
-    // on arrival would count one, once promoted, into a round it lacks.
-    if (!RoundBased(config_)) return absl::InvalidArgumentError("forwarded push to a copy that is not round based");
-    if (h.worker_rank() >= config_.num_workers()) return absl::InvalidArgumentError("forwarded push names a bad worker rank");
+    if (absl::Status s = CheckForwarded(p, h, p.completed); !s.ok()) return s;
     if (h.round() < p.completed) return false;  // its round is applied here already
-    // The primary forwards pushes of rounds at most max_ahead_ past its own,
-    // and this copy is at most one round behind it: farther is a bad update
-    // (and would be held here for ever).
-    if (h.round() > p.completed + 1 + max_ahead_) {
-      return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": forwarded push of round ", h.round(),
-                                                     ", more than ", max_ahead_ + 1, " rounds past this copy's ",
-                                                     p.completed));
-    }
-    if (h.codec() != PushCodec(p, h.round()).spec) {
-      return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": forwarded push of round ", h.round(),
-                                                     " in codec '", h.codec(), "', expected '",
-                                                     PushCodec(p, h.round()).spec, "'"));
-    }
     // Held already, unless it is another push of that round (another
     // request): the one this primary counted replaces one a replaced
     // primary forwarded (the worker re-ran its step and re-encoded it).
@@ -541,23 +627,7 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
   if (h.replica_of() == SNAPSHOT) {
     ApplySnapshot(p, h, payload);
   } else if (h.replica_of() == PUSH_PULL) {
-    // Kept as the worker sent it, until its round is applied here.
-    DataHeader push;
-    push.set_op(PUSH_PULL);
-    push.set_worker_rank(h.worker_rank());
-    push.set_partition_id(p.id);
-    push.set_round(h.round());
-    push.set_request_id(h.replica_request_id());
-    push.set_codec(h.codec());
-    push.set_num_elements(p.n);
-    push.set_dtype(FLOAT32);
-    if (h.has_based_on()) push.set_based_on(h.based_on());
-    ParkedPush forwarded{zmq::message_t(), push, zmq::message_t(payload.data(), payload.size()), true};
-    if (ParkedPush* held = FindForwarded(p, h.worker_rank(), h.round())) {
-      *held = std::move(forwarded);  // in place: a promoted copy replays them in order
-    } else {
-      p.forwarded.push_back(std::move(forwarded));
-    }
+    HoldForwarded(p, h, payload.data(), payload.size());
   } else if (h.replica_of() == INIT) {
     std::memcpy(WritableWeights(p), data, payload.size());
     if (p.delta_pulls) std::memcpy(p.mirror.data(), data, payload.size());

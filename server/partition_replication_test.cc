@@ -385,8 +385,9 @@ TEST_F(ReplicationTest, ASnapshotWhoseEncodedAnswerLengthIsWrongIsRefusedAndTheR
   ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
   const Message real = outbox_.front();
   outbox_.clear();
-  ASSERT_GT(real.payload.size(), encoded + 8);
-  const size_t at = real.payload.size() - encoded - 8;  // the encoded answer's length
+  ASSERT_GT(real.payload.size(), encoded + 16);
+  // The encoded answer's length, before the answer and the count of pushes (0).
+  const size_t at = real.payload.size() - 8 - encoded - 8;
   uint64_t stated = 0;
   std::memcpy(&stated, real.payload.data() + at, 8);
   ASSERT_EQ(stated, encoded);
@@ -568,12 +569,12 @@ TEST_F(ReplicationTest, ASnapshotDropsTheForwardedPushesOfTheRoundsItCovers) {
   }
   ASSERT_EQ(engines_[1]->Queues().forwarded, 8u);
   // Sync, SGD, no pull codec: the weights, then per worker its last request
-  // id and pushes applied, then the INIT flag.
+  // id and pushes applied, then the INIT flag, then no pushes.
   DataHeader snapshot;
   snapshot.set_replica_of(SNAPSHOT);
   snapshot.set_round(3);
   snapshot.set_contributors(2);
-  std::string state(n * sizeof(float) + 5 * sizeof(uint64_t), '\0');
+  std::string state(n * sizeof(float) + 6 * sizeof(uint64_t), '\0');
   state[n * sizeof(float) + 4 * sizeof(uint64_t)] = 1;
   ASSERT_EQ(ToBackup(snapshot, state).status_code(), 0);
   EXPECT_EQ(engines_[1]->Queues().forwarded, 2u) << "only round 3's pushes are of a round not applied";
@@ -622,37 +623,54 @@ TEST_F(ReplicationTest, ABackupRecreatedMidRoundGetsThatRoundAsItsSum) {
 
 // SSP in rounds: a push answered ahead of its round lives on the backups
 // as the forwarded push until the round completes. Server 1 dies and a new
-// one takes its place while round 0 is open: its snapshot holds only the
-// rounds applied. Then server 0 dies too, before round 0 completes: the new
-// copy, promoted, must count worker 0's answered push (the worker will not
-// send it again).
+// one takes its place while round 0 is open: its snapshot holds the rounds
+// applied and the open rounds' pushes. Then server 0 dies too, before round
+// 0 completes (once the new copy confirmed its snapshot, or the moment it
+// applied it, with the confirmation and all after it lost): the new copy,
+// promoted, must count worker 0's answered push (the worker will not send
+// it again).
 TEST_F(ReplicationTest, ACopyReCreatedWhileAnSspRoundIsOpenGetsThePushesAnsweredInIt) {
-  Make(SSP, [](ClusterConfig& config) {
-    config.set_staleness(2);
-    config.set_ssp_in_rounds(true);
-  });
-  const uint64_t early = Send(0, PUSH, 0, 0, {2.0f, 4.0f});
-  const uint64_t parked = Send(0, PUSH, 0, 1, {10.0f, 20.0f});
-  Deliver();
-  EXPECT_THAT(Answered(), ElementsAre(early, parked)) << "answered ahead of round 0, within the bound";
-  answers_.clear();
-  // A new server 1, at a new address, while round 0 is open.
-  Restart(1);
-  ShardMap map = MapAt(4, 0, 1);
-  map.mutable_servers(1)->set_data_address("tcp://s:9");
-  Install(map);
-  Deliver();
-  // Server 0 dies: server 1 alone holds partition 5.
-  ShardMap alone = MapAt(5, 1, std::nullopt);
-  alone.mutable_servers(1)->set_data_address("tcp://s:9");
-  ASSERT_TRUE(engines_[1]->InstallShardMap(alone, 1).ok());
-  const uint64_t late = Send(1, PUSH, 1, 0, {6.0f, 8.0f}, 5);
-  const uint64_t next = Send(1, PUSH, 1, 1, {0.0f, 0.0f}, 5);
-  const uint64_t after = Send(1, PUSH, 0, 2, {0.0f, 0.0f}, 5);
-  EXPECT_THAT(Answered(), ElementsAre(late, next, after));
-  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
-  // Round 0: 1 - (2 + 6) / 2, 1 - (4 + 8) / 2; round 1: minus (10 + 0) / 2, (20 + 0) / 2.
-  EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
+  for (const bool confirmed : {true, false}) {
+    SCOPED_TRACE(confirmed ? "snapshot confirmed" : "primary dead once the snapshot is applied");
+    Make(SSP, [](ClusterConfig& config) {
+      config.set_staleness(2);
+      config.set_ssp_in_rounds(true);
+    });
+    const uint64_t early = Send(0, PUSH, 0, 0, {2.0f, 4.0f});
+    const uint64_t parked = Send(0, PUSH, 0, 1, {10.0f, 20.0f});
+    Deliver();
+    EXPECT_THAT(Answered(), ElementsAre(early, parked)) << "answered ahead of round 0, within the bound";
+    answers_.clear();
+    // A new server 1, at a new address, while round 0 is open.
+    Restart(1);
+    ShardMap map = MapAt(4, 0, 1);
+    map.mutable_servers(1)->set_data_address("tcp://s:9");
+    Install(map);
+    if (confirmed) {
+      Deliver();
+    } else {
+      ASSERT_EQ(outbox_.size(), 1u);
+      ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+      zmq::message_t peer("server0");
+      zmq::message_t payload(outbox_.front().payload.data(), outbox_.front().payload.size());
+      engines_[1]->Handle(peer, outbox_.front().header, &payload);
+      outbox_.clear();
+      acks_.clear();
+    }
+    EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+    // Server 0 dies: server 1 alone holds partition 5.
+    ShardMap alone = MapAt(5, 1, std::nullopt);
+    alone.mutable_servers(1)->set_data_address("tcp://s:9");
+    ASSERT_TRUE(engines_[1]->InstallShardMap(alone, 1).ok());
+    const uint64_t late = Send(1, PUSH, 1, 0, {6.0f, 8.0f}, 5);
+    const uint64_t next = Send(1, PUSH, 1, 1, {0.0f, 0.0f}, 5);
+    const uint64_t after = Send(1, PUSH, 0, 2, {0.0f, 0.0f}, 5);
+    EXPECT_THAT(Answered(), ElementsAre(late, next, after));
+    for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+    // Round 0: 1 - (2 + 6) / 2, 1 - (4 + 8) / 2; round 1: minus (10 + 0) / 2, (20 + 0) / 2.
+    EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
+    answers_.clear();
+  }
 }
 
 // Zero-copy sends: a round's sum and the answers' weights or aggregate go
@@ -795,8 +813,8 @@ TEST_F(ReplicationTest, ABackupThatStaysABackupGetsThePushesAPromotedSspCopyRepl
 // SSP in rounds (and sync with forwarded compressed pushes), at random: two
 // workers push rounds (at most two pushes in flight each), replica updates
 // and confirmations arrive one at a time, the primary dies (its undelivered
-// messages lost; only once its backup is synced and, if re-created, holds
-// all its primary sent it), a new server takes the dead one's place as the
+// messages lost; only once its backup is synced, which a re-created copy is
+// with the open rounds' pushes), a new server takes the dead one's place as the
 // backup, and the primary role is handed off. Every worker re-sends what
 // was not answered to the new primary. At the end the weights are those of
 // the fault-free run: no answered push is lost, none is counted twice.
@@ -863,7 +881,6 @@ TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
         return SendBytes(primary, PUSH, rank, round, spec, EncodeForTest(spec, grad(rank, round), 5, round), epoch, id);
       };
       size_t seen = 0;
-      bool recreating = false;
       bool failed = false;
       auto collect = [&] {
         for (; seen < answers_.size(); ++seen) {
@@ -908,7 +925,6 @@ TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
           done = done && list.size() == rounds && std::all_of(list.begin(), list.end(), [](const Push& p) { return p.answered; });
         }
         if (done) break;
-        if (outbox_.empty() && acks_.empty()) recreating = false;
         if (handing_off && !engines_[primary]->HandoffsDone().empty()) {
           handing_off = false;
           std::swap(primary, *backup);
@@ -939,7 +955,6 @@ TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
           // The primary dies; its backup, if synced, takes over.
           const std::vector<uint64_t> synced = engines_[*backup]->SyncedCopies();
           if (synced.empty()) continue;
-          if (recreating) continue;  // a second failure once the new copy is made
           const uint32_t dead = primary;
           std::erase_if(outbox_, [&](const Message& m) { return m.from == dead || m.to == dead; });
           std::erase_if(acks_, [&](const Message& m) { return m.from == dead || m.to == dead; });
@@ -957,7 +972,6 @@ TEST_F(ReplicationTest, SspInRoundsSurvivesRandomFailoversAndReCreatedCopies) {
           backup = fresh;
           ++epoch;
           Install(map_now());
-          recreating = true;
         }
       }
       collect();
@@ -1127,7 +1141,8 @@ TEST_F(ReplicationTest, WarmupRoundsGoAsTheSumAndTheCodecsRoundsAsTheirPushes) {
 // primary, servers 0 and 1 its backups. It forwards worker 0's push of round
 // 0 to both and worker 1's to server 1 only, then dies; server 0 becomes the
 // primary with server 1 its backup (sent a snapshot: it now holds pushes
-// forwarded by the dead primary and by the new one).
+// forwarded by the dead primary). Server 0 counted worker 0's push again
+// before it listed its backups, so round 0 reaches server 1 as its sum.
 TEST_F(ReplicationTest, ABackupThatStaysABackupWhileAnotherIsPromotedSumsWhatTheNewPrimaryCounted) {
   const int n = 4096;
   const std::vector<std::string> g = StartThreeCopies(n, 11);
@@ -1145,7 +1160,7 @@ TEST_F(ReplicationTest, ABackupThatStaysABackupWhileAnotherIsPromotedSumsWhatThe
   const uint64_t retry1 = SendBytes(0, PUSH, 1, 0, spec, g[1], 5, 77);
   const uint64_t retry0 = SendBytes(0, PUSH, 0, 0, spec, g[0], 5, 78);
   Deliver();
-  EXPECT_EQ(TakeTraffic().summed_rounds, 1);
+  EXPECT_EQ(TakeTraffic().summed_rounds, 0);
   EXPECT_THAT(Answered(), ::testing::UnorderedElementsAre(retry1, retry0));
   for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
   EXPECT_FALSE(SameBits(Weights(0), ones));

@@ -176,8 +176,8 @@ std::string Encoded(const Cluster& c, const std::vector<float>& values, uint64_t
 // A snapshot as SendSnapshot lays it out (partition_replication.cc), its
 // values finite: weights, optimizer state (non-negative, as Adam's), mirror,
 // aggregate, per-worker request ids and pushes, INIT flag, error feedback,
-// the last round's encoded answer.
-std::string Snapshot(FuzzInput& in, const Cluster& c) {
+// the last round's encoded answer, the open rounds' pushes (from `round`).
+std::string Snapshot(FuzzInput& in, const Cluster& c, uint64_t round) {
   const bool sum_only = c.config.update_mode() == SUM_ONLY;
   const bool feedback = sum_only && c.codecs.pull != nullptr;
   const size_t floats = c.n * (1 + c.state_slots + (compression::PullsWeightDeltas(c.config, c.codecs) ? 1 : 0) +
@@ -197,6 +197,27 @@ std::string Snapshot(FuzzInput& in, const Cluster& c) {
     const uint64_t length = answer.size();
     s += std::string(reinterpret_cast<const char*>(&length), sizeof(length)) + answer;
   }
+  auto put = [&s](uint64_t value) { s += std::string(reinterpret_cast<const char*>(&value), sizeof(value)); };
+  const uint8_t pushes = in.Byte();
+  put(pushes % 4);
+  for (int i = 0; i < pushes % 4; ++i) {
+    const uint8_t bits = in.Byte();
+    DataHeader f;
+    f.set_replica_of(bits & 1 ? PUSH : PUSH_PULL);
+    f.set_round(round + in.Byte() % 6 - (bits & 2 ? 1 : 0));
+    f.set_worker_rank(in.Byte() % (c.workers + 1));
+    f.set_replica_request_id(in.Byte() % 8);
+    std::string spec;
+    std::string payload = Encoded(c, Values(in, c.n), f.round(), &spec);
+    f.set_codec(bits & 4 ? in.Field() : spec);
+    if (bits & 8) payload.resize(in.Byte());
+    const std::string header = f.SerializeAsString();
+    put(bits & 0x10 ? in.Int(2) : header.size());
+    s += header;
+    put(bits & 0x20 ? in.Int(4) : payload.size());
+    s += payload;
+  }
+  if (pushes & 0x80) s += in.Field();  // bytes after the pushes
   return s;
 }
 
@@ -277,7 +298,7 @@ DataHeader ReplicaHeader(FuzzInput& in, Cluster& c, uint64_t completed, std::str
   switch (mode % 8) {
     case 0: case 1: *payload = FloatBytes(Values(in, c.n)); break;
     case 2: case 3: *payload = Encoded(c, Values(in, c.n), h.round(), &spec); break;
-    case 4: *payload = Snapshot(in, c); break;
+    case 4: *payload = Snapshot(in, c, h.round()); break;
     case 5:
       if (mode & 0x20) {  // the right size, off by one float
         *payload = FloatBytes(Values(in, c.n + 1));
