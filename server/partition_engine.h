@@ -214,6 +214,16 @@ class PartitionEngine {
     zmq::message_t peer;
     DataHeader header;
   };
+  // A primary's backup copy of a partition.
+  struct Backup {
+    uint32_t server = 0;
+    // The data address it had when listed. A new address under the same
+    // index is a server that joined in a dead one's place (the maps between
+    // may have been skipped): a new copy that needs a snapshot.
+    std::string address;
+    uint64_t confirmed = 0;  // the last update sequence it confirmed
+    uint64_t last_sent = 0;  // the last update sent to it
+  };
   struct ParkedPush {
     zmq::message_t peer;
     DataHeader header;
@@ -291,13 +301,8 @@ class PartitionEngine {
     // flight) and are refused.
     uint32_t primary_server = 0;
     uint64_t primary_since = 0;
-    std::vector<uint32_t> backups;
-    // Per backup: the data address it had when listed. A new address under
-    // the same index is a server that joined in a dead one's place (the maps
-    // between may have been skipped): a new copy that needs a snapshot.
-    std::vector<std::string> backup_addresses;
-    std::vector<uint64_t> confirmed;
-    std::vector<uint64_t> last_sent;       // per backup: the last update sent to it
+    // Primary: its backups, in the map's order.
+    std::vector<Backup> backups;
     uint64_t sent = 0;                     // updates sent to the backups
     std::vector<Waiter> unconfirmed;       // answers waiting for `sent` (header.round() = sequence)
     // Async batch (BeginBatch): the sum of the pushes not applied yet, their

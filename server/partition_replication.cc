@@ -26,8 +26,8 @@ bool MovedAway(const absl::Status& s, uint64_t routed_at, uint64_t backup_epoch)
 
 uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
   uint64_t confirmed = p.sent;
-  for (size_t i = 0; i < p.backups.size(); ++i) {
-    if (p.confirmed[i] < p.last_sent[i]) confirmed = std::min(confirmed, p.confirmed[i]);
+  for (const Backup& b : p.backups) {
+    if (b.confirmed < b.last_sent) confirmed = std::min(confirmed, b.confirmed);
   }
   return confirmed;
 }
@@ -62,35 +62,26 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     p.counted_order.clear();
     p.open_pushes.clear();
     p.sent = 0;
-    p.confirmed.clear();
-    p.last_sent.clear();
   }
   p.primary = primary;
   // Before the backups are listed: a promoted copy has none yet (each gets
   // a snapshot below, which holds what this replays), so nothing it
   // replicates reaches a copy before its snapshot.
   if (primary) ReplayForwarded(p);
-  std::vector<uint32_t> backups, added;
-  std::vector<std::string> addresses;
-  std::vector<uint64_t> confirmed, last_sent;
+  std::vector<Backup> backups;
+  std::vector<uint32_t> added;
   if (primary) {
-    for (uint32_t b : info.backups()) {
-      const std::string address = b < server_addresses_.size() ? server_addresses_[b] : "";
-      auto it = std::find(p.backups.begin(), p.backups.end(), b);
-      if (it != p.backups.end() && p.backup_addresses[it - p.backups.begin()] != address) it = p.backups.end();
-      backups.push_back(b);
-      addresses.push_back(address);
+    for (uint32_t server : info.backups()) {
+      const std::string address = server < server_addresses_.size() ? server_addresses_[server] : "";
+      auto it = std::find_if(p.backups.begin(), p.backups.end(),
+                             [&](const Backup& b) { return b.server == server && b.address == address; });
       // A copy that was listed keeps its confirmations; a new one starts
       // with what was sent so far and first gets the whole state.
-      confirmed.push_back(it != p.backups.end() ? p.confirmed[it - p.backups.begin()] : p.sent);
-      last_sent.push_back(it != p.backups.end() ? p.last_sent[it - p.backups.begin()] : p.sent);
-      if (it == p.backups.end() && !created) added.push_back(b);
+      backups.push_back(it != p.backups.end() ? *it : Backup{server, address, p.sent, p.sent});
+      if (it == p.backups.end() && !created) added.push_back(server);
     }
   }
   p.backups = std::move(backups);
-  p.backup_addresses = std::move(addresses);
-  p.confirmed = std::move(confirmed);
-  p.last_sent = std::move(last_sent);
   // A new copy lacks the open round's pushes forwarded so far: this round
   // goes to the backups as its sum.
   if (!added.empty()) p.forwarding_round = false;
@@ -442,13 +433,13 @@ uint64_t PartitionEngine::Replicate(Partition& p, DataHeader h, size_t bytes, st
   h.set_epoch(epoch_);
   h.set_num_elements(p.n);
   h.set_dtype(FLOAT32);
-  for (size_t i = 0; i < p.backups.size(); ++i) {
-    if (only && p.backups[i] != *only) continue;
+  for (Backup& b : p.backups) {
+    if (only && b.server != *only) continue;
     zmq::message_t payload = payload_for_one();
-    replicate_(p.backups[i], h, payload);
+    replicate_(b.server, h, payload);
     ++stats_.replicated;
     stats_.replicated_bytes += bytes;
-    p.last_sent[i] = p.sent;
+    b.last_sent = p.sent;
   }
   return p.sent;
 }
@@ -481,7 +472,7 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   auto it = partitions_.find(answer.partition_id());
   if (it == partitions_.end()) return;
   Partition& p = *it->second;
-  auto b = std::find(p.backups.begin(), p.backups.end(), from_server);
+  auto b = std::find_if(p.backups.begin(), p.backups.end(), [from_server](const Backup& b) { return b.server == from_server; });
   if (!p.primary || b == p.backups.end()) return;  // from a copy the map no longer lists
   const absl::Status s = ResponseStatus(answer);
   if (!s.ok() && MovedAway(s, epoch_, answer.server_epoch())) {
@@ -495,9 +486,7 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
     LOG(ERROR) << "server " << server_index_ << ": backup server " << from_server << " refused update "
                << answer.request_id() << " of partition " << p.id << ": " << s;
   }
-  const size_t i = b - p.backups.begin();
-  uint64_t& confirmed = p.confirmed[i];
-  confirmed = std::max(confirmed, std::min(answer.request_id(), p.sent));
+  b->confirmed = std::max(b->confirmed, std::min(answer.request_id(), p.sent));
   OnConfirmed(p);
   if (!handing_off_.empty()) ProgressHandoffs();
 }
@@ -698,8 +687,8 @@ std::vector<PartitionReport> PartitionEngine::Reports(size_t max, size_t* held) 
   for (uint64_t id : ids) {
     const Partition& p = *partitions_.at(id);
     PartitionReport r{id, p.tensor, p.primary, p.completed, p.stale_gradients, p.staleness_sum, p.staleness_max, {}};
-    for (size_t i = 0; p.primary && i < p.backups.size(); ++i) {
-      r.backup_lag.emplace_back(p.backups[i], p.last_sent[i] > p.confirmed[i] ? p.last_sent[i] - p.confirmed[i] : 0);
+    for (const Backup& b : p.backups) {  // none unless primary
+      r.backup_lag.emplace_back(b.server, b.last_sent > b.confirmed ? b.last_sent - b.confirmed : 0);
     }
     out.push_back(std::move(r));
   }
