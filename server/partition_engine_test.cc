@@ -775,6 +775,27 @@ TEST_F(EngineTest, ARejoinedWorkerIsCountedFromItsJoinRoundOnly) {
   EXPECT_EQ(Weights(), (std::vector<float>{-10, -10}));  // (3 + 3 + 9) / 3
 }
 
+// A worker removed while its push of the open round is counted, and
+// rejoined at that round before it completes: the round holds one gradient
+// of that worker, the first (its new process's push is taken for a retry).
+TEST_F(EngineTest, AWorkerRejoinedAtTheRoundItsOldPushIsCountedInIsCountedOnce) {
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "arrival order");
+    Make(SYNC, deterministic, 2);
+    Send(PUSH, 1, 0, {4, 4});
+    RemoveWorkers({1});
+    RejoinWorker(1, /*round=*/0, /*incarnation=*/11);
+    PushFrom(1, 11, 0, {8, 8});
+    EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
+    Send(PUSH, 0, 0, {2, 2});
+    EXPECT_EQ(Weights(), (std::vector<float>{-3, -3})) << "(2 + 4) / 2";
+    PushFrom(1, 11, 1, {2, 2});
+    Send(PUSH, 0, 1, {4, 4});
+    EXPECT_EQ(Weights(), (std::vector<float>{-6, -6})) << "round 1 counts the new process";
+    sent_.clear();
+  }
+}
+
 TEST_F(EngineTest, APartitionPastTheJoinRoundRefusesTheRejoinedWorkersEarlierRoundsAndGoesOn) {
   Make(SYNC, false, 2);
   RemoveWorkers({1});
