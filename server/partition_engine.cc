@@ -263,6 +263,10 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
     p.clock[w] = 0;  // known again from its first push
     if (!RoundBased(config_)) continue;
     p.next_round[w] = r.round();
+    // Its dead process's push of the open round is counted in it: one
+    // gradient per worker and round, so the new process's push of that
+    // round is taken for a retry.
+    if (p.contributed[w] && r.round() <= p.completed) p.next_round[w] = p.completed + 1;
     if (p.completed > r.round()) {
       // The scheduler placed the round past every server's by their pace;
       // this one was faster. Rounds up to the open one completed without
