@@ -580,6 +580,33 @@ TEST_F(ReplicationTest, ASnapshotDropsTheForwardedPushesOfTheRoundsItCovers) {
   EXPECT_EQ(engines_[1]->Queues().forwarded, 2u) << "only round 3's pushes are of a round not applied";
 }
 
+// A server that joins a long-running job (its engine fresh, at epoch 0)
+// may get its snapshot before its own map, routed many epochs past 0: it
+// holds it until that map, as it would a request a few epochs ahead.
+TEST_F(ReplicationTest, AJoinedServerHoldsASnapshotThatArrivesBeforeItsFirstMap) {
+  Make(SYNC);
+  Send(0, PUSH, 0, 0, {2.0f, 4.0f});
+  Send(0, PUSH, 1, 0, {6.0f, 8.0f});
+  Deliver();
+  ASSERT_TRUE(engines_[0]->InstallShardMap(MapAt(11, 0, std::nullopt), 0).ok());  // server 1 died
+  Restart(1);
+  engines_[1]->JoinRunningJob();
+  ShardMap joined = MapAt(12, 0, 1);
+  joined.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[0]->InstallShardMap(joined, 0).ok());
+  Deliver();  // the snapshot reaches server 1 before its map
+  EXPECT_TRUE(engines_[1]->SyncedCopies().empty());
+  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+  Send(0, PUSH, 0, 1, {1.0f, 1.0f}, 12);
+  Send(0, PUSH, 1, 1, {1.0f, 1.0f}, 12);
+  Deliver();
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
 // Found by the replica fuzzer's pair mode: a map that re-creates a copy
 // while an async batch is open snapshots the batch's request ids (taken at
 // arrival) without its gradient (applied when the batch closes); the
