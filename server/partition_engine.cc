@@ -479,8 +479,10 @@ void PartitionEngine::Handle(const zmq::message_t& peer, const DataHeader& h, zm
   }
   // A worker (or a primary) that learned of a new epoch before this server
   // did: wait for the epoch (a few epochs ahead at most; further is a bad
-  // request). A re-created copy's snapshot may arrive before its map.
-  if (h.epoch() > epoch_ && h.epoch() <= epoch_ + 4 && deferred_.size() < 4096) {
+  // request). A re-created copy's snapshot may arrive before its map. A
+  // server with no map yet (one that joins a running job, whose epochs may
+  // be far past 0) holds requests of any epoch until its first.
+  if (h.epoch() > epoch_ && (epoch_ == 0 || h.epoch() <= epoch_ + kEpochsAhead) && deferred_.size() < kMaxDeferred) {
     Deferred d{zmq::message_t(peer.data(), peer.size()), h, zmq::message_t(), payload != nullptr};
     if (payload != nullptr) d.payload.move(*payload);
     deferred_.push_back(std::move(d));

@@ -572,6 +572,11 @@ class PartitionEngine {
   // Sync with backups: compressed rounds may go to them as their pushes.
   const bool forwards_counted_;
   bool batching_ = false;  // between BeginBatch and EndBatch
+  // Requests routed with a later epoch than this server's, held until it
+  // installs that epoch: at most kMaxDeferred, at most kEpochsAhead ahead
+  // once it has a map (further is a bad request, refused).
+  static constexpr size_t kMaxDeferred = 4096;
+  static constexpr uint64_t kEpochsAhead = 4;
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
   bool joined_running_job_ = false;

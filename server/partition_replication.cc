@@ -649,7 +649,7 @@ void PartitionEngine::RunDeferred() {
   std::vector<Deferred> ready = std::move(deferred_);
   deferred_.clear();
   for (Deferred& d : ready) {
-    if (d.header.epoch() > epoch_) {
+    if (d.header.epoch() > epoch_ && d.header.epoch() <= epoch_ + kEpochsAhead) {
       deferred_.push_back(std::move(d));
       continue;
     }
