@@ -607,6 +607,38 @@ TEST_F(ReplicationTest, AJoinedServerHoldsASnapshotThatArrivesBeforeItsFirstMap)
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
 }
 
+// A copy whose server is more than 4 epochs behind its primary refuses the
+// snapshot that re-creates it (and every update after it: it holds no copy
+// yet). Once its refusals say its server has caught up, the primary sends
+// the snapshot again, and the copy is synced and equal.
+TEST_F(ReplicationTest, ACopyThatRefusedItsSnapshotGetsItAgainOnceItsServerCaughtUp) {
+  for (const Consistency mode : {SYNC, ASYNC}) {
+    SCOPED_TRACE(mode == SYNC ? "sync" : "async");
+    Make(mode);
+    auto round = [&](uint64_t r, uint64_t epoch) {
+      Send(0, PUSH, 0, mode == SYNC ? r : 0, {2.0f, 4.0f}, epoch);
+      Send(0, PUSH, 1, mode == SYNC ? r : 0, {6.0f, 8.0f}, epoch);
+      Deliver();
+    };
+    round(0, 3);
+    ASSERT_TRUE(engines_[0]->InstallShardMap(MapAt(4, 0, std::nullopt), 0).ok());  // server 1 died
+    Restart(1);
+    ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(4, 0, std::nullopt), 1).ok());
+    ShardMap joined = MapAt(10, 0, 1);
+    joined.mutable_servers(1)->set_data_address("tcp://s:9");
+    ASSERT_TRUE(engines_[0]->InstallShardMap(joined, 0).ok());
+    round(1, 10);  // the snapshot and the round refused: server 1 serves epoch 4
+    EXPECT_TRUE(engines_[1]->SyncedCopies().empty());
+    ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+    round(2, 10);  // refused (no snapshot yet), saying epoch 10: the snapshot again
+    EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+    round(3, 10);
+    for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+    EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+    answers_.clear();
+  }
+}
+
 // Found by the replica fuzzer's pair mode: a map that re-creates a copy
 // while an async batch is open snapshots the batch's request ids (taken at
 // arrival) without its gradient (applied when the batch closes); the
