@@ -223,6 +223,14 @@ class PartitionEngine {
     std::string address;
     uint64_t confirmed = 0;  // the last update sequence it confirmed
     uint64_t last_sent = 0;  // the last update sent to it
+    // The update number of the last snapshot sent to it (0: none), and
+    // whether it refused that one (its server was too many epochs behind,
+    // say): it holds no valid copy and gets the snapshot again once its
+    // answers say its server serves this one's epoch (HandleReplicaAck), at
+    // most kSnapshotTries times in all.
+    uint64_t snapshot_at = 0;
+    bool needs_snapshot = false;
+    int snapshots_refused = 0;
   };
   struct ParkedPush {
     zmq::message_t peer;
@@ -576,6 +584,7 @@ class PartitionEngine {
   // installs that epoch: at most kMaxDeferred, at most kEpochsAhead ahead
   // once it has a map (further is a bad request, refused).
   static constexpr size_t kMaxDeferred = 4096;
+  static constexpr int kSnapshotTries = 3;
   static constexpr uint64_t kEpochsAhead = 4;
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;

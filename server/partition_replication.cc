@@ -244,6 +244,10 @@ size_t PartitionEngine::SnapshotStateBytes(const Partition& p, const zmq::messag
 // servers' feedback has no momentum or warm-up: the residual and the count
 // are its whole state.
 void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
+  // An open async batch's request ids are taken at arrival: its gradient
+  // goes in the snapshot too, or the copy would take the batch's update
+  // for one it has.
+  if (p.batch_count > 0) ApplyAsyncBatch(p);
   std::string bytes;
   bytes.reserve(SnapshotBytes(p));
   // n may be 0 with a null data() (SGD keeps no optimizer state).
@@ -296,6 +300,9 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   // Answers name the last round's contributors (a retry of it, once promoted).
   h.set_contributors(p.contributors);
   Replicate(p, h, bytes.data(), bytes.size(), server);  // this one only; the others have the state
+  for (Backup& b : p.backups) {
+    if (b.server == server) b.snapshot_at = p.sent;
+  }
   ++stats_.snapshots_sent;
   LOG(WARNING) << "server " << server_index_ << ": re-creating a copy of partition " << p.id << " on server "
                << server << " (" << bytes.size() << " bytes at update " << p.completed
@@ -475,7 +482,8 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   auto b = std::find_if(p.backups.begin(), p.backups.end(), [from_server](const Backup& b) { return b.server == from_server; });
   if (!p.primary || b == p.backups.end()) return;  // from a copy the map no longer lists
   const absl::Status s = ResponseStatus(answer);
-  if (!s.ok() && MovedAway(s, epoch_, answer.server_epoch())) {
+  const bool moved_away = !s.ok() && MovedAway(s, epoch_, answer.server_epoch());
+  if (moved_away) {
     VLOG(1) << "server " << server_index_ << ": backup server " << from_server << " no longer holds partition "
             << p.id << " (its shard map epoch " << answer.server_epoch() << ", this server's " << epoch_ << ")";
   } else if (!s.ok()) {
@@ -487,6 +495,24 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
                << answer.request_id() << " of partition " << p.id << ": " << s;
   }
   b->confirmed = std::max(b->confirmed, std::min(answer.request_id(), p.sent));
+  if (!s.ok() && !moved_away && answer.request_id() == b->snapshot_at) {
+    b->needs_snapshot = true;
+    ++b->snapshots_refused;
+  }
+  // The copy still lacks its state and its server serves this epoch now
+  // (the refusal of a later update says so): the snapshot again, once the
+  // last one was answered.
+  if (b->needs_snapshot && answer.server_epoch() >= epoch_ && b->confirmed >= b->snapshot_at) {
+    b->needs_snapshot = false;
+    if (b->snapshots_refused < kSnapshotTries) {
+      LOG(WARNING) << "server " << server_index_ << ": backup server " << b->server << " refused the snapshot of partition "
+                   << p.id << " (" << b->snapshots_refused << " of " << kSnapshotTries << " tries): sending it again";
+      SendSnapshot(p, b->server);
+    } else {
+      LOG(ERROR) << "server " << server_index_ << ": backup server " << b->server << " refused the snapshot of partition "
+                 << p.id << " " << kSnapshotTries << " times: its copy is not valid and is never synced";
+    }
+  }
   OnConfirmed(p);
   if (!handing_off_.empty()) ProgressHandoffs();
 }
