@@ -639,6 +639,34 @@ TEST_F(ReplicationTest, ACopyThatRefusedItsSnapshotGetsItAgainOnceItsServerCaugh
   }
 }
 
+// A backup that refuses an update (here: one it never got, so the next
+// is refused as a gap) differs from its primary from then on. The primary
+// re-creates it with a snapshot instead of going on with a copy that
+// could be promoted.
+TEST_F(ReplicationTest, ABackupThatRefusedAnUpdateIsReCreatedFromASnapshot) {
+  Make(SYNC);
+  auto round = [&](uint64_t r) {
+    Send(0, PUSH, 0, r, {2.0f, 4.0f});
+    Send(0, PUSH, 1, r, {6.0f, 8.0f});
+  };
+  round(0);
+  ASSERT_EQ(outbox_.size(), 1u);
+  DataHeader ack;  // as if confirmed, but round 0 never reaches server 1
+  ack.set_op(RESPONSE);
+  ack.set_partition_id(5);
+  ack.set_request_id(outbox_.front().header.request_id());
+  ack.set_server_epoch(3);
+  outbox_.clear();
+  acks_.push_back(Message{1, 0, ack, ""});
+  Deliver();
+  round(1);
+  Deliver();  // round 1: refused, an update is missing; then a snapshot
+  round(2);
+  Deliver();
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
 // Found by the replica fuzzer's pair mode: a map that re-creates a copy
 // while an async batch is open snapshots the batch's request ids (taken at
 // arrival) without its gradient (applied when the batch closes); the
