@@ -224,13 +224,14 @@ class PartitionEngine {
     uint64_t confirmed = 0;  // the last update sequence it confirmed
     uint64_t last_sent = 0;  // the last update sent to it
     // The update number of the last snapshot sent to it (0: none), and
-    // whether it refused that one (its server was too many epochs behind,
-    // say): it holds no valid copy and gets the snapshot again once its
-    // answers say its server serves this one's epoch (HandleReplicaAck), at
-    // most kSnapshotTries times in all.
+    // whether it refused an update since (its snapshot, its server being
+    // too many epochs behind; an update after one it missed): it differs
+    // from this copy and is re-created from a snapshot once its answers say
+    // its server serves this one's epoch (HandleReplicaAck), at most
+    // kSnapshotTries times.
     uint64_t snapshot_at = 0;
     bool needs_snapshot = false;
-    int snapshots_refused = 0;
+    int snapshots_again = 0;
   };
   struct ParkedPush {
     zmq::message_t peer;

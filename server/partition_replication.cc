@@ -495,22 +495,21 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
                << answer.request_id() << " of partition " << p.id << ": " << s;
   }
   b->confirmed = std::max(b->confirmed, std::min(answer.request_id(), p.sent));
-  if (!s.ok() && !moved_away && answer.request_id() == b->snapshot_at) {
-    b->needs_snapshot = true;
-    ++b->snapshots_refused;
-  }
-  // The copy still lacks its state and its server serves this epoch now
-  // (the refusal of a later update says so): the snapshot again, once the
-  // last one was answered.
-  if (b->needs_snapshot && answer.server_epoch() >= epoch_ && b->confirmed >= b->snapshot_at) {
+  // A copy that refused an update lacks it (or its whole state): it differs
+  // from here on. Re-created once its server serves this epoch (a refusal
+  // of a later update says so), after the last snapshot was answered; the
+  // refusals of updates sent before that snapshot are covered by it.
+  if (!s.ok() && !moved_away && answer.request_id() >= b->snapshot_at) b->needs_snapshot = true;
+  if (b->needs_snapshot && answer.server_epoch() == epoch_ && b->confirmed >= b->snapshot_at) {
     b->needs_snapshot = false;
-    if (b->snapshots_refused < kSnapshotTries) {
-      LOG(WARNING) << "server " << server_index_ << ": backup server " << b->server << " refused the snapshot of partition "
-                   << p.id << " (" << b->snapshots_refused << " of " << kSnapshotTries << " tries): sending it again";
+    if (b->snapshots_again < kSnapshotTries) {
+      ++b->snapshots_again;
+      LOG(WARNING) << "server " << server_index_ << ": backup server " << b->server << " refused an update of partition "
+                   << p.id << ": re-creating its copy (" << b->snapshots_again << " of " << kSnapshotTries << " tries)";
       SendSnapshot(p, b->server);
     } else {
-      LOG(ERROR) << "server " << server_index_ << ": backup server " << b->server << " refused the snapshot of partition "
-                 << p.id << " " << kSnapshotTries << " times: its copy is not valid and is never synced";
+      LOG(ERROR) << "server " << server_index_ << ": backup server " << b->server << " still refuses updates of partition "
+                 << p.id << " after " << kSnapshotTries << " snapshots: its copy differs from this one";
     }
   }
   OnConfirmed(p);
