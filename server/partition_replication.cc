@@ -563,6 +563,12 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     auto is_new = ReplicaIsNew(*it->second, h);
     s = is_new.status();
     apply = is_new.ok() && *is_new;
+    if (s.code() == absl::StatusCode::kDataLoss) {
+      // This copy lacks an update: not a valid copy (nor reported synced)
+      // until its primary re-creates it.
+      it->second->synced = false;
+      ++copies_generation_;
+    }
   }
   if (apply && h.replica_of() == PUSH && h.summed_workers_size() > 0) {
     // Summed before it is confirmed, so a push that does not decode refuses

@@ -660,7 +660,16 @@ TEST_F(ReplicationTest, ABackupThatRefusedAnUpdateIsReCreatedFromASnapshot) {
   acks_.push_back(Message{1, 0, ack, ""});
   Deliver();
   round(1);
-  Deliver();  // round 1: refused, an update is missing; then a snapshot
+  ASSERT_EQ(outbox_.size(), 1u);
+  zmq::message_t peer("server0");
+  zmq::message_t payload(outbox_.front().payload.data(), outbox_.front().payload.size());
+  engines_[1]->Handle(peer, outbox_.front().header, &payload);
+  outbox_.clear();
+  ASSERT_EQ(acks_.size(), 1u);
+  EXPECT_EQ(acks_.front().header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(engines_[1]->SyncedCopies().empty()) << "a copy that lacks an update is not synced";
+  Deliver();  // the refusal; then a snapshot
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
   round(2);
   Deliver();
   for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
