@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/data_message.h"
+#include "common/protocol.h"
 #include "server/partition_engine.h"
 
 namespace shardps {
@@ -333,6 +334,7 @@ absl::StatusOr<std::vector<PartitionEngine::SnapshotPush>> PartitionEngine::Snap
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t header_bytes = 0;
     if (!take(&header_bytes) || header_bytes > left) return bad("push ", i, " of ", count, " is cut short");
+    if (header_bytes > kMaxHeaderBytes) return bad("push ", i, "'s header of ", header_bytes, " bytes is too long");
     SnapshotPush push;
     if (!push.header.ParseFromArray(in, static_cast<int>(header_bytes))) return bad("push ", i, "'s header does not parse");
     in += header_bytes;
