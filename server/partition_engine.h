@@ -128,6 +128,10 @@ class PartitionEngine {
   // as a duplicate, and nothing is applied twice.
   static absl::StatusOr<std::unique_ptr<PartitionEngine>> Create(const ClusterConfig& config, ReplySink sink,
                                                                  ReplicaSink replicate = nullptr);
+  // The largest frame an engine of `config` sends another server or a
+  // worker (a snapshot of a partition): a server's socket refuses larger
+  // ones from its peers.
+  static int64_t MaxFrameBytes(const ClusterConfig& config);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
   // it now owns (zero weights; on the first map with the config's

@@ -673,6 +673,37 @@ TEST_F(ReplicationTest, ACopyReCreatedWhileAnSspRoundIsOpenGetsThePushesAnswered
   }
 }
 
+// SSP in rounds: the snapshot of a copy re-created while rounds are open
+// carries their pushes, counted and parked: with eight workers, seven of
+// them two rounds ahead of the slowest, 21 pushes of a whole partition. A
+// server's socket drops a frame over MaxFrameBytes (and disconnects its
+// sender), so a snapshot over it never arrives: the copy refuses every
+// later update for want of it and is never synced, and the partition is
+// left without a valid backup.
+TEST_F(ReplicationTest, ASnapshotWithTheOpenRoundsPushesFitsInAServersFrame) {
+  const int n = 16384;
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_num_workers(8);
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+    config.set_partition_bytes(n * sizeof(float));
+  }, n);
+  for (uint32_t rank = 0; rank < 7; ++rank) {
+    for (uint64_t round = 0; round < 3; ++round) Send(0, PUSH, rank, round, std::vector<float>(n, 1.0f));
+  }
+  Deliver();
+  EXPECT_EQ(answers_.size(), 14u) << "rounds 0 and 1 answered ahead of round 0 (round 2 waits for round 1)";
+  Restart(1);
+  ShardMap map = MapAt(4, 0, 1);
+  map.mutable_servers(1)->set_data_address("tcp://s:9");
+  Install(map);
+  ASSERT_EQ(outbox_.size(), 1u);
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  EXPECT_LE(static_cast<int64_t>(outbox_.front().payload.size()), PartitionEngine::MaxFrameBytes(config_));
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+}
+
 // Zero-copy sends: a round's sum and the answers' weights or aggregate go
 // out referencing the engine's buffers, and ZeroMQ may still hold them when
 // the next round starts. The same rounds, with every message held until
