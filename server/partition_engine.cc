@@ -72,6 +72,20 @@ absl::StatusOr<std::unique_ptr<PartitionEngine>> PartitionEngine::Create(const C
       new PartitionEngine(config, *std::move(optimizer), std::move(sink), std::move(replicate)));
 }
 
+int64_t PartitionEngine::MaxFrameBytes(const ClusterConfig& config) {
+  // A snapshot of a partition (weights, two optimizer slots, mirror,
+  // aggregate) and per-worker counters.
+  const uint64_t state = 8 * config.partition_bytes() + 16 * std::max<uint32_t>(config.num_workers(), 4096) + 65536;
+  // SSP in rounds, replicated: then the open rounds' pushes, at most one
+  // counted and kMaxRoundsAhead + staleness parked per worker, each at most
+  // n * 8 + 64 bytes (Validate's bound for a compressed push) with its
+  // forwarded header and two lengths.
+  const uint64_t staleness = StalenessBound(config);
+  if (!RoundBased(config) || staleness == 0 || EffectiveReplication(config) <= 1) return static_cast<int64_t>(state);
+  const uint64_t push = 2 * config.partition_bytes() + 64 + 256;
+  return static_cast<int64_t>(state + uint64_t{config.num_workers()} * (1 + kMaxRoundsAhead + staleness) * push);
+}
+
 PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer,
                                  ReplySink sink, ReplicaSink replicate)
     : config_(config),

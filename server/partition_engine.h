@@ -129,8 +129,8 @@ class PartitionEngine {
   static absl::StatusOr<std::unique_ptr<PartitionEngine>> Create(const ClusterConfig& config, ReplySink sink,
                                                                  ReplicaSink replicate = nullptr);
   // The largest frame an engine of `config` sends another server or a
-  // worker (a snapshot of a partition): a server's socket refuses larger
-  // ones from its peers.
+  // worker: a snapshot of a partition, with (ssp in rounds) the open
+  // rounds' pushes. A server's socket refuses larger ones from its peers.
   static int64_t MaxFrameBytes(const ClusterConfig& config);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions

@@ -228,13 +228,6 @@ bool PartitionEngine::CarriesEncodedAnswer(const Partition& p) const {
   return RoundBased(config_) && p.codecs.pull != nullptr;
 }
 
-int64_t PartitionEngine::MaxFrameBytes(const ClusterConfig& config) {
-  // A snapshot of a partition (weights, two optimizer slots, mirror,
-  // aggregate) and per-worker counters.
-  return static_cast<int64_t>(8 * config.partition_bytes() + 16 * std::max<uint32_t>(config.num_workers(), 4096) +
-                              65536);
-}
-
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
   const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0) +
                         (PullFeedback(p) != nullptr ? p.n : 0);
