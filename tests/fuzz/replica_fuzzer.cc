@@ -17,11 +17,12 @@
 //  - the forwarded pushes a backup holds stay within workers x (the rounds
 //    a push may run ahead + 2).
 // Pair mode (n byte bit 7) runs a real primary beside the backup instead,
-// with failures (what the dead primary sent may be lost), re-created copies
-// and hand-offs of the primary role, workers that re-send what was not
-// answered, and checks that the two copies are bitwise equal whenever
-// nothing is in flight, that a push answered OK has its round on the backup,
-// and that none is lost (class Pair).
+// with failures (what the dead primary sent may be lost), re-created
+// copies, hand-offs of the primary role, workers removed and rejoining, and
+// workers that re-send what was not answered, and checks that the two
+// copies are bitwise equal whenever nothing is in flight, that a push
+// answered OK has its round on the backup, and that none is lost (class
+// Pair).
 //
 // Input: [variant][variant2][n: bit 7 pair mode, bit 6 a partition of 1024+]
 // then up to 64 requests: [kind][...fields...]
@@ -89,6 +90,7 @@ struct Cluster {
   uint32_t primary = 0;
   std::vector<uint32_t> backups;
   int excluded = -1;
+  std::vector<WorkerRejoin> rejoins;  // pair mode: workers that rejoined the job, the latest per rank
   uint64_t handoff_epoch = 0;  // pair mode: the map that listed a hand-off to backups[0] (0: none)
   uint32_t generation[3] = {};  // per server: bumps its address, a server that joined in its place
   compression::PartitionCodecs codecs;
@@ -121,6 +123,7 @@ ShardMap Map(const Cluster& c) {
   info->set_server(c.primary);
   for (uint32_t b : c.backups) info->add_backups(b);
   if (c.excluded >= 0) map.add_excluded_workers(c.excluded);
+  for (const WorkerRejoin& r : c.rejoins) *map.add_rejoined_workers() = r;
   if (c.handoff_epoch != 0) {
     Handoff* h = map.add_handoffs();
     h->set_partition(kPartition);
@@ -429,10 +432,12 @@ void Send(FuzzInput& in, Cluster& c, PartitionEngine& engine, uint8_t kind, cons
 // the server the map names primary. A map may kill the primary (the backup
 // takes over alone; what the dead one sent may still arrive, or be lost),
 // kill the backup, bring the dead server back as a new process (a backup
-// re-created from a snapshot), or hand the primary role off to the backup
-// (the roles switch once the primary reports the hand-off done). Workers
-// push their rounds in order, a refused push again before a new one, and
-// re-send what was not answered to each new primary, as a worker does.
+// re-created from a snapshot), hand the primary role off to the backup
+// (the roles switch once the primary reports the hand-off done), remove a
+// worker, or let a removed one rejoin (a new process, from a later round).
+// Workers push their rounds in order, a refused push again before a new
+// one, and re-send what was not answered to each new primary, as a worker
+// does.
 // Checked: whenever nothing is in flight and both live, the two copies are
 // bitwise equal; a push answered OK has its round on the backup; no push is
 // refused for owing a round its worker was answered for (round based, no
@@ -449,7 +454,9 @@ class Pair {
           CheckAnswer(h, p);
           const std::string to = peer.to_string();
           if (to.rfind("server", 0) == 0) Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), 0, h, "", true});
-          if (to[0] == 'w') OnWorkerAnswer(s, static_cast<uint32_t>(to[1] - '0'), h);
+          if (to[0] == 'w') {  // "w<rank>.<incarnation>"
+            OnWorkerAnswer(s, static_cast<uint32_t>(to[1] - '0'), std::strtoull(&to[3], nullptr, 10), h);
+          }
         },
         [this, s](uint32_t to, DataHeader& h, zmq::message_t& payload) {
           Require(h.op() == REPLICATE, "a replica update is not a REPLICATE");
@@ -532,11 +539,13 @@ class Pair {
     }
   }
 
-  void OnWorkerAnswer(uint32_t s, uint32_t w, const DataHeader& h) {
+  // An answer to incarnation `incarnation` of worker w (a process that
+  // rejoined since gets none).
+  void OnWorkerAnswer(uint32_t s, uint32_t w, uint64_t incarnation, const DataHeader& h) {
     if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
       std::fprintf(stderr, "fuzz: %u -> worker %u: %s\n", s, w, h.ShortDebugString().c_str());
     }
-    if (h.request_id() == kInitId || w >= c_.workers) return;
+    if (h.request_id() == kInitId || w >= c_.workers || incarnation != incarnation_[w]) return;
     if (h.request_id() == 0 || h.request_id() > sent_[w].size()) return;
     SentPush& push = sent_[w][h.request_id() - 1];  // a push's id is its round + 1
     if (h.status_code() == 0) {
@@ -550,7 +559,8 @@ class Pair {
     const size_t at = h.error().find("owes round ");
     if (!RoundBased(c_.config) || unchecked_ || at == std::string::npos) return;
     const uint64_t owed = std::strtoull(h.error().c_str() + at + 11, nullptr, 10);
-    Require(owed >= sent_[w].size() || !sent_[w][owed].answered,
+    const uint64_t i = owed - first_round_[w];
+    Require(owed < first_round_[w] || i >= sent_[w].size() || !sent_[w][i].answered,
             "a worker's push was refused for owing a round it was answered for");
   }
 
@@ -569,7 +579,8 @@ class Pair {
     h.set_round(push.round);
     if (op == PUSH_PULL && RoundBased(c_.config)) h.set_based_on(push.round);
     h.set_codec(push.codec);
-    zmq::message_t peer("w" + std::to_string(w));
+    if (incarnation_[w] != 0) h.set_worker_incarnation(incarnation_[w]);
+    zmq::message_t peer("w" + std::to_string(w) + "." + std::to_string(incarnation_[w]));
     zmq::message_t payload(push.bytes.data(), push.bytes.size());
     if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
       std::fprintf(stderr, "fuzz: worker %u -> %u: %s\n", w, c_.primary, h.ShortDebugString().c_str());
@@ -597,7 +608,7 @@ class Pair {
         i = list.size() - 1;
       } else {
         SentPush push;
-        push.round = list.size();
+        push.round = first_round_[w] + list.size();
         push.bytes = Encoded(c_, Values(in, c_.n), push.round, &push.codec);
         list.push_back(std::move(push));
       }
@@ -618,6 +629,25 @@ class Pair {
         if (sent_[w][i].refused) break;
       }
     }
+  }
+
+  // Worker w, removed, rejoins at a round past every live copy's (by
+  // `later` more): a new process, its requests numbered afresh.
+  void Rejoin(uint32_t w, uint64_t later) {
+    uint64_t round = 0;
+    for (uint32_t s : {0u, 1u}) {
+      const std::vector<PartitionReport> reports = live_[s] ? engines_[s]->Reports(1) : std::vector<PartitionReport>{};
+      if (!reports.empty()) round = std::max(round, reports[0].version);
+    }
+    std::erase_if(c_.rejoins, [w](const WorkerRejoin& r) { return r.rank() == w; });
+    WorkerRejoin& r = c_.rejoins.emplace_back();
+    r.set_rank(w);
+    r.set_round(round + later);
+    r.set_incarnation(++incarnations_);
+    c_.excluded = -1;
+    sent_[w].clear();
+    first_round_[w] = r.round();
+    incarnation_[w] = r.incarnation();
   }
 
   bool Synced(uint32_t s) const {
@@ -647,7 +677,10 @@ class Pair {
     ++c_.epoch;
     bool restart = false;
     bool promoted = false;
-    if ((b & 0x0c) == 0x08) {  // the primary role handed off to a synced backup
+    if ((b & 0x0c) == 0x0c) {  // the removed worker rejoins as a new process
+      if (c_.excluded < 0) return;
+      Rejoin(static_cast<uint32_t>(c_.excluded), (b >> 4) & 1);
+    } else if ((b & 0x0c) == 0x08) {  // the primary role handed off to a synced backup
       if (c_.backups.empty() || !live_[other] || c_.handoff_epoch != 0) return;
       if (!Synced(other)) return;
       c_.handoff_epoch = c_.epoch;
@@ -720,7 +753,10 @@ class Pair {
   // A worker was removed, or a copy promoted before its snapshot arrived
   // (no scheduler does that): pushes may be refused for owing a round.
   bool unchecked_ = false;
-  std::vector<SentPush> sent_[4];  // per worker, by round
+  uint64_t incarnations_ = 0;
+  std::vector<SentPush> sent_[4];  // per worker, by round from its first
+  uint64_t first_round_[4] = {};   // per worker: its join round (0 unless it rejoined)
+  uint64_t incarnation_[4] = {};   // per worker: its registration (0 unless it rejoined)
 };
 
 void RunPair(FuzzInput& in, Cluster& c) {
