@@ -597,6 +597,37 @@ TEST_F(ReplicationTest, ACopyReCreatedWhileAnAsyncBatchIsOpenGetsThatBatch) {
   EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the re-created copy lacks the batch";
 }
 
+// Async: worker 0 rejoins (a new process, its request ids afresh) while a
+// re-created copy's snapshot is in flight. The copy installs the map that
+// lists the rejoin first, then applies the snapshot, taken before the
+// primary knew of it: the copy holds the old process's last request id,
+// and skips the new process's first pushes as ones it has applied.
+TEST_F(ReplicationTest, ACopyWhoseSnapshotPredatesARejoinItKnowsCountsTheRejoinedWorkersPushes) {
+  Make(ASYNC);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 2);
+  Deliver();
+  // Server 1 comes back at a new address: a copy re-created from a snapshot.
+  Restart(1);
+  ShardMap map = MapAt(4, 0, 1);
+  map.mutable_servers(1)->set_data_address("tcp://s:9");
+  Install(map);
+  ASSERT_EQ(outbox_.size(), 1u);
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  map.set_epoch(5);
+  WorkerRejoin* rejoin = map.add_rejoined_workers();
+  rejoin->set_rank(0);
+  rejoin->set_incarnation(7);
+  Install(map);
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  const std::vector<float> before = Weights(0);
+  Send(0, PUSH, 0, 0, {0.25f, 0.25f}, 5, 1);
+  Deliver();
+  EXPECT_NE(Weights(0), before) << "the new process's push was applied";
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the re-created copy skipped the rejoined worker's push";
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.
