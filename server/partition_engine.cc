@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<PartitionEngine>> PartitionEngine::Create(const C
 int64_t PartitionEngine::MaxFrameBytes(const ClusterConfig& config) {
   // A snapshot of a partition (weights, two optimizer slots, mirror,
   // aggregate) and per-worker counters.
-  const uint64_t state = 8 * config.partition_bytes() + 16 * std::max<uint32_t>(config.num_workers(), 4096) + 65536;
+  const uint64_t state = 8 * config.partition_bytes() + 24 * std::max<uint32_t>(config.num_workers(), 4096) + 65536;
   // SSP in rounds, replicated: then the open rounds' pushes, at most one
   // counted and kMaxRoundsAhead + staleness parked per worker, each at most
   // n * 8 + 64 bytes (Validate's bound for a compressed push) with its

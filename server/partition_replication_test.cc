@@ -569,13 +569,13 @@ TEST_F(ReplicationTest, ASnapshotDropsTheForwardedPushesOfTheRoundsItCovers) {
   }
   ASSERT_EQ(engines_[1]->Queues().forwarded, 8u);
   // Sync, SGD, no pull codec: the weights, then per worker its last request
-  // id and pushes applied, then the INIT flag, then no pushes.
+  // id, pushes applied and rejoin, then the INIT flag, then no pushes.
   DataHeader snapshot;
   snapshot.set_replica_of(SNAPSHOT);
   snapshot.set_round(3);
   snapshot.set_contributors(2);
-  std::string state(n * sizeof(float) + 6 * sizeof(uint64_t), '\0');
-  state[n * sizeof(float) + 4 * sizeof(uint64_t)] = 1;
+  std::string state(n * sizeof(float) + 8 * sizeof(uint64_t), '\0');
+  state[n * sizeof(float) + 6 * sizeof(uint64_t)] = 1;
   ASSERT_EQ(ToBackup(snapshot, state).status_code(), 0);
   EXPECT_EQ(engines_[1]->Queues().forwarded, 2u) << "only round 3's pushes are of a round not applied";
 }
