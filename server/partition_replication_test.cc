@@ -628,6 +628,29 @@ TEST_F(ReplicationTest, ACopyWhoseSnapshotPredatesARejoinItKnowsCountsTheRejoine
   EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the re-created copy skipped the rejoined worker's push";
 }
 
+// Async: worker 0's pushes are on their way to the backup when it rejoins
+// (a new process, its request ids afresh) and the backup installs the map
+// first: the old process's updates, applied after the rejoin reset the
+// backup's counters, raise them again, and the backup skips the new
+// process's first push as one it has applied.
+TEST_F(ReplicationTest, UpdatesInFlightAcrossARejoinLeaveTheBackupCountingTheNewProcess) {
+  Make(ASYNC);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 2);
+  ASSERT_EQ(outbox_.size(), 2u);
+  ShardMap map = MapAt(4, 0, 1);
+  WorkerRejoin* rejoin = map.add_rejoined_workers();
+  rejoin->set_rank(0);
+  rejoin->set_incarnation(7);
+  Install(map);
+  Deliver();
+  const std::vector<float> before = Weights(0);
+  Send(0, PUSH, 0, 0, {0.25f, 0.25f}, 4, 1);
+  Deliver();
+  EXPECT_NE(Weights(0), before) << "the new process's push was applied";
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup skipped the rejoined worker's push";
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.
