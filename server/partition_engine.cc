@@ -263,6 +263,8 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
   join_round_.resize(config_.num_workers(), 0);  // from now on rounds check who is counted
   join_round_[w] = r.round();
   join_incarnation_[w] = r.incarnation();
+  join_epoch_.resize(config_.num_workers(), 0);
+  join_epoch_[w] = r.epoch();
   worker_last_id_[w] = 0;  // a new process numbers its requests afresh
   LOG(WARNING) << "server " << server_index_ << ": worker " << w << " rejoins the job (registration "
                << r.incarnation() << ", shard map epoch " << epoch_ << ")"

@@ -610,7 +610,9 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
     for (int i = 0; i < h.batch_workers_size(); ++i) {
       const uint32_t w = h.batch_workers(i);
       if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
-      any_new = any_new || h.batch_request_ids(i) > p.last_request[w];
+      // Routed before w rejoined: its previous process's push, applied
+      // unless the update count says it was (below).
+      any_new = any_new || h.epoch() < JoinEpoch(w) || h.batch_request_ids(i) > p.last_request[w];
     }
     if (!any_new) return false;
   }
@@ -655,6 +657,8 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
                       h.lr_scale() > 0 ? h.lr_scale() : 1.0f);
     for (int i = 0; i < h.batch_workers_size(); ++i) {
       const uint32_t w = h.batch_workers(i);
+      // The previous process's: the rejoin started the counters afresh.
+      if (h.epoch() < JoinEpoch(w)) continue;
       p.last_request[w] = std::max(p.last_request[w], h.batch_request_ids(i));
       worker_last_id_[w] = std::max(worker_last_id_[w], h.batch_request_ids(i));
       ++p.applied_by[w];

@@ -642,6 +642,7 @@ TEST_F(ReplicationTest, UpdatesInFlightAcrossARejoinLeaveTheBackupCountingTheNew
   WorkerRejoin* rejoin = map.add_rejoined_workers();
   rejoin->set_rank(0);
   rejoin->set_incarnation(7);
+  rejoin->set_epoch(4);  // the map that lists it first
   Install(map);
   Deliver();
   const std::vector<float> before = Weights(0);

@@ -645,6 +645,7 @@ class Pair {
     r.set_rank(w);
     r.set_round(round + later);
     r.set_incarnation(++incarnations_);
+    r.set_epoch(c_.epoch);
     c_.excluded = -1;
     sent_[w].clear();
     first_round_[w] = r.round();
