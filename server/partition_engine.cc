@@ -830,11 +830,15 @@ void PartitionEngine::FinishRound(Partition& p) {
     }
   }
   p.waiting = std::move(still);
-  // Replay pushes that were ahead by one round.
+  // Replay pushes that were ahead by one round. One of a round completed
+  // meanwhile (a round replayed here completed, and its FinishRound ran
+  // inside this one, without a worker the rounds no longer wait for) is
+  // replayed too: PushSync refuses it or finds it counted, rather than
+  // leave it parked for ever (and in every later snapshot).
   std::vector<ParkedPush> ahead = std::move(p.ahead);
   p.ahead.clear();
   for (ParkedPush& push : ahead) {
-    if (push.header.round() == p.completed) {
+    if (push.header.round() <= p.completed) {
       // Count it as a push of the current round, then restore what the
       // worker owes: it may have parked later rounds too.
       const uint32_t w = push.header.worker_rank();
