@@ -279,6 +279,9 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
     p.clock[w] = 0;  // known again from its first push
     if (!RoundBased(config_)) continue;
     p.next_round[w] = r.round();
+    // Its previous process's push of the open round is counted already: the
+    // new one's is taken as a retry of it (a round counts a rank once).
+    if (p.completed == r.round() && Contributed(p, w)) p.next_round[w] = r.round() + 1;
     if (p.completed > r.round()) {
       // The scheduler placed the round past every server's by their pace;
       // this one was faster. Rounds up to the open one completed without
