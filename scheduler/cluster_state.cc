@@ -559,6 +559,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   entry->set_rank(rank);
   entry->set_round(round);
   entry->set_incarnation(node.id);
+  entry->set_epoch(map_.epoch() + 1);
   while (map_.worker_curve_keys_size() < static_cast<int>(config_.num_workers())) map_.add_worker_curve_keys();
   map_.set_worker_curve_keys(rank, request.curve_public_key());
   map_.set_epoch(map_.epoch() + 1);

@@ -72,6 +72,20 @@ absl::StatusOr<std::unique_ptr<PartitionEngine>> PartitionEngine::Create(const C
       new PartitionEngine(config, *std::move(optimizer), std::move(sink), std::move(replicate)));
 }
 
+int64_t PartitionEngine::MaxFrameBytes(const ClusterConfig& config) {
+  // A snapshot of a partition (weights, two optimizer slots, mirror,
+  // aggregate) and per-worker counters.
+  const uint64_t state = 8 * config.partition_bytes() + 24 * std::max<uint32_t>(config.num_workers(), 4096) + 65536;
+  // SSP in rounds, replicated: then the open rounds' pushes, at most one
+  // counted and kMaxRoundsAhead + staleness parked per worker, each at most
+  // n * 8 + 64 bytes (Validate's bound for a compressed push) with its
+  // forwarded header and two lengths.
+  const uint64_t staleness = StalenessBound(config);
+  if (!RoundBased(config) || staleness == 0 || EffectiveReplication(config) <= 1) return static_cast<int64_t>(state);
+  const uint64_t push = 2 * config.partition_bytes() + 64 + 256;
+  return static_cast<int64_t>(state + uint64_t{config.num_workers()} * (1 + kMaxRoundsAhead + staleness) * push);
+}
+
 PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Optimizer> optimizer,
                                  ReplySink sink, ReplicaSink replicate)
     : config_(config),
@@ -249,6 +263,8 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
   join_round_.resize(config_.num_workers(), 0);  // from now on rounds check who is counted
   join_round_[w] = r.round();
   join_incarnation_[w] = r.incarnation();
+  join_epoch_.resize(config_.num_workers(), 0);
+  join_epoch_[w] = r.epoch();
   worker_last_id_[w] = 0;  // a new process numbers its requests afresh
   LOG(WARNING) << "server " << server_index_ << ": worker " << w << " rejoins the job (registration "
                << r.incarnation() << ", shard map epoch " << epoch_ << ")"
@@ -820,11 +836,15 @@ void PartitionEngine::FinishRound(Partition& p) {
     }
   }
   p.waiting = std::move(still);
-  // Replay pushes that were ahead by one round.
+  // Replay pushes that were ahead by one round. One of a round completed
+  // meanwhile (a round replayed here completed, and its FinishRound ran
+  // inside this one, without a worker the rounds no longer wait for) is
+  // replayed too: PushSync refuses it or finds it counted, rather than
+  // leave it parked for ever (and in every later snapshot).
   std::vector<ParkedPush> ahead = std::move(p.ahead);
   p.ahead.clear();
   for (ParkedPush& push : ahead) {
-    if (push.header.round() == p.completed) {
+    if (push.header.round() <= p.completed) {
       // Count it as a push of the current round, then restore what the
       // worker owes: it may have parked later rounds too.
       const uint32_t w = push.header.worker_rank();

@@ -128,6 +128,10 @@ class PartitionEngine {
   // as a duplicate, and nothing is applied twice.
   static absl::StatusOr<std::unique_ptr<PartitionEngine>> Create(const ClusterConfig& config, ReplySink sink,
                                                                  ReplicaSink replicate = nullptr);
+  // The largest frame an engine of `config` sends another server or a
+  // worker: a snapshot of a partition, with (ssp in rounds) the open
+  // rounds' pushes. A server's socket refuses larger ones from its peers.
+  static int64_t MaxFrameBytes(const ClusterConfig& config);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
   // it now owns (zero weights; on the first map with the config's
@@ -489,6 +493,9 @@ class PartitionEngine {
   // and pushes afresh.
   void Rejoin(const WorkerRejoin& r);
   uint64_t JoinRound(uint32_t w) const { return w < join_round_.size() ? join_round_[w] : 0; }
+  // The map that first listed worker w's rejoin (0: none known): async
+  // replica updates routed before it carry its previous process's pushes.
+  uint64_t JoinEpoch(uint32_t w) const { return w < join_epoch_.size() ? join_epoch_[w] : 0; }
   // Sync: whether worker `w` must push p's open round for it to complete.
   bool Counted(const Partition& p, uint32_t w) const;
   // Sync: every worker counted in the open round has pushed it.
@@ -595,10 +602,12 @@ class PartitionEngine {
   std::vector<bool> excluded_;  // per worker rank: removed from the job
   uint32_t num_excluded_ = 0;
   // Per worker rank, from the map's rejoined_workers (join_round_ stays
-  // empty until a worker rejoins, so rounds take the fast path): the round a rejoined worker is counted from, and the registration
-  // whose rejoin was applied.
+  // empty until a worker rejoins, so rounds take the fast path): the round
+  // a rejoined worker is counted from, the registration whose rejoin was
+  // applied, and the map that first listed it.
   std::vector<uint64_t> join_round_;
   std::vector<uint64_t> join_incarnation_;
+  std::vector<uint64_t> join_epoch_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;
   EngineStats stats_;
   // Checkpoints: every partition of the map and its primary; per round being

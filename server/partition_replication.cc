@@ -223,7 +223,7 @@ bool PartitionEngine::CarriesEncodedAnswer(const Partition& p) const {
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
   const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0) +
                         (PullFeedback(p) != nullptr ? p.n : 0);
-  return floats * sizeof(float) + (2 * p.last_request.size() + 1) * sizeof(uint64_t) +
+  return floats * sizeof(float) + (3 * p.last_request.size() + 1) * sizeof(uint64_t) +
          (PullFeedback(p) != nullptr ? sizeof(uint64_t) : 0) + (CarriesEncodedAnswer(p) ? sizeof(uint64_t) : 0);
 }
 
@@ -236,7 +236,8 @@ size_t PartitionEngine::SnapshotStateBytes(const Partition& p, const zmq::messag
 }
 
 // Layout: weights, optimizer state, [mirror], [aggregate] as float32, then
-// per worker last request id and pushes applied as uint64, whether an INIT
+// per worker last request id, pushes applied and the registration of the
+// rejoin those follow (0: none) as uint64, whether an INIT
 // was applied as uint64 (0 or 1), then [the
 // aggregates' error feedback: encodings made as uint64, residual as float32
 // (zeros before the first)], then [the last round's encoded answer: its
@@ -261,6 +262,9 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   if (sum_only_) put(p.aggregate->data(), p.n * sizeof(float));
   put(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   put(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  std::vector<uint64_t> joined(p.last_request.size(), 0);
+  std::copy_n(join_incarnation_.begin(), std::min(joined.size(), join_incarnation_.size()), joined.begin());
+  put(joined.data(), joined.size() * sizeof(uint64_t));
   // A copy made before the INIT must still take it when it comes.
   const uint64_t initialized = p.initialized ? 1 : 0;
   put(&initialized, sizeof(initialized));
@@ -372,6 +376,17 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   }
   take(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   take(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  std::vector<uint64_t> joined(p.last_request.size());
+  take(joined.data(), joined.size() * sizeof(uint64_t));
+  for (size_t w = 0; w < joined.size() && w < join_incarnation_.size(); ++w) {
+    // This copy installed a map whose rejoin the primary had not applied
+    // when it took the snapshot (maps keep listing a rejoin): the counters
+    // are the old process's; the new one numbers its requests afresh.
+    if (join_incarnation_[w] != 0 && join_incarnation_[w] != joined[w]) {
+      p.last_request[w] = 0;
+      p.applied_by[w] = 0;
+    }
+  }
   uint64_t initialized = 0;
   take(&initialized, sizeof(initialized));
   if (compression::ErrorFeedback* feedback = PullFeedback(p)) {
@@ -617,7 +632,9 @@ absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const Dat
     for (int i = 0; i < h.batch_workers_size(); ++i) {
       const uint32_t w = h.batch_workers(i);
       if (w >= config_.num_workers()) return absl::InvalidArgumentError("replica update names a bad worker rank");
-      any_new = any_new || h.batch_request_ids(i) > p.last_request[w];
+      // Routed before w rejoined: its previous process's push, applied
+      // unless the update count says it was (below).
+      any_new = any_new || h.epoch() < JoinEpoch(w) || h.batch_request_ids(i) > p.last_request[w];
     }
     if (!any_new) return false;
   }
@@ -662,6 +679,8 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
                       h.lr_scale() > 0 ? h.lr_scale() : 1.0f);
     for (int i = 0; i < h.batch_workers_size(); ++i) {
       const uint32_t w = h.batch_workers(i);
+      // The previous process's: the rejoin started the counters afresh.
+      if (h.epoch() < JoinEpoch(w)) continue;
       p.last_request[w] = std::max(p.last_request[w], h.batch_request_ids(i));
       worker_last_id_[w] = std::max(worker_last_id_[w], h.batch_request_ids(i));
       ++p.applied_by[w];

@@ -569,13 +569,13 @@ TEST_F(ReplicationTest, ASnapshotDropsTheForwardedPushesOfTheRoundsItCovers) {
   }
   ASSERT_EQ(engines_[1]->Queues().forwarded, 8u);
   // Sync, SGD, no pull codec: the weights, then per worker its last request
-  // id and pushes applied, then the INIT flag, then no pushes.
+  // id, pushes applied and rejoin, then the INIT flag, then no pushes.
   DataHeader snapshot;
   snapshot.set_replica_of(SNAPSHOT);
   snapshot.set_round(3);
   snapshot.set_contributors(2);
-  std::string state(n * sizeof(float) + 6 * sizeof(uint64_t), '\0');
-  state[n * sizeof(float) + 4 * sizeof(uint64_t)] = 1;
+  std::string state(n * sizeof(float) + 8 * sizeof(uint64_t), '\0');
+  state[n * sizeof(float) + 6 * sizeof(uint64_t)] = 1;
   ASSERT_EQ(ToBackup(snapshot, state).status_code(), 0);
   EXPECT_EQ(engines_[1]->Queues().forwarded, 2u) << "only round 3's pushes are of a round not applied";
 }
@@ -693,6 +693,61 @@ TEST_F(ReplicationTest, ACopyReCreatedWhileAnAsyncBatchIsOpenGetsThatBatch) {
   EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the re-created copy lacks the batch";
 }
 
+// Async: worker 0 rejoins (a new process, its request ids afresh) while a
+// re-created copy's snapshot is in flight. The copy installs the map that
+// lists the rejoin first, then applies the snapshot, taken before the
+// primary knew of it: the copy holds the old process's last request id,
+// and skips the new process's first pushes as ones it has applied.
+TEST_F(ReplicationTest, ACopyWhoseSnapshotPredatesARejoinItKnowsCountsTheRejoinedWorkersPushes) {
+  Make(ASYNC);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 2);
+  Deliver();
+  // Server 1 comes back at a new address: a copy re-created from a snapshot.
+  Restart(1);
+  ShardMap map = MapAt(4, 0, 1);
+  map.mutable_servers(1)->set_data_address("tcp://s:9");
+  Install(map);
+  ASSERT_EQ(outbox_.size(), 1u);
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  map.set_epoch(5);
+  WorkerRejoin* rejoin = map.add_rejoined_workers();
+  rejoin->set_rank(0);
+  rejoin->set_incarnation(7);
+  Install(map);
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  const std::vector<float> before = Weights(0);
+  Send(0, PUSH, 0, 0, {0.25f, 0.25f}, 5, 1);
+  Deliver();
+  EXPECT_NE(Weights(0), before) << "the new process's push was applied";
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the re-created copy skipped the rejoined worker's push";
+}
+
+// Async: worker 0's pushes are on their way to the backup when it rejoins
+// (a new process, its request ids afresh) and the backup installs the map
+// first: the old process's updates, applied after the rejoin reset the
+// backup's counters, raise them again, and the backup skips the new
+// process's first push as one it has applied.
+TEST_F(ReplicationTest, UpdatesInFlightAcrossARejoinLeaveTheBackupCountingTheNewProcess) {
+  Make(ASYNC);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 2);
+  ASSERT_EQ(outbox_.size(), 2u);
+  ShardMap map = MapAt(4, 0, 1);
+  WorkerRejoin* rejoin = map.add_rejoined_workers();
+  rejoin->set_rank(0);
+  rejoin->set_incarnation(7);
+  rejoin->set_epoch(4);  // the map that lists it first
+  Install(map);
+  Deliver();
+  const std::vector<float> before = Weights(0);
+  Send(0, PUSH, 0, 0, {0.25f, 0.25f}, 4, 1);
+  Deliver();
+  EXPECT_NE(Weights(0), before) << "the new process's push was applied";
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup skipped the rejoined worker's push";
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.
@@ -767,6 +822,37 @@ TEST_F(ReplicationTest, ACopyReCreatedWhileAnSspRoundIsOpenGetsThePushesAnswered
     EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
     answers_.clear();
   }
+}
+
+// SSP in rounds: the snapshot of a copy re-created while rounds are open
+// carries their pushes, counted and parked: with eight workers, seven of
+// them two rounds ahead of the slowest, 21 pushes of a whole partition. A
+// server's socket drops a frame over MaxFrameBytes (and disconnects its
+// sender), so a snapshot over it never arrives: the copy refuses every
+// later update for want of it and is never synced, and the partition is
+// left without a valid backup.
+TEST_F(ReplicationTest, ASnapshotWithTheOpenRoundsPushesFitsInAServersFrame) {
+  const int n = 16384;
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_num_workers(8);
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+    config.set_partition_bytes(n * sizeof(float));
+  }, n);
+  for (uint32_t rank = 0; rank < 7; ++rank) {
+    for (uint64_t round = 0; round < 3; ++round) Send(0, PUSH, rank, round, std::vector<float>(n, 1.0f));
+  }
+  Deliver();
+  EXPECT_EQ(answers_.size(), 14u) << "rounds 0 and 1 answered ahead of round 0 (round 2 waits for round 1)";
+  Restart(1);
+  ShardMap map = MapAt(4, 0, 1);
+  map.mutable_servers(1)->set_data_address("tcp://s:9");
+  Install(map);
+  ASSERT_EQ(outbox_.size(), 1u);
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  EXPECT_LE(static_cast<int64_t>(outbox_.front().payload.size()), PartitionEngine::MaxFrameBytes(config_));
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
 }
 
 // Zero-copy sends: a round's sum and the answers' weights or aggregate go

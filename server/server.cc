@@ -32,23 +32,16 @@ uint64_t PhysicalMemoryBytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
-// The largest frame a peer may send: a snapshot of a partition (weights,
-// two optimizer slots, mirror, aggregate) and per-worker counters.
-int64_t MaxFrameBytes(const ClusterConfig& config) {
-  return static_cast<int64_t>(8 * config.partition_bytes() + 16 * std::max<uint32_t>(config.num_workers(), 4096) +
-                              65536);
-}
-
 void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
   socket.set(zmq::sockopt::sndhwm, static_cast<int>(config.limits().socket_send_hwm()));
   socket.set(zmq::sockopt::rcvhwm, static_cast<int>(config.limits().socket_receive_hwm()));
-  socket.set(zmq::sockopt::maxmsgsize, MaxFrameBytes(config));
+  socket.set(zmq::sockopt::maxmsgsize, PartitionEngine::MaxFrameBytes(config));
 }
 
 bool SocketLimitsSet(zmq::socket_t& socket, const ClusterConfig& config) {
   return socket.get(zmq::sockopt::sndhwm) == static_cast<int>(config.limits().socket_send_hwm()) &&
          socket.get(zmq::sockopt::rcvhwm) == static_cast<int>(config.limits().socket_receive_hwm()) &&
-         socket.get(zmq::sockopt::maxmsgsize) == MaxFrameBytes(config);
+         socket.get(zmq::sockopt::maxmsgsize) == PartitionEngine::MaxFrameBytes(config);
 }
 
 class ParameterServerImpl : public ParameterServer {

@@ -218,9 +218,9 @@ def replica():
         seq += bytes([15, 1]) + worker_request(0, 1, 2, 0, n)
         write("replica", name, seq)
     # A re-created copy (variant2 bit 3) of a sync, sum-only, 2bit with pull codec partition:
-    # refused updates before its snapshot (weights, aggregate, ids, INIT flag, feedback, answer).
+    # refused updates before its snapshot (weights, aggregate, ids and rejoins, INIT flag, feedback, answer).
     n = 1024
-    snapshot = values(2 * n) + bytes(5) + bytes([1]) + values(n) + lv(b"")
+    snapshot = values(2 * n) + bytes(7) + bytes([1]) + values(n) + lv(b"")
     seq = bytes([0x50, 0x09, n_byte(n)]) + replica_update(R_PUSH, n, 0, contributors=2)
     seq += replica_update(R_SNAPSHOT, n, 0, mode=4, tail=snapshot) + replica_update(R_PUSH, n, 0, contributors=2)
     write("replica", "snapshot_sum_only", seq)

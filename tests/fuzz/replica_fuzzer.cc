@@ -17,9 +17,12 @@
 //  - the forwarded pushes a backup holds stay within workers x (the rounds
 //    a push may run ahead + 2).
 // Pair mode (n byte bit 7) runs a real primary beside the backup instead,
-// with failures and re-created copies, and checks that the two copies are
-// bitwise equal whenever nothing is in flight, and that a push answered OK
-// has its round on the backup (class Pair).
+// with failures (what the dead primary sent may be lost), re-created
+// copies, hand-offs of the primary role, workers removed and rejoining, and
+// workers that re-send what was not answered, and checks that the two
+// copies are bitwise equal whenever nothing is in flight, that a push
+// answered OK has its round on the backup, and that none is lost (class
+// Pair).
 //
 // Input: [variant][variant2][n: bit 7 pair mode, bit 6 a partition of 1024+]
 // then up to 64 requests: [kind][...fields...]
@@ -87,6 +90,8 @@ struct Cluster {
   uint32_t primary = 0;
   std::vector<uint32_t> backups;
   int excluded = -1;
+  std::vector<WorkerRejoin> rejoins;  // pair mode: workers that rejoined the job, the latest per rank
+  uint64_t handoff_epoch = 0;  // pair mode: the map that listed a hand-off to backups[0] (0: none)
   uint32_t generation[3] = {};  // per server: bumps its address, a server that joined in its place
   compression::PartitionCodecs codecs;
   int state_slots = 0;
@@ -118,6 +123,14 @@ ShardMap Map(const Cluster& c) {
   info->set_server(c.primary);
   for (uint32_t b : c.backups) info->add_backups(b);
   if (c.excluded >= 0) map.add_excluded_workers(c.excluded);
+  for (const WorkerRejoin& r : c.rejoins) *map.add_rejoined_workers() = r;
+  if (c.handoff_epoch != 0) {
+    Handoff* h = map.add_handoffs();
+    h->set_partition(kPartition);
+    h->set_from(c.primary);
+    h->set_to(c.backups[0]);
+    h->set_epoch(c.handoff_epoch);
+  }
   return map;
 }
 
@@ -175,8 +188,9 @@ std::string Encoded(const Cluster& c, const std::vector<float>& values, uint64_t
 
 // A snapshot as SendSnapshot lays it out (partition_replication.cc), its
 // values finite: weights, optimizer state (non-negative, as Adam's), mirror,
-// aggregate, per-worker request ids and pushes, INIT flag, error feedback,
-// the last round's encoded answer, the open rounds' pushes (from `round`).
+// aggregate, per-worker request ids, pushes and rejoins, INIT flag, error
+// feedback, the last round's encoded answer, the open rounds' pushes (from
+// `round`).
 std::string Snapshot(FuzzInput& in, const Cluster& c, uint64_t round) {
   const bool sum_only = c.config.update_mode() == SUM_ONLY;
   const bool feedback = sum_only && c.codecs.pull != nullptr;
@@ -185,7 +199,7 @@ std::string Snapshot(FuzzInput& in, const Cluster& c, uint64_t round) {
   std::vector<float> v = Values(in, floats);
   for (float& x : v) x = std::fabs(x);
   std::string s = FloatBytes(v);
-  std::vector<uint64_t> ids(2 * c.workers + 1);
+  std::vector<uint64_t> ids(3 * c.workers + 1);
   for (uint64_t& id : ids) id = in.Byte() % 4;
   s += std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint64_t));
   if (feedback) {
@@ -417,9 +431,18 @@ void Send(FuzzInput& in, Cluster& c, PartitionEngine& engine, uint8_t kind, cons
 // Pair mode: a real primary and backup (servers 0 and 1) whose replica
 // updates and confirmations travel in one queue, in order; workers push to
 // the server the map names primary. A map may kill the primary (the backup
-// takes over alone) or the backup, or bring the dead server back as a new
-// process (a backup re-created from a snapshot). Whenever nothing is in
-// flight and both live, the two copies must be bitwise equal.
+// takes over alone; what the dead one sent may still arrive, or be lost),
+// kill the backup, bring the dead server back as a new process (a backup
+// re-created from a snapshot), hand the primary role off to the backup
+// (the roles switch once the primary reports the hand-off done), remove a
+// worker, or let a removed one rejoin (a new process, from a later round).
+// Workers push their rounds in order, a refused push again before a new
+// one, and re-send what was not answered to each new primary, as a worker
+// does.
+// Checked: whenever nothing is in flight and both live, the two copies are
+// bitwise equal; a push answered OK has its round on the backup; no push is
+// refused for owing a round its worker was answered for (round based, no
+// worker ever removed, no copy promoted before its snapshot arrived).
 class Pair {
  public:
   explicit Pair(Cluster& c) : c_(c) {}
@@ -432,7 +455,9 @@ class Pair {
           CheckAnswer(h, p);
           const std::string to = peer.to_string();
           if (to.rfind("server", 0) == 0) Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), 0, h, "", true});
-          if (to[0] == 'w' && h.status_code() == 0 && h.request_id() != kInitId) CheckDurable(s, h.request_id() - 1);
+          if (to[0] == 'w') {  // "w<rank>.<incarnation>"
+            OnWorkerAnswer(s, static_cast<uint32_t>(to[1] - '0'), std::strtoull(&to[3], nullptr, 10), h);
+          }
         },
         [this, s](uint32_t to, DataHeader& h, zmq::message_t& payload) {
           Require(h.op() == REPLICATE, "a replica update is not a REPLICATE");
@@ -446,6 +471,7 @@ class Pair {
   }
 
   void Step(FuzzInput& in) {
+    if (c_.handoff_epoch != 0 && live_[c_.primary] && !engines_[c_.primary]->HandoffsDone().empty()) SwitchRoles();
     const uint8_t kind = in.Byte();
     if (kind % 8 == 7) {
       NewMap(in.Byte());
@@ -467,6 +493,15 @@ class Pair {
     bool ack;
   };
 
+  // A worker's push as it sent it (a re-send carries the same bytes).
+  struct SentPush {
+    uint64_t round = 0;
+    std::string codec, bytes;
+    bool answered = false;  // OK
+    bool refused = false;   // its last answer was an error: sent again before a new push
+    bool again = false;     // sent again after a refusal, not answered OK yet (it may be deferred)
+  };
+
   void Post(Wire m) {
     if (m.to > 1) return;
     m.to_generation = c_.generation[m.to];
@@ -474,7 +509,8 @@ class Pair {
   }
 
   // What a server sent before it died still arrives (a replaced primary's
-  // late update); what was sent to a process that died is lost with it.
+  // late update) unless the map that declared it dead dropped it; what was
+  // sent to a process that died is lost with it.
   void DeliverOne() {
     Wire m = std::move(wire_.front());
     wire_.pop_front();
@@ -504,66 +540,187 @@ class Pair {
     }
   }
 
-  // Worker `kind / 8 % workers` sends its next round's push (or INIT, or a
-  // retry of its last push, same request id) to the primary.
-  void Push(FuzzInput& in, uint8_t kind) {
-    const uint32_t w = (kind >> 3 & 0x0f) % c_.workers;
-    const bool retry = kind & 1 && ids_[w] > 0;
+  // An answer to incarnation `incarnation` of worker w (a process that
+  // rejoined since gets none).
+  void OnWorkerAnswer(uint32_t s, uint32_t w, uint64_t incarnation, const DataHeader& h) {
+    if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
+      std::fprintf(stderr, "fuzz: %u -> worker %u: %s\n", s, w, h.ShortDebugString().c_str());
+    }
+    if (h.request_id() == kInitId || w >= c_.workers || incarnation != incarnation_[w]) return;
+    if (h.request_id() == 0 || h.request_id() > sent_[w].size()) return;
+    SentPush& push = sent_[w][h.request_id() - 1];  // a push's id is its round + 1
+    if (h.status_code() == 0) {
+      push.answered = true;
+      push.refused = push.again = false;
+      CheckDurable(s, push.round);
+      return;
+    }
+    if (!push.answered) push.refused = true;
+    // Owing a round the worker was answered OK for: that push was lost.
+    const size_t at = h.error().find("owes round ");
+    if (!RoundBased(c_.config) || unchecked_ || at == std::string::npos) return;
+    const uint64_t owed = std::strtoull(h.error().c_str() + at + 11, nullptr, 10);
+    const uint64_t i = owed - first_round_[w];
+    Require(owed < first_round_[w] || i >= sent_[w].size() || !sent_[w][i].answered,
+            "a worker's push was refused for owing a round it was answered for");
+  }
+
+  // Worker w's request `id` to the primary: a push, or INIT (`push` holds
+  // its weights).
+  void Send(uint32_t w, uint64_t id, const SentPush& push, Op op = PUSH_PULL) {
     DataHeader h;
-    h.set_op(kind & 2 && !initialized_ ? INIT : PUSH_PULL);
-    initialized_ = initialized_ || h.op() == INIT;
+    h.set_op(op);
     h.set_protocol_version(kProtocolVersion);
     h.set_worker_rank(w);
     h.set_partition_id(kPartition);
     h.set_epoch(c_.epoch);
     h.set_num_elements(c_.n);
     h.set_dtype(FLOAT32);
-    if (h.op() == PUSH_PULL && !retry) {
-      ++ids_[w];
-      ++rounds_[w];
-    }
-    h.set_request_id(h.op() == INIT ? kInitId : ids_[w]);  // a push's id is its round + 1
-    h.set_round(h.op() == INIT ? 0 : rounds_[w] - 1);
-    if (h.op() == PUSH_PULL && RoundBased(c_.config)) h.set_based_on(h.round());
-    std::string spec;
-    const std::vector<float> values = Values(in, c_.n);
-    const std::string bytes = h.op() == INIT ? FloatBytes(values) : Encoded(c_, values, h.round(), &spec);
-    h.set_codec(spec);
-    zmq::message_t peer("w" + std::to_string(w));
-    zmq::message_t payload(bytes.data(), bytes.size());
+    h.set_request_id(id);
+    h.set_round(push.round);
+    if (op == PUSH_PULL && RoundBased(c_.config)) h.set_based_on(push.round);
+    h.set_codec(push.codec);
+    if (incarnation_[w] != 0) h.set_worker_incarnation(incarnation_[w]);
+    zmq::message_t peer("w" + std::to_string(w) + "." + std::to_string(incarnation_[w]));
+    zmq::message_t payload(push.bytes.data(), push.bytes.size());
     if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
       std::fprintf(stderr, "fuzz: worker %u -> %u: %s\n", w, c_.primary, h.ShortDebugString().c_str());
     }
     if (live_[c_.primary]) engines_[c_.primary]->Handle(peer, h, &payload);
   }
 
-  void NewMap(uint8_t b) {
-    const uint32_t other = 1 - c_.primary;
-    ++c_.epoch;
-    bool restart = false;
-    switch (b % 4) {
-      case 0: break;
-      case 1:  // the primary dies: the backup takes over alone
-        if (c_.backups.empty() || !live_[other]) return;
-        live_[c_.primary] = false;
-        c_.primary = other;
-        c_.backups.clear();
-        break;
-      case 2:  // the backup dies
-        live_[other] = false;
-        c_.backups.clear();
-        break;
-      default:  // the dead server comes back as a new process, a backup
-        if (!c_.backups.empty()) return;
-        ++c_.generation[other];
-        c_.backups = {other};
-        restart = true;
+  // Worker `kind / 8 % workers` sends INIT, or its earliest refused push
+  // again (until it is answered OK), or a retry of its last push (same
+  // request id), or its next round's push, to the primary.
+  void Push(FuzzInput& in, uint8_t kind) {
+    const uint32_t w = (kind >> 3 & 0x0f) % c_.workers;
+    if (kind & 2 && !initialized_) {
+      initialized_ = true;
+      SentPush init;
+      init.bytes = FloatBytes(Values(in, c_.n));
+      Send(w, kInitId, init, INIT);
+      return;
     }
-    if (b & 0x80) c_.excluded = (b >> 4) % (c_.workers + 1) - 1;
+    std::vector<SentPush>& list = sent_[w];
+    auto refused = std::find_if(list.begin(), list.end(), [](const SentPush& p) { return p.refused || p.again; });
+    size_t i = refused - list.begin();
+    if (refused == list.end()) {
+      if (kind & 1 && !list.empty()) {
+        i = list.size() - 1;
+      } else {
+        SentPush push;
+        push.round = first_round_[w] + list.size();
+        push.bytes = Encoded(c_, Values(in, c_.n), push.round, &push.codec);
+        list.push_back(std::move(push));
+      }
+    }
+    list[i].again = list[i].again || list[i].refused;
+    list[i].refused = false;
+    Send(w, i + 1, list[i]);
+  }
+
+  // A new primary: each worker sends what was not answered, in order, up
+  // to the first refused.
+  void Resend() {
+    for (uint32_t w = 0; w < c_.workers; ++w) {
+      for (size_t i = 0; i < sent_[w].size(); ++i) {
+        if (sent_[w][i].answered) continue;
+        sent_[w][i].refused = false;
+        Send(w, i + 1, sent_[w][i]);
+        if (sent_[w][i].refused) break;
+      }
+    }
+  }
+
+  // Worker w, removed, rejoins at a round past every live copy's (by
+  // `later` more): a new process, its requests numbered afresh.
+  void Rejoin(uint32_t w, uint64_t later) {
+    uint64_t round = 0;
+    for (uint32_t s : {0u, 1u}) {
+      const std::vector<PartitionReport> reports = live_[s] ? engines_[s]->Reports(1) : std::vector<PartitionReport>{};
+      if (!reports.empty()) round = std::max(round, reports[0].version);
+    }
+    std::erase_if(c_.rejoins, [w](const WorkerRejoin& r) { return r.rank() == w; });
+    WorkerRejoin& r = c_.rejoins.emplace_back();
+    r.set_rank(w);
+    r.set_round(round + later);
+    r.set_incarnation(++incarnations_);
+    r.set_epoch(c_.epoch);
+    c_.excluded = -1;
+    sent_[w].clear();
+    first_round_[w] = r.round();
+    incarnation_[w] = r.incarnation();
+  }
+
+  bool Synced(uint32_t s) const {
+    const std::vector<uint64_t> synced = engines_[s]->SyncedCopies();
+    return std::find(synced.begin(), synced.end(), kPartition) != synced.end();
+  }
+
+  void Install() {
     for (uint32_t s : {0u, 1u}) {
       if (live_[s]) (void)engines_[s]->InstallShardMap(Map(c_), s);
     }
+  }
+
+  // The primary reported its hand-off done: the next map switches the roles.
+  void SwitchRoles() {
+    if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) std::fprintf(stderr, "fuzz: hand-off done: roles switch\n");
+    ++c_.epoch;
+    std::swap(c_.primary, c_.backups[0]);
+    c_.handoff_epoch = 0;
+    Install();
+    Resend();
+  }
+
+  void NewMap(uint8_t b) {
+    if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) std::fprintf(stderr, "fuzz: map byte %#x\n", b);
+    const uint32_t other = 1 - c_.primary;
+    ++c_.epoch;
+    bool restart = false;
+    bool promoted = false;
+    if ((b & 0x0c) == 0x0c) {  // the removed worker rejoins as a new process
+      if (c_.excluded < 0) return;
+      Rejoin(static_cast<uint32_t>(c_.excluded), (b >> 4) & 1);
+    } else if ((b & 0x0c) == 0x08) {  // the primary role handed off to a synced backup
+      if (c_.backups.empty() || !live_[other] || c_.handoff_epoch != 0) return;
+      if (!Synced(other)) return;
+      c_.handoff_epoch = c_.epoch;
+    } else {
+      switch (b % 4) {
+        case 0: break;  // the same roles (a hand-off under way stays listed)
+        case 1:  // the primary dies: the backup takes over alone
+          if (c_.backups.empty() || !live_[other]) return;
+          unchecked_ = unchecked_ || !Synced(other);
+          live_[c_.primary] = false;
+          if (b & 0x04) {  // what it sent is lost with it
+            const uint32_t dead = c_.primary;
+            std::erase_if(wire_, [dead](const Wire& m) { return m.from == dead; });
+          }
+          c_.primary = other;
+          c_.backups.clear();
+          c_.handoff_epoch = 0;
+          promoted = true;
+          break;
+        case 2:  // the backup dies
+          live_[other] = false;
+          c_.backups.clear();
+          c_.handoff_epoch = 0;
+          break;
+        default:  // the dead server comes back as a new process, a backup
+          if (!c_.backups.empty()) return;
+          ++c_.generation[other];
+          c_.backups = {other};
+          restart = true;
+      }
+    }
+    if (b & 0x80) {
+      c_.excluded = (b >> 4) % (c_.workers + 1) - 1;
+      unchecked_ = unchecked_ || c_.excluded >= 0;
+    }
+    Install();
     if (restart) Start(other);
+    if (promoted) Resend();
   }
 
   // Primary `s` answered OK a worker's push of `round`: a listed backup that
@@ -595,8 +752,13 @@ class Pair {
   std::deque<Wire> wire_;
   bool initialized_ = false;
   bool batching_ = false;
-  uint64_t ids_[4] = {};
-  uint64_t rounds_[4] = {};
+  // A worker was removed, or a copy promoted before its snapshot arrived
+  // (no scheduler does that): pushes may be refused for owing a round.
+  bool unchecked_ = false;
+  uint64_t incarnations_ = 0;
+  std::vector<SentPush> sent_[4];  // per worker, by round from its first
+  uint64_t first_round_[4] = {};   // per worker: its join round (0 unless it rejoined)
+  uint64_t incarnation_[4] = {};   // per worker: its registration (0 unless it rejoined)
 };
 
 void RunPair(FuzzInput& in, Cluster& c) {
