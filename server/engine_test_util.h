@@ -159,18 +159,24 @@ class ReplicaPairTest : public ::testing::Test {
   void Deliver() {
     while (!outbox_.empty() || !acks_.empty()) {
       if (!outbox_.empty()) {
-        Message m = std::move(outbox_.front());
-        outbox_.pop_front();
-        zmq::message_t peer("server" + std::to_string(m.from));
-        zmq::message_t payload(m.payload.data(), m.payload.size());
-        engines_[m.to]->Handle(peer, m.header, &payload);
-        replicated_.push_back(std::move(m));
+        DeliverOneUpdate();
       } else {
         Message m = std::move(acks_.front());
         acks_.pop_front();
         engines_[m.to]->HandleReplicaAck(m.from, m.header);
       }
     }
+  }
+
+  // Delivers the first replica update waiting (its confirmation is queued
+  // in `acks_`). REQUIRES: one is waiting.
+  void DeliverOneUpdate() {
+    Message m = std::move(outbox_.front());
+    outbox_.pop_front();
+    zmq::message_t peer("server" + std::to_string(m.from));
+    zmq::message_t payload(m.payload.data(), m.payload.size());
+    engines_[m.to]->Handle(peer, m.header, &payload);
+    replicated_.push_back(std::move(m));
   }
 
   // With `hold_in_flight_`, every payload the engines send (answers and

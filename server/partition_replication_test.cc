@@ -45,6 +45,25 @@ class ReplicationTest : public ReplicaPairTest {
     config.mutable_compression()->set_pull_codec("onebit");
   }
 
+  // Worker 0 rejoins as a new process (registration 7) in `map`; `epoch`:
+  // the map that first listed the rejoin (0: not said).
+  static void RejoinWorkerZero(ShardMap& map, uint64_t epoch) {
+    WorkerRejoin* rejoin = map.add_rejoined_workers();
+    rejoin->set_rank(0);
+    rejoin->set_incarnation(7);
+    if (epoch != 0) rejoin->set_epoch(epoch);
+  }
+
+  // Async: the rejoined worker 0's first push (request id 1, routed at
+  // `epoch`) is applied on the primary, and on the backup too.
+  void ExpectTheNewProcessesPushOnBothCopies(uint64_t epoch) {
+    const std::vector<float> before = Weights(0);
+    Send(0, PUSH, 0, 0, {0.25f, 0.25f}, epoch, 1);
+    Deliver();
+    EXPECT_NE(Weights(0), before) << "the new process's push was applied";
+    EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup skipped the rejoined worker's push";
+  }
+
   static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
@@ -661,10 +680,7 @@ TEST_F(ReplicationTest, ABackupThatRefusedAnUpdateIsReCreatedFromASnapshot) {
   Deliver();
   round(1);
   ASSERT_EQ(outbox_.size(), 1u);
-  zmq::message_t peer("server0");
-  zmq::message_t payload(outbox_.front().payload.data(), outbox_.front().payload.size());
-  engines_[1]->Handle(peer, outbox_.front().header, &payload);
-  outbox_.clear();
+  DeliverOneUpdate();
   ASSERT_EQ(acks_.size(), 1u);
   EXPECT_EQ(acks_.front().header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_TRUE(engines_[1]->SyncedCopies().empty()) << "a copy that lacks an update is not synced";
@@ -711,17 +727,11 @@ TEST_F(ReplicationTest, ACopyWhoseSnapshotPredatesARejoinItKnowsCountsTheRejoine
   ASSERT_EQ(outbox_.size(), 1u);
   ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
   map.set_epoch(5);
-  WorkerRejoin* rejoin = map.add_rejoined_workers();
-  rejoin->set_rank(0);
-  rejoin->set_incarnation(7);
+  RejoinWorkerZero(map, /*epoch=*/0);
   Install(map);
   Deliver();
   EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
-  const std::vector<float> before = Weights(0);
-  Send(0, PUSH, 0, 0, {0.25f, 0.25f}, 5, 1);
-  Deliver();
-  EXPECT_NE(Weights(0), before) << "the new process's push was applied";
-  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the re-created copy skipped the rejoined worker's push";
+  ExpectTheNewProcessesPushOnBothCopies(5);
 }
 
 // Async: worker 0's pushes are on their way to the backup when it rejoins
@@ -735,17 +745,10 @@ TEST_F(ReplicationTest, UpdatesInFlightAcrossARejoinLeaveTheBackupCountingTheNew
   Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 2);
   ASSERT_EQ(outbox_.size(), 2u);
   ShardMap map = MapAt(4, 0, 1);
-  WorkerRejoin* rejoin = map.add_rejoined_workers();
-  rejoin->set_rank(0);
-  rejoin->set_incarnation(7);
-  rejoin->set_epoch(4);  // the map that lists it first
+  RejoinWorkerZero(map, /*epoch=*/4);  // the map that lists it first
   Install(map);
   Deliver();
-  const std::vector<float> before = Weights(0);
-  Send(0, PUSH, 0, 0, {0.25f, 0.25f}, 4, 1);
-  Deliver();
-  EXPECT_NE(Weights(0), before) << "the new process's push was applied";
-  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup skipped the rejoined worker's push";
+  ExpectTheNewProcessesPushOnBothCopies(4);
 }
 
 // Scenarios checked and found to keep the copies equal (no bug): a backup
@@ -802,10 +805,7 @@ TEST_F(ReplicationTest, ACopyReCreatedWhileAnSspRoundIsOpenGetsThePushesAnswered
     } else {
       ASSERT_EQ(outbox_.size(), 1u);
       ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
-      zmq::message_t peer("server0");
-      zmq::message_t payload(outbox_.front().payload.data(), outbox_.front().payload.size());
-      engines_[1]->Handle(peer, outbox_.front().header, &payload);
-      outbox_.clear();
+      DeliverOneUpdate();
       acks_.clear();
     }
     EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
