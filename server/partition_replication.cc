@@ -241,8 +241,10 @@ size_t PartitionEngine::SnapshotStateBytes(const Partition& p, const zmq::messag
 // was applied as uint64 (0 or 1), then [the
 // aggregates' error feedback: encodings made as uint64, residual as float32
 // (zeros before the first)], then [the last round's encoded answer: its
-// length as uint64 (0: none was encoded), its bytes]; completed rounds in the
-// header's round, the last round's contributors in its contributors. The
+// length as uint64 (0: none was encoded), its bytes], then the open rounds'
+// pushes (ssp in rounds; else none): their count as uint64, then each as its
+// forwarded header's length (uint64), header, payload length (uint64),
+// payload; completed rounds in the header's round, the last round's contributors in its contributors. The
 // servers' feedback has no momentum or warm-up: the residual and the count
 // are its whole state.
 void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
