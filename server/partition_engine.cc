@@ -254,7 +254,9 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
       }
     }
     p.ahead = std::move(ahead);
-    if (RoundBased(config_) && RoundComplete(p)) CompleteRound(p);
+    // Once the last round is on every copy (else FinishRound completes it
+    // when the backups confirm), as a push that completes a round.
+    if (RoundBased(config_) && Settled(p) && RoundComplete(p)) CompleteRound(p);
   }
 }
 

@@ -80,11 +80,12 @@ class ReplicationTest : public ReplicaPairTest {
     h.set_replica_from(from);
     zmq::message_t peer("server" + std::to_string(from));
     zmq::message_t m(payload.data(), payload.size());
+    std::deque<Message> queued = std::move(acks_);  // confirmations still on their way stay so
     acks_.clear();
     engines_[to]->Handle(peer, h, &m);
     EXPECT_EQ(acks_.size(), 1u);
     DataHeader answer = acks_.empty() ? DataHeader() : acks_.back().header;
-    acks_.clear();
+    acks_ = std::move(queued);
     return answer;
   }
   // As the primary (server 0) to the backup (server 1).
@@ -1248,6 +1249,21 @@ TEST_F(ReplicationTest, ARoundCompletedWithoutARemovedWorkerSumsTheOthersPushes)
   Deliver();
   EXPECT_EQ(Weights(0), std::vector<float>(n, 0.5f));
   EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+TEST_F(ReplicationTest, AWorkerRemovedWhileTheLastRoundIsUnconfirmedCompletesTheNextOnlyOnceItIs) {
+  Make(SYNC);
+  for (uint32_t w : {0u, 1u}) Send(0, PUSH, w, 0, {1.0f, 1.0f});
+  ASSERT_EQ(outbox_.size(), 1u);  // round 0, not yet confirmed by the backup
+  Send(0, PUSH, 0, 1, {1.0f, 1.0f});
+  ShardMap map = MapAt(4, 0, 1);
+  map.add_excluded_workers(1);
+  Install(map);
+  EXPECT_EQ(outbox_.size(), 1u) << "round 1 completed while round 0 was not on the backup";
+  EXPECT_EQ(Weights(0), (std::vector<float>{0.0f, 0.0f}));
+  Deliver();
+  EXPECT_EQ(Weights(0), (std::vector<float>{-1.0f, -1.0f}));
+  EXPECT_EQ(Weights(1), Weights(0));
 }
 
 TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitches) {
