@@ -8,6 +8,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,7 +141,8 @@ class ReplicaPairTest : public ::testing::Test {
   // (encoded with `codec`, empty: raw fp32); returns its id.
   uint64_t SendBytes(uint32_t server, Op op, uint32_t rank, uint64_t round, const std::string& codec,
                      const std::string& bytes, uint64_t epoch = 3, uint64_t id = 0) {
-    const DataHeader h = RequestHeader(op, rank, round, epoch, id != 0 ? id : ++next_id_, n_, codec);
+    DataHeader h = RequestHeader(op, rank, round, epoch, id != 0 ? id : ++next_id_, n_, codec);
+    if (auto it = incarnations_.find(rank); it != incarnations_.end()) h.set_worker_incarnation(it->second);
     zmq::message_t peer("w" + std::to_string(rank));
     zmq::message_t payload(bytes.data(), bytes.size());
     engines_[server]->Handle(peer, h, op == PULL ? nullptr : &payload);
@@ -213,6 +215,7 @@ class ReplicaPairTest : public ::testing::Test {
   std::vector<DataHeader> answers_;
   std::vector<std::string> answer_payloads_;  // per answer, its payload bytes
   uint64_t next_id_ = 0;
+  std::map<uint32_t, uint64_t> incarnations_;  // rank -> registration its requests name (none: 0)
   bool hold_in_flight_ = false;
   std::vector<std::pair<zmq::message_t, std::string>> in_flight_;
 };

@@ -47,10 +47,12 @@ class ReplicationTest : public ReplicaPairTest {
 
   // Worker 0 rejoins as a new process (registration 7) in `map`; `epoch`:
   // the map that first listed the rejoin (0: not said).
+  // Worker 0 rejoins as a new process (registration kNewProcess) in `map`.
+  static constexpr uint64_t kNewProcess = 7;
   static void RejoinWorkerZero(ShardMap& map, uint64_t epoch) {
     WorkerRejoin* rejoin = map.add_rejoined_workers();
     rejoin->set_rank(0);
-    rejoin->set_incarnation(7);
+    rejoin->set_incarnation(kNewProcess);
     if (epoch != 0) rejoin->set_epoch(epoch);
   }
 
@@ -58,6 +60,7 @@ class ReplicationTest : public ReplicaPairTest {
   // `epoch`) is applied on the primary, and on the backup too.
   void ExpectTheNewProcessesPushOnBothCopies(uint64_t epoch) {
     const std::vector<float> before = Weights(0);
+    incarnations_[0] = kNewProcess;
     Send(0, PUSH, 0, 0, {0.25f, 0.25f}, epoch, 1);
     Deliver();
     EXPECT_NE(Weights(0), before) << "the new process's push was applied";
@@ -749,6 +752,24 @@ TEST_F(ReplicationTest, UpdatesInFlightAcrossARejoinLeaveTheBackupCountingTheNew
   RejoinWorkerZero(map, /*epoch=*/4);  // the map that lists it first
   Install(map);
   Deliver();
+  ExpectTheNewProcessesPushOnBothCopies(4);
+}
+
+TEST_F(ReplicationTest, APushNamingNoRegistrationIsRefusedOnceItsRankRejoined) {
+  Make(ASYNC);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+  Deliver();
+  ShardMap map = MapAt(4, 0, 1);
+  RejoinWorkerZero(map, /*epoch=*/4);
+  Install(map);
+  answers_.clear();
+  const std::vector<float> before = Weights(0);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 4, 1);  // no registration: not the process that rejoined
+  Deliver();
+  ASSERT_EQ(answers_.size(), 1u);
+  EXPECT_EQ(answers_[0].status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(answers_[0].error(), HasSubstr("names no registration"));
+  EXPECT_EQ(Weights(0), before);
   ExpectTheNewProcessesPushOnBothCopies(4);
 }
 
