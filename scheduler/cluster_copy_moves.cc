@@ -37,12 +37,18 @@ std::set<uint32_t> ClusterState::LiveServers() const {
   return live;
 }
 
+bool ClusterState::ReportedSynced(uint32_t server, uint64_t partition) const {
+  auto it = servers_.find(server);
+  if (it == servers_.end()) return false;
+  const std::vector<uint64_t>& synced = it->second.synced_copies;
+  return std::binary_search(synced.begin(), synced.end(), partition);
+}
+
 bool ClusterState::LiveCopiesSynced() const {
   auto synced_on = [&](uint32_t server, uint64_t partition) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = servers_.find(server);
     if (it == servers_.end() || it->second.dead) return true;  // not live: the failover's concern
-    const std::vector<uint64_t>& synced = it->second.synced_copies;
-    return std::binary_search(synced.begin(), synced.end(), partition);
+    return ReportedSynced(server, partition);
   };
   for (const PartitionInfo& p : map_.partitions()) {
     if (!synced_on(p.server(), p.id())) return false;

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <thread>
 
 #include "common/tensor_spec.h"
@@ -347,6 +348,71 @@ TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
   EXPECT_EQ(replacement.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(replacement.status().message(), HasSubstr("state died with it"));
   EXPECT_THAT(replacement.status().message(), HasSubstr("replication 1"));
+}
+
+// Replication 3: server 0 dies while the first backup of its partitions
+// (listed first) is being re-created and reports its copy not synced.
+TEST(FailoverTest, APartitionFailsOverToABackupItsServerReportedSyncedRatherThanTheFirst) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  ClusterConfig config;
+  config.set_num_servers(3);
+  config.set_num_workers(1);
+  config.set_replication(3);
+  config.set_heartbeat_timeout_ms(1000);
+  ClusterState state(config, [&now] { return now; });
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(state.RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
+  ids.push_back(state.RegisterWorker(Node(WORKER, 0))->node_id());
+  // Each server reports every copy it holds synced, but the copies of
+  // server 0's partitions on their first backup.
+  auto beat = [&](std::vector<uint32_t> servers, uint64_t epoch) {
+    const ShardMap map = state.Status().shard_map();
+    for (uint32_t i : servers) {
+      HeartbeatRequest h;
+      h.set_node_id(ids[i]);
+      h.set_applied_epoch(epoch);
+      for (const PartitionInfo& p : map.partitions()) {
+        const bool first_backup_of_zero = p.server() == 0 && p.backups(0) == i;
+        if (!first_backup_of_zero) h.add_synced_copies(p.id());
+      }
+      ASSERT_TRUE(state.Heartbeat(h).ok());
+    }
+    HeartbeatRequest w;
+    w.set_node_id(ids[3]);
+    ASSERT_TRUE(state.Heartbeat(w).ok());
+  };
+  beat({0, 1, 2}, 0);
+  std::thread serve([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    beat({0, 1, 2}, 1);
+  });
+  auto defined = state.DefineTensors({Tensor("w", 1000), Tensor("v", 1000), Tensor("u", 1000)},
+                                     absl::Now() + absl::Seconds(5));
+  serve.join();
+  ASSERT_TRUE(defined.ok()) << defined.status();
+  ASSERT_THAT(state.CheckLiveness(), IsEmpty());
+  std::map<uint64_t, uint32_t> expected;  // partition of server 0 -> its second backup
+  const ShardMap before = state.Status().shard_map();
+  for (const PartitionInfo& p : before.partitions()) {
+    ASSERT_EQ(p.backups_size(), 2);
+    if (p.server() == 0) expected[p.id()] = p.backups(1);
+  }
+  ASSERT_FALSE(expected.empty());
+  beat({0, 1, 2}, 1);
+  std::vector<std::string> lines;
+  for (int t = 0; t < 12; ++t) {
+    now += absl::Milliseconds(100);
+    beat({1, 2}, 1);
+    for (std::string& l : state.CheckLiveness()) lines.push_back(std::move(l));
+  }
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("fail over to their backups"));
+  EXPECT_THAT(lines[0], ::testing::Not(HasSubstr("not reported synced")));
+  const ShardMap after = state.Status().shard_map();
+  for (const PartitionInfo& p : after.partitions()) {
+    if (!expected.contains(p.id())) continue;
+    EXPECT_EQ(p.server(), expected[p.id()]) << "partition " << p.id() << " failed over to a copy not synced";
+  }
 }
 
 TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersPassed) {

@@ -321,9 +321,9 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   }
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
-  if (node->role == SERVER && request.applied_epoch() >= map_.epoch() && balance_checked_epoch_ != map_.epoch()) {
-    // Kept only while MaybeStartCopyMoves still judges this epoch: most
-    // heartbeats copy nothing.
+  if (node->role == SERVER) {
+    // Every report: copy moves wait for them, and a failover promotes a copy
+    // that was reported synced.
     node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
     std::sort(node->synced_copies.begin(), node->synced_copies.end());
   }
@@ -406,7 +406,7 @@ void ClusterState::Leave(Node& node) {
 }
 
 std::string ClusterState::FailOver(uint32_t dead) {
-  int promoted = 0, lost = 0;
+  int promoted = 0, lost = 0, unsynced = 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     auto* backups = p.mutable_backups();
     backups->erase(std::remove(backups->begin(), backups->end(), dead), backups->end());
@@ -415,8 +415,16 @@ std::string ClusterState::FailOver(uint32_t dead) {
       ++lost;  // stays on the dead server: workers fail its requests, naming it
       continue;
     }
-    p.set_server(backups->Get(0));
-    backups->erase(backups->begin());
+    // The first backup its server last reported synced: one still being
+    // re-created (or refusing updates) holds no valid state yet.
+    auto chosen = std::find_if(backups->begin(), backups->end(), [&](uint32_t b)
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReportedSynced(b, p.id()); });
+    if (chosen == backups->end()) {
+      chosen = backups->begin();
+      ++unsynced;
+    }
+    p.set_server(*chosen);
+    backups->erase(chosen);
     ++promoted;
   }
   const int moves_ended = EndBrokenCopyMoves(dead);
@@ -424,6 +432,9 @@ std::string ClusterState::FailOver(uint32_t dead) {
   const int recreated = Rereplicate();
   std::string out;
   if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
+  if (unsynced > 0) {
+    absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no other was)");
+  }
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
   if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
   if (moves_ended > 0) absl::StrAppend(&out, "; ", moves_ended, " copy moves ended, their copies kept");

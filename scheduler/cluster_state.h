@@ -125,8 +125,8 @@ class ClusterState {
     NodeRates rates{};
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
     bool rendezvous = false;    // workers: their Register call waits for the cluster
-    // Servers: the copies their last heartbeat at the map's epoch reported
-    // synced, sorted; kept only until MaybeStartCopyMoves judged that epoch.
+    // Servers: the copies their last heartbeat (at applied_epoch) reported
+    // synced, sorted.
     std::vector<uint64_t> synced_copies{};
   };
   struct BarrierState {
@@ -154,8 +154,9 @@ class ClusterState {
   // Worker `node` said it leaves: removed from the job as a dead one is, at
   // once, and listed as left rather than dead.
   void Leave(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Promotes the first live backup of every partition whose primary was
-  // server `dead`, and drops `dead` from every backup list. Says what moved.
+  // Promotes a live backup of every partition whose primary was server
+  // `dead` (the first one its server last reported synced, else the first),
+  // and drops `dead` from every backup list. Says what moved.
   std::string FailOver(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives every partition short of `replication` copies new backups on the
   // live servers holding the fewest elements; returns how many.
@@ -163,6 +164,9 @@ class ClusterState {
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether server `server`'s last heartbeat reported its copy of
+  // `partition` synced.
+  bool ReportedSynced(uint32_t server, uint64_t partition) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every copy the map gives a live server was reported synced by
   // that server's last heartbeat at the current epoch.
   bool LiveCopiesSynced() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
