@@ -478,6 +478,13 @@ absl::Status PartitionEngine::RefuseNonFinite(const Partition& p, const DataHead
   return absl::InvalidArgumentError(what);
 }
 
+absl::Status PartitionEngine::LostCopy(const Partition& p) const {
+  return absl::DataLossError(absl::StrCat(
+      "partition ", p.id, " (tensor ", p.tensor, ") is lost: server ", server_index_,
+      " became its primary before its copy was complete (the snapshot from its primary had not arrived, or it had "
+      "missed an update) and no complete copy was left; restart the job from a checkpoint"));
+}
+
 absl::Status PartitionEngine::CheckRequestId(const Partition& p, const DataHeader& h) {
   // Sync rounds are told apart by round, not by request id.
   if (RoundBased(config_)) return absl::OkStatus();
@@ -535,6 +542,7 @@ void PartitionEngine::Dispatch(const zmq::message_t& peer, const DataHeader& h, 
   Partition* p = nullptr;
   bool staged = false;
   absl::Status valid = Validate(h, payload, &p, &staged);
+  if (valid.ok() && p->primary && !p->synced) valid = LostCopy(*p);
   if (valid.ok()) valid = CheckRequestId(*p, h);
   if (!valid.ok()) {
     Answer(peer, h, valid);

@@ -475,6 +475,9 @@ class PartitionEngine {
   // Refuses a push from a restarted worker process (new registration) that
   // would restart the rounds the old process had reached.
   absl::Status CheckIncarnation(Partition& p, const DataHeader& h) const;
+  // The answer to every request for a partition whose copy here was
+  // promoted before it was complete (primary, not synced).
+  absl::Status LostCopy(const Partition& p) const;
   void ApplyMembership(const ShardMap& map);
   // SSP applied on arrival (Ho et al. 2013): worker w's push of its round r
   // is answered once every live worker whose pace is known here has pushed

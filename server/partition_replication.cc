@@ -38,8 +38,7 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   if (created || info.server() != p.primary_server) p.primary_since = since;
   p.primary_server = info.server();
   if (primary && !p.primary && !p.synced) {
-    LOG(ERROR) << "server " << server_index_ << ": promoted to primary of partition " << p.id
-               << " before its copy was complete (its snapshot had not arrived): its state is not valid";
+    LOG(ERROR) << "server " << server_index_ << ": " << LostCopy(p).message();
   }
   if (primary && !p.primary) {
     // Promoted: take over with the last update applied here. Sync rounds
@@ -86,7 +85,10 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   // A new copy lacks the open round's pushes forwarded so far: this round
   // goes to the backups as its sum.
   if (!added.empty()) p.forwarding_round = false;
-  for (uint32_t b : added) SendSnapshot(p, b);
+  // A copy promoted before it was complete passes nothing on (LostCopy).
+  if (p.synced) {
+    for (uint32_t b : added) SendSnapshot(p, b);
+  }
   OnConfirmed(p);  // a backup that died holds nothing back any more
 }
 

@@ -395,6 +395,29 @@ TEST_F(ReplicationTest, ACopyReCreatedBeforeTheInitTakesTheInitWhenItComes) {
   EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the copy dropped the INIT: backup[0] = " << Weights(1)[0];
 }
 
+// Server 1's copy is re-created, and server 0 dies before its snapshot
+// arrives: the only copy left holds no valid state. It says so to every
+// request instead of training on it, and passes nothing on to new copies.
+TEST_F(ReplicationTest, ACopyPromotedBeforeItsSnapshotArrivedRefusesEveryRequestAsLost) {
+  Make(SYNC);
+  Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
+  Install(MapAt(5, 0, 1));             // and is re-created from a snapshot
+  ASSERT_EQ(outbox_.size(), 1u);
+  outbox_.clear();  // lost with server 0
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(6, 1, std::nullopt), 1).ok());
+  Send(1, PUSH, 0, 0, {1.0f, 1.0f}, 6);
+  Send(1, PULL, 1, 0, {}, 6);
+  ASSERT_EQ(answers_.size(), 2u);
+  for (const DataHeader& a : answers_) {
+    EXPECT_EQ(a.status_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << a.error();
+    EXPECT_THAT(a.error(), HasSubstr("partition 5"));
+    EXPECT_THAT(a.error(), HasSubstr("before its copy was complete"));
+  }
+  Restart(0);  // a new server gets a copy: no snapshot of a state that is not valid
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(7, 1, 0), 1).ok());
+  EXPECT_TRUE(outbox_.empty());
+}
+
 TEST_F(ReplicationTest, ASnapshotWhoseEncodedAnswerLengthIsWrongIsRefusedAndTheRealOneTaken) {
   const int n = 4096;
   Make(SYNC, SumOnlyOnebitAggregates, n);
