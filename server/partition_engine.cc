@@ -163,6 +163,9 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->next_round.assign(workers, 0);
     p->contributed.assign(workers, false);
     p->incarnation.assign(workers, 0);
+    // A rank that rejoined before this copy was made: its pushes name that
+    // registration (Rejoin gave it to the copies held then only).
+    for (uint32_t w = 0; w < workers && w < join_incarnation_.size(); ++w) p->incarnation[w] = join_incarnation_[w];
     p->last_request.assign(workers, 0);
     p->applied_by.assign(workers, 0);
     p->clock.assign(workers, 0);

@@ -796,6 +796,47 @@ TEST_F(ReplicationTest, APushNamingNoRegistrationIsRefusedOnceItsRankRejoined) {
   ExpectTheNewProcessesPushOnBothCopies(4);
 }
 
+// A copy made after its server applied a rejoin (here server 1's, re-created
+// from a snapshot, then promoted) was never told the rank's registration:
+// Rejoin sets it only on the copies held at the time. CheckIncarnation then
+// takes whatever the first push names: a push naming none is counted (the
+// refusal above does not hold there), and a late push of the process that
+// died (its own registration) is applied and takes the rank over, so the
+// new process's pushes are refused as a restarted worker's from then on.
+TEST_F(ReplicationTest, ACopyMadeAfterARejoinKnowsTheRegistrationOfTheNewProcess) {
+  Make(ASYNC);
+  incarnations_[0] = 3;  // the first process's registration
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+  Deliver();
+  auto with_rejoin = [](ShardMap map) {
+    RejoinWorkerZero(map, /*epoch=*/4);
+    return map;
+  };
+  Install(with_rejoin(MapAt(4, 0, 1)));
+  ExpectTheNewProcessesPushOnBothCopies(4);
+  Install(with_rejoin(MapAt(5, 0, std::nullopt)));  // server 1's copy goes away
+  Install(with_rejoin(MapAt(6, 0, 1)));             // and is re-created from a snapshot
+  Deliver();
+  ASSERT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  // Server 0 dies: server 1's copy is promoted.
+  ASSERT_TRUE(engines_[1]->InstallShardMap(with_rejoin(MapAt(7, 1, std::nullopt)), 1).ok());
+  answers_.clear();
+  const std::vector<float> before = Weights(1);
+  incarnations_.erase(0);
+  Send(1, PUSH, 0, 0, {0.5f, 0.5f}, 7, 2);  // names no registration
+  incarnations_[0] = 3;
+  Send(1, PUSH, 0, 0, {0.5f, 0.5f}, 3, 2);  // the dead process's, late
+  incarnations_[0] = kNewProcess;
+  Send(1, PUSH, 0, 0, {0.25f, 0.25f}, 7, 2);
+  ASSERT_EQ(answers_.size(), 3u);
+  EXPECT_THAT(answers_[0].error(), HasSubstr("names no registration"));
+  EXPECT_EQ(answers_[1].status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition))
+      << "the dead process's push was taken";
+  EXPECT_EQ(answers_[2].status_code(), 0) << "the new process's push: " << answers_[2].error();
+  // Only the new process's push applied (async: the gradient over two workers).
+  EXPECT_EQ(Weights(1), (std::vector<float>{before[0] - 0.125f, before[1] - 0.125f}));
+}
+
 // Scenarios checked and found to keep the copies equal (no bug): a backup
 // re-created mid-round, a worker removed mid-round, a hand-off with a round
 // open, a deterministic promotion, and warm-up rounds before the codec.
