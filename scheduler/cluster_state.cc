@@ -8,6 +8,7 @@
 #include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "common/peer_seal.h"
 #include "absl/strings/str_join.h"
@@ -325,7 +326,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     // Every report: copy moves wait for them, and a failover promotes a copy
     // that was reported synced.
     node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
-    std::sort(node->synced_copies.begin(), node->synced_copies.end());
+    if (!absl::c_is_sorted(node->synced_copies)) absl::c_sort(node->synced_copies);  // servers send them sorted
   }
   // The rate between the last two reports that differ (from the last one at
   // round 0 for the first).
@@ -433,7 +434,7 @@ std::string ClusterState::FailOver(uint32_t dead) {
   std::string out;
   if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
   if (unsynced > 0) {
-    absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no other was)");
+    absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no backup was, or none had reported yet)");
   }
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
   if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
