@@ -230,6 +230,26 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   }
   if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (Excluded(request.rank()) && map_.partitions_size() > 0) {
+    // The rejoin round allows for the age of every live server's report. A
+    // server killed with the worker (or just before it) and not declared
+    // dead yet has an old one, up to a whole timeout, whose age at the peak
+    // pace puts the round that many seconds of rounds past the live servers'
+    // (past the job's last round: nothing to train). So wait, at most one
+    // timeout and one interval, until every server not declared dead has
+    // reported within two intervals; then the state is read again.
+    const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
+    auto reported = [this, fresh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const absl::Time now = clock_();
+      for (const auto& [index, node] : servers_) {
+        if (!node.dead && now - node.last_seen > fresh) return false;
+      }
+      return true;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&reported),
+                          absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() +
+                                                           config_.heartbeat_interval_ms()));
+  }
   if (Excluded(request.rank())) return RejoinRunningJob(request);
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     const Node& old = it->second;

@@ -49,7 +49,9 @@ class ClusterState {
   // that are not tcp://host:port with a port in [1, 65535].
   absl::StatusOr<RegisterResponse> RegisterServer(const RegisterRequest& request);
   // A rank removed from the running job (declared dead) may register again:
-  // it rejoins at a round past every server's (RejoinRunningJob). Refuses
+  // it rejoins at a round past every server's (RejoinRunningJob), chosen
+  // once every server not declared dead has reported within two heartbeat
+  // intervals (waiting at most heartbeat_timeout_ms and one interval). Refuses
   // ranks outside [0, num_workers), and a rank held by a live registration: one still waiting for the
   // cluster, or, once it formed, one heard from within heartbeat_timeout_ms.
   // A rank registering again after that replaces its old entry (a restarted
