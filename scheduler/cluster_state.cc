@@ -348,16 +348,23 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     std::sort(node->synced_copies.begin(), node->synced_copies.end());
   }
   // The rate between the last two reports that differ (from the last one at
-  // round 0 for the first).
+  // round 0 for the first), over at least half an interval as for the
+  // counters: a heartbeat sent early (a new epoch, a drained hand-off) comes
+  // milliseconds after the last, and a round or two in a few milliseconds
+  // is no pace. Nor is a joined server's first round: it starts at the
+  // job's, not at 0 (one measured 3461 rounds a second where the job did
+  // 60). The peak of these rates places a rejoin round: such spikes put one
+  // at round 424 of a 312-round job.
   if (request.completed_round() > node->completed_round) {
     const double seconds = absl::ToDoubleSeconds(node->last_seen - node->round_seen);
-    if (seconds > 0) {
-      node->round_rate = static_cast<double>(request.completed_round() - node->completed_round) / seconds;
+    if (seconds >= config_.heartbeat_interval_ms() / 2000.0) {
+      node->round_rate = static_cast<double>(request.completed_round() - node->rate_round) / seconds;
       node->peak_rate = std::max(node->peak_rate, node->round_rate);
+      node->rate_round = request.completed_round();
+      node->round_seen = node->last_seen;
     }
     node->completed_round = request.completed_round();
-    node->round_seen = node->last_seen;
-  } else if (node->completed_round == 0) {
+  } else if (node->completed_round == 0 && !node->joined_running_job) {
     node->round_seen = node->last_seen;
   }
   if (request.has_counters()) RecordCounters(*node, request.counters());
@@ -492,6 +499,7 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   Node& node = servers_[index];
   node = Node{next_node_id_++, SERVER, index, request.data_address(), request.host(), clock_(), 0};
   node.memory_bytes = request.memory_bytes();
+  node.joined_running_job = true;
   ServerInfo* info = MapServer(index);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());

@@ -112,12 +112,15 @@ class ClusterState {
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
-    // Servers: the rounds they report completed, when, and the rate (rounds
-    // per second) between their last two reports.
+    // Servers: the rounds they report completed, the round the rate (rounds
+    // per second) is measured from and when it was reported, and the rate
+    // between their last two reports (Heartbeat says which count).
     uint64_t completed_round = 0;
+    uint64_t rate_round = 0;
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
     double peak_rate = 0;  // the highest round_rate seen
+    bool joined_running_job = false;  // servers: in a dead one's place (JoinRunningJob)
     // The counters of the last heartbeat that carried them and when it came;
     // the earlier report rates are measured from, and those rates.
     NodeCounters counters{};
