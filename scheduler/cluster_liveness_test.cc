@@ -270,6 +270,98 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   EXPECT_EQ(state_->RegisterWorker(Node(WORKER, 2)).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+// The same cluster with heartbeats every 200 ms (five to the timeout).
+class FastHeartbeatTest : public LivenessTest {
+ protected:
+  void SetUp() override {
+    config_.set_heartbeat_interval_ms(200);
+    LivenessTest::SetUp();
+  }
+};
+
+TEST_F(FastHeartbeatTest, ARankRejoiningBeforeAKilledServerIsDeclaredDeadIsNotSentPastTheJob) {
+  // Found with real processes (shardps local --kill worker:1@80 --kill
+  // server:0@80 --replace): the worker was declared dead first, and its new
+  // process registered while the killed server, silent for most of a
+  // timeout, was not declared yet. That server's old report, at the peak
+  // pace, put the rejoin round about 300 rounds past the others', after the
+  // job's last round: the rank had nothing to train. Its age says nothing of
+  // the live servers' rounds; the rejoin waits until it is heard or declared
+  // dead.
+  for (int k = 1; k <= 5; ++k) {  // 50 rounds a second, up to round 50
+    now_ += absl::Milliseconds(200);
+    Report(0, 10 * k);
+    Report(1, 10 * k - 2);
+    Beat({}, {0, 1, 2}, 1);
+    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+  }
+  // Worker 2 dies now, server 1 200 ms later; rounds stall at 50.
+  auto tick = [this](int k) {
+    now_ += absl::Milliseconds(100);
+    Report(0, 50);
+    if (k <= 2) Report(1, 48);
+    Beat({}, {0, 1}, 1);
+    return state_->CheckLiveness();
+  };
+  for (int k = 1; k <= 10; ++k) ASSERT_THAT(tick(k), IsEmpty()) << k;
+  ASSERT_THAT(tick(11), ElementsAre(HasSubstr("worker rank 2")));  // server 1 silent for 0.9 s
+  absl::StatusOr<RegisterResponse> rejoined;
+  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_THAT(tick(12), IsEmpty());
+  EXPECT_THAT(tick(13), ElementsAre(HasSubstr("server 1")));
+  rejoin.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  // Two heartbeat intervals at 50 rounds a second past server 0's fresh
+  // report of round 50, and one more (not 50 + 65 + 1: server 1's 0.9 s).
+  EXPECT_EQ(rejoined->rejoin_round(), 50u + 20u + 1u);
+}
+
+TEST_F(FastHeartbeatTest, NeitherAHeartbeatSentEarlyNorAJoinedServersFirstRoundCountsAsPaceForARejoin) {
+  // Found with real processes (ssp in rounds, shardps local --kill
+  // worker:1@80 --kill server:0@80 --replace): the peak rate that places a
+  // rejoin round came from a server that joined in a dead one's place and
+  // reported the job's round 29 ms after its round 0 (3461 rounds a second
+  // where the job did 60), or from a heartbeat sent early, milliseconds after
+  // the last, one round later (106). The round fell past the job's last.
+  for (int k = 1; k <= 5; ++k) {  // 50 rounds a second, up to round 50
+    now_ += absl::Milliseconds(200);
+    Report(0, 10 * k);
+    Report(1, 10 * k - 2);
+    Beat({}, {0, 1, 2}, 1);
+    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+  }
+  now_ += absl::Milliseconds(10);
+  Report(0, 52);  // sent early (say a hand-off drained): 2 rounds in 10 ms
+  // Server 1 and worker 2 die; rounds stall at 52.
+  std::vector<std::string> declared;
+  for (int k = 0; k < 12; ++k) {
+    now_ += absl::Milliseconds(100);
+    Report(0, 52);
+    Beat({}, {0, 1}, 1);
+    for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
+  }
+  ASSERT_THAT(declared, ElementsAre(HasSubstr("server 1"), HasSubstr("worker rank 2")));
+  auto joined = state_->RegisterServer(Node(SERVER, 0, "tcp://s:3"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_TRUE(joined->joins_running_job());
+  server_ids_.push_back(joined->node_id());
+  for (int k = 0; k < 3; ++k) {  // not a primary yet: round 0
+    now_ += absl::Milliseconds(100);
+    Report(0, 52);
+    Report(2, 0);
+    Beat({}, {0, 1}, 1);
+    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+  }
+  now_ += absl::Milliseconds(150);
+  Report(0, 52);
+  Report(2, 52);  // a primary now (a hand-off): the job's round, not 347 a second
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  // Two intervals at 50 rounds a second past round 52, and one more.
+  EXPECT_EQ(rejoined->rejoin_round(), 52u + 20u + 1u);
+}
+
 // A 1-server, 2-worker cluster on `config` whose worker 1 is declared dead
 // before any tensor is defined; returns worker 1's second registration.
 absl::Status RegisterAgainAfterRemoval(ClusterConfig config) {

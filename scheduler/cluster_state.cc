@@ -231,6 +231,26 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   }
   if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (Excluded(request.rank()) && map_.partitions_size() > 0) {
+    // The rejoin round allows for the age of every live server's report. A
+    // server killed with the worker (or just before it) and not declared
+    // dead yet has an old one, up to a whole timeout, whose age at the peak
+    // pace puts the round that many seconds of rounds past the live servers'
+    // (past the job's last round: nothing to train). So wait, at most one
+    // timeout and one interval, until every server not declared dead has
+    // reported within two intervals; then the state is read again.
+    const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
+    auto reported = [this, fresh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      const absl::Time now = clock_();
+      for (const auto& [index, node] : servers_) {
+        if (!node.dead && now - node.last_seen > fresh) return false;
+      }
+      return true;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&reported),
+                          absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() +
+                                                           config_.heartbeat_interval_ms()));
+  }
   if (Excluded(request.rank())) return RejoinRunningJob(request);
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     const Node& old = it->second;
@@ -329,16 +349,23 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     if (!absl::c_is_sorted(node->synced_copies)) absl::c_sort(node->synced_copies);  // servers send them sorted
   }
   // The rate between the last two reports that differ (from the last one at
-  // round 0 for the first).
+  // round 0 for the first), over at least half an interval as for the
+  // counters: a heartbeat sent early (a new epoch, a drained hand-off) comes
+  // milliseconds after the last, and a round or two in a few milliseconds
+  // is no pace. Nor is a joined server's first round: it starts at the
+  // job's, not at 0 (one measured 3461 rounds a second where the job did
+  // 60). The peak of these rates places a rejoin round: such spikes put one
+  // at round 424 of a 312-round job.
   if (request.completed_round() > node->completed_round) {
     const double seconds = absl::ToDoubleSeconds(node->last_seen - node->round_seen);
-    if (seconds > 0) {
-      node->round_rate = static_cast<double>(request.completed_round() - node->completed_round) / seconds;
+    if (seconds >= config_.heartbeat_interval_ms() / 2000.0) {
+      node->round_rate = static_cast<double>(request.completed_round() - node->rate_round) / seconds;
       node->peak_rate = std::max(node->peak_rate, node->round_rate);
+      node->rate_round = request.completed_round();
+      node->round_seen = node->last_seen;
     }
     node->completed_round = request.completed_round();
-    node->round_seen = node->last_seen;
-  } else if (node->completed_round == 0) {
+  } else if (node->completed_round == 0 && !node->joined_running_job) {
     node->round_seen = node->last_seen;
   }
   if (request.has_counters()) RecordCounters(*node, request.counters());
@@ -484,6 +511,7 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   Node& node = servers_[index];
   node = Node{next_node_id_++, SERVER, index, request.data_address(), request.host(), clock_(), 0};
   node.memory_bytes = request.memory_bytes();
+  node.joined_running_job = true;
   ServerInfo* info = MapServer(index);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());

@@ -49,7 +49,9 @@ class ClusterState {
   // that are not tcp://host:port with a port in [1, 65535].
   absl::StatusOr<RegisterResponse> RegisterServer(const RegisterRequest& request);
   // A rank removed from the running job (declared dead) may register again:
-  // it rejoins at a round past every server's (RejoinRunningJob). Refuses
+  // it rejoins at a round past every server's (RejoinRunningJob), chosen
+  // once every server not declared dead has reported within two heartbeat
+  // intervals (waiting at most heartbeat_timeout_ms and one interval). Refuses
   // ranks outside [0, num_workers), and a rank held by a live registration: one still waiting for the
   // cluster, or, once it formed, one heard from within heartbeat_timeout_ms.
   // A rank registering again after that replaces its old entry (a restarted
@@ -110,12 +112,15 @@ class ClusterState {
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
-    // Servers: the rounds they report completed, when, and the rate (rounds
-    // per second) between their last two reports.
+    // Servers: the rounds they report completed, the round the rate (rounds
+    // per second) is measured from and when it was reported, and the rate
+    // between their last two reports (Heartbeat says which count).
     uint64_t completed_round = 0;
+    uint64_t rate_round = 0;
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
     double peak_rate = 0;  // the highest round_rate seen
+    bool joined_running_job = false;  // servers: in a dead one's place (JoinRunningJob)
     // The counters of the last heartbeat that carried them and when it came;
     // the earlier report rates are measured from, and those rates.
     NodeCounters counters{};
