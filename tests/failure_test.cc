@@ -136,6 +136,14 @@ TEST(FailureTest, AKilledWorkerStartedAgainRejoinsTheSyncJobAtARoundAndItsUpdate
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
+TEST(FailureTest, ReplacingAKilledWorkerWhereTheWorkersHoldTheWeightsIsRefusedBeforeTheJobStarts) {
+  const LocalRun run = RunLocal({"--compression", "2bit", "--kill", "worker:1@5", "--replace"});
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("--replace cannot start worker 1 again"));
+  EXPECT_THAT(run.err, HasSubstr("update_mode=UPDATE_ON_SERVER"));
+  EXPECT_THAT(run.err, Not(HasSubstr("step")));  // no process was started
+}
+
 TEST(FailureTest, AKilledWorkerStartedAgainRejoinsAnSspJobWithoutStallingItsBound) {
   // SSP applied on arrival: while the killed worker is not yet declared dead
   // the others wait for it at the bound; once it is removed they go on, and

@@ -477,6 +477,17 @@ int LocalCommand(const Args& args) {
     std::cerr << "shardps local: --kill needs a cluster (not --reference)\n";
     return 2;
   }
+  for (const FaultSpec& f : faults) {
+    // The scheduler would refuse the new process only once the job is under
+    // way: say so before anything starts.
+    if (o.replace && f.role == FaultSpec::Role::kWorker && config->update_mode() == SUM_ONLY) {
+      std::cerr << "shardps local: --replace cannot start worker " << f.index
+                << " again: with update_mode sum_only (set by the compression recipe, or by --set) the weights and "
+                << "optimizer state live on the workers, so a removed rank cannot rejoin; add --set "
+                << "update_mode=UPDATE_ON_SERVER, or kill a server instead\n";
+      return 2;
+    }
+  }
   if (o.eval_every != 0 && o.reference) {
     std::cerr << "shardps local: --eval-every needs a cluster (not --reference)\n";
     return 2;
