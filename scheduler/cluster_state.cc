@@ -461,7 +461,8 @@ std::string ClusterState::FailOver(uint32_t dead) {
   std::string out;
   if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
   if (unsynced > 0) {
-    absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no backup was, or none had reported yet)");
+    absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no backup ",
+                    "was, or none had reported yet)");
   }
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
   if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
