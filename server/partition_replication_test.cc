@@ -1287,6 +1287,31 @@ TEST_F(ReplicationTest, AWorkerRemovedWhileTheLastRoundIsUnconfirmedCompletesThe
   EXPECT_EQ(Weights(1), Weights(0));
 }
 
+// SSP in rounds: worker 1 pushed rounds 0 to 2 (forwarded to the backup as
+// they came) and was removed while its push of round 2 was parked: the
+// primary refused that push. The backup, promoted later, must not count it.
+TEST_F(ReplicationTest, ABackupPromotedAfterAWorkersRemovalDoesNotCountItsPushesThePrimaryRefused) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  Send(0, PUSH, 0, 0, {1.0f, 1.0f});
+  for (uint64_t round : {0u, 1u}) Send(0, PUSH, 1, round, {1.0f, 1.0f});
+  Send(0, PUSH, 1, 2, {100.0f, 100.0f});
+  Deliver();
+  ShardMap removed = MapAt(4, 0, 1);
+  removed.add_excluded_workers(1);
+  Install(removed);
+  Deliver();
+  ShardMap promoted = MapAt(5, 1, std::nullopt);
+  promoted.add_excluded_workers(1);
+  ASSERT_TRUE(engines_[1]->InstallShardMap(promoted, 1).ok());
+  Send(1, PUSH, 0, 1, {1.0f, 1.0f}, 5);
+  Send(1, PUSH, 0, 2, {2.0f, 2.0f}, 5);
+  // Round 0: 1 - (1 + 1) / 2; round 1: minus (1 + 1) / 2; round 2: minus 2, worker 0's alone.
+  EXPECT_EQ(Weights(1), (std::vector<float>{-3.0f, -3.0f}));
+}
+
 TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitches) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
