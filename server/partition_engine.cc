@@ -254,6 +254,11 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
       }
     }
     p.ahead = std::move(ahead);
+    // Nor does a copy promoted later count them: a backup drops what was
+    // forwarded of them (ssp; a sync round's update may name its pushes).
+    if (forwards_pushes_) {
+      std::erase_if(p.forwarded, [&removed](const ParkedPush& f) { return removed[f.header.worker_rank()]; });
+    }
     // Once the last round is on every copy (else FinishRound completes it
     // when the backups confirm), as a push that completes a round.
     if (RoundBased(config_) && Settled(p) && RoundComplete(p)) CompleteRound(p);
