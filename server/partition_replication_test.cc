@@ -1336,6 +1336,47 @@ TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitche
   EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
 }
 
+// SSP in rounds: worker 0 rejoined at round 1 and pushed it while round 0
+// had no push, so the primary parked that push and answered it. The
+// primary role is handed off; the new primary dies before its snapshot
+// reaches the old one, which is promoted: it must still hold that push.
+TEST_F(ReplicationTest, AnOldPrimaryPromotedBeforeTheNewOnesSnapshotKeepsTheParkedPushesItAnswered) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  auto with_rejoin = [](ShardMap map) {
+    map.add_excluded_workers(0);
+    if (map.epoch() < 5) return map;
+    map.clear_excluded_workers();
+    WorkerRejoin* rejoin = map.add_rejoined_workers();
+    rejoin->set_rank(0);
+    rejoin->set_round(1);
+    rejoin->set_incarnation(kNewProcess);
+    rejoin->set_epoch(5);
+    return map;
+  };
+  Install(with_rejoin(MapAt(4, 0, 1)));
+  Install(with_rejoin(MapAt(5, 0, 1)));
+  incarnations_[0] = kNewProcess;
+  const uint64_t parked = Send(0, PUSH, 0, 1, {2.0f, 2.0f}, 5);
+  Deliver();
+  ASSERT_THAT(Answered(), ElementsAre(parked));
+  Install(with_rejoin(MapAt(6, 0, 1, /*handoff=*/true)));
+  Deliver();
+  ASSERT_EQ(engines_[0]->HandoffsDone().size(), 1u);
+  Install(with_rejoin(MapAt(7, 1, 0)));
+  outbox_.clear();  // the new primary's snapshot, lost with it
+  ASSERT_TRUE(engines_[0]->InstallShardMap(with_rejoin(MapAt(8, 0, std::nullopt)), 0).ok());
+  answers_.clear();
+  Send(0, PUSH, 1, 0, {1.0f, 1.0f}, 8);
+  Send(0, PUSH, 1, 1, {0.0f, 0.0f}, 8);
+  Send(0, PUSH, 0, 2, {0.0f, 0.0f}, 8);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  // Round 0: 1 - 1, worker 1's alone; round 1: minus (2 + 0) / 2.
+  EXPECT_EQ(Weights(0), (std::vector<float>{-1.0f, -1.0f}));
+}
+
 TEST_F(ReplicationTest, ADeterministicBackupPromotedMidRoundCountsTheForwardedPushOnce) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) {
