@@ -1312,6 +1312,38 @@ TEST_F(ReplicationTest, ABackupPromotedAfterAWorkersRemovalDoesNotCountItsPushes
   EXPECT_EQ(Weights(1), (std::vector<float>{-3.0f, -3.0f}));
 }
 
+// SSP in rounds: worker 0's push of round 0 was counted in the open round
+// when the worker was removed; it rejoined at round 0, and its new
+// process's push of round 0 was answered as a retry of that one. A backup
+// promoted then must count the counted push, or it refuses the new
+// process's next push for owing round 0.
+TEST_F(ReplicationTest, ABackupPromotedAfterARemovalKeepsTheRemovedWorkersPushOfTheOpenRound) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  Send(0, PUSH, 0, 0, {2.0f, 2.0f});
+  Deliver();
+  ShardMap removed = MapAt(4, 0, 1);
+  removed.add_excluded_workers(0);
+  Install(removed);
+  ShardMap rejoined = MapAt(5, 0, 1);
+  RejoinWorkerZero(rejoined, 5);
+  Install(rejoined);
+  incarnations_[0] = kNewProcess;
+  Send(0, PUSH, 0, 0, {2.0f, 2.0f}, 5, 1);
+  Deliver();
+  ShardMap promoted = MapAt(6, 1, std::nullopt);
+  RejoinWorkerZero(promoted, 5);
+  ASSERT_TRUE(engines_[1]->InstallShardMap(promoted, 1).ok());
+  answers_.clear();
+  Send(1, PUSH, 0, 1, {0.0f, 0.0f}, 6, 2);
+  Send(1, PUSH, 1, 0, {0.0f, 0.0f}, 6);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  // Round 0: 1 - (2 + 0) / 2.
+  EXPECT_EQ(Weights(1), (std::vector<float>{0.0f, 0.0f}));
+}
+
 TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitches) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
