@@ -465,7 +465,10 @@ class Pair {
         [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
           CheckAnswer(h, p);
           const std::string to = peer.to_string();
-          if (to.rfind("server", 0) == 0) Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), 0, h, "", true});
+          if (to.rfind("server", 0) == 0) {  // "server<index>.<generation>": to the process that asked
+            Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), static_cast<uint32_t>(std::strtoul(&to[8], nullptr, 10)),
+                      h, "", true});
+          }
           if (to[0] == 'w') {  // "w<rank>.<incarnation>"
             OnWorkerAnswer(s, static_cast<uint32_t>(to[1] - '0'), std::strtoull(&to[3], nullptr, 10), h);
           }
@@ -502,6 +505,7 @@ class Pair {
     DataHeader header;
     std::string payload;
     bool ack;
+    uint32_t from_generation = 0;  // the sending process
   };
 
   // A worker's push as it sent it (a re-send carries the same bytes).
@@ -515,7 +519,8 @@ class Pair {
 
   void Post(Wire m) {
     if (m.to > 1) return;
-    m.to_generation = c_.generation[m.to];
+    if (!m.ack) m.to_generation = c_.generation[m.to];  // a confirmation goes to the process that asked
+    m.from_generation = c_.generation[m.from];
     wire_.push_back(std::move(m));
   }
 
@@ -534,7 +539,9 @@ class Pair {
       engines_[m.to]->HandleReplicaAck(m.from, m.header);
       return;
     }
-    zmq::message_t peer("server" + std::to_string(m.from));
+    // A new process at m.from's index has other sockets: it never gets this
+    // request's confirmation.
+    zmq::message_t peer("server" + std::to_string(m.from) + "." + std::to_string(m.from_generation));
     zmq::message_t payload(m.payload.data(), m.payload.size());
     engines_[m.to]->Handle(peer, m.header, &payload);
   }
