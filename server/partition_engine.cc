@@ -257,6 +257,14 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
       }
     }
     p.ahead = std::move(ahead);
+    // Nor does a copy promoted later count them: a backup drops what was
+    // forwarded of them (ssp; a sync round's update may name its pushes)
+    // past its open round. Its push of that round stands, counted by the
+    // primary. (A primary one round ahead, whose last round is not here
+    // yet, counted the next one too; the backup cannot tell, and drops it.)
+    if (forwards_pushes_) {
+      std::erase_if(p.forwarded, [&](const ParkedPush& f) { return RemovedPush(p, f.header); });
+    }
     // Once the last round is on every copy (else FinishRound completes it
     // when the backups confirm), as a push that completes a round.
     if (RoundBased(config_) && Settled(p) && RoundComplete(p)) CompleteRound(p);
@@ -305,6 +313,10 @@ bool PartitionEngine::Counted(const Partition& p, uint32_t w) const {
   // Before its join round, and where the rounds went past it (a late map),
   // a rejoined worker is not waited for.
   return !excluded_[w] && JoinRound(w) <= p.completed && p.next_round[w] >= p.completed;
+}
+
+bool PartitionEngine::RemovedPush(const Partition& p, const DataHeader& h) const {
+  return num_excluded_ > 0 && excluded_[h.worker_rank()] && h.round() > p.completed;
 }
 
 bool PartitionEngine::RoundComplete(const Partition& p) const {

@@ -501,6 +501,9 @@ class PartitionEngine {
   uint64_t JoinEpoch(uint32_t w) const { return w < join_epoch_.size() ? join_epoch_[w] : 0; }
   // Sync: whether worker `w` must push p's open round for it to complete.
   bool Counted(const Partition& p, uint32_t w) const;
+  // Whether push `h` (a worker's, or forwarded) is of a removed worker and a
+  // round past p's open one: its primary refused it on the removal.
+  bool RemovedPush(const Partition& p, const DataHeader& h) const;
   // Sync: every worker counted in the open round has pushed it.
   bool RoundComplete(const Partition& p) const;
   // Whether worker `w`'s push of the open round is counted (a push parked

@@ -71,6 +71,14 @@ void PartitionEngine::FollowHandoff(Partition& p, const ShardMap& map, const Par
   // nothing left waiting is answered either: every worker re-sends what it
   // waits for there, with the same request ids, and an answer from here
   // (even an error) would settle the request the worker re-sent.
+  // Except the pushes parked and answered already (ssp): the new primary
+  // counts them, forwarded, and so must this copy if promoted before the
+  // new primary's snapshot (which holds them too) arrives.
+  for (const ParkedPush& push : p.ahead) {
+    if (forwards_pushes_ && push.answered) {
+      HoldForwarded(p, ForwardedHeader(push.header), push.payload.data(), push.payload.size());
+    }
+  }
   const size_t left =
       p.handoff_held.size() + p.waiting.size() + p.ahead.size() + p.unconfirmed.size() + p.bounded.size();
   p.handoff_held.clear();

@@ -136,6 +136,9 @@ bool PartitionEngine::ForwardedPushFits(const Partition& p, const DataHeader& h,
 }
 
 void PartitionEngine::HoldForwarded(Partition& p, const DataHeader& h, const void* data, size_t bytes) {
+  // Ssp: a removed worker's push parked when it was removed counts on no
+  // promoted copy (ApplyMembership).
+  if (forwards_pushes_ && RemovedPush(p, h)) return;
   // Kept as the worker sent it, until its round is applied here.
   DataHeader push;
   push.set_op(PUSH_PULL);

@@ -1351,6 +1351,63 @@ TEST_F(ReplicationTest, AWorkerRemovedWhileTheLastRoundIsUnconfirmedCompletesThe
   EXPECT_EQ(Weights(1), Weights(0));
 }
 
+// SSP in rounds: worker 1 pushed rounds 0 to 2 (forwarded to the backup as
+// they came) and was removed while its push of round 2 was parked: the
+// primary refused that push. The backup, promoted later, must not count it.
+TEST_F(ReplicationTest, ABackupPromotedAfterAWorkersRemovalDoesNotCountItsPushesThePrimaryRefused) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  Send(0, PUSH, 0, 0, {1.0f, 1.0f});
+  for (uint64_t round : {0u, 1u}) Send(0, PUSH, 1, round, {1.0f, 1.0f});
+  Send(0, PUSH, 1, 2, {100.0f, 100.0f});
+  Deliver();
+  ShardMap removed = MapAt(4, 0, 1);
+  removed.add_excluded_workers(1);
+  Install(removed);
+  Deliver();
+  ShardMap promoted = MapAt(5, 1, std::nullopt);
+  promoted.add_excluded_workers(1);
+  ASSERT_TRUE(engines_[1]->InstallShardMap(promoted, 1).ok());
+  Send(1, PUSH, 0, 1, {1.0f, 1.0f}, 5);
+  Send(1, PUSH, 0, 2, {2.0f, 2.0f}, 5);
+  // Round 0: 1 - (1 + 1) / 2; round 1: minus (1 + 1) / 2; round 2: minus 2, worker 0's alone.
+  EXPECT_EQ(Weights(1), (std::vector<float>{-3.0f, -3.0f}));
+}
+
+// SSP in rounds: worker 0's push of round 0 was counted in the open round
+// when the worker was removed; it rejoined at round 0, and its new
+// process's push of round 0 was answered as a retry of that one. A backup
+// promoted then must count the counted push, or it refuses the new
+// process's next push for owing round 0.
+TEST_F(ReplicationTest, ABackupPromotedAfterARemovalKeepsTheRemovedWorkersPushOfTheOpenRound) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  Send(0, PUSH, 0, 0, {2.0f, 2.0f});
+  Deliver();
+  ShardMap removed = MapAt(4, 0, 1);
+  removed.add_excluded_workers(0);
+  Install(removed);
+  ShardMap rejoined = MapAt(5, 0, 1);
+  RejoinWorkerZero(rejoined, 5);
+  Install(rejoined);
+  incarnations_[0] = kNewProcess;
+  Send(0, PUSH, 0, 0, {2.0f, 2.0f}, 5, 1);
+  Deliver();
+  ShardMap promoted = MapAt(6, 1, std::nullopt);
+  RejoinWorkerZero(promoted, 5);
+  ASSERT_TRUE(engines_[1]->InstallShardMap(promoted, 1).ok());
+  answers_.clear();
+  Send(1, PUSH, 0, 1, {0.0f, 0.0f}, 6, 2);
+  Send(1, PUSH, 1, 0, {0.0f, 0.0f}, 6);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  // Round 0: 1 - (2 + 0) / 2.
+  EXPECT_EQ(Weights(1), (std::vector<float>{0.0f, 0.0f}));
+}
+
 TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitches) {
   const int n = 4096;
   Make(SYNC, [](ClusterConfig& config) { config.mutable_compression()->set_codec("2bit:threshold=0.25"); }, n);
@@ -1373,6 +1430,47 @@ TEST_F(ReplicationTest, AHandOffWithARoundOpenCompletesItOnBothCopiesThenSwitche
   EXPECT_EQ(answers_.size(), 4u);
   EXPECT_EQ(Weights(1), std::vector<float>(n, 0.5f));
   EXPECT_TRUE(SameBits(Weights(0), Weights(1)));
+}
+
+// SSP in rounds: worker 0 rejoined at round 1 and pushed it while round 0
+// had no push, so the primary parked that push and answered it. The
+// primary role is handed off; the new primary dies before its snapshot
+// reaches the old one, which is promoted: it must still hold that push.
+TEST_F(ReplicationTest, AnOldPrimaryPromotedBeforeTheNewOnesSnapshotKeepsTheParkedPushesItAnswered) {
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  auto with_rejoin = [](ShardMap map) {
+    map.add_excluded_workers(0);
+    if (map.epoch() < 5) return map;
+    map.clear_excluded_workers();
+    WorkerRejoin* rejoin = map.add_rejoined_workers();
+    rejoin->set_rank(0);
+    rejoin->set_round(1);
+    rejoin->set_incarnation(kNewProcess);
+    rejoin->set_epoch(5);
+    return map;
+  };
+  Install(with_rejoin(MapAt(4, 0, 1)));
+  Install(with_rejoin(MapAt(5, 0, 1)));
+  incarnations_[0] = kNewProcess;
+  const uint64_t parked = Send(0, PUSH, 0, 1, {2.0f, 2.0f}, 5);
+  Deliver();
+  ASSERT_THAT(Answered(), ElementsAre(parked));
+  Install(with_rejoin(MapAt(6, 0, 1, /*handoff=*/true)));
+  Deliver();
+  ASSERT_EQ(engines_[0]->HandoffsDone().size(), 1u);
+  Install(with_rejoin(MapAt(7, 1, 0)));
+  outbox_.clear();  // the new primary's snapshot, lost with it
+  ASSERT_TRUE(engines_[0]->InstallShardMap(with_rejoin(MapAt(8, 0, std::nullopt)), 0).ok());
+  answers_.clear();
+  Send(0, PUSH, 1, 0, {1.0f, 1.0f}, 8);
+  Send(0, PUSH, 1, 1, {0.0f, 0.0f}, 8);
+  Send(0, PUSH, 0, 2, {0.0f, 0.0f}, 8);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  // Round 0: 1 - 1, worker 1's alone; round 1: minus (2 + 0) / 2.
+  EXPECT_EQ(Weights(0), (std::vector<float>{-1.0f, -1.0f}));
 }
 
 TEST_F(ReplicationTest, ADeterministicBackupPromotedMidRoundCountsTheForwardedPushOnce) {

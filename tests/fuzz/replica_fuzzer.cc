@@ -18,11 +18,12 @@
 //    a push may run ahead + 2).
 // Pair mode (n byte bit 7) runs a real primary beside the backup instead,
 // with failures (what the dead primary sent may be lost), re-created
-// copies, hand-offs of the primary role, workers removed and rejoining, and
-// workers that re-send what was not answered, and checks that the two
-// copies are bitwise equal whenever nothing is in flight, that a push
-// answered OK has its round on the backup, and that none is lost (class
-// Pair).
+// copies, hand-offs of the primary role, workers removed and rejoining (in
+// the same maps as the role changes, too), and workers that re-send what
+// was not answered, and checks that the two copies are bitwise equal
+// whenever nothing is in flight, that a push answered OK has its round on
+// the backup, that no answer shows a round the backup lacks, that a
+// removed worker is refused, and that none is lost (class Pair).
 //
 // Input: [variant][variant2][n: bit 7 pair mode, bit 6 a partition of 1024+]
 // then up to 64 requests: [kind][...fields...]
@@ -32,8 +33,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/config.h"
@@ -89,7 +93,7 @@ struct Cluster {
   uint64_t epoch = 3;
   uint32_t primary = 0;
   std::vector<uint32_t> backups;
-  int excluded = -1;
+  std::vector<uint32_t> excluded;  // removed workers (pair mode: until they rejoin)
   std::vector<WorkerRejoin> rejoins;  // pair mode: workers that rejoined the job, the latest per rank
   uint64_t handoff_epoch = 0;  // pair mode: the map that listed a hand-off to backups[0] (0: none)
   uint32_t generation[3] = {};  // per server: bumps its address, a server that joined in its place
@@ -122,7 +126,7 @@ ShardMap Map(const Cluster& c) {
   info->set_num_elements(c.n);
   info->set_server(c.primary);
   for (uint32_t b : c.backups) info->add_backups(b);
-  if (c.excluded >= 0) map.add_excluded_workers(c.excluded);
+  for (uint32_t w : c.excluded) map.add_excluded_workers(w);
   for (const WorkerRejoin& r : c.rejoins) *map.add_rejoined_workers() = r;
   if (c.handoff_epoch != 0) {
     Handoff* h = map.add_handoffs();
@@ -150,7 +154,12 @@ void NextMap(FuzzInput& in, Cluster& c) {
     case 5:
       if (c.three) { c.primary = 1; c.backups = {2}; ++c.generation[2]; }  // a re-created copy on server 2
       break;
-    case 6: c.excluded = in.Byte() % (c.workers + 1) - 1; break;
+    case 6: {
+      const int w = in.Byte() % (c.workers + 1) - 1;
+      c.excluded.clear();
+      if (w >= 0) c.excluded.push_back(w);
+      break;
+    }
     default:
       if (c.three) c.backups = c.primary == 1 ? std::vector<uint32_t>{0, 2} : std::vector<uint32_t>{1, 2};
       break;
@@ -435,14 +444,16 @@ void Send(FuzzInput& in, Cluster& c, PartitionEngine& engine, uint8_t kind, cons
 // kill the backup, bring the dead server back as a new process (a backup
 // re-created from a snapshot), hand the primary role off to the backup
 // (the roles switch once the primary reports the hand-off done), remove a
-// worker, or let a removed one rejoin (a new process, from a later round).
+// worker, or let a removed one rejoin (a new process, from a later round);
+// a map may change the roles and the membership together (NewMap).
 // Workers push their rounds in order, a refused push again before a new
 // one, and re-send what was not answered to each new primary, as a worker
 // does.
 // Checked: whenever nothing is in flight and both live, the two copies are
-// bitwise equal; a push answered OK has its round on the backup; no push is
-// refused for owing a round its worker was answered for (round based, no
-// worker ever removed, no copy promoted before its snapshot arrived).
+// bitwise equal; a push answered OK has its round on the backup, and the
+// weights an answer carries no round the backup lacks; a removed worker's
+// pushes are refused; no push is refused for owing a round its worker was
+// answered for (round based, no copy promoted before its snapshot arrived).
 class Pair {
  public:
   explicit Pair(Cluster& c) : c_(c) {}
@@ -454,7 +465,10 @@ class Pair {
         [this, s](const zmq::message_t& peer, DataHeader& h, zmq::message_t* p) {
           CheckAnswer(h, p);
           const std::string to = peer.to_string();
-          if (to.rfind("server", 0) == 0) Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), 0, h, "", true});
+          if (to.rfind("server", 0) == 0) {  // "server<index>.<generation>": to the process that asked
+            Post(Wire{s, static_cast<uint32_t>(to[6] - '0'), static_cast<uint32_t>(std::strtoul(&to[8], nullptr, 10)),
+                      h, "", true});
+          }
           if (to[0] == 'w') {  // "w<rank>.<incarnation>"
             OnWorkerAnswer(s, static_cast<uint32_t>(to[1] - '0'), std::strtoull(&to[3], nullptr, 10), h);
           }
@@ -491,6 +505,7 @@ class Pair {
     DataHeader header;
     std::string payload;
     bool ack;
+    uint32_t from_generation = 0;  // the sending process
   };
 
   // A worker's push as it sent it (a re-send carries the same bytes).
@@ -504,7 +519,8 @@ class Pair {
 
   void Post(Wire m) {
     if (m.to > 1) return;
-    m.to_generation = c_.generation[m.to];
+    if (!m.ack) m.to_generation = c_.generation[m.to];  // a confirmation goes to the process that asked
+    m.from_generation = c_.generation[m.from];
     wire_.push_back(std::move(m));
   }
 
@@ -523,7 +539,9 @@ class Pair {
       engines_[m.to]->HandleReplicaAck(m.from, m.header);
       return;
     }
-    zmq::message_t peer("server" + std::to_string(m.from));
+    // A new process at m.from's index has other sockets: it never gets this
+    // request's confirmation.
+    zmq::message_t peer("server" + std::to_string(m.from) + "." + std::to_string(m.from_generation));
     zmq::message_t payload(m.payload.data(), m.payload.size());
     engines_[m.to]->Handle(peer, m.header, &payload);
   }
@@ -546,13 +564,19 @@ class Pair {
     if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
       std::fprintf(stderr, "fuzz: %u -> worker %u: %s\n", s, w, h.ShortDebugString().c_str());
     }
-    if (h.request_id() == kInitId || w >= c_.workers || incarnation != incarnation_[w]) return;
+    if (h.request_id() == kInitId || w >= c_.workers) return;
+    NoteRemoval(w, incarnation, h);
+    if (incarnation != incarnation_[w]) return;
     if (h.request_id() == 0 || h.request_id() > sent_[w].size()) return;
+    Require(static_cast<int>(w) != sending_removed_ || h.status_code() != 0,
+            "a removed worker's push was answered OK");
     SentPush& push = sent_[w][h.request_id() - 1];  // a push's id is its round + 1
     if (h.status_code() == 0) {
       push.answered = true;
       push.refused = push.again = false;
       CheckDurable(s, push.round);
+      CheckVisible(s, h);
+      CheckContributors(h);
       return;
     }
     if (!push.answered) push.refused = true;
@@ -581,12 +605,25 @@ class Pair {
     if (op == PUSH_PULL && RoundBased(c_.config)) h.set_based_on(push.round);
     h.set_codec(push.codec);
     if (incarnation_[w] != 0) h.set_worker_incarnation(incarnation_[w]);
+    if (op == PUSH_PULL) pushed_.insert({w, incarnation_[w], push.round});
     zmq::message_t peer("w" + std::to_string(w) + "." + std::to_string(incarnation_[w]));
     zmq::message_t payload(push.bytes.data(), push.bytes.size());
     if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) {
       std::fprintf(stderr, "fuzz: worker %u -> %u: %s\n", w, c_.primary, h.ShortDebugString().c_str());
     }
+    // A removed worker (its rank excluded in the primary's map) is refused.
+    sending_removed_ = Removed(w) ? static_cast<int>(w) : -1;
     if (live_[c_.primary]) engines_[c_.primary]->Handle(peer, h, &payload);
+    sending_removed_ = -1;
+  }
+
+  bool Removed(uint32_t w) const { return std::find(c_.excluded.begin(), c_.excluded.end(), w) != c_.excluded.end(); }
+
+  // Worker w (w < 0: none) is removed from the job, unless it is already,
+  // or it is the last worker left (the job would end).
+  void Remove(int w) {
+    if (w < 0 || Removed(w) || c_.excluded.size() + 1 >= c_.workers) return;
+    c_.excluded.push_back(w);
   }
 
   // Worker `kind / 8 % workers` sends INIT, or its earliest refused push
@@ -646,10 +683,34 @@ class Pair {
     r.set_round(round + later);
     r.set_incarnation(++incarnations_);
     r.set_epoch(c_.epoch);
-    c_.excluded = -1;
+    std::erase(c_.excluded, w);
     sent_[w].clear();
     first_round_[w] = r.round();
+    first_round_of_[r.incarnation()] = r.round();
     incarnation_[w] = r.incarnation();
+  }
+
+  // An error answer to process `incarnation` of worker w that says its push
+  // was removed with it (parked for a later round when the map removed the
+  // worker): no copy may count that push.
+  void NoteRemoval(uint32_t w, uint64_t incarnation, const DataHeader& h) {
+    if (h.status_code() == 0 || h.error().find("this worker was removed from the job") == std::string::npos) return;
+    const auto first = first_round_of_.find(incarnation);
+    if (first == first_round_of_.end() || h.request_id() == 0) return;
+    removed_pushes_.insert({w, incarnation, first->second + h.request_id() - 1});
+  }
+
+  // Sum only, round based: the contributors answer `h` names for its last
+  // round are at most the workers that pushed that round, counting no push
+  // that was removed with its worker.
+  void CheckContributors(const DataHeader& h) const {
+    if (c_.config.update_mode() != SUM_ONLY || !RoundBased(c_.config) || h.completed_rounds() == 0) return;
+    const uint64_t round = h.completed_rounds() - 1;
+    std::set<uint32_t> ranks;
+    for (const auto& push : pushed_) {
+      if (std::get<2>(push) == round && !removed_pushes_.contains(push)) ranks.insert(std::get<0>(push));
+    }
+    Require(h.contributors() <= ranks.size(), "a round counted a push that was removed with its worker");
   }
 
   bool Synced(uint32_t s) const {
@@ -669,57 +730,90 @@ class Pair {
     ++c_.epoch;
     std::swap(c_.primary, c_.backups[0]);
     c_.handoff_epoch = 0;
+    // The same map may change the membership (ListHandoff).
+    if (switch_rejoin_ && !c_.excluded.empty()) Rejoin(c_.excluded.front(), 0);
+    Remove(switch_removal_);
+    switch_rejoin_ = false;
+    switch_removal_ = -1;
     Install();
     Resend();
   }
 
+  // Lists a hand-off of the primary role to the backup, if it holds a
+  // synced copy; the map that switches the roles lets the first removed
+  // worker rejoin (`rejoin`) and removes worker `removal` (-1: none).
+  // Returns whether it did.
+  bool ListHandoff(bool rejoin, int removal) {
+    const uint32_t other = 1 - c_.primary;
+    if (c_.backups.empty() || !live_[other] || c_.handoff_epoch != 0 || !Synced(other)) return false;
+    c_.handoff_epoch = c_.epoch;
+    switch_rejoin_ = rejoin;
+    switch_removal_ = removal;
+    return true;
+  }
+
+  // The roles map byte `b` chooses (bits 0-1; bit 2: what a dead primary
+  // sent is lost with it). Returns whether they could change so (then
+  // `restarted` names a server started afresh, `promoted` says the backup
+  // took over).
+  bool ChangeRoles(uint8_t b, int* restarted, bool* promoted) {
+    const uint32_t other = 1 - c_.primary;
+    switch (b % 4) {
+      case 0: return true;  // the same roles (a hand-off under way stays listed)
+      case 1:  // the primary dies: the backup takes over alone
+        if (c_.backups.empty() || !live_[other]) return false;
+        unchecked_ = unchecked_ || !Synced(other);
+        live_[c_.primary] = false;
+        if (b & 0x04) {  // what it sent is lost with it
+          const uint32_t dead = c_.primary;
+          std::erase_if(wire_, [dead](const Wire& m) { return m.from == dead; });
+        }
+        c_.primary = other;
+        c_.backups.clear();
+        c_.handoff_epoch = 0;
+        *promoted = true;
+        return true;
+      case 2:  // the backup dies
+        live_[other] = false;
+        c_.backups.clear();
+        c_.handoff_epoch = 0;
+        return true;
+      default:  // the dead server comes back as a new process, a backup
+        if (!c_.backups.empty()) return false;
+        ++c_.generation[other];
+        c_.backups = {other};
+        *restarted = static_cast<int>(other);
+        return true;
+    }
+  }
+
+  // Map byte `b`: the roles (ChangeRoles), with bit 7 a worker removed
+  // (bits 4-6: which, or none). Bits 2-3 both set: the first removed worker
+  // rejoins instead (bit 4: a round later), and without bit 7, bit 5 the
+  // roles change in the same map, bit 6 a hand-off is listed in it. Bit 3
+  // alone: a hand-off is listed instead, and with bit 6 (not 7) bits 0-1
+  // say what the map that switches the roles changes too (bit 0: the first
+  // removed worker rejoins; bit 1: worker bits 4-5 is removed). (Bits that
+  // older inputs set at random stay without effect where they can.)
   void NewMap(uint8_t b) {
     if (std::getenv("SHARDPS_FUZZ_TRACE") != nullptr) std::fprintf(stderr, "fuzz: map byte %#x\n", b);
-    const uint32_t other = 1 - c_.primary;
     ++c_.epoch;
-    bool restart = false;
+    int restarted = -1;
     bool promoted = false;
     if ((b & 0x0c) == 0x0c) {  // the removed worker rejoins as a new process
-      if (c_.excluded < 0) return;
-      Rejoin(static_cast<uint32_t>(c_.excluded), (b >> 4) & 1);
+      if (c_.excluded.empty()) return;
+      Rejoin(c_.excluded.front(), (b >> 4) & 1);
+      if ((b & 0xa0) == 0x20) (void)ChangeRoles(b, &restarted, &promoted);
+      if ((b & 0xc0) == 0x40) (void)ListHandoff(false, -1);
     } else if ((b & 0x0c) == 0x08) {  // the primary role handed off to a synced backup
-      if (c_.backups.empty() || !live_[other] || c_.handoff_epoch != 0) return;
-      if (!Synced(other)) return;
-      c_.handoff_epoch = c_.epoch;
-    } else {
-      switch (b % 4) {
-        case 0: break;  // the same roles (a hand-off under way stays listed)
-        case 1:  // the primary dies: the backup takes over alone
-          if (c_.backups.empty() || !live_[other]) return;
-          unchecked_ = unchecked_ || !Synced(other);
-          live_[c_.primary] = false;
-          if (b & 0x04) {  // what it sent is lost with it
-            const uint32_t dead = c_.primary;
-            std::erase_if(wire_, [dead](const Wire& m) { return m.from == dead; });
-          }
-          c_.primary = other;
-          c_.backups.clear();
-          c_.handoff_epoch = 0;
-          promoted = true;
-          break;
-        case 2:  // the backup dies
-          live_[other] = false;
-          c_.backups.clear();
-          c_.handoff_epoch = 0;
-          break;
-        default:  // the dead server comes back as a new process, a backup
-          if (!c_.backups.empty()) return;
-          ++c_.generation[other];
-          c_.backups = {other};
-          restart = true;
-      }
+      const bool also = (b & 0xc0) == 0x40;
+      if (!ListHandoff(also && (b & 1), also && (b & 2) ? (b >> 4) % 4 % c_.workers : -1)) return;
+    } else if (!ChangeRoles(b, &restarted, &promoted)) {
+      return;
     }
-    if (b & 0x80) {
-      c_.excluded = (b >> 4) % (c_.workers + 1) - 1;
-      unchecked_ = unchecked_ || c_.excluded >= 0;
-    }
+    if (b & 0x80) Remove((b >> 4) % (c_.workers + 1) - 1);
     Install();
-    if (restart) Start(other);
+    if (restarted >= 0) Start(restarted);
     if (promoted) Resend();
   }
 
@@ -737,6 +831,18 @@ class Pair {
     Require(!reports.empty() && reports[0].version >= needed, "a push was answered before its round was on the backup");
   }
 
+  // Primary `s` answered weights (`h`): every update they include is on a
+  // listed backup that holds a valid copy (a pull never sees a round that
+  // the primary's death could undo).
+  void CheckVisible(uint32_t s, const DataHeader& h) const {
+    const uint32_t other = 1 - s;
+    if (!RoundBased(c_.config) || h.num_elements() == 0 || !live_[other] || c_.backups.empty()) return;
+    if (!Synced(other)) return;
+    const std::vector<PartitionReport> reports = engines_[other]->Reports(1);
+    Require(!reports.empty() && reports[0].version >= h.completed_rounds(),
+            "an answer showed a round that was not on the backup");
+  }
+
   void CheckEqual() const {
     if (!wire_.empty() || !live_[0] || !live_[1]) return;
     const float* a = engines_[0]->weights(kPartition);
@@ -752,12 +858,22 @@ class Pair {
   std::deque<Wire> wire_;
   bool initialized_ = false;
   bool batching_ = false;
-  // A worker was removed, or a copy promoted before its snapshot arrived
-  // (no scheduler does that): pushes may be refused for owing a round.
+  // A copy was promoted before its snapshot arrived (no scheduler does
+  // that): it does not know which rounds the workers pushed, so pushes may
+  // be refused for owing a round they were answered for.
   bool unchecked_ = false;
+  int sending_removed_ = -1;  // a removed worker whose push the primary is handling
+  // The map that switches the roles of a listed hand-off also: lets the
+  // first removed worker rejoin; removes this worker (-1: none).
+  bool switch_rejoin_ = false;
+  int switch_removal_ = -1;
   uint64_t incarnations_ = 0;
   std::vector<SentPush> sent_[4];  // per worker, by round from its first
   uint64_t first_round_[4] = {};   // per worker: its join round (0 unless it rejoined)
+  std::map<uint64_t, uint64_t> first_round_of_ = {{0, 0}};  // per registration (0: none), its join round
+  // Pushes sent as (worker, registration, round), and those answered as
+  // removed with their worker.
+  std::set<std::tuple<uint32_t, uint64_t, uint64_t>> pushed_, removed_pushes_;
   uint64_t incarnation_[4] = {};   // per worker: its registration (0 unless it rejoined)
 };
 
