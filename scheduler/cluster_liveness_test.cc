@@ -277,6 +277,18 @@ class FastHeartbeatTest : public LivenessTest {
     config_.set_heartbeat_interval_ms(200);
     LivenessTest::SetUp();
   }
+
+  // One second of heartbeats: server 0 reports rounds 10, 20, ... 50,
+  // server 1 two behind; every node is heard.
+  void ReportFiftyRoundsASecondUpToRoundFifty() {
+    for (int k = 1; k <= 5; ++k) {
+      now_ += absl::Milliseconds(200);
+      Report(0, 10 * k);
+      Report(1, 10 * k - 2);
+      Beat({}, {0, 1, 2}, 1);
+      ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+    }
+  }
 };
 
 TEST_F(FastHeartbeatTest, ARankRejoiningBeforeAKilledServerIsDeclaredDeadIsNotSentPastTheJob) {
@@ -288,13 +300,7 @@ TEST_F(FastHeartbeatTest, ARankRejoiningBeforeAKilledServerIsDeclaredDeadIsNotSe
   // job's last round: the rank had nothing to train. Its age says nothing of
   // the live servers' rounds; the rejoin waits until it is heard or declared
   // dead.
-  for (int k = 1; k <= 5; ++k) {  // 50 rounds a second, up to round 50
-    now_ += absl::Milliseconds(200);
-    Report(0, 10 * k);
-    Report(1, 10 * k - 2);
-    Beat({}, {0, 1, 2}, 1);
-    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
-  }
+  ASSERT_NO_FATAL_FAILURE(ReportFiftyRoundsASecondUpToRoundFifty());
   // Worker 2 dies now, server 1 200 ms later; rounds stall at 50.
   auto tick = [this](int k) {
     now_ += absl::Milliseconds(100);
@@ -324,13 +330,7 @@ TEST_F(FastHeartbeatTest, NeitherAHeartbeatSentEarlyNorAJoinedServersFirstRoundC
   // reported the job's round 29 ms after its round 0 (3461 rounds a second
   // where the job did 60), or from a heartbeat sent early, milliseconds after
   // the last, one round later (106). The round fell past the job's last.
-  for (int k = 1; k <= 5; ++k) {  // 50 rounds a second, up to round 50
-    now_ += absl::Milliseconds(200);
-    Report(0, 10 * k);
-    Report(1, 10 * k - 2);
-    Beat({}, {0, 1, 2}, 1);
-    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
-  }
+  ASSERT_NO_FATAL_FAILURE(ReportFiftyRoundsASecondUpToRoundFifty());
   now_ += absl::Milliseconds(10);
   Report(0, 52);  // sent early (say a hand-off drained): 2 rounds in 10 ms
   // Server 1 and worker 2 die; rounds stall at 52.

@@ -67,6 +67,17 @@ class ReplicationTest : public ReplicaPairTest {
     EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup skipped the rejoined worker's push";
   }
 
+  // Server 1 comes back as a new process at a new address (epoch 4): a new
+  // copy, which server 0 sends a snapshot (queued, not delivered). Returns
+  // that map.
+  ShardMap ServerOneComesBackAtANewAddress() {
+    Restart(1);
+    ShardMap map = MapAt(4, 0, 1);
+    map.mutable_servers(1)->set_data_address("tcp://s:9");
+    Install(map);
+    return map;
+  }
+
   static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   }
@@ -747,10 +758,7 @@ TEST_F(ReplicationTest, ACopyWhoseSnapshotPredatesARejoinItKnowsCountsTheRejoine
   Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 2);
   Deliver();
   // Server 1 comes back at a new address: a copy re-created from a snapshot.
-  Restart(1);
-  ShardMap map = MapAt(4, 0, 1);
-  map.mutable_servers(1)->set_data_address("tcp://s:9");
-  Install(map);
+  ShardMap map = ServerOneComesBackAtANewAddress();
   ASSERT_EQ(outbox_.size(), 1u);
   ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
   map.set_epoch(5);
@@ -882,10 +890,7 @@ TEST_F(ReplicationTest, ACopyReCreatedWhileAnSspRoundIsOpenGetsThePushesAnswered
     EXPECT_THAT(Answered(), ElementsAre(early, parked)) << "answered ahead of round 0, within the bound";
     answers_.clear();
     // A new server 1, at a new address, while round 0 is open.
-    Restart(1);
-    ShardMap map = MapAt(4, 0, 1);
-    map.mutable_servers(1)->set_data_address("tcp://s:9");
-    Install(map);
+    const ShardMap map = ServerOneComesBackAtANewAddress();
     if (confirmed) {
       Deliver();
     } else {
@@ -930,10 +935,7 @@ TEST_F(ReplicationTest, ASnapshotWithTheOpenRoundsPushesFitsInAServersFrame) {
   }
   Deliver();
   EXPECT_EQ(answers_.size(), 14u) << "rounds 0 and 1 answered ahead of round 0 (round 2 waits for round 1)";
-  Restart(1);
-  ShardMap map = MapAt(4, 0, 1);
-  map.mutable_servers(1)->set_data_address("tcp://s:9");
-  Install(map);
+  ServerOneComesBackAtANewAddress();
   ASSERT_EQ(outbox_.size(), 1u);
   ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
   EXPECT_LE(static_cast<int64_t>(outbox_.front().payload.size()), PartitionEngine::MaxFrameBytes(config_));
