@@ -332,14 +332,16 @@ absl::Status PartitionEngine::CheckIncarnation(Partition& p, const DataHeader& h
   const uint32_t w = h.worker_rank();
   const uint64_t incarnation = h.worker_incarnation();
   if (incarnation == p.incarnation[w]) return absl::OkStatus();
-  if (incarnation == 0) {
-    if (w >= join_incarnation_.size() || join_incarnation_[w] == 0) return absl::OkStatus();
-    // Every worker process pushes with its registration: one without a
-    // registration is not the process that rejoined at this rank.
-    return absl::FailedPreconditionError(absl::StrCat("a push of round ", h.round(), " of partition ", p.id,
-                                                      " names no registration, and worker ", w,
-                                                      " rejoined the job with registration ", join_incarnation_[w]));
+  if (w < join_incarnation_.size() && join_incarnation_[w] != 0 && incarnation != join_incarnation_[w]) {
+    // The rank rejoined: only that process pushes for it. Every worker
+    // process names its registration, so one naming none, or the dead
+    // process's (a late push), is not it, and may not take the rank over.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a push of round ", h.round(), " of partition ", p.id, " names ",
+        incarnation == 0 ? std::string("no registration") : absl::StrCat("registration ", incarnation), ", and worker ",
+        w, " rejoined the job with registration ", join_incarnation_[w]));
   }
+  if (incarnation == 0) return absl::OkStatus();  // a client that never registered
   const bool started = RoundBased(config_) ? p.next_round[w] > 0 : p.last_request[w] > 0;
   if (p.incarnation[w] != 0 && started) {
     return absl::FailedPreconditionError(absl::StrCat(

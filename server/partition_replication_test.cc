@@ -804,6 +804,28 @@ TEST_F(ReplicationTest, APushNamingNoRegistrationIsRefusedOnceItsRankRejoined) {
   ExpectTheNewProcessesPushOnBothCopies(4);
 }
 
+// Async: a push of the process that died, routed late, arrives after its
+// rank rejoined and before the new process pushed: it is not the new
+// process's, and must not lock that one out as a "restarted" worker.
+TEST_F(ReplicationTest, APushOfTheDeadProcessAfterItsRankRejoinedIsRefusedAndTheNewProcessGoesOn) {
+  Make(ASYNC);
+  incarnations_[0] = 3;  // the process that dies
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+  Deliver();
+  ShardMap map = MapAt(4, 0, 1);
+  RejoinWorkerZero(map, /*epoch=*/4);
+  Install(map);
+  answers_.clear();
+  const std::vector<float> before = Weights(0);
+  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 4, 2);
+  Deliver();
+  ASSERT_EQ(answers_.size(), 1u);
+  EXPECT_EQ(answers_[0].status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(answers_[0].error(), HasSubstr("names registration 3"));
+  EXPECT_EQ(Weights(0), before);
+  ExpectTheNewProcessesPushOnBothCopies(4);
+}
+
 // A copy made after its server applied a rejoin (here server 1's, re-created
 // from a snapshot, then promoted) was never told the rank's registration:
 // Rejoin sets it only on the copies held at the time. CheckIncarnation then
