@@ -786,44 +786,33 @@ TEST_F(ReplicationTest, UpdatesInFlightAcrossARejoinLeaveTheBackupCountingTheNew
   ExpectTheNewProcessesPushOnBothCopies(4);
 }
 
-TEST_F(ReplicationTest, APushNamingNoRegistrationIsRefusedOnceItsRankRejoined) {
-  Make(ASYNC);
-  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
-  Deliver();
-  ShardMap map = MapAt(4, 0, 1);
-  RejoinWorkerZero(map, /*epoch=*/4);
-  Install(map);
-  answers_.clear();
-  const std::vector<float> before = Weights(0);
-  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 4, 1);  // no registration: not the process that rejoined
-  Deliver();
-  ASSERT_EQ(answers_.size(), 1u);
-  EXPECT_EQ(answers_[0].status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(answers_[0].error(), HasSubstr("names no registration"));
-  EXPECT_EQ(Weights(0), before);
-  ExpectTheNewProcessesPushOnBothCopies(4);
-}
-
-// Async: a push of the process that died, routed late, arrives after its
-// rank rejoined and before the new process pushed: it is not the new
-// process's, and must not lock that one out as a "restarted" worker.
-TEST_F(ReplicationTest, APushOfTheDeadProcessAfterItsRankRejoinedIsRefusedAndTheNewProcessGoesOn) {
-  Make(ASYNC);
-  incarnations_[0] = 3;  // the process that dies
-  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
-  Deliver();
-  ShardMap map = MapAt(4, 0, 1);
-  RejoinWorkerZero(map, /*epoch=*/4);
-  Install(map);
-  answers_.clear();
-  const std::vector<float> before = Weights(0);
-  Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 4, 2);
-  Deliver();
-  ASSERT_EQ(answers_.size(), 1u);
-  EXPECT_EQ(answers_[0].status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(answers_[0].error(), HasSubstr("names registration 3"));
-  EXPECT_EQ(Weights(0), before);
-  ExpectTheNewProcessesPushOnBothCopies(4);
+// After worker 0 rejoined (a new process, registration kNewProcess), a push
+// naming no registration, or the dead process's (3, a late push arriving
+// before the new process pushed), is not the new process's: refused, and it
+// must not lock the new process out as a "restarted" worker (async resets
+// the rank's counters, so the rank has not "started" yet).
+TEST_F(ReplicationTest, APushNotOfTheProcessThatRejoinedIsRefusedAndTheNewProcessGoesOn) {
+  for (const auto& [old, says] : {std::pair<uint64_t, std::string>{0, "names no registration"},
+                                  std::pair<uint64_t, std::string>{3, "names registration 3"}}) {
+    SCOPED_TRACE(says);
+    incarnations_.clear();
+    if (old != 0) incarnations_[0] = old;  // the process that dies
+    Make(ASYNC);
+    Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 3, 1);
+    Deliver();
+    ShardMap map = MapAt(4, 0, 1);
+    RejoinWorkerZero(map, /*epoch=*/4);
+    Install(map);
+    answers_.clear();
+    const std::vector<float> before = Weights(0);
+    Send(0, PUSH, 0, 0, {0.5f, 0.5f}, 4, 2);  // still the old registration
+    Deliver();
+    ASSERT_EQ(answers_.size(), 1u);
+    EXPECT_EQ(answers_[0].status_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    EXPECT_THAT(answers_[0].error(), HasSubstr(says));
+    EXPECT_EQ(Weights(0), before);
+    ExpectTheNewProcessesPushOnBothCopies(4);
+  }
 }
 
 // A copy made after its server applied a rejoin (here server 1's, re-created
