@@ -63,7 +63,7 @@ void CurveAuthenticator::Loop() {
 
 void CurveAuthenticator::Answer(std::vector<zmq::message_t>& request) {
   // version, request id, domain, address, identity, mechanism, credentials...
-  std::string status = "400", text = "malformed ZAP request";
+  std::string status = "400", text = "malformed ZAP request", user_id;
   if (request.size() >= 7 && request[5].to_string() == "CURVE" && request[6].size() == 32) {
     bool known;
     {
@@ -73,9 +73,13 @@ void CurveAuthenticator::Answer(std::vector<zmq::message_t>& request) {
     }
     status = known ? "200" : "400";
     text = known ? "OK" : "unknown client key";
-    if (!known) {
-      char z85[41];
-      zmq_z85_encode(z85, static_cast<const uint8_t*>(request[6].data()), 32);
+    char z85[41];
+    zmq_z85_encode(z85, static_cast<const uint8_t*>(request[6].data()), 32);
+    if (known) {
+      // The connection's messages carry the key as their "User-Id"
+      // property, so the server can tell which node sent each (SenderRoles).
+      user_id = z85;
+    } else {
       LOG_EVERY_N(WARNING, 100) << name_ << ": refused a data client from " << request[3].to_string()
                                 << " with an unregistered CURVE key " << z85;
     }
@@ -85,8 +89,8 @@ void CurveAuthenticator::Answer(std::vector<zmq::message_t>& request) {
   socket_.send(zmq::buffer(request_id), zmq::send_flags::sndmore);
   socket_.send(zmq::buffer(status), zmq::send_flags::sndmore);
   socket_.send(zmq::buffer(text), zmq::send_flags::sndmore);
-  socket_.send(zmq::str_buffer(""), zmq::send_flags::sndmore);  // user id
-  socket_.send(zmq::str_buffer(""), zmq::send_flags::none);     // metadata
+  socket_.send(zmq::buffer(user_id), zmq::send_flags::sndmore);
+  socket_.send(zmq::str_buffer(""), zmq::send_flags::none);  // metadata
 }
 
 }  // namespace shardps

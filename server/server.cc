@@ -21,6 +21,7 @@
 #include "common/peer_seal.h"
 #include "common/security.h"
 #include "server/curve_authenticator.h"
+#include "server/sender_roles.h"
 #include "server/server_metrics.h"
 
 namespace shardps {
@@ -200,6 +201,7 @@ class ParameterServerImpl : public ParameterServer {
     }
     if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
     if (s.ok()) s = Admit(peer);
+    if (s.ok() && (sender_seals_ || authenticator_)) s = CheckSenderRole(header_frame);
     if (!s.ok()) {
       DataHeader reply;
       reply.set_op(RESPONSE);
@@ -283,9 +285,30 @@ class ParameterServerImpl : public ParameterServer {
     c.set_bytes_in(s.bytes_in);
     c.set_bytes_out(s.bytes_out);
     c.set_requests(s.requests);
-    c.set_requests_refused(s.non_finite + s.bad_request_ids + refused_by_limits_ + refused_unsealed_);
+    c.set_requests_refused(s.non_finite + s.bad_request_ids + refused_by_limits_ + refused_unsealed_ + refused_roles_);
     absl::MutexLock lock(&counters_mu_);
     counters_ = c;
+  }
+
+  // Whether the key that sealed header_frame (or, under CURVE, that its
+  // connection authenticated with) may send header_ (SenderRoles).
+  absl::Status CheckSenderRole(zmq::message_t& header_frame) {
+    absl::Status s;
+    if (sender_seals_) {
+      auto sender = SealedSender(header_frame);
+      s = sender.ok() ? sender_roles_.Check(*sender, header_) : sender.status();
+    } else {
+      // CurveAuthenticator names the client's key as the connection's user id.
+      const char* user = zmq_msg_gets(header_frame.handle(), "User-Id");
+      auto raw = DecodeZ85Key(user != nullptr ? user : "");
+      s = raw.ok() ? sender_roles_.Check(*raw, header_) : raw.status();
+    }
+    if (!s.ok()) {
+      ++refused_roles_;
+      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message: " << s << " ["
+                                 << google::COUNTER << " so far]";
+    }
+    return s;
   }
 
   // Whether the sender of header_ may be served now (PeerAdmission).
@@ -449,6 +472,7 @@ class ParameterServerImpl : public ParameterServer {
       for (const ServerInfo& s : map->servers()) allowed.push_back(s.curve_public_key());
       if (authenticator_) authenticator_->Allow(allowed);
       if (sender_seals_) sender_seals_->Admit(allowed);
+      sender_roles_.Update(*map);
     }
     if (absl::Status s = engine_->InstallShardMap(*map, index_); !s.ok()) {
       LOG(ERROR) << "server " << index_ << ": cannot serve shard map epoch " << map->epoch() << ": " << s;
@@ -535,6 +559,9 @@ class ParameterServerImpl : public ParameterServer {
   std::unique_ptr<PeerSeals> sender_seals_;
   absl::flat_hash_map<std::string, PeerSeal*> seal_of_connection_;
   uint64_t refused_unsealed_ = 0;
+  // Engine thread only, secured data plane: what each node's key may send.
+  SenderRoles sender_roles_;
+  uint64_t refused_roles_ = 0;
   // Seals toward sealed backups; null when this server has no keys.
   std::unique_ptr<PeerSeals> peer_seals_;
   uint64_t node_id_ = 0;

@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -140,11 +141,13 @@ class SecurityTest : public ::testing::Test {
     server_sealed_ = info.sealed_data();
   }
 
-  // A valid PUSH of ones as worker 0: header, payload.
-  std::pair<DataHeader, std::vector<float>> ForgedPush() {
+  // A valid PUSH of ones as worker `rank` (by default the raw client's):
+  // header, payload.
+  std::pair<DataHeader, std::vector<float>> ForgedPush(uint32_t rank = 1) {
     DataHeader h;
     h.set_protocol_version(kProtocolVersion);
     h.set_op(PUSH);
+    h.set_worker_rank(rank);
     h.set_epoch(1);
     h.set_partition_id(0);
     h.set_request_id(1000 + next_id_++);
@@ -153,9 +156,10 @@ class SecurityTest : public ::testing::Test {
     return {h, std::vector<float>(kN, 1.0f)};
   }
 
-  // Sends `frames` from a fresh DEALER set up by `secure` (none: plain);
-  // returns whether an answer came within 2 s.
-  bool Answered(const std::vector<std::string>& frames, const std::function<void(zmq::socket_t&)>& secure = {}) {
+  // Sends `frames` from a fresh DEALER set up by `secure` (none: plain); the
+  // first frame of the answer if one came within 2 s.
+  std::optional<zmq::message_t> Exchange(const std::vector<std::string>& frames,
+                                         const std::function<void(zmq::socket_t&)>& secure) {
     zmq::socket_t socket(context_, zmq::socket_type::dealer);
     socket.set(zmq::sockopt::rcvtimeo, 2000);
     socket.set(zmq::sockopt::linger, 0);
@@ -165,7 +169,51 @@ class SecurityTest : public ::testing::Test {
       socket.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
     zmq::message_t answer;
-    return socket.recv(answer).has_value();
+    if (!socket.recv(answer).has_value()) return std::nullopt;
+    return answer;
+  }
+
+  bool Answered(const std::vector<std::string>& frames, const std::function<void(zmq::socket_t&)>& secure = {}) {
+    return Exchange(frames, secure).has_value();
+  }
+
+  // The header of the answer to `frames` (as Exchange), opened with `seal`
+  // when the server seals; nothing if no answer came.
+  std::optional<DataHeader> AnswerTo(const std::vector<std::string>& frames,
+                                     const std::function<void(zmq::socket_t&)>& secure, PeerSeal* seal = nullptr) {
+    std::optional<zmq::message_t> answer = Exchange(frames, secure);
+    if (!answer) return std::nullopt;
+    DataHeader h;
+    if (seal != nullptr) {
+      EXPECT_TRUE(OpenMessage(*seal, *answer, nullptr, &h).ok());
+    } else {
+      EXPECT_TRUE(h.ParseFromArray(answer->data(), answer->size()));
+    }
+    return h;
+  }
+
+  // `h` and a payload of kN ones sealed with `seal`: envelope, payload.
+  static std::vector<std::string> Sealed(PeerSeal& seal, DataHeader h) {
+    const std::vector<float> ones(kN, 1.0f);
+    zmq::message_t envelope, payload;
+    EXPECT_TRUE(SealMessage(seal, h, true, ones.data(), kN * sizeof(float), &envelope, &payload).ok());
+    return {envelope.to_string(), payload.to_string()};
+  }
+
+  // A replica update of partition 0 (a round's sum of kN ones) naming
+  // server 0 as its primary.
+  static DataHeader ForgedReplica() {
+    DataHeader h;
+    h.set_protocol_version(kProtocolVersion);
+    h.set_op(REPLICATE);
+    h.set_replica_of(PUSH);
+    h.set_replica_from(0);
+    h.set_request_id(1);
+    h.set_epoch(1);
+    h.set_partition_id(0);
+    h.set_dtype(FLOAT32);
+    h.set_num_elements(kN);
+    return h;
   }
 
   // The forged PUSH in the clear, from a DEALER set up by `secure`.
@@ -175,12 +223,7 @@ class SecurityTest : public ::testing::Test {
   }
 
   // The forged PUSH sealed with `seal`: envelope, payload.
-  std::vector<std::string> SealedPush(PeerSeal& seal) {
-    auto [h, ones] = ForgedPush();
-    zmq::message_t envelope, payload;
-    EXPECT_TRUE(SealMessage(seal, h, true, ones.data(), kN * sizeof(float), &envelope, &payload).ok());
-    return {envelope.to_string(), payload.to_string()};
-  }
+  std::vector<std::string> SealedPush(PeerSeal& seal) { return Sealed(seal, ForgedPush().first); }
 
   std::vector<float> Weights() { return PullWeights(*worker_, "w", kN); }
 
@@ -334,6 +377,48 @@ TEST_F(SecurityTest, ClientWithoutTheCurveKeyGetsNoAnswerAndChangesNoWeight) {
   EXPECT_TRUE(ForgedPushAnswered([&](zmq::socket_t& s) {
     ASSERT_TRUE(MakeCurveClient(s, server_key_, &registered_).ok());
   }));
+  EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
+}
+
+// A node holding valid credentials speaks only for itself: worker 1's key
+// can push as worker 1, but not as worker 0 nor as a primary server sending
+// a backup its round (which skips every check a worker's push goes through).
+TEST_F(SecurityTest, SealedServerRefusesARegisteredKeySpeakingForAnotherNode) {
+  ASSERT_NO_FATAL_FAILURE(StartJob());
+  auto registered = PeerSeal::Create(registered_, server_key_, SealEnd::kConnecting);
+  ASSERT_TRUE(registered.ok());
+  std::optional<DataHeader> as_worker0 = AnswerTo(Sealed(**registered, ForgedPush(/*rank=*/0).first), {}, registered->get());
+  ASSERT_TRUE(as_worker0.has_value());
+  EXPECT_EQ(as_worker0->status_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(as_worker0->error(),
+            "a request naming worker 0 from worker 1's key: a worker's key speaks for its own rank only");
+  std::optional<DataHeader> as_server = AnswerTo(Sealed(**registered, ForgedReplica()), {}, registered->get());
+  ASSERT_TRUE(as_server.has_value());
+  EXPECT_EQ(as_server->status_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(as_server->error(), ::testing::HasSubstr("from worker 1's key: only a partition's primary server sends them"));
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+  // The same key pushing as its own rank is applied.
+  std::optional<DataHeader> as_itself = AnswerTo(SealedPush(**registered), {}, registered->get());
+  ASSERT_TRUE(as_itself.has_value());
+  EXPECT_EQ(as_itself->status_code(), 0) << as_itself->error();
+  EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
+}
+
+TEST_F(SecurityTest, CurveServerRefusesARegisteredKeySpeakingForAnotherNode) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(CURVE));
+  const auto as_rank1 = [&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, server_key_, &registered_).ok()); };
+  auto [push, ones] = ForgedPush(/*rank=*/0);
+  const std::string payload(reinterpret_cast<const char*>(ones.data()), kN * sizeof(float));
+  std::optional<DataHeader> as_worker0 = AnswerTo({push.SerializeAsString(), payload}, as_rank1);
+  ASSERT_TRUE(as_worker0.has_value());
+  EXPECT_EQ(as_worker0->status_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(as_worker0->error(),
+            "a request naming worker 0 from worker 1's key: a worker's key speaks for its own rank only");
+  std::optional<DataHeader> as_server = AnswerTo({ForgedReplica().SerializeAsString(), payload}, as_rank1);
+  ASSERT_TRUE(as_server.has_value());
+  EXPECT_THAT(as_server->error(), ::testing::HasSubstr("from worker 1's key: only a partition's primary server sends them"));
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+  EXPECT_TRUE(ForgedPushAnswered(as_rank1));
   EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
 }
 
