@@ -232,6 +232,7 @@ class ParameterServerImpl : public ParameterServer {
     }
     if (!s.ok()) {
       ++refused_unsealed_;
+      if (metrics_) metrics_->CountUnsealed();
       LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message that is not sealed by a node of "
                                  << "the cluster: " << s << " [" << google::COUNTER << " so far]";
       return s;
@@ -305,6 +306,7 @@ class ParameterServerImpl : public ParameterServer {
     }
     if (!s.ok()) {
       ++refused_roles_;
+      if (metrics_) metrics_->CountWrongSender();
       LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message: " << s << " ["
                                  << google::COUNTER << " so far]";
     }

@@ -65,6 +65,9 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index, size_t m
       r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "inflight_bytes"}});
   over_connections_ =
       r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "connections"}});
+  unsealed_ = r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "unsealed"}});
+  wrong_sender_ =
+      r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "wrong_sender"}});
   handling_ = r.Histogram("shardps_server_request_handling_seconds",
                           "Engine-thread time per request: validate, apply, answer or park (not time parked)",
                           {1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3, 64e-3, 256e-3}, l);

@@ -35,6 +35,10 @@ class ServerMetrics {
   // Requests the server itself refused before the engine saw them.
   void CountOverInflight() { over_inflight_.Add(1); }
   void CountOverConnections() { over_connections_.Add(1); }
+  // Secured data plane: not sealed by a node of the map; a key speaking for
+  // another node (server/sender_roles.h).
+  void CountUnsealed() { unsealed_.Add(1); }
+  void CountWrongSender() { wrong_sender_.Add(1); }
 
   void ObserveHandling(std::chrono::steady_clock::duration d) {
     handling_.Observe(std::chrono::duration<double>(d).count());
@@ -47,7 +51,7 @@ class ServerMetrics {
   std::array<MetricCounter, 17> errors_;    // by status code
   MetricCounter bytes_in_, bytes_out_, updates_, replicated_, replicated_bytes_, promotions_;
   // shardps_server_refused_total{reason}.
-  MetricCounter non_finite_, bad_request_ids_, over_inflight_, over_connections_;
+  MetricCounter non_finite_, bad_request_ids_, over_inflight_, over_connections_, unsealed_, wrong_sender_;
   MetricCounter stale_gradients_, staleness_sum_;
   MetricGauge staleness_max_;
   MetricHistogram handling_;

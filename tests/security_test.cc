@@ -227,6 +227,21 @@ class SecurityTest : public ::testing::Test {
 
   std::vector<float> Weights() { return PullWeights(*worker_, "w", kN); }
 
+  // The server's requests_refused as its heartbeats report it, once it
+  // reaches `at_least` (or after 10 s).
+  uint64_t RefusedReaches(uint64_t at_least) {
+    uint64_t refused = 0;
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;
+         absl::SleepFor(absl::Milliseconds(50))) {
+      const StatusResponse status = scheduler_->Status();
+      for (const NodeStatus& n : status.nodes()) {
+        if (n.role() == SERVER) refused = n.counters().requests_refused();
+      }
+      if (refused >= at_least) break;
+    }
+    return refused;
+  }
+
   static constexpr int kN = 64;
   std::string dir_;
   ClusterCredentialFiles files_;
@@ -397,6 +412,7 @@ TEST_F(SecurityTest, SealedServerRefusesARegisteredKeySpeakingForAnotherNode) {
   EXPECT_EQ(as_server->status_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(as_server->error(), ::testing::HasSubstr("from worker 1's key: only a partition's primary server sends them"));
   EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+  EXPECT_EQ(RefusedReaches(2), 2u) << "the refusals are counted where operators look";
   // The same key pushing as its own rank is applied.
   std::optional<DataHeader> as_itself = AnswerTo(SealedPush(**registered), {}, registered->get());
   ASSERT_TRUE(as_itself.has_value());
