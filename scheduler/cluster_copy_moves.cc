@@ -82,7 +82,9 @@ void ClusterState::MaybeStartCopyMoves() {
   joined_at_ = absl::InfinitePast();
   map_.set_epoch(map_.epoch() + 1);
   for (CopyMove move : moves) {
-    FindPartition(map_, move.partition())->add_backups(move.to());  // last: never promoted before it is synced
+    PartitionInfo* p = FindPartition(map_, move.partition());
+    p->add_backups(move.to());  // last: never promoted before it is synced
+    (*p->mutable_listed_at())[move.to()] = map_.epoch();
     move.set_epoch(map_.epoch());
     *map_.add_moves() = move;
   }

@@ -172,6 +172,10 @@ TEST_F(LivenessTest, AReplacementServerTakesTheDeadOnesPlace) {
   for (const PartitionInfo& p : map.partitions()) {
     EXPECT_EQ(p.server(), 0u) << p.ShortDebugString();  // primaries stay where workers send
     EXPECT_THAT(p.backups(), ElementsAre(1u)) << p.ShortDebugString();
+    // Listed anew: a server that skipped this map takes its copy as new.
+    auto listed = p.listed_at().find(1);
+    ASSERT_NE(listed, p.listed_at().end()) << p.ShortDebugString();
+    EXPECT_EQ(listed->second, map.epoch());
   }
   // The cluster is whole again: a third server is refused.
   EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://u:2")).status().code(),

@@ -500,6 +500,7 @@ int ClusterState::Rereplicate() {
       }
       if (!best) break;  // fewer live servers than copies
       p.add_backups(*best);  // its primary sends it the whole state first
+      (*p.mutable_listed_at())[*best] = map_.epoch();
       held[*best] += p.num_elements();
       ++recreated;
     }

@@ -312,6 +312,9 @@ TEST_F(CopyMovesTest, AJoinedServerGetsExtraCopiesFirstAndTheOldOnesGoOnlyOnceIt
     ASSERT_THAT(p.backups(), SizeIs(2)) << "an extra copy, one more than replication";
     EXPECT_EQ(p.backups(1), 2u) << "the new copy is last, never promoted before the old one";
     EXPECT_EQ(m.epoch(), added.epoch());
+    auto listed = p.listed_at().find(2);
+    ASSERT_NE(listed, p.listed_at().end()) << p.ShortDebugString();
+    EXPECT_EQ(listed->second, added.epoch());
   }
   // A report from before the epoch that lists the copies changes nothing
   // (the joined server had no copy of them then), nor does one at that

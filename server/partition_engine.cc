@@ -131,9 +131,18 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     if (!holds) continue;
     held.insert(info.id());
     if (auto it = partitions_.find(info.id()); it != partitions_.end()) {
-      FollowHandoff(*it->second, map, info, resume);
-      UpdateRole(*it->second, info, /*created=*/false, since);
-      continue;
+      if (it->second->primary || ListedAt(info, server_index) <= it->second->listed_at) {
+        FollowHandoff(*it->second, map, info, resume);
+        UpdateRole(*it->second, info, /*created=*/false, since);
+        continue;
+      }
+      // This backup copy was dropped and given back in maps this server
+      // skipped: it missed the updates in between, so it is made anew and
+      // waits for its primary's snapshot (or, promoted, answers DATA_LOSS).
+      LOG(WARNING) << "server " << server_index << ": copy of partition " << info.id() << " was given back at shard "
+                   << "map epoch " << ListedAt(info, server_index) << " after maps this server skipped dropped it: "
+                   << "it holds stale state and waits for a snapshot";
+      partitions_.erase(it);
     }
     auto p = std::make_unique<Partition>();
     p->id = info.id();
@@ -184,9 +193,15 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     if (first_map && !config_.checkpoint().restore_dir().empty()) {
       if (absl::Status s = RestorePartition(*p); !s.ok()) return s;
     }
-    // A backup added to a running job holds nothing valid until its
-    // primary's snapshot arrives; one listed from the start begins equal.
-    p->synced = first_map || info.server() == server_index;
+    // A copy added to a running job holds nothing valid until its primary's
+    // snapshot arrives; one listed from the start begins equal. (Named the
+    // primary of a copy it never held, this server missed the maps that
+    // gave it the copy and then promoted it: it answers DATA_LOSS.)
+    p->synced = first_map;
+    p->listed_at = ListedAt(info, server_index);
+    LOG_IF(ERROR, !first_map && info.server() == server_index)
+        << "server " << server_index << ": named the primary of partition " << info.id() << " at shard map epoch "
+        << map.epoch() << " without holding a copy of it (maps skipped): " << LostCopy(*p).message();
     UpdateRole(*p, info, /*created=*/true, since);
     partitions_.emplace(info.id(), std::move(p));
   }

@@ -225,6 +225,9 @@ class PartitionEngine {
     // index is a server that joined in a dead one's place (the maps between
     // may have been skipped): a new copy that needs a snapshot.
     std::string address;
+    // PartitionInfo.listed_at when listed: a later one is a copy dropped and
+    // given back in maps this server skipped, a new copy too.
+    uint64_t listed_at = 0;
     uint64_t confirmed = 0;  // the last update sequence it confirmed
     uint64_t last_sent = 0;  // the last update sent to it
     // The update number of the last snapshot sent to it (0: none), and
@@ -308,6 +311,8 @@ class PartitionEngine {
     // False on a backup added after the partition existed, until its
     // primary's snapshot arrived: it holds no valid copy before that.
     bool synced = true;
+    // PartitionInfo.listed_at of this server's copy in the map that made it.
+    uint64_t listed_at = 0;
     // The server the map names its primary, and the lowest epoch at which
     // that server may have become it: replica updates routed before it come
     // from a primary the map replaced (one that died with some still in
@@ -397,6 +402,8 @@ class PartitionEngine {
   // The last update every backup has confirmed, counting as confirmed what
   // was never sent to a backup that has confirmed all it was sent.
   static uint64_t ConfirmedBy(const Partition& p);
+  // PartitionInfo.listed_at of `server`'s copy (0: listed from the start).
+  static uint64_t ListedAt(const PartitionInfo& info, uint32_t server);
   // Answers what waited for confirmations, and lets the next round complete.
   void OnConfirmed(Partition& p);
   void HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload);

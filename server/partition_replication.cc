@@ -33,6 +33,11 @@ uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
   return confirmed;
 }
 
+uint64_t PartitionEngine::ListedAt(const PartitionInfo& info, uint32_t server) {
+  auto it = info.listed_at().find(server);
+  return it != info.listed_at().end() ? it->second : 0;
+}
+
 void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool created, uint64_t since) {
   const bool primary = info.server() == server_index_;
   if (created || info.server() != p.primary_server) p.primary_since = since;
@@ -73,11 +78,13 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
   if (primary) {
     for (uint32_t server : info.backups()) {
       const std::string address = server < server_addresses_.size() ? server_addresses_[server] : "";
-      auto it = std::find_if(p.backups.begin(), p.backups.end(),
-                             [&](const Backup& b) { return b.server == server && b.address == address; });
+      const uint64_t listed_at = ListedAt(info, server);
+      auto it = std::find_if(p.backups.begin(), p.backups.end(), [&](const Backup& b) {
+        return b.server == server && b.address == address && b.listed_at >= listed_at;
+      });
       // A copy that was listed keeps its confirmations; a new one starts
       // with what was sent so far and first gets the whole state.
-      backups.push_back(it != p.backups.end() ? *it : Backup{server, address, p.sent, p.sent});
+      backups.push_back(it != p.backups.end() ? *it : Backup{server, address, listed_at, p.sent, p.sent});
       if (it == p.backups.end() && !created) added.push_back(server);
     }
   }

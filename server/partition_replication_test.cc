@@ -406,6 +406,73 @@ TEST_F(ReplicationTest, ACopyReCreatedBeforeTheInitTakesTheInitWhenItComes) {
   EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the copy dropped the INIT: backup[0] = " << Weights(1)[0];
 }
 
+// Server 1's copy goes away at epoch 4, round 0 completes without it, and
+// the copy comes back at epoch 5; server 1 installs only the latest map it
+// got, 5. What it still holds misses round 0: it is a new copy, not synced
+// (a failover would otherwise take it for a valid one) until the snapshot.
+class SkippedDropTest : public ReplicationTest {
+ protected:
+  // Epoch 4 on server 0 only, round 0 there, then epoch 5 on both.
+  void DropRoundZeroAndGiveBack() {
+    ASSERT_TRUE(engines_[0]->InstallShardMap(MapAt(4, 0, std::nullopt), 0).ok());
+    Send(0, PUSH, 0, 0, {1.0f, 1.0f}, 4);
+    Send(0, PUSH, 1, 0, {1.0f, 1.0f}, 4);
+    ASSERT_TRUE(outbox_.empty()) << "no backup listed at epoch 4";
+    Install(GivenBack(MapAt(5, 0, 1)));
+  }
+
+  // `map` with server 1's copy listed at epoch 5.
+  static ShardMap GivenBack(ShardMap map) {
+    (*map.mutable_partitions(0)->mutable_listed_at())[1] = 5;
+    return map;
+  }
+};
+
+TEST_F(SkippedDropTest, ACopyGivenBackInMapsItSkippedWaitsForASnapshot) {
+  Make(SYNC);
+  ASSERT_NO_FATAL_FAILURE(DropRoundZeroAndGiveBack());
+  EXPECT_THAT(engines_[1]->SyncedCopies(), IsEmpty()) << "a copy that missed round 0 says it is synced";
+  ASSERT_EQ(outbox_.size(), 1u);
+  EXPECT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
+// The primary skipped epoch 4 too (it kept sending server 1 its rounds): it
+// still sends the copy listed anew a snapshot, which the copy waits for.
+TEST_F(SkippedDropTest, APrimaryThatSkippedTheDropSendsTheCopyASnapshotToo) {
+  Make(SYNC);
+  Install(GivenBack(MapAt(5, 0, 1)));
+  EXPECT_THAT(engines_[1]->SyncedCopies(), IsEmpty());
+  ASSERT_EQ(outbox_.size(), 1u);
+  EXPECT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+}
+
+TEST_F(SkippedDropTest, ACopyGivenBackThenPromotedBeforeItsSnapshotAnswersDataLoss) {
+  Make(SYNC);
+  ASSERT_NO_FATAL_FAILURE(DropRoundZeroAndGiveBack());
+  outbox_.clear();  // lost with server 0
+  ASSERT_TRUE(engines_[1]->InstallShardMap(GivenBack(MapAt(6, 1, std::nullopt)), 1).ok());
+  Send(1, PUSH, 0, 1, {1.0f, 1.0f}, 6);
+  ASSERT_EQ(answers_.size(), 3u);
+  EXPECT_EQ(answers_.back().status_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << answers_.back().error();
+  EXPECT_THAT(answers_.back().error(), HasSubstr("before its copy was complete"));
+}
+
+// Server 1 dropped its copy (epoch 4); the maps that gave it back (5) and
+// then made it the primary (6) reach it as one: it never held the state.
+TEST_F(SkippedDropTest, ACopyNamedPrimaryOnAServerThatNeverGotItAnswersDataLoss) {
+  Make(SYNC);
+  Install(MapAt(4, 0, std::nullopt));
+  ASSERT_TRUE(engines_[1]->InstallShardMap(GivenBack(MapAt(6, 1, std::nullopt)), 1).ok());
+  Send(1, PULL, 1, 0, {}, 6);
+  ASSERT_EQ(answers_.size(), 1u);
+  EXPECT_EQ(answers_.back().status_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << answers_.back().error();
+}
+
 // Server 1's copy is re-created, and server 0 dies before its snapshot
 // arrives: the only copy left holds no valid state. It says so to every
 // request instead of training on it, and passes nothing on to new copies.
