@@ -529,6 +529,37 @@ TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersP
   EXPECT_THAT(rejoined->passed_barriers(0).live_ranks(), ElementsAre(0u, 1u));
 }
 
+TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeItsRestart) {
+  // Found with real processes (shardps local --kill scheduler@150 --kill
+  // worker:2@300 --replace, with or without --secure): the worker died while
+  // the scheduler was down, so every report the restarted one heard came
+  // while rounds stalled for it. It knew no pace and placed the rejoin round
+  // one past the reports; the two survivors completed it before the map
+  // reached the servers, which refused the rank's pushes: it exited.
+  ReportRounds(50);  // 50 rounds a second up to round 50
+  ASSERT_TRUE(saved_.has_value());
+  double saved_peak = 0;
+  for (const SchedulerState::Node& n : saved_->nodes()) {
+    if (n.role() == SERVER && n.rank() == 0) saved_peak = n.peak_round_rate();
+  }
+  EXPECT_DOUBLE_EQ(saved_peak, 50.0) << "the peak pace is written as soon as it rises";
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  std::vector<std::string> declared;
+  for (int k = 0; k < 12; ++k) {  // rounds stall at 60 until worker 2 is declared dead
+    now_ += absl::Milliseconds(100);
+    Report(0, 60);
+    Report(1, 58);
+    Beat({}, {0, 1}, 1);
+    for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
+  }
+  ASSERT_THAT(declared, ElementsAre(HasSubstr("worker rank 2")));
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  // Two heartbeat intervals at the peak heard before the restart past round
+  // 60, and one more (61 without it).
+  EXPECT_EQ(rejoined->rejoin_round(), 60u + 100u + 1u);
+}
+
 TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0, 1}, {0, 1}, 1);

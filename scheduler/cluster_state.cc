@@ -76,6 +76,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     Node& node = group[n.rank()];
     node = Node{n.id(), n.role(), n.rank(), n.address(), n.host(), now, 0, n.dead(), /*heard=*/false};
     node.left = n.left();
+    node.peak_rate = n.peak_round_rate();
   }
   cs->map_ = state.shard_map();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
@@ -119,6 +120,7 @@ void ClusterState::Save() {
       n->set_host(node.host);
       n->set_dead(node.dead);
       n->set_left(node.left);
+      n->set_peak_round_rate(node.peak_rate);
     }
   }
   *state.mutable_shard_map() = map_;
@@ -360,7 +362,15 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     const double seconds = absl::ToDoubleSeconds(node->last_seen - node->round_seen);
     if (seconds >= config_.heartbeat_interval_ms() / 2000.0) {
       node->round_rate = static_cast<double>(request.completed_round() - node->rate_round) / seconds;
-      node->peak_rate = std::max(node->peak_rate, node->round_rate);
+      // Persisted when it rises (by a tenth: a few writes a job): a scheduler
+      // restarted while rounds stall for a dead worker hears no pace from
+      // the reports after its start, and a rejoin round placed at none is
+      // completed by the survivors before the map reaches them.
+      if (node->round_rate > node->peak_rate) {
+        const bool persist = node->round_rate > 1.1 * node->peak_rate;
+        node->peak_rate = node->round_rate;
+        if (persist) Save();
+      }
       node->rate_round = request.completed_round();
       node->round_seen = node->last_seen;
     }
