@@ -115,7 +115,11 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     if (server_addresses_.size() <= s.index()) server_addresses_.resize(s.index() + 1);
     server_addresses_[s.index()] = s.data_address();
   }
-  const bool first_map = epoch_ == 0 && !joined_running_job_;
+  // The first map with partitions (DefineTensors') lists every copy from the
+  // start, even after maps without any: a worker declared dead or leaving
+  // before the tensors were defined moves the epoch on.
+  const bool first_map = !partitions_mapped_ && !joined_running_job_;
+  if (map.partitions_size() > 0) partitions_mapped_ = true;
   const uint64_t since = first_map ? 0 : epoch_ + 1;  // a primary newly named here took over no earlier
   // Before the partitions follow the map: what they send the backups now (a
   // re-created copy's snapshot) must carry the new epoch, so a backup that

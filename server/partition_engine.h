@@ -134,8 +134,8 @@ class PartitionEngine {
   static int64_t MaxFrameBytes(const ClusterConfig& config);
 
   // Adopts shard map `map` for server `server_index`: creates the partitions
-  // it now owns (zero weights; on the first map with the config's
-  // checkpoint.restore_dir, the checkpoint's state) and keeps those it
+  // it now owns (zero weights; on the first map with partitions and the
+  // config's checkpoint.restore_dir, the checkpoint's state) and keeps those it
   // already had, and follows
   // its membership: requests of workers in `excluded_workers` are refused
   // from then on, and sync rounds complete with the workers that remain
@@ -610,6 +610,9 @@ class PartitionEngine {
   std::vector<Deferred> deferred_;
   uint64_t epoch_ = 0;
   bool joined_running_job_ = false;
+  // A map with partitions was installed: copies created after it are added
+  // to a running job (unsynced until their snapshot), not listed from the start.
+  bool partitions_mapped_ = false;
   uint32_t server_index_ = 0;
   std::vector<std::string> server_addresses_;  // per server index, from the latest map
   std::vector<bool> excluded_;  // per worker rank: removed from the job

@@ -473,6 +473,36 @@ TEST_F(SkippedDropTest, ACopyNamedPrimaryOnAServerThatNeverGotItAnswersDataLoss)
   EXPECT_EQ(answers_.back().status_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << answers_.back().error();
 }
 
+// A worker declared dead (or leaving) before the tensors were defined moves
+// the epoch on: the servers install a map without partitions first. The map
+// that defines the tensors is still the job's first: its copies begin equal,
+// so its primaries serve and its backups are synced (no snapshot comes).
+TEST_F(ReplicationTest, TheMapDefiningTheTensorsAfterAnEmptyOneListsCopiesFromTheStart) {
+  Make(SYNC);
+  for (uint32_t s : {0u, 1u}) Restart(s);
+  ShardMap before_tensors;
+  before_tensors.set_epoch(1);
+  for (uint32_t s : {0u, 1u}) {
+    ServerInfo* info = before_tensors.add_servers();
+    info->set_index(s);
+    info->set_data_address("tcp://s:" + std::to_string(s + 1));
+  }
+  before_tensors.add_excluded_workers(1);
+  Install(before_tensors);
+  ShardMap defined = MapAt(2, 0, 1);
+  defined.add_excluded_workers(1);  // as DefineTensors copies it
+  Install(defined);
+  EXPECT_TRUE(outbox_.empty()) << "a snapshot for a copy listed from the start";
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u)) << "the backup waits for a snapshot that never comes";
+  Send(0, INIT, 0, 0, {1.0f, 1.0f}, 2);
+  Deliver();
+  Send(0, PUSH_PULL, 0, 0, {1.0f, 1.0f}, 2);
+  Deliver();
+  ASSERT_EQ(answers_.size(), 2u);
+  for (const DataHeader& a : answers_) EXPECT_EQ(a.status_code(), 0) << a.error();
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
 // Server 1's copy is re-created, and server 0 dies before its snapshot
 // arrives: the only copy left holds no valid state. It says so to every
 // request instead of training on it, and passes nothing on to new copies.
