@@ -156,6 +156,18 @@ def _named(named_parameters, optimizer):
         other = first.setdefault(id(p), n)
         if other != n:
             raise ValueError("named_parameters lists one parameter under two names: %r and %r" % (other, n))
+    # A parameter the optimizer holds but named_parameters leaves out would get no hook: it would
+    # never change (the servers' optimizer updates only what is pushed) or drift apart on each
+    # worker, with no error.
+    groups = optimizer.param_groups if optimizer is not None else []
+    unnamed = ["param_groups[%d] #%d %s" % (g, i, tuple(p.shape))
+               for g, group in enumerate(groups) for i, p in enumerate(group["params"])
+               if p.requires_grad and id(p) not in first]
+    if unnamed:
+        listed = ", ".join(unnamed[:5]) + (", ..." if len(unnamed) > 5 else "")
+        raise ValueError("named_parameters leaves out %d of the optimizer's parameters (%s): they would not be "
+                         "trained through ShardPS; pass every one (model.named_parameters()) or give the "
+                         "optimizer only those named" % (len(unnamed), listed))
     return named
 
 

@@ -19,6 +19,16 @@ class NamedParametersTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "one parameter under two names: 'x' and 'y'"):
             _named([("x", a), ("y", a)], None)
 
+    def test_a_parameter_of_the_optimizer_left_unnamed_is_refused(self):
+        a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3, 4))
+        with self.assertRaisesRegex(ValueError, r"leaves out 1 of the optimizer's parameters \(param_groups\[0\] #1 "
+                                                r"\(3, 4\)\)"):
+            _named([("a", a)], torch.optim.SGD([a, b], lr=0.1))
+
+    def test_a_frozen_parameter_of_the_optimizer_may_go_unnamed(self):
+        a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+        self.assertEqual(len(_named([("a", a)], torch.optim.SGD([a, b], lr=0.1))), 1)
+
     def test_a_shared_parameter_of_a_model_is_listed_once(self):
         model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
         model[1].weight = model[0].weight
