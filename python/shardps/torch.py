@@ -48,6 +48,7 @@ cannot use raises InvalidArgumentError naming the parameter.
 """
 
 import itertools
+import re
 import time
 import warnings
 import weakref
@@ -202,6 +203,39 @@ def _define_or_check(worker, named, codecs=None, sum_only=False):
             raise ValueError("%r is %s; it was defined as %s" % (n, dtype, dtypes[n]))
 
 
+def _config_block(config_text, name):
+    """The text of a top-level block of a config in protobuf text ("" when absent); its direct
+    fields are the lines indented by two spaces."""
+    block = re.search(r"^%s \{\n(.*?)^\}" % name, config_text, re.M | re.S)
+    return block.group(1) if block else ""
+
+
+def _refuse_compressed_momentum(config_text, codecs):
+    """Sum-only jobs step the torch optimizer on each round's mean gradient. With Adam's
+    variance frozen (optimizer.freeze_variance_after, part of the recipe a plain lossy codec
+    with Adam gets) the compressed rounds instead carry each worker's Adam momentum, which only
+    the library's own optimizer keeps: every push would fail at that round. Refused here, at
+    once, rather than after freeze_variance_after steps."""
+    optimizer = _config_block(config_text, "optimizer")
+    freeze = re.search(r"^  freeze_variance_after: (\d+)$", optimizer, re.M)
+    kind = re.search(r"^  kind: (\w+)$", optimizer, re.M)
+    if not freeze or int(freeze.group(1)) == 0 or (kind and kind.group(1) != "ADAM"):
+        return
+    compression = _config_block(config_text, "compression")
+    specs = re.findall(r'^  codec: "([^"]*)"$', compression, re.M)
+    specs += re.findall(r'value: "([^"]*)"', compression)  # tensor_codecs
+    specs += [c for c in codecs.values() if c]
+    if all(spec in ("", "none") for spec in specs):
+        return
+    raise ValueError(
+        "the cluster freezes Adam's variance after %s rounds (optimizer.freeze_variance_after) and compresses "
+        "gradients in update_mode sum_only, so its compressed rounds carry each worker's Adam momentum, which only "
+        "the library's optimizer keeps; DistributedOptimizer steps the torch optimizer on mean gradients instead. "
+        "Choose one: update_mode=UPDATE_ON_SERVER (the servers run the config's optimizer on the compressed "
+        "gradients) or update_mode=SUM_ONLY set yourself (the torch optimizer steps on compressed mean gradients; "
+        "no frozen variance), e.g. `shardps launch --set update_mode=UPDATE_ON_SERVER`" % freeze.group(1))
+
+
 class DistributedOptimizer:
     """Wraps a torch optimizer; see the module's description. Attributes not defined here
     (param_groups, state, ...) are the wrapped optimizer's.
@@ -228,7 +262,10 @@ class DistributedOptimizer:
         self.timeout = timeout
         self.sum_only = self.worker.update_mode == "sum_only"
         named = _named(named_parameters, optimizer)
-        _define_or_check(self.worker, named, _per_name(compression, named, "compression"), self.sum_only)
+        codecs = _per_name(compression, named, "compression")
+        if self.sum_only:
+            _refuse_compressed_momentum(self.worker.config_text(), codecs)
+        _define_or_check(self.worker, named, codecs, self.sum_only)
         ranks = _per_name(priorities, named, "priorities")
         self._slots = [_Slot(n, p, self.sum_only, ranks.get(n, 0)) for n, p in named if p.requires_grad]
         self._prioritised = bool(ranks)

@@ -4,7 +4,7 @@ from cluster import has_torch, launch, python_worker
 
 if has_torch():
     import torch
-    from shardps.torch import _named
+    from shardps.torch import _named, _refuse_compressed_momentum
 
 
 @unittest.skipUnless(has_torch(), "torch is not installed")
@@ -45,6 +45,59 @@ class ZeroGradTest(unittest.TestCase):
         self.assertIn("[0] ok: the take-over is announced: True", run.stdout)
         self.assertIn("[0] ok: one push per parameter a step: True", run.stdout)
         self.assertIn("[0] ok: the earlier optimizer refuses to step: True", run.stdout)
+
+
+
+# The config a worker gets for `--set compression.codec=2bit` (1-bit Adam's recipe).
+RECIPE = """num_servers: 1
+num_workers: 1
+optimizer {
+  epsilon: 0.0001
+  freeze_variance_after: 150
+}
+compression {
+  codec: "2bit:scale=1"
+  pull_codec: "onebit"
+  uncompressed_rounds: 150
+  warmup_codec: "fp16"
+}
+update_mode: SUM_ONLY
+"""
+
+
+@unittest.skipUnless(has_torch(), "torch is not installed")
+class CompressedMomentumTest(unittest.TestCase):
+    """Sum-only DistributedOptimizer steps the torch optimizer on mean gradients, which a
+    frozen-variance Adam's compressed rounds (momenta) cannot give."""
+
+    def test_the_recipe_of_a_plain_lossy_codec_is_refused_naming_the_way_out(self):
+        with self.assertRaisesRegex(ValueError,
+                                    "freezes Adam's variance after 150 rounds.*update_mode=UPDATE_ON_SERVER"):
+            _refuse_compressed_momentum(RECIPE, {})
+
+    def test_a_tensor_codec_counts(self):
+        config = RECIPE.replace('  codec: "2bit:scale=1"\n',
+                                '  tensor_codecs {\n    key: "w"\n    value: "onebit"\n  }\n')
+        with self.assertRaises(ValueError):
+            _refuse_compressed_momentum(config, {})
+        with self.assertRaises(ValueError):
+            _refuse_compressed_momentum(RECIPE.replace('  codec: "2bit:scale=1"\n', ""), {"w": "topk:ratio=0.1"})
+
+    def test_no_codec_another_optimizer_or_no_freeze_is_accepted(self):
+        _refuse_compressed_momentum(RECIPE.replace('  codec: "2bit:scale=1"\n', ""), {})
+        _refuse_compressed_momentum(RECIPE.replace("optimizer {\n", "optimizer {\n  kind: SGD\n"), {})
+        _refuse_compressed_momentum(RECIPE.replace("  freeze_variance_after: 150\n", ""), {})
+
+    def test_a_cluster_with_the_recipe_refuses_at_once(self):
+        run = launch(1, 1, python_worker("torch_recipe_worker.py"), sets=["compression.codec=2bit"], timeout=60)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("[0] refused: the cluster freezes Adam's variance after 150 rounds", run.stdout)
+
+    def test_sum_only_set_by_hand_keeps_the_torch_optimizer(self):
+        run = launch(1, 1, python_worker("torch_recipe_worker.py"), sets=["compression.codec=2bit",
+                                                                           "update_mode=SUM_ONLY"], timeout=60)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("[0] accepted", run.stdout)
 
 
 if __name__ == "__main__":
