@@ -186,14 +186,20 @@ def _per_name(option, named, what):
 
 def _define_or_check(worker, named, codecs=None, sum_only=False):
     codecs = codecs or {}
-    specs = [(n, list(t.shape), _wire_dtype(t, sum_only), codecs.get(n) or None) for n, t in named]
+    # A 0-dim tensor (a scalar parameter, BatchNorm's num_batches_tracked) travels as one element:
+    # the cluster defines no tensor without a dimension.
+    specs = [(n, list(t.shape) or [1], _wire_dtype(t, sum_only), codecs.get(n) or None) for n, t in named]
     if not worker.tensors:
         worker.define(specs)
         return
     defined, dtypes = worker.tensors, worker.dtypes
     for n, shape, dtype, codec in specs:
         if n not in defined:
-            raise KeyError("%r is not among the tensors defined on this worker" % n)
+            raise KeyError("%r is not among the tensors defined on this worker, and none can be added once they are "
+                           "defined (by the first DistributedOptimizer, from its named_parameters, or "
+                           "broadcast_parameters): pass the same tensors to both (a state_dict() adds buffers, "
+                           "e.g. BatchNorm's running statistics: broadcast model.named_parameters(), or the "
+                           "state_dict before creating the DistributedOptimizer)" % n)
         if shape != defined[n]:
             raise ValueError("%r has shape %s; it was defined with %s" % (n, shape, defined[n]))
         if codec:
@@ -575,8 +581,9 @@ def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
     """Makes every worker's tensors equal to root_rank's: the root writes them to the
     servers as initial weights and every worker pulls them. `params` is a dict (e.g.
     model.state_dict()) or (name, tensor) pairs (model.named_parameters()); the tensors are
-    defined on the worker if nothing is defined yet. Call before training: the servers take
-    initial weights only before the first update."""
+    defined on the worker if nothing is defined yet (so a state_dict with buffers goes before the
+    DistributedOptimizer, which defines its named_parameters). Call before training: the servers
+    take initial weights only before the first update."""
     worker = worker if worker is not None else shardps.worker()
     named = list(params.items()) if isinstance(params, dict) else list(params)
     _define_or_check(worker, named, sum_only=worker.update_mode == "sum_only")
