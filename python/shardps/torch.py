@@ -92,6 +92,7 @@ class _Slot:
 
     def __init__(self, name, param, sum_only, priority):
         self.name, self.param, self.priority = name, param, priority
+        self.shape = tuple(param.shape)  # as defined on the cluster: fixed for the job's life
         self.passes = 0
         self.handle = None
         self.deferred = False  # step() returned; the next forward waits for it
@@ -560,6 +561,12 @@ class DistributedOptimizer:
         # instead; its request keeps it alive. That includes one a backward hook pushed before
         # this zero_grad(): it was sent, and the next step() applies it.
         for slot in self._slots:
+            # Before backward, which would fail inside autograd with no word of why on older torch
+            # (the hook keeps the parameter's gradient accumulator, which holds the old shape).
+            if tuple(slot.param.shape) != slot.shape:
+                raise ValueError("%r has shape %s; it was defined on the cluster with %s, and a tensor's shape "
+                                 "cannot change in a job (start the job again with the new model)"
+                                 % (slot.name, tuple(slot.param.shape), slot.shape))
             if slot.deferred or slot.handle is not None:
                 slot.param.grad = None
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -50,12 +50,13 @@ class ZeroGradTest(unittest.TestCase):
 
 @unittest.skipUnless(has_torch(), "torch is not installed")
 class StateDictTest(unittest.TestCase):
-    def test_a_state_dict_with_buffers_and_a_scalar_parameter_is_broadcast_and_trained(self):
+    def test_a_state_dict_with_buffers_and_a_scalar_parameter_is_broadcast_trained_and_keeps_its_shapes(self):
         run = launch(1, 2, python_worker("torch_state_dict_worker.py"), timeout=60)
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         for rank in (0, 1):
             self.assertIn("[%d] ok: buffers broadcast: True" % rank, run.stdout)
             self.assertIn("[%d] ok: scalar broadcast: True" % rank, run.stdout)
+            self.assertIn("[%d] ok: a changed shape is refused: True" % rank, run.stdout)
         results = sorted(line.split("] ", 1)[1] for line in run.stdout.splitlines() if "] scale " in line)
         self.assertEqual(len(results), 2, run.stdout)
         self.assertEqual(results[0], results[1])  # sync: the same weights on both workers

@@ -1,6 +1,7 @@
 """A worker of test_torch_misuse: a model with a scalar parameter and BatchNorm (buffers, a
 0-dim int64 num_batches_tracked), made differently on each rank, broadcast as a state_dict
-before the DistributedOptimizer, then trained in sync. Prints "ok: <case>: <bool>"."""
+before the DistributedOptimizer, then trained in sync; then a parameter changes shape. Prints
+"ok: <case>: <bool>"."""
 
 import torch
 
@@ -23,3 +24,10 @@ for _ in range(3):
     (model.scale * model(torch.ones(2, 4) * (1 + shardps.rank()))).square().sum().backward()
     optimizer.step()
 print("scale %.6f weight %.6f" % (model.scale.item(), model[0].weight.sum().item()), flush=True)
+model[0].bias.data = model[0].bias.data[:2].clone()
+try:
+    optimizer.zero_grad()
+    print("ok: a changed shape is refused: False")
+except ValueError as e:
+    print("ok: a changed shape is refused: %s" % ("'0.bias' has shape (2,); it was defined on the cluster with (3,)"
+                                                 in str(e)))
