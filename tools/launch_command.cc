@@ -37,6 +37,7 @@ namespace {
 struct LaunchOptions {
   int64_t servers = 1, workers = 1;
   std::string config_path;
+  std::string compression;  // --compression: the codec of pushed gradients, as in `shardps local`
   std::vector<std::string> sets;
   double timeout_s = 0;  // 0: no limit
   bool verbose = false;
@@ -47,10 +48,11 @@ struct LaunchOptions {
 };
 
 // The config every node will receive: the file (if any), the process counts
-// of this launch, then each --set, validated as the scheduler would.
+// of this launch, --compression, then each --set, validated as the scheduler would.
 absl::StatusOr<ClusterConfig> LaunchConfig(const LaunchOptions& o) {
   auto config = LoadLocalConfig(o.config_path, o.servers, o.workers);
   if (!config.ok()) return config.status();
+  if (!o.compression.empty()) config->mutable_compression()->set_codec(o.compression);
   if (absl::Status s = FinishLocalConfig(o.sets, &*config); !s.ok()) return s;
   return config;
 }
@@ -401,6 +403,7 @@ int LaunchCommand(const Args& args) {
   flags.Int("workers", &o.workers, "copies of COMMAND (ranks 0..W-1)");
   flags.String("config", &o.config_path, "cluster configuration file (protobuf text)");
   flags.Repeated("set", &o.sets, "override one config field, e.g. --set consistency=async");
+  flags.String("compression", &o.compression, "codec of pushed gradients, e.g. 2bit, topk:ratio=0.01");
   flags.Double("timeout", &o.timeout_s, "seconds before the workers are stopped (0 = no limit)");
   flags.Bool("verbose", &o.verbose, "log INFO messages of the scheduler and servers");
   flags.Bool("secure", &o.secure,

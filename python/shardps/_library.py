@@ -97,8 +97,15 @@ def _load():
         return lib
     raise LibraryNotFoundError(
         "cannot load libshardps.so; build it (tools/build.sh makes build/worker/libshardps.so) and, for a "
-        "package installed with pip, set SHARDPS_LIBRARY to that file or `cmake --install` it. Tried:\n  "
-        + "\n  ".join(tried))
+        "package installed with pip, set SHARDPS_LIBRARY to that file (or PREFIX/lib/libshardps.so of a "
+        "`cmake --install`) or install it where it is looked for: `cmake --install build --prefix %s`. Tried:\n  "
+        % _install_prefix() + "\n  ".join(tried))
+
+
+def _install_prefix():
+    """Where `cmake --install` puts a library this package finds: a venv's own prefix, else
+    /usr/local (never the system interpreter's /usr, which the distribution owns)."""
+    return sys.prefix if sys.prefix != sys.base_prefix else "/usr/local"
 
 
 def _declare(lib):

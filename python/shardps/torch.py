@@ -48,6 +48,7 @@ cannot use raises InvalidArgumentError naming the parameter.
 """
 
 import itertools
+import re
 import time
 import warnings
 import weakref
@@ -91,6 +92,7 @@ class _Slot:
 
     def __init__(self, name, param, sum_only, priority):
         self.name, self.param, self.priority = name, param, priority
+        self.shape = tuple(param.shape)  # as defined on the cluster: fixed for the job's life
         self.passes = 0
         self.handle = None
         self.deferred = False  # step() returned; the next forward waits for it
@@ -156,6 +158,18 @@ def _named(named_parameters, optimizer):
         other = first.setdefault(id(p), n)
         if other != n:
             raise ValueError("named_parameters lists one parameter under two names: %r and %r" % (other, n))
+    # A parameter the optimizer holds but named_parameters leaves out would get no hook: it would
+    # never change (the servers' optimizer updates only what is pushed) or drift apart on each
+    # worker, with no error.
+    groups = optimizer.param_groups if optimizer is not None else []
+    unnamed = ["param_groups[%d] #%d %s" % (g, i, tuple(p.shape))
+               for g, group in enumerate(groups) for i, p in enumerate(group["params"])
+               if p.requires_grad and id(p) not in first]
+    if unnamed:
+        listed = ", ".join(unnamed[:5]) + (", ..." if len(unnamed) > 5 else "")
+        raise ValueError("named_parameters leaves out %d of the optimizer's parameters (%s): they would not be "
+                         "trained through ShardPS; pass every one (model.named_parameters()) or give the "
+                         "optimizer only those named" % (len(unnamed), listed))
     return named
 
 
@@ -173,14 +187,20 @@ def _per_name(option, named, what):
 
 def _define_or_check(worker, named, codecs=None, sum_only=False):
     codecs = codecs or {}
-    specs = [(n, list(t.shape), _wire_dtype(t, sum_only), codecs.get(n) or None) for n, t in named]
+    # A 0-dim tensor (a scalar parameter, BatchNorm's num_batches_tracked) travels as one element:
+    # the cluster defines no tensor without a dimension.
+    specs = [(n, list(t.shape) or [1], _wire_dtype(t, sum_only), codecs.get(n) or None) for n, t in named]
     if not worker.tensors:
         worker.define(specs)
         return
     defined, dtypes = worker.tensors, worker.dtypes
     for n, shape, dtype, codec in specs:
         if n not in defined:
-            raise KeyError("%r is not among the tensors defined on this worker" % n)
+            raise KeyError("%r is not among the tensors defined on this worker, and none can be added once they are "
+                           "defined (by the first DistributedOptimizer, from its named_parameters, or "
+                           "broadcast_parameters): pass the same tensors to both (a state_dict() adds buffers, "
+                           "e.g. BatchNorm's running statistics: broadcast model.named_parameters(), or the "
+                           "state_dict before creating the DistributedOptimizer)" % n)
         if shape != defined[n]:
             raise ValueError("%r has shape %s; it was defined with %s" % (n, shape, defined[n]))
         if codec:
@@ -188,6 +208,39 @@ def _define_or_check(worker, named, codecs=None, sum_only=False):
                              "(create the DistributedOptimizer before broadcast_parameters)" % n)
         if dtype != dtypes[n]:
             raise ValueError("%r is %s; it was defined as %s" % (n, dtype, dtypes[n]))
+
+
+def _config_block(config_text, name):
+    """The text of a top-level block of a config in protobuf text ("" when absent); its direct
+    fields are the lines indented by two spaces."""
+    block = re.search(r"^%s \{\n(.*?)^\}" % name, config_text, re.M | re.S)
+    return block.group(1) if block else ""
+
+
+def _refuse_compressed_momentum(config_text, codecs):
+    """Sum-only jobs step the torch optimizer on each round's mean gradient. With Adam's
+    variance frozen (optimizer.freeze_variance_after, part of the recipe a plain lossy codec
+    with Adam gets) the compressed rounds instead carry each worker's Adam momentum, which only
+    the library's own optimizer keeps: every push would fail at that round. Refused here, at
+    once, rather than after freeze_variance_after steps."""
+    optimizer = _config_block(config_text, "optimizer")
+    freeze = re.search(r"^  freeze_variance_after: (\d+)$", optimizer, re.M)
+    kind = re.search(r"^  kind: (\w+)$", optimizer, re.M)
+    if not freeze or int(freeze.group(1)) == 0 or (kind and kind.group(1) != "ADAM"):
+        return
+    compression = _config_block(config_text, "compression")
+    specs = re.findall(r'^  codec: "([^"]*)"$', compression, re.M)
+    specs += re.findall(r'value: "([^"]*)"', compression)  # tensor_codecs
+    specs += [c for c in codecs.values() if c]
+    if all(spec in ("", "none") for spec in specs):
+        return
+    raise ValueError(
+        "the cluster freezes Adam's variance after %s rounds (optimizer.freeze_variance_after) and compresses "
+        "gradients in update_mode sum_only, so its compressed rounds carry each worker's Adam momentum, which only "
+        "the library's optimizer keeps; DistributedOptimizer steps the torch optimizer on mean gradients instead. "
+        "Choose one: update_mode=UPDATE_ON_SERVER (the servers run the config's optimizer on the compressed "
+        "gradients) or update_mode=SUM_ONLY set yourself (the torch optimizer steps on compressed mean gradients; "
+        "no frozen variance), e.g. `shardps launch --set update_mode=UPDATE_ON_SERVER`" % freeze.group(1))
 
 
 class DistributedOptimizer:
@@ -216,7 +269,10 @@ class DistributedOptimizer:
         self.timeout = timeout
         self.sum_only = self.worker.update_mode == "sum_only"
         named = _named(named_parameters, optimizer)
-        _define_or_check(self.worker, named, _per_name(compression, named, "compression"), self.sum_only)
+        codecs = _per_name(compression, named, "compression")
+        if self.sum_only:
+            _refuse_compressed_momentum(self.worker.config_text(), codecs)
+        _define_or_check(self.worker, named, codecs, self.sum_only)
         ranks = _per_name(priorities, named, "priorities")
         self._slots = [_Slot(n, p, self.sum_only, ranks.get(n, 0)) for n, p in named if p.requires_grad]
         self._prioritised = bool(ranks)
@@ -505,6 +561,12 @@ class DistributedOptimizer:
         # instead; its request keeps it alive. That includes one a backward hook pushed before
         # this zero_grad(): it was sent, and the next step() applies it.
         for slot in self._slots:
+            # Before backward, which would fail inside autograd with no word of why on older torch
+            # (the hook keeps the parameter's gradient accumulator, which holds the old shape).
+            if tuple(slot.param.shape) != slot.shape:
+                raise ValueError("%r has shape %s; it was defined on the cluster with %s, and a tensor's shape "
+                                 "cannot change in a job (start the job again with the new model)"
+                                 % (slot.name, tuple(slot.param.shape), slot.shape))
             if slot.deferred or slot.handle is not None:
                 slot.param.grad = None
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -526,8 +588,9 @@ def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
     """Makes every worker's tensors equal to root_rank's: the root writes them to the
     servers as initial weights and every worker pulls them. `params` is a dict (e.g.
     model.state_dict()) or (name, tensor) pairs (model.named_parameters()); the tensors are
-    defined on the worker if nothing is defined yet. Call before training: the servers take
-    initial weights only before the first update."""
+    defined on the worker if nothing is defined yet (so a state_dict with buffers goes before the
+    DistributedOptimizer, which defines its named_parameters). Call before training: the servers
+    take initial weights only before the first update."""
     worker = worker if worker is not None else shardps.worker()
     named = list(params.items()) if isinstance(params, dict) else list(params)
     _define_or_check(worker, named, sum_only=worker.update_mode == "sum_only")

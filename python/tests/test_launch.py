@@ -184,6 +184,14 @@ class LaunchTest(unittest.TestCase):
         self.assertTrue(lines[0].startswith("[0] rank=0 of 2 at 127.0.0.1:"), lines[0])
         self.assertTrue(lines[1].startswith("[1] rank=1 of 2 at 127.0.0.1:"), lines[1])
 
+    def test_compression_sets_the_codec_of_the_cluster_as_in_shardps_local(self):
+        argv = launch_argv(1, 1, [sys.executable, "-c", "import shardps; print(shardps.init().config_text())"])
+        argv[2:2] = ["--compression", "fp16"]
+        run = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                             timeout=60, env=worker_environment())
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn('[0]   codec: "fp16"', run.stdout)
+
     def test_a_command_that_cannot_start_fails_the_launch(self):
         run = launch(1, 1, ["/nonexistent/job"])
         self.assertNotEqual(run.returncode, 0)

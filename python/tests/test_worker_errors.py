@@ -1,7 +1,10 @@
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
+import venv
 
 from cluster import REPO, launch, python_worker
 import shardps
@@ -32,6 +35,28 @@ class WorkerErrorsTest(unittest.TestCase):
         self.assertIn("LibraryNotFoundError", run.stderr)
         self.assertIn("/nonexistent/libshardps.so (no such file)", run.stderr)
         self.assertIn("set SHARDPS_LIBRARY to that file", run.stderr)
+
+    def test_a_venv_finds_the_library_installed_into_its_prefix(self):
+        # As a user installs: the package outside the checkout, the library by
+        # `cmake --install build --prefix "$VIRTUAL_ENV"` (lib/libshardps.so).
+        library = os.environ.get("SHARDPS_LIBRARY") or os.path.join(REPO, "build", "worker", "libshardps.so")
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = os.path.join(tmp, "venv")
+            venv.create(prefix, system_site_packages=True, with_pip=False)
+            shutil.copytree(os.path.join(REPO, "python", "shardps"), os.path.join(tmp, "site", "shardps"))
+            env = {k: v for k, v in os.environ.items() if k not in ("SHARDPS_LIBRARY", "SHARDPS_BUILD_DIR")}
+            env["PYTHONPATH"] = os.path.join(tmp, "site")
+            argv = [os.path.join(prefix, "bin", "python"), "-c",
+                    "import shardps, shardps._library as l; shardps.version(); print(l.load().shardps_loaded_from)"]
+            run = subprocess.run(argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True)
+            self.assertIn("cmake --install build --prefix %s`" % prefix, run.stderr)
+            os.makedirs(os.path.join(prefix, "lib"), exist_ok=True)
+            shutil.copy(library, os.path.join(prefix, "lib", "libshardps.so"))
+            run = subprocess.run(argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertEqual(run.stdout.strip(), os.path.join(prefix, "lib", "libshardps.so"))
 
 
 if __name__ == "__main__":
