@@ -37,23 +37,27 @@ std::set<uint32_t> ClusterState::LiveServers() const {
   return live;
 }
 
-bool ClusterState::ReportedSynced(uint32_t server, uint64_t partition) const {
+bool ClusterState::ReportedSynced(uint32_t server, const PartitionInfo& p) const {
   auto it = servers_.find(server);
   if (it == servers_.end()) return false;
+  // A report from before the map that last gave the server its copy is of
+  // the copy it held before (PartitionInfo.listed_at).
+  auto listed = p.listed_at().find(server);
+  if (listed != p.listed_at().end() && it->second.applied_epoch < listed->second) return false;
   const std::vector<uint64_t>& synced = it->second.synced_copies;
-  return std::binary_search(synced.begin(), synced.end(), partition);
+  return std::binary_search(synced.begin(), synced.end(), p.id());
 }
 
 bool ClusterState::LiveCopiesSynced() const {
-  auto synced_on = [&](uint32_t server, uint64_t partition) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto synced_on = [&](uint32_t server, const PartitionInfo& partition) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = servers_.find(server);
     if (it == servers_.end() || it->second.dead) return true;  // not live: the failover's concern
     return ReportedSynced(server, partition);
   };
   for (const PartitionInfo& p : map_.partitions()) {
-    if (!synced_on(p.server(), p.id())) return false;
+    if (!synced_on(p.server(), p)) return false;
     for (uint32_t b : p.backups()) {
-      if (!synced_on(b, p.id())) return false;
+      if (!synced_on(b, p)) return false;
     }
   }
   return true;

@@ -456,7 +456,7 @@ std::string ClusterState::FailOver(uint32_t dead) {
     // The first backup its server last reported synced: one still being
     // re-created (or refusing updates) holds no valid state yet.
     auto chosen = std::find_if(backups->begin(), backups->end(), [&](uint32_t b)
-                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReportedSynced(b, p.id()); });
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReportedSynced(b, p); });
     if (chosen == backups->end()) {
       chosen = backups->begin();
       ++unsynced;

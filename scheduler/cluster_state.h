@@ -169,9 +169,9 @@ class ClusterState {
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether server `server`'s last heartbeat reported its copy of
-  // `partition` synced.
-  bool ReportedSynced(uint32_t server, uint64_t partition) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether server `server`'s last heartbeat reported its copy of `p`
+  // synced, at an epoch at least that of the map that gave it the copy.
+  bool ReportedSynced(uint32_t server, const PartitionInfo& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every copy the map gives a live server was reported synced by
   // that server's last heartbeat at the current epoch.
   bool LiveCopiesSynced() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
