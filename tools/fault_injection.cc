@@ -22,6 +22,20 @@ std::string RoleName(FaultSpec::Role role) {
   return "?";
 }
 
+std::string FaultSpecName(const FaultSpec& spec) {
+  std::string name = RoleName(spec.role);
+  if (spec.role != FaultSpec::Role::kScheduler) absl::StrAppend(&name, ":", spec.index);
+  switch (spec.when) {
+    case FaultSpec::When::kAtStep:
+      return absl::StrCat(name, "@", spec.step);
+    case FaultSpec::When::kWhileMoving:
+      return absl::StrCat(name, "@moving");
+    case FaultSpec::When::kWhileHandingOff:
+      return absl::StrCat(name, "@handoff");
+  }
+  return name;
+}
+
 absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec, int servers, int workers) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("--kill '", spec, "': ", why,

@@ -47,6 +47,8 @@ struct FaultSpec {
 // steps are the clock).
 absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec, int servers, int workers);
 std::string RoleName(FaultSpec::Role role);
+// `spec` as --kill takes it ("server:1@600", "server:0@moving").
+std::string FaultSpecName(const FaultSpec& spec);
 
 struct FaultRecord {
   FaultSpec spec;
@@ -82,6 +84,9 @@ class FaultInjector {
   bool WorkerKilled(int rank) const;
   bool ServerKilled(int index) const;
   const std::vector<FaultRecord>& records() const { return records_; }
+  // The faults not injected yet (all of them once the job ended: ones that
+  // never happened).
+  const std::vector<FaultSpec>& pending() const { return plan_; }
 
  private:
   struct Injected {

@@ -30,6 +30,14 @@ TEST(FaultSpecTest, ParsesEachRole) {
   EXPECT_EQ(handoff->when, FaultSpec::When::kWhileHandingOff);
 }
 
+TEST(FaultSpecTest, NamesASpecAsKillTakesIt) {
+  for (const char* spec : {"server:1@600", "worker:2@7", "scheduler@600", "server:0@moving", "server:2@handoff"}) {
+    auto f = ParseFaultSpec(spec, 3, 3);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(FaultSpecName(*f), spec);
+  }
+}
+
 TEST(FaultSpecTest, RefusesWhatCannotBeInjectedSayingWhy) {
   EXPECT_THAT(ParseFaultSpec("server:3@600", 3, 3).status().message(), HasSubstr("no server 3 among 3"));
   EXPECT_THAT(ParseFaultSpec("worker:0@600", 3, 3).status().message(), HasSubstr("kill another rank"));

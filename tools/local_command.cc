@@ -134,6 +134,7 @@ struct Outcome {
   int64_t samples = 0;
   double wall_seconds = 0;
   std::vector<FaultRecord> faults;
+  std::vector<FaultSpec> never_happened;  // asked for, not injected before the job ended
   std::string weights_sha256;  // rank 0's final weights
   UpdateAccounting updates;
 };
@@ -179,7 +180,10 @@ absl::StatusOr<size_t> ServerSlot(const std::string& dir, int spawned, int index
 Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawned_servers,
                        const ClusterConfig& config, const FaultInjector* injector, const std::set<int>& rejoined) {
   Outcome out;
-  if (injector != nullptr) out.faults = injector->records();
+  if (injector != nullptr) {
+    out.faults = injector->records();
+    out.never_happened = injector->pending();
+  }
   std::map<int, std::map<uint64_t, uint64_t>> acked;
   for (int r = 0; r < o.workers; ++r) {
     // A killed worker reports nothing; one started again reports what its
@@ -494,6 +498,7 @@ int LocalCommand(const Args& args) {
   }
   std::map<std::string, double> result;
   std::vector<FaultRecord> fault_records;
+  std::vector<FaultSpec> never_happened;
   std::string weights_sha256;
   std::string lost = "null", duplicates = "null";  // measured on a cluster only
   uint64_t pushed = 0, pulled = 0;
@@ -537,6 +542,7 @@ int LocalCommand(const Args& args) {
     samples = outcome->samples;
     wall = outcome->wall_seconds;
     fault_records = outcome->faults;
+    never_happened = outcome->never_happened;
     weights_sha256 = outcome->weights_sha256;
     lost = absl::StrCat(outcome->updates.lost);
     duplicates = absl::StrCat(outcome->updates.duplicates);
@@ -561,7 +567,18 @@ int LocalCommand(const Args& args) {
         staleness.gradients > 0 ? staleness.sum / staleness.gradients : 0.0, staleness.max,
         (o.secure || config->security().enabled()) && !o.reference ? "true" : "false");
   }
-  return 0;
+  // A run asked to survive a fault that never came measured nothing of it.
+  for (const FaultSpec& f : never_happened) {
+    std::cerr << "shardps local: --kill " << FaultSpecName(f) << " never happened: "
+              << (f.when == FaultSpec::When::kAtStep
+                      ? absl::StrCat("worker 0 ended at step ", static_cast<int64_t>(result["steps"]))
+                      : absl::StrCat("the scheduler started no ",
+                                     f.when == FaultSpec::When::kWhileMoving ? "copy moves" : "primary hand-offs",
+                                     " before the job ended (they follow a server that joins, e.g. with --replace, "
+                                     "when the copies need balancing)"))
+              << "\n";
+  }
+  return never_happened.empty() ? 0 : 1;
 }
 
 }  // namespace shardps
