@@ -4,6 +4,8 @@
 // Spec grammar: NAME[:KEY=VALUE[,KEY=VALUE]...]. Names and the keys each accepts:
 //   none, fp16, bf16, onebit          (no keys)
 //   2bit     threshold=<finite > 0>   default 0.5
+//            scale=<finite >= 0>      default 0 (off); > 0: adaptive, each
+//                                     message's threshold scale * its mean |x|
 //   topk     ratio=<(0, 1]>           default 0.01
 //   randomk  ratio=<(0, 1]>           default 0.01
 //            unbiased=<0|1>           default 1 (scale kept values by n/k)

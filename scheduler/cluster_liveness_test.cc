@@ -275,6 +275,33 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   EXPECT_EQ(state_->RegisterWorker(Node(WORKER, 2)).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+TEST_F(LivenessTest, ARankThatDiesAgainAfterRejoiningIsCountedAgain) {
+  EXPECT_EQ(state_->NodesDeclaredDead(), 0u);
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);  // worker 2 stays silent
+  ASSERT_THAT(Advance(200), SizeIs(1));
+  EXPECT_EQ(state_->NodesDeclaredDead(), 1u);
+  ReportRounds(50);
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  worker_ids_[2] = rejoined->node_id();
+  // No node is dead now, and the death still counts.
+  const StatusResponse rejoined_status = state_->Status();
+  for (const NodeStatus& n : rejoined_status.nodes()) EXPECT_FALSE(n.declared_dead()) << n.ShortDebugString();
+  EXPECT_EQ(state_->NodesDeclaredDead(), 1u);
+  // The rejoined process goes silent as well. (ReportRounds moved the clock
+  // a second with no check: the next check forgives that pause first.)
+  EXPECT_THAT(state_->CheckLiveness(), IsEmpty());
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  Beat({0, 1}, {0, 1, 2}, epoch);
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, epoch);
+  std::vector<std::string> lines = Advance(200);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("worker rank 2"));
+  EXPECT_EQ(state_->NodesDeclaredDead(), 2u);
+}
+
 // The same cluster with heartbeats every 200 ms (five to the timeout).
 class FastHeartbeatTest : public LivenessTest {
  protected:

@@ -410,6 +410,7 @@ bool ClusterState::ServersServe(uint64_t epoch) const {
 
 std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
   node.dead = true;
+  ++declared_dead_total_;
   const std::string reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(silent), " (heartbeat_timeout_ms ",
                                           config_.heartbeat_timeout_ms(), ")");
   map_.set_epoch(map_.epoch() + 1);
@@ -835,6 +836,11 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   }
   if (live != nullptr) *live = b.live_at_pass;
   return absl::OkStatus();
+}
+
+uint64_t ClusterState::NodesDeclaredDead() {
+  absl::MutexLock lock(&mu_);
+  return declared_dead_total_;
 }
 
 StatusResponse ClusterState::Status() {

@@ -100,6 +100,11 @@ class ClusterState {
   // Every node with its state and, once its heartbeats carry them, its
   // counters and rates (NodeStatus).
   StatusResponse Status();
+  // Nodes this scheduler has declared dead since it started, one for each
+  // declaration: a rank that rejoined, or a server index a replacement took,
+  // counts again when it dies again (Status() says only who is dead now).
+  // Workers that left are not counted.
+  uint64_t NodesDeclaredDead();
 
  private:
   struct Node {
@@ -288,6 +293,9 @@ class ClusterState {
   int handoffs_made_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_planned_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_made_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every DeclareDead since this scheduler started (NodesDeclaredDead): a
+  // rejoin or a replacement clears a node's `dead`, never this count.
+  uint64_t declared_dead_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardps

@@ -69,6 +69,10 @@ class SchedulerDaemon {
   // What `shardps status` shows: config, nodes, shard map. Thread-safe
   // (metrics read it on their HTTP thread).
   virtual StatusResponse Status() = 0;
+  // Nodes declared dead since this daemon started serving, one for each
+  // declaration (ClusterState::NodesDeclaredDead); Status() shows only who is
+  // dead now, which a rejoin or a replacement clears. Thread-safe.
+  virtual uint64_t NodesDeclaredDead() = 0;
   // Why the daemon stopped serving by itself (an etcd lease or leadership
   // lost); OK otherwise.
   virtual absl::Status Failure() = 0;

@@ -230,6 +230,11 @@ class SchedulerService final : public Scheduler::Service {
     *status.mutable_config() = config_;
     return status;
   }
+  // The served state's count (ClusterState::NodesDeclaredDead); 0 for a standby.
+  uint64_t NodesDeclaredDead() {
+    ClusterState* state = active_.load();
+    return state != nullptr ? state->NodesDeclaredDead() : 0;
+  }
 
   grpc::Status Status(grpc::ServerContext*, const StatusRequest*, StatusResponse* resp) override {
     grpc::Status refused;
@@ -332,6 +337,7 @@ class GrpcSchedulerDaemon : public SchedulerDaemon {
   std::string address() const override { return address_; }
   void Wait() override { server_->Wait(); }
   StatusResponse Status() override { return service_->Snapshot(); }
+  uint64_t NodesDeclaredDead() override { return service_->NodesDeclaredDead(); }
   void Shutdown() override {
     absl::MutexLock shutting_down(&shutdown_mu_);  // a concurrent Shutdown waits for this one
     EtcdSchedulerRole* role = nullptr;

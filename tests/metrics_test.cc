@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/tensor_spec.h"
 #include "scheduler/scheduler.h"
@@ -63,6 +64,59 @@ std::optional<double> Sample(const std::string& text, const std::string& series)
   const size_t start = at + series.size() + 2;
   if (!absl::SimpleAtod(text.substr(start, text.find('\n', start) - start), &v)) return std::nullopt;
   return v;
+}
+
+// A scheduler daemon that serves nothing: its status (worker rank 0, dead or
+// not) and its count of deaths are what the test sets.
+class ScriptedScheduler : public SchedulerDaemon {
+ public:
+  std::string address() const override { return ""; }
+  void Wait() override {}
+  void Shutdown() override {}
+  absl::Status Failure() override { return absl::OkStatus(); }
+  StatusResponse Status() override {
+    absl::MutexLock lock(&mu_);
+    StatusResponse status;
+    NodeStatus* n = status.add_nodes();
+    n->set_role(WORKER);
+    n->set_declared_dead(dead_);
+    n->set_alive(!dead_);
+    return status;
+  }
+  uint64_t NodesDeclaredDead() override {
+    absl::MutexLock lock(&mu_);
+    return declared_;
+  }
+  void Set(bool dead, uint64_t declared) {
+    absl::MutexLock lock(&mu_);
+    dead_ = dead;
+    declared_ = declared;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool dead_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t declared_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A rejoin clears the dead entry; the second death must count all the same.
+TEST(SchedulerMetricsTest, DeclaredDeadCountsEveryDeathOfARankThatRejoined) {
+  ScriptedScheduler scheduler;
+  auto registry = MetricsRegistry::Create();
+  AddSchedulerMetrics(*registry, scheduler);
+  auto exposer = MetricsExposer::Start("127.0.0.1:0", *registry);
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  auto declared_dead = [&] {
+    auto text = HttpGet((*exposer)->address(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    return text.ok() ? Sample(*text, "shardps_scheduler_nodes_declared_dead_total").value_or(-1) : -1;
+  };
+  scheduler.Set(/*dead=*/true, /*declared=*/1);
+  EXPECT_EQ(declared_dead(), 1);
+  scheduler.Set(/*dead=*/false, /*declared=*/1);  // rejoined
+  EXPECT_EQ(declared_dead(), 1);
+  scheduler.Set(/*dead=*/true, /*declared=*/2);  // and died again
+  EXPECT_EQ(declared_dead(), 2);
 }
 
 class MetricsTest : public ::testing::Test {

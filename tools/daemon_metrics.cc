@@ -37,21 +37,22 @@ class SchedulerSeries {
   void Refresh() {
     const StatusResponse status = scheduler_.Status();
     std::array<std::array<int, kStates>, 2> count{};
-    uint64_t dead = 0;
     for (const NodeStatus& n : status.nodes()) {
       const int state = n.left() ? 3 : n.declared_dead() ? 2 : n.alive() ? 0 : 1;
       ++count[n.role() == SERVER ? 0 : 1][state];
-      if (n.declared_dead()) ++dead;
     }
     for (int role = 0; role < 2; ++role) {
       for (int state = 0; state < kStates; ++state) nodes_[role][state].Set(count[role][state]);
     }
     epoch_.Set(status.shard_map().epoch());
     partitions_.Set(status.shard_map().partitions_size());
+    // Declarations counted by the scheduler, not nodes dead now: a rejoin or
+    // a replacement clears a dead entry, and a later death must still count.
+    const uint64_t declared = scheduler_.NodesDeclaredDead();
     absl::MutexLock lock(&mu_);  // scrapes may run on two HTTP threads at once
-    if (dead > dead_published_) {
-      declared_dead_.Add(dead - dead_published_);
-      dead_published_ = dead;
+    if (declared > declared_published_) {
+      declared_dead_.Add(declared - declared_published_);
+      declared_published_ = declared;
     }
   }
 
@@ -61,7 +62,7 @@ class SchedulerSeries {
   MetricGauge epoch_, partitions_;
   MetricCounter declared_dead_;
   absl::Mutex mu_;
-  uint64_t dead_published_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t declared_published_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Counters of one worker, advanced by what its stats gained since the last scrape.
