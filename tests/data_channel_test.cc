@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/data_message.h"
 #include "proto/cluster.pb.h"
 
@@ -63,6 +65,23 @@ struct FakeServer {
   std::string address;
 };
 
+// Submits a PUSH of `gradient` (borrowed) for partition 7, round `round`,
+// to server 0 at epoch 1; returns its handle.
+uint64_t SubmitPush(DataChannel& channel, const std::vector<float>& gradient, uint64_t round) {
+  DataChannel::Request r;
+  r.server = 0;
+  r.header.set_op(PUSH);
+  r.header.set_partition_id(7);
+  r.header.set_round(round);
+  r.header.set_epoch(1);
+  r.header.set_num_elements(gradient.size());
+  r.header.set_dtype(FLOAT32);
+  r.payload = gradient.data();
+  std::vector<DataChannel::Request> one;
+  one.push_back(std::move(r));
+  return channel.Submit(std::move(one), absl::StrCat("push ", round));
+}
+
 // Several pushes of one partition in flight (the C ABI lets a job push a
 // tensor again before the first answer): when the partition's primary moves,
 // they reach the new primary in the order they were first sent, so it takes
@@ -74,20 +93,7 @@ TEST(DataChannelTest, RerouteResendsAPartitionsWaitingRequestsInTheOrderTheyWere
   ASSERT_TRUE(channel.ok()) << channel.status();
   constexpr int kPushes = 48;
   std::vector<float> gradient(4, 1.0f);
-  for (int i = 0; i < kPushes; ++i) {
-    DataChannel::Request r;
-    r.server = 0;
-    r.header.set_op(PUSH);
-    r.header.set_partition_id(7);
-    r.header.set_round(i);
-    r.header.set_epoch(1);
-    r.header.set_num_elements(gradient.size());
-    r.header.set_dtype(FLOAT32);
-    r.payload = gradient.data();
-    std::vector<DataChannel::Request> one;
-    one.push_back(std::move(r));
-    (*channel)->Submit(std::move(one), absl::StrCat("push ", i));
-  }
+  for (int i = 0; i < kPushes; ++i) (void)SubmitPush(**channel, gradient, i);
   std::vector<DataHeader> first = old_primary.Receive(kPushes);
   ASSERT_EQ(first.size(), static_cast<size_t>(kPushes));
   EXPECT_EQ((*channel)->Reroute({{7, 1}}, 2), kPushes);
@@ -98,6 +104,38 @@ TEST(DataChannelTest, RerouteResendsAPartitionsWaitingRequestsInTheOrderTheyWere
     EXPECT_EQ(again[i].round(), static_cast<uint64_t>(i));
     EXPECT_EQ(again[i].epoch(), 2u);
   }
+}
+
+// A push submitted after its server died waits in ZeroMQ's queue for a
+// reconnection. The server is declared dead and the push re-sent to the new
+// primary, which answers it; the caller may then reuse its gradient buffer.
+// A replacement that listens at the dead server's address must not get the
+// queued copy (ZeroMQ would read the borrowed buffer to send it).
+TEST(DataChannelTest, APushQueuedForADeadServerIsNotSentToItsReplacementAfterItsResendWasAnswered) {
+  zmq::context_t context;
+  auto dead = std::make_unique<FakeServer>(context);
+  FakeServer new_primary(context);
+  const std::string address = dead->address;
+  auto channel = DataChannel::Create({{address, "", false}, {new_primary.address, "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> gradient(4, 1.0f);
+  (void)SubmitPush(**channel, gradient, 0);
+  ASSERT_EQ(dead->Receive(1).size(), 1u) << "connected";
+  dead.reset();  // SIGKILLed: its connection drops
+  absl::SleepFor(absl::Milliseconds(300));
+  const uint64_t handle = SubmitPush(**channel, gradient, 1);  // queued: nothing is connected
+  (*channel)->DropQueued(0);        // the map declares server 0 dead
+  EXPECT_EQ((*channel)->Reroute({{7, 1}}, 2), 2);
+  std::vector<DataHeader> resent = new_primary.Receive(2);
+  ASSERT_EQ(resent.size(), 2u);
+  for (size_t i = 0; i < resent.size(); ++i) new_primary.AnswerWeights(i, resent[i], 1, 0);
+  ASSERT_TRUE((*channel)->Wait(handle, absl::Seconds(10)).ok());
+  gradient.assign(4, -7.0f);  // the caller reuses its buffer
+  zmq::socket_t replacement(context, zmq::socket_type::router);
+  replacement.bind(address);
+  zmq::pollitem_t item{replacement.handle(), 0, ZMQ_POLLIN, 0};
+  EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(1500)), 0)
+      << "the replacement got a request queued for the dead server";
 }
 
 // A caller that keeps a second step in flight computes on the weights it

@@ -83,6 +83,28 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
   WakePoller();
 }
 
+void DataChannel::DropQueued(uint32_t server) {
+  absl::MutexLock io_lock(&io_mu_);
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
+    address = addresses_[server];
+  }
+  // With linger 0 the old connection's pipe goes with what it holds.
+  try {
+    servers_[server].disconnect(address);
+  } catch (const zmq::error_t&) {
+    // Already gone: nothing queued.
+  }
+  try {
+    servers_[server].connect(address);
+  } catch (const zmq::error_t& e) {
+    LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " at '" << address
+               << "' again: " << e.what();
+  }
+}
+
 void DataChannel::FailAll(const absl::Status& status) {
   size_t servers;
   {

@@ -88,6 +88,14 @@ class DataChannel {
   // then no handle is released; INVALID_ARGUMENT for an unknown handle.
   absl::StatusOr<size_t> WaitAny(absl::Span<const uint64_t> handles, absl::Duration timeout, absl::Status* status);
 
+  // Drops what is queued for `server` and not written to its connection yet
+  // (the scheduler declared it dead), once, before its requests are re-sent
+  // elsewhere: ZeroMQ would hold them for a reconnection and, should a
+  // replacement listen at the same address, send them after their re-sent
+  // copies were answered, reading payloads borrowed from callers that have
+  // reused them since. The socket connects to the address again.
+  void DropQueued(uint32_t server);
+
   // Fails every request to `server`, waiting or submitted later, with
   // `status` (the scheduler declared the server dead): no caller waits out
   // its timeout for an answer that cannot come. The first status sticks.

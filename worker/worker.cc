@@ -600,6 +600,9 @@ class WorkerImpl : public Worker {
     // after the re-send, and a primary that handed its role off leaves it
     // unanswered for the worker to re-send, which then never comes.
     int resent = 0;
+    for (const ServerInfo& s : map.servers()) {
+      if (s.dead()) channel->DropQueued(s.index());
+    }
     {
       absl::MutexLock send_lock(&send_mu_);
       {
