@@ -154,7 +154,7 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
   const fs::path local_dir = fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid);
   std::string address;
   int64_t steps = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60 * kTestSlowdown);
   while ((address.empty() || steps < 60) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     address = Slurp((local_dir / "scheduler.addr").string());

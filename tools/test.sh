@@ -14,7 +14,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan/suppressions.txt}
   cd "$build"
-  exec ctest --output-on-failure -j "$(nproc)" --timeout 1200 "$@"
+  exec ctest --output-on-failure -j "$(nproc)" --timeout 1800 "$@"
 fi
 tools/build.sh
 cd "${SHARDPS_BUILD_DIR:-build}"
