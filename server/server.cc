@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include <glog/logging.h>
@@ -192,16 +193,17 @@ class ParameterServerImpl : public ParameterServer {
     }
     header_.Clear();
     absl::Status s;
+    absl::string_view sealed_by;  // sealed: the sender's raw key, within header_frame
     if (sender_seals_) {
       // Sealed: a message no admitted node sealed gets no answer at all.
-      s = OpenFromSender(peer, header_frame, frames == 3 ? &payload : nullptr);
+      s = OpenFromSender(peer, header_frame, frames == 3 ? &payload : nullptr, &sealed_by);
       if (!s.ok()) return true;
     } else {
       s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
     }
     if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
     if (s.ok()) s = Admit(peer);
-    if (s.ok() && (sender_seals_ || authenticator_)) s = CheckSenderRole(header_frame);
+    if (s.ok() && (sender_seals_ || authenticator_)) s = CheckSenderRole(header_frame, sealed_by);
     if (!s.ok()) {
       DataHeader reply;
       reply.set_op(RESPONSE);
@@ -219,13 +221,15 @@ class ParameterServerImpl : public ParameterServer {
   }
 
   // Opens a sealed request from the sender named in its envelope, into
-  // header_, and remembers which seal answers that connection.
-  absl::Status OpenFromSender(const zmq::message_t& peer, const zmq::message_t& envelope, zmq::message_t* payload) {
+  // header_, and remembers which seal answers that connection. `sender`:
+  // the sender's raw key (a view into `envelope`).
+  absl::Status OpenFromSender(const zmq::message_t& peer, const zmq::message_t& envelope, zmq::message_t* payload,
+                              absl::string_view* sender) {
     absl::Status s;
     PeerSeal* seal = nullptr;
-    if (auto sender = SealedSender(envelope); !sender.ok()) {
-      s = sender.status();
-    } else if (seal = sender_seals_->Admitted(*sender); seal == nullptr) {
+    if (auto named = SealedSender(envelope); !named.ok()) {
+      s = named.status();
+    } else if (*sender = *named, seal = sender_seals_->Admitted(*named); seal == nullptr) {
       s = absl::PermissionDeniedError("the sender's key is not in the shard map");
     } else {
       s = OpenMessage(*seal, envelope, payload, &header_);
@@ -291,18 +295,20 @@ class ParameterServerImpl : public ParameterServer {
     counters_ = c;
   }
 
-  // Whether the key that sealed header_frame (or, under CURVE, that its
-  // connection authenticated with) may send header_ (SenderRoles).
-  absl::Status CheckSenderRole(zmq::message_t& header_frame) {
+  // Whether the key that sealed header_frame (`sealed_by`) or, under CURVE,
+  // that its connection authenticated with may send header_ (SenderRoles).
+  absl::Status CheckSenderRole(zmq::message_t& header_frame, absl::string_view sealed_by) {
     absl::Status s;
     if (sender_seals_) {
-      auto sender = SealedSender(header_frame);
-      s = sender.ok() ? sender_roles_.Check(*sender, header_) : sender.status();
+      s = sender_roles_.Check(sealed_by, header_);
     } else {
-      // CurveAuthenticator names the client's key as the connection's user id.
+      // CurveAuthenticator names the client's key (Z85) as the connection's
+      // user id; decoded on the stack, as this runs per request.
       const char* user = zmq_msg_gets(header_frame.handle(), "User-Id");
-      auto raw = DecodeZ85Key(user != nullptr ? user : "");
-      s = raw.ok() ? sender_roles_.Check(*raw, header_) : raw.status();
+      uint8_t raw[32];
+      s = user != nullptr && std::strlen(user) == 40 && zmq_z85_decode(raw, user) != nullptr
+              ? sender_roles_.Check(absl::string_view(reinterpret_cast<const char*>(raw), sizeof(raw)), header_)
+              : absl::PermissionDeniedError("the connection names no CURVE key");
     }
     if (!s.ok()) {
       ++refused_roles_;

@@ -83,6 +83,14 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
   WakePoller();
 }
 
+void DataChannel::Disconnect(uint32_t server, const std::string& address) {
+  try {
+    servers_[server].disconnect(address);
+  } catch (const zmq::error_t&) {
+    // Already gone: nothing to undo.
+  }
+}
+
 void DataChannel::DropQueued(uint32_t server) {
   absl::MutexLock io_lock(&io_mu_);
   std::string address;
@@ -92,11 +100,7 @@ void DataChannel::DropQueued(uint32_t server) {
     address = addresses_[server];
   }
   // With linger 0 the old connection's pipe goes with what it holds.
-  try {
-    servers_[server].disconnect(address);
-  } catch (const zmq::error_t&) {
-    // Already gone: nothing queued.
-  }
+  Disconnect(server, address);
   try {
     servers_[server].connect(address);
   } catch (const zmq::error_t& e) {
@@ -139,11 +143,7 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
     }
     seal = *made;
   }
-  try {
-    servers_[server].disconnect(old);
-  } catch (const zmq::error_t&) {
-    // Already gone: nothing to undo.
-  }
+  Disconnect(server, old);
   try {
     // Applies to the connection made next (the old one is gone). Sealed:
     // a plain socket (unsetting the CURVE server flag drops any CURVE).

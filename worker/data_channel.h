@@ -150,6 +150,9 @@ class DataChannel {
   };
   // The seal toward a sealed server; an error when this worker has no keys.
   absl::StatusOr<PeerSeal*> SealFor(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Ends `server`'s socket's connection to `address` (and what its pipe
+  // holds); one already gone is no error.
+  void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Sends one request (header, then its payload if any) on `server`'s socket.
   void SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
