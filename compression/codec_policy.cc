@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 
 namespace shardps::compression {
@@ -101,8 +102,9 @@ std::string ApplyCompressionRecipe(ClusterConfig* config) {
   const OptimizerConfig& o = config->optimizer();
   if (o.kind() != OptimizerConfig::ADAM) return "";  // linear updates keep error feedback exact
   if (config->consistency() != SYNC) {
-    return what + "with Adam in async mode: no measured recipe keeps its accuracy there (it needs update_mode "
-                  "sum_only, which is sync only); expect a loss (docs/performance.md)";
+    return absl::StrCat(what, "with Adam under ", absl::AsciiStrToLower(Consistency_Name(config->consistency())),
+                        " consistency: no measured recipe keeps its accuracy there (it needs update_mode sum_only, "
+                        "which is sync only); expect a loss (docs/performance.md)");
   }
   if (config->has_update_mode() || c.has_uncompressed_rounds() || o.has_freeze_variance_after()) {
     // Tuned by hand (or the recipe applied already): a partial recipe is a

@@ -92,6 +92,9 @@ TEST(CompressionRecipeTest, SaysWhyWhenTheRecipeCannotApply) {
   async.set_consistency(ASYNC);
   EXPECT_TRUE(absl::StrContains(ApplyCompressionRecipe(&async), "async")) << ApplyCompressionRecipe(&async);
   EXPECT_FALSE(async.has_update_mode());
+  ClusterConfig ssp = WithCodec("2bit");
+  ssp.set_consistency(SSP);
+  EXPECT_TRUE(absl::StrContains(ApplyCompressionRecipe(&ssp), "under ssp consistency")) << ApplyCompressionRecipe(&ssp);
 
   ClusterConfig decay = WithCodec("onebit");
   decay.mutable_optimizer()->set_weight_decay(1e-4f);
