@@ -4,8 +4,10 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <vector>
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/match.h"
 
@@ -94,23 +96,30 @@ absl::Status ValidateOptimizer(const OptimizerConfig& o) {
   return absl::OkStatus();
 }
 
-// Walks "a.b.c" to the message holding the last field.
-absl::StatusOr<std::pair<Message*, const FieldDescriptor*>> Resolve(Message* root, absl::string_view path) {
+// Walks "a.b.c" to the message holding the last field. Only a read (M is
+// const) may end on a repeated field: a flag cannot set one.
+template <typename M>
+absl::StatusOr<std::pair<M*, const FieldDescriptor*>> Resolve(M* root, absl::string_view path) {
   std::vector<std::string> parts = absl::StrSplit(path, '.');
-  Message* msg = root;
+  M* msg = root;
   for (size_t i = 0; i < parts.size(); ++i) {
     const FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(parts[i]);
-    if (f == nullptr || f->is_repeated()) {
+    const bool last = i + 1 == parts.size();
+    if (f == nullptr || (f->is_repeated() && !(last && std::is_const_v<M>))) {
       std::vector<std::string> names;
       for (int j = 0; j < msg->GetDescriptor()->field_count(); ++j) names.push_back(msg->GetDescriptor()->field(j)->name());
       return absl::InvalidArgumentError(absl::StrCat("unknown config field '", path, "' (in ",
                                                      msg->GetDescriptor()->name(), ": ", absl::StrJoin(names, ", "), ")"));
     }
-    if (i + 1 == parts.size()) return std::make_pair(msg, f);
+    if (last) return std::make_pair(msg, f);
     if (f->type() != FieldDescriptor::TYPE_MESSAGE) {
       return absl::InvalidArgumentError(absl::StrCat("config field '", parts[i], "' in '", path, "' is not a message"));
     }
-    msg = msg->GetReflection()->MutableMessage(msg, f);
+    if constexpr (std::is_const_v<M>) {
+      msg = &msg->GetReflection()->GetMessage(*msg, f);
+    } else {
+      msg = msg->GetReflection()->MutableMessage(msg, f);
+    }
   }
   return absl::InvalidArgumentError(absl::StrCat("empty config field path in '", path, "'"));
 }
@@ -188,7 +197,7 @@ absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment)
   if (kv.size() != 2 || kv[0].empty()) {
     return absl::InvalidArgumentError(absl::StrCat("config override '", assignment, "' is not field=value"));
   }
-  auto resolved = Resolve(config, kv[0]);
+  auto resolved = Resolve<Message>(config, kv[0]);
   if (!resolved.ok()) return resolved.status();
   auto [msg, field] = *resolved;
   const Reflection* r = msg->GetReflection();
@@ -233,6 +242,35 @@ absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment)
     default:
       return absl::InvalidArgumentError(absl::StrCat("config field '", kv[0], "' cannot be set from a flag"));
   }
+}
+
+absl::StatusOr<std::string> GetConfigField(const ClusterConfig& config, absl::string_view path) {
+  auto resolved = Resolve<const Message>(&config, path);
+  if (!resolved.ok()) return resolved.status();
+  auto [msg, field] = *resolved;
+  const Reflection* r = msg->GetReflection();
+  std::string out;
+  if (field->is_map()) {
+    // The only map is compression.tensor_codecs (string to string).
+    std::vector<std::string> entries;
+    for (int i = 0; i < r->FieldSize(*msg, field); ++i) {
+      const Message& entry = r->GetRepeatedMessage(*msg, field, i);
+      const Reflection* er = entry.GetReflection();
+      const Descriptor* d = entry.GetDescriptor();
+      entries.push_back(absl::StrCat(er->GetString(entry, d->map_key()), "=", er->GetString(entry, d->map_value())));
+    }
+    std::sort(entries.begin(), entries.end());
+    for (const std::string& e : entries) absl::StrAppend(&out, e, "\n");
+    return out;
+  }
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+    google::protobuf::TextFormat::PrintToString(r->GetMessage(*msg, field), &out);
+    return out;
+  }
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) return r->GetString(*msg, field);
+  // Unset fields read as their defaults: the value the cluster runs with.
+  google::protobuf::TextFormat::PrintFieldValueToString(*msg, field, -1, &out);
+  return out;
 }
 
 absl::Status ValidateLimits(const ResourceLimits& l) {

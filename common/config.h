@@ -54,6 +54,12 @@ std::string ApplyAsyncMomentumDefault(ClusterConfig* config);
 // "consistency=async" (enum values are case-insensitive).
 absl::Status SetConfigField(ClusterConfig* config, absl::string_view assignment);
 
+// The value of one field, by the same path SetConfigField takes: a scalar as
+// text (an unset field reads as its default; enums by name, strings raw), a
+// message as protobuf text, compression.tensor_codecs as "name=spec" lines
+// sorted by name.
+absl::StatusOr<std::string> GetConfigField(const ClusterConfig& config, absl::string_view path);
+
 // Lowercase name of an enum value, e.g. "sync".
 std::string ConsistencyName(Consistency c);
 

@@ -52,6 +52,29 @@ TEST(ConfigTest, OverrideRejectsUnknownFieldAndBadNumber) {
   EXPECT_THAT(SetConfigField(&config, "num_workers").message(), HasSubstr("field=value"));
 }
 
+TEST(ConfigTest, ReadsOneFieldByPathWithDefaultsForUnsetFields) {
+  ClusterConfig config;
+  ASSERT_TRUE(SetConfigField(&config, "optimizer.kind=adam").ok());
+  ASSERT_TRUE(SetConfigField(&config, "optimizer.learning_rate=0.25").ok());
+  ASSERT_TRUE(SetConfigField(&config, "compression.codec=2bit:scale=0.5").ok());
+  (*config.mutable_compression()->mutable_tensor_codecs())["fc2.weight"] = "topk:k=0.01";
+  (*config.mutable_compression()->mutable_tensor_codecs())["fc1.weight"] = "fp16";
+  EXPECT_EQ(*GetConfigField(config, "optimizer.kind"), "ADAM");
+  EXPECT_EQ(*GetConfigField(config, "optimizer.learning_rate"), "0.25");
+  EXPECT_EQ(*GetConfigField(config, "consistency"), "SYNC");  // unset: its default
+  EXPECT_EQ(*GetConfigField(config, "optimizer.freeze_variance_after"), "0");
+  EXPECT_EQ(*GetConfigField(config, "compression.codec"), "2bit:scale=0.5");
+  EXPECT_EQ(*GetConfigField(config, "compression.tensor_codecs"), "fc1.weight=fp16\nfc2.weight=topk:k=0.01\n");
+  EXPECT_THAT(*GetConfigField(config, "optimizer"), HasSubstr("learning_rate: 0.25"));
+  EXPECT_THAT(GetConfigField(config, "optimiser.kind").status().message(), HasSubstr("unknown config field"));
+  EXPECT_THAT(GetConfigField(config, "num_workers.x").status().message(), HasSubstr("not a message"));
+  // A read never creates the messages on its path.
+  EXPECT_TRUE(GetConfigField(config, "checkpoint.dir").ok());
+  EXPECT_FALSE(config.has_checkpoint());
+  // A flag still cannot set the map.
+  EXPECT_THAT(SetConfigField(&config, "compression.tensor_codecs=x").message(), HasSubstr("unknown config field"));
+}
+
 TEST(ConfigTest, ValidationNamesTheField) {
   ClusterConfig config;
   config.mutable_optimizer()->set_learning_rate(-1);

@@ -293,6 +293,22 @@ TEST_F(CApiClusterTest, ConfigTextAsksForABufferLargeEnough) {
   EXPECT_THAT(std::string(text.data()), HasSubstr("partition_bytes: 1024"));
 }
 
+TEST_F(CApiClusterTest, ConfigFieldReadsOneValueByItsPath) {
+  size_t needed = 0;
+  char out[256];
+  ASSERT_EQ(shardps_config_field(w_, "partition_bytes", out, sizeof(out), &needed, err_, sizeof(err_)), SHARDPS_OK)
+      << err_;
+  EXPECT_STREQ(out, "1024");
+  EXPECT_EQ(needed, 5u);
+  ASSERT_EQ(shardps_config_field(w_, "consistency", out, sizeof(out), &needed, err_, sizeof(err_)), SHARDPS_OK);
+  EXPECT_STREQ(out, "ASYNC");
+  EXPECT_EQ(shardps_config_field(w_, "partition_bytes", out, 2, &needed, err_, sizeof(err_)), SHARDPS_OUT_OF_RANGE);
+  EXPECT_EQ(needed, 5u);
+  EXPECT_EQ(shardps_config_field(w_, "optimizer.lr", out, sizeof(out), &needed, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(err_), HasSubstr("learning_rate"));  // names the fields that exist
+}
+
 TEST_F(CApiClusterTest, PushPullsEachPartitionAndCountsIt) {
   const int64_t shape[] = {600};
   ASSERT_EQ(shardps_declare_tensor(w_, "w", shape, 1, err_, sizeof(err_)), SHARDPS_OK);

@@ -102,6 +102,13 @@ TEST_F(CApiMisuseTest, EveryNullPointerIsRefusedByName) {
   EXPECT_EQ(shardps_stats(nullptr, &stats, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_config_text(w_, nullptr, 1 << 20, &count, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_config_text(w_, nullptr, 0, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  char field[8];
+  EXPECT_EQ(shardps_config_field(w_, nullptr, field, sizeof(field), &count, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_config_field(w_, "consistency", nullptr, 1 << 20, &count, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_config_field(nullptr, "consistency", field, sizeof(field), &count, err_, sizeof(err_)),
+            SHARDPS_INVALID_ARGUMENT);
   // No message buffer at all, or one of zero bytes: still a code.
   EXPECT_EQ(shardps_define_done(nullptr, nullptr, 0), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_define_done(nullptr, err_, 0), SHARDPS_INVALID_ARGUMENT);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/config.h"
 #include "common/names.h"
 #include "compression/codec_math.h"
 #include "google/protobuf/text_format.h"
@@ -702,6 +703,20 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
                [](const shardps::Worker& x) { return static_cast<int>(x.config().update_mode()); });
 }
 
+namespace {
+
+// Copies `text` and its NUL into out, or says how many bytes it needs.
+int CopyOut(const std::string& text, const char* what, char* out, size_t out_len, size_t* needed, char* err,
+            size_t err_len) {
+  *needed = text.size() + 1;
+  if (out_len < *needed) return TooSmall(what, out_len, *needed, err, err_len);
+  if (out == nullptr) return Null("out", err, err_len);
+  std::memcpy(out, text.c_str(), *needed);
+  return 0;
+}
+
+}  // namespace
+
 int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err, size_t err_len) {
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (needed == nullptr) return Null("needed", err, err_len);
@@ -709,11 +724,17 @@ int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size
     if (!google::protobuf::TextFormat::PrintToString(live.worker->config(), &text)) {
       return Report(absl::InternalError("cannot print the cluster config"), err, err_len);
     }
-    *needed = text.size() + 1;
-    if (out_len < *needed) return TooSmall("config buffer", out_len, *needed, err, err_len);
-    if (out == nullptr) return Null("out", err, err_len);
-    std::memcpy(out, text.c_str(), *needed);
-    return 0;
+    return CopyOut(text, "config buffer", out, out_len, needed, err, err_len);
+  });
+}
+
+int shardps_config_field(const shardps_worker* w, const char* field, char* out, size_t out_len, size_t* needed,
+                         char* err, size_t err_len) {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (field == nullptr || needed == nullptr) return Null("field or needed", err, err_len);
+    auto value = shardps::GetConfigField(live.worker->config(), field);
+    if (!value.ok()) return Report(value.status(), err, err_len);
+    return CopyOut(*value, "config field buffer", out, out_len, needed, err, err_len);
   });
 }
 

@@ -196,6 +196,15 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
 int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err,
                         size_t err_len);
 
+/* One field of the cluster configuration by its path, as `--set` names it
+ * ("optimizer.freeze_variance_after", "consistency"): a scalar as text (an
+ * unset field reads as its default; enums by name, strings as they are), a
+ * message as protobuf text, compression.tensor_codecs as "name=spec" lines
+ * sorted by name. Buffer sizing as shardps_config_text; an unknown path is
+ * SHARDPS_INVALID_ARGUMENT naming the fields that exist there. */
+int shardps_config_field(const shardps_worker* w, const char* field, char* out, size_t out_len, size_t* needed,
+                         char* err, size_t err_len);
+
 typedef struct shardps_partition {
   uint64_t offset;       /* first element of the partition within the tensor */
   uint64_t num_elements;

@@ -146,6 +146,7 @@ def _declare(lib):
         "shardps_consistency": ([w, c.POINTER(c.c_int)] + err, c.c_int),
         "shardps_update_mode": ([w, c.POINTER(c.c_int)] + err, c.c_int),
         "shardps_config_text": ([w, c.c_char_p, c.c_size_t, c.POINTER(c.c_size_t)] + err, c.c_int),
+        "shardps_config_field": ([w, c.c_char_p, c.c_char_p, c.c_size_t, c.POINTER(c.c_size_t)] + err, c.c_int),
         "shardps_partitions": ([w, c.c_char_p, c.POINTER(_Partition), c.c_size_t, c.POINTER(c.c_size_t)] + err,
                                c.c_int),
         "shardps_stats": ([w, c.POINTER(_Stats)] + err, c.c_int),

@@ -48,7 +48,6 @@ cannot use raises InvalidArgumentError naming the parameter.
 """
 
 import itertools
-import re
 import time
 import warnings
 import weakref
@@ -210,27 +209,18 @@ def _define_or_check(worker, named, codecs=None, sum_only=False):
             raise ValueError("%r is %s; it was defined as %s" % (n, dtype, dtypes[n]))
 
 
-def _config_block(config_text, name):
-    """The text of a top-level block of a config in protobuf text ("" when absent); its direct
-    fields are the lines indented by two spaces."""
-    block = re.search(r"^%s \{\n(.*?)^\}" % name, config_text, re.M | re.S)
-    return block.group(1) if block else ""
-
-
-def _refuse_compressed_momentum(config_text, codecs):
+def _refuse_compressed_momentum(config_field, codecs):
     """Sum-only jobs step the torch optimizer on each round's mean gradient. With Adam's
     variance frozen (optimizer.freeze_variance_after, part of the recipe a plain lossy codec
     with Adam gets) the compressed rounds instead carry each worker's Adam momentum, which only
     the library's own optimizer keeps: every push would fail at that round. Refused here, at
-    once, rather than after freeze_variance_after steps."""
-    optimizer = _config_block(config_text, "optimizer")
-    freeze = re.search(r"^  freeze_variance_after: (\d+)$", optimizer, re.M)
-    kind = re.search(r"^  kind: (\w+)$", optimizer, re.M)
-    if not freeze or int(freeze.group(1)) == 0 or (kind and kind.group(1) != "ADAM"):
+    once, rather than after freeze_variance_after steps. config_field: the worker's
+    Worker.config_field (a config path to its value as text)."""
+    freeze = int(config_field("optimizer.freeze_variance_after"))
+    if freeze == 0 or config_field("optimizer.kind") != "ADAM":
         return
-    compression = _config_block(config_text, "compression")
-    specs = re.findall(r'^  codec: "([^"]*)"$', compression, re.M)
-    specs += re.findall(r'value: "([^"]*)"', compression)  # tensor_codecs
+    specs = [config_field("compression.codec")]
+    specs += [line.split("=", 1)[1] for line in config_field("compression.tensor_codecs").splitlines()]
     specs += [c for c in codecs.values() if c]
     if all(spec in ("", "none") for spec in specs):
         return
@@ -240,7 +230,7 @@ def _refuse_compressed_momentum(config_text, codecs):
         "the library's optimizer keeps; DistributedOptimizer steps the torch optimizer on mean gradients instead. "
         "Choose one: update_mode=UPDATE_ON_SERVER (the servers run the config's optimizer on the compressed "
         "gradients) or update_mode=SUM_ONLY set yourself (the torch optimizer steps on compressed mean gradients; "
-        "no frozen variance), e.g. `shardps launch --set update_mode=UPDATE_ON_SERVER`" % freeze.group(1))
+        "no frozen variance), e.g. `shardps launch --set update_mode=UPDATE_ON_SERVER`" % freeze)
 
 
 class DistributedOptimizer:
@@ -271,7 +261,7 @@ class DistributedOptimizer:
         named = _named(named_parameters, optimizer)
         codecs = _per_name(compression, named, "compression")
         if self.sum_only:
-            _refuse_compressed_momentum(self.worker.config_text(), codecs)
+            _refuse_compressed_momentum(self.worker.config_field, codecs)
         _define_or_check(self.worker, named, codecs, self.sum_only)
         ranks = _per_name(priorities, named, "priorities")
         self._slots = [_Slot(n, p, self.sum_only, ranks.get(n, 0)) for n, p in named if p.requires_grad]

@@ -20,7 +20,6 @@ there, and the child's exit leaves the parent's worker alone.
 
 import ctypes
 import os
-import re
 import time
 
 from . import _library
@@ -260,8 +259,7 @@ class Worker:
     def staleness(self):
         """SSP's bound: how many rounds a worker may run ahead of the slowest (0 unless
         consistency is "ssp")."""
-        found = re.search(r"^staleness:\s*(\d+)", self.config_text(), re.M)
-        return int(found.group(1)) if found and self.consistency == "ssp" else 0
+        return int(self.config_field("staleness")) if self.consistency == "ssp" else 0
 
     @property
     def update_mode(self):
@@ -275,6 +273,20 @@ class Worker:
         self._lib.shardps_config_text(self._live(), None, 0, ctypes.byref(needed), err, _ERR_LEN)
         out = ctypes.create_string_buffer(needed.value)
         self._call("shardps_config_text", self._live(), out, needed.value, ctypes.byref(needed))
+        return out.value.decode()
+
+    def config_field(self, path):
+        """One field of the cluster configuration by the path `--set` takes, e.g.
+        "optimizer.learning_rate": a scalar as text (an unset field reads as its default;
+        enums by name), a message as protobuf text, compression.tensor_codecs as
+        "name=spec" lines. An unknown path raises InvalidArgumentError naming the fields."""
+        path = path.encode()
+        needed = ctypes.c_size_t()
+        code, err = self._raw("shardps_config_field", self._live(), path, None, 0, ctypes.byref(needed))
+        if self._status(code) != "OUT_OF_RANGE":
+            check(self._lib, code, err, "shardps_config_field")
+        out = ctypes.create_string_buffer(needed.value)
+        self._call("shardps_config_field", self._live(), path, out, needed.value, ctypes.byref(needed))
         return out.value.decode()
 
     def stats(self):

@@ -192,6 +192,20 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertIn('[0]   codec: "fp16"', run.stdout)
 
+    def test_a_worker_reads_single_config_fields(self):
+        script = ("import shardps\n"
+                  "w = shardps.init()\n"
+                  "print(w.config_field('consistency'), w.staleness, w.config_field('optimizer.learning_rate'))\n"
+                  "try:\n"
+                  "    w.config_field('optimizer.lr')\n"
+                  "except shardps.InvalidArgumentError as e:\n"
+                  "    print('refused:', e)\n")
+        run = launch(1, 1, [sys.executable, "-c", script],
+                     sets=["consistency=ssp", "staleness=3", "optimizer.learning_rate=0.125"], timeout=60)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("[0] SSP 3 0.125", run.stdout)
+        self.assertRegex(run.stdout, r"\[0\] refused: .*unknown config field 'optimizer.lr'.*learning_rate")
+
     def test_a_command_that_cannot_start_fails_the_launch(self):
         run = launch(1, 1, ["/nonexistent/job"])
         self.assertNotEqual(run.returncode, 0)

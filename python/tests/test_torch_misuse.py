@@ -63,21 +63,20 @@ class StateDictTest(unittest.TestCase):
         self.assertNotIn("scale 1.000000", results[0])  # the scalar parameter was trained
 
 
-# The config a worker gets for `--set compression.codec=2bit` (1-bit Adam's recipe).
-RECIPE = """num_servers: 1
-num_workers: 1
-optimizer {
-  epsilon: 0.0001
-  freeze_variance_after: 150
+# The fields a worker reads for `--set compression.codec=2bit` (1-bit Adam's recipe), as
+# Worker.config_field gives them.
+RECIPE = {
+    "optimizer.kind": "ADAM",
+    "optimizer.freeze_variance_after": "150",
+    "compression.codec": "2bit:scale=1",
+    "compression.tensor_codecs": "",
 }
-compression {
-  codec: "2bit:scale=1"
-  pull_codec: "onebit"
-  uncompressed_rounds: 150
-  warmup_codec: "fp16"
-}
-update_mode: SUM_ONLY
-"""
+
+
+def fields(**changes):
+    """Worker.config_field over RECIPE with `changes` (dots as "__")."""
+    values = dict(RECIPE, **{k.replace("__", "."): v for k, v in changes.items()})
+    return values.__getitem__
 
 
 @unittest.skipUnless(has_torch(), "torch is not installed")
@@ -88,20 +87,19 @@ class CompressedMomentumTest(unittest.TestCase):
     def test_the_recipe_of_a_plain_lossy_codec_is_refused_naming_the_way_out(self):
         with self.assertRaisesRegex(ValueError,
                                     "freezes Adam's variance after 150 rounds.*update_mode=UPDATE_ON_SERVER"):
-            _refuse_compressed_momentum(RECIPE, {})
+            _refuse_compressed_momentum(fields(), {})
 
     def test_a_tensor_codec_counts(self):
-        config = RECIPE.replace('  codec: "2bit:scale=1"\n',
-                                '  tensor_codecs {\n    key: "w"\n    value: "onebit"\n  }\n')
         with self.assertRaises(ValueError):
-            _refuse_compressed_momentum(config, {})
+            _refuse_compressed_momentum(fields(compression__codec="none",
+                                               compression__tensor_codecs="a=none\nw=onebit\n"), {})
         with self.assertRaises(ValueError):
-            _refuse_compressed_momentum(RECIPE.replace('  codec: "2bit:scale=1"\n', ""), {"w": "topk:ratio=0.1"})
+            _refuse_compressed_momentum(fields(compression__codec="none"), {"w": "topk:ratio=0.1"})
 
     def test_no_codec_another_optimizer_or_no_freeze_is_accepted(self):
-        _refuse_compressed_momentum(RECIPE.replace('  codec: "2bit:scale=1"\n', ""), {})
-        _refuse_compressed_momentum(RECIPE.replace("optimizer {\n", "optimizer {\n  kind: SGD\n"), {})
-        _refuse_compressed_momentum(RECIPE.replace("  freeze_variance_after: 150\n", ""), {})
+        _refuse_compressed_momentum(fields(compression__codec="none", compression__tensor_codecs="w=none\n"), {})
+        _refuse_compressed_momentum(fields(optimizer__kind="SGD"), {})
+        _refuse_compressed_momentum(fields(optimizer__freeze_variance_after="0"), {})
 
     def test_a_cluster_with_the_recipe_refuses_at_once(self):
         run = launch(1, 1, python_worker("torch_recipe_worker.py"), sets=["compression.codec=2bit"], timeout=60)
