@@ -242,12 +242,36 @@ def replica():
     write("replica", "pair_async_batch", bytes([0x03, 0x00, 0x83]) + pair_push(0, 4, init=True) + bytes([4, 7]) +
           bytes([0x80]) + bytes(4) + bytes([0x88]) + bytes(4) + bytes([4, 7]))
     pair(0x02, 0x04, 4, "pair_ssp_arrival")
+    # The backup's copy dropped in maps only the primary installs (map 4), rounds it misses, then
+    # given back (map 3): the backup makes its copy anew from the primary's snapshot; once, the
+    # primary dies before that snapshot arrives (map 5); once, both servers skip the maps that
+    # drop the copy and give it back (map 0x44).
+    for variant, name, end in [(0x00, "pair_sync_copy_given_back", b""), (0x03, "pair_async_copy_given_back", b""),
+                               (0x89, "pair_ssp_rounds_adam_copy_given_back", b""),
+                               (0x00, "pair_sync_copy_given_back_primary_dies", bytes([7, 5])),
+                               (0x00, "pair_sync_copy_given_back_both_skipped", bytes([7, 0x44]))]:
+        n = 1024 if variant & 0x80 else 4
+        seq = bytes([variant, 0x00, 0x80 | n_byte(n)]) + pair_push(0, n, init=True) + bytes([4, 7])
+        seq += pair_push(0, n) + pair_push(1, n) + bytes([4, 7]) + bytes([7, 4])
+        seq += pair_push(0, n) + pair_push(1, n) + bytes([4, 7]) + bytes([7, 3]) + end
+        seq += pair_push(0, n) + pair_push(1, n) + bytes([4, 7]) * 3
+        seq += pair_push(0, n, retry=True) + pair_push(1, n, retry=True) + bytes([4, 7]) * 2
+        write("replica", name, seq)
+    # This server's backup copy given back in maps it skipped (map byte bit 6), then its snapshot.
+    n = 1024
+    snapshot = values(2 * n) + bytes(7) + bytes([1]) + values(n) + lv(b"")
+    seq = bytes([0x50, 0x01, n_byte(n)]) + replica_update(R_INIT, n) + replica_update(R_PUSH, n, 0, contributors=2)
+    seq += bytes([15, 0x40]) + replica_update(R_PUSH, n, 1, contributors=2)
+    seq += replica_update(R_SNAPSHOT, n, 1, mode=4, tail=snapshot) + replica_update(R_PUSH, n, 1, contributors=2)
+    write("replica", "copy_given_back", seq)
 
 
 # Pair mode (n byte bit 7): a real primary and backup. Kinds: bits 0-2 < 4 a
 # worker's push (bit 0 a retry, bit 1 INIT, bits 3-6 the worker, bit 7 opens or
 # closes a batch first), 4-6 deliver up to 8 messages, 7 a map (0 same, 1 the
-# primary dies, 2 the backup dies, 3 the dead server comes back).
+# primary dies, 2 the backup dies, 3 the dead server comes back, or the one
+# that skipped maps gets its copy back, 4 the backup's copy dropped in maps
+# the backup skips, 0x44 dropped and given back in maps both skip).
 def pair_push(w, n, retry=False, init=False):
     return bytes([w << 3 | (1 if retry else 0) | (2 if init else 0)]) + values(n, 9)
 

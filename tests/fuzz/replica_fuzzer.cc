@@ -4,8 +4,9 @@
 // sends them (INIT, sync rounds' sums, rounds summed from forwarded pushes,
 // forwarded pushes, async batches, snapshots) with fuzzed fields and
 // payloads that are mostly the right size, and shard maps that keep it a
-// backup, promote it (then workers push and pull), add or remove backups or
-// exclude a worker. A buggy primary, or a hostile peer holding a server key,
+// backup, promote it (then workers push and pull), add or remove backups,
+// exclude a worker, or give its copy back after maps it skipped (a later
+// listed_at, as the scheduler sets for each copy it gives). A buggy primary, or a hostile peer holding a server key,
 // may send anything: the backup must never crash, leak or read out of bounds.
 // Invariants checked after each request:
 //  - every answer is a RESPONSE; a worker's uncompressed answer holds what
@@ -18,7 +19,8 @@
 //    a push may run ahead + 2).
 // Pair mode (n byte bit 7) runs a real primary beside the backup instead,
 // with failures (what the dead primary sent may be lost), re-created
-// copies, hand-offs of the primary role, workers removed and rejoining (in
+// copies (a new process, or a live server given its copy back after it
+// skipped the maps that dropped it, its copy behind), hand-offs of the primary role, workers removed and rejoining (in
 // the same maps as the role changes, too), and workers that re-send what
 // was not answered, and checks that the two copies are bitwise equal
 // whenever nothing is in flight, that a push answered OK has its round on
@@ -97,6 +99,7 @@ struct Cluster {
   std::vector<WorkerRejoin> rejoins;  // pair mode: workers that rejoined the job, the latest per rank
   uint64_t handoff_epoch = 0;  // pair mode: the map that listed a hand-off to backups[0] (0: none)
   uint32_t generation[3] = {};  // per server: bumps its address, a server that joined in its place
+  std::map<uint32_t, uint64_t> listed_at;  // per server: the map that gave it its copy (PartitionInfo.listed_at)
   compression::PartitionCodecs codecs;
   int state_slots = 0;
   uint64_t replica_id = 0;
@@ -126,6 +129,7 @@ ShardMap Map(const Cluster& c) {
   info->set_num_elements(c.n);
   info->set_server(c.primary);
   for (uint32_t b : c.backups) info->add_backups(b);
+  for (const auto& [server, epoch] : c.listed_at) (*info->mutable_listed_at())[server] = epoch;
   for (uint32_t w : c.excluded) map.add_excluded_workers(w);
   for (const WorkerRejoin& r : c.rejoins) *map.add_rejoined_workers() = r;
   if (c.handoff_epoch != 0) {
@@ -138,11 +142,21 @@ ShardMap Map(const Cluster& c) {
   return map;
 }
 
+std::set<uint32_t> Holders(const Cluster& c) {
+  std::set<uint32_t> holders(c.backups.begin(), c.backups.end());
+  holders.insert(c.primary);
+  return holders;
+}
+
 // A new map (the next epoch, or one further: a skipped map) with the
-// membership the input chooses.
+// membership the input chooses; with bit 6, this server's backup copy was
+// dropped and given back in maps it skipped (a later listed_at: it makes
+// the copy anew and waits for a snapshot).
 void NextMap(FuzzInput& in, Cluster& c) {
   const uint8_t b = in.Byte();
   c.epoch += 1 + (b >> 7);
+  const std::set<uint32_t> held = Holders(c);
+  const uint32_t generation2 = c.generation[2];
   switch (b & 7) {
     case 0: break;  // the same roles
     case 1: c.primary = 1; c.backups.clear(); break;  // promoted, alone
@@ -163,6 +177,15 @@ void NextMap(FuzzInput& in, Cluster& c) {
     default:
       if (c.three) c.backups = c.primary == 1 ? std::vector<uint32_t>{0, 2} : std::vector<uint32_t>{1, 2};
       break;
+  }
+  // The scheduler lists each copy it gives a server (a new process at a
+  // server's index holds none).
+  for (uint32_t s : Holders(c)) {
+    if (!held.contains(s) || (s == 2 && c.generation[2] != generation2)) c.listed_at[s] = c.epoch;
+  }
+  if ((b & 0x40) && c.primary != kThisServer) {
+    ++c.epoch;
+    c.listed_at[kThisServer] = c.epoch;
   }
 }
 
@@ -718,9 +741,16 @@ class Pair {
     return std::find(synced.begin(), synced.end(), kPartition) != synced.end();
   }
 
+  // Server `s` holds a synced copy of the one the map lists: not the copy
+  // it held before a map it has not installed yet gave the copy back.
+  bool HoldsValidCopy(uint32_t s) const {
+    auto listed = c_.listed_at.find(s);
+    return Synced(s) && (listed == c_.listed_at.end() || engines_[s]->epoch() >= listed->second);
+  }
+
   void Install() {
     for (uint32_t s : {0u, 1u}) {
-      if (live_[s]) (void)engines_[s]->InstallShardMap(Map(c_), s);
+      if (live_[s] && static_cast<int>(s) != skipping_) (void)engines_[s]->InstallShardMap(Map(c_), s);
     }
   }
 
@@ -759,7 +789,24 @@ class Pair {
   bool ChangeRoles(uint8_t b, int* restarted, bool* promoted) {
     const uint32_t other = 1 - c_.primary;
     switch (b % 4) {
-      case 0: return true;  // the same roles (a hand-off under way stays listed)
+      case 0:
+        if (!(b & 0x04)) return true;  // the same roles (a hand-off under way stays listed)
+        if (c_.backups.empty() || !live_[other]) return false;
+        if ((b & 0xc0) == 0x40) {
+          // Both servers skipped the maps that dropped the backup's copy and
+          // gave it back: the backup makes it anew, and the primary, seeing
+          // the later listing, sends it the whole state.
+          ++c_.epoch;
+          c_.listed_at[other] = c_.epoch;
+          c_.handoff_epoch = 0;
+          return true;
+        }
+        // The backup's copy is dropped in maps the backup skips (it stays
+        // up, its copy falling behind) until one gives the copy back.
+        c_.backups.clear();
+        c_.handoff_epoch = 0;
+        skipping_ = static_cast<int>(other);
+        return true;
       case 1:  // the primary dies: the backup takes over alone
         if (c_.backups.empty() || !live_[other]) return false;
         unchecked_ = unchecked_ || !Synced(other);
@@ -775,13 +822,21 @@ class Pair {
         return true;
       case 2:  // the backup dies
         live_[other] = false;
+        skipping_ = -1;
         c_.backups.clear();
         c_.handoff_epoch = 0;
         return true;
       default:  // the dead server comes back as a new process, a backup
         if (!c_.backups.empty()) return false;
-        ++c_.generation[other];
         c_.backups = {other};
+        c_.listed_at[other] = c_.epoch;
+        if (skipping_ == static_cast<int>(other)) {
+          // Given back to the server that skipped the maps in between: its
+          // copy lacks their updates, so it must make the copy anew.
+          skipping_ = -1;
+          return true;
+        }
+        ++c_.generation[other];
         *restarted = static_cast<int>(other);
         return true;
     }
@@ -823,9 +878,7 @@ class Pair {
   // answer survives the primary's death.
   void CheckDurable(uint32_t s, uint64_t round) const {
     const uint32_t other = 1 - s;
-    if (!RoundBased(c_.config) || !live_[other] || c_.backups.empty()) return;
-    const std::vector<uint64_t> synced = engines_[other]->SyncedCopies();
-    if (std::find(synced.begin(), synced.end(), kPartition) == synced.end()) return;
+    if (!RoundBased(c_.config) || !live_[other] || c_.backups.empty() || !HoldsValidCopy(other)) return;
     const uint64_t needed = round + 1 - std::min<uint64_t>(round + 1, c_.config.staleness());
     const std::vector<PartitionReport> reports = engines_[other]->Reports(1);
     Require(!reports.empty() && reports[0].version >= needed, "a push was answered before its round was on the backup");
@@ -837,14 +890,14 @@ class Pair {
   void CheckVisible(uint32_t s, const DataHeader& h) const {
     const uint32_t other = 1 - s;
     if (!RoundBased(c_.config) || h.num_elements() == 0 || !live_[other] || c_.backups.empty()) return;
-    if (!Synced(other)) return;
+    if (!HoldsValidCopy(other)) return;
     const std::vector<PartitionReport> reports = engines_[other]->Reports(1);
     Require(!reports.empty() && reports[0].version >= h.completed_rounds(),
             "an answer showed a round that was not on the backup");
   }
 
   void CheckEqual() const {
-    if (!wire_.empty() || !live_[0] || !live_[1]) return;
+    if (!wire_.empty() || !live_[0] || !live_[1] || c_.backups.empty()) return;
     const float* a = engines_[0]->weights(kPartition);
     const float* b = engines_[1]->weights(kPartition);
     if (a == nullptr || b == nullptr) return;
@@ -863,6 +916,7 @@ class Pair {
   // be refused for owing a round they were answered for.
   bool unchecked_ = false;
   int sending_removed_ = -1;  // a removed worker whose push the primary is handling
+  int skipping_ = -1;  // a live server whose copy was dropped: it installs no map until one gives the copy back
   // The map that switches the roles of a listed hand-off also: lets the
   // first removed worker rejoin; removes this worker (-1: none).
   bool switch_rejoin_ = false;
