@@ -702,6 +702,10 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
                [](const shardps::Worker& x) { return static_cast<int>(x.config().update_mode()); });
 }
 
+int shardps_rejoin_round(const shardps_worker* w, uint64_t* round, char* err, size_t err_len) {
+  return Query(__func__, w, round, err, err_len, [](const shardps::Worker& x) { return x.rejoin().round; });
+}
+
 int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size_t* needed, char* err, size_t err_len) {
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     if (needed == nullptr) return Null("needed", err, err_len);

@@ -110,6 +110,7 @@ def main():
     x_train, y_train = (t.to(device) for t in load(args.data_dir, "train"))
     x_test, y_test = (t.to(device) for t in load(args.data_dir, "test"))
 
+    first_step = 0
     if args.standalone:
         rank, workers, consistency = 0, 1, "standalone"
         optimizer = torch_optimizer("ADAM", 0.001, model.parameters())
@@ -124,6 +125,12 @@ def main():
                                                        named_parameters=model.named_parameters(), model=model,
                                                        pipeline=args.pipeline)
         shardps.torch.broadcast_parameters(model.named_parameters(), root_rank=0)
+        # A rank started again after its process died rejoins the running job: broadcast_parameters
+        # pulled the current weights, and in sync and SSP it skips the rounds (steps) the job took
+        # without it. Async has no common rounds (its rejoin round is 1): it trains its whole share.
+        first_step = worker.rejoin_round if consistency != "async" else 0
+        if first_step:
+            print("rank %d rejoins the job at step %d" % (rank, first_step), file=sys.stderr, flush=True)
 
     loss_fn = nn.CrossEntropyLoss()
     steps_per_epoch = len(x_train) // (workers * args.batch_size)
@@ -133,6 +140,8 @@ def main():
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))
         mine = order[rank::workers].to(device)
         for step in range(steps_per_epoch):
+            if epoch * steps_per_epoch + step < first_step:
+                continue
             batch = mine[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
             loss = loss_fn(model(x_train[batch]), y_train[batch])
