@@ -22,6 +22,7 @@ import gzip
 import json
 import os
 import re
+import signal
 import struct
 import sys
 import time
@@ -88,6 +89,11 @@ def accuracy(model, x, y):
         return (model(x).argmax(dim=1) == y).float().mean().item()
 
 
+def leave_on_sigterm(signum, frame):
+    print("%s: SIGTERM: leaving the job" % os.path.basename(__file__), file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
@@ -117,6 +123,10 @@ def main():
     else:
         import shardps
         import shardps.torch
+        # SIGTERM (kill, a Kubernetes pod's end) would end Python at once, with no word to the
+        # scheduler: sync peers would wait out heartbeat_timeout_ms. As SystemExit the worker is
+        # closed on the way out and leaves the job, and the others go on at once.
+        signal.signal(signal.SIGTERM, leave_on_sigterm)
         worker = shardps.init()
         rank, workers, consistency = worker.rank, worker.size, worker.consistency
         kind, lr = cluster_optimizer(worker.config_text())
