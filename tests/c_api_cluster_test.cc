@@ -22,16 +22,19 @@ using ::testing::HasSubstr;
 TEST_F(CApiClusterTest, ReportsTheJobTheSchedulerHandedOut) {
   uint32_t rank = 9, size = 0, servers = 0;
   int consistency = 0, update_mode = -1;
+  uint64_t rejoin_round = 9;
   ASSERT_EQ(shardps_rank(w_, &rank, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_world_size(w_, &size, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_num_servers(w_, &servers, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_consistency(w_, &consistency, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_update_mode(w_, &update_mode, err_, sizeof(err_)), SHARDPS_OK);
+  ASSERT_EQ(shardps_rejoin_round(w_, &rejoin_round, err_, sizeof(err_)), SHARDPS_OK);
   EXPECT_EQ(rank, 0u);
   EXPECT_EQ(size, 1u);
   EXPECT_EQ(servers, 2u);
   EXPECT_EQ(consistency, SHARDPS_CONSISTENCY_ASYNC);
   EXPECT_EQ(update_mode, SHARDPS_UPDATE_ON_SERVER);
+  EXPECT_EQ(rejoin_round, 0u);  // joined at the start
 }
 
 TEST_F(CApiClusterTest, AFailedDefinitionIsResetAndDeclaredAgain) {

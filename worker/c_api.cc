@@ -703,6 +703,10 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
                [](const shardps::Worker& x) { return static_cast<int>(x.config().update_mode()); });
 }
 
+int shardps_rejoin_round(const shardps_worker* w, uint64_t* round, char* err, size_t err_len) {
+  return Query(__func__, w, round, err, err_len, [](const shardps::Worker& x) { return x.rejoin().round; });
+}
+
 namespace {
 
 // Copies `text` and its NUL into out, or says how many bytes it needs.

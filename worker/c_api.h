@@ -188,6 +188,12 @@ int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_
 int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len);
 int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len);
 int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, size_t err_len);
+/* The first round of a worker whose rank had been removed from the running
+ * job (declared dead, or left) and that registered again: its rounds start
+ * there and its first pull returns the job's current weights. 0: it joined
+ * at the start. A rejoined worker must not write initial weights or wait at
+ * a barrier the job passed before it came back. */
+int shardps_rejoin_round(const shardps_worker* w, uint64_t* round, char* err, size_t err_len);
 
 /* The cluster configuration as protobuf text (proto/config.proto), NUL-
  * terminated. *needed is set to its size including the NUL; when out_len is

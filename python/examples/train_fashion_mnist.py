@@ -22,6 +22,7 @@ import gzip
 import json
 import os
 import re
+import signal
 import struct
 import sys
 import time
@@ -88,6 +89,11 @@ def accuracy(model, x, y):
         return (model(x).argmax(dim=1) == y).float().mean().item()
 
 
+def leave_on_sigterm(signum, frame):
+    print("%s: SIGTERM: leaving the job" % os.path.basename(__file__), file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
@@ -110,12 +116,17 @@ def main():
     x_train, y_train = (t.to(device) for t in load(args.data_dir, "train"))
     x_test, y_test = (t.to(device) for t in load(args.data_dir, "test"))
 
+    first_step = 0
     if args.standalone:
         rank, workers, consistency = 0, 1, "standalone"
         optimizer = torch_optimizer("ADAM", 0.001, model.parameters())
     else:
         import shardps
         import shardps.torch
+        # SIGTERM (kill, a Kubernetes pod's end) would end Python at once, with no word to the
+        # scheduler: sync peers would wait out heartbeat_timeout_ms. As SystemExit the worker is
+        # closed on the way out and leaves the job, and the others go on at once.
+        signal.signal(signal.SIGTERM, leave_on_sigterm)
         worker = shardps.init()
         rank, workers, consistency = worker.rank, worker.size, worker.consistency
         kind, lr = cluster_optimizer(worker.config_text())
@@ -124,6 +135,12 @@ def main():
                                                        named_parameters=model.named_parameters(), model=model,
                                                        pipeline=args.pipeline)
         shardps.torch.broadcast_parameters(model.named_parameters(), root_rank=0)
+        # A rank started again after its process died rejoins the running job: broadcast_parameters
+        # pulled the current weights, and in sync and SSP it skips the rounds (steps) the job took
+        # without it. Async has no common rounds (its rejoin round is 1): it trains its whole share.
+        first_step = worker.rejoin_round if consistency != "async" else 0
+        if first_step:
+            print("rank %d rejoins the job at step %d" % (rank, first_step), file=sys.stderr, flush=True)
 
     loss_fn = nn.CrossEntropyLoss()
     steps_per_epoch = len(x_train) // (workers * args.batch_size)
@@ -133,6 +150,8 @@ def main():
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(args.seed + epoch))
         mine = order[rank::workers].to(device)
         for step in range(steps_per_epoch):
+            if epoch * steps_per_epoch + step < first_step:
+                continue
             batch = mine[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
             loss = loss_fn(model(x_train[batch]), y_train[batch])

@@ -266,6 +266,15 @@ class Worker:
         """"on_server" (servers run the optimizer) or "sum_only" (the worker library does)."""
         return UPDATE_MODE_NAMES[self._query("shardps_update_mode", ctypes.c_int)]
 
+    @property
+    def rejoin_round(self):
+        """0 for a worker that joined at the start. For one whose rank had been removed from the
+        running job (its process killed, or it left) and that registered again: the round its
+        updates start at (sync, SSP; async has no common rounds and says 1); the job trained
+        without it until then. Such a worker pulls the current weights
+        (shardps.torch.broadcast_parameters does so) and, in sync, skips the steps already taken."""
+        return self._query("shardps_rejoin_round", ctypes.c_uint64)
+
     def config_text(self):
         """The cluster configuration, protobuf text (proto/config.proto)."""
         needed = ctypes.c_size_t()

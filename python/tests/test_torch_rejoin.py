@@ -1,0 +1,35 @@
+import os
+import re
+import tempfile
+import unittest
+
+from cluster import has_torch, launch, python_worker
+
+if has_torch():
+    import torch
+
+
+@unittest.skipUnless(has_torch(), "torch is not installed for this interpreter (Debian: python3-torch)")
+class TorchRejoinTest(unittest.TestCase):
+    def test_a_killed_rank_started_again_pulls_the_trained_weights_and_finishes_in_step(self):
+        # Before, the new process waited in broadcast_parameters for a barrier the job had passed
+        # and failed 30 s on ("missing worker ranks: 0"); as rank 0 it would have been refused
+        # writing its fresh weights over the trained ones.
+        with tempfile.TemporaryDirectory() as out:
+            run = launch(1, 2, python_worker("torch_rejoin_worker.py", out),
+                         sets=["consistency=sync", "optimizer.kind=SGD", "optimizer.learning_rate=0.1",
+                               "heartbeat_timeout_ms=3000"], timeout=150)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            self.assertIn("[1] first process of rank 1 ended with -9", run.stdout)
+            join = int(re.search(r"\[1\] registered again at round (\d+)", run.stdout).group(1))
+            self.assertGreater(join, 0)
+            fresh, pulled = (torch.load(os.path.join(out, f)) for f in ("fresh.pt", "pulled.pt"))
+            ranks = [torch.load(os.path.join(out, "rank%d.pt" % r)) for r in range(2)]
+        for name, weights in ranks[0].items():
+            self.assertFalse(torch.equal(pulled[name], fresh[name]), name + ": the new process kept its own weights")
+            # Both end on the last round's weights: the new process took the rounds the job had left.
+            self.assertTrue(torch.equal(ranks[1][name], weights), name + " differs between the ranks")
+
+
+if __name__ == "__main__":
+    unittest.main()
