@@ -4,14 +4,21 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/data_message.h"
+#include "common/scheduler_client.h"
+#include "common/tensor_spec.h"
 #include "proto/cluster.pb.h"
+#include "worker/worker.h"
 
 namespace shardps {
 namespace {
@@ -136,6 +143,128 @@ TEST(DataChannelTest, APushQueuedForADeadServerIsNotSentToItsReplacementAfterIts
   zmq::pollitem_t item{replacement.handle(), 0, ZMQ_POLLIN, 0};
   EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(1500)), 0)
       << "the replacement got a request queued for the dead server";
+}
+
+// A scheduler that serves one worker the map it is given, and publishes the
+// maps the test makes to the worker's watch, on the test's thread.
+class FakeScheduler : public SchedulerClient {
+ public:
+  FakeScheduler(ClusterConfig config, ShardMap map)
+      : SchedulerClient("fake:0"), config_(std::move(config)), map_(std::move(map)) {}
+
+  void Publish(const ShardMap& map) {
+    std::function<void(const ShardMap&)> on_map;
+    {
+      absl::MutexLock lock(&mu_);
+      on_map = on_map_;
+    }
+    if (on_map) on_map(map);
+  }
+
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest&, absl::Duration) override {
+    RegisterResponse r;
+    r.set_node_id(1);
+    *r.mutable_config() = config_;
+    return r;
+  }
+  absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest&, absl::Duration) override {
+    return HeartbeatResponse();
+  }
+  absl::StatusOr<ShardMap> DefineTensors(const DefineTensorsRequest&, absl::Duration) override { return map_; }
+  absl::Status Barrier(const BarrierRequest&, absl::Duration, BarrierResponse*) override { return absl::OkStatus(); }
+  absl::StatusOr<StatusResponse> Status(absl::Duration) override { return StatusResponse(); }
+  absl::StatusOr<CheckpointResponse> RequestCheckpoint(const CheckpointRequest&, absl::Duration) override {
+    return absl::UnimplementedError("fake scheduler");
+  }
+  std::unique_ptr<Watch> WatchShardMap(uint64_t, std::function<void(const ShardMap&)> on_map,
+                                       std::function<void(const absl::Status&)>) override {
+    absl::MutexLock lock(&mu_);
+    on_map_ = std::move(on_map);
+    return std::make_unique<Watch>();
+  }
+
+ private:
+  const ClusterConfig config_;
+  const ShardMap map_;
+  absl::Mutex mu_;
+  std::function<void(const ShardMap&)> on_map_ ABSL_GUARDED_BY(mu_);
+};
+
+// The worker's side of the test above: pushes go on from another thread
+// while the map declaring server 0 dead arrives. One built with the old
+// routes and submitted after the drop would wait for the dead server's
+// address behind its re-sent copy, and reach a replacement there (from a
+// buffer its caller may have reused by then).
+TEST(DataChannelTest, AWorkerDropsWhatItQueuedForADeadServerWhilePushesGoOn) {
+  zmq::context_t context;
+  auto dead = std::make_unique<FakeServer>(context);
+  FakeServer new_primary(context);
+  const std::string address = dead->address;
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_replication(2);
+  config.set_consistency(ASYNC);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  config.mutable_optimizer()->set_learning_rate(1.0f);
+  ShardMap map;
+  map.set_epoch(1);
+  for (const std::string& a : {address, new_primary.address}) {
+    ServerInfo* s = map.add_servers();
+    s->set_index(map.servers_size() - 1);
+    s->set_data_address(a);
+  }
+  // Many partitions: a push spends its time building and sending requests
+  // (with the worker's send lock held), as a large model's does.
+  constexpr int kPartitions = 256;
+  *map.add_tensors() = Float32Tensor("w", 4 * kPartitions);
+  for (int i = 0; i < kPartitions; ++i) {
+    PartitionInfo* p = map.add_partitions();
+    p->set_id(i);
+    p->set_tensor(0);
+    p->set_offset(4 * i);
+    p->set_num_elements(4);
+    p->set_server(0);
+    p->add_backups(1);
+  }
+  auto scheduler = std::make_shared<FakeScheduler>(config, map);
+  auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 4 * kPartitions)}, absl::Seconds(10)).ok());
+  std::vector<float> gradient(4 * kPartitions, 1.0f);
+  ASSERT_TRUE((*worker)->Push("w", gradient).ok());
+  ASSERT_EQ(dead->Receive(kPartitions).size(), static_cast<size_t>(kPartitions)) << "connected";
+  dead.reset();  // SIGKILLed: its connection drops
+  absl::SleepFor(absl::Milliseconds(300));
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> pushed{0};
+  std::thread pusher([&] {
+    while (!stop.load()) {
+      if ((*worker)->Push("w", gradient).ok()) pushed.fetch_add(1);
+    }
+  });
+  while (pushed.load() < 10) absl::SleepFor(absl::Milliseconds(1));
+  ShardMap failed_over = map;
+  failed_over.set_epoch(2);
+  failed_over.mutable_servers(0)->set_dead(true);
+  failed_over.mutable_servers(0)->set_dead_reason("killed by the test");
+  for (PartitionInfo& p : *failed_over.mutable_partitions()) {
+    p.set_server(1);
+    p.clear_backups();
+  }
+  scheduler->Publish(failed_over);
+  const int before = pushed.load();
+  while (pushed.load() < before + 10) absl::SleepFor(absl::Milliseconds(1));  // now to the new primary
+  stop = true;
+  pusher.join();
+  ASSERT_FALSE(new_primary.Receive(1).empty()) << "nothing re-sent or sent to the new primary";
+
+  zmq::socket_t replacement(context, zmq::socket_type::router);
+  replacement.bind(address);
+  zmq::pollitem_t item{replacement.handle(), 0, ZMQ_POLLIN, 0};
+  EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(1500)), 0)
+      << "the replacement got a request submitted while the worker followed the map that declared its index dead";
 }
 
 // A caller that keeps a second step in flight computes on the weights it

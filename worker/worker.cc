@@ -600,11 +600,16 @@ class WorkerImpl : public Worker {
     // after the re-send, and a primary that handed its role off leaves it
     // unanswered for the worker to re-send, which then never comes.
     int resent = 0;
-    for (const ServerInfo& s : map.servers()) {
-      if (s.dead()) channel->DropQueued(s.index());
-    }
     {
       absl::MutexLock send_lock(&send_mu_);
+      // What is queued for a dead server goes before the routes change, with
+      // send_mu_ held: a request submitted after the drop but built with the
+      // old routes would wait in the new connection's queue for a
+      // replacement at the dead server's address, behind its own re-sent and
+      // answered copy, and be sent from a buffer its caller reused.
+      for (const ServerInfo& s : map.servers()) {
+        if (s.dead()) channel->DropQueued(s.index());
+      }
       {
         absl::MutexLock lock(&mu_);
         absl::flat_hash_map<uint64_t, uint32_t> primary_of;
@@ -620,6 +625,18 @@ class WorkerImpl : public Worker {
         epoch_ = std::max(epoch_, map.epoch());
       }
       if (!moved.empty()) resent = channel->Reroute(moved, map.epoch());
+      // Refused from here on, before a request with the routes just left can
+      // be queued for them (a partition with no live replica stays routed
+      // to its dead server).
+      for (const ServerInfo& s : map.servers()) {
+        if (!s.dead()) continue;
+        LOG_FIRST_N(ERROR, 8) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
+                              << ") was declared dead by the scheduler: " << s.dead_reason();
+        channel->FailServer(s.index(), absl::UnavailableError(absl::StrCat(
+                                           "server ", s.index(), " was declared dead by the scheduler at shard map "
+                                           "epoch ", map.epoch(), " (", s.dead_reason(), "); its partitions have no "
+                                           "live replica")));
+      }
     }
     if (!moved.empty()) {
       LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
@@ -631,14 +648,6 @@ class WorkerImpl : public Worker {
       if (absl::Status r = channel->Readdress(s.index(), {s.data_address(), s.curve_public_key(), s.sealed_data()}); !r.ok()) {
         LOG(ERROR) << "worker " << options_.rank << ": " << r;
       }
-    }
-    for (const ServerInfo& s : map.servers()) {
-      if (!s.dead()) continue;
-      LOG_FIRST_N(ERROR, 8) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
-                            << ") was declared dead by the scheduler: " << s.dead_reason();
-      channel->FailServer(s.index(), absl::UnavailableError(absl::StrCat(
-                                         "server ", s.index(), " was declared dead by the scheduler at shard map epoch ",
-                                         map.epoch(), " (", s.dead_reason(), "); its partitions have no live replica")));
     }
   }
 
