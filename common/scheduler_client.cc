@@ -237,6 +237,9 @@ class GrpcSchedulerClient : public SchedulerClient {
       hint = "connection refused: nothing listens there; is the scheduler running, on that port?";
     } else if (absl::StrContains(last_error, "Failed parsing HTTP/2")) {
       hint = "what listens there is no gRPC service: a server's data port or a metrics port?";
+    } else if (absl::StrContains(last_error, "DNS resolution failed")) {
+      // Certificates are not the cause: no connection was ever made.
+      hint = absl::StrCat("the scheduler's host name does not resolve on this host: ", last_error);
     } else {
       hint = absl::StrCat("connections keep failing", last_error.empty() ? "" : ": ", last_error, "; ",
                           secure_ ? "does the scheduler's certificate come from this node's security.tls_ca_file, "
