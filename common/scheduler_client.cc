@@ -1,5 +1,6 @@
 #include "common/scheduler_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -281,6 +282,15 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const s
     clients.push_back(std::make_unique<GrpcSchedulerClient>(a, security, /*wait_for_ready=*/false));
   }
   return std::unique_ptr<SchedulerClient>(new FailoverSchedulerClient(address, std::move(clients)));
+}
+
+absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config) {
+  HeartbeatRequest request;
+  request.set_node_id(node_id);
+  request.set_leaving(true);
+  const absl::Duration wait =
+      std::clamp(absl::Milliseconds(config.heartbeat_interval_ms()), absl::Milliseconds(100), absl::Seconds(2));
+  return scheduler.Heartbeat(request, wait).status();
 }
 
 }  // namespace shardps
