@@ -46,24 +46,25 @@ absl::Status WriteFileDurably(const std::string& path, absl::string_view content
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());  // two writers never share one
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
+  // A write that failed (a full disk above all) removes its temp file: left
+  // behind, each one would keep the space a retry needs.
+  auto fail = [&](absl::string_view what) {
+    absl::Status s = Errno(what, tmp);
+    if (fd >= 0) close(fd);
+    unlink(tmp.c_str());
+    return s;
+  };
   size_t done = 0;
   while (done < contents.size()) {
     ssize_t n = write(fd, contents.data() + done, contents.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      absl::Status s = Errno("cannot write", tmp);
-      close(fd);
-      return s;
-    }
+    if (n < 0) return fail("cannot write");
     done += static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0) {
-    absl::Status s = Errno("cannot fsync", tmp);
-    close(fd);
-    return s;
-  }
+  if (fsync(fd) != 0) return fail("cannot fsync");
   close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename into place", tmp);
+  fd = -1;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename into place");
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = std::filesystem::current_path();
   int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

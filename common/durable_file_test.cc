@@ -23,6 +23,18 @@ TEST(DurableFileTest, WrittenRecordReadsBack) {
   std::filesystem::remove(path);
 }
 
+TEST(DurableFileTest, AFailedWriteLeavesNoTempFileBehind) {
+  // The target is a directory that is not empty: the rename into place fails
+  // after the temp file was written in full (as a full disk fails the write).
+  const std::string dir = TempPath("durable-fail-");
+  std::filesystem::create_directories(dir + "/target/inside");
+  absl::Status s = WriteFileDurably(dir + "/target", SealRecord("state", "hello"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot rename into place " + dir + "/target.tmp."), std::string::npos) << s;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/target.tmp." + std::to_string(::getpid())));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DurableFileTest, CorruptTruncatedOrForeignRecordsAreRefusedNamingTheFile) {
   const std::string good = SealRecord("state", "payload bytes");
   std::string flipped = good;

@@ -1,5 +1,6 @@
 #include "common/scheduler_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -237,6 +238,9 @@ class GrpcSchedulerClient : public SchedulerClient {
       hint = "connection refused: nothing listens there; is the scheduler running, on that port?";
     } else if (absl::StrContains(last_error, "Failed parsing HTTP/2")) {
       hint = "what listens there is no gRPC service: a server's data port or a metrics port?";
+    } else if (absl::StrContains(last_error, "DNS resolution failed")) {
+      // Certificates are not the cause: no connection was ever made.
+      hint = absl::StrCat("the scheduler's host name does not resolve on this host: ", last_error);
     } else {
       hint = absl::StrCat("connections keep failing", last_error.empty() ? "" : ": ", last_error, "; ",
                           secure_ ? "does the scheduler's certificate come from this node's security.tls_ca_file, "
@@ -278,6 +282,15 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const s
     clients.push_back(std::make_unique<GrpcSchedulerClient>(a, security, /*wait_for_ready=*/false));
   }
   return std::unique_ptr<SchedulerClient>(new FailoverSchedulerClient(address, std::move(clients)));
+}
+
+absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config) {
+  HeartbeatRequest request;
+  request.set_node_id(node_id);
+  request.set_leaving(true);
+  const absl::Duration wait =
+      std::clamp(absl::Milliseconds(config.heartbeat_interval_ms()), absl::Milliseconds(100), absl::Seconds(2));
+  return scheduler.Heartbeat(request, wait).status();
 }
 
 }  // namespace shardps

@@ -69,6 +69,12 @@ class SchedulerClient {
   std::string address_;
 };
 
+// A node's last heartbeat (HeartbeatRequest.leaving): the scheduler takes it
+// out of the job at once instead of after heartbeat_timeout_ms. Waits one
+// heartbeat interval of `config`, clamped to [100 ms, 2 s]: a scheduler that
+// does not answer by then finds the node silent, as before.
+absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config);
+
 }  // namespace shardps
 
 #endif  // SHARDPS_COMMON_SCHEDULER_CLIENT_H_

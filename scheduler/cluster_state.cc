@@ -172,7 +172,9 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
       const Node& old = servers_[*index];
       return absl::AlreadyExistsError(absl::StrCat(
           "server ", *index, " at ", old.address, " is alive (last heartbeat ",
-          absl::FormatDuration(clock_() - old.last_seen), " ago); refusing a second server at its address"));
+          absl::FormatDuration(clock_() - old.last_seen), " ago); refusing a second server at its address: ",
+          "stop that one first (SIGTERM fails it over at once; one killed is declared dead after ",
+          "heartbeat_timeout_ms ", config_.heartbeat_timeout_ms(), ")"));
     }
   } else if (!tensors_.empty()) {
     // The job is training: a server may only take a dead one's place (its
@@ -336,8 +338,14 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
                    : " was declared dead after missing its heartbeats and is no longer a member of the job"));
   }
   node->last_seen = clock_();
-  if (request.leaving() && node->role == WORKER) {
-    Leave(*node);
+  // A server's word counts once the job has partitions: before, nothing
+  // fails over, and it is heard as a plain heartbeat.
+  if (request.leaving() && (node->role == WORKER || !tensors_.empty())) {
+    if (node->role == WORKER) {
+      Leave(*node);
+    } else {
+      ServerLeaves(*node);
+    }
     HeartbeatResponse response;
     response.set_epoch(map_.epoch());
     return response;
@@ -415,12 +423,8 @@ std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
                                           config_.heartbeat_timeout_ms(), ")");
   map_.set_epoch(map_.epoch() + 1);
   if (node.role == SERVER) {
-    if (ServerInfo* info = MapServer(node.rank)) {
-      info->set_dead(true);
-      info->set_dead_reason(reason);
-    }
     return absl::StrCat("server ", node.rank, " (", node.address, ", host ", node.host, ") declared dead: ", reason,
-                        "; shard map epoch ", map_.epoch(), FailOver(node.rank));
+                        "; shard map epoch ", map_.epoch(), RemoveServer(node.rank, reason));
   }
   ExcludeWorker(node);
   return absl::StrCat("worker rank ", node.rank, " (host ", node.host, ") declared dead: ", reason,
@@ -432,6 +436,32 @@ void ClusterState::ExcludeWorker(Node& node) {
   node.dead = true;
   map_.add_excluded_workers(node.rank);
   PassCompleteBarriers();
+}
+
+std::string ClusterState::RemoveServer(uint32_t index, const std::string& reason) {
+  if (ServerInfo* info = MapServer(index)) {
+    info->set_dead(true);
+    info->set_dead_reason(reason);
+  }
+  return FailOver(index);
+}
+
+void ClusterState::ServerLeaves(Node& node) {
+  node.dead = true;
+  node.left = true;
+  map_.set_epoch(map_.epoch() + 1);
+  if (LiveWorkers() == 0) {
+    // The job is over (every worker left): the servers stop together, and
+    // failing each over to the others, which are stopping too, helps no one.
+    if (ServerInfo* info = MapServer(node.rank)) info->set_dead(true);
+    Save();
+    LOG(INFO) << "server " << node.rank << " (" << node.address << ") left after the job's workers";
+    return;
+  }
+  LOG(WARNING) << "server " << node.rank << " (" << node.address << ", host " << node.host
+               << ") left the job (stopped, drained); shard map epoch " << map_.epoch()
+               << RemoveServer(node.rank, "it was stopped and left the job");
+  Save();
 }
 
 void ClusterState::Leave(Node& node) {

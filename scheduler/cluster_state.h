@@ -164,6 +164,17 @@ class ClusterState {
   // Worker `node` said it leaves: removed from the job as a dead one is, at
   // once, and listed as left rather than dead.
   void Leave(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Server `node` said it stops (it drained on SIGTERM) once the job has
+  // partitions: out of the map in a new epoch and listed as left, its
+  // partitions failed over now rather than after heartbeat_timeout_ms, so a
+  // rolling restart stalls no round for the timeout and a server started
+  // again at its address takes its place at once. Not counted as declared
+  // dead. Once every worker has left (the job is over) nothing fails over.
+  // Logs what it did.
+  void ServerLeaves(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks server `index` dead in the map with `reason` (what workers report
+  // for its lost partitions) and fails it over. Says what moved.
+  std::string RemoveServer(uint32_t index, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Promotes a live backup of every partition whose primary was server
   // `dead` (the first one its server last reported synced, else the first),
   // and drops `dead` from every backup list. Says what moved.

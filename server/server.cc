@@ -149,7 +149,12 @@ class ParameterServerImpl : public ParameterServer {
     while (ReceiveOne()) {
     }
     engine_->EndBatch();
-    engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
+    // Once the scheduler has failed this server over, workers re-send what it
+    // held to the new primaries (or fail it naming this server, where no copy
+    // is left): answering it with an error instead would end their jobs.
+    if (!Leave()) {
+      engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
+    }
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
     peers_.clear();
@@ -515,6 +520,27 @@ class ParameterServerImpl : public ParameterServer {
       heartbeat_now_ = true;
     }
     handoffs_done_ = std::move(handoffs);
+  }
+
+  // The last heartbeat, once its loop has stopped: the scheduler fails this
+  // server over now instead of after heartbeat_timeout_ms, so a rolling
+  // restart stalls no sync round for the timeout and a server started again
+  // at this address takes its place at once. Bounded by one heartbeat
+  // interval (SayLeaving). Returns whether the scheduler took it.
+  bool Leave() {
+    {
+      absl::MutexLock lock(&mu_);
+      heartbeat_stop_ = true;
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+    absl::Status s = SayLeaving(*scheduler_, node_id_, config_);
+    if (s.ok()) {
+      LOG(INFO) << "server " << index_ << ": the scheduler failed it over; parked requests go to the new primaries";
+      return true;
+    }
+    LOG(WARNING) << "server " << index_ << ": could not tell the scheduler it stops (" << s
+                 << "); it will be declared dead after heartbeat_timeout_ms " << config_.heartbeat_timeout_ms();
+    return false;
   }
 
   absl::Status WatchError() {

@@ -38,6 +38,22 @@ std::unique_ptr<Worker> Connect(const TestCluster& cluster, uint32_t rank) {
   return w.ok() ? *std::move(w) : nullptr;
 }
 
+// Workers 0 and 1 of `cluster`, both having defined tensor "w" of `n`
+// floats; false (with the reason reported) when either step fails.
+bool ConnectTwoWithTensor(const TestCluster& cluster, int64_t n, std::unique_ptr<Worker>& w0,
+                          std::unique_ptr<Worker>& w1) {
+  std::thread t([&] { w1 = Connect(cluster, 1); });
+  w0 = Connect(cluster, 0);
+  t.join();
+  if (!w0 || !w1) return false;
+  absl::Status s1;
+  std::thread d([&] { s1 = w1->DefineTensors({Tensor("w", n)}); });
+  absl::Status s0 = w0->DefineTensors({Tensor("w", n)});
+  d.join();
+  EXPECT_TRUE(s0.ok() && s1.ok()) << s0 << "; " << s1;
+  return s0.ok() && s1.ok();
+}
+
 TEST(ClusterTest, TensorSplitAcrossServersIsReassembled) {
   auto cluster = TestCluster::Start(Config(2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -248,13 +264,7 @@ TEST(ClusterTest, SyncRoundWaitsForEveryWorker) {
   auto cluster = TestCluster::Start(Config(2, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::unique_ptr<Worker> w0, w1;
-  std::thread t([&] { w1 = Connect(**cluster, 1); });
-  w0 = Connect(**cluster, 0);
-  t.join();
-  ASSERT_TRUE(w0 && w1);
-  std::thread d([&] { ASSERT_TRUE(w1->DefineTensors({Tensor("w", 600)}).ok()); });
-  ASSERT_TRUE(w0->DefineTensors({Tensor("w", 600)}).ok());
-  d.join();
+  ASSERT_TRUE(ConnectTwoWithTensor(**cluster, 600, w0, w1));
   std::vector<float> g0(600, 1.0f), g1(600, 3.0f), out0(600), out1(600);
   auto h0 = w0->PushPull("w", g0, absl::MakeSpan(out0));
   ASSERT_TRUE(h0.ok());
@@ -335,6 +345,33 @@ TEST(ClusterTest, ServerDrainsAndExitsCleanlyOnSigterm) {
   auto h = worker->PushPull("w", g, absl::MakeSpan(out));
   ASSERT_TRUE(worker->Wait(*h, absl::Seconds(10)).ok());
   EXPECT_EQ((*cluster)->StopServer(0), 0);
+}
+
+TEST(ClusterTest, AServerStoppedWithSigtermIsFailedOverAtOnceAndWhatItHeldCompletes) {
+  // Heartbeats that would take two minutes to time out: within the test only
+  // the stopped server's own word can fail it over.
+  ClusterConfig config = Config(3, 2);
+  config.set_heartbeat_timeout_ms(120000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<Worker> w0, w1;
+  const int n = 3000;  // 12 partitions over 3 servers, 2 copies each
+  ASSERT_TRUE(ConnectTwoWithTensor(**cluster, n, w0, w1));
+  std::vector<float> g0(n, 1.0f), g1(n, 3.0f), out0(n), out1(n);
+  // Worker 1 has not pushed: every server holds worker 0's request.
+  auto h0 = w0->PushPull("w", g0, absl::MakeSpan(out0));
+  ASSERT_TRUE(h0.ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time stopped = absl::Now();
+  ASSERT_EQ((*cluster)->StopServer(0), 0);
+  auto h1 = w1->PushPull("w", g1, absl::MakeSpan(out1));
+  ASSERT_TRUE(h1.ok());
+  ASSERT_TRUE(w1->Wait(*h1, absl::Seconds(20)).ok());
+  absl::Status s0 = w0->Wait(*h0, absl::Seconds(20));
+  ASSERT_TRUE(s0.ok()) << s0;  // not "server 0 is shutting down"
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(30));
+  EXPECT_EQ(out1[0], -0.5f * 2.0f);  // mean gradient 2, lr 0.5
+  EXPECT_EQ(out0, out1);
 }
 
 TEST(ClusterTest, CApiTrainsAStep) {

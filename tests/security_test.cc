@@ -311,6 +311,18 @@ TEST_F(SecurityTest, NodeThatFindsNothingListeningIsToldSoNotToCheckItsCertifica
   close(fd);
 }
 
+TEST_F(SecurityTest, NodeGivenASchedulerNameThatDoesNotResolveIsToldSoNotToCheckItsCertificates) {
+  for (const SecurityCredentials& security : {node_, SecurityCredentials()}) {
+    auto client = SchedulerClient::Create("scheduler.invalid:7000", security);  // .invalid never resolves
+    ASSERT_TRUE(client.ok()) << client.status();
+    absl::Status s = (*client)->Status(absl::Seconds(2)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr("host name does not resolve on this host"));
+    EXPECT_THAT(s.message(), Not(HasSubstr("certificate")));
+    EXPECT_THAT(s.message(), Not(HasSubstr("--security-config")));
+  }
+}
+
 TEST_F(SecurityTest, NodePointedAtAServersDataPortIsToldItIsNoGrpcService) {
   zmq::context_t ctx(1);
   zmq::socket_t router(ctx, zmq::socket_type::router);

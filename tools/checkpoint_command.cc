@@ -39,7 +39,9 @@ absl::Status Checkpoint(const std::string& address, const std::string& security_
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("checkpoint of round ", response->round(), " not complete after ", wait_s,
-                       " s (did training stop before that round?): ", round.status().message()));
+                       " s (did training stop before that round, or could a server not write there? Each ",
+                       "server logs why: 'checkpoint of partition P at round R not written'): ",
+                       round.status().message()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -571,14 +571,9 @@ class WorkerImpl : public Worker {
   // once its heartbeats stop. Bounded by one heartbeat interval (at most 2 s):
   // a scheduler that does not answer then finds it silent, as before.
   void Leave() {
-    HeartbeatRequest request;
-    request.set_node_id(node_id_);
-    request.set_leaving(true);
-    const absl::Duration wait =
-        std::clamp(absl::Milliseconds(config_.heartbeat_interval_ms()), absl::Milliseconds(100), absl::Seconds(2));
-    auto r = scheduler_->Heartbeat(request, wait);
-    if (!r.ok() && !absl::IsFailedPrecondition(r.status())) {  // FailedPrecondition: no longer a member anyway
-      LOG(WARNING) << "worker " << options_.rank << ": could not tell the scheduler it leaves (" << r.status()
+    absl::Status s = SayLeaving(*scheduler_, node_id_, config_);
+    if (!s.ok() && !absl::IsFailedPrecondition(s)) {  // FailedPrecondition: no longer a member anyway
+      LOG(WARNING) << "worker " << options_.rank << ": could not tell the scheduler it leaves (" << s
                    << "); it will be declared dead after heartbeat_timeout_ms";
     }
   }
