@@ -10,6 +10,7 @@
 #include <glog/logging.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -625,8 +626,11 @@ class WorkerImpl : public Worker {
       // to its dead server).
       for (const ServerInfo& s : map.servers()) {
         if (!s.dead()) continue;
-        LOG_FIRST_N(ERROR, 8) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
-                              << ") was declared dead by the scheduler: " << s.dead_reason();
+        // Once per death: every later map lists it dead too.
+        if (reported_dead_.insert(absl::StrCat(s.data_address(), " ", s.dead_reason())).second) {
+          LOG(ERROR) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
+                     << ") is out of the job at shard map epoch " << map.epoch() << ": " << s.dead_reason();
+        }
         channel->FailServer(s.index(), absl::UnavailableError(absl::StrCat(
                                            "server ", s.index(), " was declared dead by the scheduler at shard map "
                                            "epoch ", map.epoch(), " (", s.dead_reason(), "); its partitions have no "
@@ -656,6 +660,8 @@ class WorkerImpl : public Worker {
   Rejoin rejoin_;  // set at construction
   // Held from numbering a request to handing it to the channel.
   absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // The dead servers this worker has logged (address and reason).
+  absl::flat_hash_set<std::string> reported_dead_ ABSL_GUARDED_BY(send_mu_);
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, TensorRoute> routes_ ABSL_GUARDED_BY(mu_);
