@@ -160,6 +160,8 @@ TEST_F(LivenessTest, AReplacementServerTakesTheDeadOnesPlace) {
   // While the server at an address is alive, no second one takes it over.
   EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://s:1")).status().code(), absl::StatusCode::kAlreadyExists);
   const uint64_t epoch = state_->Status().shard_map().epoch();
+  const uint64_t dead_process = state_->Status().shard_map().servers(1).node_id();
+  EXPECT_NE(dead_process, 0u);
   // Every partition had a copy on server 0 (replication 2), so a new server,
   // at another address, takes server 1's index and gets copies again.
   auto replacement = state_->RegisterServer(Node(SERVER, 0, "tcp://t:1"));
@@ -170,6 +172,10 @@ TEST_F(LivenessTest, AReplacementServerTakesTheDeadOnesPlace) {
   EXPECT_GT(map.epoch(), epoch);
   EXPECT_EQ(map.servers(1).data_address(), "tcp://t:1");
   EXPECT_FALSE(map.servers(1).dead());
+  // Another process at the index: a worker that skipped the maps in between
+  // tells it from the dead one by its node id.
+  EXPECT_EQ(map.servers(1).node_id(), replacement->node_id());
+  EXPECT_NE(map.servers(1).node_id(), dead_process);
   for (const PartitionInfo& p : map.partitions()) {
     EXPECT_EQ(p.server(), 0u) << p.ShortDebugString();  // primaries stay where workers send
     EXPECT_THAT(p.backups(), ElementsAre(1u)) << p.ShortDebugString();

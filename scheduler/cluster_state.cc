@@ -213,6 +213,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   ServerInfo* info = MapServer(*index);
   if (info == nullptr) info = map_.add_servers();
   info->set_index(*index);
+  info->set_node_id(node.id);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());
   info->set_sealed_data(request.sealed_data() && !request.curve_public_key().empty());
@@ -556,6 +557,7 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   node.memory_bytes = request.memory_bytes();
   node.joined_running_job = true;
   ServerInfo* info = MapServer(index);
+  info->set_node_id(node.id);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());
   info->set_sealed_data(request.sealed_data() && !request.curve_public_key().empty());

@@ -25,8 +25,9 @@ namespace {
 
 // A server socket that records the requests it receives and answers none.
 struct FakeServer {
-  explicit FakeServer(zmq::context_t& context) : socket(context, zmq::socket_type::router) {
-    socket.bind("tcp://127.0.0.1:*");
+  explicit FakeServer(zmq::context_t& context, const std::string& at = "tcp://127.0.0.1:*")
+      : socket(context, zmq::socket_type::router) {
+    socket.bind(at);
     address = socket.get(zmq::sockopt::last_endpoint);
   }
   // Receives `n` requests (peer, header, payload frames) within `timeout_ms`.
@@ -190,6 +191,43 @@ class FakeScheduler : public SchedulerClient {
   std::function<void(const ShardMap&)> on_map_ ABSL_GUARDED_BY(mu_);
 };
 
+// One async worker, SGD, two servers (replication 2).
+ClusterConfig PairConfig() {
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_replication(2);
+  config.set_consistency(ASYNC);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
+  config.mutable_optimizer()->set_learning_rate(1.0f);
+  return config;
+}
+
+// Epoch 1: servers 0 and 1 at `primary` and `backup` (node ids 11 and 12),
+// tensor "w" in `partitions` partitions of 4 floats, each on server 0 with
+// its backup on server 1.
+ShardMap PairMap(const std::string& primary, const std::string& backup, int partitions) {
+  ShardMap map;
+  map.set_epoch(1);
+  for (const std::string& a : {primary, backup}) {
+    ServerInfo* s = map.add_servers();
+    s->set_index(map.servers_size() - 1);
+    s->set_data_address(a);
+    s->set_node_id(10 + map.servers_size());
+  }
+  *map.add_tensors() = Float32Tensor("w", 4 * partitions);
+  for (int i = 0; i < partitions; ++i) {
+    PartitionInfo* p = map.add_partitions();
+    p->set_id(i);
+    p->set_tensor(0);
+    p->set_offset(4 * i);
+    p->set_num_elements(4);
+    p->set_server(0);
+    p->add_backups(1);
+  }
+  return map;
+}
+
 // The worker's side of the test above: pushes go on from another thread
 // while the map declaring server 0 dead arrives. One built with the old
 // routes and submitted after the drop would wait for the dead server's
@@ -200,34 +238,11 @@ TEST(DataChannelTest, AWorkerDropsWhatItQueuedForADeadServerWhilePushesGoOn) {
   auto dead = std::make_unique<FakeServer>(context);
   FakeServer new_primary(context);
   const std::string address = dead->address;
-  ClusterConfig config;
-  config.set_num_servers(2);
-  config.set_num_workers(1);
-  config.set_replication(2);
-  config.set_consistency(ASYNC);
-  config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
-  config.mutable_optimizer()->set_learning_rate(1.0f);
-  ShardMap map;
-  map.set_epoch(1);
-  for (const std::string& a : {address, new_primary.address}) {
-    ServerInfo* s = map.add_servers();
-    s->set_index(map.servers_size() - 1);
-    s->set_data_address(a);
-  }
   // Many partitions: a push spends its time building and sending requests
   // (with the worker's send lock held), as a large model's does.
   constexpr int kPartitions = 256;
-  *map.add_tensors() = Float32Tensor("w", 4 * kPartitions);
-  for (int i = 0; i < kPartitions; ++i) {
-    PartitionInfo* p = map.add_partitions();
-    p->set_id(i);
-    p->set_tensor(0);
-    p->set_offset(4 * i);
-    p->set_num_elements(4);
-    p->set_server(0);
-    p->add_backups(1);
-  }
-  auto scheduler = std::make_shared<FakeScheduler>(config, map);
+  const ShardMap map = PairMap(address, new_primary.address, kPartitions);
+  auto scheduler = std::make_shared<FakeScheduler>(PairConfig(), map);
   auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 4 * kPartitions)}, absl::Seconds(10)).ok());
@@ -265,6 +280,48 @@ TEST(DataChannelTest, AWorkerDropsWhatItQueuedForADeadServerWhilePushesGoOn) {
   zmq::pollitem_t item{replacement.handle(), 0, ZMQ_POLLIN, 0};
   EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(1500)), 0)
       << "the replacement got a request submitted while the worker followed the map that declared its index dead";
+}
+
+// A worker's watch may skip maps: it can learn of a replacement at a dead
+// server's address only from a map that lists it alive, with another node
+// id. What it queued for the dead process must not reach the new one, and
+// what still waits for that index goes to the new process again.
+TEST(DataChannelTest, AWorkerThatSkippedTheDeathOfAServerSendsItsReplacementNothingQueuedForTheDeadOne) {
+  zmq::context_t context;
+  auto dead = std::make_unique<FakeServer>(context);
+  FakeServer backup(context);
+  const std::string address = dead->address;
+  const ShardMap map = PairMap(address, backup.address, 2);
+  auto scheduler = std::make_shared<FakeScheduler>(PairConfig(), map);
+  auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 8)}, absl::Seconds(10)).ok());
+  std::vector<float> gradient(8, 1.0f);
+  ASSERT_TRUE((*worker)->Push("w", gradient).ok());
+  ASSERT_EQ(dead->Receive(2).size(), 2u) << "connected";
+  dead.reset();  // SIGKILLed: its connection drops
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE((*worker)->Push("w", gradient).ok());  // queued for the dead process
+  absl::SleepFor(absl::Milliseconds(100));
+
+  // Maps 2 and 3 (server 0 dead, partition 1 handed back to its replacement)
+  // never reached this worker.
+  ShardMap later = map;
+  later.set_epoch(4);
+  later.mutable_servers(0)->set_node_id(13);
+  later.mutable_partitions(0)->set_server(1);
+  later.mutable_partitions(0)->clear_backups();
+  scheduler->Publish(later);
+  std::vector<DataHeader> rerouted = backup.Receive(2);
+  ASSERT_EQ(rerouted.size(), 2u) << "partition 0's two pushes were not re-sent to its new primary";
+
+  FakeServer replacement(context, address);
+  std::vector<DataHeader> got = replacement.Receive(3, 1500);
+  ASSERT_EQ(got.size(), 2u) << "partition 1's two pushes, sent again (and nothing else)";
+  for (const DataHeader& h : got) {
+    EXPECT_EQ(h.partition_id(), 1u);
+    EXPECT_EQ(h.epoch(), 4u) << "request " << h.request_id() << " was queued for the dead process";
+  }
 }
 
 // A caller that keeps a second step in flight computes on the weights it

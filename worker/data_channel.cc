@@ -258,21 +258,36 @@ void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* 
 }
 
 int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch) {
+  return Resend(epoch, [&primary_of](const Pending& p) -> std::optional<uint32_t> {
+    auto it = primary_of.find(p.partition);
+    if (it == primary_of.end() || it->second == p.server) return std::nullopt;
+    return it->second;
+  });
+}
+
+int DataChannel::ResendTo(uint32_t server, uint64_t epoch) {
+  return Resend(epoch, [server](const Pending& p) -> std::optional<uint32_t> {
+    if (p.server != server) return std::nullopt;
+    return server;
+  });
+}
+
+int DataChannel::Resend(uint64_t epoch, absl::FunctionRef<std::optional<uint32_t>(const Pending&)> target) {
   int resent = 0;
   {
     absl::MutexLock io_lock(&io_mu_);
     absl::MutexLock lock(&mu_);
     // In request-id order, as first sent: the new primary takes a push whose
     // id is not above the last it applied from this worker for a retry.
-    std::vector<uint64_t> ids;
+    std::vector<std::pair<uint64_t, uint32_t>> to;
     for (const auto& [id, p] : pending_) {
-      auto it = primary_of.find(p.partition);
-      if (it != primary_of.end() && it->second != p.server && it->second < servers_.size()) ids.push_back(id);
+      std::optional<uint32_t> server = target(p);
+      if (server && *server < servers_.size()) to.emplace_back(id, *server);
     }
-    std::sort(ids.begin(), ids.end());
-    for (uint64_t id : ids) {
+    std::sort(to.begin(), to.end());
+    for (const auto& [id, server] : to) {
       Pending& p = pending_.at(id);
-      p.server = primary_of.at(p.partition);
+      p.server = server;
       p.header.set_epoch(epoch);
       zmq::message_t encoded;
       if (p.encoded.size() > 0) encoded.copy(p.encoded);

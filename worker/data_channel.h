@@ -26,6 +26,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -109,6 +110,10 @@ class DataChannel {
   // request id (the new primary recognises a retry) and shard-map `epoch`.
   // Returns how many requests were re-sent.
   int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch);
+  // Sends every waiting request routed to `server` again, with the same
+  // request id and shard-map `epoch`: another process took its place (its
+  // queue dropped with DropQueued), which never got them. Returns how many.
+  int ResendTo(uint32_t server, uint64_t epoch);
 
   // Server index `server` is live at `endpoint` (e.g. a server took a dead
   // one's place, at another address or the same): requests to it are sent
@@ -153,6 +158,10 @@ class DataChannel {
   // Ends `server`'s socket's connection to `address` (and what its pipe
   // holds); one already gone is no error.
   void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Sends again each waiting request `target` gives a server (in request-id
+  // order), moving it there. Returns how many.
+  int Resend(uint64_t epoch, absl::FunctionRef<std::optional<uint32_t>(const Pending&)> target)
+      ABSL_LOCKS_EXCLUDED(io_mu_, mu_);
   // Sends one request (header, then its payload if any) on `server`'s socket.
   void SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);

@@ -606,6 +606,24 @@ class WorkerImpl : public Worker {
       for (const ServerInfo& s : map.servers()) {
         if (s.dead()) channel->DropQueued(s.index());
       }
+      // The same holds for a server replaced in maps this worker skipped (the
+      // map declaring it dead among them): another process at its index,
+      // perhaps at its address, gets none of the old one's queue, and what
+      // waits for it is sent to the new one below.
+      std::vector<uint32_t> replaced;
+      for (const ServerInfo& s : map.servers()) {
+        if (server_process_.size() <= s.index()) server_process_.resize(s.index() + 1, 0);
+        uint64_t& known = server_process_[s.index()];
+        if (!s.dead() && known != 0 && s.node_id() != 0 && s.node_id() != known) {
+          replaced.push_back(s.index());
+          channel->DropQueued(s.index());
+          if (absl::Status r = channel->Readdress(s.index(), {s.data_address(), s.curve_public_key(), s.sealed_data()});
+              !r.ok()) {
+            LOG(ERROR) << "worker " << options_.rank << ": " << r;
+          }
+        }
+        if (s.node_id() != 0) known = s.node_id();
+      }
       {
         absl::MutexLock lock(&mu_);
         absl::flat_hash_map<uint64_t, uint32_t> primary_of;
@@ -621,6 +639,12 @@ class WorkerImpl : public Worker {
         epoch_ = std::max(epoch_, map.epoch());
       }
       if (!moved.empty()) resent = channel->Reroute(moved, map.epoch());
+      for (uint32_t server : replaced) {
+        const int again = channel->ResendTo(server, map.epoch());
+        LOG(WARNING) << "worker " << options_.rank << ": server " << server << " was replaced by another process "
+                     << "in shard maps this worker skipped; re-sent " << again << " waiting requests to it";
+        resent += again;
+      }
       // Refused from here on, before a request with the routes just left can
       // be queued for them (a partition with no live replica stays routed
       // to its dead server).
@@ -660,6 +684,9 @@ class WorkerImpl : public Worker {
   Rejoin rejoin_;  // set at construction
   // Held from numbering a request to handing it to the channel.
   absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // By server index: the scheduler's id of the process serving it, as the
+  // last map said (ServerInfo.node_id; 0: not known).
+  std::vector<uint64_t> server_process_ ABSL_GUARDED_BY(send_mu_);
   // The dead servers this worker has logged (address and reason).
   absl::flat_hash_set<std::string> reported_dead_ ABSL_GUARDED_BY(send_mu_);
   mutable absl::Mutex mu_;
