@@ -5,7 +5,9 @@
 # scrapes them every second; while the bench pushes, the script queries
 #   rate(shardps_server_requests_total{op=~"push|push_pull"}[5s])
 # and passes when every server shows a non-zero push rate and a partition
-# version (shardps_server_partition_version) above 0. Not a ctest test:
+# version (shardps_server_partition_version) above 0; then that every metric
+# the Grafana dashboard names is exported by a scheduler, a server or a
+# worker, and that each of its queries evaluates. Not a ctest test:
 # it needs the optional Prometheus package (tools/setup.sh --metrics).
 # Usage: deploy/metrics_check.sh [--servers S] [--base-port P] [--keep]
 set -euo pipefail
@@ -96,6 +98,42 @@ sed 's/^/  server /' <<<"$result"
 positive=$(awk '$2 > 0' <<<"$result" | wc -l)
 if ((positive != servers)); then echo "FAIL: $positive of $servers servers show a partition version"; exit 1; fi
 echo "PASS: every server ($servers) shows its partitions' versions"
+
+# Every metric the dashboard names is one some node exports: a scheduler, a
+# server and a training worker, each with --metrics-listen, scraped with curl
+# once the worker has taken steps (a misspelled name evaluates to nothing and
+# would pass the check below).
+# Two servers: the per-partition replication lag exists only where a
+# partition has a backup.
+node_ports=($((base + 60)) $((base + 61)) $((base + 62)) $((base + 63)))
+"$shardps" scheduler --listen 127.0.0.1:0 --port-file "$work/scheduler.port" --set num_servers=2 \
+  --set num_workers=1 --metrics-listen "127.0.0.1:${node_ports[0]}" >"$work/scheduler.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [[ -s $work/scheduler.port ]] && break; sleep 0.2; done
+[[ -s $work/scheduler.port ]] || { cat "$work/scheduler.log"; echo "FAIL: the scheduler did not start"; exit 1; }
+scheduler=$(cat "$work/scheduler.port")
+for i in 1 2; do
+  "$shardps" server --scheduler "$scheduler" --listen tcp://127.0.0.1:0 \
+    --metrics-listen "127.0.0.1:${node_ports[i + 1]}" >"$work/server$i.log" 2>&1 &
+  pids+=($!)
+done
+"$shardps" train --scheduler "$scheduler" --rank 0 --epochs 1 --max-steps 100000 --log-every 0 \
+  --progress-file "$work/steps" --metrics-listen "127.0.0.1:${node_ports[1]}" >"$work/train.log" 2>&1 &
+pids+=($!)
+steps() { awk '{n = $1 + 0} END {print n + 0}' "$work/steps" 2>/dev/null || echo 0; }  # zero-padded
+for _ in $(seq 300); do (($(steps) >= 50)) && break; sleep 0.2; done
+(($(steps) >= 50)) || { tail "$work/train.log"; echo "FAIL: the worker took no steps"; exit 1; }
+for p in "${node_ports[@]}"; do curl -sf "http://127.0.0.1:$p/metrics"; done >"$work/exported.txt"
+python3 - deploy/grafana/shardps.json "$work/exported.txt" <<'PY'
+import json, re, sys
+names = {m for p in json.load(open(sys.argv[1]))["panels"] for t in p["targets"]
+         for m in re.findall(r"\bshardps_[a-z_]+", t["expr"])}
+exported = {re.split(r"[{ ]", line, 1)[0] for line in open(sys.argv[2]) if line.startswith("shardps_")}
+missing = sorted(names - exported)
+if missing:
+    sys.exit("FAIL: the dashboard names metrics no node exports: " + ", ".join(missing))
+print(f"PASS: the {len(names)} metrics the dashboard names are exported (a scheduler, two servers, a worker)")
+PY
 
 # Every query of the Grafana dashboard is one Prometheus accepts.
 python3 - "http://127.0.0.1:$prom_port" deploy/grafana/shardps.json <<'PY'
