@@ -612,6 +612,7 @@ class WorkerImpl : public Worker {
       // waits for it is sent to the new one below.
       std::vector<uint32_t> replaced;
       for (const ServerInfo& s : map.servers()) {
+        if (map.epoch() < server_process_epoch_) break;  // an older map than the one they came from
         if (server_process_.size() <= s.index()) server_process_.resize(s.index() + 1, 0);
         uint64_t& known = server_process_[s.index()];
         if (!s.dead() && known != 0 && s.node_id() != 0 && s.node_id() != known) {
@@ -624,6 +625,7 @@ class WorkerImpl : public Worker {
         }
         if (s.node_id() != 0) known = s.node_id();
       }
+      server_process_epoch_ = std::max(server_process_epoch_, map.epoch());
       {
         absl::MutexLock lock(&mu_);
         absl::flat_hash_map<uint64_t, uint32_t> primary_of;
@@ -687,6 +689,7 @@ class WorkerImpl : public Worker {
   // By server index: the scheduler's id of the process serving it, as the
   // last map said (ServerInfo.node_id; 0: not known).
   std::vector<uint64_t> server_process_ ABSL_GUARDED_BY(send_mu_);
+  uint64_t server_process_epoch_ ABSL_GUARDED_BY(send_mu_) = 0;  // of the map they came from
   // The dead servers this worker has logged (address and reason).
   absl::flat_hash_set<std::string> reported_dead_ ABSL_GUARDED_BY(send_mu_);
   mutable absl::Mutex mu_;
