@@ -240,11 +240,42 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
   for (uint32_t r : map.excluded_workers()) {
     if (r < workers) now_excluded[r] = true;
   }
-  std::vector<bool> removed(workers, false);
+  const auto rejoins = [&](const WorkerRejoin& r) {
+    return r.rank() < workers && !now_excluded[r.rank()] && r.incarnation() != join_incarnation_[r.rank()];
+  };
+  // A watch hands a server only the latest map: a rank removed and
+  // rejoined in maps this server skipped (its process restarted at once)
+  // is removed first, as the skipped map said, so the open round completes
+  // without the dead process instead of waiting for its push. (A server's
+  // first map lists rejoins that happened before it: nothing to undo.)
+  if (membership_applied_) {
+    std::vector<bool> skipped = now_excluded;
+    bool any_skipped = false;
+    for (const WorkerRejoin& r : map.rejoined_workers()) {
+      if (rejoins(r) && !excluded_[r.rank()]) skipped[r.rank()] = any_skipped = true;
+    }
+    if (any_skipped) {
+      std::vector<bool> removed;
+      if (MarkExcluded(skipped, map, &removed)) DropRemoved(removed);
+    }
+  }
+  membership_applied_ = true;
+  std::vector<bool> removed;
+  const bool any = MarkExcluded(now_excluded, map, &removed);
+  for (const WorkerRejoin& r : map.rejoined_workers()) {
+    if (rejoins(r)) Rejoin(r);
+  }
+  if (any) DropRemoved(removed);
+}
+
+bool PartitionEngine::MarkExcluded(const std::vector<bool>& now_excluded, const ShardMap& map,
+                                   std::vector<bool>* removed) {
+  const uint32_t workers = config_.num_workers();
+  removed->assign(workers, false);
   bool any = false;
   for (uint32_t r = 0; r < workers; ++r) {
     if (now_excluded[r] && !excluded_[r]) {
-      removed[r] = any = true;
+      (*removed)[r] = any = true;
       const bool left = absl::c_linear_search(map.left_workers(), r);  // its job ended: no news
       LOG_IF(WARNING, !left) << "server " << server_index_ << ": worker " << r << " was removed from the job "
                              << "(shard map epoch " << epoch_ << ")"
@@ -255,10 +286,10 @@ void PartitionEngine::ApplyMembership(const ShardMap& map) {
   }
   excluded_ = now_excluded;
   num_excluded_ = static_cast<uint32_t>(std::count(excluded_.begin(), excluded_.end(), true));
-  for (const WorkerRejoin& r : map.rejoined_workers()) {
-    if (r.rank() < workers && !excluded_[r.rank()] && r.incarnation() != join_incarnation_[r.rank()]) Rejoin(r);
-  }
-  if (!any) return;
+  return any;
+}
+
+void PartitionEngine::DropRemoved(const std::vector<bool>& removed) {
   const absl::Status gone = absl::UnavailableError("this worker was removed from the job");
   for (auto& [id, part] : partitions_) {
     Partition& p = *part;

@@ -486,6 +486,13 @@ class PartitionEngine {
   // promoted before it was complete (primary, not synced).
   absl::Status LostCopy(const Partition& p) const;
   void ApplyMembership(const ShardMap& map);
+  // Sets who is excluded (`now_excluded`, by rank); `removed` gets the ranks
+  // newly excluded, each logged (as left where `map` lists it so). Returns
+  // whether there is any.
+  bool MarkExcluded(const std::vector<bool>& now_excluded, const ShardMap& map, std::vector<bool>* removed);
+  // Answers the parked requests of the `removed` ranks, drops what was
+  // forwarded of them, and completes each round that waited only for them.
+  void DropRemoved(const std::vector<bool>& removed);
   // SSP applied on arrival (Ho et al. 2013): worker w's push of its round r
   // is answered once every live worker whose pace is known here has pushed
   // round r - staleness. The slowest worker is never held, so the job always
@@ -613,6 +620,7 @@ class PartitionEngine {
   // A map with partitions was installed: copies created after it are added
   // to a running job (unsynced until their snapshot), not listed from the start.
   bool partitions_mapped_ = false;
+  bool membership_applied_ = false;  // a map's membership was applied before
   uint32_t server_index_ = 0;
   std::vector<std::string> server_addresses_;  // per server index, from the latest map
   std::vector<bool> excluded_;  // per worker rank: removed from the job

@@ -775,6 +775,26 @@ TEST_F(EngineTest, ARejoinedWorkerIsCountedFromItsJoinRoundOnly) {
   EXPECT_EQ(Weights(), (std::vector<float>{-10, -10}));  // (3 + 3 + 9) / 3
 }
 
+// The watch hands a server only the latest map: one may learn of a worker's
+// removal and its rejoin (its process restarted at once) from the same map.
+// The open round then completes without it, as after the removal alone,
+// instead of waiting for a push the dead process will never send.
+TEST_F(EngineTest, ARemovalAndRejoinInOneMapCompleteTheOpenRoundWithoutTheWorker) {
+  for (const bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "arrival order");
+    Make(SYNC, deterministic, 2);
+    Send(PUSH, 1, 0, {4, 4});
+    Send(PUSH, 0, 0, {2, 2});
+    Send(PUSH, 0, 1, {6, 6});  // round 1 waits for worker 1, which dies
+    EXPECT_EQ(Weights(), (std::vector<float>{-3, -3}));
+    RejoinWorker(1, /*round=*/3, /*incarnation=*/11);  // the removal map was skipped
+    EXPECT_EQ(Weights(), (std::vector<float>{-9, -9})) << "round 1 is worker 0's alone";
+    Send(PUSH, 0, 2, {1, 1});
+    EXPECT_EQ(Weights(), (std::vector<float>{-10, -10})) << "round 2 completes without the rejoined worker";
+    sent_.clear();
+  }
+}
+
 // A worker removed while its push of the open round is counted, and
 // rejoined at that round before it completes: the round holds one gradient
 // of that worker, the first (its new process's push is taken for a retry).

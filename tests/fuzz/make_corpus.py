@@ -257,6 +257,14 @@ def replica():
         seq += pair_push(0, n) + pair_push(1, n) + bytes([4, 7]) * 3
         seq += pair_push(0, n, retry=True) + pair_push(1, n, retry=True) + bytes([4, 7]) * 2
         write("replica", name, seq)
+    # A worker removed and rejoined in one map (0x9c: the servers skipped its removal) while
+    # the round waits for it.
+    n = 4
+    seq = bytes([0x00, 0x00, 0x80 | n_byte(n)]) + pair_push(0, n, init=True) + bytes([4, 7])
+    seq += pair_push(0, n) + pair_push(1, n) + bytes([4, 7]) + pair_push(0, n) + bytes([4, 7])
+    seq += bytes([7, 0x9c]) + bytes([4, 7]) * 2 + pair_push(0, n) + bytes([4, 7]) * 2
+    seq += pair_push(1, n) + pair_push(0, n) + bytes([4, 7]) * 2
+    write("replica", "pair_sync_worker_removed_and_rejoined_in_one_map", seq)
     # This server's backup copy given back in maps it skipped (map byte bit 6), then its snapshot.
     n = 1024
     snapshot = values(2 * n) + bytes(7) + bytes([1]) + values(n) + lv(b"")

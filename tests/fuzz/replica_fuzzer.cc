@@ -844,8 +844,10 @@ class Pair {
 
   // Map byte `b`: the roles (ChangeRoles), with bit 7 a worker removed
   // (bits 4-6: which, or none). Bits 2-3 both set: the first removed worker
-  // rejoins instead (bit 4: a round later), and without bit 7, bit 5 the
-  // roles change in the same map, bit 6 a hand-off is listed in it. Bit 3
+  // rejoins instead (bit 4: a round later; with none removed and bit 7, a
+  // live worker, bits 4-6, is removed and rejoins in this one map), and
+  // without bit 7, bit 5 the roles change in the same map, bit 6 a hand-off
+  // is listed in it. Bit 3
   // alone: a hand-off is listed instead, and with bit 6 (not 7) bits 0-1
   // say what the map that switches the roles changes too (bit 0: the first
   // removed worker rejoins; bit 1: worker bits 4-5 is removed). (Bits that
@@ -855,8 +857,16 @@ class Pair {
     ++c_.epoch;
     int restarted = -1;
     bool promoted = false;
+    bool removed_here = false;  // a worker removed and rejoined in this one map
     if ((b & 0x0c) == 0x0c) {  // the removed worker rejoins as a new process
-      if (c_.excluded.empty()) return;
+      if (c_.excluded.empty()) {
+        // With bit 7, a live worker dies and its new process rejoins in this
+        // map: the servers skipped the one that removed it.
+        if (!(b & 0x80)) return;
+        Remove(static_cast<int>(((b >> 4) & 7) % c_.workers));
+        if (c_.excluded.empty()) return;
+        removed_here = true;
+      }
       Rejoin(c_.excluded.front(), (b >> 4) & 1);
       if ((b & 0xa0) == 0x20) (void)ChangeRoles(b, &restarted, &promoted);
       if ((b & 0xc0) == 0x40) (void)ListHandoff(false, -1);
@@ -866,7 +876,7 @@ class Pair {
     } else if (!ChangeRoles(b, &restarted, &promoted)) {
       return;
     }
-    if (b & 0x80) Remove((b >> 4) % (c_.workers + 1) - 1);
+    if ((b & 0x80) && !removed_here) Remove((b >> 4) % (c_.workers + 1) - 1);
     Install();
     if (restarted >= 0) Start(restarted);
     if (promoted) Resend();
