@@ -21,7 +21,6 @@ import argparse
 import gzip
 import json
 import os
-import re
 import signal
 import struct
 import sys
@@ -65,13 +64,10 @@ def make_model():
     return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
-def cluster_optimizer(config_text):
-    """(kind, learning rate) of the cluster config's optimizer (proto defaults: ADAM, 0.001)."""
-    block = re.search(r"optimizer\s*\{(.*?)\n\}", config_text, re.S)
-    text = block.group(1) if block else ""
-    kind = re.search(r"^\s*kind:\s*(\w+)", text, re.M)
-    lr = re.search(r"^\s*learning_rate:\s*([-\d.eE+]+)", text, re.M)
-    return (kind.group(1) if kind else "ADAM"), (float(lr.group(1)) if lr else 0.001)
+def cluster_optimizer(worker):
+    """(kind, learning rate) of the cluster config's optimizer, as the cluster runs it (defaults
+    included)."""
+    return worker.config_field("optimizer.kind"), float(worker.config_field("optimizer.learning_rate"))
 
 
 def torch_optimizer(kind, lr, params):
@@ -129,7 +125,7 @@ def main():
         signal.signal(signal.SIGTERM, leave_on_sigterm)
         worker = shardps.init()
         rank, workers, consistency = worker.rank, worker.size, worker.consistency
-        kind, lr = cluster_optimizer(worker.config_text())
+        kind, lr = cluster_optimizer(worker)
         # model=: step() does not wait for the new weights; each layer's forward does.
         optimizer = shardps.torch.DistributedOptimizer(torch_optimizer(kind, lr, model.parameters()),
                                                        named_parameters=model.named_parameters(), model=model,
