@@ -189,6 +189,32 @@ TEST_F(LivenessTest, AReplacementServerTakesTheDeadOnesPlace) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// A server stopped while every worker is out of the job fails over unless
+// the workers all left (the job is over): workers declared dead may be
+// started again, and must find the stopped server's partitions on its
+// backups rather than on a server listed dead.
+TEST_F(LivenessTest, AServerStoppedWhileTheWorkersAreDeadNotLeftFailsOver) {
+  // One at a time: the scheduler declares nodes dead only while it hears a
+  // majority of the live ones.
+  for (std::vector<int> beating : {std::vector<int>{0, 1}, {0}, {}}) {
+    for (int t = 0; t < 12; ++t) {
+      Beat({0, 1}, beating, 1);
+      Advance(100);
+    }
+  }
+  ASSERT_EQ(state_->Status().shard_map().excluded_workers_size(), 3) << "every worker declared dead";
+  ASSERT_EQ(state_->Status().shard_map().left_workers_size(), 0);
+  HeartbeatRequest leaving;
+  leaving.set_node_id(server_ids_[0]);
+  leaving.set_leaving(true);
+  ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  const ShardMap map = state_->Status().shard_map();
+  EXPECT_TRUE(map.servers(0).dead());
+  for (const PartitionInfo& p : map.partitions()) {
+    EXPECT_EQ(p.server(), 1u) << "not failed over: " << p.ShortDebugString();
+  }
+}
+
 TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
   // Workers 0 and 1 wait at a barrier; worker 2's job ends and it says so.
   absl::Status passed[2] = {absl::UnknownError("not run"), absl::UnknownError("not run")};

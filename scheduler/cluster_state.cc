@@ -451,9 +451,10 @@ void ClusterState::ServerLeaves(Node& node) {
   node.dead = true;
   node.left = true;
   map_.set_epoch(map_.epoch() + 1);
-  if (LiveWorkers() == 0) {
+  if (static_cast<size_t>(map_.left_workers_size()) >= config_.num_workers()) {
     // The job is over (every worker left): the servers stop together, and
     // failing each over to the others, which are stopping too, helps no one.
+    // (Workers declared dead may be started again: they need the backups.)
     if (ServerInfo* info = MapServer(node.rank)) info->set_dead(true);
     Save();
     LOG(INFO) << "server " << node.rank << " (" << node.address << ") left after the job's workers";

@@ -169,7 +169,8 @@ class ClusterState {
   // partitions failed over now rather than after heartbeat_timeout_ms, so a
   // rolling restart stalls no round for the timeout and a server started
   // again at its address takes its place at once. Not counted as declared
-  // dead. Once every worker has left (the job is over) nothing fails over.
+  // dead. Once every worker has left (the job is over; not when they were
+  // declared dead, as they may be started again) nothing fails over.
   // Logs what it did.
   void ServerLeaves(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks server `index` dead in the map with `reason` (what workers report
