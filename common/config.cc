@@ -1,17 +1,16 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <algorithm>
-#include <cmath>
 #include <type_traits>
 #include <vector>
 
-#include "absl/strings/match.h"
-
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

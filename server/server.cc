@@ -535,7 +535,7 @@ class ParameterServerImpl : public ParameterServer {
     if (heartbeat_.joinable()) heartbeat_.join();
     absl::Status s = SayLeaving(*scheduler_, node_id_, config_);
     if (s.ok()) {
-      LOG(INFO) << "server " << index_ << ": the scheduler failed it over; parked requests go to the new primaries";
+      LOG(INFO) << "server " << index_ << ": the scheduler took it out of the job; workers re-send what it held";
       return true;
     }
     LOG(WARNING) << "server " << index_ << ": could not tell the scheduler it stops (" << s

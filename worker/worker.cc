@@ -598,24 +598,27 @@ class WorkerImpl : public Worker {
     int resent = 0;
     {
       absl::MutexLock send_lock(&send_mu_);
+      bool older;  // than the map the routes and node ids below came from
+      {
+        absl::MutexLock lock(&mu_);
+        older = map.epoch() < epoch_;
+      }
       // What is queued for a dead server goes before the routes change, with
       // send_mu_ held: a request submitted after the drop but built with the
       // old routes would wait in the new connection's queue for a
       // replacement at the dead server's address, behind its own re-sent and
-      // answered copy, and be sent from a buffer its caller reused.
-      for (const ServerInfo& s : map.servers()) {
-        if (s.dead()) channel->DropQueued(s.index());
-      }
-      // The same holds for a server replaced in maps this worker skipped (the
-      // map declaring it dead among them): another process at its index,
-      // perhaps at its address, gets none of the old one's queue, and what
-      // waits for it is sent to the new one below.
+      // answered copy, and be sent from a buffer its caller reused. The same
+      // holds for a server replaced in maps this worker skipped (the map
+      // declaring it dead among them): another process at its index, perhaps
+      // at its address, gets none of the old one's queue, and what waits for
+      // it is sent to the new one below.
       std::vector<uint32_t> replaced;
       for (const ServerInfo& s : map.servers()) {
-        if (map.epoch() < server_process_epoch_) break;  // an older map than the one they came from
+        if (s.dead()) channel->DropQueued(s.index());
+        if (older || s.node_id() == 0) continue;
         if (server_process_.size() <= s.index()) server_process_.resize(s.index() + 1, 0);
         uint64_t& known = server_process_[s.index()];
-        if (!s.dead() && known != 0 && s.node_id() != 0 && s.node_id() != known) {
+        if (!s.dead() && known != 0 && known != s.node_id()) {
           replaced.push_back(s.index());
           channel->DropQueued(s.index());
           if (absl::Status r = channel->Readdress(s.index(), {s.data_address(), s.curve_public_key(), s.sealed_data()});
@@ -623,9 +626,8 @@ class WorkerImpl : public Worker {
             LOG(ERROR) << "worker " << options_.rank << ": " << r;
           }
         }
-        if (s.node_id() != 0) known = s.node_id();
+        known = s.node_id();
       }
-      server_process_epoch_ = std::max(server_process_epoch_, map.epoch());
       {
         absl::MutexLock lock(&mu_);
         absl::flat_hash_map<uint64_t, uint32_t> primary_of;
@@ -689,7 +691,6 @@ class WorkerImpl : public Worker {
   // By server index: the scheduler's id of the process serving it, as the
   // last map said (ServerInfo.node_id; 0: not known).
   std::vector<uint64_t> server_process_ ABSL_GUARDED_BY(send_mu_);
-  uint64_t server_process_epoch_ ABSL_GUARDED_BY(send_mu_) = 0;  // of the map they came from
   // The dead servers this worker has logged (address and reason).
   absl::flat_hash_set<std::string> reported_dead_ ABSL_GUARDED_BY(send_mu_);
   mutable absl::Mutex mu_;
