@@ -153,7 +153,9 @@ absl::Status ValidateConfig(const ClusterConfig& c) {
   if (c.consistency() == CONSISTENCY_UNSPECIFIED || !Consistency_IsValid(c.consistency())) {
     return Invalid("consistency", absl::StrCat("allowed: ", AllowedValues(Consistency_descriptor())));
   }
-  if (c.num_servers() < 1 || c.num_servers() > 1024) return Invalid("num_servers", "must be in [1, 1024]");
+  if (c.num_servers() < 1 || c.num_servers() > kMaxServers) {
+    return Invalid("num_servers", absl::StrCat("must be in [1, ", kMaxServers, "]"));
+  }
   if (c.num_workers() < 1 || c.num_workers() > 65536) return Invalid("num_workers", "must be in [1, 65536]");
   if (c.partition_bytes() < 4 || c.partition_bytes() > (1ull << 30) || c.partition_bytes() % 4 != 0) {
     return Invalid("partition_bytes", "must be a multiple of 4 in [4, 1 GiB]");

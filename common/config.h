@@ -28,6 +28,11 @@ absl::Status ValidateLimits(const ResourceLimits& limits);
 // when 0, 2 with at least two servers and 1 otherwise.
 uint32_t EffectiveReplication(const ClusterConfig& config);
 
+// The most servers a cluster has: num_servers at start, and as many as
+// join the running job later (one more each when no dead one's place is
+// free).
+inline constexpr uint32_t kMaxServers = 1024;
+
 // The largest `staleness` accepted: a server parks the pushes of rounds
 // that are not complete yet, up to this many per worker and partition.
 inline constexpr uint32_t kMaxStaleness = 256;

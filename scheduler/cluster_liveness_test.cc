@@ -7,8 +7,10 @@
 #include <optional>
 #include <thread>
 
-#include "common/tensor_spec.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/protocol.h"
+#include "common/tensor_spec.h"
 #include "scheduler/cluster_state.h"
 
 namespace shardps {
@@ -184,9 +186,54 @@ TEST_F(LivenessTest, AReplacementServerTakesTheDeadOnesPlace) {
     ASSERT_NE(listed, p.listed_at().end()) << p.ShortDebugString();
     EXPECT_EQ(listed->second, map.epoch());
   }
-  // The cluster is whole again: a third server is refused.
-  EXPECT_EQ(state_->RegisterServer(Node(SERVER, 0, "tcp://u:2")).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  // The cluster is whole again: a third server joins as one more.
+  auto third = state_->RegisterServer(Node(SERVER, 0, "tcp://u:2"));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->server_index(), 2u);
+}
+
+TEST_F(LivenessTest, AServerStartedWhileEveryPlaceIsAliveJoinsAsOneMoreAndCanBeReplacedInTurn) {
+  Beat({0, 1}, {0, 1, 2}, 1);
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  auto joined = state_->RegisterServer(Node(SERVER, 0, "tcp://u:1"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->server_index(), 2u);
+  EXPECT_TRUE(joined->joins_running_job());  // its copies start empty and get snapshots
+  ShardMap map = state_->Status().shard_map();
+  EXPECT_GT(map.epoch(), epoch);
+  ASSERT_EQ(map.servers_size(), 3);
+  EXPECT_EQ(map.servers(2).index(), 2u);
+  EXPECT_EQ(map.servers(2).data_address(), "tcp://u:1");
+  EXPECT_EQ(map.servers(2).node_id(), joined->node_id());
+  EXPECT_FALSE(map.servers(2).dead());
+  for (const PartitionInfo& p : map.partitions()) {
+    EXPECT_EQ(p.server(), 0u) << "a primary moved before the joined server held a copy: " << p.ShortDebugString();
+  }
+  // Watched like the others: silent past the timeout, it is declared dead,
+  // and another server takes its place rather than growing the cluster.
+  server_ids_.push_back(joined->node_id());
+  for (int t = 0; t < 12; ++t) {
+    Beat({0, 1}, {0, 1, 2}, map.epoch());
+    now_ += absl::Milliseconds(100);
+    state_->CheckLiveness();
+  }
+  map = state_->Status().shard_map();
+  ASSERT_TRUE(map.servers(2).dead()) << map.ShortDebugString();
+  auto replacement = state_->RegisterServer(Node(SERVER, 0, "tcp://v:1"));
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  EXPECT_EQ(replacement->server_index(), 2u);
+  EXPECT_EQ(state_->Status().shard_map().servers_size(), 3);
+}
+
+TEST_F(LivenessTest, ServersJoinARunningJobUpToTheMostAClusterTakes) {
+  for (uint32_t i = 2; i < kMaxServers; ++i) {
+    auto r = state_->RegisterServer(Node(SERVER, 0, absl::StrCat("tcp://g:", i)));
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    ASSERT_EQ(r->server_index(), i);
+  }
+  auto over = state_->RegisterServer(Node(SERVER, 0, "tcp://g:9999"));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_THAT(over.status().message(), HasSubstr(absl::StrCat(kMaxServers, " servers, all alive, the most")));
 }
 
 // A server stopped while every worker is out of the job fails over unless

@@ -177,8 +177,9 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
           "heartbeat_timeout_ms ", config_.heartbeat_timeout_ms(), ")"));
     }
   } else if (!tensors_.empty()) {
-    // The job is training: a server may only take a dead one's place (its
-    // own address's first), and only where no state died with it.
+    // The job is training: a server takes a dead one's place (its own
+    // address's first), and only where no state died with it; with every
+    // place alive it joins as one more server, and copies move to it.
     if (!index) {
       for (const auto& [i, node] : servers_) {
         if (node.dead) {
@@ -188,8 +189,12 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
       }
     }
     if (!index) {
-      return absl::ResourceExhaustedError(absl::StrCat("cluster already has its ", config_.num_servers(),
-                                                       " servers, all alive; refusing ", request.data_address()));
+      if (servers_.size() >= kMaxServers) {
+        return absl::ResourceExhaustedError(absl::StrCat("cluster already has ", servers_.size(),
+                                                         " servers, all alive, the most it takes; refusing ",
+                                                         request.data_address()));
+      }
+      return JoinRunningJob(static_cast<uint32_t>(servers_.size()), request);
     }
     for (const PartitionInfo& p : map_.partitions()) {
       if (p.server() != *index) continue;
@@ -202,8 +207,10 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   }
   if (!index) {
     if (servers_.size() >= config_.num_servers()) {
-      return absl::ResourceExhaustedError(absl::StrCat("cluster already has its ", config_.num_servers(),
-                                                       " servers; refusing ", request.data_address()));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cluster already has its ", config_.num_servers(), " servers (config num_servers) and no tensors defined "
+          "yet; refusing ", request.data_address(), ": a server started once training has begun joins the job "
+          "as one more"));
     }
     index = servers_.size();
   }
@@ -286,7 +293,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
 }
 
 bool ClusterState::ClusterComplete() const {
-  return servers_.size() == config_.num_servers() && workers_.size() == config_.num_workers();
+  return servers_.size() >= config_.num_servers() && workers_.size() == config_.num_workers();
 }
 
 std::string ClusterState::MissingNodes() const {
@@ -410,7 +417,7 @@ void ClusterState::RecordCounters(Node& node, const NodeCounters& counters) {
 }
 
 bool ClusterState::ServersServe(uint64_t epoch) const {
-  if (servers_.size() != config_.num_servers()) return false;
+  if (servers_.size() < config_.num_servers()) return false;
   for (const auto& [i, node] : servers_) {
     if (!node.dead && node.applied_epoch < epoch) return false;
   }
@@ -552,12 +559,17 @@ int ClusterState::Rereplicate() {
 }
 
 absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, const RegisterRequest& request) {
-  const std::string dead_address = servers_[index].address;
+  const bool grows = !servers_.contains(index);
+  const std::string dead_address = grows ? std::string() : servers_[index].address;
   Node& node = servers_[index];
   node = Node{next_node_id_++, SERVER, index, request.data_address(), request.host(), clock_(), 0};
   node.memory_bytes = request.memory_bytes();
   node.joined_running_job = true;
   ServerInfo* info = MapServer(index);
+  if (info == nullptr) {
+    info = map_.add_servers();
+    info->set_index(index);
+  }
   info->set_node_id(node.id);
   info->set_data_address(request.data_address());
   info->set_curve_public_key(request.curve_public_key());
@@ -573,8 +585,12 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   joined_at_ = clock_();
   last_join_ = joined_at_;
   LOG(WARNING) << "server " << index << " (" << request.data_address() << ", host " << request.host()
-               << ") joins the running job in the place of the dead server at " << dead_address << "; shard map epoch "
-               << map_.epoch() << ": " << recreated << " missing copies go to it (its primaries send snapshots); "
+               << ") joins the running job "
+               << (grows ? absl::StrCat("as one more server (", servers_.size(), " now, config num_servers ",
+                                        config_.num_servers(), ")")
+                         : absl::StrCat("in the place of the dead server at ", dead_address))
+               << "; shard map epoch " << map_.epoch() << ": " << recreated
+               << " missing copies go to it (its primaries send snapshots); "
                << "backup copies move to it once it serves this epoch and its copies are synced";
   RegisterResponse response;
   response.set_node_id(node.id);

@@ -97,7 +97,8 @@ class ParameterServerImpl : public ParameterServer {
     if (registered->joins_running_job()) {
       engine_->JoinRunningJob();
       LOG(WARNING) << "server " << index_ << " at " << data_address_
-                   << " joins a running job in a dead server's place: its copies arrive as snapshots";
+                   << " joins a running job (in a dead server's place or as one more): its copies arrive as "
+                   << "snapshots";
     }
     if (options.metrics != nullptr) metrics_ = std::make_unique<ServerMetrics>(*options.metrics, index_, options.metrics_max_partitions);
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });

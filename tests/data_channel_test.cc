@@ -228,6 +228,19 @@ ShardMap PairMap(const std::string& primary, const std::string& backup, int part
   return map;
 }
 
+// An async worker on PairMap(primary, backup, 2) (tensor "w", 8 floats)
+// that has pushed once; `scheduler` publishes the later maps.
+std::unique_ptr<Worker> PairWorkerThatPushed(const std::string& primary, const std::string& backup,
+                                            std::shared_ptr<FakeScheduler>* scheduler) {
+  *scheduler = std::make_shared<FakeScheduler>(PairConfig(), PairMap(primary, backup, 2));
+  auto worker = Worker::Create({.rank = 0, .scheduler_client = *scheduler});
+  EXPECT_TRUE(worker.ok()) << worker.status();
+  if (!worker.ok()) return nullptr;
+  EXPECT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 8)}, absl::Seconds(10)).ok());
+  EXPECT_TRUE((*worker)->Push("w", std::vector<float>(8, 1.0f)).ok());
+  return *std::move(worker);
+}
+
 // The worker's side of the test above: pushes go on from another thread
 // while the map declaring server 0 dead arrives. One built with the old
 // routes and submitted after the drop would wait for the dead server's
@@ -291,17 +304,15 @@ TEST(DataChannelTest, AWorkerThatSkippedTheDeathOfAServerSendsItsReplacementNoth
   auto dead = std::make_unique<FakeServer>(context);
   FakeServer backup(context);
   const std::string address = dead->address;
+  std::shared_ptr<FakeScheduler> scheduler;
+  std::unique_ptr<Worker> worker = PairWorkerThatPushed(address, backup.address, &scheduler);
+  ASSERT_NE(worker, nullptr);
   const ShardMap map = PairMap(address, backup.address, 2);
-  auto scheduler = std::make_shared<FakeScheduler>(PairConfig(), map);
-  auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 8)}, absl::Seconds(10)).ok());
   std::vector<float> gradient(8, 1.0f);
-  ASSERT_TRUE((*worker)->Push("w", gradient).ok());
   ASSERT_EQ(dead->Receive(2).size(), 2u) << "connected";
   dead.reset();  // SIGKILLed: its connection drops
   absl::SleepFor(absl::Milliseconds(300));
-  ASSERT_TRUE((*worker)->Push("w", gradient).ok());  // queued for the dead process
+  ASSERT_TRUE(worker->Push("w", gradient).ok());  // queued for the dead process
   absl::SleepFor(absl::Milliseconds(100));
 
   // Maps 2 and 3 (server 0 dead, partition 1 handed back to its replacement)
@@ -322,6 +333,78 @@ TEST(DataChannelTest, AWorkerThatSkippedTheDeathOfAServerSendsItsReplacementNoth
     EXPECT_EQ(h.partition_id(), 1u);
     EXPECT_EQ(h.epoch(), 4u) << "request " << h.request_id() << " was queued for the dead process";
   }
+}
+
+// A server that joins the running job as one more takes the index past the
+// last: the channel connects to it; a gap in the indices is refused.
+TEST(DataChannelTest, ReaddressOnePastTheLastServerConnectsToAServerThatJoined) {
+  zmq::context_t context;
+  FakeServer first(context), joined(context);
+  auto channel = DataChannel::Create({{first.address, "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_EQ((*channel)->servers(), 1u);
+  const absl::Status gap = (*channel)->Readdress(2, {joined.address, "", false});
+  EXPECT_EQ(gap.code(), absl::StatusCode::kInvalidArgument) << gap;
+  ASSERT_TRUE((*channel)->Readdress(1, {joined.address, "", false}).ok());
+  EXPECT_EQ((*channel)->servers(), 2u);
+  DataChannel::Request r;
+  r.server = 1;
+  r.header.set_op(PULL);
+  r.header.set_partition_id(3);
+  r.header.set_epoch(2);
+  r.header.set_num_elements(4);
+  r.header.set_dtype(FLOAT32);
+  std::vector<float> out(4, 0.0f);
+  r.out = out.data();
+  std::vector<DataChannel::Request> one;
+  one.push_back(std::move(r));
+  const uint64_t handle = (*channel)->Submit(std::move(one), "pull from the joined server");
+  std::vector<DataHeader> got = joined.Receive(1);
+  ASSERT_EQ(got.size(), 1u) << "nothing reached the server that joined";
+  joined.AnswerWeights(0, got[0], 5, 4);
+  ASSERT_TRUE((*channel)->Wait(handle, absl::Seconds(10)).ok());
+  EXPECT_EQ(out, std::vector<float>(4, 5.0f));
+}
+
+// A worker's watch may skip the map where a server joined: the first map it
+// sees may already name the new server a partition's primary. The worker
+// connects to it before it re-routes, so what waits for that partition is
+// sent there, and new requests follow.
+TEST(DataChannelTest, AWorkerSendsAServerThatJoinedThePartitionsHandedToItEvenIfItSkippedTheJoin) {
+  zmq::context_t context;
+  FakeServer primary(context), backup(context), joined(context);
+  std::shared_ptr<FakeScheduler> scheduler;
+  std::unique_ptr<Worker> worker = PairWorkerThatPushed(primary.address, backup.address, &scheduler);
+  ASSERT_NE(worker, nullptr);
+  const ShardMap map = PairMap(primary.address, backup.address, 2);
+  std::vector<float> gradient(8, 1.0f);
+  std::vector<DataHeader> first = primary.Receive(2);
+  ASSERT_EQ(first.size(), 2u);
+
+  // Epoch 2 (server 2 joins) never reached this worker; at epoch 3 it is
+  // partition 1's primary.
+  ShardMap later = map;
+  later.set_epoch(3);
+  ServerInfo* s = later.add_servers();
+  s->set_index(2);
+  s->set_data_address(joined.address);
+  s->set_node_id(13);
+  later.mutable_partitions(1)->set_server(2);
+  scheduler->Publish(later);
+  std::vector<DataHeader> rerouted = joined.Receive(1);
+  ASSERT_EQ(rerouted.size(), 1u) << "partition 1's waiting push was not re-sent to the server that joined";
+  EXPECT_EQ(rerouted[0].partition_id(), 1u);
+  EXPECT_EQ(rerouted[0].epoch(), 3u);
+  const uint64_t first_id = first[0].partition_id() == 1 ? first[0].request_id() : first[1].request_id();
+  EXPECT_EQ(rerouted[0].request_id(), first_id) << "re-sent with another request id";
+
+  ASSERT_TRUE(worker->Push("w", gradient).ok());
+  std::vector<DataHeader> next = joined.Receive(1);
+  ASSERT_EQ(next.size(), 1u) << "a new push of partition 1 did not go to its new primary";
+  EXPECT_EQ(next[0].partition_id(), 1u);
+  std::vector<DataHeader> stayed = primary.Receive(1);
+  ASSERT_EQ(stayed.size(), 1u);
+  EXPECT_EQ(stayed[0].partition_id(), 0u);
 }
 
 // A caller that keeps a second step in flight computes on the weights it

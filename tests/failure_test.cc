@@ -279,6 +279,19 @@ const std::vector<std::string> kSmallPartitionsJob = {"--servers", "3", "--worke
                                                       "--epochs", "2", "--deterministic", "--set",
                                                       "partition_bytes=65536"};
 
+// The last "servers balanced" line of `log` lists three servers, each within
+// one partition of the mean, and `server` (one that joined) holds at least
+// its share less one partition (64 KiB: 16384 elements, the largest).
+void ExpectHoldsItsShareOfCopies(const std::string& log, const std::string& err, int server) {
+  const Balance b = LastBalance(log);
+  ASSERT_GT(b.moves, 0) << err;
+  EXPECT_TRUE(b.within) << err;
+  ASSERT_EQ(b.loads.size(), 3u) << err;
+  uint64_t total = 0;
+  for (const auto& [s, elements] : b.loads) total += elements;
+  EXPECT_GE(b.loads.at(server) + 16384, total / 3) << "server " << server << " holds less than its share: " << err;
+}
+
 TEST(FailureTest, AReplacementServerIsGivenItsShareOfCopiesWithoutChangingAWeight) {
   // Server 1 dies: its copies are re-created on the survivors, which then
   // hold everything. Its replacement joins; backups move to it (extra copy
@@ -286,14 +299,7 @@ TEST(FailureTest, AReplacementServerIsGivenItsShareOfCopiesWithoutChangingAWeigh
   // holds within one partition of the mean, bitwise the fault-free run.
   LocalRun killed = ExpectFaultsChangeNoWeight(kSmallPartitionsJob, {"--replace", "--kill", "server:1@20"});
   if (killed.exit_code != 0) return;
-  const Balance b = LastBalance(killed.err);
-  ASSERT_GT(b.moves, 0) << killed.err;
-  EXPECT_TRUE(b.within) << killed.err;
-  ASSERT_EQ(b.loads.size(), 3u) << killed.err;
-  uint64_t total = 0;
-  for (const auto& [server, elements] : b.loads) total += elements;
-  // 64 KiB partitions: 16384 elements, the largest.
-  EXPECT_GE(b.loads.at(1) + 16384, total / 3) << "the replacement holds less than its share: " << killed.err;
+  ExpectHoldsItsShareOfCopies(killed.err, killed.err, 1);
   EXPECT_THAT(killed.err, Not(HasSubstr("no live replica")));
   EXPECT_THAT(killed.err, Not(HasSubstr("before its copy was complete")));
 }
@@ -304,6 +310,29 @@ TEST(FailureTest, AReplacementServerIsGivenItsShareOfCopiesWithoutChangingAWeigh
 Balance LastPrimaryBalance(const std::string& err) {
   return LastBalanceLine(err, std::regex("primaries balanced: ([0-9]+) of [0-9]+ hand-offs made, [^;]*; primary "
                                          "elements per live server ([0-9:, ]+) \\((each|not all) within"));
+}
+
+TEST(FailureTest, AServerStartedWhileTheJobTrainsJoinsAsOneMoreAndTakesItsShareWithoutChangingAWeight) {
+  // Two servers, and a third started once training runs: it joins as one
+  // more (not in a dead one's place), copies and then primaries move to it,
+  // and the grown cluster survives the death of an original server. Secured:
+  // workers and servers admit the new server's key. Bitwise the weights of
+  // the two-server run without faults.
+  const std::vector<std::string> job = {"--servers", "2", "--workers", "2", "--train-limit", "9000", "--epochs",
+                                        "2", "--deterministic", "--secure", "--set", "partition_bytes=65536"};
+  LocalRun grown = ExpectFaultsChangeNoWeight(job, {"--add-server", "20", "--kill", "server:0@200"});
+  if (grown.exit_code != 0) return;
+  EXPECT_THAT(grown.err, ContainsRegex("server 2 \\(tcp://[^)]*\\) joins the running job as one more server"));
+  // The balance before the kill: three servers, the new one with its share.
+  const std::string before_kill = grown.err.substr(0, grown.err.find("fail over to their backups"));
+  ASSERT_NE(before_kill.size(), grown.err.size()) << "server 0's death was never declared: " << grown.err;
+  ExpectHoldsItsShareOfCopies(before_kill, grown.err, 2);
+  const Balance primaries = LastPrimaryBalance(before_kill);
+  ASSERT_EQ(primaries.loads.size(), 3u) << grown.err;
+  EXPECT_GT(primaries.loads.at(2), 0u) << "the joined server serves no primary: " << grown.err;
+  EXPECT_THAT(grown.err, Not(HasSubstr("no live replica")));
+  EXPECT_THAT(grown.err, Not(HasSubstr("no answer within")));
+  EXPECT_THAT(grown.err, Not(HasSubstr("refus")));
 }
 
 // The replacement for server 1 holds primaries within one partition (16384

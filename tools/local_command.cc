@@ -36,7 +36,8 @@ struct LocalOptions {
   int64_t servers = 2, workers = 2, epochs = 3, batch = 32, seed = 1, train_limit = 0, test_limit = 0,
           max_steps = 0, log_every = 100, devices_per_worker = 1, eval_every = 0;
   std::string consistency, config_path, compression, hidden = "256,128";
-  std::vector<std::string> sets, kills, slow;
+  std::vector<std::string> sets, kills, slow, add_servers;
+  std::vector<int64_t> add_at;  // steps of worker 0 at which one more server starts, from --add-server
   std::map<int64_t, double> slow_factors;  // rank -> compute slow-down, from --slow
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
@@ -135,6 +136,7 @@ struct Outcome {
   double wall_seconds = 0;
   std::vector<FaultRecord> faults;
   std::vector<FaultSpec> never_happened;  // asked for, not injected before the job ended
+  std::vector<int64_t> adds_never_happened;  // --add-server steps worker 0 did not reach
   std::string weights_sha256;  // rank 0's final weights
   UpdateAccounting updates;
 };
@@ -312,6 +314,23 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (!worker.ok()) return fail(worker.status());
     workers.push_back(*worker);
   }
+  // --add-server: one more server process when worker 0 reaches each step;
+  // it registers while the job trains and joins it as one more server.
+  size_t added = 0;
+  auto add_servers = [&]() -> absl::Status {
+    if (added == o.add_at.size()) return absl::OkStatus();
+    const int64_t step = ReadProgress(dir + "/progress.0");
+    for (; added < o.add_at.size() && step >= o.add_at[added]; ++added) {
+      const int n = spawned_servers;
+      std::cerr << "shardps local: worker 0 reached step " << step << "; starting server process " << n
+                << " (it joins the running job)\n";
+      auto numbered = [&](int) { return reports(n); };
+      if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
+      daemons.back().name = absl::StrCat("server ", n, " (added at step ", o.add_at[added], ")");
+      ++spawned_servers;
+    }
+    return absl::OkStatus();
+  };
   size_t replaced = 0;  // server and worker faults, in record order, that have a replacement
   // --replace: once the scheduler has declared a killed server dead, a new
   // server process (at a new address) registers and takes its place; a
@@ -342,6 +361,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   };
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
   for (;;) {
+    if (absl::Status s = add_servers(); !s.ok()) return fail(s);
     if (injector != nullptr) {
       auto server_slot = [&](int index) { return ServerSlot(dir, spawned_servers, index); };
       if (absl::Status s = injector->Tick(ReadProgress(dir + "/progress.0"), {daemons, workers, server_slot});
@@ -353,7 +373,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
       }
     }
     int code;
-    auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(injector ? 20 : 100), &code);
+    auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(injector || added < o.add_at.size() ? 20 : 100), &code);
     if (absl::IsNotFound(w.status())) break;  // every worker that was not killed has finished
     if (w.ok()) {
       if (code != 0) return fail(absl::InternalError(absl::StrCat(workers[*w].name, " ", DescribeExit(code))));
@@ -373,6 +393,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   }
   Outcome out = CollectOutcome(dir, o, spawned_servers, config, injector.get(), rejoined);
   out.wall_seconds = wall;
+  out.adds_never_happened.assign(o.add_at.begin() + added, o.add_at.end());
   return out;
 }
 
@@ -433,6 +454,9 @@ int LocalCommand(const Args& args) {
   flags.Bool("replace", &o.replace,
              "once a killed server or worker is declared dead, start a new server (new address) in its place, or the "
              "worker's rank again (it rejoins the running job)");
+  flags.Repeated("add-server", &o.add_servers,
+                 "STEP: start one more server process when worker 0 reaches STEP; it joins the running job and "
+                 "copies move to it (repeat for more)");
   flags.Double("restart-after", &o.restart_after_s, "seconds after a scheduler kill to start a new one (same address)");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";
@@ -445,6 +469,20 @@ int LocalCommand(const Args& args) {
   }
   if (absl::Status s = ParseSlowFlags(o); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";
+    return 2;
+  }
+  for (const std::string& step : o.add_servers) {
+    int64_t at;
+    if (!absl::SimpleAtoi(step, &at) || at < 1) {
+      std::cerr << "shardps local: --add-server '" << step << "': expected a step of worker 0 (1 or more)\n";
+      return 2;
+    }
+    o.add_at.push_back(at);
+  }
+  std::sort(o.add_at.begin(), o.add_at.end());
+  if (o.servers + static_cast<int64_t>(o.add_at.size()) > kMaxServers) {
+    std::cerr << "shardps local: --servers " << o.servers << " and " << o.add_at.size() << " --add-server exceed "
+              << kMaxServers << " servers\n";
     return 2;
   }
   InitLogging("shardps-local", o.verbose);
@@ -470,15 +508,16 @@ int LocalCommand(const Args& args) {
   }
   std::vector<FaultSpec> faults;
   for (const std::string& k : o.kills) {
-    auto f = ParseFaultSpec(k, static_cast<int>(o.servers), static_cast<int>(o.workers));
+    // Servers added with --add-server take the next indices.
+    auto f = ParseFaultSpec(k, static_cast<int>(o.servers + o.add_at.size()), static_cast<int>(o.workers));
     if (!f.ok()) {
       std::cerr << "shardps local: " << f.status().message() << "\n";
       return 2;
     }
     faults.push_back(*f);
   }
-  if (!faults.empty() && o.reference) {
-    std::cerr << "shardps local: --kill needs a cluster (not --reference)\n";
+  if ((!faults.empty() || !o.add_at.empty()) && o.reference) {
+    std::cerr << "shardps local: --kill and --add-server need a cluster (not --reference)\n";
     return 2;
   }
   for (const FaultSpec& f : faults) {
@@ -499,6 +538,7 @@ int LocalCommand(const Args& args) {
   std::map<std::string, double> result;
   std::vector<FaultRecord> fault_records;
   std::vector<FaultSpec> never_happened;
+  std::vector<int64_t> adds_never_happened;
   std::string weights_sha256;
   std::string lost = "null", duplicates = "null";  // measured on a cluster only
   uint64_t pushed = 0, pulled = 0;
@@ -543,6 +583,7 @@ int LocalCommand(const Args& args) {
     wall = outcome->wall_seconds;
     fault_records = outcome->faults;
     never_happened = outcome->never_happened;
+    adds_never_happened = outcome->adds_never_happened;
     weights_sha256 = outcome->weights_sha256;
     lost = absl::StrCat(outcome->updates.lost);
     duplicates = absl::StrCat(outcome->updates.duplicates);
@@ -578,7 +619,11 @@ int LocalCommand(const Args& args) {
                                      "when the copies need balancing)"))
               << "\n";
   }
-  return never_happened.empty() ? 0 : 1;
+  for (int64_t step : adds_never_happened) {
+    std::cerr << "shardps local: --add-server " << step << " never happened: worker 0 ended at step "
+              << static_cast<int64_t>(result["steps"]) << "\n";
+  }
+  return never_happened.empty() && adds_never_happened.empty() ? 0 : 1;
 }
 
 }  // namespace shardps

@@ -51,9 +51,10 @@ std::string StatusTable(const StatusResponse& status) {
   }
   std::string out = absl::StrFormat(
       "cluster: %s, %d servers, %d workers, shard map epoch %d, %d partitions; %d nodes alive, %d dead%s\n",
-      ConsistencyName(c.consistency()), c.num_servers(), c.num_workers(), epoch,
+      ConsistencyName(c.consistency()), std::max<int>(c.num_servers(), status.shard_map().servers_size()),
+      c.num_workers(), epoch,
       status.shard_map().partitions_size(), alive, dead, left > 0 ? absl::StrFormat(", %d left", left) : "");
-  std::vector<uint64_t> bytes(c.num_servers(), 0);
+  std::vector<uint64_t> bytes(std::max<size_t>(c.num_servers(), status.shard_map().servers_size()), 0);
   for (const PartitionInfo& p : status.shard_map().partitions()) {
     if (p.server() < bytes.size()) bytes[p.server()] += p.num_elements() * 4;
   }

@@ -27,47 +27,65 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 
 absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<ServerEndpoint>& servers,
                                                                  uint32_t rank, const CurveKeyPair* curve_keys) {
-  std::vector<std::string> addresses;
-  for (const ServerEndpoint& e : servers) addresses.push_back(e.address);
-  zmq::context_t context(1);
-  std::unique_ptr<DataChannel> channel(new DataChannel(std::move(context), addresses, rank));
+  std::unique_ptr<DataChannel> channel(new DataChannel(zmq::context_t(1), rank));
   channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (channel->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
-  {
-    absl::MutexLock lock(&channel->mu_);
-    for (const ServerEndpoint& e : servers) channel->server_keys_.push_back(e.curve_public_key);
-  }
   absl::MutexLock lock(&channel->io_mu_);
   if (curve_keys != nullptr) channel->seals_ = std::make_unique<PeerSeals>(*curve_keys, SealEnd::kConnecting);
-  channel->seal_of_server_.resize(addresses.size());
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    zmq::socket_t s(channel->context_, zmq::socket_type::dealer);
-    s.set(zmq::sockopt::sndhwm, 0);
-    s.set(zmq::sockopt::rcvhwm, 0);
-    s.set(zmq::sockopt::linger, 0);
-    if (servers[i].sealed && !servers[i].curve_public_key.empty()) {
-      auto seal = channel->SealFor(servers[i]);
-      if (!seal.ok()) return absl::InvalidArgumentError(absl::StrCat("server ", i, " at '", addresses[i], "': ", seal.status().message()));
-      channel->seal_of_server_[i] = *seal;
-    } else if (!servers[i].curve_public_key.empty()) {
-      if (absl::Status st = MakeCurveClient(s, servers[i].curve_public_key, curve_keys); !st.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("server ", i, " at '", addresses[i], "': ", st.message()));
-      }
-    }
-    try {
-      s.connect(addresses[i]);
-    } catch (const zmq::error_t& e) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", i, " at '", addresses[i],
-                                                     "': ", e.what()));
-    }
-    channel->fds_.push_back(s.get(zmq::sockopt::fd));
-    channel->servers_.push_back(std::move(s));
+  for (const ServerEndpoint& e : servers) {
+    if (absl::Status s = channel->AddServer(e); !s.ok()) return s;
   }
   return channel;
 }
 
-DataChannel::DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank)
-    : context_(std::move(context)), addresses_(std::move(addresses)), rank_(rank), failed_(addresses_.size()) {}
+DataChannel::DataChannel(zmq::context_t context, uint32_t rank) : context_(std::move(context)), rank_(rank) {}
+
+absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
+  size_t index;
+  {
+    absl::MutexLock lock(&mu_);
+    index = addresses_.size();
+  }
+  zmq::socket_t s(context_, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::sndhwm, 0);
+  s.set(zmq::sockopt::rcvhwm, 0);
+  s.set(zmq::sockopt::linger, 0);
+  PeerSeal* seal = nullptr;
+  if (endpoint.sealed && !endpoint.curve_public_key.empty()) {
+    auto made = SealFor(endpoint);
+    if (!made.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("server ", index, " at '", endpoint.address, "': ", made.status().message()));
+    }
+    seal = *made;
+  } else if (!endpoint.curve_public_key.empty()) {
+    // Without this worker's own keys (security off), a fresh pair.
+    if (absl::Status st = MakeCurveClient(s, endpoint.curve_public_key, seals_ != nullptr ? &seals_->own() : nullptr);
+        !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", index, " at '", endpoint.address, "': ", st.message()));
+    }
+  }
+  try {
+    s.connect(endpoint.address);
+  } catch (const zmq::error_t& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot connect to server ", index, " at '", endpoint.address, "': ", e.what()));
+  }
+  const int fd = s.get(zmq::sockopt::fd);
+  servers_.push_back(std::move(s));
+  seal_of_server_.push_back(seal);
+  absl::MutexLock lock(&mu_);
+  addresses_.push_back(endpoint.address);
+  server_keys_.push_back(endpoint.curve_public_key);
+  failed_.push_back(removed_);  // a removed worker refuses the new server's requests too
+  fds_.push_back(fd);
+  return absl::OkStatus();
+}
+
+size_t DataChannel::servers() const {
+  absl::MutexLock lock(&mu_);
+  return addresses_.size();
+}
 
 void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
   {
@@ -125,7 +143,14 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
   std::string old;
   {
     absl::MutexLock lock(&mu_);
-    if (server >= addresses_.size()) return absl::OkStatus();
+    if (server > addresses_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': the data channel has ",
+                                                     addresses_.size(), " servers and adds them in index order"));
+    }
+  }
+  if (server == servers_.size()) return AddServer(endpoint);  // one more server joined the job
+  {
+    absl::MutexLock lock(&mu_);
     if (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key) {
       // A replacement at the dead server's address: the socket reconnects
       // by itself; only the refusal goes.
@@ -370,8 +395,11 @@ void DataChannel::Complete(uint64_t request_id, const absl::Status& status, std:
 
 void DataChannel::PollFds(absl::Duration timeout) {
   std::vector<pollfd> fds;
-  fds.reserve(fds_.size() + 1);
-  for (int fd : fds_) fds.push_back({fd, POLLIN, 0});
+  {
+    absl::MutexLock lock(&mu_);  // a server that joins adds one
+    fds.reserve(fds_.size() + 1);
+    for (int fd : fds_) fds.push_back({fd, POLLIN, 0});
+  }
   fds.push_back({wake_fd_, POLLIN, 0});
   (void)poll(fds.data(), fds.size(), static_cast<int>(absl::ToInt64Milliseconds(timeout)) + 1);
   uint64_t count;

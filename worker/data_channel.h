@@ -118,8 +118,11 @@ class DataChannel {
   // Server index `server` is live at `endpoint` (e.g. a server took a dead
   // one's place, at another address or the same): requests to it are sent
   // again, and its socket reconnects there, with the new CURVE key if it has
-  // one, unless address and key are the ones it has.
+  // one, unless address and key are the ones it has. The index one past the
+  // last is a server that joined the job: the channel connects to it.
   absl::Status Readdress(uint32_t server, const ServerEndpoint& endpoint);
+  // How many servers the channel reaches (index = server index).
+  size_t servers() const;
 
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
@@ -155,6 +158,9 @@ class DataChannel {
   };
   // The seal toward a sealed server; an error when this worker has no keys.
   absl::StatusOr<PeerSeal*> SealFor(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Opens the socket of server index servers() (one more server) and
+  // connects it to `endpoint`.
+  absl::Status AddServer(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Ends `server`'s socket's connection to `address` (and what its pipe
   // holds); one already gone is no error.
   void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
@@ -178,7 +184,7 @@ class DataChannel {
     bool waited = false;
   };
 
-  DataChannel(zmq::context_t context, std::vector<std::string> addresses, uint32_t rank);
+  DataChannel(zmq::context_t context, uint32_t rank);
   // Receives and handles every answer already queued; returns how many.
   int DrainReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   void Receive(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
@@ -197,7 +203,8 @@ class DataChannel {
   std::string Outstanding(const HandleState& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   zmq::context_t context_;
-  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // size fixed after Create
+  // By server index; grown (with the vectors below) by AddServer only.
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> server_keys_ ABSL_GUARDED_BY(mu_);  // CURVE public keys; empty: plain
   const uint32_t rank_;
 
@@ -208,7 +215,7 @@ class DataChannel {
   std::unique_ptr<PeerSeals> seals_ ABSL_GUARDED_BY(io_mu_);
   std::vector<PeerSeal*> seal_of_server_ ABSL_GUARDED_BY(io_mu_);
   DataHeader response_ ABSL_GUARDED_BY(io_mu_);
-  std::vector<int> fds_;  // the sockets' ZMQ_FDs, fixed after Create
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);  // the sockets' ZMQ_FDs
   int wake_fd_ = -1;      // eventfd: a sender drained answers a poller may wait for
 
   mutable absl::Mutex mu_;

@@ -612,6 +612,22 @@ class WorkerImpl : public Worker {
       // declaring it dead among them): another process at its index, perhaps
       // at its address, gets none of the old one's queue, and what waits for
       // it is sent to the new one below.
+      // Servers that joined the job as more than it had: connected before
+      // any route can name them, in index order.
+      std::vector<const ServerInfo*> joined;
+      for (const ServerInfo& s : map.servers()) {
+        if (s.index() >= channel->servers()) joined.push_back(&s);
+      }
+      std::sort(joined.begin(), joined.end(), [](auto* a, auto* b) { return a->index() < b->index(); });
+      for (const ServerInfo* s : joined) {
+        if (absl::Status r = channel->Readdress(s->index(), {s->data_address(), s->curve_public_key(), s->sealed_data()});
+            !r.ok()) {
+          LOG(ERROR) << "worker " << options_.rank << ": " << r;
+        } else {
+          LOG(INFO) << "worker " << options_.rank << ": server " << s->index() << " (" << s->data_address()
+                    << ") joined the job at shard map epoch " << map.epoch();
+        }
+      }
       std::vector<uint32_t> replaced;
       for (const ServerInfo& s : map.servers()) {
         if (s.dead()) channel->DropQueued(s.index());
