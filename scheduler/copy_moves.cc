@@ -41,39 +41,60 @@ std::optional<int> BestPartition(const ShardMap& map, const std::set<uint64_t>& 
   return best;
 }
 
+// Whether some server of `loads` has nothing while another has something.
+bool AnIdleServer(const std::map<uint32_t, uint64_t>& loads) {
+  bool idle = false, busy = false;
+  for (const auto& [s, load] : loads) (load == 0 ? idle : busy) = true;
+  return idle && busy;
+}
+
 // Both plans: while some server of `loads` is more than one partition's size
-// from the mean, the least loaded server takes, from the most loaded one that
-// has such a partition, the largest eligible one whose move narrows the gap
-// between the two; `apply` changes `planned` accordingly. Every step lowers
-// the sum of squared loads, so the plan ends. A partition moves at most once.
+// from the mean, or has nothing at all (one partition larger than the mean
+// share would leave a server that joined without a copy), the least loaded
+// server that can take one takes, from the most loaded one that has such a
+// partition, the largest eligible one whose move narrows the gap between the
+// two; `apply`
+// changes `planned` accordingly. Every step lowers the sum of squared loads,
+// so the plan ends (and no later plan undoes it). A partition moves at most
+// once.
 using ApplyStep = std::function<void(PartitionInfo& p, const Step& step)>;
 std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t> loads, std::set<uint64_t> fixed,
                                   const Eligible& eligible, const ApplyStep& apply) {
   std::vector<Step> steps;
-  while (!LoadsBalanced(planned, loads)) {
-    auto lightest = std::min_element(loads.begin(), loads.end(),
-                                     [](const auto& a, const auto& b) { return a.second < b.second; });
-    const uint32_t receiver = lightest->first;
-    std::vector<std::pair<uint64_t, uint32_t>> donors;  // (load, server), heaviest first
-    for (const auto& [s, load] : loads) {
-      if (load > lightest->second) donors.emplace_back(load, s);
-    }
+  while (!LoadsBalanced(planned, loads) || AnIdleServer(loads)) {
+    // (load, server): receivers lightest first, donors heaviest first, ties
+    // to the lower index.
+    std::vector<std::pair<uint64_t, uint32_t>> receivers, donors;
+    for (const auto& [s, load] : loads) receivers.emplace_back(load, s);
+    donors = receivers;
+    std::sort(receivers.begin(), receivers.end());
     std::sort(donors.begin(), donors.end(), [](const auto& a, const auto& b) {
       return a.first != b.first ? a.first > b.first : a.second < b.second;
     });
+    // The lightest server that can take something (the lightest may hold
+    // copies of everything the heavier ones could give).
     std::optional<Step> step;
-    for (const auto& [load, donor] : donors) {
-      std::optional<int> i = BestPartition(planned, fixed, eligible, donor, receiver, load - loads[receiver]);
-      if (!i) continue;
-      step = Step{*i, donor, receiver};
-      PartitionInfo& p = *planned.mutable_partitions(*i);
-      apply(p, *step);
-      loads[donor] -= p.num_elements();
-      loads[receiver] += p.num_elements();
-      fixed.insert(p.id());
-      break;
+    for (const auto& [receiver_load, receiver] : receivers) {
+      // The first donor that has such a partition; among donors as loaded
+      // as it, the one whose partition is largest.
+      uint64_t step_load = 0;
+      for (const auto& [load, donor] : donors) {
+        if (load <= receiver_load || (step && load < step_load)) break;
+        std::optional<int> i = BestPartition(planned, fixed, eligible, donor, receiver, load - receiver_load);
+        if (!i) continue;
+        if (!step || planned.partitions(*i).num_elements() > planned.partitions(step->index).num_elements()) {
+          step = Step{*i, donor, receiver};
+          step_load = load;
+        }
+      }
+      if (step) break;
     }
     if (!step) break;  // nothing can narrow a gap: as balanced as these steps get
+    PartitionInfo& p = *planned.mutable_partitions(step->index);
+    apply(p, *step);
+    loads[step->donor] -= p.num_elements();
+    loads[step->receiver] += p.num_elements();
+    fixed.insert(p.id());
     steps.push_back(*step);
   }
   return steps;

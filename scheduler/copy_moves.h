@@ -24,14 +24,17 @@ std::map<uint32_t, uint64_t> ServerLoadsAfterMoves(const ShardMap& map, const st
 bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& loads);
 
 // The moves (epoch unset) that balance `live` servers' loads, greedily: while
-// some server is more than one partition's size from the mean, the least
-// loaded server takes, from the most loaded one that has such a copy, the
-// largest backup copy it does not hold already and whose move narrows the
-// gap between the two (size below the difference of their loads). Largest
-// first keeps the number of moves low; every move lowers the sum of squared
-// loads, so the plan ends. Only backups move (primaries stay where workers
-// send), a partition moves at most once per plan, and partitions with a move
-// under way, or whose primary is not live, are left alone. Deterministic.
+// some server is more than one partition's size from the mean, or holds
+// nothing while others hold copies, the least loaded server that can take a
+// copy takes, from the most loaded one that has such a copy (of equally
+// loaded ones, the one with the largest), the largest backup copy it does
+// not hold already and whose move narrows the gap between the two (size
+// below the difference of their loads). Largest first keeps the number of
+// moves low; every move lowers the sum of squared loads, so the plan ends
+// and no later plan undoes it. Only backups move (primaries stay where
+// workers send), a partition moves at most once per plan, and partitions
+// with a move under way, or whose primary is not live, are left alone.
+// Deterministic.
 std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live);
 
 // Whether `from`, p's primary, can hand the role to `to`: `to` holds a copy.
@@ -46,14 +49,15 @@ std::map<uint32_t, uint64_t> PrimaryLoadsAfterHandoffs(const ShardMap& map, cons
 // The hand-offs of primary roles (epoch unset) that balance `live` servers'
 // primary elements (the workers' traffic and the optimizer work), the same
 // greedy way as PlanCopyMoves: while some server's primaries are more than
-// one partition's size from the mean, the least loaded server takes, from
-// the most loaded one that has such a partition, the primary role of the
-// largest partition it holds a backup of whose switch narrows the gap
-// between the two. Copies stay where they are (the old primary becomes a
-// backup in the new one's place). A partition is handed off at most once
-// per plan; those with a hand-off or a copy move under way are left alone.
-// Deterministic. REQUIRES: every backup the map lists is synced (the
-// scheduler plans only then).
+// one partition's size from the mean (or it has none while others have
+// some), the least loaded server that can take one takes, from the most
+// loaded one that has such a partition, the primary role of the largest
+// partition it holds a backup of whose switch narrows the gap between the
+// two. Copies stay where they are (the old primary becomes a backup in the
+// new one's place). A partition is handed off at most once per plan; those
+// with a hand-off or a copy move under way are left alone. Deterministic.
+// REQUIRES: every backup the map lists is synced (the scheduler plans only
+// then).
 std::vector<Handoff> PlanHandoffs(const ShardMap& map, const std::set<uint32_t>& live);
 
 }  // namespace shardps

@@ -71,6 +71,38 @@ TEST(PlanCopyMovesTest, LargestCopiesMoveFirst) {
   EXPECT_EQ(moves[0].to(), 2u);
 }
 
+TEST(PlanCopyMovesTest, AnEmptyServerTakesACopyEvenWhenOnePartitionOutweighsTheMeanShare) {
+  // The demo model's shape: one partition of 800 and five of 30, each on
+  // servers 0 and 1 (950 each); server 2 joined empty. Mean 633, slack 800:
+  // within a partition of the mean already, yet server 2 would hold nothing.
+  // The 800 backup moves (950/150/800); then no move narrows a gap.
+  const ShardMap map = MapOf({800, 30, 30, 30, 30, 30}, {{0, 1}, {1, 0}, {1, 0}, {1, 0}, {1, 0}, {1, 0}});
+  ASSERT_TRUE(LoadsBalanced(map, ServerLoadsAfterMoves(map, {0, 1, 2})));
+  const std::vector<CopyMove> moves = PlanCopyMoves(map, {0, 1, 2});
+  ASSERT_THAT(moves, SizeIs(1));
+  EXPECT_EQ(moves[0].partition(), 0u);
+  EXPECT_EQ(moves[0].from(), 1u);
+  EXPECT_EQ(moves[0].to(), 2u);
+  const ShardMap after = Apply(map, moves);
+  EXPECT_THAT(PlanCopyMoves(after, {0, 1, 2}), IsEmpty()) << "nothing more narrows a gap";
+  // The primaries: server 2 holds only partition 0's copy, whose role would
+  // leave server 0 with none (no narrower gap): it stays a backup.
+  EXPECT_THAT(PlanHandoffs(after, {0, 1, 2}), IsEmpty());
+}
+
+TEST(PlanHandoffsTest, TheLightestServerThatCanTakeARoleTakesItWhenTheLightestCannot) {
+  // After two servers joined a 2-server job: server 2 holds only partition
+  // 0's backup (800, whose role would leave server 0 with none), server 3
+  // partition 1's (60, primary on server 1). Primary elements 800/90/0/0:
+  // server 2, the lightest, can take no role, server 3 takes partition 1's.
+  const ShardMap map = MapOf({800, 60, 30}, {{0, 2}, {1, 3}, {1, 0}});
+  const std::vector<Handoff> handoffs = PlanHandoffs(map, {0, 1, 2, 3});
+  ASSERT_THAT(handoffs, SizeIs(1));
+  EXPECT_EQ(handoffs[0].partition(), 1u);
+  EXPECT_EQ(handoffs[0].from(), 1u);
+  EXPECT_EQ(handoffs[0].to(), 3u);
+}
+
 TEST(PlanCopyMovesTest, PrimariesAndPartitionsAlreadyMovingStay) {
   // Server 0 holds only primaries: nothing of it may move. Partition 2's
   // backup is moving already; the plan counts it as gone from server 1.
