@@ -354,6 +354,24 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   EXPECT_EQ(state_->RegisterWorker(Node(WORKER, 2)).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadThenRejoins) {
+  // Found under load (python_test_torch_rejoin): the new process registered
+  // after worker 2 was silent past the timeout but before the liveness check
+  // declared it dead, took the rank as at the start (rejoin round 0), and
+  // waited on a barrier the job had passed.
+  ASSERT_TRUE(state_->WaitForCluster(absl::Now(), worker_ids_[2]).ok());  // past its rendezvous
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);
+  now_ += absl::Milliseconds(150);  // worker 2 1.05 s silent: past the timeout, no check since
+  auto early = state_->RegisterWorker(Node(WORKER, 2));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kAlreadyExists) << early.status();
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("not declared dead yet"));
+  ASSERT_THAT(state_->CheckLiveness(), ElementsAre(HasSubstr("worker rank 2")));
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_GT(rejoined->rejoin_round(), 0u) << "registered as at the start of the job";
+}
+
 TEST_F(LivenessTest, ARankThatDiesAgainAfterRejoiningIsCountedAgain) {
   EXPECT_EQ(state_->NodesDeclaredDead(), 0u);
   EXPECT_THAT(Advance(900), IsEmpty());

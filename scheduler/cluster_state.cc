@@ -267,12 +267,20 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     const Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
-    const bool live = old.rendezvous || (ClusterComplete() && old.heard &&
-                                         silent < absl::Milliseconds(config_.heartbeat_timeout_ms()));
+    const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+    // Once the job trains, a rank's old process is a member until declared
+    // dead: a new one registered in between (silent past the timeout, the
+    // liveness check not run yet) would take the rank as if the job were
+    // starting, with no rejoin round, and wait on barriers it passed.
+    const bool training = map_.partitions_size() > 0;
+    const bool live = old.rendezvous || (ClusterComplete() && old.heard && (training || silent < timeout));
     if (live) {
       return absl::AlreadyExistsError(absl::StrCat(
           "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
           old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
+          silent >= timeout && !old.rendezvous
+              ? absl::StrCat(", not declared dead yet (heartbeat_timeout_ms ", config_.heartbeat_timeout_ms(), ")")
+              : "",
           "); refusing a second registration of rank ", request.rank(), " from '", request.host(), "'"));
     }
   }
