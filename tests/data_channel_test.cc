@@ -407,6 +407,37 @@ TEST(DataChannelTest, AWorkerSendsAServerThatJoinedThePartitionsHandedToItEvenIf
   EXPECT_EQ(stayed[0].partition_id(), 0u);
 }
 
+// In the maps a worker skipped, server 1 was replaced and then promoted to
+// primary of a partition whose primary, server 0, died. Its waiting pushes
+// are re-sent there once: once for the move, not again for the replacement
+// (the second copy would be sent from a buffer the caller may reuse once the
+// first is answered).
+TEST(DataChannelTest, APushMovedToAReplacedServerIsResentOnce) {
+  zmq::context_t context;
+  FakeServer primary(context);
+  FakeServer backup(context);
+  const ShardMap map = PairMap(primary.address, backup.address, 1);
+  auto scheduler = std::make_shared<FakeScheduler>(PairConfig(), map);
+  auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 4)}, absl::Seconds(10)).ok());
+  std::vector<float> gradient(4, 1.0f);
+  ASSERT_TRUE((*worker)->Push("w", gradient).ok());
+  ASSERT_TRUE((*worker)->Push("w", gradient).ok());
+  ASSERT_EQ(primary.Receive(2).size(), 2u) << "connected";
+
+  ShardMap later = map;
+  later.set_epoch(5);
+  later.mutable_servers(0)->set_dead(true);
+  later.mutable_servers(1)->set_node_id(13);  // another process at index 1
+  later.mutable_partitions(0)->set_server(1);
+  later.mutable_partitions(0)->clear_backups();
+  scheduler->Publish(later);
+  std::vector<DataHeader> got = backup.Receive(3, 1500);
+  ASSERT_EQ(got.size(), 2u) << "the two pushes, each sent once to the new primary";
+  EXPECT_NE(got[0].request_id(), got[1].request_id());
+}
+
 // A caller that keeps a second step in flight computes on the weights it
 // has waited for: an answer that arrived but whose handle was not handed back
 // yet is not what the next gradient is based on.

@@ -10,6 +10,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -282,18 +283,12 @@ void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* 
   (void)socket.send(frame, zmq::send_flags::none);
 }
 
-int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch) {
-  return Resend(epoch, [&primary_of](const Pending& p) -> std::optional<uint32_t> {
-    auto it = primary_of.find(p.partition);
-    if (it == primary_of.end() || it->second == p.server) return std::nullopt;
-    return it->second;
-  });
-}
-
-int DataChannel::ResendTo(uint32_t server, uint64_t epoch) {
-  return Resend(epoch, [server](const Pending& p) -> std::optional<uint32_t> {
-    if (p.server != server) return std::nullopt;
-    return server;
+int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch,
+                         absl::Span<const uint32_t> replaced) {
+  return Resend(epoch, [&primary_of, replaced](const Pending& p) -> std::optional<uint32_t> {
+    if (auto it = primary_of.find(p.partition); it != primary_of.end() && it->second != p.server) return it->second;
+    if (absl::c_linear_search(replaced, p.server)) return p.server;
+    return std::nullopt;
   });
 }
 

@@ -107,13 +107,13 @@ class DataChannel {
 
   // Sends every waiting request for a partition in `primary_of` (partition id
   // -> server index) that now lives on another server there, with the same
-  // request id (the new primary recognises a retry) and shard-map `epoch`.
-  // Returns how many requests were re-sent.
-  int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch);
-  // Sends every waiting request routed to `server` again, with the same
-  // request id and shard-map `epoch`: another process took its place (its
-  // queue dropped with DropQueued), which never got them. Returns how many.
-  int ResendTo(uint32_t server, uint64_t epoch);
+  // request id (the new primary recognises a retry) and shard-map `epoch`;
+  // and every other one routed to a server in `replaced` to it again: another
+  // process took its place (its queue dropped with DropQueued), which never
+  // got them. Each request is sent once, in request-id order (one moved to a
+  // replaced server is not sent there twice). Returns how many were re-sent.
+  int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch,
+              absl::Span<const uint32_t> replaced = {});
 
   // Server index `server` is live at `endpoint` (e.g. a server took a dead
   // one's place, at another address or the same): requests to it are sent

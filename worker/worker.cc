@@ -658,12 +658,11 @@ class WorkerImpl : public Worker {
         }
         epoch_ = std::max(epoch_, map.epoch());
       }
-      if (!moved.empty()) resent = channel->Reroute(moved, map.epoch());
+      // One pass: a request moved to a replaced server is sent there once.
+      if (!moved.empty() || !replaced.empty()) resent = channel->Reroute(moved, map.epoch(), replaced);
       for (uint32_t server : replaced) {
-        const int again = channel->ResendTo(server, map.epoch());
         LOG(WARNING) << "worker " << options_.rank << ": server " << server << " was replaced by another process "
-                     << "in shard maps this worker skipped; re-sent " << again << " waiting requests to it";
-        resent += again;
+                     << "in shard maps this worker skipped; what waited for it is sent to the new one again";
       }
       // Refused from here on, before a request with the routes just left can
       // be queued for them (a partition with no live replica stays routed
@@ -681,7 +680,7 @@ class WorkerImpl : public Worker {
                                            "live replica")));
       }
     }
-    if (!moved.empty()) {
+    if (!moved.empty() || resent > 0) {
       LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
                    << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
     }
