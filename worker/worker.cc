@@ -670,7 +670,7 @@ class WorkerImpl : public Worker {
       for (const ServerInfo& s : map.servers()) {
         if (!s.dead()) continue;
         // Once per death: every later map lists it dead too.
-        if (reported_dead_.insert(absl::StrCat(s.data_address(), " ", s.dead_reason())).second) {
+        if (reported_dead_.insert(absl::StrCat(s.node_id(), " ", s.data_address(), " ", s.dead_reason())).second) {
           LOG(ERROR) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
                      << ") is out of the job at shard map epoch " << map.epoch() << ": " << s.dead_reason();
         }
@@ -706,7 +706,7 @@ class WorkerImpl : public Worker {
   // By server index: the scheduler's id of the process serving it, as the
   // last map said (ServerInfo.node_id; 0: not known).
   std::vector<uint64_t> server_process_ ABSL_GUARDED_BY(send_mu_);
-  // The dead servers this worker has logged (address and reason).
+  // The dead servers this worker has logged (process, address and reason).
   absl::flat_hash_set<std::string> reported_dead_ ABSL_GUARDED_BY(send_mu_);
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
