@@ -206,6 +206,20 @@ TEST_F(LivenessTest, AServerStartedWhileEveryPlaceIsAliveJoinsAsOneMoreAndCanBeR
   EXPECT_EQ(map.servers(2).data_address(), "tcp://u:1");
   EXPECT_EQ(map.servers(2).node_id(), joined->node_id());
   EXPECT_FALSE(map.servers(2).dead());
+  // A worker defining its tensors now (one that rejoins) gets the map of
+  // the grown cluster once its servers serve it, not a wait for num_servers.
+  std::thread serve([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    HeartbeatRequest h;
+    h.set_node_id(joined->node_id());
+    h.set_applied_epoch(map.epoch());
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+    Beat({0, 1}, {}, map.epoch());
+  });
+  auto defined = state_->DefineTensors({Tensor("w", 1000)}, absl::Now() + absl::Seconds(5));
+  serve.join();
+  ASSERT_TRUE(defined.ok()) << defined.status();
+  EXPECT_EQ(defined->servers_size(), 3);
   for (const PartitionInfo& p : map.partitions()) {
     EXPECT_EQ(p.server(), 0u) << "a primary moved before the joined server held a copy: " << p.ShortDebugString();
   }

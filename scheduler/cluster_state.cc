@@ -160,6 +160,11 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
   for (auto& [i, node] : servers_) {
     if (node.address == request.data_address()) index = i;
   }
+  // At another address, a dead server's place (nothing of it is left to
+  // keep) before one more.
+  for (auto it = servers_.begin(); !index && it != servers_.end(); ++it) {
+    if (it->second.dead) index = it->first;
+  }
   const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
   if (index && tensors_.empty() && !servers_[*index].dead && clock_() - servers_[*index].last_seen < timeout) {
     const Node& old = servers_[*index];
@@ -180,14 +185,6 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
     // The job is training: a server takes a dead one's place (its own
     // address's first), and only where no state died with it; with every
     // place alive it joins as one more server, and copies move to it.
-    if (!index) {
-      for (const auto& [i, node] : servers_) {
-        if (node.dead) {
-          index = i;
-          break;
-        }
-      }
-    }
     if (!index) {
       if (servers_.size() >= kMaxServers) {
         return absl::ResourceExhaustedError(absl::StrCat("cluster already has ", servers_.size(),
@@ -312,6 +309,12 @@ std::string ClusterState::MissingNodes() const {
   std::string out = absl::StrCat("servers registered ", servers_.size(), "/", config_.num_servers(),
                                  ", workers registered ", workers_.size(), "/", config_.num_workers());
   if (!missing_ranks.empty()) absl::StrAppend(&out, "; missing worker ranks: ", absl::StrJoin(missing_ranks, ","));
+  for (const auto& [i, node] : servers_) {
+    if (node.dead) {
+      absl::StrAppend(&out, "; server ", i, " (", node.address, ") ", node.left ? "stopped" : "was declared dead",
+                      ": start a server in its place");
+    }
+  }
   return out;
 }
 
@@ -354,9 +357,24 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
                    : " was declared dead after missing its heartbeats and is no longer a member of the job"));
   }
   node->last_seen = clock_();
-  // A server's word counts once the job has partitions: before, nothing
-  // fails over, and it is heard as a plain heartbeat.
-  if (request.leaving() && (node->role == WORKER || !tensors_.empty())) {
+  if (request.leaving() && node->role == SERVER && tensors_.empty()) {
+    // Before the job has partitions nothing fails over: the place is free
+    // at once, for the same server started again or another.
+    node->dead = true;
+    node->left = true;
+    map_.set_epoch(map_.epoch() + 1);
+    if (ServerInfo* info = MapServer(node->rank)) {
+      info->set_dead(true);
+      info->set_dead_reason("it was stopped before the job defined its tensors");
+    }
+    Save();
+    LOG(WARNING) << "server " << node->rank << " (" << node->address << ") stopped before the job defined its "
+                 << "tensors; a server may take its place";
+    HeartbeatResponse response;
+    response.set_epoch(map_.epoch());
+    return response;
+  }
+  if (request.leaving()) {
     if (node->role == WORKER) {
       Leave(*node);
     } else {
@@ -779,11 +797,17 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
   if (absl::Status s = ValidateTensorSpecs(tensors); !s.ok()) return s;
   if (absl::Status s = ValidateDeclaredCodecs(tensors, config_); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  // The first definition waits for num_servers live servers (a map built
+  // on a dead one would route to it with nothing to fail over); later ones
+  // (a worker that rejoined, the cluster grown meanwhile) get the map.
   auto all_servers = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return servers_.size() == config_.num_servers();
+    if (!tensors_.empty()) return true;
+    if (servers_.size() < config_.num_servers()) return false;
+    return absl::c_none_of(servers_, [](const auto& s) { return s.second.dead; });
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&all_servers), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("defining tensors: not all servers registered; ", MissingNodes()));
+    return absl::DeadlineExceededError(absl::StrCat("not all servers registered and live; ",
+                                                    MissingNodes()));
   }
   if (tensors_.empty()) {
     std::vector<ServerInfo> servers(map_.servers().begin(), map_.servers().end());

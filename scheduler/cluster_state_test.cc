@@ -167,6 +167,30 @@ TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   EXPECT_THAT(bad.status().message(), HasSubstr("'w'"));
 }
 
+TEST(ClusterStateTest, AServerStoppedBeforeTheTensorsFreesItsPlaceAndNoMapIsBuiltOnIt) {
+  // Found in review: a server's leaving heartbeat before the tensors were
+  // defined was heard as a plain one, so its restart was refused as "alive"
+  // for a heartbeat timeout; and a map built then would have routed to a
+  // dead server with nothing to fail over.
+  ClusterState state(Config(2, 1));
+  ASSERT_TRUE(state.RegisterServer(Server("tcp://a:1")).ok());
+  auto stopping = state.RegisterServer(Server("tcp://b:1"));
+  ASSERT_TRUE(stopping.ok());
+  HeartbeatRequest leaving;
+  leaving.set_node_id(stopping->node_id());
+  leaving.set_leaving(true);
+  ASSERT_TRUE(state.Heartbeat(leaving).ok());
+  auto waiting = state.DefineTensors({Tensor("w", 10)}, Soon());
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(waiting.status().message(), HasSubstr("server 1 (tcp://b:1) stopped: start a server in its place"));
+  // Another address takes the free place (the same address would too).
+  auto again = state.RegisterServer(Server("tcp://c:1"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->server_index(), 1u);
+  const StatusResponse status = state.Status();
+  for (const ServerInfo& s : status.shard_map().servers()) EXPECT_FALSE(s.dead()) << s.ShortDebugString();
+}
+
 TEST(ClusterStateTest, DefineTensorsTimesOutNamingTheLaggingServer) {
   ClusterState state(Config(1, 1));
   ASSERT_TRUE(state.RegisterServer(Server("tcp://a:1")).ok());

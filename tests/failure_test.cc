@@ -335,6 +335,18 @@ TEST(FailureTest, AServerStartedWhileTheJobTrainsJoinsAsOneMoreAndTakesItsShareW
   EXPECT_THAT(grown.err, Not(HasSubstr("refus")));
 }
 
+TEST(FailureTest, AKilledWorkerRejoinsAJobWhoseClusterGrew) {
+  // The rejoining process defines its tensors again: it gets the grown
+  // cluster's map (three servers where the config says two) at once.
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "2", "--train-limit", "9000", "--epochs", "2", "--set",
+                           "partition_bytes=65536", "--add-server", "20", "--replace", "--kill", "worker:1@80"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("joins the running job as one more server"));
+  EXPECT_THAT(run.err, ContainsRegex("worker rank 1 \\(host [^)]*\\) rejoins the running job"));
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
 // The replacement for server 1 holds primaries within one partition (16384
 // elements) of the mean once the hand-offs are done.
 void ExpectReplacementHoldsPrimaries(const LocalRun& run) {
