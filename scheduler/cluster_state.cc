@@ -390,6 +390,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     // Every report: copy moves wait for them, and a failover promotes a copy
     // that was reported synced.
     node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
+    if (request.has_checkpoint_failure()) node->checkpoint_failure = request.checkpoint_failure();
     if (!absl::c_is_sorted(node->synced_copies)) absl::c_sort(node->synced_copies);  // servers send them sorted
   }
   // The rate between the last two reports that differ (from the last one at
@@ -948,6 +949,7 @@ StatusResponse ClusterState::Status() {
       s->set_declared_dead(node.dead && !node.left);
       s->set_left(node.left);
       s->set_heard_since_start(node.heard);
+      if (!node.checkpoint_failure.dir().empty()) *s->mutable_checkpoint_failure() = node.checkpoint_failure;
       if (node.counters_seen != absl::InfinitePast()) {
         *s->mutable_counters() = node.counters;
         s->set_ms_since_counters(absl::ToInt64Milliseconds(now - node.counters_seen));

@@ -125,7 +125,8 @@ class ClusterState {
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
     double peak_rate = 0;  // the highest round_rate seen
-    bool joined_running_job = false;  // servers: in a dead one's place (JoinRunningJob)
+    bool joined_running_job = false;  // servers: in a dead one's place or as one more (JoinRunningJob)
+    CheckpointFailure checkpoint_failure;  // servers: the last they reported (HeartbeatRequest)
     // The counters of the last heartbeat that carried them and when it came;
     // the earlier report rates are measured from, and those rates.
     NodeCounters counters{};

@@ -42,11 +42,19 @@ void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
     if (p.completed == request.round()) {
       WriteCheckpoint(p, request.dir());
     } else {
-      LOG(ERROR) << "server " << server_index_ << ": checkpoint of round " << request.round() << " into "
-                 << request.dir() << " asked for when partition " << p.id << " had completed " << p.completed
-                 << " rounds: that checkpoint stays incomplete";
+      CheckpointFailed(request.dir(), request.round(),
+                       absl::StrCat("asked for when partition ", p.id, " had completed ", p.completed, " rounds"));
     }
   }
+}
+
+void PartitionEngine::CheckpointFailed(const std::string& dir, uint64_t round, const std::string& error) {
+  LOG(ERROR) << "server " << server_index_ << ": checkpoint of round " << round << " into " << dir
+             << " stays incomplete: " << error;
+  checkpoint_failure_.set_dir(dir);
+  checkpoint_failure_.set_round(round);
+  checkpoint_failure_.set_error(error);
+  ++copies_generation_;  // the next heartbeat reports it
 }
 
 absl::Status PartitionEngine::RestorePartition(Partition& p) {
@@ -99,8 +107,8 @@ void PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir) {
   const std::string round_dir = CheckpointRoundDir(dir, p.completed);
   auto entry = WritePartitionCheckpoint(round_dir, state);
   if (!entry.ok()) {
-    LOG(ERROR) << "server " << server_index_ << ": checkpoint of partition " << p.id << " at round " << p.completed
-               << " not written (that round's checkpoint stays incomplete): " << entry.status();
+    CheckpointFailed(dir, p.completed,
+                     absl::StrCat("partition ", p.id, " not written: ", entry.status().message()));
     return;
   }
   const std::pair<std::string, uint64_t> key(dir, p.completed);
@@ -113,8 +121,7 @@ void PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir) {
   manifest.set_server(server_index_);
   *manifest.mutable_partitions() = checkpoint_owners_;
   if (absl::Status s = WriteCheckpointManifest(round_dir, manifest); !s.ok()) {
-    LOG(ERROR) << "server " << server_index_ << ": checkpoint manifest of round " << p.completed
-               << " not written: " << s;
+    CheckpointFailed(dir, p.completed, absl::StrCat("manifest not written: ", s.message()));
   } else {
     LOG(INFO) << "server " << server_index_ << ": checkpoint of round " << p.completed << " written to " << round_dir;
   }

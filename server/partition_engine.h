@@ -210,6 +210,9 @@ class PartitionEngine {
   // The hand-offs this server has drained (see InstallShardMap), in
   // partition id order; changes bump copies_generation().
   std::vector<HandoffDone> HandoffsDone() const;
+  // The last checkpoint this server could not write its part of (empty dir:
+  // none); a new failure bumps copies_generation(), so heartbeats carry it.
+  const CheckpointFailure& checkpoint_failure() const { return checkpoint_failure_; }
   // Current weights of a partition, for tests; null if not owned.
   const float* weights(uint64_t partition_id) const;
 
@@ -447,6 +450,9 @@ class PartitionEngine {
   // Follows the map's partition owners and checkpoint request; writes at
   // once the partitions already at the requested round.
   void FollowCheckpoints(const ShardMap& map);
+  // Logs that this server's part of the checkpoint of `round` into `dir` is
+  // not written, and keeps it for the heartbeats.
+  void CheckpointFailed(const std::string& dir, uint64_t round, const std::string& error);
 
   // `*staged`: whether the raw gradient was copied into its accumulator
   // while being checked (CheckRawGradient).
@@ -639,6 +645,7 @@ class PartitionEngine {
   google::protobuf::RepeatedPtrField<CheckpointManifest::Owner> checkpoint_owners_;
   absl::flat_hash_map<std::pair<std::string, uint64_t>, CheckpointManifest> open_checkpoints_;  // (dir, round)
   CheckpointRequest requested_checkpoint_;  // from the map: shardps checkpoint
+  CheckpointFailure checkpoint_failure_;
   uint64_t max_completed_ = 0;
   uint64_t copies_generation_ = 0;  // see SyncedCopies
   absl::flat_hash_set<uint64_t> handing_off_;  // partitions with a hand-off under way

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <glog/logging.h>
+#include <google/protobuf/util/message_differencer.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -502,12 +503,14 @@ class ParameterServerImpl : public ParameterServer {
     applied_epoch_ = map->epoch();
     synced_copies_ = std::move(synced);  // with the epoch they hold at
     handoffs_done_ = std::move(handoffs);
+    checkpoint_failure_ = engine_->checkpoint_failure();
     heartbeat_now_ = true;
   }
 
   // A copy's snapshot arrived: the next heartbeat says so (see
   // HeartbeatRequest.synced_copies). A drained hand-off is reported at once:
-  // the partition's new work waits for the switch.
+  // the partition's new work waits for the switch; so is a checkpoint this
+  // server could not write (`shardps checkpoint` waits for the news).
   void PublishSyncedCopies() {
     copies_generation_ = engine_->copies_generation();
     std::vector<uint64_t> synced = engine_->SyncedCopies();
@@ -521,6 +524,10 @@ class ParameterServerImpl : public ParameterServer {
       heartbeat_now_ = true;
     }
     handoffs_done_ = std::move(handoffs);
+    if (!google::protobuf::util::MessageDifferencer::Equals(engine_->checkpoint_failure(), checkpoint_failure_)) {
+      checkpoint_failure_ = engine_->checkpoint_failure();
+      heartbeat_now_ = true;
+    }
   }
 
   // The last heartbeat, once its loop has stopped: the scheduler fails this
@@ -560,6 +567,7 @@ class ParameterServerImpl : public ParameterServer {
       request.set_completed_round(completed_round_.load(std::memory_order_relaxed));
       request.mutable_synced_copies()->Assign(synced_copies_.begin(), synced_copies_.end());
       for (const HandoffDone& d : handoffs_done_) *request.add_handoffs_done() = d;
+      if (!checkpoint_failure_.dir().empty()) *request.mutable_checkpoint_failure() = checkpoint_failure_;
       heartbeat_now_ = false;
       mu_.Unlock();
       {
@@ -624,6 +632,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
   uint64_t applied_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> synced_copies_ ABSL_GUARDED_BY(mu_);  // at applied_epoch_
+  CheckpointFailure checkpoint_failure_ ABSL_GUARDED_BY(mu_);  // the engine's last
   std::vector<HandoffDone> handoffs_done_ ABSL_GUARDED_BY(mu_);  // at applied_epoch_
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;
   bool heartbeat_stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -26,6 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // 2 workers x 32 images per step over 2560 images: 40 steps (rounds) an epoch.
 constexpr int kStepsPerEpoch = 40;
@@ -179,6 +180,35 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
   ASSERT_EQ(JsonString(a, "weights_sha256").size(), 64u) << a;
   EXPECT_EQ(JsonString(b, "weights_sha256"), JsonString(a, "weights_sha256")) << a << "\n" << b;
   EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(400 - point->round));
+}
+
+TEST_F(CheckpointTest, ACheckpointNoServerCanWriteFailsAtOnceNamingTheServerAndTrainingGoesOn) {
+  // A regular file where the directory should be: no server can create the
+  // round's directory. `shardps checkpoint` ends with the servers' reason
+  // (heartbeats carry it) instead of waiting out --wait.
+  std::vector<std::string> job = {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
+  LocalJob running = Start(dir_, "running", job);
+  ASSERT_GT(running.pid, 0);
+  const fs::path local_dir = fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid);
+  std::string address;
+  int64_t steps = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60 * kTestSlowdown);
+  while ((address.empty() || steps < 60) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    address = Slurp((local_dir / "scheduler.addr").string());
+    std::istringstream(Slurp((local_dir / "progress.0").string())) >> steps;
+  }
+  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
+  const std::string blocked = dir_ + "/not-a-directory";
+  std::ofstream(blocked) << "a file";
+  LocalJob asked =
+      Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", blocked, "--wait", "600"}, dir_, "asked");
+  EXPECT_EQ(Wait(asked), 1) << Slurp(asked.err_path);
+  const std::string err = Slurp(asked.err_path);
+  EXPECT_THAT(err, HasSubstr("cannot complete: server "));
+  EXPECT_THAT(err, HasSubstr("could not write its part"));
+  EXPECT_THAT(err, Not(HasSubstr("not complete after")));
+  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
 }
 
 }  // namespace

@@ -30,18 +30,30 @@ absl::Status Checkpoint(const std::string& address, const std::string& security_
   std::cout << "checkpoint of round " << response->round() << " requested: " << round_dir << std::endl;
   if (wait_s <= 0) return absl::OkStatus();
   const absl::Time deadline = absl::Now() + absl::Seconds(wait_s);
+  absl::Time next_status = absl::Now();
   for (;;) {
     absl::StatusOr<uint64_t> round = VerifyCheckpointRound(round_dir);
     if (round.ok()) {
       std::cout << "checkpoint of round " << *round << " complete: " << round_dir << std::endl;
       return absl::OkStatus();
     }
+    // A server that could not write its part says so in its heartbeats.
+    if (absl::Now() >= next_status) {
+      next_status = absl::Now() + absl::Milliseconds(250);
+      if (auto status = (*client)->Status(absl::Seconds(5)); status.ok()) {
+        for (const NodeStatus& n : status->nodes()) {
+          const CheckpointFailure& f = n.checkpoint_failure();
+          if (n.role() != SERVER || f.dir() != response->dir() || f.round() != response->round()) continue;
+          return absl::InternalError(absl::StrCat("checkpoint of round ", f.round(), " into ", f.dir(),
+                                                  " cannot complete: server ", n.rank(), " (", n.address(),
+                                                  ") could not write its part: ", f.error()));
+        }
+      }
+    }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("checkpoint of round ", response->round(), " not complete after ", wait_s,
-                       " s (did training stop before that round, or could a server not write there? Each ",
-                       "server logs why: 'checkpoint of partition P at round R not written'): ",
-                       round.status().message()));
+                       " s (did training stop before that round?): ", round.status().message()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -79,6 +79,11 @@ std::string StatusTable(const StatusResponse& status) {
     absl::StrAppend(&out, absl::StrFormat("  %-60s %s (heartbeat %d ms ago)%s%s\n", what, state,
                                           n.ms_since_heartbeat(), behind ? " behind" : "", lag));
     if (n.has_counters()) absl::StrAppend(&out, RatesLine(n));
+    if (n.has_checkpoint_failure()) {
+      const CheckpointFailure& f = n.checkpoint_failure();
+      absl::StrAppend(&out, "    checkpoint of round ", f.round(), " into ", f.dir(), " not written here: ", f.error(),
+                      "\n");
+    }
   }
   if (status.shard_map().handoffs_size() > 0) {
     absl::StrAppend(&out, "  primary hand-offs under way: ",
