@@ -86,6 +86,24 @@ std::string JsonString(const std::string& json, const std::string& key) {
   return std::regex_search(json, m, std::regex("\"" + key + "\": \"?([0-9a-f.]*)")) ? std::string(m[1]) : "";
 }
 
+// The scheduler address of `shardps local` job `running` (it writes that
+// and rank 0's step count into its temporary directory) once rank 0 has
+// made 60 steps, a few heartbeats in, so the scheduler has seen the pace;
+// empty if that does not happen within a minute.
+std::string SchedulerAfterSixtySteps(const LocalJob& running) {
+  if (running.pid <= 0) return "";
+  const fs::path local_dir = fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid);
+  std::string address;
+  int64_t steps = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60 * kTestSlowdown);
+  while ((address.empty() || steps < 60) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    address = Slurp((local_dir / "scheduler.addr").string());
+    std::istringstream(Slurp((local_dir / "progress.0").string())) >> steps;
+  }
+  return steps >= 60 ? address : "";
+}
+
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -148,21 +166,8 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
   // round and pace, and places the checkpoint a few dozen rounds ahead.
   std::vector<std::string> job = {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
   LocalJob running = Start(dir_, "running", job);
-  ASSERT_GT(running.pid, 0);
-  // `shardps local` writes its scheduler's address and rank 0's step count
-  // into its temporary directory. Ask once training has run a few
-  // heartbeats, so the scheduler has seen its pace.
-  const fs::path local_dir = fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid);
-  std::string address;
-  int64_t steps = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60 * kTestSlowdown);
-  while ((address.empty() || steps < 60) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    address = Slurp((local_dir / "scheduler.addr").string());
-    std::istringstream(Slurp((local_dir / "progress.0").string())) >> steps;
-  }
+  const std::string address = SchedulerAfterSixtySteps(running);
   ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
-  ASSERT_GE(steps, 60) << Slurp(running.err_path);
   const std::string ckpt = dir_ + "/asked";
   LocalJob asked =
       Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
@@ -186,18 +191,8 @@ TEST_F(CheckpointTest, ACheckpointNoServerCanWriteFailsAtOnceNamingTheServerAndT
   // A regular file where the directory should be: no server can create the
   // round's directory. `shardps checkpoint` ends with the servers' reason
   // (heartbeats carry it) instead of waiting out --wait.
-  std::vector<std::string> job = {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
-  LocalJob running = Start(dir_, "running", job);
-  ASSERT_GT(running.pid, 0);
-  const fs::path local_dir = fs::temp_directory_path() / absl::StrCat("shardps-local-", running.pid);
-  std::string address;
-  int64_t steps = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60 * kTestSlowdown);
-  while ((address.empty() || steps < 60) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    address = Slurp((local_dir / "scheduler.addr").string());
-    std::istringstream(Slurp((local_dir / "progress.0").string())) >> steps;
-  }
+  LocalJob running = Start(dir_, "running", {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"});
+  const std::string address = SchedulerAfterSixtySteps(running);
   ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
   const std::string blocked = dir_ + "/not-a-directory";
   std::ofstream(blocked) << "a file";
