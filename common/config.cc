@@ -287,7 +287,7 @@ absl::Status ValidateLimits(const ResourceLimits& l) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {
+absl::Status ValidateCheckpointConfig(const ClusterConfig& c, bool on_request) {
   const CheckpointConfig& k = c.checkpoint();
   const bool writes = !k.dir().empty();
   const bool restores = !k.restore_dir().empty() || k.restore_round() > 0;
@@ -303,10 +303,17 @@ absl::Status ValidateCheckpointConfig(const ClusterConfig& c) {
     return Invalid("checkpoint.restore_dir",
                    "and checkpoint.restore_round are set together (shardps scheduler --restore)");
   }
-  if (c.consistency() != SYNC) {
-    return Invalid(field, "needs consistency: sync (async applies pushes as they arrive: there is no round at which "
-                          "every partition's state agrees; ssp holds pushes of later rounds that a checkpoint "
-                          "does not)");
+  // Async: each partition at the version it has when the request reaches
+  // its primary (no round at which every partition's state agrees, so no
+  // periodic checkpoints); ssp holds pushes of later rounds that a
+  // checkpoint does not.
+  const bool async_ok = c.consistency() == ASYNC && (on_request || !writes);
+  if (c.consistency() != SYNC && !async_ok) {
+    return Invalid(field, c.consistency() == ASYNC
+                              ? "in async is written on request only (shardps checkpoint): async applies pushes as "
+                                "they arrive, so no round is one at which every partition's state agrees"
+                              : "needs consistency: sync or async (ssp holds pushes of later rounds that a "
+                                "checkpoint does not)");
   }
   if (c.update_mode() == SUM_ONLY) {
     return Invalid(field, "cannot be used with update_mode: sum_only (the weights and optimizer state live on the "

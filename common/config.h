@@ -19,8 +19,10 @@ absl::StatusOr<ClusterConfig> LoadConfigFile(const std::string& path);
 // Checks every field's range; the error names the field and the allowed values.
 absl::Status ValidateConfig(const ClusterConfig& config);
 // The checkpoint fields alone (part of ValidateConfig): a checkpoint holds
-// what the servers hold, so async, sum_only and compression are refused.
-absl::Status ValidateCheckpointConfig(const ClusterConfig& config);
+// what the servers hold, so ssp, sum_only and compression are refused, and
+// in async periodic checkpoints. `on_request`: checkpoint.dir comes from
+// `shardps checkpoint` (allowed in async).
+absl::Status ValidateCheckpointConfig(const ClusterConfig& config, bool on_request = false);
 // The resource limits alone (part of ValidateConfig): every bound finite and > 0.
 absl::Status ValidateLimits(const ResourceLimits& limits);
 

@@ -117,7 +117,17 @@ TEST(ConfigTest, CheckpointsAreRefusedWhereTheServersDoNotHoldTheWholeState) {
   EXPECT_TRUE(ValidateConfig(config).ok());
   ClusterConfig async = config;
   async.set_consistency(ASYNC);
-  EXPECT_THAT(ValidateConfig(async).message(), HasSubstr("needs consistency: sync"));
+  EXPECT_THAT(ValidateConfig(async).message(), HasSubstr("in async is written on request only"));
+  EXPECT_TRUE(ValidateCheckpointConfig(async, /*on_request=*/true).ok());
+  async.mutable_checkpoint()->clear_dir();
+  async.mutable_checkpoint()->clear_every_rounds();
+  async.mutable_checkpoint()->set_restore_dir("/ckpt");
+  async.mutable_checkpoint()->set_restore_round(10);
+  EXPECT_TRUE(ValidateConfig(async).ok()) << "an async checkpoint is restored like any";
+  ClusterConfig ssp = config;
+  ssp.set_consistency(SSP);
+  ssp.set_staleness(2);
+  EXPECT_THAT(ValidateConfig(ssp).message(), HasSubstr("needs consistency: sync or async"));
   ClusterConfig sum_only = config;
   sum_only.set_update_mode(SUM_ONLY);
   EXPECT_THAT(ValidateConfig(sum_only).message(), HasSubstr("update_mode: sum_only"));

@@ -847,9 +847,10 @@ TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNot
   ClusterConfig config;
   ClusterState early(config);
   EXPECT_THAT(early.RequestCheckpoint("/ckpt").status().message(), HasSubstr("no tensors are defined yet"));
-  config.set_consistency(ASYNC);
-  ClusterState async(config);
-  EXPECT_THAT(async.RequestCheckpoint("/ckpt").status().message(), HasSubstr("needs consistency: sync"));
+  config.set_consistency(SSP);
+  config.set_staleness(2);
+  ClusterState ssp(config);
+  EXPECT_THAT(ssp.RequestCheckpoint("/ckpt").status().message(), HasSubstr("needs consistency: sync or async"));
 }
 
 }  // namespace

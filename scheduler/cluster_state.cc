@@ -852,19 +852,29 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   ClusterConfig wanted = config_;
   wanted.mutable_checkpoint()->set_dir(dir);
   wanted.mutable_checkpoint()->set_every_rounds(std::max<uint64_t>(1, wanted.checkpoint().every_rounds()));
-  if (absl::Status s = ValidateCheckpointConfig(wanted); !s.ok()) return s;
+  if (absl::Status s = ValidateCheckpointConfig(wanted, /*on_request=*/true); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (map_.partitions_size() == 0) {
     return absl::FailedPreconditionError("checkpoint: no tensors are defined yet, so there is nothing to save");
   }
   // With no round reported, a round placed at 1 is one training has likely
   // passed already (the servers log it and the checkpoint never completes).
-  if (!AnyServerReportedARound()) {
+  if (config_.consistency() != ASYNC && !AnyServerReportedARound()) {
     return absl::FailedPreconditionError(
         "checkpoint: no server has reported a completed round yet, so where training is is unknown; ask again "
         "once it has run for a few heartbeat intervals");
   }
-  const uint64_t round = RoundPastServers(/*for_rejoin=*/false);
+  uint64_t round = RoundPastServers(/*for_rejoin=*/false);
+  if (config_.consistency() == ASYNC) {
+    // Each primary writes at once, at its partitions' versions; the round
+    // labels the checkpoint: the most steps a live worker reported (where
+    // a restored job's workers resume), after any label asked for before.
+    uint64_t steps = 0;
+    for (const auto& [rank, node] : workers_) {
+      if (!node.dead) steps = std::max<uint64_t>(steps, node.counters.steps());
+    }
+    round = std::max<uint64_t>({steps, map_.checkpoint().round() + 1, 1});
+  }
   map_.set_epoch(map_.epoch() + 1);
   map_.mutable_checkpoint()->set_dir(dir);
   map_.mutable_checkpoint()->set_round(round);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_store.h"
+#include "common/config.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/partition_engine.h"
 
@@ -38,9 +39,16 @@ void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
   requested_checkpoint_ = request;
   for (auto& [id, part] : partitions_) {
     Partition& p = *part;
-    if (!p.primary || p.completed < request.round()) continue;
+    if (!p.primary) continue;
+    if (!RoundBased(config_)) {
+      // Async: now, at the version the partition has (its open batch was
+      // applied as the map arrived), labelled with the request's round.
+      WriteCheckpoint(p, request.dir(), request.round());
+      continue;
+    }
+    if (p.completed < request.round()) continue;
     if (p.completed == request.round()) {
-      WriteCheckpoint(p, request.dir());
+      WriteCheckpoint(p, request.dir(), p.completed);
     } else {
       CheckpointFailed(request.dir(), request.round(),
                        absl::StrCat("asked for when partition ", p.id, " had completed ", p.completed, " rounds"));
@@ -72,9 +80,13 @@ absl::Status PartitionEngine::RestorePartition(Partition& p) {
     return absl::FailedPreconditionError(absl::StrCat(where, " is of round ", state->round(), " (restoring ",
                                                       k.restore_round(), ") or of another optimizer"));
   }
+  if (RoundBased(config_) && state->has_version()) {
+    return absl::FailedPreconditionError(absl::StrCat(where, " is an async checkpoint (partition at version ",
+                                                      state->version(), "): restore it with consistency: async"));
+  }
   std::memcpy(WritableWeights(p), state->weights().data(), state->weights().size());
   std::memcpy(p.state.data(), state->optimizer_state().data(), state->optimizer_state().size());
-  p.completed = state->round();
+  p.completed = state->has_version() ? state->version() : state->round();
   max_completed_ = std::max(max_completed_, p.completed);
   p.initialized = state->initialized();
   // Every worker resumes at the checkpoint's round (worker.cc starts there).
@@ -86,44 +98,46 @@ void PartitionEngine::MaybeCheckpoint(Partition& p) {
   if (!p.primary) return;
   max_completed_ = std::max(max_completed_, p.completed);
   const CheckpointConfig& k = config_.checkpoint();
-  if (!k.dir().empty() && p.completed % k.every_rounds() == 0) WriteCheckpoint(p, k.dir());
+  if (!RoundBased(config_)) return;  // async writes on request only (FollowCheckpoints)
+  if (!k.dir().empty() && p.completed % k.every_rounds() == 0) WriteCheckpoint(p, k.dir(), p.completed);
   const CheckpointRequest& request = requested_checkpoint_;
   if (!request.dir().empty() && request.round() == p.completed &&
       (request.dir() != k.dir() || k.dir().empty() || p.completed % k.every_rounds() != 0)) {
-    WriteCheckpoint(p, request.dir());
+    WriteCheckpoint(p, request.dir(), p.completed);
   }
 }
 
-void PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir) {
+void PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round) {
   PartitionCheckpoint state;
   state.set_partition_id(p.id);
   state.set_tensor(p.tensor);
   state.set_offset(p.offset);
   state.set_num_elements(p.n);
-  state.set_round(p.completed);
+  state.set_round(round);
+  if (!RoundBased(config_)) state.set_version(p.completed);
   state.set_initialized(p.initialized);
   state.set_weights(FloatBytes(p.weights->data(), p.n));
   state.set_optimizer_state(FloatBytes(p.state.data(), p.state.size()));
-  const std::string round_dir = CheckpointRoundDir(dir, p.completed);
+  const std::string round_dir = CheckpointRoundDir(dir, round);
   auto entry = WritePartitionCheckpoint(round_dir, state);
   if (!entry.ok()) {
-    CheckpointFailed(dir, p.completed,
+    CheckpointFailed(dir, round,
                      absl::StrCat("partition ", p.id, " not written: ", entry.status().message()));
     return;
   }
-  const std::pair<std::string, uint64_t> key(dir, p.completed);
+  const std::pair<std::string, uint64_t> key(dir, round);
   CheckpointManifest& manifest = open_checkpoints_[key];
   *manifest.add_entries() = *std::move(entry);
   const auto primaries =
       std::count_if(partitions_.begin(), partitions_.end(), [](const auto& kv) { return kv.second->primary; });
   if (manifest.entries_size() < primaries) return;
-  manifest.set_round(p.completed);
+  manifest.set_round(round);
   manifest.set_server(server_index_);
   *manifest.mutable_partitions() = checkpoint_owners_;
   if (absl::Status s = WriteCheckpointManifest(round_dir, manifest); !s.ok()) {
-    CheckpointFailed(dir, p.completed, absl::StrCat("manifest not written: ", s.message()));
+    CheckpointFailed(dir, round, absl::StrCat("manifest not written: ", s.message()));
   } else {
-    LOG(INFO) << "server " << server_index_ << ": checkpoint of round " << p.completed << " written to " << round_dir;
+    LOG(INFO) << "server " << server_index_ << ": checkpoint of round " << round << " written to " << round_dir;
   }
   open_checkpoints_.erase(key);
 }

@@ -446,7 +446,9 @@ class PartitionEngine {
   // state when its completed rounds reach a multiple of every_rounds, and
   // the round's manifest once every such partition has been written.
   void MaybeCheckpoint(Partition& p);
-  void WriteCheckpoint(Partition& p, const std::string& dir);
+  // Writes p's state into `dir`'s checkpoint of `round` (sync: its
+  // completed rounds; async: the request's label, its version recorded).
+  void WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round);
   // Follows the map's partition owners and checkpoint request; writes at
   // once the partitions already at the requested round.
   void FollowCheckpoints(const ShardMap& map);

@@ -187,6 +187,52 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
   EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(400 - point->round));
 }
 
+TEST_F(CheckpointTest, AnAsyncCheckpointHoldsEachPartitionAtItsVersionAndAJobResumesFromIt) {
+  // Async has no round at which every partition agrees: each primary writes
+  // its partitions at once, at the versions they have; the checkpoint is
+  // labelled with the workers' steps, where a restored job resumes.
+  std::vector<std::string> job = {"--consistency", "async", "--deterministic=false", "--train-limit", "12800",
+                                  "--set", "heartbeat_interval_ms=100"};
+  LocalJob running = Start(dir_, "running", job);
+  const std::string address = SchedulerAfterSixtySteps(running);
+  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
+  const std::string ckpt = dir_ + "/async";
+  LocalJob asked =
+      Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
+  ASSERT_EQ(Wait(asked), 0) << Slurp(asked.err_path) << Slurp(running.err_path);
+  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
+  auto point = FindRestorePoint(ckpt);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_GE(point->round, 20u) << "labelled with the workers' steps (as last reported)";
+  EXPECT_LT(point->round, 400u);
+  const std::string round_dir = CheckpointRoundDir(ckpt, point->round);
+  for (uint64_t id = 0; id < 6; ++id) {  // the MLP's six tensors, one partition each
+    auto state = LoadPartitionCheckpoint(round_dir, id);
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_TRUE(state->has_version()) << "partition " << id;
+    EXPECT_GT(state->version(), 0u) << "partition " << id << ": updates applied before the checkpoint";
+  }
+  job.insert(job.end(), {"--resume", ckpt});
+  LocalJob resumed = Start(dir_, "resumed", job);
+  ASSERT_EQ(Wait(resumed), 0) << Slurp(resumed.err_path);
+  const std::string out = Slurp(resumed.out_path);
+  EXPECT_GT(std::stoi(JsonString(out, "steps")), 0) << out;
+  // At most a step (the workers resume past --max-steps): the accuracy is
+  // that of the checkpoint's trained weights (an MLP a step from its
+  // initial weights scores about 0.1-0.3).
+  std::vector<std::string> evaluate = job;
+  evaluate.insert(evaluate.end(), {"--max-steps", "1"});
+  LocalJob restored = Start(dir_, "restored", evaluate);
+  ASSERT_EQ(Wait(restored), 0) << Slurp(restored.err_path);
+  const std::string weights = Slurp(restored.out_path);
+  EXPECT_LE(std::stoi(JsonString(weights, "steps")), 1) << weights;
+  EXPECT_GT(std::stod(JsonString(weights, "test_accuracy")), 0.5) << weights;
+  // Where a sync job refuses it: the checkpoint holds versions, not a round.
+  LocalJob sync = Start(dir_, "sync", {"--train-limit", "12800", "--resume", ckpt});
+  EXPECT_NE(Wait(sync), 0);
+  EXPECT_THAT(Slurp(sync.err_path), HasSubstr("is an async checkpoint"));
+}
+
 TEST_F(CheckpointTest, ACheckpointNoServerCanWriteFailsAtOnceNamingTheServerAndTrainingGoesOn) {
   // A regular file where the directory should be: no server can create the
   // round's directory. `shardps checkpoint` ends with the servers' reason
