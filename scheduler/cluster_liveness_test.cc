@@ -225,6 +225,23 @@ TEST_F(LivenessTest, AServerStartedWhileEveryPlaceIsAliveJoinsAsOneMoreAndCanBeR
   EXPECT_EQ(state_->Status().shard_map().servers_size(), 3);
 }
 
+TEST_F(LivenessTest, AWorkerDefiningTheTensorsAfterTheClusterGrewIsNotKeptWaiting) {
+  // A worker that rejoins (or a restarted one) defines the tensors again
+  // once a server joined as one more: 3 servers registered of num_servers
+  // 2 is a cluster that has them all, not one still waiting for some.
+  auto joined = state_->RegisterServer(Node(SERVER, 0, "tcp://u:1"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  server_ids_.push_back(joined->node_id());
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  Beat({0, 1, 2}, {0, 1, 2}, epoch);
+  const absl::Time start = absl::Now();
+  auto map = state_->DefineTensors({Tensor("w", 1000)}, absl::Now() + absl::Seconds(2));
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "waited for a server count the cluster had passed";
+  EXPECT_EQ(map->servers_size(), 3);
+  EXPECT_EQ(map->epoch(), epoch);
+}
+
 TEST_F(LivenessTest, ServersJoinARunningJobUpToTheMostAClusterTakes) {
   for (uint32_t i = 2; i < kMaxServers; ++i) {
     auto r = state_->RegisterServer(Node(SERVER, 0, absl::StrCat("tcp://g:", i)));

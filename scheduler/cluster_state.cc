@@ -779,8 +779,11 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
   if (absl::Status s = ValidateTensorSpecs(tensors); !s.ok()) return s;
   if (absl::Status s = ValidateDeclaredCodecs(tensors, config_); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  // At least: once the tensors are defined a server may join as one more,
+  // and a worker that defines them again (rejoining) must not wait for a
+  // count the cluster has passed.
   auto all_servers = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return servers_.size() == config_.num_servers();
+    return servers_.size() >= config_.num_servers();
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&all_servers), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat("defining tensors: not all servers registered; ", MissingNodes()));

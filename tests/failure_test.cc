@@ -335,6 +335,21 @@ TEST(FailureTest, AServerStartedWhileTheJobTrainsJoinsAsOneMoreAndTakesItsShareW
   EXPECT_THAT(grown.err, Not(HasSubstr("refus")));
 }
 
+TEST(FailureTest, AWorkerKilledAfterAServerJoinedAsOneMoreRejoinsTheGrownJob) {
+  // The rejoining rank defines the tensors again with 3 servers registered
+  // of num_servers 2: it used to wait for exactly 2 until its rendezvous
+  // timed out, and the job failed.
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "3", "--train-limit", "9000", "--epochs", "2", "--set",
+                           "partition_bytes=65536", "--add-server", "20", "--replace", "--kill", "worker:2@25"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.err, ContainsRegex("server 2 \\(tcp://[^)]*\\) joins the running job as one more server"));
+  EXPECT_THAT(run.err, ContainsRegex("worker 2: rejoined at round [0-9]+: epoch [12], step"));
+  EXPECT_THAT(run.err, Not(HasSubstr("not all servers registered")));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
 // The replacement for server 1 holds primaries within one partition (16384
 // elements) of the mean once the hand-offs are done.
 void ExpectReplacementHoldsPrimaries(const LocalRun& run) {
