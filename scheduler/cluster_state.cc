@@ -85,6 +85,13 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     restored.generation = b.generation();
     restored.live_at_pass.assign(b.live_ranks().begin(), b.live_ranks().end());
   }
+  // Moves and hand-offs under way were planned by the scheduler that died:
+  // the lines that say they are done count them, and the time, from here.
+  cs->moves_planned_ = cs->map_.moves_size();
+  cs->handoffs_planned_ = cs->map_.handoffs_size();
+  cs->moves_since_ = cs->handoffs_since_ = now;
+  cs->moves_resumed_ = cs->moves_planned_ > 0;
+  cs->handoffs_resumed_ = cs->handoffs_planned_ > 0;
   // Servers report the epoch they serve with their next heartbeat.
   return cs;
 }
