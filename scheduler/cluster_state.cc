@@ -606,7 +606,11 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
                          : absl::StrCat("in the place of the dead server at ", dead_address))
                << "; shard map epoch " << map_.epoch() << ": " << recreated
                << " missing copies go to it (its primaries send snapshots); "
-               << "backup copies move to it once it serves this epoch and its copies are synced";
+               << (EffectiveReplication(config_) > 1
+                       ? "backup copies move to it once it serves this epoch and its copies are synced"
+                       : "with replication 1 no partition has a backup copy to move or a primary to hand off, "
+                         "so it holds nothing (a job started with it, or with replication > 1, spreads the "
+                         "partitions)");
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);

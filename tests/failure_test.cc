@@ -350,6 +350,20 @@ TEST(FailureTest, AWorkerKilledAfterAServerJoinedAsOneMoreRejoinsTheGrownJob) {
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
+TEST(FailureTest, AServerJoiningAJobWithoutBackupsIsToldItHoldsNothing) {
+  // Replication 1: copy moves move backups and hand-offs need a synced
+  // backup on the receiver, so the joined server gets no partition; the
+  // scheduler says so rather than promise moves, and the job is unchanged.
+  const std::vector<std::string> job = {"--servers", "1", "--workers", "2", "--train-limit", "9000", "--epochs",
+                                        "2", "--deterministic", "--set", "partition_bytes=65536"};
+  LocalRun grown = ExpectFaultsChangeNoWeight(job, {"--add-server", "20"});
+  if (grown.exit_code != 0) return;
+  EXPECT_THAT(grown.err, ContainsRegex("server 1 \\(tcp://[^)]*\\) joins the running job as one more server.*"
+                                       "with replication 1 no partition has a backup copy to move"));
+  EXPECT_THAT(grown.err, Not(HasSubstr("copy moves balance the servers")));
+  EXPECT_THAT(grown.err, Not(HasSubstr("primary hand-offs balance")));
+}
+
 // The replacement for server 1 holds primaries within one partition (16384
 // elements) of the mean once the hand-offs are done.
 void ExpectReplacementHoldsPrimaries(const LocalRun& run) {
