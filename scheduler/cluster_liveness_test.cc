@@ -745,6 +745,35 @@ TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeIt
   EXPECT_EQ(rejoined->rejoin_round(), 60u + 100u + 1u);
 }
 
+TEST_F(LivenessTest, ARestoredSchedulerWhoseStateLagsTheMapsItPublishedSkipsPastTheirEpochs) {
+  // The state is written after the lock is released, so a scheduler killed
+  // between publishing a map and writing it resumes an older epoch. The
+  // nodes hold the newer maps and ignore any epoch not above theirs: the
+  // restarted scheduler's next maps (a failover among them) must come after.
+  ASSERT_TRUE(saved_.has_value());
+  const SchedulerState lagging = *saved_;
+  const uint64_t saved_epoch = lagging.shard_map().epoch();
+  for (const char* address : {"tcp://u:1", "tcp://u:2"}) {  // two maps the state never saw
+    auto joined = state_->RegisterServer(Node(SERVER, 0, address));
+    ASSERT_TRUE(joined.ok()) << joined.status();
+  }
+  const uint64_t seen = state_->Status().shard_map().epoch();
+  ASSERT_EQ(seen, saved_epoch + 2);
+  state_ = ClusterState::Restore(lagging, [this] { return now_; });
+  ASSERT_EQ(state_->Status().shard_map().epoch(), saved_epoch);
+  Beat({0}, {}, seen);
+  EXPECT_GT(state_->Status().shard_map().epoch(), seen) << "maps the nodes would ignore";
+  // A failover from here reaches them.
+  for (int t = 0; t < 12; ++t) {
+    now_ += absl::Milliseconds(100);
+    Beat({0}, {0, 1, 2}, seen);
+    state_->CheckLiveness();
+  }
+  const ShardMap map = state_->Status().shard_map();
+  ASSERT_TRUE(map.servers(1).dead()) << map.ShortDebugString();
+  EXPECT_GT(map.epoch(), seen + 1);
+}
+
 TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0, 1}, {0, 1}, 1);

@@ -375,6 +375,18 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   }
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
+  if (request.applied_epoch() > map_.epoch()) {
+    // Restarted from a state written before the last maps it published (the
+    // write follows the lock): the nodes hold those epochs and ignore any
+    // not above theirs, so the epochs this scheduler would issue next, with
+    // other contents, must skip past them.
+    LOG(WARNING) << "scheduler: " << (node->role == SERVER ? "server " : "worker rank ") << node->rank
+                 << " serves shard map epoch " << request.applied_epoch() << ", past this scheduler's "
+                 << map_.epoch() << " (published before a restart, never saved); its map is epoch "
+                 << request.applied_epoch() + 1 << " now";
+    map_.set_epoch(request.applied_epoch() + 1);
+    Save();
+  }
   if (node->role == SERVER) {
     // Every report: copy moves wait for them, and a failover promotes a copy
     // that was reported synced.
