@@ -82,6 +82,7 @@ void ClusterState::MaybeStartCopyMoves() {
   if (moves_planned_ == 0) {
     moves_since_join_ = joined_at_ != absl::InfinitePast();
     moves_since_ = moves_since_join_ ? joined_at_ : clock_();
+    moves_resumed_ = false;
   }
   joined_at_ = absl::InfinitePast();
   map_.set_epoch(map_.epoch() + 1);
@@ -131,7 +132,10 @@ void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& req
     const auto loads = ServerLoadsAfterMoves(map_, LiveServers());
     LOG(WARNING) << "servers balanced: " << moves_planned_ << " copy moves in "
                  << absl::FormatDuration(clock_() - moves_since_)
-                 << (moves_since_join_ ? " after the join" : " after their plan") << "; elements held per live server "
+                 << (moves_resumed_      ? " after the scheduler resumed them"
+                     : moves_since_join_ ? " after the join"
+                                         : " after their plan")
+                 << "; elements held per live server "
                  << DescribeLoads(loads) << (LoadsBalanced(map_, loads) ? " (each within" : " (not all within")
                  << " one partition of the mean)";
     moves_planned_ = 0;
@@ -174,6 +178,7 @@ void ClusterState::MaybeStartHandoffs(const std::set<uint32_t>& live) {
   if (handoffs_planned_ == 0) {
     handoffs_since_join_ = last_join_ != absl::InfinitePast();
     handoffs_since_ = handoffs_since_join_ ? last_join_ : now;
+    handoffs_resumed_ = false;
   }
   std::vector<std::string> planned;
   for (Handoff h : handoffs) {
@@ -232,7 +237,9 @@ void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& requ
     const bool balanced = LoadsBalanced(map_, loads);
     LOG(WARNING) << "primaries balanced: " << handoffs_made_ << " of " << handoffs_planned_ << " hand-offs made, "
                  << absl::FormatDuration(now - handoffs_since_)
-                 << (handoffs_since_join_ ? " after the join" : " after their plan")
+                 << (handoffs_resumed_      ? " after the scheduler resumed them"
+                     : handoffs_since_join_ ? " after the join"
+                                            : " after their plan")
                  << "; primary elements per live server " << DescribeLoads(loads)
                  << (balanced ? " (each within" : " (not all within") << " one partition of the mean)";
     handoffs_planned_ = handoffs_made_ = 0;

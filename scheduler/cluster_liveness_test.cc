@@ -239,6 +239,23 @@ TEST_F(LivenessTest, AServerStartedWhileEveryPlaceIsAliveJoinsAsOneMoreAndCanBeR
   EXPECT_EQ(state_->Status().shard_map().servers_size(), 3);
 }
 
+TEST_F(LivenessTest, AWorkerDefiningTheTensorsAfterTheClusterGrewIsNotKeptWaiting) {
+  // A worker that rejoins (or a restarted one) defines the tensors again
+  // once a server joined as one more: 3 servers registered of num_servers
+  // 2 is a cluster that has them all, not one still waiting for some.
+  auto joined = state_->RegisterServer(Node(SERVER, 0, "tcp://u:1"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  server_ids_.push_back(joined->node_id());
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  Beat({0, 1, 2}, {0, 1, 2}, epoch);
+  const absl::Time start = absl::Now();
+  auto map = state_->DefineTensors({Tensor("w", 1000)}, absl::Now() + absl::Seconds(2));
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "waited for a server count the cluster had passed";
+  EXPECT_EQ(map->servers_size(), 3);
+  EXPECT_EQ(map->epoch(), epoch);
+}
+
 TEST_F(LivenessTest, ServersJoinARunningJobUpToTheMostAClusterTakes) {
   for (uint32_t i = 2; i < kMaxServers; ++i) {
     auto r = state_->RegisterServer(Node(SERVER, 0, absl::StrCat("tcp://g:", i)));
@@ -740,6 +757,35 @@ TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeIt
   // Two heartbeat intervals at the peak heard before the restart past round
   // 60, and one more (61 without it).
   EXPECT_EQ(rejoined->rejoin_round(), 60u + 100u + 1u);
+}
+
+TEST_F(LivenessTest, ARestoredSchedulerWhoseStateLagsTheMapsItPublishedSkipsPastTheirEpochs) {
+  // The state is written after the lock is released, so a scheduler killed
+  // between publishing a map and writing it resumes an older epoch. The
+  // nodes hold the newer maps and ignore any epoch not above theirs: the
+  // restarted scheduler's next maps (a failover among them) must come after.
+  ASSERT_TRUE(saved_.has_value());
+  const SchedulerState lagging = *saved_;
+  const uint64_t saved_epoch = lagging.shard_map().epoch();
+  for (const char* address : {"tcp://u:1", "tcp://u:2"}) {  // two maps the state never saw
+    auto joined = state_->RegisterServer(Node(SERVER, 0, address));
+    ASSERT_TRUE(joined.ok()) << joined.status();
+  }
+  const uint64_t seen = state_->Status().shard_map().epoch();
+  ASSERT_EQ(seen, saved_epoch + 2);
+  state_ = ClusterState::Restore(lagging, [this] { return now_; });
+  ASSERT_EQ(state_->Status().shard_map().epoch(), saved_epoch);
+  Beat({0}, {}, seen);
+  EXPECT_GT(state_->Status().shard_map().epoch(), seen) << "maps the nodes would ignore";
+  // A failover from here reaches them.
+  for (int t = 0; t < 12; ++t) {
+    now_ += absl::Milliseconds(100);
+    Beat({0}, {0, 1, 2}, seen);
+    state_->CheckLiveness();
+  }
+  const ShardMap map = state_->Status().shard_map();
+  ASSERT_TRUE(map.servers(1).dead()) << map.ShortDebugString();
+  EXPECT_GT(map.epoch(), seen + 1);
 }
 
 TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {

@@ -85,6 +85,13 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     restored.generation = b.generation();
     restored.live_at_pass.assign(b.live_ranks().begin(), b.live_ranks().end());
   }
+  // Moves and hand-offs under way were planned by the scheduler that died:
+  // the lines that say they are done count them, and the time, from here.
+  cs->moves_planned_ = cs->map_.moves_size();
+  cs->handoffs_planned_ = cs->map_.handoffs_size();
+  cs->moves_since_ = cs->handoffs_since_ = now;
+  cs->moves_resumed_ = cs->moves_planned_ > 0;
+  cs->handoffs_resumed_ = cs->handoffs_planned_ > 0;
   // Servers report the epoch they serve with their next heartbeat.
   return cs;
 }
@@ -386,6 +393,18 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   }
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
+  if (request.applied_epoch() > map_.epoch()) {
+    // Restarted from a state written before the last maps it published (the
+    // write follows the lock): the nodes hold those epochs and ignore any
+    // not above theirs, so the epochs this scheduler would issue next, with
+    // other contents, must skip past them.
+    LOG(WARNING) << "scheduler: " << (node->role == SERVER ? "server " : "worker rank ") << node->rank
+                 << " serves shard map epoch " << request.applied_epoch() << ", past this scheduler's "
+                 << map_.epoch() << " (published before a restart, never saved); its map is epoch "
+                 << request.applied_epoch() + 1 << " now";
+    map_.set_epoch(request.applied_epoch() + 1);
+    Save();
+  }
   if (node->role == SERVER) {
     // Every report: copy moves wait for them, and a failover promotes a copy
     // that was reported synced.
@@ -618,7 +637,11 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
                          : absl::StrCat("in the place of the dead server at ", dead_address))
                << "; shard map epoch " << map_.epoch() << ": " << recreated
                << " missing copies go to it (its primaries send snapshots); "
-               << "backup copies move to it once it serves this epoch and its copies are synced";
+               << (EffectiveReplication(config_) > 1
+                       ? "backup copies move to it once it serves this epoch and its copies are synced"
+                       : "with replication 1 no partition has a backup copy to move or a primary to hand off, "
+                         "so it holds nothing (a job started with it, or with replication > 1, spreads the "
+                         "partitions)");
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);

@@ -290,6 +290,7 @@ class ClusterState {
   absl::Time joined_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time moves_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool moves_since_join_ ABSL_GUARDED_BY(mu_) = false;
+  bool moves_resumed_ ABSL_GUARDED_BY(mu_) = false;  // planned before a restart (Restore)
   int moves_planned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t moves_planned_total_ ABSL_GUARDED_BY(mu_) = 0;  // StatusResponse.copy_moves_planned
   // Hand-offs: when each under way was listed (a restarted scheduler counts
@@ -300,6 +301,7 @@ class ClusterState {
   absl::Time last_join_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time handoffs_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool handoffs_since_join_ ABSL_GUARDED_BY(mu_) = false;
+  bool handoffs_resumed_ ABSL_GUARDED_BY(mu_) = false;  // planned before a restart (Restore)
   // After hand-offs ended undrained, none is planned before this time.
   absl::Time handoffs_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int handoffs_planned_ ABSL_GUARDED_BY(mu_) = 0;

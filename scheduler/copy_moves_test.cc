@@ -9,6 +9,7 @@
 
 #include "common/protocol.h"
 #include "common/tensor_spec.h"
+#include "common/warning_lines_test_util.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/copy_moves.h"
 #include "scheduler/shard_assignment.h"
@@ -16,7 +17,9 @@
 namespace shardps {
 namespace {
 
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 // A map of partitions of `sizes` elements; `copies[i]` lists partition i's
@@ -384,6 +387,41 @@ TEST_F(CopyMovesTest, ARestartedSchedulerFinishesTheMovesItsStateHolds) {
   const ShardMap done = Map();
   EXPECT_THAT(done.moves(), IsEmpty());
   for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), SizeIs(1)) << p.ShortDebugString();
+}
+
+TEST_F(CopyMovesTest, ARestartedSchedulerSaysHowManyMovesItFinishedAndSinceWhen) {
+  // The moves it resumed are counted in the balanced line, timed from the
+  // restart: not "0 copy moves in inf".
+  StartMoves();
+  const int moving = Map().moves_size();
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  WarningLines log;
+  now_ += absl::Milliseconds(300);
+  Beat({0, 1, 2});
+  ASSERT_THAT(Map().moves(), IsEmpty());
+  EXPECT_THAT(log.Joined(), HasSubstr(absl::StrCat("servers balanced: ", moving,
+                                                   " copy moves in 300ms after the scheduler resumed them")));
+  EXPECT_THAT(log.Joined(), Not(HasSubstr("inf")));
+}
+
+TEST_F(CopyMovesTest, ARestartedSchedulerSaysThePrimariesAreBalancedOnceTheHandoffsItResumedAreDone) {
+  StartHandoffs();
+  const ShardMap listed = Map();
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  WarningLines log;
+  Beat({0, 1, 2});
+  now_ += absl::Milliseconds(200);
+  for (uint32_t from : {0u, 1u}) {
+    std::set<uint64_t> drained;
+    for (const Handoff& h : listed.handoffs()) {
+      if (h.from() == from) drained.insert(h.partition());
+    }
+    ReportDrained(static_cast<int>(from), drained);
+  }
+  ASSERT_THAT(Map().handoffs(), IsEmpty());
+  EXPECT_THAT(log.Joined(), HasSubstr(absl::StrCat("primaries balanced: ", listed.handoffs_size(), " of ",
+                                                   listed.handoffs_size(), " hand-offs made, 200ms after the "
+                                                   "scheduler resumed them")));
 }
 
 TEST_F(CopyMovesTest, ARestartedSchedulerPlansTheMovesForAJoinItDidNotSee) {

@@ -415,6 +415,17 @@ std::vector<PartitionUpdates> PartitionEngine::UpdateCounts() const {
   return out;
 }
 
+std::vector<PartitionUpdates> PartitionEngine::BackupUpdateCounts() const {
+  std::vector<PartitionUpdates> out;
+  for (const auto& [id, p] : partitions_) {
+    if (p->primary || !p->synced) continue;
+    PartitionUpdates u{id, p->completed, {}};
+    if (!RoundBased(config_)) u.applied_by_worker = p->applied_by;
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
 const float* PartitionEngine::weights(uint64_t partition_id) const {
   auto it = partitions_.find(partition_id);
   return it == partitions_.end() ? nullptr : it->second->weights->data();

@@ -193,6 +193,8 @@ class PartitionEngine {
   EngineQueues Queues() const;
   // One entry per partition this server is the primary of.
   std::vector<PartitionUpdates> UpdateCounts() const;
+  // One entry per synced backup copy held here: what it applied.
+  std::vector<PartitionUpdates> BackupUpdateCounts() const;
   // The `max` partitions of lowest id held here (primaries and backups), in
   // id order; `*held` (optional) receives how many are held in all. Walks
   // every partition: call at a low rate (metrics).

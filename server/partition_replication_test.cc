@@ -193,6 +193,28 @@ class ReplicationTest : public ReplicaPairTest {
   uint64_t replica_id_ = 1000;
 };
 
+TEST_F(ReplicationTest, ABackupReportsWhatItsCopyAppliedAsItsPrimaryDoes) {
+  // shardps local counts lost and duplicate updates from these: a partition
+  // whose hand-off switched as the job stopped (the old primary installed
+  // the switch, the new one was stopped first) has no primary to report it,
+  // and its synced backups hold the same counts.
+  Make(ASYNC);
+  Send(0, PUSH, 0, 0, {1, 1});
+  Send(0, PUSH, 1, 0, {1, 1});
+  Send(0, PUSH, 1, 0, {1, 1});
+  Deliver();
+  const std::vector<PartitionUpdates> primary = engines_[0]->UpdateCounts();
+  const std::vector<PartitionUpdates> backup = engines_[1]->BackupUpdateCounts();
+  ASSERT_EQ(primary.size(), 1u);
+  ASSERT_EQ(backup.size(), 1u);
+  EXPECT_THAT(engines_[0]->BackupUpdateCounts(), IsEmpty()) << "the primary holds no backup copy";
+  EXPECT_THAT(engines_[1]->UpdateCounts(), IsEmpty());
+  EXPECT_EQ(backup[0].partition, 5u);
+  EXPECT_EQ(backup[0].completed, primary[0].completed);
+  EXPECT_THAT(primary[0].applied_by_worker, ElementsAre(1, 2));
+  EXPECT_EQ(backup[0].applied_by_worker, primary[0].applied_by_worker);
+}
+
 TEST_F(ReplicationTest, CompressedRoundsReachTheBackupAsTheirPushesAndTheCopiesStayBitwiseEqual) {
   const int n = 4096;
   struct Case {

@@ -171,6 +171,7 @@ class ParameterServerImpl : public ParameterServer {
   void RequestStop() override { stop_.store(true); }
   std::string data_address() const override { return data_address_; }
   std::vector<PartitionUpdates> UpdateCounts() const override { return engine_->UpdateCounts(); }
+  std::vector<PartitionUpdates> BackupUpdateCounts() const override { return engine_->BackupUpdateCounts(); }
   EngineStats Stats() const override { return engine_->stats(); }
   uint32_t index() const override { return index_; }
 

@@ -67,6 +67,10 @@ class ParameterServer {
   // After Run(): what this server's primaries applied (lost/duplicate
   // update accounting).
   virtual std::vector<PartitionUpdates> UpdateCounts() const = 0;
+  // After Run(): what its synced backup copies applied (for a partition no
+  // server is primary of when the job stops: a hand-off whose switch the
+  // new primary had not installed yet).
+  virtual std::vector<PartitionUpdates> BackupUpdateCounts() const = 0;
   // After Run(): the engine's counts (staleness of the applied gradients
   // among them).
   virtual EngineStats Stats() const = 0;

@@ -335,16 +335,33 @@ TEST(FailureTest, AServerStartedWhileTheJobTrainsJoinsAsOneMoreAndTakesItsShareW
   EXPECT_THAT(grown.err, Not(HasSubstr("refus")));
 }
 
-TEST(FailureTest, AKilledWorkerRejoinsAJobWhoseClusterGrew) {
-  // The rejoining process defines its tensors again: it gets the grown
-  // cluster's map (three servers where the config says two) at once.
-  LocalRun run = RunLocal({"--servers", "2", "--workers", "2", "--train-limit", "9000", "--epochs", "2", "--set",
-                           "partition_bytes=65536", "--add-server", "20", "--replace", "--kill", "worker:1@80"});
+TEST(FailureTest, AWorkerKilledAfterAServerJoinedAsOneMoreRejoinsTheGrownJob) {
+  // The rejoining rank defines the tensors again with 3 servers registered
+  // of num_servers 2: it used to wait for exactly 2 until its rendezvous
+  // timed out, and the job failed.
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "3", "--train-limit", "9000", "--epochs", "2", "--set",
+                           "partition_bytes=65536", "--add-server", "20", "--replace", "--kill", "worker:2@25"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  EXPECT_THAT(run.err, HasSubstr("joins the running job as one more server"));
-  EXPECT_THAT(run.err, ContainsRegex("worker rank 1 \\(host [^)]*\\) rejoins the running job"));
+  EXPECT_THAT(run.err, ContainsRegex("server 2 \\(tcp://[^)]*\\) joins the running job as one more server"));
+  EXPECT_THAT(run.err, ContainsRegex("worker 2: rejoined at round [0-9]+: epoch [12], step"));
+  EXPECT_THAT(run.err, Not(HasSubstr("not all servers registered")));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
   EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
+TEST(FailureTest, AServerJoiningAJobWithoutBackupsIsToldItHoldsNothing) {
+  // Replication 1: copy moves move backups and hand-offs need a synced
+  // backup on the receiver, so the joined server gets no partition; the
+  // scheduler says so rather than promise moves, and the job is unchanged.
+  const std::vector<std::string> job = {"--servers", "1", "--workers", "2", "--train-limit", "9000", "--epochs",
+                                        "2", "--deterministic", "--set", "partition_bytes=65536"};
+  LocalRun grown = ExpectFaultsChangeNoWeight(job, {"--add-server", "20"});
+  if (grown.exit_code != 0) return;
+  EXPECT_THAT(grown.err, ContainsRegex("server 1 \\(tcp://[^)]*\\) joins the running job as one more server.*"
+                                       "with replication 1 no partition has a backup copy to move"));
+  EXPECT_THAT(grown.err, Not(HasSubstr("copy moves balance the servers")));
+  EXPECT_THAT(grown.err, Not(HasSubstr("primary hand-offs balance")));
 }
 
 // The replacement for server 1 holds primaries within one partition (16384

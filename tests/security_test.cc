@@ -27,6 +27,7 @@
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
+#include "common/warning_lines_test_util.h"
 #include "scheduler/scheduler.h"
 #include "tests/test_training.h"
 #include "tools/cluster_credentials.h"
@@ -39,27 +40,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// Collects the WARNING lines of this process's log.
-class WarningLines : public google::LogSink {
- public:
-  WarningLines() { google::AddLogSink(this); }
-  ~WarningLines() override { google::RemoveLogSink(this); }
-  void send(google::LogSeverity severity, const char*, const char*, int, const google::LogMessageTime&,
-            const char* message, size_t length) override {
-    if (severity != google::GLOG_WARNING) return;
-    absl::MutexLock lock(&mu_);
-    lines_.emplace_back(message, length);
-  }
-  std::string Joined() {
-    absl::MutexLock lock(&mu_);
-    return absl::StrJoin(lines_, "\n");
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
-};
 
 class SecurityTest : public ::testing::Test {
  protected:

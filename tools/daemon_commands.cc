@@ -220,7 +220,7 @@ int ServerCommand(const Args& args) {
   flags.String("info-file", &info_file, "once registered, write 'INDEX DATA_ADDRESS' here");
   flags.String("updates-file", &updates_file,
                "on exit, write per partition this server is the primary of: 'ID COMPLETED [APPLIED_BY_WORKER...]', "
-               "then 'staleness GRADIENTS SUM MAX' (rounds)");
+               "per synced backup copy the same after 'backup ', then 'staleness GRADIENTS SUM MAX' (rounds)");
   flags.Bool("verbose", &verbose, "log INFO messages");
   std::string metrics_listen;
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
@@ -266,6 +266,11 @@ int ServerCommand(const Args& args) {
     std::string text;
     for (const PartitionUpdates& u : (*server)->UpdateCounts()) {
       absl::StrAppend(&text, u.partition, " ", u.completed);
+      for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
+      text += "\n";
+    }
+    for (const PartitionUpdates& u : (*server)->BackupUpdateCounts()) {
+      absl::StrAppend(&text, "backup ", u.partition, " ", u.completed);
       for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
       text += "\n";
     }

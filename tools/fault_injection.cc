@@ -116,15 +116,22 @@ absl::Status FaultInjector::Tick(int64_t step, ClusterProcesses processes) {
       ++it;
       continue;
     }
-    FaultSpec f = *it;
-    it = plan_.erase(it);
-    if (f.when != When::kAtStep) f.step = step;
     size_t slot = 0;
-    if (f.role == FaultSpec::Role::kServer) {
-      auto found = processes.server_slot(f.index);
+    if (it->role == FaultSpec::Role::kServer) {
+      auto found = processes.server_slot(it->index);
+      // A server started by --add-server (or a replacement) that has not
+      // registered yet: its kill waits until it has an index to kill. One
+      // that never registers is reported as a kill that never happened.
+      if (absl::IsNotFound(found.status())) {
+        ++it;
+        continue;
+      }
       if (!found.ok()) return found.status();
       slot = *found;
     }
+    FaultSpec f = *it;
+    it = plan_.erase(it);
+    if (f.when != When::kAtStep) f.step = step;
     Kill(f.role == FaultSpec::Role::kWorker ? processes.workers[f.index] : processes.daemons[slot]);
     records_.push_back(FaultRecord{f});
     injected_.push_back(Injected{records_.size() - 1, now});

@@ -2,6 +2,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+
+#include "common/scheduler_client.h"
+#include "tools/process.h"
 
 namespace shardps {
 namespace {
@@ -55,6 +59,37 @@ TEST(FaultSpecTest, JsonReportsUnseenMeasurementsAsNull) {
   EXPECT_EQ(FaultsJson({r}),
             "[{\"role\": \"worker\", \"index\": 2, \"step\": 600, \"detected_seconds\": 2.500, "
             "\"recovered_seconds\": null}]");
+}
+
+TEST(FaultInjectorTest, AKillOfAServerNotRegisteredYetWaitsForItsIndex) {
+  // --add-server 20 --kill server:2@21: at step 21 the added process may not
+  // have registered yet. The kill waits for index 2 rather than failing the
+  // job ("no server process reported index 2"), then lands on it.
+  auto plan = ParseFaultSpec("server:2@21", 3, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto client = SchedulerClient::Create("127.0.0.1:1");  // nothing answers: measurements stay unseen
+  ASSERT_TRUE(client.ok()) << client.status();
+  FaultInjector injector({*plan}, std::move(*client), absl::Seconds(2), [] { return ChildProcess{}; });
+  auto added = Spawn("server 2", {"/bin/sleep", "30"}, SpawnOptions{});
+  ASSERT_TRUE(added.ok()) << added.status();
+  std::vector<ChildProcess> daemons = {ChildProcess{"scheduler"}, ChildProcess{"server 0"}, ChildProcess{"server 1"},
+                                       *added};
+  std::vector<ChildProcess> workers;
+  bool registered = false;
+  auto slot = [&registered](int index) -> absl::StatusOr<size_t> {
+    if (index == 2 && registered) return 3;
+    return absl::NotFoundError(absl::StrCat("no server process reported index ", index));
+  };
+  ASSERT_TRUE(injector.Tick(21, {daemons, workers, slot}).ok());
+  EXPECT_THAT(injector.records(), ::testing::IsEmpty());
+  EXPECT_THAT(injector.pending(), ::testing::SizeIs(1));
+  registered = true;
+  ASSERT_TRUE(injector.Tick(22, {daemons, workers, slot}).ok());
+  ASSERT_THAT(injector.records(), ::testing::SizeIs(1));
+  EXPECT_EQ(injector.records()[0].spec.index, 2);
+  EXPECT_THAT(injector.pending(), ::testing::IsEmpty());
+  EXPECT_FALSE(daemons[3].running()) << "killed and reaped";
+  EXPECT_NE(kill(added->pid, 0), 0) << "the process is gone";
 }
 
 TEST(AccountUpdatesTest, SyncComparesRoundsCompletedWithRoundsAcknowledged) {

@@ -141,18 +141,33 @@ struct Outcome {
   UpdateAccounting updates;
 };
 
-// The surviving servers' --updates-file lines: ID COMPLETED [APPLIED_BY...].
-std::map<uint64_t, PartitionApplied> ReadApplied(const std::string& path) {
+// The surviving servers' --updates-file lines: ID COMPLETED [APPLIED_BY...]
+// for primaries, "backup ID COMPLETED [APPLIED_BY...]" for synced backup
+// copies (into `backups`, when given: per partition, the copy that applied
+// the most).
+std::map<uint64_t, PartitionApplied> ReadApplied(const std::string& path,
+                                                 std::map<uint64_t, PartitionApplied>* backups = nullptr) {
   std::map<uint64_t, PartitionApplied> out;
   std::ifstream in(path);
   std::string line;
+  auto total = [](const PartitionApplied& a) {
+    uint64_t sum = a.completed;
+    for (uint64_t n : a.applied_by_worker) sum += n;
+    return sum;
+  };
   while (std::getline(in, line)) {
-    std::istringstream fields(line);
+    const bool backup = absl::StartsWith(line, "backup ");
+    std::istringstream fields(backup ? line.substr(7) : line);
     uint64_t id;
     PartitionApplied a;
     if (!(fields >> id >> a.completed)) continue;
     for (uint64_t n; fields >> n;) a.applied_by_worker.push_back(n);
-    out[id] = std::move(a);
+    if (!backup) {
+      out[id] = std::move(a);
+    } else if (backups != nullptr) {
+      auto [it, inserted] = backups->try_emplace(id, a);
+      if (!inserted && total(a) > total(it->second)) it->second = std::move(a);
+    }
   }
   return out;
 }
@@ -207,11 +222,15 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
     }
   }
   // Each partition is reported by the server that is its primary at the end.
-  std::map<uint64_t, PartitionApplied> applied;
+  // One that none is (a hand-off switched as the job stopped: the old
+  // primary installed the switch, the new one was stopped before it) by the
+  // backup copy that applied the most: its state is the partition's.
+  std::map<uint64_t, PartitionApplied> applied, backups;
   for (int i = 0; i < spawned_servers; ++i) {
-    applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i)));
+    applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i), &backups));
     ReadStaleness(absl::StrCat(dir, "/updates.", i), &out.staleness);
   }
+  applied.merge(backups);  // keeps every primary's report
   out.updates = AccountUpdates(!RoundBased(config), applied, acked);
   return out;
 }
