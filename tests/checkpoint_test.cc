@@ -185,6 +185,10 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
   ASSERT_EQ(JsonString(a, "weights_sha256").size(), 64u) << a;
   EXPECT_EQ(JsonString(b, "weights_sha256"), JsonString(a, "weights_sha256")) << a << "\n" << b;
   EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(400 - point->round));
+  // The servers began at the checkpoint's round: those rounds are neither
+  // lost nor applied twice.
+  EXPECT_EQ(JsonString(b, "lost_updates"), "0") << b;
+  EXPECT_EQ(JsonString(b, "duplicate_updates"), "0") << b;
 }
 
 TEST_F(CheckpointTest, AnAsyncCheckpointHoldsEachPartitionAtItsVersionAndAJobResumesFromIt) {

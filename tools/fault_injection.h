@@ -127,8 +127,12 @@ struct PartitionApplied {
 struct UpdateAccounting {
   uint64_t lost = 0, duplicates = 0;
 };
+// `restored_rounds`: sync rounds a restored job's servers began with
+// (checkpoint.restore_round), completed before any worker of this run
+// pushed.
 UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionApplied>& applied,
-                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker);
+                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker,
+                                uint64_t restored_rounds = 0);
 
 // `"faults": [...]`-ready JSON array of the records.
 std::string FaultsJson(const std::vector<FaultRecord>& records);

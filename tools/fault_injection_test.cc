@@ -105,6 +105,15 @@ TEST(AccountUpdatesTest, SyncComparesRoundsCompletedWithRoundsAcknowledged) {
   EXPECT_EQ(clean.lost + clean.duplicates, 0u);
 }
 
+TEST(AccountUpdatesTest, SyncCountsOnlyTheRoundsPastARestore) {
+  // Restored at round 150, 250 rounds more: each worker saw 250 acknowledged.
+  const std::map<uint64_t, PartitionApplied> applied = {{0, {400, {}}}, {1, {400, {}}}};
+  const UpdateAccounting resumed = AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}, 150);
+  EXPECT_EQ(resumed.lost + resumed.duplicates, 0u) << "the restored rounds are no duplicates";
+  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}).duplicates, 300u) << "before";
+  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 251}, {1, 250}}}}, 150).lost, 1u);
+}
+
 TEST(AccountUpdatesTest, AsyncComparesEachWorkersPushes) {
   std::map<uint64_t, PartitionApplied> applied = {{0, {7, {3, 4}}}};
   UpdateAccounting a = AccountUpdates(true, applied, {{0, {{0, 3}}}, {1, {{0, 5}}}});

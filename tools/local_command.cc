@@ -231,7 +231,8 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
     ReadStaleness(absl::StrCat(dir, "/updates.", i), &out.staleness);
   }
   applied.merge(backups);  // keeps every primary's report
-  out.updates = AccountUpdates(!RoundBased(config), applied, acked);
+  out.updates = AccountUpdates(!RoundBased(config), applied, acked,
+                               RoundBased(config) ? config.checkpoint().restore_round() : 0);
   return out;
 }
 
