@@ -364,23 +364,6 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
                    : " was declared dead after missing its heartbeats and is no longer a member of the job"));
   }
   node->last_seen = clock_();
-  if (request.leaving() && node->role == SERVER && tensors_.empty()) {
-    // Before the job has partitions nothing fails over: the place is free
-    // at once, for the same server started again or another.
-    node->dead = true;
-    node->left = true;
-    map_.set_epoch(map_.epoch() + 1);
-    if (ServerInfo* info = MapServer(node->rank)) {
-      info->set_dead(true);
-      info->set_dead_reason("it was stopped before the job defined its tensors");
-    }
-    Save();
-    LOG(WARNING) << "server " << node->rank << " (" << node->address << ") stopped before the job defined its "
-                 << "tensors; a server may take its place";
-    HeartbeatResponse response;
-    response.set_epoch(map_.epoch());
-    return response;
-  }
   if (request.leaving()) {
     if (node->role == WORKER) {
       Leave(*node);
@@ -504,6 +487,15 @@ void ClusterState::ServerLeaves(Node& node) {
   node.dead = true;
   node.left = true;
   map_.set_epoch(map_.epoch() + 1);
+  if (tensors_.empty()) {
+    // Before the job has partitions nothing fails over: the place is free
+    // at once, for the same server started again or another.
+    RemoveServer(node.rank, "it was stopped before the job defined its tensors");
+    Save();
+    LOG(WARNING) << "server " << node.rank << " (" << node.address << ") stopped before the job defined its "
+                 << "tensors; a server may take its place";
+    return;
+  }
   if (static_cast<size_t>(map_.left_workers_size()) >= config_.num_workers()) {
     // The job is over (every worker left): the servers stop together, and
     // failing each over to the others, which are stopping too, helps no one.
@@ -887,17 +879,19 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
         "checkpoint: no server has reported a completed round yet, so where training is is unknown; ask again "
         "once it has run for a few heartbeat intervals");
   }
-  uint64_t round = RoundPastServers(/*for_rejoin=*/false);
-  if (config_.consistency() == ASYNC) {
-    // Each primary writes at once, at its partitions' versions; the round
-    // labels the checkpoint: the most steps a live worker reported (where
-    // a restored job's workers resume), after any label asked for before.
+  // Async: each primary writes at once, at its partitions' versions; the
+  // round labels the checkpoint: the most steps a live worker reported
+  // (where a restored job's workers resume), after any label asked for
+  // before.
+  auto async_label = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint64_t steps = 0;
     for (const auto& [rank, node] : workers_) {
       if (!node.dead) steps = std::max<uint64_t>(steps, node.counters.steps());
     }
-    round = std::max<uint64_t>({steps, map_.checkpoint().round() + 1, 1});
-  }
+    return std::max<uint64_t>({steps, map_.checkpoint().round() + 1, 1});
+  };
+  const uint64_t round =
+      config_.consistency() == ASYNC ? async_label() : RoundPastServers(/*for_rejoin=*/false);
   map_.set_epoch(map_.epoch() + 1);
   map_.mutable_checkpoint()->set_dir(dir);
   map_.mutable_checkpoint()->set_round(round);

@@ -126,7 +126,7 @@ class ClusterState {
     double round_rate = 0;
     double peak_rate = 0;  // the highest round_rate seen
     bool joined_running_job = false;  // servers: in a dead one's place or as one more (JoinRunningJob)
-    CheckpointFailure checkpoint_failure;  // servers: the last they reported (HeartbeatRequest)
+    CheckpointFailure checkpoint_failure{};  // servers: the last they reported (HeartbeatRequest)
     // The counters of the last heartbeat that carried them and when it came;
     // the earlier report rates are measured from, and those rates.
     NodeCounters counters{};
@@ -170,8 +170,9 @@ class ClusterState {
   // partitions failed over now rather than after heartbeat_timeout_ms, so a
   // rolling restart stalls no round for the timeout and a server started
   // again at its address takes its place at once. Not counted as declared
-  // dead. Once every worker has left (the job is over; not when they were
-  // declared dead, as they may be started again) nothing fails over.
+  // dead. Before the tensors are defined its place is simply free; once every
+  // worker has left (the job is over; not when they were declared dead, as
+  // they may be started again) nothing fails over.
   // Logs what it did.
   void ServerLeaves(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks server `index` dead in the map with `reason` (what workers report

@@ -48,23 +48,44 @@ bool AnIdleServer(const std::map<uint32_t, uint64_t>& loads) {
   return idle && busy;
 }
 
+// (load, server) pairs.
+using Loads = std::vector<std::pair<uint64_t, uint32_t>>;
+
+// The step that gives `receiver` (holding `receiver_load`) a partition from
+// the first of `donors` (heaviest first) with an eligible one that narrows
+// their gap; of donors as loaded as that one, the largest such partition.
+std::optional<Step> StepTo(const ShardMap& planned, const std::set<uint64_t>& fixed, const Eligible& eligible,
+                           const Loads& donors, uint32_t receiver, uint64_t receiver_load) {
+  std::optional<Step> step;
+  uint64_t step_load = 0;
+  for (const auto& [load, donor] : donors) {
+    if (load <= receiver_load || (step && load < step_load)) break;
+    std::optional<int> i = BestPartition(planned, fixed, eligible, donor, receiver, load - receiver_load);
+    if (!i) continue;
+    if (!step || planned.partitions(*i).num_elements() > planned.partitions(step->index).num_elements()) {
+      step = Step{*i, donor, receiver};
+      step_load = load;
+    }
+  }
+  return step;
+}
+
 // Both plans: while some server of `loads` is more than one partition's size
 // from the mean, or has nothing at all (one partition larger than the mean
 // share would leave a server that joined without a copy), the least loaded
 // server that can take one takes, from the most loaded one that has such a
 // partition, the largest eligible one whose move narrows the gap between the
-// two; `apply`
-// changes `planned` accordingly. Every step lowers the sum of squared loads,
-// so the plan ends (and no later plan undoes it). A partition moves at most
-// once.
+// two; `apply` changes `planned` accordingly. Every step lowers the sum of
+// squared loads, so the plan ends (and no later plan undoes it). A partition
+// moves at most once.
 using ApplyStep = std::function<void(PartitionInfo& p, const Step& step)>;
 std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t> loads, std::set<uint64_t> fixed,
                                   const Eligible& eligible, const ApplyStep& apply) {
   std::vector<Step> steps;
   while (!LoadsBalanced(planned, loads) || AnIdleServer(loads)) {
-    // (load, server): receivers lightest first, donors heaviest first, ties
-    // to the lower index.
-    std::vector<std::pair<uint64_t, uint32_t>> receivers, donors;
+    // Receivers lightest first, donors heaviest first, ties to the lower
+    // index.
+    Loads receivers, donors;
     for (const auto& [s, load] : loads) receivers.emplace_back(load, s);
     donors = receivers;
     std::sort(receivers.begin(), receivers.end());
@@ -75,19 +96,7 @@ std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t
     // copies of everything the heavier ones could give).
     std::optional<Step> step;
     for (const auto& [receiver_load, receiver] : receivers) {
-      // The first donor that has such a partition; among donors as loaded
-      // as it, the one whose partition is largest.
-      uint64_t step_load = 0;
-      for (const auto& [load, donor] : donors) {
-        if (load <= receiver_load || (step && load < step_load)) break;
-        std::optional<int> i = BestPartition(planned, fixed, eligible, donor, receiver, load - receiver_load);
-        if (!i) continue;
-        if (!step || planned.partitions(*i).num_elements() > planned.partitions(step->index).num_elements()) {
-          step = Step{*i, donor, receiver};
-          step_load = load;
-        }
-      }
-      if (step) break;
+      if ((step = StepTo(planned, fixed, eligible, donors, receiver, receiver_load))) break;
     }
     if (!step) break;  // nothing can narrow a gap: as balanced as these steps get
     PartitionInfo& p = *planned.mutable_partitions(step->index);

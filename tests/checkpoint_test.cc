@@ -132,6 +132,24 @@ class CheckpointTest : public ::testing::Test {
     return round_dir;
   }
 
+  // Runs the `shardps local` job `job` (*running), asks `shardps checkpoint`
+  // into `ckpt` once rank 0 made 60 steps, waits for both to end well, and
+  // sets *point to the checkpoint's restore point.
+  void CheckpointMidTraining(const std::vector<std::string>& job, const std::string& ckpt, LocalJob* running,
+                             RestorePoint* point) {
+    *running = Start(dir_, "running", job);
+    const std::string address = SchedulerAfterSixtySteps(*running);
+    ASSERT_FALSE(address.empty()) << Slurp(running->err_path);
+    LocalJob asked =
+        Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
+    ASSERT_EQ(Wait(asked), 0) << Slurp(asked.err_path) << Slurp(running->err_path);
+    EXPECT_THAT(Slurp(asked.out_path), HasSubstr("complete"));
+    ASSERT_EQ(Wait(*running), 0) << Slurp(running->err_path);
+    auto found = FindRestorePoint(ckpt);
+    ASSERT_TRUE(found.ok()) << found.status();
+    *point = *found;
+  }
+
   std::string dir_;
 };
 
@@ -165,26 +183,19 @@ TEST_F(CheckpointTest, ACheckpointAskedForMidTrainingResumesToBitwiseTheUninterr
   // 400 rounds; heartbeats every 0.1 s, so the scheduler knows each server's
   // round and pace, and places the checkpoint a few dozen rounds ahead.
   std::vector<std::string> job = {"--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
-  LocalJob running = Start(dir_, "running", job);
-  const std::string address = SchedulerAfterSixtySteps(running);
-  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
   const std::string ckpt = dir_ + "/asked";
-  LocalJob asked =
-      Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
-  ASSERT_EQ(Wait(asked), 0) << Slurp(asked.err_path) << Slurp(running.err_path);
-  EXPECT_THAT(Slurp(asked.out_path), HasSubstr("complete"));
-  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
-  auto point = FindRestorePoint(ckpt);
-  ASSERT_TRUE(point.ok()) << point.status();
-  EXPECT_GT(point->round, 0u);
-  EXPECT_LT(point->round, 400u);
+  LocalJob running;
+  RestorePoint point;
+  ASSERT_NO_FATAL_FAILURE(CheckpointMidTraining(job, ckpt, &running, &point));
+  EXPECT_GT(point.round, 0u);
+  EXPECT_LT(point.round, 400u);
   job.insert(job.end(), {"--resume", ckpt});
   LocalJob resumed = Start(dir_, "resumed", job);
   ASSERT_EQ(Wait(resumed), 0) << Slurp(resumed.err_path);
   const std::string a = Slurp(running.out_path), b = Slurp(resumed.out_path);
   ASSERT_EQ(JsonString(a, "weights_sha256").size(), 64u) << a;
   EXPECT_EQ(JsonString(b, "weights_sha256"), JsonString(a, "weights_sha256")) << a << "\n" << b;
-  EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(400 - point->round));
+  EXPECT_EQ(JsonString(b, "steps"), absl::StrCat(400 - point.round));
   // The servers began at the checkpoint's round: those rounds are neither
   // lost nor applied twice.
   EXPECT_EQ(JsonString(b, "lost_updates"), "0") << b;
@@ -197,19 +208,13 @@ TEST_F(CheckpointTest, AnAsyncCheckpointHoldsEachPartitionAtItsVersionAndAJobRes
   // labelled with the workers' steps, where a restored job resumes.
   std::vector<std::string> job = {"--consistency", "async", "--deterministic=false", "--train-limit", "12800",
                                   "--set", "heartbeat_interval_ms=100"};
-  LocalJob running = Start(dir_, "running", job);
-  const std::string address = SchedulerAfterSixtySteps(running);
-  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
   const std::string ckpt = dir_ + "/async";
-  LocalJob asked =
-      Spawn({SHARDPS_BINARY, "checkpoint", "--scheduler", address, "--dir", ckpt, "--wait", "60"}, dir_, "asked");
-  ASSERT_EQ(Wait(asked), 0) << Slurp(asked.err_path) << Slurp(running.err_path);
-  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
-  auto point = FindRestorePoint(ckpt);
-  ASSERT_TRUE(point.ok()) << point.status();
-  EXPECT_GE(point->round, 20u) << "labelled with the workers' steps (as last reported)";
-  EXPECT_LT(point->round, 400u);
-  const std::string round_dir = CheckpointRoundDir(ckpt, point->round);
+  LocalJob running;
+  RestorePoint point;
+  ASSERT_NO_FATAL_FAILURE(CheckpointMidTraining(job, ckpt, &running, &point));
+  EXPECT_GE(point.round, 20u) << "labelled with the workers' steps (as last reported)";
+  EXPECT_LT(point.round, 400u);
+  const std::string round_dir = CheckpointRoundDir(ckpt, point.round);
   for (uint64_t id = 0; id < 6; ++id) {  // the MLP's six tensors, one partition each
     auto state = LoadPartitionCheckpoint(round_dir, id);
     ASSERT_TRUE(state.ok()) << state.status();

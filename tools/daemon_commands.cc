@@ -264,16 +264,15 @@ int ServerCommand(const Args& args) {
   if (!s.ok()) return Fail("server", s);
   if (!updates_file.empty()) {
     std::string text;
-    for (const PartitionUpdates& u : (*server)->UpdateCounts()) {
-      absl::StrAppend(&text, u.partition, " ", u.completed);
-      for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
-      text += "\n";
-    }
-    for (const PartitionUpdates& u : (*server)->BackupUpdateCounts()) {
-      absl::StrAppend(&text, "backup ", u.partition, " ", u.completed);
-      for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
-      text += "\n";
-    }
+    auto lines = [&text](absl::string_view prefix, const std::vector<PartitionUpdates>& updates) {
+      for (const PartitionUpdates& u : updates) {
+        absl::StrAppend(&text, prefix, u.partition, " ", u.completed);
+        for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
+        text += "\n";
+      }
+    };
+    lines("", (*server)->UpdateCounts());
+    lines("backup ", (*server)->BackupUpdateCounts());
     const EngineStats stats = (*server)->Stats();
     absl::StrAppendFormat(&text, "staleness %d %.17g %.17g\n", stats.stale_gradients, stats.staleness_sum,
                           stats.staleness_max);

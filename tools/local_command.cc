@@ -334,6 +334,16 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (!worker.ok()) return fail(worker.status());
     workers.push_back(*worker);
   }
+  // One more server process, numbered after those spawned so far (its report
+  // files), named `why` in the launcher's messages.
+  auto spawn_server = [&](const std::string& why) -> absl::Status {
+    const int n = spawned_servers;
+    auto numbered = [&](int) { return reports(n); };
+    if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
+    daemons.back().name = absl::StrCat("server ", n, " (", why, ")");
+    ++spawned_servers;
+    return absl::OkStatus();
+  };
   // --add-server: one more server process when worker 0 reaches each step;
   // it registers while the job trains and joins it as one more server.
   size_t added = 0;
@@ -341,13 +351,9 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (added == o.add_at.size()) return absl::OkStatus();
     const int64_t step = ReadProgress(dir + "/progress.0");
     for (; added < o.add_at.size() && step >= o.add_at[added]; ++added) {
-      const int n = spawned_servers;
-      std::cerr << "shardps local: worker 0 reached step " << step << "; starting server process " << n
-                << " (it joins the running job)\n";
-      auto numbered = [&](int) { return reports(n); };
-      if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
-      daemons.back().name = absl::StrCat("server ", n, " (added at step ", o.add_at[added], ")");
-      ++spawned_servers;
+      std::cerr << "shardps local: worker 0 reached step " << step << "; starting server process "
+                << spawned_servers << " (it joins the running job)\n";
+      if (absl::Status s = spawn_server(absl::StrCat("added at step ", o.add_at[added])); !s.ok()) return s;
     }
     return absl::OkStatus();
   };
@@ -371,11 +377,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
         rejoined.insert(r.spec.index);
         continue;
       }
-      const int n = spawned_servers;
-      auto numbered = [&](int) { return reports(n); };
-      if (absl::Status s = SpawnServers(*address, 1, o.verbose, numbered, daemons); !s.ok()) return s;
-      daemons.back().name = absl::StrCat("server ", n, " (replacing server ", r.spec.index, ")");
-      ++spawned_servers;
+      if (absl::Status s = spawn_server(absl::StrCat("replacing server ", r.spec.index)); !s.ok()) return s;
     }
     return absl::OkStatus();
   };

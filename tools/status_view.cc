@@ -49,12 +49,13 @@ std::string StatusTable(const StatusResponse& status) {
     else if (n.declared_dead()) ++dead;
     else if (n.alive()) ++alive;
   }
+  // More than num_servers where servers joined the running job.
+  const size_t servers = std::max<size_t>(c.num_servers(), status.shard_map().servers_size());
   std::string out = absl::StrFormat(
       "cluster: %s, %d servers, %d workers, shard map epoch %d, %d partitions; %d nodes alive, %d dead%s\n",
-      ConsistencyName(c.consistency()), std::max<int>(c.num_servers(), status.shard_map().servers_size()),
-      c.num_workers(), epoch,
-      status.shard_map().partitions_size(), alive, dead, left > 0 ? absl::StrFormat(", %d left", left) : "");
-  std::vector<uint64_t> bytes(std::max<size_t>(c.num_servers(), status.shard_map().servers_size()), 0);
+      ConsistencyName(c.consistency()), servers, c.num_workers(), epoch, status.shard_map().partitions_size(), alive,
+      dead, left > 0 ? absl::StrFormat(", %d left", left) : "");
+  std::vector<uint64_t> bytes(servers, 0);
   for (const PartitionInfo& p : status.shard_map().partitions()) {
     if (p.server() < bytes.size()) bytes[p.server()] += p.num_elements() * 4;
   }

@@ -41,31 +41,34 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
 
 DataChannel::DataChannel(zmq::context_t context, uint32_t rank) : context_(std::move(context)), rank_(rank) {}
 
-absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
-  size_t index;
-  {
-    absl::MutexLock lock(&mu_);
-    index = addresses_.size();
+absl::StatusOr<PeerSeal*> DataChannel::Secure(zmq::socket_t& socket, size_t server, const ServerEndpoint& endpoint) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", endpoint.address, "': ", why));
+  };
+  if (endpoint.curve_public_key.empty()) return nullptr;
+  if (endpoint.sealed) {
+    auto seal = SealFor(endpoint);
+    if (!seal.ok()) return bad(seal.status().message());
+    // A plain socket (unsetting the CURVE server flag drops any CURVE).
+    socket.set(zmq::sockopt::curve_server, false);
+    return *seal;
   }
+  // Without this worker's own keys (security off), a fresh pair.
+  if (absl::Status s = MakeCurveClient(socket, endpoint.curve_public_key, seals_ != nullptr ? &seals_->own() : nullptr);
+      !s.ok()) {
+    return bad(s.message());
+  }
+  return nullptr;
+}
+
+absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
+  const size_t index = servers_.size();
   zmq::socket_t s(context_, zmq::socket_type::dealer);
   s.set(zmq::sockopt::sndhwm, 0);
   s.set(zmq::sockopt::rcvhwm, 0);
   s.set(zmq::sockopt::linger, 0);
-  PeerSeal* seal = nullptr;
-  if (endpoint.sealed && !endpoint.curve_public_key.empty()) {
-    auto made = SealFor(endpoint);
-    if (!made.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("server ", index, " at '", endpoint.address, "': ", made.status().message()));
-    }
-    seal = *made;
-  } else if (!endpoint.curve_public_key.empty()) {
-    // Without this worker's own keys (security off), a fresh pair.
-    if (absl::Status st = MakeCurveClient(s, endpoint.curve_public_key, seals_ != nullptr ? &seals_->own() : nullptr);
-        !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("server ", index, " at '", endpoint.address, "': ", st.message()));
-    }
-  }
+  absl::StatusOr<PeerSeal*> seal = Secure(s, index, endpoint);
+  if (!seal.ok()) return seal.status();
   try {
     s.connect(endpoint.address);
   } catch (const zmq::error_t& e) {
@@ -74,7 +77,7 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   }
   const int fd = s.get(zmq::sockopt::fd);
   servers_.push_back(std::move(s));
-  seal_of_server_.push_back(seal);
+  seal_of_server_.push_back(*seal);
   absl::MutexLock lock(&mu_);
   addresses_.push_back(endpoint.address);
   server_keys_.push_back(endpoint.curve_public_key);
@@ -141,15 +144,12 @@ void DataChannel::FailAll(const absl::Status& status) {
 absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpoint) {
   const std::string& address = endpoint.address;
   absl::MutexLock io_lock(&io_mu_);
-  std::string old;
-  {
-    absl::MutexLock lock(&mu_);
-    if (server > addresses_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': the data channel has ",
-                                                     addresses_.size(), " servers and adds them in index order"));
-    }
+  if (server > servers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': the data channel has ",
+                                                   servers_.size(), " servers and adds them in index order"));
   }
   if (server == servers_.size()) return AddServer(endpoint);  // one more server joined the job
+  std::string old;
   {
     absl::MutexLock lock(&mu_);
     if (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key) {
@@ -160,34 +160,18 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
     }
     old = addresses_[server];
   }
-  // What can fail comes before the old connection goes.
-  PeerSeal* seal = nullptr;
-  if (endpoint.sealed && !endpoint.curve_public_key.empty()) {
-    auto made = SealFor(endpoint);
-    if (!made.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': ", made.status().message()));
-    }
-    seal = *made;
-  }
+  // What can fail comes before the old connection goes; the socket options
+  // apply to the connection made next.
+  absl::StatusOr<PeerSeal*> seal = Secure(servers_[server], server, endpoint);
+  if (!seal.ok()) return seal.status();
   Disconnect(server, old);
   try {
-    // Applies to the connection made next (the old one is gone). Sealed:
-    // a plain socket (unsetting the CURVE server flag drops any CURVE).
-    if (seal != nullptr) {
-      servers_[server].set(zmq::sockopt::curve_server, false);
-    } else if (!endpoint.curve_public_key.empty()) {
-      if (absl::Status s = MakeCurveClient(servers_[server], endpoint.curve_public_key,
-                                           seals_ != nullptr ? &seals_->own() : nullptr);
-          !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("server ", server, " at '", address, "': ", s.message()));
-      }
-    }
     servers_[server].connect(address);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", server, " at '", address,
                                                    "': ", e.what()));
   }
-  seal_of_server_[server] = seal;
+  seal_of_server_[server] = *seal;
   absl::MutexLock lock(&mu_);
   addresses_[server] = address;
   server_keys_[server] = endpoint.curve_public_key;
@@ -285,24 +269,22 @@ void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* 
 
 int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch,
                          absl::Span<const uint32_t> replaced) {
-  return Resend(epoch, [&primary_of, replaced](const Pending& p) -> std::optional<uint32_t> {
-    if (auto it = primary_of.find(p.partition); it != primary_of.end() && it->second != p.server) return it->second;
-    if (absl::c_linear_search(replaced, p.server)) return p.server;
-    return std::nullopt;
-  });
-}
-
-int DataChannel::Resend(uint64_t epoch, absl::FunctionRef<std::optional<uint32_t>(const Pending&)> target) {
   int resent = 0;
   {
     absl::MutexLock io_lock(&io_mu_);
     absl::MutexLock lock(&mu_);
-    // In request-id order, as first sent: the new primary takes a push whose
-    // id is not above the last it applied from this worker for a retry.
-    std::vector<std::pair<uint64_t, uint32_t>> to;
+    // Each request once, in request-id order, as first sent: the new primary
+    // takes a push whose id is not above the last it applied from this
+    // worker for a retry.
+    std::vector<std::pair<uint64_t, uint32_t>> to;  // (request id, server)
     for (const auto& [id, p] : pending_) {
-      std::optional<uint32_t> server = target(p);
-      if (server && *server < servers_.size()) to.emplace_back(id, *server);
+      uint32_t server = p.server;
+      if (auto it = primary_of.find(p.partition); it != primary_of.end() && it->second != p.server) {
+        server = it->second;
+      } else if (!absl::c_linear_search(replaced, p.server)) {
+        continue;
+      }
+      if (server < servers_.size()) to.emplace_back(id, server);
     }
     std::sort(to.begin(), to.end());
     for (const auto& [id, server] : to) {

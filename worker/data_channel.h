@@ -26,7 +26,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/container/node_hash_map.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -158,16 +157,17 @@ class DataChannel {
   };
   // The seal toward a sealed server; an error when this worker has no keys.
   absl::StatusOr<PeerSeal*> SealFor(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Sets `socket` up to reach `endpoint` (server index `server`, for
+  // errors): a CURVE client with its key, or plain where it is sealed or
+  // plain. Returns the seal toward a sealed server, else null.
+  absl::StatusOr<PeerSeal*> Secure(zmq::socket_t& socket, size_t server, const ServerEndpoint& endpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Opens the socket of server index servers() (one more server) and
   // connects it to `endpoint`.
   absl::Status AddServer(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Ends `server`'s socket's connection to `address` (and what its pipe
   // holds); one already gone is no error.
   void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  // Sends again each waiting request `target` gives a server (in request-id
-  // order), moving it there. Returns how many.
-  int Resend(uint64_t epoch, absl::FunctionRef<std::optional<uint32_t>(const Pending&)> target)
-      ABSL_LOCKS_EXCLUDED(io_mu_, mu_);
   // Sends one request (header, then its payload if any) on `server`'s socket.
   void SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);

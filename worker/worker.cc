@@ -603,20 +603,12 @@ class WorkerImpl : public Worker {
         absl::MutexLock lock(&mu_);
         older = map.epoch() < epoch_;
       }
-      // What is queued for a dead server goes before the routes change, with
-      // send_mu_ held: a request submitted after the drop but built with the
-      // old routes would wait in the new connection's queue for a
-      // replacement at the dead server's address, behind its own re-sent and
-      // answered copy, and be sent from a buffer its caller reused. The same
-      // holds for a server replaced in maps this worker skipped (the map
-      // declaring it dead among them): another process at its index, perhaps
-      // at its address, gets none of the old one's queue, and what waits for
-      // it is sent to the new one below.
       // Servers that joined the job as more than it had: connected before
       // any route can name them, in index order.
       std::vector<const ServerInfo*> joined;
+      const size_t known_servers = channel->servers();
       for (const ServerInfo& s : map.servers()) {
-        if (s.index() >= channel->servers()) joined.push_back(&s);
+        if (s.index() >= known_servers) joined.push_back(&s);
       }
       std::sort(joined.begin(), joined.end(), [](auto* a, auto* b) { return a->index() < b->index(); });
       for (const ServerInfo* s : joined) {
@@ -628,6 +620,15 @@ class WorkerImpl : public Worker {
                     << ") joined the job at shard map epoch " << map.epoch();
         }
       }
+      // What is queued for a dead server goes before the routes change, with
+      // send_mu_ held: a request submitted after the drop but built with the
+      // old routes would wait in the new connection's queue for a
+      // replacement at the dead server's address, behind its own re-sent and
+      // answered copy, and be sent from a buffer its caller reused. The same
+      // holds for a server replaced in maps this worker skipped (the map
+      // declaring it dead among them): another process at its index, perhaps
+      // at its address, gets none of the old one's queue, and what waits for
+      // it is sent to the new one below.
       std::vector<uint32_t> replaced;
       for (const ServerInfo& s : map.servers()) {
         if (s.dead()) channel->DropQueued(s.index());
