@@ -7,6 +7,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
@@ -96,38 +97,68 @@ void ClusterState::MaybeStartCopyMoves() {
   moves_planned_ += static_cast<int>(moves.size());
   moves_planned_total_ += moves.size();
   const auto loads = ServerLoadsAfterMoves(map_, live);
-  LOG(WARNING) << "copy moves balance the servers: " << moves.size() << " backup copies move (extra copies until "
-               << "synced) at shard map epoch " << map_.epoch() << "; elements held per live server once done "
+  const auto primaries = absl::c_count_if(moves, [](const CopyMove& m) { return m.primary(); });
+  LOG(WARNING) << "copy moves balance the servers: " << moves.size() << " copies move (extra copies until synced"
+               << (primaries > 0 ? absl::StrCat("; ", primaries, " of them primaries, each handed off once synced")
+                                 : std::string())
+               << ") at shard map epoch " << map_.epoch() << "; elements held per live server once done "
                << DescribeLoads(loads);
   Save();
 }
 
 void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& request) {
   if (map_.moves_size() == 0 || node.role != SERVER) return;
+  const uint64_t epoch = map_.epoch() + 1;
   // A few synced copies per report, a few pending moves: a linear find is enough.
   const auto& synced = request.synced_copies();
-  std::vector<std::string> done;
+  std::vector<std::string> done, handing;
   auto* moves = map_.mutable_moves();
   for (int i = 0; i < moves->size();) {
     const CopyMove& m = moves->Get(i);
-    // A report from before the epoch that listed the new copy says nothing
-    // about it (the server may not have created it yet).
+    // A report from before the epoch that listed the new copy (for a
+    // primary move, that made it the primary) says nothing about it (the
+    // server may not have created it yet).
     if (m.to() != node.rank || request.applied_epoch() < m.epoch() || std::find(synced.begin(), synced.end(), m.partition()) == synced.end()) {
       ++i;
       continue;
     }
-    if (PartitionInfo* p = FindPartition(map_, m.partition()); p != nullptr && p->server() != m.from()) {
+    PartitionInfo* p = FindPartition(map_, m.partition());
+    if (m.primary() && p != nullptr && p->server() == m.from()) {
+      // The only copy was the primary's: its role goes to the synced new
+      // copy first, by a hand-off (the old primary drains, then the roles
+      // switch), and the old copy is dropped once the new primary serves.
+      const bool under_way = absl::c_any_of(map_.handoffs(), [&m](const Handoff& h) { return h.partition() == m.partition(); });
+      if (!under_way && clock_() >= handoffs_retry_at_) {
+        Handoff& h = *map_.add_handoffs();
+        h.set_partition(m.partition());
+        h.set_from(m.from());
+        h.set_to(m.to());
+        h.set_epoch(epoch);
+        handoff_started_[m.partition()] = clock_();
+        handing.push_back(absl::StrCat(m.partition(), " (", m.from(), "->", m.to(), ")"));
+      }
+      ++i;
+      continue;
+    }
+    if (p != nullptr && p->server() != m.from()) {
       auto* backups = p->mutable_backups();
       backups->erase(std::remove(backups->begin(), backups->end(), m.from()), backups->end());
     }
-    done.push_back(absl::StrCat(m.partition(), " (", m.from(), "->", m.to(), ")"));
+    done.push_back(absl::StrCat(m.partition(), " (", m.from(), "->", m.to(), m.primary() ? ", primary" : "", ")"));
     moves->DeleteSubrange(i, 1);
   }
-  if (done.empty()) return;
-  map_.set_epoch(map_.epoch() + 1);
-  LOG(WARNING) << "copy moves done: partition " << absl::StrJoin(done, ", ") << " synced on server " << node.rank
-               << ", old copies dropped; shard map epoch " << map_.epoch() << "; " << map_.moves_size()
-               << " moves still under way";
+  if (done.empty() && handing.empty()) return;
+  map_.set_epoch(epoch);
+  if (!handing.empty()) {
+    LOG(WARNING) << "copy moves of primaries: partition " << absl::StrJoin(handing, ", ") << " synced on server "
+                 << node.rank << ", the primary role is handed off to it at shard map epoch " << epoch
+                 << " (the old primary drains first), then the old copy is dropped";
+  }
+  if (!done.empty()) {
+    LOG(WARNING) << "copy moves done: partition " << absl::StrJoin(done, ", ") << " synced on server " << node.rank
+                 << ", old copies dropped; shard map epoch " << epoch << "; " << map_.moves_size()
+                 << " moves still under way";
+  }
   if (map_.moves_size() == 0) {
     const auto loads = ServerLoadsAfterMoves(map_, LiveServers());
     LOG(WARNING) << "servers balanced: " << moves_planned_ << " copy moves in "
@@ -150,7 +181,11 @@ int ClusterState::EndBrokenCopyMoves(uint32_t dead) {
   for (int i = 0; i < moves->size();) {
     const CopyMove& m = moves->Get(i);
     const PartitionInfo* p = FindPartition(map_, m.partition());
-    const bool broken = p == nullptr || m.to() == dead || m.from() == dead || p->server() == m.from() ||
+    // A backup's move is broken once its old copy became the primary; a
+    // primary's once the role went to neither of its copies.
+    const bool roles_changed = p != nullptr && (m.primary() ? p->server() != m.from() && p->server() != m.to()
+                                                            : p->server() == m.from());
+    const bool broken = p == nullptr || m.to() == dead || m.from() == dead || roles_changed ||
                         p->backups_size() + 1 <= copies;
     if (!broken) {
       ++i;
@@ -215,10 +250,20 @@ void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& requ
     const bool still = p != nullptr && CanHandPrimary(*p, h.from(), h.to());
     const auto started = handoff_started_.find(h.partition());
     const std::string after = started != handoff_started_.end() ? absl::FormatDuration(now - started->second) : "?";
+    // A primary move's hand-off (FinishCopyMoves) is part of that move: the
+    // move drops the old copy once the new primary serves this epoch.
+    auto move = std::find_if(map_.mutable_moves()->begin(), map_.mutable_moves()->end(), [&h](const CopyMove& m) {
+      return m.primary() && m.partition() == h.partition() && m.from() == h.from() && m.to() == h.to();
+    });
+    const bool of_move = move != map_.mutable_moves()->end();
     if (still) {
       HandPrimary(*p, h.from(), h.to());  // the old primary takes the new one's place among the backups
-      ++handoffs_made_;
-      ++handoffs_made_total_;
+      if (of_move) {
+        move->set_epoch(epoch);
+      } else {
+        ++handoffs_made_;
+        ++handoffs_made_total_;
+      }
       LOG(WARNING) << "primary of partition " << h.partition() << " handed off from server " << h.from() << " to "
                    << h.to() << " at shard map epoch " << epoch << " after " << after << " ("
                    << report->completed() << " updates completed on server " << h.from() << ")";

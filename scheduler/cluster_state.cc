@@ -631,9 +631,8 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
                << " missing copies go to it (its primaries send snapshots); "
                << (EffectiveReplication(config_) > 1
                        ? "backup copies move to it once it serves this epoch and its copies are synced"
-                       : "with replication 1 no partition has a backup copy to move or a primary to hand off, "
-                         "so it holds nothing (a job started with it, or with replication > 1, spreads the "
-                         "partitions)");
+                       : "partitions move to it once it serves this epoch (replication 1: each as an extra "
+                         "copy, then its primary role, then the old copy dropped)");
   RegisterResponse response;
   response.set_node_id(node.id);
   response.set_server_index(index);

@@ -206,11 +206,15 @@ class ClusterState {
   void MaybeStartCopyMoves() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Phase 2: the moves to server `node` whose copy its heartbeat reports
   // synced (at an epoch that lists it) drop their old copy, in one new epoch.
+  // A primary move first hands the role to that copy (a Handoff, once no
+  // hand-off pause is on: EndLateHandoffs), and drops the old copy on the
+  // first such report at the epoch that made `node` the primary.
   void FinishCopyMoves(const Node& node, const HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a failover of server `dead`: a move to or from it ends (its other
   // copy is a plain one now), and so does one whose partition is left with
   // no more than `replication` copies (the extra one is needed) or whose old
-  // copy became the primary. Returns how many ended.
+  // copy became the primary (a primary move: whose role went to a third
+  // server). Returns how many ended.
   int EndBrokenCopyMoves(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Balancing the primaries, once the copies are (PlanCopyMoves has nothing
   // left to move): epoch 1 of each planned hand-off (PlanHandoffs) lists it

@@ -146,19 +146,27 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
     if (!live.contains(p.server())) fixed.insert(p.id());
   }
   ShardMap planned = map;  // the copies as the plan leaves them
-  auto backup_of_donor = [](const PartitionInfo& p, uint32_t donor, uint32_t receiver) {
-    return p.server() != donor && Holds(p, donor) && !Holds(p, receiver);
+  // A backup of the donor, or its primary where that is the only copy
+  // (replication 1): nothing else could move.
+  auto copy_of_donor = [](const PartitionInfo& p, uint32_t donor, uint32_t receiver) {
+    return Holds(p, donor) && !Holds(p, receiver) && (p.server() != donor || p.backups().empty());
   };
   auto move_copy = [](PartitionInfo& p, const Step& step) {
-    std::replace(p.mutable_backups()->begin(), p.mutable_backups()->end(), step.donor, step.receiver);
+    if (p.server() == step.donor) {
+      p.set_server(step.receiver);
+    } else {
+      std::replace(p.mutable_backups()->begin(), p.mutable_backups()->end(), step.donor, step.receiver);
+    }
   };
   std::vector<CopyMove> moves;
   const auto loads = ServerLoadsAfterMoves(map, live);
-  for (const Step& step : BalanceGreedily(planned, loads, fixed, backup_of_donor, move_copy)) {
+  for (const Step& step : BalanceGreedily(planned, loads, fixed, copy_of_donor, move_copy)) {
     CopyMove& move = moves.emplace_back();
-    move.set_partition(planned.partitions(step.index).id());
+    const PartitionInfo& p = map.partitions(step.index);
+    move.set_partition(p.id());
     move.set_from(step.donor);
     move.set_to(step.receiver);
+    move.set_primary(p.server() == step.donor);
   }
   return moves;
 }

@@ -32,9 +32,11 @@ bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& load
 // below the difference of their loads). Largest first keeps the number of
 // moves low; every move lowers the sum of squared loads, so the plan ends
 // and no later plan undoes it. Only backups move (primaries stay where
-// workers send), a partition moves at most once per plan, and partitions
-// with a move under way, or whose primary is not live, are left alone.
-// Deterministic.
+// workers send; their roles move by PlanHandoffs), except a primary that is
+// its partition's only copy (replication 1): that move is marked `primary`
+// and ends with a hand-off (ClusterState::FinishCopyMoves). A partition moves
+// at most once per plan, and partitions with a move under way, or whose
+// primary is not live, are left alone. Deterministic.
 std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live);
 
 // Whether `from`, p's primary, can hand the role to `to`: `to` holds a copy.

@@ -22,6 +22,16 @@ using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::SizeIs;
 
+// The partitions of `steps` (hand-offs or copy moves) from server `from`.
+template <typename Steps>
+std::set<uint64_t> PartitionsFrom(const Steps& steps, uint32_t from) {
+  std::set<uint64_t> ids;
+  for (const auto& step : steps) {
+    if (step.from() == from) ids.insert(step.partition());
+  }
+  return ids;
+}
+
 // A map of partitions of `sizes` elements; `copies[i]` lists partition i's
 // primary, then its backups.
 ShardMap MapOf(const std::vector<uint64_t>& sizes, const std::vector<std::vector<uint32_t>>& copies) {
@@ -121,6 +131,31 @@ TEST(PlanCopyMovesTest, PrimariesAndPartitionsAlreadyMovingStay) {
   EXPECT_NE(moves[0].partition(), 2u);
 }
 
+TEST(PlanCopyMovesTest, WithoutBackupsPrimariesMoveAndAreMarkedSo) {
+  // Replication 1: 12 partitions of 100, only primaries, on servers 0 and 1
+  // (600 each); server 2 joined empty. Mean 400, slack 100: it needs 300.
+  std::vector<std::vector<uint32_t>> copies;
+  for (int i = 0; i < 12; ++i) copies.push_back({static_cast<uint32_t>(i % 2)});
+  const ShardMap map = MapOf(std::vector<uint64_t>(12, 100), copies);
+  const std::vector<CopyMove> moves = PlanCopyMoves(map, {0, 1, 2});
+  ASSERT_THAT(moves, SizeIs(3));
+  ShardMap after = map;
+  for (const CopyMove& m : moves) {
+    EXPECT_EQ(m.to(), 2u);
+    EXPECT_TRUE(m.primary()) << m.ShortDebugString();
+    EXPECT_EQ(map.partitions(m.partition()).server(), m.from());
+    after.mutable_partitions(m.partition())->set_server(m.to());
+  }
+  EXPECT_TRUE(LoadsBalanced(after, ServerLoadsAfterMoves(after, {0, 1, 2})));
+  EXPECT_THAT(PlanCopyMoves(after, {0, 1, 2}), IsEmpty());
+  // With a backup, a primary never moves: the backup does.
+  const ShardMap replicated = MapOf({100, 100, 100}, {{0, 1}, {0, 1}, {0, 1}});
+  for (const CopyMove& m : PlanCopyMoves(replicated, {0, 1, 2})) {
+    EXPECT_FALSE(m.primary()) << m.ShortDebugString();
+    EXPECT_EQ(m.from(), 1u) << m.ShortDebugString();
+  }
+}
+
 TEST(PlanCopyMovesTest, AFreshMapNeedsNoMove) {
   // The scheduler plans whenever the live servers are out of balance, so a
   // job's first map must not start moves: BuildShardMap's placement is
@@ -208,40 +243,66 @@ RegisterRequest Server(const std::string& address) {
 class CopyMovesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    config_.set_num_servers(3);
-    config_.set_num_workers(1);
-    config_.set_heartbeat_timeout_ms(1000);
-    config_.set_partition_bytes(400);
-    config_.set_replication(2);
-    state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
-                                            [this](const SchedulerState& s) { saved_ = s; });
-    for (int i = 0; i < 3; ++i) {
-      auto r = state_->RegisterServer(Server("tcp://s:" + std::to_string(i + 1)));
-      ASSERT_TRUE(r.ok()) << r.status();
-      ids_.push_back(r->node_id());
-    }
-    RegisterRequest worker = Server("");
-    worker.set_role(WORKER);
-    worker_id_ = state_->RegisterWorker(worker)->node_id();
-    std::thread serve([this] {
-      absl::SleepFor(absl::Milliseconds(50));
-      Beat({0, 1, 2});
-    });
-    auto map = state_->DefineTensors({Float32Tensor("w", 1200)}, absl::Now() + absl::Seconds(5));
-    serve.join();
-    ASSERT_TRUE(map.ok()) << map.status();
+    StartJob(3, 2);
     ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
     // Server 2 falls silent and is declared dead; a new process replaces it.
-    for (int t = 0; t < 12; ++t) {
-      now_ += absl::Milliseconds(100);
-      Beat({0, 1});
-      state_->CheckLiveness();
-    }
+    SilenceUntilDead(2, {0, 1});
     ASSERT_TRUE(Map().servers(2).dead());
     auto joined = state_->RegisterServer(Server("tcp://t:1"));
     ASSERT_TRUE(joined.ok()) << joined.status();
     ASSERT_EQ(joined->server_index(), 2u);
     ids_[2] = joined->node_id();
+  }
+
+  // `servers` servers with `replication`, one worker, and tensor "w" of
+  // 1200 elements cut into 12 partitions of 100.
+  void StartJob(int servers, uint32_t replication) {
+    config_.set_num_servers(servers);
+    config_.set_num_workers(1);
+    config_.set_heartbeat_timeout_ms(1000);
+    config_.set_partition_bytes(400);
+    config_.set_replication(replication);
+    state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
+                                            [this](const SchedulerState& s) { saved_ = s; });
+    std::vector<int> all;
+    for (int i = 0; i < servers; ++i) {
+      auto r = state_->RegisterServer(Server("tcp://s:" + std::to_string(i + 1)));
+      ASSERT_TRUE(r.ok()) << r.status();
+      ids_.push_back(r->node_id());
+      all.push_back(i);
+    }
+    RegisterRequest worker = Server("");
+    worker.set_role(WORKER);
+    worker_id_ = state_->RegisterWorker(worker)->node_id();
+    std::thread serve([this, all] {
+      absl::SleepFor(absl::Milliseconds(50));
+      Beat(all);
+    });
+    auto map = state_->DefineTensors({Float32Tensor("w", 1200)}, absl::Now() + absl::Seconds(5));
+    serve.join();
+    ASSERT_TRUE(map.ok()) << map.status();
+  }
+
+  // Only `beating` servers' heartbeats (each reporting its copies synced
+  // but for `unsynced`), 100 ms apart, until server `silent` is declared
+  // dead.
+  void SilenceUntilDead(int silent, const std::vector<int>& beating, const std::set<uint64_t>& unsynced = {}) {
+    for (int t = 0; t < 12 && !Map().servers(silent).dead(); ++t) {
+      now_ += absl::Milliseconds(100);
+      Beat(beating, unsynced);
+      state_->CheckLiveness();
+    }
+  }
+
+  // Heartbeats from every server, 300 ms apart, none reporting a hand-off
+  // drained, until the scheduler ends them as late.
+  void BeatUntilTheHandoffsEnd() {
+    for (int t = 0; t < 10 && !Map().handoffs().empty(); ++t) {
+      now_ += absl::Milliseconds(300);
+      ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+      if (Map().handoffs().empty()) break;
+      Beat({0, 1, 2});
+    }
   }
 
   // Moves are planned once every live server serves the join's epoch, so
@@ -412,11 +473,7 @@ TEST_F(CopyMovesTest, ARestartedSchedulerSaysThePrimariesAreBalancedOnceTheHando
   Beat({0, 1, 2});
   now_ += absl::Milliseconds(200);
   for (uint32_t from : {0u, 1u}) {
-    std::set<uint64_t> drained;
-    for (const Handoff& h : listed.handoffs()) {
-      if (h.from() == from) drained.insert(h.partition());
-    }
-    ReportDrained(static_cast<int>(from), drained);
+    ReportDrained(static_cast<int>(from), PartitionsFrom(listed.handoffs(), from));
   }
   ASSERT_THAT(Map().handoffs(), IsEmpty());
   EXPECT_THAT(log.Joined(), HasSubstr(absl::StrCat("primaries balanced: ", listed.handoffs_size(), " of ",
@@ -471,11 +528,7 @@ TEST_F(CopyMovesTest, ADonorDyingInPhaseOneLosesNoPartitionAndTheNewCopiesStay) 
   // Server 0 is the primary or the old copy of every moving partition (the
   // others are on server 1); it dies before any new copy is synced.
   const ShardMap before = Map();
-  for (int t = 0; t < 12; ++t) {
-    now_ += absl::Milliseconds(100);
-    Beat({1, 2}, Moving());
-    state_->CheckLiveness();
-  }
+  SilenceUntilDead(0, {1, 2}, Moving());
   const ShardMap map = Map();
   ASSERT_TRUE(map.servers(0).dead());
   EXPECT_THAT(map.moves(), IsEmpty()) << "each moving partition is left with replication copies: all needed";
@@ -490,11 +543,7 @@ TEST_F(CopyMovesTest, ADonorDyingInPhaseOneLosesNoPartitionAndTheNewCopiesStay) 
 TEST_F(CopyMovesTest, TheJoinedServerDyingInPhaseOneLeavesTheOldCopies) {
   StartMoves();
   const ShardMap before = Map();
-  for (int t = 0; t < 12; ++t) {
-    now_ += absl::Milliseconds(100);
-    Beat({0, 1});
-    state_->CheckLiveness();
-  }
+  SilenceUntilDead(2, {0, 1});
   const ShardMap map = Map();
   ASSERT_TRUE(map.servers(2).dead());
   EXPECT_THAT(map.moves(), IsEmpty());
@@ -530,12 +579,7 @@ TEST_F(CopyMovesTest, ThePrimariesAreHandedOffToTheJoinedServerInTwoEpochsEachOn
       << "the old primary is a backup in the new one's place";
   EXPECT_THAT(switched.handoffs(), SizeIs(listed.handoffs_size() - 1));
   for (uint32_t from : {0u, 1u}) {
-    std::set<uint64_t> drained;
-    const ShardMap map = Map();
-    for (const Handoff& h : map.handoffs()) {
-      if (h.from() == from) drained.insert(h.partition());
-    }
-    ReportDrained(static_cast<int>(from), drained);
+    ReportDrained(static_cast<int>(from), PartitionsFrom(Map().handoffs(), from));
   }
   const ShardMap done = Map();
   EXPECT_THAT(done.handoffs(), IsEmpty());
@@ -550,12 +594,7 @@ TEST_F(CopyMovesTest, AHandoffNotReportedDrainedWithinTheHeartbeatTimeoutEndsAnd
   StartHandoffs();
   const ShardMap listed = Map();
   const auto before = Primaries();
-  for (int t = 0; t < 10 && !Map().handoffs().empty(); ++t) {
-    now_ += absl::Milliseconds(300);
-    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
-    if (Map().handoffs().empty()) break;
-    Beat({0, 1, 2});
-  }
+  BeatUntilTheHandoffsEnd();
   EXPECT_THAT(Map().handoffs(), IsEmpty());
   EXPECT_EQ(Map().epoch(), listed.epoch() + 1);
   EXPECT_EQ(Primaries(), before);
@@ -572,11 +611,7 @@ TEST_F(CopyMovesTest, AHandoffNotReportedDrainedWithinTheHeartbeatTimeoutEndsAnd
 TEST_F(CopyMovesTest, TheNewPrimaryDyingBeforeTheSwitchEndsItsHandoffsAndTheOldPrimariesStay) {
   StartHandoffs();
   const ShardMap listed = Map();
-  for (int t = 0; t < 12 && !Map().servers(2).dead(); ++t) {
-    now_ += absl::Milliseconds(100);
-    Beat({0, 1});
-    state_->CheckLiveness();
-  }
+  SilenceUntilDead(2, {0, 1});
   const ShardMap map = Map();
   ASSERT_TRUE(map.servers(2).dead());
   EXPECT_THAT(map.handoffs(), IsEmpty());
@@ -587,17 +622,10 @@ TEST_F(CopyMovesTest, TheNewPrimaryDyingBeforeTheSwitchEndsItsHandoffsAndTheOldP
 TEST_F(CopyMovesTest, TheOldPrimaryDyingBeforeTheSwitchEndsItsHandoffsAndItsPartitionsFailOver) {
   StartHandoffs();
   const ShardMap listed = Map();
-  std::set<uint64_t> from_survivor;
-  for (const Handoff& h : listed.handoffs()) {
-    if (h.from() == 1) from_survivor.insert(h.partition());
-  }
+  const std::set<uint64_t> from_survivor = PartitionsFrom(listed.handoffs(), 1);
   ASSERT_THAT(from_survivor, ::testing::Not(IsEmpty()));
   ReportDrained(1, from_survivor);  // server 1's switch, server 0's not yet
-  for (int t = 0; t < 12 && !Map().servers(0).dead(); ++t) {
-    now_ += absl::Milliseconds(100);
-    Beat({1, 2});
-    state_->CheckLiveness();
-  }
+  SilenceUntilDead(0, {1, 2});
   const ShardMap map = Map();
   ASSERT_TRUE(map.servers(0).dead());
   EXPECT_THAT(map.handoffs(), IsEmpty());
@@ -606,6 +634,142 @@ TEST_F(CopyMovesTest, TheOldPrimaryDyingBeforeTheSwitchEndsItsHandoffsAndItsPart
         << (h.from() == 0 ? "its backup takes over" : "handed off before the death");
   }
   ExpectNoPartitionShort();
+}
+
+// Replication 1: two servers hold only primaries, and a third joins as one
+// more. Its share comes by primary moves: an extra copy, then the role by a
+// hand-off, then the old copy dropped.
+class PrimaryMovesTest : public CopyMovesTest {
+ protected:
+  void SetUp() override {
+    StartJob(2, 1);
+    auto joined = state_->RegisterServer(Server("tcp://t:1"));
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    ASSERT_EQ(joined->server_index(), 2u);
+    ids_.push_back(joined->node_id());
+    Beat({0, 1});
+    ASSERT_THAT(Map().moves(), IsEmpty());
+    Beat({2});
+  }
+
+  // The moves' hand-offs, listed once server 2 reports its copies synced.
+  void StartMoveHandoffs() {
+    ASSERT_THAT(Map().moves(), ::testing::Not(IsEmpty()));
+    Beat({2});
+    ASSERT_THAT(Map().handoffs(), SizeIs(Map().moves_size()));
+  }
+
+  // Every old primary reports its hand-offs drained.
+  void DrainAll() {
+    for (uint32_t from : {0u, 1u}) {
+      ReportDrained(static_cast<int>(from), PartitionsFrom(Map().handoffs(), from));
+    }
+  }
+};
+
+TEST_F(PrimaryMovesTest, AServerJoiningAJobWithoutBackupsGetsPrimariesByACopyAHandoffAndADrop) {
+  const ShardMap added = Map();
+  ASSERT_THAT(added.moves(), SizeIs(3));  // 600/600/0 -> within 100 of 400
+  for (const CopyMove& m : added.moves()) {
+    const PartitionInfo& p = added.partitions(m.partition());
+    EXPECT_TRUE(m.primary());
+    EXPECT_EQ(p.server(), m.from()) << "the role stays until the copy is synced";
+    EXPECT_THAT(p.backups(), ::testing::ElementsAre(2u)) << "an extra copy: " << p.ShortDebugString();
+  }
+  // Unsynced, nothing goes on.
+  Beat({0, 1, 2}, Moving());
+  EXPECT_EQ(Map().epoch(), added.epoch());
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+  // Synced: the roles are handed off, the copies stay where they are.
+  StartMoveHandoffs();
+  const ShardMap handing = Map();
+  EXPECT_EQ(handing.epoch(), added.epoch() + 1);
+  EXPECT_THAT(handing.moves(), SizeIs(3));
+  for (const Handoff& h : handing.handoffs()) {
+    EXPECT_EQ(h.to(), 2u);
+    EXPECT_EQ(h.epoch(), handing.epoch());
+    EXPECT_EQ(handing.partitions(h.partition()).server(), h.from());
+  }
+  Beat({2});
+  EXPECT_EQ(Map().epoch(), handing.epoch()) << "a hand-off under way is not listed twice";
+  DrainAll();
+  const ShardMap switched = Map();
+  EXPECT_THAT(switched.handoffs(), IsEmpty());
+  EXPECT_THAT(switched.moves(), SizeIs(3)) << "the old copies go once the new primary serves";
+  for (const CopyMove& m : switched.moves()) {
+    const PartitionInfo& p = switched.partitions(m.partition());
+    EXPECT_EQ(p.server(), 2u);
+    EXPECT_THAT(p.backups(), ::testing::ElementsAre(m.from()));
+    EXPECT_GT(m.epoch(), handing.epoch()) << "the epoch that made server 2 the primary";
+  }
+  EXPECT_EQ(state_->Status().handoffs_made(), 0u) << "part of the moves, not a balancing of roles";
+  // A report from before that epoch drops nothing.
+  HeartbeatRequest stale;
+  stale.set_node_id(ids_[2]);
+  stale.set_applied_epoch(handing.epoch());
+  for (uint64_t id : Moving()) stale.add_synced_copies(id);
+  ASSERT_TRUE(state_->Heartbeat(stale).ok());
+  EXPECT_THAT(Map().moves(), SizeIs(3));
+  Beat({2});
+  const ShardMap done = Map();
+  EXPECT_THAT(done.moves(), IsEmpty());
+  for (const PartitionInfo& p : done.partitions()) EXPECT_THAT(p.backups(), IsEmpty()) << p.ShortDebugString();
+  const auto loads = ServerLoadsAfterMoves(done, {0, 1, 2});
+  EXPECT_TRUE(LoadsBalanced(done, loads));
+  EXPECT_EQ(loads.at(2), 300u);
+  Beat({0, 1, 2});
+  EXPECT_THAT(Map().moves(), IsEmpty()) << "balanced: no further plan";
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+}
+
+TEST_F(PrimaryMovesTest, AHandoffOfAMoveNotDrainedInTimeIsTriedAgainAfterATimeout) {
+  StartMoveHandoffs();
+  const auto before = Primaries();
+  BeatUntilTheHandoffsEnd();
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+  EXPECT_EQ(Primaries(), before);
+  EXPECT_THAT(Map().moves(), SizeIs(3)) << "the extra copies stay for the next try";
+  Beat({0, 1, 2});
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+  now_ += absl::Milliseconds(1100);
+  Beat({0, 1, 2});
+  EXPECT_THAT(Map().handoffs(), SizeIs(3));
+  DrainAll();
+  Beat({2});
+  EXPECT_THAT(Map().moves(), IsEmpty());
+}
+
+TEST_F(PrimaryMovesTest, TheJoinedServerDyingEndsTheMovesAndTheOldPrimariesKeepTheirPartitions) {
+  StartMoveHandoffs();
+  const ShardMap listed = Map();
+  SilenceUntilDead(2, {0, 1});
+  const ShardMap map = Map();
+  ASSERT_TRUE(map.servers(2).dead());
+  EXPECT_THAT(map.moves(), IsEmpty());
+  EXPECT_THAT(map.handoffs(), IsEmpty());
+  for (const CopyMove& m : listed.moves()) {
+    const PartitionInfo& p = map.partitions(m.partition());
+    EXPECT_EQ(p.server(), m.from()) << p.ShortDebugString();
+    EXPECT_THAT(p.backups(), IsEmpty()) << p.ShortDebugString();
+  }
+}
+
+TEST_F(PrimaryMovesTest, AnOldPrimaryDyingAfterItsCopyWasSyncedFailsOverToIt) {
+  // Server 2 reported the copies synced: a death of their old primary, in
+  // the hand-off or before, loses nothing, though the job keeps one copy.
+  StartMoveHandoffs();
+  const ShardMap listed = Map();
+  const std::set<uint64_t> from0 = PartitionsFrom(listed.moves(), 0);
+  ASSERT_THAT(from0, ::testing::Not(IsEmpty()));
+  SilenceUntilDead(0, {1, 2});
+  const ShardMap map = Map();
+  ASSERT_TRUE(map.servers(0).dead());
+  for (uint64_t id : from0) {
+    EXPECT_EQ(map.partitions(id).server(), 2u) << map.partitions(id).ShortDebugString();
+    EXPECT_THAT(map.partitions(id).backups(), IsEmpty());
+  }
+  for (const CopyMove& m : map.moves()) EXPECT_NE(m.from(), 0u) << m.ShortDebugString();
+  for (const Handoff& h : map.handoffs()) EXPECT_NE(h.from(), 0u) << h.ShortDebugString();
 }
 
 }  // namespace

@@ -350,18 +350,24 @@ TEST(FailureTest, AWorkerKilledAfterAServerJoinedAsOneMoreRejoinsTheGrownJob) {
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
-TEST(FailureTest, AServerJoiningAJobWithoutBackupsIsToldItHoldsNothing) {
-  // Replication 1: copy moves move backups and hand-offs need a synced
-  // backup on the receiver, so the joined server gets no partition; the
-  // scheduler says so rather than promise moves, and the job is unchanged.
-  const std::vector<std::string> job = {"--servers", "1", "--workers", "2", "--train-limit", "9000", "--epochs",
-                                        "2", "--deterministic", "--set", "partition_bytes=65536"};
+TEST(FailureTest, AServerJoiningAJobWithoutBackupsTakesItsSharePrimariesAndAllWithoutChangingAWeight) {
+  // Replication 1: no backup to move, so the joined server gets primaries
+  // themselves, each as an extra copy, then its role by a hand-off (the old
+  // primary drains), then the old copy dropped; the workers follow. Bitwise
+  // the weights of the run without it, nothing lost or applied twice.
+  const std::vector<std::string> job = {"--servers", "2", "--workers", "2", "--train-limit", "9000", "--epochs",
+                                        "2", "--deterministic", "--set", "partition_bytes=65536", "--set",
+                                        "replication=1"};
   LocalRun grown = ExpectFaultsChangeNoWeight(job, {"--add-server", "20"});
   if (grown.exit_code != 0) return;
-  EXPECT_THAT(grown.err, ContainsRegex("server 1 \\(tcp://[^)]*\\) joins the running job as one more server.*"
-                                       "with replication 1 no partition has a backup copy to move"));
-  EXPECT_THAT(grown.err, Not(HasSubstr("copy moves balance the servers")));
-  EXPECT_THAT(grown.err, Not(HasSubstr("primary hand-offs balance")));
+  EXPECT_THAT(grown.err, ContainsRegex("server 2 \\(tcp://[^)]*\\) joins the running job as one more server.*"
+                                       "replication 1: each as an extra copy"));
+  ExpectHoldsItsShareOfCopies(grown.err, grown.err, 2);
+  EXPECT_THAT(grown.err, ContainsRegex("primary of partition [0-9]+ handed off from server [01] to 2"));
+  EXPECT_THAT(grown.err, ContainsRegex("copy moves done: partition [0-9]+ \\([01]->2, primary\\)"));
+  EXPECT_THAT(grown.err, Not(HasSubstr("not drained within")));
+  EXPECT_THAT(grown.err, Not(HasSubstr("no answer within")));
+  EXPECT_THAT(grown.err, Not(HasSubstr("no live replica")));
 }
 
 // The replacement for server 1 holds primaries within one partition (16384
