@@ -189,6 +189,18 @@ absl::Status SetRestorePoint(const std::string &dir, ClusterConfig *config) {
   return absl::OkStatus();
 }
 
+std::set<uint64_t> PartitionsListedElsewhere(const std::string &round_dir, uint32_t server) {
+  std::set<uint64_t> listed;
+  if (!fs::exists(round_dir)) return listed;
+  auto manifests = ReadManifests(round_dir);
+  if (!manifests.ok()) return listed;
+  for (const auto &[s, m] : *manifests) {
+    if (s == server) continue;
+    for (const CheckpointManifest::Entry &e : m.entries()) listed.insert(e.partition_id());
+  }
+  return listed;
+}
+
 absl::StatusOr<PartitionCheckpoint> LoadPartitionCheckpoint(const std::string &round_dir, uint64_t partition_id) {
   uint64_t round = 0;
   auto entries = VerifiedEntries(round_dir, &round);

@@ -13,6 +13,7 @@
 #define SHARDPS_COMMON_CHECKPOINT_STORE_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -55,6 +56,10 @@ absl::StatusOr<RestorePoint> FindRestorePoint(const std::string &dir);
 // checkpoint.restore_dir (absolute) and checkpoint.restore_round, which the
 // scheduler hands to every node.
 absl::Status SetRestorePoint(const std::string &dir, ClusterConfig *config);
+
+// The partitions that the manifests in `round_dir` of servers other than
+// `server` list (none where there is none, or one cannot be read).
+std::set<uint64_t> PartitionsListedElsewhere(const std::string &round_dir, uint32_t server);
 
 // Partition `partition_id`'s state from a verified round: found through the
 // manifests, its checksum checked again and its record unsealed.

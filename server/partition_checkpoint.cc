@@ -33,20 +33,17 @@ void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
     owner->set_server(info.server());
   }
   const CheckpointRequest& request = map.checkpoint();
-  if (request.dir().empty() || google::protobuf::util::MessageDifferencer::Equals(request, requested_checkpoint_)) {
+  const bool new_request =
+      !request.dir().empty() && !google::protobuf::util::MessageDifferencer::Equals(request, requested_checkpoint_);
+  if (new_request) requested_checkpoint_ = request;
+  if (!RoundBased(config_)) {
+    if (!requested_checkpoint_.dir().empty()) FollowAsyncCheckpoint(new_request);
     return;
   }
-  requested_checkpoint_ = request;
+  if (!new_request) return;
   for (auto& [id, part] : partitions_) {
     Partition& p = *part;
-    if (!p.primary) continue;
-    if (!RoundBased(config_)) {
-      // Async: now, at the version the partition has (its open batch was
-      // applied as the map arrived), labelled with the request's round.
-      WriteCheckpoint(p, request.dir(), request.round());
-      continue;
-    }
-    if (p.completed < request.round()) continue;
+    if (!p.primary || p.completed < request.round()) continue;
     if (p.completed == request.round()) {
       WriteCheckpoint(p, request.dir(), p.completed);
     } else {
@@ -54,6 +51,40 @@ void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
                        absl::StrCat("asked for when partition ", p.id, " had completed ", p.completed, " rounds"));
     }
   }
+}
+
+void PartitionEngine::FollowAsyncCheckpoint(bool new_request) {
+  const CheckpointRequest& request = requested_checkpoint_;
+  const std::pair<std::string, uint64_t> key(request.dir(), request.round());
+  if (new_request) {
+    async_checkpoint_written_.clear();
+    open_checkpoints_.clear();  // async writes on request only: nothing else is open
+  }
+  std::vector<Partition*> due;
+  for (auto& [id, part] : partitions_) {
+    if (part->primary && !async_checkpoint_written_.contains(id)) due.push_back(part.get());
+  }
+  if (due.empty()) return;
+  const std::string round_dir = CheckpointRoundDir(request.dir(), request.round());
+  // A partition this server became the primary of after the request (a
+  // failover, a hand-off) is written too, unless its old primary's manifest
+  // lists it already: rewriting its file at another version would fail that
+  // manifest's checksum.
+  const std::set<uint64_t> listed = new_request ? std::set<uint64_t>() : PartitionsListedElsewhere(round_dir, server_index_);
+  bool wrote = false;
+  for (Partition* p : due) {
+    async_checkpoint_written_.insert(p->id);
+    if (listed.contains(p->id)) continue;
+    // Now, at the version the partition has (its open batch was applied as
+    // the map arrived), labelled with the request's round.
+    if (!new_request) {
+      LOG(WARNING) << "server " << server_index_ << ": partition " << p->id << " became primary here after the "
+                   << "checkpoint of round " << request.round() << " was asked for, and no manifest lists it: "
+                   << "written at version " << p->completed;
+    }
+    wrote |= WriteCheckpoint(*p, request.dir(), request.round(), /*manifest_when_all=*/false);
+  }
+  if (wrote) WriteManifest(request.dir(), request.round());
 }
 
 void PartitionEngine::CheckpointFailed(const std::string& dir, uint64_t round, const std::string& error) {
@@ -107,7 +138,7 @@ void PartitionEngine::MaybeCheckpoint(Partition& p) {
   }
 }
 
-void PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round) {
+bool PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round, bool manifest_when_all) {
   PartitionCheckpoint state;
   state.set_partition_id(p.id);
   state.set_tensor(p.tensor);
@@ -118,28 +149,35 @@ void PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint
   state.set_initialized(p.initialized);
   state.set_weights(FloatBytes(p.weights->data(), p.n));
   state.set_optimizer_state(FloatBytes(p.state.data(), p.state.size()));
-  const std::string round_dir = CheckpointRoundDir(dir, round);
-  auto entry = WritePartitionCheckpoint(round_dir, state);
+  auto entry = WritePartitionCheckpoint(CheckpointRoundDir(dir, round), state);
   if (!entry.ok()) {
     CheckpointFailed(dir, round,
                      absl::StrCat("partition ", p.id, " not written: ", entry.status().message()));
-    return;
+    return false;
   }
-  const std::pair<std::string, uint64_t> key(dir, round);
-  CheckpointManifest& manifest = open_checkpoints_[key];
+  CheckpointManifest& manifest = open_checkpoints_[{dir, round}];
   *manifest.add_entries() = *std::move(entry);
   const auto primaries =
       std::count_if(partitions_.begin(), partitions_.end(), [](const auto& kv) { return kv.second->primary; });
-  if (manifest.entries_size() < primaries) return;
+  if (manifest_when_all && manifest.entries_size() >= primaries) {
+    WriteManifest(dir, round);
+    open_checkpoints_.erase({dir, round});
+  }
+  return true;
+}
+
+void PartitionEngine::WriteManifest(const std::string& dir, uint64_t round) {
+  CheckpointManifest& manifest = open_checkpoints_[{dir, round}];
+  const std::string round_dir = CheckpointRoundDir(dir, round);
   manifest.set_round(round);
   manifest.set_server(server_index_);
   *manifest.mutable_partitions() = checkpoint_owners_;
   if (absl::Status s = WriteCheckpointManifest(round_dir, manifest); !s.ok()) {
     CheckpointFailed(dir, round, absl::StrCat("manifest not written: ", s.message()));
   } else {
-    LOG(INFO) << "server " << server_index_ << ": checkpoint of round " << round << " written to " << round_dir;
+    LOG(INFO) << "server " << server_index_ << ": checkpoint of round " << round << " written to " << round_dir
+              << " (" << manifest.entries_size() << " partitions)";
   }
-  open_checkpoints_.erase(key);
 }
 
 }  // namespace shardps

@@ -150,5 +150,77 @@ TEST_F(PartitionCheckpointTest, ACheckpointTheMapAsksForIsWrittenAtItsRound) {
   EXPECT_TRUE(errors_.empty()) << errors_.front();
 }
 
+TEST_F(PartitionCheckpointTest, AnAsyncCheckpointGetsThePartitionsAServerTookOverAfterTheRequest) {
+  // Server 0 is primary of partition 5 and backup of 6 and 7 (primary on
+  // server 1) when the checkpoint is asked for; server 1 then dies without
+  // writing its part. The partitions server 0 takes over are written too, at
+  // their versions, unless server 1's manifest already lists them (a file
+  // rewritten at another version would fail that manifest's checksum).
+  ClusterConfig config = config_;
+  config.clear_checkpoint();
+  config.set_consistency(ASYNC);
+  auto created = PartitionEngine::Create(config, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
+  ASSERT_TRUE(created.ok()) << created.status();
+  PartitionEngine& engine = **created;
+  ShardMap map = Map(3);
+  for (uint64_t id : {6, 7}) {
+    PartitionInfo* other = map.add_partitions();
+    other->set_id(id);
+    other->set_offset(3 * (id - 5));
+    other->set_num_elements(3);
+    other->set_server(1);
+    other->add_backups(0);
+  }
+  ASSERT_TRUE(engine.InstallShardMap(map, 0).ok());
+  Send(engine, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  Send(engine, PUSH, 0, 0, {0.5f, -1.0f, 0.25f});
+  const std::string ckpt = dir_ + "/async";
+  const std::string round_dir = CheckpointRoundDir(ckpt, 9);
+  // Server 1 wrote partition 7 and its manifest before it died, not 6.
+  PartitionCheckpoint seven;
+  seven.set_partition_id(7);
+  seven.set_round(9);
+  seven.set_version(4);
+  auto entry = WritePartitionCheckpoint(round_dir, seven);
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  CheckpointManifest server1;
+  server1.set_round(9);
+  server1.set_server(1);
+  *server1.add_entries() = *entry;
+  ASSERT_TRUE(WriteCheckpointManifest(round_dir, server1).ok());
+
+  map.set_epoch(2);
+  map.mutable_checkpoint()->set_dir(ckpt);
+  map.mutable_checkpoint()->set_round(9);
+  ASSERT_TRUE(engine.InstallShardMap(map, 0).ok());
+  auto incomplete = VerifyCheckpointRound(round_dir);
+  ASSERT_FALSE(incomplete.ok());
+  EXPECT_THAT(incomplete.status().message(), HasSubstr("partition 6"));
+  // Server 1 is declared dead: server 0 is the primary of 6 and 7 now.
+  map.set_epoch(3);
+  for (int i = 1; i < 3; ++i) {
+    map.mutable_partitions(i)->set_server(0);
+    map.mutable_partitions(i)->clear_backups();
+  }
+  ASSERT_TRUE(engine.InstallShardMap(map, 0).ok());
+  auto round = VerifyCheckpointRound(round_dir);
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(*round, 9u);
+  auto five = LoadPartitionCheckpoint(round_dir, kPartition);
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_EQ(five->version(), 1u) << "the push applied before the request";
+  auto six = LoadPartitionCheckpoint(round_dir, 6);
+  ASSERT_TRUE(six.ok()) << six.status();
+  EXPECT_TRUE(six->has_version());
+  auto kept = LoadPartitionCheckpoint(round_dir, 7);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->version(), 4u) << "server 1's part, not written again";
+  // A later map with the same request writes nothing more.
+  map.set_epoch(4);
+  ASSERT_TRUE(engine.InstallShardMap(map, 0).ok());
+  EXPECT_TRUE(VerifyCheckpointRound(round_dir).ok());
+  EXPECT_TRUE(errors_.empty()) << errors_.front();
+}
+
 }  // namespace
 }  // namespace shardps

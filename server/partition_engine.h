@@ -449,11 +449,22 @@ class PartitionEngine {
   // the round's manifest once every such partition has been written.
   void MaybeCheckpoint(Partition& p);
   // Writes p's state into `dir`'s checkpoint of `round` (sync: its
-  // completed rounds; async: the request's label, its version recorded).
-  void WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round);
+  // completed rounds; async: the request's label, its version recorded),
+  // and, with `manifest_when_all`, this server's manifest once every
+  // partition it is primary of is written. False if it could not write
+  // (CheckpointFailed says why).
+  bool WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round, bool manifest_when_all = true);
+  // Writes this server's manifest of `dir`'s checkpoint of `round`: the
+  // entries written so far and the map's owners.
+  void WriteManifest(const std::string& dir, uint64_t round);
   // Follows the map's partition owners and checkpoint request; writes at
   // once the partitions already at the requested round.
   void FollowCheckpoints(const ShardMap& map);
+  // Async: writes the partitions this server is primary of and has not
+  // written for the request yet (all of them when it is `new_request`;
+  // later, those it took over, unless another server's manifest lists
+  // them), then its manifest.
+  void FollowAsyncCheckpoint(bool new_request);
   // Logs that this server's part of the checkpoint of `round` into `dir` is
   // not written, and keeps it for the heartbeats.
   void CheckpointFailed(const std::string& dir, uint64_t round, const std::string& error);
@@ -649,6 +660,7 @@ class PartitionEngine {
   google::protobuf::RepeatedPtrField<CheckpointManifest::Owner> checkpoint_owners_;
   absl::flat_hash_map<std::pair<std::string, uint64_t>, CheckpointManifest> open_checkpoints_;  // (dir, round)
   CheckpointRequest requested_checkpoint_;  // from the map: shardps checkpoint
+  absl::flat_hash_set<uint64_t> async_checkpoint_written_;  // partitions written (or listed elsewhere) for it
   CheckpointFailure checkpoint_failure_;
   uint64_t max_completed_ = 0;
   uint64_t copies_generation_ = 0;  // see SyncedCopies
