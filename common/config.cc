@@ -303,17 +303,19 @@ absl::Status ValidateCheckpointConfig(const ClusterConfig& c, bool on_request) {
     return Invalid("checkpoint.restore_dir",
                    "and checkpoint.restore_round are set together (shardps scheduler --restore)");
   }
-  // Async: each partition at the version it has when the request reaches
-  // its primary (no round at which every partition's state agrees, so no
-  // periodic checkpoints); ssp holds pushes of later rounds that a
-  // checkpoint does not.
-  const bool async_ok = c.consistency() == ASYNC && (on_request || !writes);
-  if (c.consistency() != SYNC && !async_ok) {
-    return Invalid(field, c.consistency() == ASYNC
-                              ? "in async is written on request only (shardps checkpoint): async applies pushes as "
-                                "they arrive, so no round is one at which every partition's state agrees"
-                              : "needs consistency: sync or async (ssp holds pushes of later rounds that a "
-                                "checkpoint does not)");
+  // Async and ssp applied on arrival: each partition at the version it has
+  // when the request reaches its primary (no round at which every
+  // partition's state agrees, so no periodic checkpoints); ssp in rounds
+  // holds pushes of later rounds that a checkpoint does not.
+  const bool on_arrival = !RoundBased(c);
+  if (on_arrival && writes && !on_request) {
+    return Invalid(field, absl::StrCat("in ", c.consistency() == ASYNC ? "async" : "ssp (applied on arrival)",
+                                       " is written on request only (shardps checkpoint): pushes are applied as "
+                                       "they arrive, so no round is one at which every partition's state agrees"));
+  }
+  if (c.consistency() == SSP && !on_arrival && c.staleness() > 0) {
+    return Invalid(field, "needs consistency: sync, async or ssp applied on arrival (ssp_in_rounds holds pushes "
+                          "of later rounds that a checkpoint does not)");
   }
   if (c.update_mode() == SUM_ONLY) {
     return Invalid(field, "cannot be used with update_mode: sum_only (the weights and optimizer state live on the "

@@ -127,7 +127,12 @@ TEST(ConfigTest, CheckpointsAreRefusedWhereTheServersDoNotHoldTheWholeState) {
   ClusterConfig ssp = config;
   ssp.set_consistency(SSP);
   ssp.set_staleness(2);
-  EXPECT_THAT(ValidateConfig(ssp).message(), HasSubstr("needs consistency: sync or async"));
+  EXPECT_THAT(ValidateConfig(ssp).message(), HasSubstr("in ssp (applied on arrival) is written on request only"));
+  EXPECT_TRUE(ValidateCheckpointConfig(ssp, /*on_request=*/true).ok()) << "written as in async";
+  ssp.set_ssp_in_rounds(true);
+  EXPECT_THAT(ValidateCheckpointConfig(ssp, /*on_request=*/true).message(), HasSubstr("ssp_in_rounds holds pushes"));
+  ssp.set_staleness(0);
+  EXPECT_TRUE(ValidateConfig(ssp).ok()) << "ssp with staleness 0 is sync";
   ClusterConfig sum_only = config;
   sum_only.set_update_mode(SUM_ONLY);
   EXPECT_THAT(ValidateConfig(sum_only).message(), HasSubstr("update_mode: sum_only"));

@@ -895,8 +895,9 @@ TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNot
   EXPECT_THAT(early.RequestCheckpoint("/ckpt").status().message(), HasSubstr("no tensors are defined yet"));
   config.set_consistency(SSP);
   config.set_staleness(2);
+  config.set_ssp_in_rounds(true);
   ClusterState ssp(config);
-  EXPECT_THAT(ssp.RequestCheckpoint("/ckpt").status().message(), HasSubstr("needs consistency: sync or async"));
+  EXPECT_THAT(ssp.RequestCheckpoint("/ckpt").status().message(), HasSubstr("ssp_in_rounds holds pushes"));
 }
 
 }  // namespace

@@ -873,13 +873,13 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   }
   // With no round reported, a round placed at 1 is one training has likely
   // passed already (the servers log it and the checkpoint never completes).
-  if (config_.consistency() != ASYNC && !AnyServerReportedARound()) {
+  if (RoundBased(config_) && !AnyServerReportedARound()) {
     return absl::FailedPreconditionError(
         "checkpoint: no server has reported a completed round yet, so where training is is unknown; ask again "
         "once it has run for a few heartbeat intervals");
   }
-  // Async: each primary writes at once, at its partitions' versions; the
-  // round labels the checkpoint: the most steps a live worker reported
+  // Async (and ssp applied on arrival): each primary writes at once, at its
+  // partitions' versions; the round labels the checkpoint: the most steps a live worker reported
   // (where a restored job's workers resume), after any label asked for
   // before.
   auto async_label = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -889,8 +889,7 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
     }
     return std::max<uint64_t>({steps, map_.checkpoint().round() + 1, 1});
   };
-  const uint64_t round =
-      config_.consistency() == ASYNC ? async_label() : RoundPastServers(/*for_rejoin=*/false);
+  const uint64_t round = RoundBased(config_) ? RoundPastServers(/*for_rejoin=*/false) : async_label();
   map_.set_epoch(map_.epoch() + 1);
   map_.mutable_checkpoint()->set_dir(dir);
   map_.mutable_checkpoint()->set_round(round);

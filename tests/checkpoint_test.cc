@@ -242,6 +242,26 @@ TEST_F(CheckpointTest, AnAsyncCheckpointHoldsEachPartitionAtItsVersionAndAJobRes
   EXPECT_THAT(Slurp(sync.err_path), HasSubstr("is an async checkpoint"));
 }
 
+TEST_F(CheckpointTest, AnSspCheckpointIsWrittenAsInAsyncAndAJobResumesFromIt) {
+  // Ssp applies pushes on arrival (only answers wait for the bound), so its
+  // checkpoints are async's: each partition at its version, on request.
+  std::vector<std::string> job = {"--consistency", "ssp", "--set", "staleness=2", "--deterministic=false",
+                                  "--train-limit", "12800", "--set", "heartbeat_interval_ms=100"};
+  const std::string ckpt = dir_ + "/ssp";
+  LocalJob running;
+  RestorePoint point;
+  ASSERT_NO_FATAL_FAILURE(CheckpointMidTraining(job, ckpt, &running, &point));
+  auto state = LoadPartitionCheckpoint(point.round_dir, 0);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_GT(state->version(), 0u);
+  job.insert(job.end(), {"--resume", ckpt});
+  LocalJob resumed = Start(dir_, "resumed", job);
+  ASSERT_EQ(Wait(resumed), 0) << Slurp(resumed.err_path);
+  const std::string out = Slurp(resumed.out_path);
+  EXPECT_GT(std::stoi(JsonString(out, "steps")), 0) << out;
+  EXPECT_LT(std::stoi(JsonString(out, "steps")), 400) << "resumed at the checkpoint's label: " << out;
+}
+
 TEST_F(CheckpointTest, ACheckpointNoServerCanWriteFailsAtOnceNamingTheServerAndTrainingGoesOn) {
   // A regular file where the directory should be: no server can create the
   // round's directory. `shardps checkpoint` ends with the servers' reason
