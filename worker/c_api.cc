@@ -690,7 +690,7 @@ int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_
 }
 
 int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len) {
-  return Query(__func__, w, servers, err, err_len, [](const shardps::Worker& x) { return x.config().num_servers(); });
+  return Query(__func__, w, servers, err, err_len, [](const shardps::Worker& x) { return x.num_servers(); });
 }
 
 int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len) {

@@ -185,6 +185,12 @@ enum shardps_update_mode { SHARDPS_UPDATE_ON_SERVER = 0, SHARDPS_UPDATE_SUM_ONLY
 int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len);
 /* The number of workers in the job. */
 int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_t err_len);
+/* The servers in the job as this worker last saw it: those its newest shard
+ * map lists as live (neither declared dead nor left). A server that joined
+ * the running job as one more counts once a map listing it reached the
+ * worker, whether it holds partitions yet or not; one that took a dead one's
+ * place counts instead of it. Before the tensors are defined (no map yet):
+ * the config's num_servers, the count the first map waits for. */
 int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len);
 int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len);
 int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, size_t err_len);

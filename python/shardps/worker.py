@@ -248,6 +248,10 @@ class Worker:
 
     @property
     def num_servers(self):
+        """The servers in the job as this worker last saw it: those its newest shard map lists as
+        live (neither declared dead nor left). A server that joined the running job as one more
+        counts once a map listing it reached the worker, whether it holds partitions yet or not.
+        Before the tensors are defined: the config's num_servers."""
         return self._query("shardps_num_servers", ctypes.c_uint32)
 
     @property
