@@ -30,12 +30,15 @@ TEST_F(CApiClusterTest, ReportsTheJobTheSchedulerHandedOut) {
   ASSERT_EQ(shardps_consistency(w_, &consistency, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_update_mode(w_, &update_mode, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_rejoin_round(w_, &rejoin_round, err_, sizeof(err_)), SHARDPS_OK);
+  int passed_before_rejoin = 9;
+  ASSERT_EQ(shardps_rejoin_passed_barrier(w_, "init", &passed_before_rejoin, err_, sizeof(err_)), SHARDPS_OK);
   EXPECT_EQ(rank, 0u);
   EXPECT_EQ(size, 1u);
   EXPECT_EQ(servers, 2u);
   EXPECT_EQ(consistency, SHARDPS_CONSISTENCY_ASYNC);
   EXPECT_EQ(update_mode, SHARDPS_UPDATE_ON_SERVER);
   EXPECT_EQ(rejoin_round, 0u);  // joined at the start
+  EXPECT_EQ(passed_before_rejoin, 0);
 }
 
 // The live servers of the shard map the worker follows, up to `timeout`

@@ -707,6 +707,13 @@ int shardps_rejoin_round(const shardps_worker* w, uint64_t* round, char* err, si
   return Query(__func__, w, round, err, err_len, [](const shardps::Worker& x) { return x.rejoin().round; });
 }
 
+int shardps_rejoin_passed_barrier(const shardps_worker* w, const char* name, int* passed, char* err, size_t err_len) {
+  if (name == nullptr) return Null("name", err, err_len);
+  return Query(__func__, w, passed, err, err_len, [name](const shardps::Worker& x) {
+    return x.rejoin().passed_barriers.contains(name) ? 1 : 0;
+  });
+}
+
 namespace {
 
 // Copies `text` and its NUL into out, or says how many bytes it needs.

@@ -200,6 +200,11 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
  * at the start. A rejoined worker must not write initial weights or wait at
  * a barrier the job passed before it came back. */
 int shardps_rejoin_round(const shardps_worker* w, uint64_t* round, char* err, size_t err_len);
+/* Sets *passed to 1 when the job had passed the barrier `name` before this
+ * worker rejoined it, else 0 (always 0 for a worker there from the start).
+ * Barriers are reusable: entering such a barrier again would wait for every
+ * other worker to enter it once more. */
+int shardps_rejoin_passed_barrier(const shardps_worker* w, const char* name, int* passed, char* err, size_t err_len);
 
 /* The cluster configuration as protobuf text (proto/config.proto), NUL-
  * terminated. *needed is set to its size including the NUL; when out_len is

@@ -279,6 +279,15 @@ class Worker:
         (shardps.torch.broadcast_parameters does so) and, in sync, skips the steps already taken."""
         return self._query("shardps_rejoin_round", ctypes.c_uint64)
 
+    def passed_before_rejoin(self, barrier):
+        """True when the job had passed the barrier named `barrier` before this worker rejoined
+        it (never for a worker there from the start). Barriers are reusable: entering such a
+        barrier again would wait for every other worker to enter it once more."""
+        passed = ctypes.c_int()
+        self._call("shardps_rejoin_passed_barrier", self._live(), _name(barrier, "barrier name"),
+                   ctypes.byref(passed))
+        return passed.value != 0
+
     def config_text(self):
         """The cluster configuration, protobuf text (proto/config.proto)."""
         needed = ctypes.c_size_t()
