@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -13,6 +15,7 @@
 #include "common/endpoint.h"
 #include "common/failover_scheduler_client.h"
 #include "common/scheduler_refusal.h"
+#include "common/status_macros.h"
 #include "proto/cluster.grpc.pb.h"
 
 namespace shardps {
@@ -54,7 +57,9 @@ class GrpcSchedulerClient : public SchedulerClient {
   // scheduler cannot be reached, so a FailoverSchedulerClient moves on.
   GrpcSchedulerClient(const std::string& address, const SecurityCredentials& security, bool wait_for_ready)
       : SchedulerClient(address), token_(security.enabled && !security.token.empty() ? "Bearer " + security.token : ""),
-        secure_(security.enabled), wait_for_ready_(wait_for_ready), channel_(Channel(address, security)),
+        secure_(security.enabled), ca_name_(security.ca_file.empty() ? "the CA given in memory"
+                                                                      : absl::StrCat("CA file ", security.ca_file)),
+        wait_for_ready_(wait_for_ready), channel_(Channel(address, security)),
         stub_(shardps::Scheduler::NewStub(channel_)) {}
 
   // gRPC's default reconnect backoff grows to 2 minutes: a scheduler that
@@ -85,6 +90,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     std::string what = request.role() == SERVER
                            ? absl::StrCat("registering server ", request.data_address())
                            : absl::StrCat("registering worker rank ", request.rank());
+    SHARDPS_RETURN_IF_ERROR(AwaitHandshake(ctx->deadline(), what));
     absl::Status s = Check(stub_->Register(ctx.get(), request, &response), address(),
                               absl::StrCat(what, " (waited up to ", absl::FormatDuration(timeout), ")"));
     if (!s.ok()) return s;
@@ -105,6 +111,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     ShardMap response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(wait_for_ready_);
+    SHARDPS_RETURN_IF_ERROR(AwaitHandshake(ctx->deadline(), "defining tensors"));
     absl::Status s = Check(stub_->DefineTensors(ctx.get(), request, &response), address(),
                               "defining tensors");
     if (!s.ok()) return s;
@@ -115,6 +122,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     BarrierResponse response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(wait_for_ready_);
+    SHARDPS_RETURN_IF_ERROR(AwaitHandshake(ctx->deadline(), absl::StrCat("barrier '", request.name(), "'")));
     grpc::Status s = stub_->Barrier(ctx.get(), request, &response);
     if (s.ok() && out != nullptr) *out = std::move(response);
     return Check(s, address(),
@@ -135,6 +143,7 @@ class GrpcSchedulerClient : public SchedulerClient {
     StatusResponse response;
     auto ctx = Context(timeout);
     ctx->set_wait_for_ready(wait_for_ready_);  // within the deadline, a restarting scheduler is waited for
+    SHARDPS_RETURN_IF_ERROR(AwaitHandshake(ctx->deadline(), "cluster status"));
     absl::Status s = Check(stub_->Status(ctx.get(), StatusRequest(), &response), address(),
                               "cluster status");
     if (!s.ok()) return s;
@@ -222,6 +231,50 @@ class GrpcSchedulerClient : public SchedulerClient {
     return ctx;
   }
 
+  // Before a call that waits for the scheduler (wait_for_ready): waits for
+  // the channel to connect, up to `deadline`, and fails at once when a
+  // connection's TLS handshake failed on a certificate: a scheduler that is
+  // not up yet or restarting is worth the wait, a certificate that fails
+  // verification fails every attempt alike. Anything else (no connection by
+  // the deadline included) is left to the call, which waits and says why.
+  absl::Status AwaitHandshake(std::chrono::system_clock::time_point deadline, absl::string_view what) {
+    if (!secure_ || !wait_for_ready_) return absl::OkStatus();
+    grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY && std::chrono::system_clock::now() < deadline) {
+      if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+        if (std::string problem = CertificateProblem(LastConnectError()); !problem.empty()) {
+          // Not UNAVAILABLE: callers ask again on that, until their deadline.
+          return absl::UnauthenticatedError(absl::StrCat("scheduler ", address(), ": ", what, ": ", problem));
+        }
+      }
+      // Each state change, or every 200 ms: a failed attempt may go by
+      // between two looks (TRANSIENT_FAILURE, then CONNECTING again).
+      channel_->WaitForStateChange(state, std::min(deadline, std::chrono::system_clock::now() +
+                                                                 std::chrono::milliseconds(200)));
+      state = channel_->GetState(/*try_to_connect=*/true);
+    }
+    return absl::OkStatus();
+  }
+
+  // What a failed connection says about certificates, as a sentence for the
+  // node's error; empty when it is no certificate problem. gRPC reports a
+  // failed handshake as e.g. "Ssl handshake failed: SSL_ERROR_SSL: error:
+  // 0A000086:SSL routines::certificate verify failed", or, for a valid
+  // certificate of another host, "Peer name H is not in peer certificate".
+  std::string CertificateProblem(const std::string& error) const {
+    if (absl::StrContains(absl::AsciiStrToLower(error), "certificate verify failed")) {
+      return absl::StrCat("TLS handshake failed: certificate verification against ", ca_name_,
+                          " failed: the scheduler's certificate is not signed by that CA, or has expired; waiting "
+                          "will not change that (is security.tls_ca_file the cluster's CA?) (", error, ")");
+    }
+    if (absl::StrContains(error, "not in peer certificate")) {
+      return absl::StrCat("TLS handshake failed: the scheduler's certificate does not name the host this node "
+                          "expects (the address's host, or security.tls_server_name); waiting will not change that "
+                          "(`shardps certs --hosts` names more hosts) (", error, ")");
+    }
+    return "";
+  }
+
   // FromGrpc, plus a hint when a call waited out its deadline on a connection
   // that keeps failing: nothing listening at the address (connection refused),
   // something that is not gRPC there, or, with TLS on either side only, a
@@ -261,6 +314,7 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   const std::string token_;  // "Bearer <token>", or empty: security off
   const bool secure_;
+  const std::string ca_name_;  // "CA file PATH", for messages
   const bool wait_for_ready_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<shardps::Scheduler::Stub> stub_;

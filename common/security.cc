@@ -65,6 +65,7 @@ absl::StatusOr<SecurityCredentials> LoadSecurityCredentials(const SecurityConfig
     return absl::InvalidArgumentError("security: tls_cert_file and tls_key_file go together");
   }
   creds.ca_pem = *std::move(ca);
+  creds.ca_file = config.tls_ca_file();
   creds.cert_pem = *std::move(cert);
   creds.key_pem = *std::move(key);
   creds.require_client_cert = config.require_client_cert();

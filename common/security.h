@@ -24,6 +24,7 @@ struct SecurityCredentials {
   bool enabled = false;
   std::string token;                // sent (nodes) or required (scheduler) on every call
   std::string ca_pem;               // the cluster CA
+  std::string ca_file;              // where ca_pem was read, for messages; empty: given in memory
   std::string cert_pem, key_pem;    // this node's certificate chain and key; empty on plain nodes
   bool require_client_cert = false; // mutual TLS
   std::string server_name;          // expected in the scheduler's certificate; empty: its host

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/c_api_test_cluster.h"
@@ -29,12 +30,39 @@ TEST_F(CApiClusterTest, ReportsTheJobTheSchedulerHandedOut) {
   ASSERT_EQ(shardps_consistency(w_, &consistency, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_update_mode(w_, &update_mode, err_, sizeof(err_)), SHARDPS_OK);
   ASSERT_EQ(shardps_rejoin_round(w_, &rejoin_round, err_, sizeof(err_)), SHARDPS_OK);
+  int passed_before_rejoin = 9;
+  ASSERT_EQ(shardps_rejoin_passed_barrier(w_, "init", &passed_before_rejoin, err_, sizeof(err_)), SHARDPS_OK);
   EXPECT_EQ(rank, 0u);
   EXPECT_EQ(size, 1u);
   EXPECT_EQ(servers, 2u);
   EXPECT_EQ(consistency, SHARDPS_CONSISTENCY_ASYNC);
   EXPECT_EQ(update_mode, SHARDPS_UPDATE_ON_SERVER);
   EXPECT_EQ(rejoin_round, 0u);  // joined at the start
+  EXPECT_EQ(passed_before_rejoin, 0);
+}
+
+// The live servers of the shard map the worker follows, up to `timeout`
+// for it to become `expected` (maps reach the worker through its watch).
+uint32_t NumServersOnceItIs(shardps_worker* w, uint32_t expected, absl::Duration timeout) {
+  uint32_t servers = 0;
+  char err[256] = "";
+  for (const absl::Time deadline = absl::Now() + timeout;; absl::SleepFor(absl::Milliseconds(50))) {
+    EXPECT_EQ(shardps_num_servers(w, &servers, err, sizeof(err)), SHARDPS_OK) << err;
+    if (servers == expected || absl::Now() >= deadline) return servers;
+  }
+}
+
+TEST_F(CApiClusterTest, NumServersCountsTheLiveServersOfTheShardMapAsTheClusterGrowsAndShrinks) {
+  int64_t n = 1024;
+  ASSERT_EQ(shardps_declare_tensor(w_, "w", &n, 1, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  ASSERT_EQ(shardps_define_done(w_, err_, sizeof(err_)), SHARDPS_OK) << err_;
+  EXPECT_EQ(NumServersOnceItIs(w_, 2, absl::ZeroDuration()), 2u);
+  // A third server joins the running job as one more: the config still says 2.
+  ASSERT_TRUE(cluster_->AddServer().ok());
+  EXPECT_EQ(NumServersOnceItIs(w_, 3, absl::Seconds(30)), 3u) << "the server that joined is not counted";
+  // One that stops leaves the job: the map lists it dead, and it no longer counts.
+  EXPECT_EQ(cluster_->StopServer(0), 0);
+  EXPECT_EQ(NumServersOnceItIs(w_, 2, absl::Seconds(30)), 2u) << "a server that left is still counted";
 }
 
 TEST_F(CApiClusterTest, AFailedDefinitionIsResetAndDeclaredAgain) {

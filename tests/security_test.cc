@@ -3,6 +3,7 @@
 // with sealed (AES-256-GCM) or CURVE data sockets, and clients with and
 // without the credentials.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +13,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <regex>
 #include <thread>
@@ -21,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/peer_seal.h"
@@ -79,6 +83,20 @@ class SecurityTest : public ::testing::Test {
     request.set_role(WORKER);
     request.set_rank(0);
     return (*client)->Register(request, absl::Seconds(2)).status();
+  }
+
+  // wrong_ca_config_: the node's config with the CA of another cluster
+  // (wrong_ca_file_), which did not sign the scheduler's certificate.
+  void WriteNodeConfigWithAnotherCa() {
+    ASSERT_TRUE(WriteClusterCredentials(dir_ + "/other", {}, /*mutual=*/true).ok());
+    std::ifstream in(files_.node_config);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string ca = dir_ + "/cluster/ca.pem";
+    wrong_ca_file_ = dir_ + "/other/ca.pem";
+    ASSERT_THAT(text, HasSubstr(ca));
+    text = absl::StrReplaceAll(text, {{ca, wrong_ca_file_}});
+    wrong_ca_config_ = dir_ + "/wrong-ca.conf";
+    std::ofstream(wrong_ca_config_) << text;
   }
 
   // A secured server process (its data socket protected by `cipher`), a
@@ -230,6 +248,7 @@ class SecurityTest : public ::testing::Test {
   ChildProcess server_;
   std::unique_ptr<Worker> worker_;
   std::string server_address_, server_key_;
+  std::string wrong_ca_file_, wrong_ca_config_;
   bool server_sealed_ = false;
   CurveKeyPair registered_;
   zmq::context_t context_{1};
@@ -338,6 +357,66 @@ TEST_F(SecurityTest, NodeWithoutACertificateIsRefusedUnderMutualTls) {
   no_cert.key_pem.clear();
   absl::Status s = RegisterWith(no_cert);
   EXPECT_FALSE(s.ok());
+}
+
+// A CA that did not sign the scheduler's certificate fails every handshake
+// alike: a node that waited out its registration deadline (30 s) for it
+// would only report the error later. A real server process exits within
+// seconds, naming the CA file, the certificate and the scheduler.
+TEST_F(SecurityTest, ServerGivenAnotherCaExitsAtOnceNamingTheCaFileAndTheScheduler) {
+  ASSERT_NO_FATAL_FAILURE(WriteNodeConfigWithAnotherCa());
+  const std::string log = dir_ + "/server.log";
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  SpawnOptions options;
+  options.stdout_fd = options.stderr_fd = fd;
+  auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", scheduler_->address(), "--listen",
+                                 "tcp://127.0.0.1:0", "--security-config", wrong_ca_config_}, options);
+  close(fd);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *server;
+  std::vector<ChildProcess> children = {server_};
+  int exit_code = 0;
+  auto exited = WaitAny(children, absl::Now() + absl::Seconds(10), &exit_code);
+  ASSERT_TRUE(exited.ok()) << "a server with another CA still waits after 10 s: " << exited.status();
+  server_ = {};
+  EXPECT_NE(exit_code, 0);
+  std::ifstream in(log);
+  const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("scheduler ", scheduler_->address())));
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("certificate verification against CA file ", wrong_ca_file_, " failed")));
+}
+
+TEST_F(SecurityTest, CApiWorkerGivenAnotherCaFailsAtOnceNamingTheCaFileAndTheScheduler) {
+  ASSERT_NO_FATAL_FAILURE(WriteNodeConfigWithAnotherCa());
+  char err[1024] = "";
+  shardps_worker* w = nullptr;
+  const absl::Time start = absl::Now();
+  EXPECT_NE(shardps_worker_create_secure(scheduler_->address().c_str(), 0, 30.0, wrong_ca_config_.c_str(), &w, err,
+                                         sizeof(err)),
+            0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "waited for a handshake that cannot pass: " << err;
+  EXPECT_EQ(w, nullptr);
+  EXPECT_THAT(std::string(err), HasSubstr(absl::StrCat("scheduler ", scheduler_->address())));
+  EXPECT_THAT(std::string(err),
+              HasSubstr(absl::StrCat("certificate verification against CA file ", wrong_ca_file_, " failed")));
+}
+
+// A valid certificate of another host fails every handshake alike too.
+TEST_F(SecurityTest, NodeExpectingAnotherSchedulerNameFailsAtOnceSayingTheCertificateDoesNotNameIt) {
+  SecurityCredentials elsewhere = node_;
+  elsewhere.server_name = "scheduler.other.example";
+  auto client = SchedulerClient::Create(scheduler_->address(), elsewhere);
+  ASSERT_TRUE(client.ok()) << client.status();
+  RegisterRequest request;
+  request.set_protocol_version(kProtocolVersion);
+  request.set_role(WORKER);
+  const absl::Time start = absl::Now();
+  absl::Status s = (*client)->Register(request, absl::Seconds(30)).status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "waited for a handshake that cannot pass: " << s;
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("scheduler ", scheduler_->address())));
+  EXPECT_THAT(s.message(), HasSubstr("the scheduler's certificate does not name the host this node expects"));
+  EXPECT_THAT(s.message(), HasSubstr("scheduler.other.example"));
 }
 
 TEST_F(SecurityTest, SealedServerAnswersOnlyMessagesItsNodesSealedOnceAndChangesNoWeightOtherwise) {

@@ -41,13 +41,21 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterCon
   if (!address.ok()) return address.status();
   cluster->scheduler_address_ = *address;
   for (uint32_t i = 0; i < config.num_servers(); ++i) {
-    auto server = Spawn(absl::StrCat("server ", i), {SHARDPS_BINARY, "server", "--scheduler",
-                                                     cluster->scheduler_address_, "--listen", "tcp://127.0.0.1:0"},
-                        options);
-    if (!server.ok()) return server.status();
-    cluster->servers_.push_back(*server);
+    if (absl::Status s = cluster->AddServer(); !s.ok()) return s;
   }
   return cluster;
+}
+
+absl::Status TestCluster::AddServer() {
+  SpawnOptions options;
+  options.stdout_to_stderr = true;
+  options.stop_with_us = true;
+  auto server = Spawn(absl::StrCat("server ", servers_.size()),
+                      {SHARDPS_BINARY, "server", "--scheduler", scheduler_address_, "--listen", "tcp://127.0.0.1:0"},
+                      options);
+  if (!server.ok()) return server.status();
+  servers_.push_back(*server);
+  return absl::OkStatus();
 }
 
 TestCluster::~TestCluster() {

@@ -39,6 +39,11 @@ class TestCluster {
   pid_t server_pid(size_t i) const { return servers_[i].pid; }
   // SIGTERM to server `i`; returns its exit code.
   int StopServer(size_t i);
+  // Starts one more server process (index num_servers(), num_servers() + 1,
+  // ... as the calls come): once the tensors are defined it joins the
+  // running job as one more server (docs/architecture.md). From the test's
+  // own thread, as Start.
+  absl::Status AddServer();
 
  private:
   std::string dir_;

@@ -690,7 +690,7 @@ int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_
 }
 
 int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len) {
-  return Query(__func__, w, servers, err, err_len, [](const shardps::Worker& x) { return x.config().num_servers(); });
+  return Query(__func__, w, servers, err, err_len, [](const shardps::Worker& x) { return x.num_servers(); });
 }
 
 int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len) {
@@ -705,6 +705,13 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
 
 int shardps_rejoin_round(const shardps_worker* w, uint64_t* round, char* err, size_t err_len) {
   return Query(__func__, w, round, err, err_len, [](const shardps::Worker& x) { return x.rejoin().round; });
+}
+
+int shardps_rejoin_passed_barrier(const shardps_worker* w, const char* name, int* passed, char* err, size_t err_len) {
+  if (name == nullptr) return Null("name", err, err_len);
+  return Query(__func__, w, passed, err, err_len, [name](const shardps::Worker& x) {
+    return x.rejoin().passed_barriers.contains(name) ? 1 : 0;
+  });
 }
 
 namespace {

@@ -185,6 +185,12 @@ enum shardps_update_mode { SHARDPS_UPDATE_ON_SERVER = 0, SHARDPS_UPDATE_SUM_ONLY
 int shardps_rank(const shardps_worker* w, uint32_t* rank, char* err, size_t err_len);
 /* The number of workers in the job. */
 int shardps_world_size(const shardps_worker* w, uint32_t* size, char* err, size_t err_len);
+/* The servers in the job as this worker last saw it: those its newest shard
+ * map lists as live (neither declared dead nor left). A server that joined
+ * the running job as one more counts once a map listing it reached the
+ * worker, whether it holds partitions yet or not; one that took a dead one's
+ * place counts instead of it. Before the tensors are defined (no map yet):
+ * the config's num_servers, the count the first map waits for. */
 int shardps_num_servers(const shardps_worker* w, uint32_t* servers, char* err, size_t err_len);
 int shardps_consistency(const shardps_worker* w, int* consistency, char* err, size_t err_len);
 int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, size_t err_len);
@@ -194,6 +200,11 @@ int shardps_update_mode(const shardps_worker* w, int* update_mode, char* err, si
  * at the start. A rejoined worker must not write initial weights or wait at
  * a barrier the job passed before it came back. */
 int shardps_rejoin_round(const shardps_worker* w, uint64_t* round, char* err, size_t err_len);
+/* Sets *passed to 1 when the job had passed the barrier `name` before this
+ * worker rejoined it, else 0 (always 0 for a worker there from the start).
+ * Barriers are reusable: entering such a barrier again would wait for every
+ * other worker to enter it once more. */
+int shardps_rejoin_passed_barrier(const shardps_worker* w, const char* name, int* passed, char* err, size_t err_len);
 
 /* The cluster configuration as protobuf text (proto/config.proto), NUL-
  * terminated. *needed is set to its size including the NUL; when out_len is

@@ -58,7 +58,7 @@ class WorkerImpl : public Worker {
   WorkerImpl(std::shared_ptr<SchedulerClient> scheduler, const WorkerOptions& options, RegisterResponse reg,
              CurveKeyPair curve_keys)
       : scheduler_(std::move(scheduler)), options_(options), curve_keys_(std::move(curve_keys)),
-        node_id_(reg.node_id()), config_(reg.config()) {
+        node_id_(reg.node_id()), config_(reg.config()), live_servers_(config_.num_servers()) {
     rejoin_.round = reg.rejoin_round();
     for (const BarrierPass& b : reg.passed_barriers()) {
       rejoin_.passed_barriers[b.name()].assign(b.live_ranks().begin(), b.live_ranks().end());
@@ -81,6 +81,10 @@ class WorkerImpl : public Worker {
 
   const ClusterConfig& config() const override { return config_; }
   uint32_t rank() const override { return options_.rank; }
+  uint32_t num_servers() const override {
+    absl::MutexLock lock(&mu_);
+    return live_servers_;
+  }
   const Rejoin& rejoin() const override { return rejoin_; }
   absl::Duration request_timeout() const override { return absl::Milliseconds(config_.request_timeout_ms()); }
 
@@ -148,6 +152,7 @@ class WorkerImpl : public Worker {
     routes_ = std::move(routes);
     channel_ = *std::move(channel);
     epoch_ = map->epoch();
+    live_servers_ = LiveServers(*map);
     return absl::OkStatus();
   }
 
@@ -579,6 +584,11 @@ class WorkerImpl : public Worker {
     }
   }
 
+  static uint32_t LiveServers(const ShardMap& map) {
+    return static_cast<uint32_t>(
+        std::count_if(map.servers().begin(), map.servers().end(), [](const ServerInfo& s) { return !s.dead(); }));
+  }
+
   DataChannel* Channel() {
     absl::MutexLock lock(&mu_);
     return channel_.get();
@@ -657,6 +667,7 @@ class WorkerImpl : public Worker {
             moved[p.id()] = it->second;
           }
         }
+        if (map.epoch() >= epoch_) live_servers_ = LiveServers(map);
         epoch_ = std::max(epoch_, map.epoch());
       }
       // One pass: a request moved to a replaced server is sent there once.
@@ -711,6 +722,8 @@ class WorkerImpl : public Worker {
   absl::flat_hash_set<std::string> reported_dead_ ABSL_GUARDED_BY(send_mu_);
   mutable absl::Mutex mu_;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Live servers of the newest map (num_servers()); the config's until the first.
+  uint32_t live_servers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TensorRoute> routes_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DataChannel> channel_;  // set once under mu_, then read-only
   std::unique_ptr<Optimizer> optimizer_;  // sum-only mode; set once with channel_

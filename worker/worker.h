@@ -77,6 +77,13 @@ class Worker {
   // The cluster configuration handed out by the scheduler.
   virtual const ClusterConfig& config() const = 0;
   virtual uint32_t rank() const = 0;
+  // The servers in the job as this worker last saw it: those the newest
+  // shard map it received lists as live (not declared dead, not left). A
+  // server that joined the running job as one more counts once a map listing
+  // it reached this worker, whether it holds partitions yet or not; one in a
+  // dead one's place counts instead of it. Before DefineTensors (no map
+  // yet): config().num_servers(), the count the first map waits for.
+  virtual uint32_t num_servers() const = 0;
   // The deadline data waits should use: the config's request_timeout_ms.
   virtual absl::Duration request_timeout() const = 0;
 

@@ -146,6 +146,7 @@ def _declare(lib):
         "shardps_consistency": ([w, c.POINTER(c.c_int)] + err, c.c_int),
         "shardps_update_mode": ([w, c.POINTER(c.c_int)] + err, c.c_int),
         "shardps_rejoin_round": ([w, c.POINTER(c.c_uint64)] + err, c.c_int),
+        "shardps_rejoin_passed_barrier": ([w, c.c_char_p, c.POINTER(c.c_int)] + err, c.c_int),
         "shardps_config_text": ([w, c.c_char_p, c.c_size_t, c.POINTER(c.c_size_t)] + err, c.c_int),
         "shardps_config_field": ([w, c.c_char_p, c.c_char_p, c.c_size_t, c.POINTER(c.c_size_t)] + err, c.c_int),
         "shardps_partitions": ([w, c.c_char_p, c.POINTER(_Partition), c.c_size_t, c.POINTER(c.c_size_t)] + err,

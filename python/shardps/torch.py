@@ -581,16 +581,20 @@ def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
     defined on the worker if nothing is defined yet (so a state_dict with buffers goes before the
     DistributedOptimizer, which defines its named_parameters). Call before training: the servers
     take initial weights only before the first update. A worker that rejoined a running job
-    (`Worker.rejoin_round`) only pulls the current weights: the job broadcast them before it
-    came back, and its own fresh ones must not replace them."""
+    (`Worker.rejoin_round`) only pulls the current weights in the calls the job made before it
+    came back (those whose barrier the job passed: `Worker.passed_before_rejoin`): its own fresh
+    weights must not replace the trained ones, and the others will not enter that barrier again.
+    Its later calls meet the other ranks at the barrier like anyone's."""
     worker = worker if worker is not None else shardps.worker()
     named = list(params.items()) if isinstance(params, dict) else list(params)
     _define_or_check(worker, named, sum_only=worker.update_mode == "sum_only")
-    if worker.rejoin_round == 0:
+    # Numbered in call order, on every rank alike: a rejoined process counts the calls it skips.
+    barrier = "shardps.torch.broadcast_parameters.%d" % next(_broadcasts)
+    if not worker.passed_before_rejoin(barrier):
         if worker.rank == root_rank:
             for name, tensor in named:
                 worker.init_tensor(name, tensor.detach().to("cpu", torch.float32).contiguous(), timeout)
-        worker.barrier("shardps.torch.broadcast_parameters.%d" % next(_broadcasts))
+        worker.barrier(barrier)
     for name, tensor in named:
         if _zero_copy(tensor):
             worker.wait(worker.pull(name, tensor.data), timeout)

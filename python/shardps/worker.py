@@ -248,6 +248,10 @@ class Worker:
 
     @property
     def num_servers(self):
+        """The servers in the job as this worker last saw it: those its newest shard map lists as
+        live (neither declared dead nor left). A server that joined the running job as one more
+        counts once a map listing it reached the worker, whether it holds partitions yet or not.
+        Before the tensors are defined: the config's num_servers."""
         return self._query("shardps_num_servers", ctypes.c_uint32)
 
     @property
@@ -274,6 +278,15 @@ class Worker:
         without it until then. Such a worker pulls the current weights
         (shardps.torch.broadcast_parameters does so) and, in sync, skips the steps already taken."""
         return self._query("shardps_rejoin_round", ctypes.c_uint64)
+
+    def passed_before_rejoin(self, barrier):
+        """True when the job had passed the barrier named `barrier` before this worker rejoined
+        it (never for a worker there from the start). Barriers are reusable: entering such a
+        barrier again would wait for every other worker to enter it once more."""
+        passed = ctypes.c_int()
+        self._call("shardps_rejoin_passed_barrier", self._live(), _name(barrier, "barrier name"),
+                   ctypes.byref(passed))
+        return passed.value != 0
 
     def config_text(self):
         """The cluster configuration, protobuf text (proto/config.proto)."""

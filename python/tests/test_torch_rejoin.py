@@ -1,3 +1,4 @@
+import itertools
 import os
 import re
 import tempfile
@@ -7,6 +8,7 @@ from cluster import has_torch, launch, python_worker
 
 if has_torch():
     import torch
+    import shardps.torch
 
 
 @unittest.skipUnless(has_torch(), "torch is not installed for this interpreter (Debian: python3-torch)")
@@ -29,6 +31,51 @@ class TorchRejoinTest(unittest.TestCase):
             self.assertFalse(torch.equal(pulled[name], fresh[name]), name + ": the new process kept its own weights")
             # Both end on the last round's weights: the new process took the rounds the job had left.
             self.assertTrue(torch.equal(ranks[1][name], weights), name + " differs between the ranks")
+
+
+class _RejoinedWorker:
+    """What broadcast_parameters asks of a worker, for a process that registered again after its
+    job passed the barriers `passed`; records the calls that would reach the cluster."""
+
+    def __init__(self, rank, passed):
+        self.rank, self.rejoin_round, self.update_mode = rank, 40, "on_server"
+        self.tensors, self.dtypes = {}, {}
+        self.passed, self.calls = set(passed), []
+
+    def define(self, specs):
+        for name, shape, dtype, _ in specs:
+            self.tensors[name], self.dtypes[name] = shape, dtype
+
+    def passed_before_rejoin(self, barrier):
+        return barrier in self.passed
+
+    def init_tensor(self, name, values, timeout=None):
+        self.calls.append(("init", name))
+
+    def barrier(self, name, timeout=None):
+        self.calls.append(("barrier", name))
+
+    def pull(self, name, out):
+        self.calls.append(("pull", name))
+        return name
+
+    def wait(self, handle, timeout=None):
+        pass
+
+
+@unittest.skipUnless(has_torch(), "torch is not installed for this interpreter (Debian: python3-torch)")
+class BroadcastAfterRejoinTest(unittest.TestCase):
+    def test_a_rejoined_worker_skips_the_barrier_the_job_passed_and_meets_the_others_at_the_next(self):
+        # Before, a rejoined worker skipped the barrier on every call: a script that broadcast again
+        # mid-training left the other ranks waiting there until their timeout.
+        shardps.torch._broadcasts = itertools.count()  # a fresh process, as a rejoined one is
+        worker = _RejoinedWorker(rank=1, passed=["shardps.torch.broadcast_parameters.0"])
+        params = {"w": torch.zeros(3)}
+        shardps.torch.broadcast_parameters(params, root_rank=0, worker=worker)  # the job's first call
+        self.assertEqual(worker.calls, [("pull", "w")])
+        worker.calls.clear()
+        shardps.torch.broadcast_parameters(params, root_rank=0, worker=worker)  # one the others make now
+        self.assertEqual(worker.calls, [("barrier", "shardps.torch.broadcast_parameters.1"), ("pull", "w")])
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@ Usage: torch_rejoin_worker.py OUT_DIR [first|again]
 Rank 0 trains STEPS steps, and after PAUSE_AT waits until rank 1 has registered again. Rank 1
 runs this script twice in a row: the first process trains a few steps and is SIGKILLed; the
 second registers again once the rank is declared dead, starts from its own fresh weights,
-calls broadcast_parameters like any worker and trains the steps the job has left. Each saves
-its final weights to OUT_DIR/rank<R>.pt, the second also what broadcast_parameters gave it."""
+calls broadcast_parameters like any worker (twice, the first layer and the rest, as a script
+with two models would: the job passed both barriers before it came back) and trains the steps
+the job has left. Each saves its final weights to OUT_DIR/rank<R>.pt, the second also what
+broadcast_parameters gave it."""
 
 import os
 import signal
@@ -54,7 +56,9 @@ model = torch_job.make_model(seed=worker.rank + (10 if phase == "again" else 1))
 fresh = {n: p.detach().clone() for n, p in model.named_parameters()}
 optimizer = shardps.torch.DistributedOptimizer(torch_job.torch_optimizer("SGD", model.parameters(), 0.1),
                                                named_parameters=model.named_parameters())
-shardps.torch.broadcast_parameters(model.named_parameters(), root_rank=0)
+named = list(model.named_parameters())
+shardps.torch.broadcast_parameters(named[:2], root_rank=0)
+shardps.torch.broadcast_parameters(named[2:], root_rank=0)
 if phase == "again":
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, os.path.join(out_dir, "pulled.pt"))
     torch.save(fresh, os.path.join(out_dir, "fresh.pt"))

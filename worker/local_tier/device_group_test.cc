@@ -47,6 +47,7 @@ class FakeWorker : public Worker {
 
   const ClusterConfig& config() const override { return config_; }
   uint32_t rank() const override { return 0; }
+  uint32_t num_servers() const override { return 1; }
   absl::Duration request_timeout() const override { return absl::Seconds(30); }
   absl::Status DefineTensors(const std::vector<TensorSpec>&, absl::Duration) override { return absl::OkStatus(); }
   absl::Status InitTensor(const std::string&, absl::Span<const float>, absl::Duration) override {
