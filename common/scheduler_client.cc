@@ -338,10 +338,12 @@ absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const s
   return std::unique_ptr<SchedulerClient>(new FailoverSchedulerClient(address, std::move(clients)));
 }
 
-absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config) {
+absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config,
+                        const std::string& error) {
   HeartbeatRequest request;
   request.set_node_id(node_id);
   request.set_leaving(true);
+  request.set_leaving_error(error);
   const absl::Duration wait =
       std::clamp(absl::Milliseconds(config.heartbeat_interval_ms()), absl::Milliseconds(100), absl::Seconds(2));
   return scheduler.Heartbeat(request, wait).status();

@@ -72,8 +72,10 @@ class SchedulerClient {
 // A node's last heartbeat (HeartbeatRequest.leaving): the scheduler takes it
 // out of the job at once instead of after heartbeat_timeout_ms. Waits one
 // heartbeat interval of `config`, clamped to [100 ms, 2 s]: a scheduler that
-// does not answer by then finds the node silent, as before.
-absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config);
+// does not answer by then finds the node silent, as before. `error`: why a
+// worker stops on an error (HeartbeatRequest.leaving_error), or empty.
+absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config,
+                        const std::string& error = "");
 
 }  // namespace shardps
 

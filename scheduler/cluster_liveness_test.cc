@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/protocol.h"
 #include "common/tensor_spec.h"
+#include "common/warning_lines_test_util.h"
 #include "scheduler/cluster_state.h"
 
 namespace shardps {
@@ -291,6 +292,29 @@ TEST_F(LivenessTest, AServerStoppedWhileTheWorkersAreDeadNotLeftFailsOver) {
   for (const PartitionInfo& p : map.partitions()) {
     EXPECT_EQ(p.server(), 1u) << "not failed over: " << p.ShortDebugString();
   }
+}
+
+TEST_F(LivenessTest, AWorkerThatLeavesOnAnErrorIsListedAsFailedWithItEvenAfterARestart) {
+  HeartbeatRequest leaving;
+  leaving.set_node_id(worker_ids_[1]);
+  leaving.set_leaving(true);
+  leaving.set_leaving_error("uncaught ValueError: loss is nan (train.py:42 in step)" + std::string(5000, '!'));
+  WarningLines log;
+  ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  EXPECT_THAT(log.Joined(), HasSubstr("worker rank 1 (host h) failed and left the job: uncaught ValueError: loss "
+                                      "is nan (train.py:42 in step)"));
+  EXPECT_THAT(state_->Status().shard_map().excluded_workers(), ElementsAre(1)) << "the job goes on without it";
+  auto error_of = [](const StatusResponse& status) {
+    for (const NodeStatus& n : status.nodes()) {
+      if (n.role() == WORKER && n.rank() == 1) return n.left_error();
+    }
+    return std::string("no worker 1");
+  };
+  const std::string error = error_of(state_->Status());
+  EXPECT_EQ(error.size(), 4096u) << "kept to a bound";
+  EXPECT_EQ(error.rfind("uncaught ValueError", 0), 0u) << error;
+  auto restored = ClusterState::Restore(*saved_, [this] { return now_; });
+  EXPECT_EQ(error_of(restored->Status()), error);
 }
 
 TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {

@@ -76,6 +76,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     Node& node = group[n.rank()];
     node = Node{n.id(), n.role(), n.rank(), n.address(), n.host(), now, 0, n.dead(), /*heard=*/false};
     node.left = n.left();
+    node.left_error = n.left_error();
     node.peak_rate = n.peak_round_rate();
   }
   cs->map_ = state.shard_map();
@@ -127,6 +128,7 @@ void ClusterState::Save() {
       n->set_host(node.host);
       n->set_dead(node.dead);
       n->set_left(node.left);
+      n->set_left_error(node.left_error);
       n->set_peak_round_rate(node.peak_rate);
     }
   }
@@ -366,7 +368,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   node->last_seen = clock_();
   if (request.leaving()) {
     if (node->role == WORKER) {
-      Leave(*node);
+      Leave(*node, request.leaving_error());
     } else {
       ServerLeaves(*node);
     }
@@ -511,14 +513,21 @@ void ClusterState::ServerLeaves(Node& node) {
   Save();
 }
 
-void ClusterState::Leave(Node& node) {
+void ClusterState::Leave(Node& node, const std::string& error) {
   node.left = true;
+  node.left_error = error.substr(0, kMaxLeavingError);
   map_.set_epoch(map_.epoch() + 1);
   map_.add_left_workers(node.rank);
   ExcludeWorker(node);
   Save();
-  LOG(INFO) << "worker rank " << node.rank << " (host " << node.host << ") left the job; shard map epoch "
-            << map_.epoch() << ", " << LiveWorkers() << " workers go on";
+  if (node.left_error.empty()) {
+    LOG(INFO) << "worker rank " << node.rank << " (host " << node.host << ") left the job; shard map epoch "
+              << map_.epoch() << ", " << LiveWorkers() << " workers go on";
+  } else {
+    LOG(WARNING) << "worker rank " << node.rank << " (host " << node.host << ") failed and left the job: "
+                 << node.left_error << "; shard map epoch " << map_.epoch() << ", " << LiveWorkers()
+                 << " workers go on";
+  }
 }
 
 std::string ClusterState::FailOver(uint32_t dead) {
@@ -973,6 +982,7 @@ StatusResponse ClusterState::Status() {
       s->set_applied_epoch(node.applied_epoch);
       s->set_declared_dead(node.dead && !node.left);
       s->set_left(node.left);
+      s->set_left_error(node.left_error);
       s->set_heard_since_start(node.heard);
       if (!node.checkpoint_failure.dir().empty()) *s->mutable_checkpoint_failure() = node.checkpoint_failure;
       if (node.counters_seen != absl::InfinitePast()) {

@@ -117,6 +117,7 @@ class ClusterState {
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
+    std::string left_error{};  // why, when it left on an error (HeartbeatRequest.leaving_error)
     // Servers: the rounds they report completed, the round the rate (rounds
     // per second) is measured from and when it was reported, and the rate
     // between their last two reports (Heartbeat says which count).
@@ -163,8 +164,10 @@ class ClusterState {
   // excluded, and the barriers only it held up passed.
   void ExcludeWorker(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `node` said it leaves: removed from the job as a dead one is, at
-  // once, and listed as left rather than dead.
-  void Leave(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // once, and listed as left rather than dead; with `error` (its training
+  // process stops on one: at most kMaxLeavingError bytes kept) as failed.
+  void Leave(Node& node, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kMaxLeavingError = 4096;
   // Server `node` said it stops (it drained on SIGTERM) once the job has
   // partitions: out of the map in a new epoch and listed as left, its
   // partitions failed over now rather than after heartbeat_timeout_ms, so a

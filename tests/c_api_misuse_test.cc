@@ -99,6 +99,8 @@ TEST_F(CApiMisuseTest, EveryNullPointerIsRefusedByName) {
   EXPECT_EQ(shardps_consistency(nullptr, &i, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_update_mode(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_rejoin_round(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_fail(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+  EXPECT_EQ(shardps_fail(nullptr, "boom", err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_rejoin_passed_barrier(w_, nullptr, &i, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_rejoin_passed_barrier(w_, "init", nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
   EXPECT_EQ(shardps_stats(w_, nullptr, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);

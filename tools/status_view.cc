@@ -70,7 +70,10 @@ std::string StatusTable(const StatusResponse& status) {
     std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
                                                             n.address(), served, n.applied_epoch())
                                           : absl::StrFormat("worker %d  %s", n.rank(), n.host());
-    const char* state = n.left() ? "left" : n.declared_dead() ? "DEAD" : n.alive() ? "alive" : "SILENT";
+    const char* state = n.left()            ? (n.left_error().empty() ? "left" : "FAILED (left on an error)")
+                        : n.declared_dead() ? "DEAD"
+                        : n.alive()         ? "alive"
+                                            : "SILENT";
     const bool behind = n.role() == SERVER && !n.declared_dead() && n.applied_epoch() < epoch;
     std::string lag;
     if (n.role() == WORKER && !n.declared_dead() && !n.left() && n.has_counters() &&
@@ -80,6 +83,7 @@ std::string StatusTable(const StatusResponse& status) {
     absl::StrAppend(&out, absl::StrFormat("  %-60s %s (heartbeat %d ms ago)%s%s\n", what, state,
                                           n.ms_since_heartbeat(), behind ? " behind" : "", lag));
     if (n.has_counters()) absl::StrAppend(&out, RatesLine(n));
+    if (!n.left_error().empty()) absl::StrAppend(&out, "    error: ", n.left_error(), "\n");
     if (n.has_checkpoint_failure()) {
       const CheckpointFailure& f = n.checkpoint_failure();
       absl::StrAppend(&out, "    checkpoint of round ", f.round(), " into ", f.dir(), " not written here: ", f.error(),

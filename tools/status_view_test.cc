@@ -84,5 +84,18 @@ TEST(StatusViewTest, HandoffsUnderWayAreShownInTheTableAndTheJson) {
   EXPECT_NE(json.find("\"handoffs_planned\":\"3\""), std::string::npos) << json;
 }
 
+TEST(StatusViewTest, AWorkerThatLeftOnAnErrorIsShownAsFailedWithIt) {
+  StatusResponse status = ThreeWorkers(SYNC, 0, {10, 10, 4});
+  status.mutable_nodes(1)->set_left(true);
+  status.mutable_nodes(2)->set_left(true);
+  status.mutable_nodes(2)->set_left_error("uncaught ValueError: loss is nan (train.py:42 in step)");
+  const std::string table = StatusTable(status);
+  EXPECT_NE(table.find("worker 1   "), std::string::npos) << table;
+  EXPECT_NE(table.find(" left (heartbeat"), std::string::npos) << table;
+  EXPECT_NE(table.find("FAILED (left on an error)"), std::string::npos) << table;
+  EXPECT_NE(table.find("    error: uncaught ValueError: loss is nan (train.py:42 in step)"), std::string::npos) << table;
+  EXPECT_NE(StatusJson(status).find("\"left_error\":\"uncaught ValueError"), std::string::npos) << StatusJson(status);
+}
+
 }  // namespace
 }  // namespace shardps

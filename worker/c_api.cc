@@ -505,6 +505,14 @@ int shardps_declare_tensor_codec(shardps_worker* w, const char* name, const int6
   return CheckedDeclare(__func__, w, name, shape, ndim, dtype, codec, err, err_len);
 }
 
+int shardps_fail(shardps_worker* w, const char* error, char* err, size_t err_len) {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (error == nullptr) return Null("error", err, err_len);
+    live.worker->SetLeavingError(error);
+    return 0;
+  });
+}
+
 int shardps_define_done(shardps_worker* w, char* err, size_t err_len) {
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
     return Report(live.worker->DefineTensors(Declared(live)), err, err_len);

@@ -76,6 +76,13 @@ int shardps_worker_create_secure(const char* scheduler_address, uint32_t rank, d
  * parent's worker returns SHARDPS_FAILED_PRECONDITION (its threads and
  * connections stayed in the parent), and destroy leaves it alone. */
 void shardps_worker_destroy(shardps_worker* w);
+/* Says why the training process stops, when it stops on an error (a binding
+ * calls it for an uncaught exception): the leave shardps_worker_destroy then
+ * sends carries `error`, and the scheduler lists this worker as failed with
+ * it (its log and `shardps status`) rather than as left. The job goes on
+ * without it as after any leave. At most 4096 bytes of `error` are kept; the
+ * last call counts; "" takes it back. */
+int shardps_fail(shardps_worker* w, const char* error, char* err, size_t err_len);
 
 /* Declares one float32 tensor; call for each tensor, then shardps_define_done.
  * Names (of tensors, barriers) and codec specs are UTF-8 of at most 4096

@@ -576,8 +576,19 @@ class WorkerImpl : public Worker {
   // (sync rounds and barriers go on without it) instead of declaring it dead
   // once its heartbeats stop. Bounded by one heartbeat interval (at most 2 s):
   // a scheduler that does not answer then finds it silent, as before.
+  void SetLeavingError(const std::string& error) override {
+    absl::MutexLock lock(&mu_);
+    leaving_error_ = error;
+  }
+
   void Leave() {
-    absl::Status s = SayLeaving(*scheduler_, node_id_, config_);
+    std::string error;
+    {
+      absl::MutexLock lock(&mu_);
+      error = leaving_error_;
+    }
+    if (!error.empty()) LOG(ERROR) << "worker " << options_.rank << " leaves the job on an error: " << error;
+    absl::Status s = SayLeaving(*scheduler_, node_id_, config_, error);
     if (!s.ok() && !absl::IsFailedPrecondition(s)) {  // FailedPrecondition: no longer a member anyway
       LOG(WARNING) << "worker " << options_.rank << ": could not tell the scheduler it leaves (" << s
                    << "); it will be declared dead after heartbeat_timeout_ms";
@@ -729,6 +740,7 @@ class WorkerImpl : public Worker {
   std::unique_ptr<Optimizer> optimizer_;  // sum-only mode; set once with channel_
   absl::flat_hash_map<std::string, std::unique_ptr<compression::ErrorFeedback>> feedback_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string leaving_error_ ABSL_GUARDED_BY(mu_);  // SetLeavingError
   std::thread heartbeat_;
   // From the first successful DefineTensors on; set by the thread that
   // defines (DefineTensors is not called concurrently with itself).

@@ -163,6 +163,12 @@ class Worker {
 
   virtual WorkerStats stats() const = 0;
 
+  // Why the training process stops, when it stops on an error: the leave
+  // this worker's destructor sends then carries it (HeartbeatRequest.
+  // leaving_error), and the scheduler lists the worker as failed with it
+  // rather than as left. The last call counts.
+  virtual void SetLeavingError(const std::string& error) = 0;
+
   // A worker whose rank had been removed from the running job (declared
   // dead) and that registered again: the first round it pushes, and the
   // barriers the job passed before it came back (name -> ranks in the job

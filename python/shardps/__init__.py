@@ -10,12 +10,13 @@ for jobs that manage tensors themselves.
 """
 
 import os
+import sys
 
 from . import environment
 from ._library import LibraryNotFoundError
 from .errors import (DeadlineExceededError, InvalidArgumentError, NotFoundError, ShardPSError,
                      UnavailableError, UnimplementedError)
-from .worker import Handle, Worker
+from .worker import Handle, Worker, describe_exception
 
 __all__ = ["init", "shutdown", "is_initialized", "worker", "rank", "size", "local_rank", "version",
            "Worker", "Handle", "ShardPSError", "InvalidArgumentError", "DeadlineExceededError",
@@ -42,7 +43,27 @@ def init(scheduler=None, rank=None, rendezvous_timeout=None, timeout=60.0, secur
         security_config = os.environ.get("SHARDPS_SECURITY_CONFIG") or None
     _worker = Worker(address, worker_rank, rendezvous_timeout=rendezvous_timeout, timeout=timeout,
                      security_config=security_config)
+    _report_uncaught_exceptions()
     return _worker
+
+
+def _report_uncaught_exceptions():
+    """An uncaught exception ends the script: the worker leaves saying so, and the scheduler lists
+    it as failed with the exception (its log, `shardps status`) rather than as left."""
+    previous = sys.excepthook
+    if getattr(previous, "_shardps", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if _worker is not None:
+            try:
+                _worker.close(error=describe_exception(exc_type, exc, tb))
+            except Exception:  # the exception being reported matters more
+                pass
+        previous(exc_type, exc, tb)
+
+    hook._shardps = True
+    sys.excepthook = hook
 
 
 def shutdown():

@@ -119,6 +119,7 @@ def _declare(lib):
         "shardps_worker_create_secure": ([c.c_char_p, c.c_uint32, c.c_double, c.c_char_p, c.POINTER(c.c_void_p)]
                                          + err, c.c_int),
         "shardps_worker_destroy": ([w], None),
+        "shardps_fail": ([w, c.c_char_p] + err, c.c_int),
         "shardps_declare_tensor": ([w, c.c_char_p, c.POINTER(c.c_int64), c.c_size_t] + err, c.c_int),
         "shardps_declare_tensor_codec": ([w, c.c_char_p, c.POINTER(c.c_int64), c.c_size_t, c.c_int, c.c_char_p]
                                          + err, c.c_int),

@@ -21,6 +21,7 @@ there, and the child's exit leaves the parent's worker alone.
 import ctypes
 import os
 import time
+import traceback
 
 from . import _library
 from .errors import check, DeadlineExceededError, ShardPSError
@@ -166,6 +167,17 @@ class Completions:
         return taken
 
 
+
+def describe_exception(exc_type, exc, tb):
+    """One line for the scheduler: the exception, its message and where it was raised."""
+    where = ""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    if frames:
+        last = frames[-1]
+        where = " (%s:%d in %s)" % (os.path.basename(last.filename), last.lineno, last.name)
+    text = str(exc) if exc is not None else ""
+    return "uncaught %s%s%s" % (exc_type.__name__, ": " + text if text else "", where)
+
 class Worker:
     """A worker of a running cluster. Creating one registers with the scheduler and returns
     once every server and worker has registered (or fails after rendezvous_timeout seconds,
@@ -215,11 +227,14 @@ class Worker:
                                % (self._pid, os.getpid()))
         return self._ptr
 
-    def close(self):
+    def close(self, error=None):
         """Leaves the job (the C++ worker's destructor); further calls raise ValueError. In a
-        forked child it only forgets the parent's worker."""
+        forked child it only forgets the parent's worker. `error`: why the job stops, when it
+        stops on one; the scheduler then lists this worker as failed with it, not as left."""
         if self._ptr is not None:
             if self._forks == _forks:
+                if error:
+                    self._raw("shardps_fail", self._ptr, str(error).encode("utf-8", "replace"))
                 self._lib.shardps_worker_destroy(self._ptr)
             self._ptr = None
             self._orphans.clear()
@@ -227,8 +242,8 @@ class Worker:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        self.close(error=describe_exception(exc_type, exc, tb) if exc_type is not None else None)
 
     def __del__(self):
         try:

@@ -20,6 +20,14 @@ class WorkerErrorsTest(unittest.TestCase):
                      "[0] ok: completions: True", "[1] ok: completions: True", "[0] ok: all", "[1] ok: all"):
             self.assertIn(case, run.stdout)
 
+    def test_an_uncaught_exception_is_reported_to_the_scheduler_as_the_workers_failure(self):
+        run = launch(1, 2, python_worker("failing_worker.py"), timeout=60)
+        self.assertNotEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("ValueError: loss is nan at step 3", run.stderr)  # Python's own traceback
+        self.assertRegex(run.stderr, r"worker rank 1 \(host [^)]*\) failed and left the job: uncaught "
+                                     r"ValueError: loss is nan at step 3 \(failing_worker.py:[0-9]+ in train_step\)")
+        self.assertNotRegex(run.stderr, r"worker rank 1 \(host [^)]*\) left the job")
+
     def test_unreachable_scheduler_raises_with_status_and_address(self):
         with self.assertRaises(shardps.ShardPSError) as caught:
             shardps.Worker("127.0.0.1:1", 0, rendezvous_timeout=1)

@@ -105,6 +105,7 @@ class FakeWorker : public Worker {
     return absl::UnimplementedError("fake: DeviceGroup waits per handle");
   }
   WorkerStats stats() const override { return stats_; }
+  void SetLeavingError(const std::string&) override {}
 
  private:
   struct Tensor {
