@@ -24,25 +24,50 @@ absl::StatusOr<std::string> ReadNamed(const std::string& path, absl::string_view
   return *std::move(data);
 }
 
+// `token` checked: it travels as a gRPC metadata value. `what` names it.
+absl::Status CheckToken(const std::string& token, absl::string_view what) {
+  if (token.size() < 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("security: ", what, " has ", token.size(), " characters; at least 16 are required"));
+  }
+  for (char c : token) {
+    if (c < 0x20 || c > 0x7e) return absl::InvalidArgumentError(absl::StrCat("security: ", what, " must be printable ASCII"));
+  }
+  return absl::OkStatus();
+}
+
+// The content of token file `path` (field `field`), trailing white space dropped.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_view field) {
+  auto data = ReadNamed(path, field, true);
+  if (!data.ok()) return data.status();
+  return std::string(absl::StripTrailingAsciiWhitespace(*data));
+}
+
 absl::StatusOr<std::string> LoadToken(const SecurityConfig& config) {
   if (config.has_token() && config.has_token_file()) {
     return absl::InvalidArgumentError("security: set token or token_file, not both");
   }
   std::string token = config.token();
   if (config.has_token_file()) {
-    auto data = ReadNamed(config.token_file(), "token_file", true);
+    auto data = ReadTokenFile(config.token_file(), "token_file");
     if (!data.ok()) return data.status();
-    token = std::string(absl::StripTrailingAsciiWhitespace(*data));
+    token = *std::move(data);
   }
-  if (token.size() < 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("security: the cluster token has ", token.size(), " characters; at least 16 are required"));
-  }
-  for (char c : token) {
-    // It travels as a gRPC metadata value: printable ASCII only.
-    if (c < 0x20 || c > 0x7e) return absl::InvalidArgumentError("security: the cluster token must be printable ASCII");
-  }
+  if (absl::Status s = CheckToken(token, "the cluster token"); !s.ok()) return s;
   return token;
+}
+
+absl::StatusOr<std::vector<std::string>> LoadAcceptedTokens(const SecurityConfig& config) {
+  std::vector<std::string> tokens(config.accepted_tokens().begin(), config.accepted_tokens().end());
+  for (const std::string& path : config.accepted_token_files()) {
+    auto data = ReadTokenFile(path, "accepted_token_files");
+    if (!data.ok()) return data.status();
+    tokens.push_back(*std::move(data));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (absl::Status s = CheckToken(tokens[i], absl::StrCat("accepted token ", i + 1)); !s.ok()) return s;
+  }
+  return tokens;
 }
 
 }  // namespace
@@ -54,6 +79,9 @@ absl::StatusOr<SecurityCredentials> LoadSecurityCredentials(const SecurityConfig
   auto token = LoadToken(config);
   if (!token.ok()) return token.status();
   creds.token = *std::move(token);
+  auto accepted = LoadAcceptedTokens(config);
+  if (!accepted.ok()) return accepted.status();
+  creds.accepted_tokens = *std::move(accepted);
   const bool own_cert = for_scheduler || config.require_client_cert();
   auto ca = ReadNamed(config.tls_ca_file(), "tls_ca_file", true);
   auto cert = ReadNamed(config.tls_cert_file(), "tls_cert_file", own_cert);

@@ -9,6 +9,7 @@
 #define SHARDPS_COMMON_SECURITY_H_
 
 #include <string>
+#include <vector>
 
 #include <zmq.hpp>
 
@@ -23,6 +24,7 @@ namespace shardps {
 struct SecurityCredentials {
   bool enabled = false;
   std::string token;                // sent (nodes) or required (scheduler) on every call
+  std::vector<std::string> accepted_tokens;  // scheduler: also accepted (a rotation under way)
   std::string ca_pem;               // the cluster CA
   std::string ca_file;              // where ca_pem was read, for messages; empty: given in memory
   std::string cert_pem, key_pem;    // this node's certificate chain and key; empty on plain nodes

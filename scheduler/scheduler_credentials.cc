@@ -7,6 +7,7 @@
 #include <openssl/x509_vfy.h>
 
 #include <atomic>
+#include <vector>
 
 #include <glog/logging.h>
 #include <grpcpp/security/auth_metadata_processor.h>
@@ -68,8 +69,11 @@ class TrustStore {
 // handshake silently; the handshake still proves the peer holds its key).
 class CallAuthenticator : public grpc::AuthMetadataProcessor {
  public:
-  CallAuthenticator(std::string token, std::unique_ptr<TrustStore> trust)
-      : expected_("Bearer " + std::move(token)), trust_(std::move(trust)) {}
+  // `tokens`: the cluster token, then those accepted while it is rotated.
+  CallAuthenticator(const std::vector<std::string>& tokens, std::unique_ptr<TrustStore> trust)
+      : trust_(std::move(trust)) {
+    for (const std::string& t : tokens) expected_.push_back("Bearer " + t);
+  }
 
   bool IsBlocking() const override { return false; }  // no I/O: run inline
 
@@ -85,10 +89,12 @@ class CallAuthenticator : public grpc::AuthMetadataProcessor {
     auto token = metadata.find("authorization");
     if (token == metadata.end()) return Refuse(*context, "the call carries no cluster token");
     const std::string given(token->second.data(), token->second.size());
-    if (given.size() != expected_.size() ||
-        CRYPTO_memcmp(given.data(), expected_.data(), given.size()) != 0) {
-      return Refuse(*context, "the call carries a wrong cluster token");
+    // Every token compared, in time independent of where they differ.
+    bool known = false;
+    for (const std::string& expected : expected_) {
+      known |= given.size() == expected.size() && CRYPTO_memcmp(given.data(), expected.data(), given.size()) == 0;
     }
+    if (!known) return Refuse(*context, "the call carries a wrong cluster token");
     consumed->insert({"authorization", given});
     return grpc::Status::OK;
   }
@@ -113,7 +119,7 @@ class CallAuthenticator : public grpc::AuthMetadataProcessor {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, absl::StrCat("scheduler refused the call: ", why));
   }
 
-  const std::string expected_;
+  std::vector<std::string> expected_;  // "Bearer " + each accepted token
   const std::unique_ptr<TrustStore> trust_;  // null: no client certificates
   std::atomic<uint64_t> refused_{0};
 };
@@ -133,7 +139,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> SchedulerCredentials(co
   tls.pem_key_cert_pairs.push_back({security.key_pem, security.cert_pem});
   auto creds = grpc::SslServerCredentials(tls);
   if (creds == nullptr) return absl::InvalidArgumentError("security: the scheduler's TLS certificate or key is invalid");
-  creds->SetAuthMetadataProcessor(std::make_shared<CallAuthenticator>(security.token, std::move(trust)));
+  std::vector<std::string> tokens = {security.token};
+  tokens.insert(tokens.end(), security.accepted_tokens.begin(), security.accepted_tokens.end());
+  if (tokens.size() > 1) {
+    LOG(WARNING) << "scheduler: accepting " << tokens.size() << " cluster tokens (security.token and "
+                 << tokens.size() - 1 << " in accepted_tokens / accepted_token_files): a token rotation is under way";
+  }
+  creds->SetAuthMetadataProcessor(std::make_shared<CallAuthenticator>(tokens, std::move(trust)));
   return creds;
 }
 

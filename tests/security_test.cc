@@ -269,6 +269,49 @@ TEST_F(SecurityTest, NodeWithoutTheTokenIsRefusedWithALogLineNamingIt) {
   EXPECT_TRUE((*client)->Status(absl::Seconds(5)).ok()) << "the right credentials must pass";
 }
 
+TEST_F(SecurityTest, WhileTheTokenIsRotatedTheSchedulerAcceptsTheNewOneAndStillNoOther) {
+  // Step 1 of a rotation (deploy/README.md): the scheduler restarted with
+  // the new token accepted beside the old one, here from a file.
+  const std::string new_token_file = dir_ + "/new-token";
+  std::ofstream(new_token_file) << "the-next-cluster-token-0123456789\n";
+  std::ifstream in(files_.scheduler_config);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string rotating = dir_ + "/rotating.conf";
+  std::ofstream(rotating) << absl::StrReplaceAll(
+      text, {{"security {", absl::StrCat("security {\n  accepted_token_files: \"", new_token_file, "\"")}});
+  auto security = LoadSecurityCredentialsFile(rotating, true);
+  ASSERT_TRUE(security.ok()) << security.status();
+  ASSERT_EQ(security->accepted_tokens.size(), 1u);
+  scheduler_.reset();
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_num_servers(1);
+  options.config.set_num_workers(2);
+  options.security = *security;
+  WarningLines log;
+  auto scheduler = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  scheduler_ = *std::move(scheduler);
+  EXPECT_THAT(log.Joined(), HasSubstr("accepting 2 cluster tokens"));
+  SecurityCredentials next = node_;
+  next.token = "the-next-cluster-token-0123456789";
+  auto status_with = [&](const SecurityCredentials& c) {
+    auto client = SchedulerClient::Create(scheduler_->address(), c);
+    return client.ok() ? (*client)->Status(absl::Seconds(5)).status() : client.status();
+  };
+  EXPECT_TRUE(status_with(next).ok()) << "a node already given the new token";
+  EXPECT_TRUE(status_with(node_).ok()) << "a node still on the old one";
+  SecurityCredentials wrong = node_;
+  wrong.token = "not-the-cluster-token-at-all";
+  EXPECT_THAT(status_with(wrong).message(), HasSubstr("wrong cluster token"));
+  // A short accepted token is refused as a short token is.
+  SecurityConfig config;
+  config.set_enabled(true);
+  config.set_token("a-long-enough-cluster-token");
+  config.add_accepted_tokens("short");
+  EXPECT_THAT(LoadSecurityCredentials(config, false).status().message(), HasSubstr("accepted token 1 has 5 characters"));
+}
+
 TEST_F(SecurityTest, CallWithoutTokenIsRefused) {
   WarningLines log;
   SecurityCredentials no_token = node_;
