@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -199,13 +202,26 @@ class ParameterServerImpl : public ParameterServer {
       ++frames;
       more = extra.more();
     }
+    Process(peer, header_frame, payload, frames, /*held_since=*/std::nullopt);
+    return true;
+  }
+
+  // Handles one received message. Sealed by a key this server's map does
+  // not list yet, it is held (`held_since`: when it first arrived, for one
+  // held already) and tried again once a new map is installed.
+  void Process(zmq::message_t& peer, zmq::message_t& header_frame, zmq::message_t& payload, int frames,
+               std::optional<std::chrono::steady_clock::time_point> held_since) {
     header_.Clear();
     absl::Status s;
     absl::string_view sealed_by;  // sealed: the sender's raw key, within header_frame
     if (sender_seals_) {
       // Sealed: a message no admitted node sealed gets no answer at all.
-      s = OpenFromSender(peer, header_frame, frames == 3 ? &payload : nullptr, &sealed_by);
-      if (!s.ok()) return true;
+      bool unknown_sender = false;
+      s = OpenFromSender(peer, header_frame, frames == 3 ? &payload : nullptr, &sealed_by, &unknown_sender);
+      if (!s.ok()) {
+        if (!unknown_sender || !Hold(peer, header_frame, payload, frames, held_since)) RefuseUnsealed(s);
+        return;
+      }
     } else {
       s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
     }
@@ -218,37 +234,80 @@ class ParameterServerImpl : public ParameterServer {
       reply.set_request_id(header_.request_id());
       SetResponseStatus(s, &reply);
       Send(peer, reply, nullptr);
-      return true;
+      return;
     }
     const auto start = metrics_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     engine_->Handle(peer, header_, frames == 3 ? &payload : nullptr);
     completed_round_.store(engine_->completed_round(), std::memory_order_relaxed);
     if (engine_->copies_generation() != copies_generation_) PublishSyncedCopies();
     if (metrics_) metrics_->ObserveHandling(std::chrono::steady_clock::now() - start);
+  }
+
+  // A message sealed by a key the map does not list may come from a node
+  // newer than this server's map: a server that just joined gets its first
+  // snapshots from primaries that learned of it before its own first map
+  // reached it (dropped, such a snapshot was never sent again, and the
+  // partition stalled until it was lost). Held for one heartbeat timeout, at
+  // most kMaxHeldMessages and as many bytes as two of the largest frames;
+  // past that, or past the timeout, dropped as before (unanswered). Replayed
+  // in arrival order after each map install, and opened again then, so a
+  // forged one gains nothing by waiting.
+  static constexpr size_t kMaxHeldMessages = 256;
+  struct HeldMessage {
+    zmq::message_t peer, header_frame, payload;
+    int frames;
+    std::chrono::steady_clock::time_point since;
+  };
+
+  // Whether the message was held (taken from the arguments).
+  bool Hold(zmq::message_t& peer, zmq::message_t& header_frame, zmq::message_t& payload, int frames,
+            std::optional<std::chrono::steady_clock::time_point> held_since) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto since = held_since.value_or(now);
+    if (now - since > std::chrono::milliseconds(config_.heartbeat_timeout_ms())) return false;
+    const size_t bytes = header_frame.size() + payload.size();
+    const size_t max_bytes = 2 * static_cast<size_t>(PartitionEngine::MaxFrameBytes(config_));
+    if (held_.size() >= kMaxHeldMessages || held_bytes_ + bytes > max_bytes) return false;
+    held_bytes_ += bytes;
+    held_.push_back(HeldMessage{std::move(peer), std::move(header_frame), std::move(payload), frames, since});
     return true;
+  }
+
+  // A sealed message dropped unanswered: counted, logged now and then.
+  void RefuseUnsealed(const absl::Status& s) {
+    ++refused_unsealed_;
+    if (metrics_) metrics_->CountUnsealed();
+    LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message that is not sealed by a node of "
+                               << "the cluster: " << s << " [" << google::COUNTER << " so far]";
+  }
+
+  // After a map install: the held messages, in arrival order, once more.
+  void ReplayHeld() {
+    std::vector<HeldMessage> held = std::move(held_);
+    held_.clear();
+    held_bytes_ = 0;
+    engine_->BeginBatch();
+    for (HeldMessage& m : held) Process(m.peer, m.header_frame, m.payload, m.frames, m.since);
+    engine_->EndBatch();
   }
 
   // Opens a sealed request from the sender named in its envelope, into
   // header_, and remembers which seal answers that connection. `sender`:
-  // the sender's raw key (a view into `envelope`).
+  // the sender's raw key (a view into `envelope`); `*unknown_sender` set
+  // when the map lists no such key.
   absl::Status OpenFromSender(const zmq::message_t& peer, const zmq::message_t& envelope, zmq::message_t* payload,
-                              absl::string_view* sender) {
+                              absl::string_view* sender, bool* unknown_sender) {
     absl::Status s;
     PeerSeal* seal = nullptr;
     if (auto named = SealedSender(envelope); !named.ok()) {
       s = named.status();
     } else if (*sender = *named, seal = sender_seals_->Admitted(*named); seal == nullptr) {
       s = absl::PermissionDeniedError("the sender's key is not in the shard map");
+      *unknown_sender = true;
     } else {
       s = OpenMessage(*seal, envelope, payload, &header_);
     }
-    if (!s.ok()) {
-      ++refused_unsealed_;
-      if (metrics_) metrics_->CountUnsealed();
-      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message that is not sealed by a node of "
-                                 << "the cluster: " << s << " [" << google::COUNTER << " so far]";
-      return s;
-    }
+    if (!s.ok()) return s;
     const absl::string_view id(static_cast<const char*>(peer.data()), peer.size());
     if (!seal_of_connection_.contains(id) && seal_of_connection_.size() >= 2 * size_t{config_.limits().max_connections_per_server()}) {
       // Connections come and go (reconnects, restarted workers): keep those
@@ -498,6 +557,7 @@ class ParameterServerImpl : public ParameterServer {
     }
     LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
     copies_generation_ = engine_->copies_generation();
+    if (!held_.empty()) ReplayHeld();
     std::vector<uint64_t> synced = engine_->SyncedCopies();
     std::vector<HandoffDone> handoffs = engine_->HandoffsDone();
     absl::MutexLock lock(&mu_);
@@ -603,6 +663,8 @@ class ParameterServerImpl : public ParameterServer {
   std::unique_ptr<PeerSeals> sender_seals_;
   absl::flat_hash_map<std::string, PeerSeal*> seal_of_connection_;
   uint64_t refused_unsealed_ = 0;
+  std::vector<HeldMessage> held_;  // from senders not in the map yet (Hold)
+  size_t held_bytes_ = 0;
   // Engine thread only, secured data plane: what each node's key may send.
   SenderRoles sender_roles_;
   uint64_t refused_roles_ = 0;

@@ -489,6 +489,42 @@ TEST_F(SecurityTest, SealedServerAnswersOnlyMessagesItsNodesSealedOnceAndChanges
   EXPECT_EQ(Weights(), after);
 }
 
+TEST_F(SecurityTest, AMessageSealedByAKeyTheServersMapListsOnlyLaterIsAnsweredOnceItDoes) {
+  // As a primary's first snapshot to a server that just joined, sent before
+  // that server's own map (with the primary's key) reached it: dropped, it
+  // was never sent again and the copy never completed.
+  ASSERT_NO_FATAL_FAILURE(StartJob());
+  auto newer = NewCurveKeyPair();
+  ASSERT_TRUE(newer.ok());
+  auto seal = PeerSeal::Create(*newer, server_key_, SealEnd::kConnecting);
+  ASSERT_TRUE(seal.ok());
+  zmq::socket_t socket(context_, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::rcvtimeo, 300);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.connect(server_address_);
+  const std::vector<std::string> frames = Sealed(**seal, ForgedPush(0).first);
+  socket.send(zmq::buffer(frames[0]), zmq::send_flags::sndmore);
+  socket.send(zmq::buffer(frames[1]), zmq::send_flags::none);
+  zmq::message_t answer;
+  EXPECT_FALSE(socket.recv(answer).has_value()) << "answered before the map listed the key";
+  // Rank 0's process leaves and a new one with that key takes the rank.
+  worker_.reset();
+  auto client = SchedulerClient::Create(scheduler_->address(), node_);
+  ASSERT_TRUE(client.ok());
+  RegisterRequest request;
+  request.set_protocol_version(kProtocolVersion);
+  request.set_role(WORKER);
+  request.set_rank(0);
+  request.set_curve_public_key(newer->public_key);
+  auto registered = (*client)->Register(request, absl::Seconds(30));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  socket.set(zmq::sockopt::rcvtimeo, 10000);
+  ASSERT_TRUE(socket.recv(answer).has_value()) << "the held message was dropped";
+  DataHeader h;
+  ASSERT_TRUE(OpenMessage(**seal, answer, nullptr, &h).ok());
+  EXPECT_EQ(h.request_id(), ForgedPush(0).first.request_id() - 1) << h.ShortDebugString();
+}
+
 TEST_F(SecurityTest, ClientWithoutTheCurveKeyGetsNoAnswerAndChangesNoWeight) {
   ASSERT_NO_FATAL_FAILURE(StartJob(CURVE));
   ASSERT_EQ(server_key_.size(), 40u) << "the server published no CURVE key";
