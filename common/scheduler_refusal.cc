@@ -9,6 +9,7 @@ namespace {
 constexpr absl::string_view kStandby = "standby scheduler at ";
 constexpr absl::string_view kScheduler = "scheduler at ";
 constexpr absl::string_view kStopped = " stopped serving: ";
+constexpr absl::string_view kStillHeld = " is still a member of the running job until it leaves or is declared dead";
 
 }  // namespace
 
@@ -20,6 +21,13 @@ std::string StandbyRefusal(absl::string_view address, absl::string_view active) 
 std::string StoppedRefusal(absl::string_view address, absl::string_view why) {
   return absl::StrCat(kScheduler, address, kStopped, why);
 }
+
+std::string RankStillHeldRefusal(uint32_t rank, uint32_t heartbeat_timeout_ms) {
+  return absl::StrCat("rank ", rank, "'s previous process", kStillHeld, " (heartbeat_timeout_ms ", heartbeat_timeout_ms,
+                      ")");
+}
+
+bool IsRankStillHeldRefusal(absl::string_view message) { return absl::StrContains(message, kStillHeld); }
 
 bool IsSchedulerRefusal(absl::string_view message) {
   return absl::StartsWith(message, kStandby) ||

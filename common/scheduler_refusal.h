@@ -6,6 +6,7 @@
 #ifndef SHARDPS_COMMON_SCHEDULER_REFUSAL_H_
 #define SHARDPS_COMMON_SCHEDULER_REFUSAL_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -23,6 +24,13 @@ std::string StoppedRefusal(absl::string_view address, absl::string_view why);
 
 // True when `message` was built by one of the functions above.
 bool IsSchedulerRefusal(absl::string_view message);
+
+// The end of the refusal of a worker registering for a rank whose previous
+// process is still a member of the running job (not declared dead yet, not
+// left): the new process may wait for that (Worker::Create does, within its
+// rendezvous timeout), a second live process may not.
+std::string RankStillHeldRefusal(uint32_t rank, uint32_t heartbeat_timeout_ms);
+bool IsRankStillHeldRefusal(absl::string_view message);
 
 }  // namespace shardps
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/protocol.h"
+#include "common/scheduler_refusal.h"
 #include "common/tensor_spec.h"
 #include "common/warning_lines_test_util.h"
 #include "scheduler/cluster_state.h"
@@ -420,7 +421,7 @@ TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadT
   now_ += absl::Milliseconds(150);  // worker 2 1.05 s silent: past the timeout, no check since
   auto early = state_->RegisterWorker(Node(WORKER, 2));
   EXPECT_EQ(early.status().code(), absl::StatusCode::kAlreadyExists) << early.status();
-  EXPECT_THAT(std::string(early.status().message()), HasSubstr("not declared dead yet"));
+  EXPECT_TRUE(IsRankStillHeldRefusal(early.status().message())) << early.status();
   ASSERT_THAT(state_->CheckLiveness(), ElementsAre(HasSubstr("worker rank 2")));
   auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();

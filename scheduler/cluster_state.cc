@@ -15,6 +15,7 @@
 #include "common/config.h"
 #include "common/endpoint.h"
 #include "common/protocol.h"
+#include "common/scheduler_refusal.h"
 #include "compression/codec_policy.h"
 #include "scheduler/model_limits.h"
 #include "scheduler/node_rates.h"
@@ -284,10 +285,10 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
       return absl::AlreadyExistsError(absl::StrCat(
           "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
           old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
-          silent >= timeout && !old.rendezvous
-              ? absl::StrCat(", not declared dead yet (heartbeat_timeout_ms ", config_.heartbeat_timeout_ms(), ")")
-              : "",
-          "); refusing a second registration of rank ", request.rank(), " from '", request.host(), "'"));
+          "); refusing a second registration of rank ", request.rank(), " from '", request.host(), "'",
+          training && !old.rendezvous
+              ? absl::StrCat(": ", RankStillHeldRefusal(request.rank(), config_.heartbeat_timeout_ms()))
+              : ""));
     }
   }
   Node& node = workers_[request.rank()];

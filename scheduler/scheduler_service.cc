@@ -160,8 +160,12 @@ class SchedulerService final : public Scheduler::Service {
       r = absl::InvalidArgumentError("register: role must be server or worker");
     }
     if (!r.ok()) {
-      LOG(WARNING) << "scheduler: Register failed (" << (req->role() == SERVER ? "server at " : "worker from ")
-                   << (req->role() == SERVER ? req->data_address() : req->host()) << "): " << r.status();
+      // A new process for a rank still held asks again every quarter second
+      // until the old one is declared dead: said once in a while, not each time.
+      if (!IsRankStillHeldRefusal(r.status().message()) || still_held_refusals_.fetch_add(1) % 40 == 0) {
+        LOG(WARNING) << "scheduler: Register failed (" << (req->role() == SERVER ? "server at " : "worker from ")
+                     << (req->role() == SERVER ? req->data_address() : req->host()) << "): " << r.status();
+      }
       return ToGrpc(r.status());
     }
     *resp = *std::move(r);
@@ -316,6 +320,7 @@ class SchedulerService final : public Scheduler::Service {
   const absl::Duration max_wait_;
   const uint32_t max_waiting_;
   std::atomic<uint32_t> waiting_{0};
+  std::atomic<uint64_t> still_held_refusals_{0};  // Register: see IsRankStillHeldRefusal
   absl::Mutex stop_mu_;
   std::atomic<bool> stopping_{false};
   std::thread liveness_;

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -244,6 +245,77 @@ TEST(RegisterTest, InvalidUnreachableAndStolenAddressesAndDuplicateRanksAreRefus
   auto second = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 1});
   EXPECT_TRUE(second.ok()) << second.status() << " (the real nodes still form the cluster)";
   first.join();
+}
+
+// A cluster of one server and two workers whose rank 1 registered raw and
+// never heartbeats (a process about to be SIGKILLed), with tensors defined
+// by rank 0, which it returns.
+absl::StatusOr<std::unique_ptr<Worker>> StartWithASilentRankOne(TestCluster& cluster) {
+  auto client = SchedulerClient::Create(cluster.scheduler_address());
+  if (!client.ok()) return client.status();
+  RegisterRequest rank1;
+  rank1.set_protocol_version(kProtocolVersion);
+  rank1.set_role(WORKER);
+  rank1.set_rank(1);
+  absl::Status raw;
+  std::thread silent([&] { raw = (*client)->Register(rank1, absl::Seconds(30)).status(); });
+  auto rank0 = Worker::Create({.scheduler_address = cluster.scheduler_address(), .rank = 0});
+  silent.join();
+  if (!raw.ok()) return raw;
+  if (!rank0.ok()) return rank0.status();
+  if (absl::Status s = (*rank0)->DefineTensors({Float32Tensor("w", 4)}); !s.ok()) return s;
+  return rank0;
+}
+
+TEST(RegisterTest, ANewProcessForARankStillHeldWaitsForTheOldOneToBeDeclaredDeadThenRejoins) {
+  // A pod or script started again at once for a killed rank: it used to be
+  // refused ("already registered") until the old process was declared dead.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  config.set_heartbeat_interval_ms(200);
+  config.set_heartbeat_timeout_ms(2000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto rank0 = StartWithASilentRankOne(**cluster);
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  auto again = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 1,
+                               .rendezvous_timeout = absl::Seconds(60)});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT((*again)->rejoin().round, 0u) << "taken as a rejoin of the running job";
+}
+
+TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermLeavesTheJobRatherThanFallSilent) {
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(1);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string progress = std::filesystem::temp_directory_path() / absl::StrCat("sigterm-progress-", getpid());
+  std::filesystem::remove(progress);
+  auto train = Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", (*cluster)->scheduler_address(), "--epochs",
+                               "100", "--train-limit", "3200", "--test-limit", "100", "--log-every", "0",
+                               "--progress-file", progress},
+                     true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  int64_t steps = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(60); steps < 5 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(20));
+    std::ifstream(progress) >> steps;
+  }
+  ASSERT_GE(steps, 5);
+  kill(train->pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(train->pid, &status, 0), train->pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "ended by the signal, not by leaving";
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok());
+  auto cluster_status = (*client)->Status(absl::Seconds(5));
+  ASSERT_TRUE(cluster_status.ok()) << cluster_status.status();
+  bool left = false;
+  for (const NodeStatus& n : cluster_status->nodes()) left |= n.role() == WORKER && n.left();
+  EXPECT_TRUE(left) << cluster_status->ShortDebugString();
+  std::filesystem::remove(progress);
 }
 
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {

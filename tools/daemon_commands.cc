@@ -360,6 +360,12 @@ int TrainCommand(const Args& args) {
       return Fail("train", probe.status());
     }
   }
+  // SIGTERM (a pod deleted, systemctl stop) or SIGINT ends training before
+  // the next step, and the worker leaves the job as it is destroyed: the
+  // others go on at once, and a process started again for this rank
+  // rejoins, rather than wait for this one to be declared dead.
+  InstallStopSignals();
+  train.stop_requested = StopRequested;
   auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();

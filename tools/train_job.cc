@@ -176,6 +176,9 @@ class StepLoop {
   // `job_epochs`: the job's progress in epochs once this step is done.
   absl::Status Step(const std::vector<uint32_t>& order, int s, int epoch, double job_epochs, BatchStep step,
                     TrainResult& result) {
+    if (o_.stop_requested && o_.stop_requested()) {
+      return absl::CancelledError(absl::StrCat("stopped by a signal after ", result.steps, " steps"));
+    }
     train::GatherBatch(data_.train, absl::MakeConstSpan(order).subspan(s * o_.batch_size, o_.batch_size), &images_,
                        &labels_);
     SHARDPS_ASSIGN_OR_RETURN(result.final_loss, step(images_.data(), labels_.data()));

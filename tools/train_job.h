@@ -4,6 +4,7 @@
 #define SHARDPS_TOOLS_TRAIN_JOB_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <ostream>
 #include <string>
@@ -67,6 +68,10 @@ struct TrainOptions {
   // and writes it to the log as one JSON line (AccuracyPointJson). Other
   // ranks do nothing. Needs devices_per_worker = 1.
   int eval_every = 0;
+  // Asked before every step: true ends the run with Cancelled (`shardps
+  // train` on SIGTERM or SIGINT, so that its worker leaves the job rather
+  // than fall silent). Unset: never.
+  std::function<bool()> stop_requested;
 };
 
 // One evaluation of TrainOptions::eval_every.

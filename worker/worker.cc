@@ -23,6 +23,7 @@
 #include "compression/codec_policy.h"
 #include "compression/error_feedback.h"
 #include "common/scheduler_client.h"
+#include "common/scheduler_refusal.h"
 #include "worker/data_channel.h"
 
 namespace shardps {
@@ -773,7 +774,24 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     curve_keys = *std::move(made);
     request.set_curve_public_key(curve_keys.public_key);
   }
-  auto registered = scheduler->Register(request, options.rendezvous_timeout);
+  // A process started again for a rank whose previous one was killed (a pod
+  // restarted, a script run again) waits, within the rendezvous timeout, for
+  // the scheduler to declare that one dead, as it waits for the cluster.
+  const absl::Time deadline = absl::Now() + options.rendezvous_timeout;
+  absl::StatusOr<RegisterResponse> registered;
+  for (bool said = false;; said = true) {
+    registered = scheduler->Register(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (registered.ok() || !absl::IsAlreadyExists(registered.status()) ||
+        !IsRankStillHeldRefusal(registered.status().message()) || absl::Now() + absl::Milliseconds(250) >= deadline) {
+      break;
+    }
+    if (!said) {
+      LOG(WARNING) << "worker " << options.rank << ": " << registered.status().message()
+                   << "; waiting for that (up to the rendezvous timeout, "
+                   << absl::FormatDuration(options.rendezvous_timeout) << ")";
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
   if (!registered.ok()) return registered.status();
   return std::unique_ptr<Worker>(
       new WorkerImpl(std::move(scheduler), options, *std::move(registered), std::move(curve_keys)));
