@@ -18,6 +18,7 @@ flags:
   --workers N        worker processes (default 2)
   --epochs N         epochs each worker trains (default 6)
   --pause S          seconds between two restarts (default 4)
+  --cipher C         the servers' data_cipher: AES_256_GCM (default) or CURVE
   --shardps PATH     the shardps binary (default: $SHARDPS, build/tools/shardps)
   --workdir DIR      credentials and logs (default: a new temp dir, kept; printed)
   -h, --help         this text
@@ -27,13 +28,14 @@ EOF
 TOOL=rotation_drill
 source "$(dirname "$0")/fakehosts.sh"   # for die, kill_started and find_shardps; no namespaces here
 
-SERVERS=2 WORKERS=2 EPOCHS=6 PAUSE=4 SHARDPS_BIN=${SHARDPS:-} WORKDIR=""
+SERVERS=2 WORKERS=2 EPOCHS=6 PAUSE=4 CIPHER=AES_256_GCM SHARDPS_BIN=${SHARDPS:-} WORKDIR=""
 while (($#)); do
   case "$1" in
     --servers) SERVERS=$2; shift 2 ;;
     --workers) WORKERS=$2; shift 2 ;;
     --epochs) EPOCHS=$2; shift 2 ;;
     --pause) PAUSE=$2; shift 2 ;;
+    --cipher) CIPHER=$2; shift 2 ;;
     --shardps) SHARDPS_BIN=$2; shift 2 ;;
     --workdir) WORKDIR=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -43,6 +45,7 @@ done
 for v in SERVERS WORKERS EPOCHS PAUSE; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
+[[ $CIPHER == AES_256_GCM || $CIPHER == CURVE ]] || die "--cipher must be AES_256_GCM or CURVE, got '$CIPHER'"
 ((SERVERS >= 2 && WORKERS >= 1 && EPOCHS >= 1)) || die "--servers must be >= 2 (replication 2), --workers and --epochs >= 1"
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,6 +65,7 @@ if [[ -z $WORKDIR ]]; then WORKDIR=$(mktemp -d /tmp/rotation.XXXXXX); else mkdir
 cd "$WORKDIR"
 rm -rf certs state ./*.log ./*.result
 "$SHARDPS_BIN" certs --out certs >/dev/null
+sed -i "s|security {|security {\n  data_cipher: $CIPHER|" certs/node.conf
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >token.next
 # The three security blocks of the drill: the scheduler accepting both
 # tokens, then only the new one; nodes on the new one.
@@ -96,7 +100,7 @@ stop() {   # stop ROLE: SIGTERM, and wait for it (a server drains, a worker leav
   wait "$pid" 2>/dev/null || true
 }
 
-log "starting a secured job: $SERVERS servers, $WORKERS workers, $EPOCHS epochs (workdir $WORKDIR)"
+log "starting a secured job: $SERVERS servers ($CIPHER), $WORKERS workers, $EPOCHS epochs (workdir $WORKDIR)"
 scheduler certs/scheduler.conf
 sleep 0.5
 for ((i = 0; i < SERVERS; i++)); do server "$i" certs/node.conf; done
