@@ -264,6 +264,20 @@ absl::StatusOr<std::string> GetConfigField(const ClusterConfig& config, absl::st
     for (const std::string& e : entries) absl::StrAppend(&out, e, "\n");
     return out;
   }
+  if (field->is_repeated()) {
+    // One element a line (security.accepted_tokens, say; the scheduler hands
+    // out no security block, so that one reads empty).
+    for (int i = 0; i < r->FieldSize(*msg, field); ++i) {
+      std::string element;
+      if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+        element = r->GetRepeatedString(*msg, field, i);
+      } else {
+        google::protobuf::TextFormat::PrintFieldValueToString(*msg, field, i, &element);
+      }
+      absl::StrAppend(&out, element, "\n");
+    }
+    return out;
+  }
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
     google::protobuf::TextFormat::PrintToString(r->GetMessage(*msg, field), &out);
     return out;

@@ -73,6 +73,13 @@ TEST(ConfigTest, ReadsOneFieldByPathWithDefaultsForUnsetFields) {
   EXPECT_FALSE(config.has_checkpoint());
   // A flag still cannot set the map.
   EXPECT_THAT(SetConfigField(&config, "compression.tensor_codecs=x").message(), HasSubstr("unknown config field"));
+  // Other repeated fields: one element a line (a read of one used to end
+  // the process in protobuf's checks).
+  EXPECT_EQ(*GetConfigField(config, "security.accepted_tokens"), "");
+  config.mutable_security()->add_accepted_tokens("first-token-0123456789");
+  config.mutable_security()->add_accepted_tokens("second-token-0123456789");
+  EXPECT_EQ(*GetConfigField(config, "security.accepted_tokens"), "first-token-0123456789\nsecond-token-0123456789\n");
+  EXPECT_THAT(SetConfigField(&config, "security.accepted_tokens=x").message(), HasSubstr("unknown config field"));
 }
 
 TEST(ConfigTest, ValidationNamesTheField) {
