@@ -150,6 +150,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
                    << "it holds stale state and waits for a snapshot";
       partitions_.erase(it);
     }
+    dropped_after_handoff_.erase(info.id());
     auto p = std::make_unique<Partition>();
     p->id = info.id();
     p->n = info.num_elements();
@@ -235,8 +236,10 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
                    << (RoundBased(config_) ? " rounds" : " updates") << ", " << p.handoff_held.size()
                    << " held requests left to the workers to re-send there";
       handing_off_.erase(it->first);
+      dropped_after_handoff_[it->first] = map.epoch();
       partitions_.erase(it++);
     } else {
+      if (p.handed_off_at != 0) dropped_after_handoff_[it->first] = map.epoch();
       LOG(INFO) << "server " << server_index << ": copy of partition " << it->first << " moved away at shard map epoch "
                 << map.epoch();
       partitions_.erase(it++);
@@ -636,6 +639,13 @@ void PartitionEngine::Dispatch(const zmq::message_t& peer, const DataHeader& h, 
     // answer from here (even an error) would settle that request.
     VLOG(1) << "server " << server_index_ << ": request " << h.request_id() << " for partition " << h.partition_id()
             << " routed at epoch " << h.epoch() << ", before its hand-off: left to the new primary";
+    return;
+  }
+  if (auto d = dropped_after_handoff_.find(h.partition_id());
+      d != dropped_after_handoff_.end() && h.epoch() < d->second && !partitions_.contains(h.partition_id())) {
+    VLOG(1) << "server " << server_index_ << ": request " << h.request_id() << " for partition " << h.partition_id()
+            << " routed at epoch " << h.epoch() << ", before its hand-off and the drop of its copy here: left to the "
+            << "new primary";
     return;
   }
   Partition* p = nullptr;

@@ -109,6 +109,8 @@ TEST_F(HandoffTest, AnOldPrimaryThatSkippedTheSwitchDropsItsCopyWhenTheMapNoLong
   EXPECT_THAT(engines_[0]->UpdateCounts(), IsEmpty()) << "server 0 holds no copy of partition 5 now";
   EXPECT_EQ(engines_[0]->weights(5), nullptr);
   EXPECT_THAT(engines_[0]->HandoffsDone(), IsEmpty());
+  Send(0, PUSH, 1, 0, {4, 4}, 4);  // routed before the switch, arriving after the drop
+  EXPECT_THAT(answers_, IsEmpty()) << "an answer (even 'wrong epoch') would settle the request re-sent";
   Send(1, PUSH, 0, 0, {2, 2}, 6, held);  // re-sent to the new primary
   const uint64_t other = Send(1, PUSH, 1, 0, {4, 4}, 6);
   Deliver();
