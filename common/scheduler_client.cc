@@ -5,9 +5,11 @@
 #include <chrono>
 #include <thread>
 
+#include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/time/clock.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -52,6 +54,8 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const SecurityCrede
 
 class GrpcSchedulerClient : public SchedulerClient {
  public:
+  static constexpr absl::Duration kRegisterRetry = absl::Milliseconds(200);
+
   // `wait_for_ready`: calls that may wait for a restarting scheduler do, up
   // to their deadline; off, every call fails at once (UNAVAILABLE) while the
   // scheduler cannot be reached, so a FailoverSchedulerClient moves on.
@@ -84,17 +88,31 @@ class GrpcSchedulerClient : public SchedulerClient {
 
   absl::StatusOr<RegisterResponse> Register(const RegisterRequest& request,
                                             absl::Duration timeout) override {
-    RegisterResponse response;
-    auto ctx = Context(timeout);
-    ctx->set_wait_for_ready(wait_for_ready_);  // keep trying to connect until the deadline
+    const absl::Time deadline = absl::Now() + timeout;
     std::string what = request.role() == SERVER
                            ? absl::StrCat("registering server ", request.data_address())
                            : absl::StrCat("registering worker rank ", request.rank());
-    SHARDPS_RETURN_IF_ERROR(AwaitHandshake(ctx->deadline(), what));
-    absl::Status s = Check(stub_->Register(ctx.get(), request, &response), address(),
-                              absl::StrCat(what, " (waited up to ", absl::FormatDuration(timeout), ")"));
-    if (!s.ok()) return s;
-    return response;
+    for (;;) {
+      RegisterResponse response;
+      auto ctx = Context(deadline - absl::Now());
+      ctx->set_wait_for_ready(wait_for_ready_);  // keep trying to connect until the deadline
+      SHARDPS_RETURN_IF_ERROR(AwaitHandshake(ctx->deadline(), what));
+      const grpc::Status g = stub_->Register(ctx.get(), request, &response);
+      // wait_for_ready waits to connect, not for a call the scheduler's
+      // death cut off (its connection closed or reset under it: a server
+      // started as the scheduler was killed gave up at once, "Socket
+      // closed"): sent again, to the restarted one, until the deadline.
+      // (A registration the dead one saved first is refused as alive.)
+      if (wait_for_ready_ && g.error_code() == grpc::StatusCode::UNAVAILABLE &&
+          !IsSchedulerRefusal(g.error_message()) && absl::Now() + kRegisterRetry < deadline) {
+        LOG(WARNING) << "scheduler " << address() << ": " << what << ": " << g.error_message() << "; sending it again";
+        absl::SleepFor(kRegisterRetry);
+        continue;
+      }
+      absl::Status s = Check(g, address(), absl::StrCat(what, " (waited up to ", absl::FormatDuration(timeout), ")"));
+      if (!s.ok()) return s;
+      return response;
+    }
   }
 
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request,

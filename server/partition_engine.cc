@@ -128,8 +128,10 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
   epoch_ = map.epoch();
   const uint32_t workers = config_.num_workers();
   absl::flat_hash_set<uint64_t> held;
+  absl::flat_hash_map<uint64_t, uint32_t> primary_of;  // every partition's primary in this map
   std::vector<Deferred> resume;  // held by hand-offs that ended here
   for (const PartitionInfo& info : map.partitions()) {
+    primary_of[info.id()] = info.server();
     const bool holds = info.server() == server_index ||
                        std::find(info.backups().begin(), info.backups().end(), server_index) != info.backups().end();
     if (!holds) continue;
@@ -148,6 +150,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
                    << "it holds stale state and waits for a snapshot";
       partitions_.erase(it);
     }
+    dropped_after_handoff_.erase(info.id());
     auto p = std::make_unique<Partition>();
     p->id = info.id();
     p->n = info.num_elements();
@@ -210,12 +213,33 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     partitions_.emplace(info.id(), std::move(p));
   }
   // A backup copy moved elsewhere: dropped, so that a later map giving it
-  // back starts from a snapshot again instead of stale state. (A primary's
-  // partition only leaves it with its death.)
+  // back starts from a snapshot again instead of stale state. A primary's
+  // partition leaves it with its death, or after handing the role off: a
+  // primary move (replication 1) drops the old copy in the epoch after the
+  // switch, and a server that skipped the switch's map (a watch hands over
+  // only the latest) sees itself a primary still handing off, not listed,
+  // another server the primary. Kept, it would report its stale update
+  // counts, count as a primary that never writes a checkpoint's part (its
+  // manifest never written) and refuse the new primary's replicas. What it
+  // held is dropped unanswered: the workers re-sent it to the new primary.
   for (auto it = partitions_.begin(); it != partitions_.end();) {
-    if (held.contains(it->first) || it->second->primary) {
+    const Partition& p = *it->second;
+    const auto listed_primary = primary_of.find(it->first);
+    const bool handed_off = p.primary && p.handoff_epoch != 0 && listed_primary != primary_of.end() &&
+                            listed_primary->second != server_index;
+    if (held.contains(it->first) || (p.primary && !handed_off)) {
       ++it;
+    } else if (handed_off) {
+      LOG(WARNING) << "server " << server_index << ": primary of partition " << it->first << " handed off to server "
+                   << listed_primary->second << " and its copy here dropped, both in maps this server skipped "
+                   << "(shard map epoch " << map.epoch() << "): dropped after " << p.completed
+                   << (RoundBased(config_) ? " rounds" : " updates") << ", " << p.handoff_held.size()
+                   << " held requests left to the workers to re-send there";
+      handing_off_.erase(it->first);
+      dropped_after_handoff_[it->first] = map.epoch();
+      partitions_.erase(it++);
     } else {
+      if (p.handed_off_at != 0) dropped_after_handoff_[it->first] = map.epoch();
       LOG(INFO) << "server " << server_index << ": copy of partition " << it->first << " moved away at shard map epoch "
                 << map.epoch();
       partitions_.erase(it++);
@@ -615,6 +639,13 @@ void PartitionEngine::Dispatch(const zmq::message_t& peer, const DataHeader& h, 
     // answer from here (even an error) would settle that request.
     VLOG(1) << "server " << server_index_ << ": request " << h.request_id() << " for partition " << h.partition_id()
             << " routed at epoch " << h.epoch() << ", before its hand-off: left to the new primary";
+    return;
+  }
+  if (auto d = dropped_after_handoff_.find(h.partition_id());
+      d != dropped_after_handoff_.end() && h.epoch() < d->second && !partitions_.contains(h.partition_id())) {
+    VLOG(1) << "server " << server_index_ << ": request " << h.request_id() << " for partition " << h.partition_id()
+            << " routed at epoch " << h.epoch() << ", before its hand-off and the drop of its copy here: left to the "
+            << "new primary";
     return;
   }
   Partition* p = nullptr;

@@ -631,11 +631,19 @@ class PartitionEngine {
   bool batching_ = false;  // between BeginBatch and EndBatch
   // Requests routed with a later epoch than this server's, held until it
   // installs that epoch: at most kMaxDeferred, at most kEpochsAhead ahead
-  // once it has a map (further is a bad request, refused).
+  // once it has a map (further is a bad request, refused). Not 4, as it
+  // was: primary moves (replication 1) make about three epochs each within
+  // milliseconds, and a server 6 behind a worker refused its push.
   static constexpr size_t kMaxDeferred = 4096;
   static constexpr int kSnapshotTries = 3;
-  static constexpr uint64_t kEpochsAhead = 4;
+  static constexpr uint64_t kEpochsAhead = 64;
   std::vector<Deferred> deferred_;
+  // Partitions handed off from here whose copy was then dropped (a primary
+  // move), with the epoch that dropped it: a request routed before that
+  // epoch is left unanswered, as while the copy was a backup (handed_off_at),
+  // since an answer (even "wrong epoch") would settle the request its worker
+  // re-sent to the new primary.
+  absl::flat_hash_map<uint64_t, uint64_t> dropped_after_handoff_;
   uint64_t epoch_ = 0;
   bool joined_running_job_ = false;
   // A map with partitions was installed: copies created after it are added

@@ -231,7 +231,7 @@ TEST_F(EngineTest, BadRequestsGetErrorsAndChangeNothing) {
   Send(PUSH, 0, 3, {1, 2});     // skips rounds
   DataHeader h;
   h.set_op(PUSH);
-  h.set_epoch(9);  // an epoch this server will not serve soon
+  h.set_epoch(3 + 1000);  // an epoch this server will not serve soon
   h.set_partition_id(5);
   zmq::message_t peer(std::string("x"));
   zmq::message_t payload(8);
@@ -839,6 +839,19 @@ TEST_F(EngineTest, AnAsyncRejoinedWorkersPushesAreCountedAfresh) {
   std::vector<PartitionUpdates> counts = engine_->UpdateCounts();
   ASSERT_EQ(counts.size(), 1u);
   EXPECT_EQ(counts[0].applied_by_worker[1], 1u) << "what this process was acknowledged, nothing of the dead one";
+}
+
+TEST_F(EngineTest, ARequestRoutedSeveralEpochsAheadWaitsForThatEpoch) {
+  // Primary moves (replication 1) make about three epochs each within
+  // milliseconds: a worker saw epoch 10 while this server served 5, and was
+  // refused "wrong epoch" (its push failed the job) when 4 was the limit.
+  Make(SYNC, false, 1);
+  Send(PUSH, 0, 0, {1, 1}, 0, 3 + 7);
+  EXPECT_TRUE(sent_.empty()) << (sent_.empty() ? "" : sent_[0].header.error());
+  ASSERT_TRUE(engine_->InstallShardMap(SameMap(3 + 7, {}, 2), 0).ok());
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_[0].header.status_code(), 0) << sent_[0].header.error();
+  EXPECT_EQ(Weights(), (std::vector<float>{-1, -1}));
 }
 
 TEST_F(EngineTest, RequestsRoutedWithAnOlderEpochAreServedWhileThePartitionStaysHere) {

@@ -95,5 +95,28 @@ TEST_F(HandoffTest, AHandoffListedAgainAtALaterEpochIsReportedWithThatEpoch) {
   EXPECT_EQ(engines_[0]->HandoffsDone()[0].epoch(), 6u);
 }
 
+TEST_F(HandoffTest, AnOldPrimaryThatSkippedTheSwitchDropsItsCopyWhenTheMapNoLongerListsIt) {
+  // A primary move (replication 1): the switch (epoch 5) and the drop of the
+  // old copy (epoch 6) came together, and server 0 installs only the latest.
+  // Kept as a primary, it reported stale update counts, held a checkpoint's
+  // manifest back, and refused the new primary's replicas.
+  Make(SYNC);
+  Install(MapAt(4, 0, 1, /*handoff=*/true));
+  const uint64_t held = Send(0, PUSH, 0, 0, {2, 2}, 4);
+  ASSERT_THAT(engines_[0]->HandoffsDone(), SizeIs(1));
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(5, 1, 0), 1).ok());
+  Install(MapAt(6, 1, std::nullopt));
+  EXPECT_THAT(engines_[0]->UpdateCounts(), IsEmpty()) << "server 0 holds no copy of partition 5 now";
+  EXPECT_EQ(engines_[0]->weights(5), nullptr);
+  EXPECT_THAT(engines_[0]->HandoffsDone(), IsEmpty());
+  Send(0, PUSH, 1, 0, {4, 4}, 4);  // routed before the switch, arriving after the drop
+  EXPECT_THAT(answers_, IsEmpty()) << "an answer (even 'wrong epoch') would settle the request re-sent";
+  Send(1, PUSH, 0, 0, {2, 2}, 6, held);  // re-sent to the new primary
+  const uint64_t other = Send(1, PUSH, 1, 0, {4, 4}, 6);
+  Deliver();
+  EXPECT_THAT(Answered(), ElementsAre(held, other)) << "answered once each, by the new primary";
+  EXPECT_THAT(Weights(1), ElementsAre(-2, -2));
+}
+
 }  // namespace
 }  // namespace shardps
