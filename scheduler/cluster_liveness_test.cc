@@ -914,6 +914,30 @@ TEST_F(LivenessTest, ACheckpointAskedBeforeAnyServerReportedARoundIsRefusedNotPl
   EXPECT_TRUE(state_->RequestCheckpoint("/ckpt").ok());
 }
 
+class AsyncLivenessTest : public LivenessTest {
+ protected:
+  void SetUp() override {
+    config_.set_consistency(ASYNC);
+    LivenessTest::SetUp();
+  }
+};
+
+TEST_F(AsyncLivenessTest, AnAsyncCheckpointAskedBeforeAnyWorkerReportedItsStepsIsRefusedNotLabelledOne) {
+  // Labelled 1, a resumed job would train its first steps again on weights
+  // past them (found by fault injection: asked a few steps in).
+  auto early = state_->RequestCheckpoint("/ckpt");
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
+  EXPECT_THAT(early.status().message(), HasSubstr("no worker has reported its steps yet"));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 1u) << "a refused request publishes nothing";
+  HeartbeatRequest h;
+  h.set_node_id(worker_ids_[1]);
+  h.mutable_counters()->set_steps(60);
+  ASSERT_TRUE(state_->Heartbeat(h).ok());
+  auto r = state_->RequestCheckpoint("/ckpt");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->round(), 60u);
+}
+
 TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {
   ClusterConfig config;
   ClusterState early(config);

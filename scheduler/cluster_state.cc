@@ -883,6 +883,16 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   }
   // With no round reported, a round placed at 1 is one training has likely
   // passed already (the servers log it and the checkpoint never completes).
+  // Async: the label is where a restored job's workers resume; with no
+  // steps reported it would be 1, and a resumed job would train its first
+  // steps again on weights already past them.
+  const bool steps_reported = absl::c_any_of(
+      workers_, [](const auto& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !w.second.dead && w.second.counters.steps() > 0; });
+  if (!RoundBased(config_) && !steps_reported) {
+    return absl::FailedPreconditionError(
+        "checkpoint: no worker has reported its steps yet, so the step a restored job would resume at is unknown; "
+        "ask again once training has run for a few heartbeat intervals");
+  }
   if (RoundBased(config_) && !AnyServerReportedARound()) {
     return absl::FailedPreconditionError(
         "checkpoint: no server has reported a completed round yet, so where training is is unknown; ask again "
