@@ -881,13 +881,15 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   // Async (and ssp applied on arrival): each primary writes at once, at its
   // partitions' versions; the round labels the checkpoint: the most steps a live worker reported
   // (where a restored job's workers resume), after any label asked for
-  // before.
+  // before, and past the round a resumed job began at: its workers may not
+  // have reported (steps 0) or stepped since, and that round's directory
+  // holds the checkpoint it resumed from.
   auto async_label = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint64_t steps = 0;
     for (const auto& [rank, node] : workers_) {
       if (!node.dead) steps = std::max<uint64_t>(steps, node.counters.steps());
     }
-    return std::max<uint64_t>({steps, map_.checkpoint().round() + 1, 1});
+    return std::max<uint64_t>({steps, map_.checkpoint().round() + 1, config_.checkpoint().restore_round() + 1});
   };
   const uint64_t round = RoundBased(config_) ? RoundPastServers(/*for_rejoin=*/false) : async_label();
   map_.set_epoch(map_.epoch() + 1);
