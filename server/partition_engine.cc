@@ -210,14 +210,25 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     partitions_.emplace(info.id(), std::move(p));
   }
   // A backup copy moved elsewhere: dropped, so that a later map giving it
-  // back starts from a snapshot again instead of stale state. (A primary's
-  // partition only leaves it with its death.)
+  // back starts from a snapshot again instead of stale state. A primary's
+  // partition leaves it with its death (the map lists this server dead),
+  // or once handed off: a primary copy not listed, with this server alive,
+  // is one whose hand-off switch came in a map skipped (the watch keeps the
+  // latest only) together with the one that dropped the old copy.
+  bool listed_dead = false;
+  for (const ServerInfo& s : map.servers()) listed_dead |= s.index() == server_index && s.dead();
   for (auto it = partitions_.begin(); it != partitions_.end();) {
-    if (held.contains(it->first) || it->second->primary) {
+    if (held.contains(it->first) || (it->second->primary && (listed_dead || map.partitions_size() == 0))) {
       ++it;
     } else {
-      LOG(INFO) << "server " << server_index << ": copy of partition " << it->first << " moved away at shard map epoch "
-                << map.epoch();
+      if (it->second->primary) {
+        LOG(WARNING) << "server " << server_index << ": partition " << it->first << " was handed off in shard maps "
+                     << "this server skipped; its copy here is dropped at epoch " << map.epoch();
+        handing_off_.erase(it->first);
+      } else {
+        LOG(INFO) << "server " << server_index << ": copy of partition " << it->first
+                  << " moved away at shard map epoch " << map.epoch();
+      }
       partitions_.erase(it++);
     }
   }
