@@ -884,11 +884,12 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   // With no round reported, a round placed at 1 is one training has likely
   // passed already (the servers log it and the checkpoint never completes).
   // Async: the label is where a restored job's workers resume; with no
-  // steps reported it would be 1, and a resumed job would train its first
-  // steps again on weights already past them.
+  // steps reported (and no round this job resumed from, past which it
+  // goes) it would be 1, and a resumed job would train its first steps
+  // again on weights already past them.
   const bool steps_reported = absl::c_any_of(
       workers_, [](const auto& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !w.second.dead && w.second.counters.steps() > 0; });
-  if (!RoundBased(config_) && !steps_reported) {
+  if (!RoundBased(config_) && !steps_reported && config_.checkpoint().restore_round() == 0) {
     return absl::FailedPreconditionError(
         "checkpoint: no worker has reported its steps yet, so the step a restored job would resume at is unknown; "
         "ask again once training has run for a few heartbeat intervals");
@@ -901,13 +902,15 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   // Async (and ssp applied on arrival): each primary writes at once, at its
   // partitions' versions; the round labels the checkpoint: the most steps a live worker reported
   // (where a restored job's workers resume), after any label asked for
-  // before.
+  // before, and past the round a resumed job began at: its workers may not
+  // have reported (steps 0) or stepped since, and that round's directory
+  // holds the checkpoint it resumed from.
   auto async_label = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint64_t steps = 0;
     for (const auto& [rank, node] : workers_) {
       if (!node.dead) steps = std::max<uint64_t>(steps, node.counters.steps());
     }
-    return std::max<uint64_t>({steps, map_.checkpoint().round() + 1, 1});
+    return std::max<uint64_t>({steps, map_.checkpoint().round() + 1, config_.checkpoint().restore_round() + 1});
   };
   const uint64_t round = RoundBased(config_) ? RoundPastServers(/*for_rejoin=*/false) : async_label();
   map_.set_epoch(map_.epoch() + 1);

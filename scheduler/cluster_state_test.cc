@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "common/protocol.h"
@@ -165,6 +167,60 @@ TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   EXPECT_TRUE(state.DefineTensors({Tensor("w", 10)}, Soon()).ok());
   auto bad = state.DefineTensors({Tensor("w", 11)}, Soon());
   EXPECT_THAT(bad.status().message(), HasSubstr("'w'"));
+}
+
+// A 1-server, 1-worker async job resumed from a checkpoint of round 150,
+// its tensors defined; `steps`: the worker's last report (none: unset).
+std::unique_ptr<ClusterState> ResumedAsyncJob(std::optional<uint64_t> steps) {
+  ClusterConfig config = Config(1, 1);
+  config.set_consistency(ASYNC);
+  config.mutable_checkpoint()->set_restore_dir("/ckpt/round-000000000150");
+  config.mutable_checkpoint()->set_restore_round(150);
+  auto state = std::make_unique<ClusterState>(config);
+  auto server = state->RegisterServer(Server("tcp://a:1"));
+  auto worker = state->RegisterWorker(Worker(0));
+  EXPECT_TRUE(server.ok() && worker.ok());
+  if (!server.ok() || !worker.ok()) return nullptr;
+  std::thread serving([&] {
+    auto map = state->WaitForMap(0, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(map.has_value());
+    HeartbeatRequest hb;
+    hb.set_node_id(server->node_id());
+    hb.set_applied_epoch(map->epoch());
+    ASSERT_TRUE(state->Heartbeat(hb).ok());
+  });
+  auto map = state->DefineTensors({Tensor("w", 10)}, absl::Now() + absl::Seconds(5));
+  serving.join();
+  EXPECT_TRUE(map.ok()) << map.status();
+  if (steps) {
+    HeartbeatRequest hb;
+    hb.set_node_id(worker->node_id());
+    hb.mutable_counters()->set_steps(*steps);
+    EXPECT_TRUE(state->Heartbeat(hb).ok());
+  }
+  return state;
+}
+
+TEST(ClusterStateTest, AnAsyncCheckpointOfAResumedJobIsLabelledPastTheRoundItResumedFrom) {
+  // Found in review: an async checkpoint is labelled with the most steps a
+  // live worker reported. Asked for before a resumed job's workers reported
+  // it was labelled 1 (restored, its workers would start over at step 1,
+  // and the directory's older rounds hide it); before their first step
+  // since, the round resumed from, its files rewritten in place, where
+  // manifests of servers the resumed job lacks (a grown cluster's) keep
+  // the old checksums.
+  for (std::optional<uint64_t> steps : {std::optional<uint64_t>(), std::optional<uint64_t>(150)}) {
+    std::unique_ptr<ClusterState> state = ResumedAsyncJob(steps);
+    ASSERT_NE(state, nullptr);
+    auto asked = state->RequestCheckpoint("/ckpt");
+    ASSERT_TRUE(asked.ok()) << asked.status();
+    EXPECT_EQ(asked->round(), 151u) << (steps ? "before a step since the resume" : "before any report");
+  }
+  std::unique_ptr<ClusterState> state = ResumedAsyncJob(170);
+  ASSERT_NE(state, nullptr);
+  auto asked = state->RequestCheckpoint("/ckpt");
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->round(), 170u) << "the workers' steps";
 }
 
 TEST(ClusterStateTest, AServerStoppedBeforeTheTensorsFreesItsPlaceAndNoMapIsBuiltOnIt) {

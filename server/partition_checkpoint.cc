@@ -40,17 +40,21 @@ void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
     if (!requested_checkpoint_.dir().empty()) FollowAsyncCheckpoint(new_request);
     return;
   }
-  if (!new_request) return;
-  for (auto& [id, part] : partitions_) {
-    Partition& p = *part;
-    if (!p.primary || p.completed < request.round()) continue;
-    if (p.completed == request.round()) {
-      WriteCheckpoint(p, request.dir(), p.completed);
-    } else {
-      CheckpointFailed(request.dir(), request.round(),
-                       absl::StrCat("asked for when partition ", p.id, " had completed ", p.completed, " rounds"));
+  if (new_request) {
+    for (auto& [id, part] : partitions_) {
+      Partition& p = *part;
+      if (!p.primary || p.completed < request.round()) continue;
+      if (p.completed == request.round()) {
+        WriteCheckpoint(p, request.dir(), p.completed);
+      } else {
+        CheckpointFailed(request.dir(), request.round(),
+                         absl::StrCat("asked for when partition ", p.id, " had completed ", p.completed, " rounds"));
+      }
     }
   }
+  // Also at a map that only moved primaries: a partition handed off may
+  // have been the last one owing a round here.
+  if (!manifests_due_.empty()) FinishCheckpoints();
 }
 
 void PartitionEngine::FollowAsyncCheckpoint(bool new_request) {
@@ -136,6 +140,7 @@ void PartitionEngine::MaybeCheckpoint(Partition& p) {
       (request.dir() != k.dir() || k.dir().empty() || p.completed % k.every_rounds() != 0)) {
     WriteCheckpoint(p, request.dir(), p.completed);
   }
+  if (!manifests_due_.empty()) FinishCheckpoints();
 }
 
 bool PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round, bool manifest_when_all) {
@@ -156,14 +161,44 @@ bool PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint
     return false;
   }
   CheckpointManifest& manifest = open_checkpoints_[{dir, round}];
-  *manifest.add_entries() = *std::move(entry);
-  const auto primaries =
-      std::count_if(partitions_.begin(), partitions_.end(), [](const auto& kv) { return kv.second->primary; });
-  if (manifest_when_all && manifest.entries_size() >= primaries) {
-    WriteManifest(dir, round);
-    open_checkpoints_.erase({dir, round});
+  auto same = std::find_if(manifest.mutable_entries()->begin(), manifest.mutable_entries()->end(),
+                           [&](const CheckpointManifest::Entry& e) { return e.partition_id() == p.id; });
+  if (same != manifest.mutable_entries()->end()) {
+    *same = *std::move(entry);
+  } else {
+    *manifest.add_entries() = *std::move(entry);
   }
+  if (manifest_when_all) manifests_due_.insert({dir, round});
   return true;
+}
+
+void PartitionEngine::FinishCheckpoints() {
+  // A primary below the round writes its part here later; one at or past it
+  // wrote it here, or before it was handed here (or could not: reported).
+  std::vector<std::pair<std::string, uint64_t>> finished;
+  for (const auto& key : manifests_due_) {
+    const uint64_t round = key.second;
+    const bool owed = std::any_of(partitions_.begin(), partitions_.end(), [round](const auto& kv) {
+      return kv.second->primary && kv.second->completed < round;
+    });
+    if (!owed) finished.push_back(key);
+  }
+  for (const auto& [dir, round] : finished) {
+    WriteManifest(dir, round);
+    manifests_due_.erase({dir, round});
+  }
+  // The oldest written ones go: a partition that reaches their round here
+  // after so many later rounds were written is past any hand-off's reach.
+  constexpr size_t kKeptCheckpoints = 8;
+  while (open_checkpoints_.size() > kKeptCheckpoints) {
+    auto oldest = open_checkpoints_.end();
+    for (auto it = open_checkpoints_.begin(); it != open_checkpoints_.end(); ++it) {
+      if (manifests_due_.contains(it->first)) continue;
+      if (oldest == open_checkpoints_.end() || it->first.second < oldest->first.second) oldest = it;
+    }
+    if (oldest == open_checkpoints_.end()) break;
+    open_checkpoints_.erase(oldest);
+  }
 }
 
 void PartitionEngine::WriteManifest(const std::string& dir, uint64_t round) {

@@ -5,6 +5,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include "common/checkpoint_store.h"
 #include "server/partition_engine.h"
@@ -51,13 +53,14 @@ class PartitionCheckpointTest : public ::testing::Test {
     return *std::move(engine);
   }
 
-  void Send(PartitionEngine& engine, Op op, uint32_t rank, uint64_t round, std::vector<float> values) {
+  void Send(PartitionEngine& engine, Op op, uint32_t rank, uint64_t round, std::vector<float> values,
+            uint64_t partition = kPartition) {
     DataHeader h;
     h.set_op(op);
     h.set_worker_rank(rank);
     h.set_round(round);
     h.set_epoch(1);
-    h.set_partition_id(kPartition);
+    h.set_partition_id(partition);
     h.set_request_id(++next_id_);
     h.set_dtype(FLOAT32);
     h.set_num_elements(values.size());
@@ -67,10 +70,10 @@ class PartitionCheckpointTest : public ::testing::Test {
   }
 
   // Round `round`: both workers push gradients that differ by round.
-  void Round(PartitionEngine& engine, uint64_t round) {
+  void Round(PartitionEngine& engine, uint64_t round, uint64_t partition = kPartition) {
     const float r = static_cast<float>(round);
-    Send(engine, PUSH, 0, round, {0.5f + r, -1.0f, 0.25f * r});
-    Send(engine, PUSH, 1, round, {-0.125f, 2.0f - r, 1.0f});
+    Send(engine, PUSH, 0, round, {0.5f + r, -1.0f, 0.25f * r}, partition);
+    Send(engine, PUSH, 1, round, {-0.125f, 2.0f - r, 1.0f}, partition);
   }
 
   static std::vector<float> Weights(const PartitionEngine& engine) {
@@ -219,6 +222,72 @@ TEST_F(PartitionCheckpointTest, AnAsyncCheckpointGetsThePartitionsAServerTookOve
   map.set_epoch(4);
   ASSERT_TRUE(engine.InstallShardMap(map, 0).ok());
   EXPECT_TRUE(VerifyCheckpointRound(round_dir).ok());
+}
+
+// Partitions 5, 6 and 7 (3 floats each), `primaries` their servers (6 with
+// `backup_of_6` as its backup when set), at `epoch`, asking for the
+// checkpoint of `round` into `dir`.
+ShardMap ThreePartitions(uint64_t epoch, std::vector<uint32_t> primaries, const std::string& dir, uint64_t round,
+                         std::optional<uint32_t> backup_of_6 = std::nullopt) {
+  ShardMap map;
+  map.set_epoch(epoch);
+  map.add_tensors()->set_name("t");
+  for (uint64_t i = 0; i < 3; ++i) {
+    PartitionInfo* info = map.add_partitions();
+    info->set_id(kPartition + i);
+    info->set_num_elements(3);
+    info->set_offset(3 * i);
+    info->set_server(primaries[i]);
+    if (i == 1 && backup_of_6) info->add_backups(*backup_of_6);
+  }
+  map.mutable_checkpoint()->set_dir(dir);
+  map.mutable_checkpoint()->set_round(round);
+  return map;
+}
+
+TEST_F(PartitionCheckpointTest, PrimariesHandedOffMidCheckpointLeaveEveryServersManifestComplete) {
+  // Found in review: a server wrote its manifest once it had written as
+  // many partitions as it was primary of. One that handed a partition off
+  // before the round (server 0: 5 written, 6 handed to server 1 at round 1)
+  // never wrote it, and one given a partition after its manifest (server 1:
+  // 7 written, then 6) wrote none, or one naming only the last: the
+  // checkpoint never completed (a grown cluster's hand-offs do this).
+  ClusterConfig config = config_;
+  config.clear_checkpoint();
+  const std::string dir = dir_ + "/handed";
+  const std::string round_dir = CheckpointRoundDir(dir, 2);
+  auto Create = [&](uint32_t index, const ShardMap& map) {
+    auto engine = PartitionEngine::Create(config, [this](const zmq::message_t&, DataHeader& h, zmq::message_t*) {
+      if (!h.error().empty()) errors_.push_back(h.error());
+    });
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    EXPECT_TRUE((*engine)->InstallShardMap(map, index).ok());
+    return *std::move(engine);
+  };
+  auto server0 = Create(0, ThreePartitions(2, {0, 0, 1}, dir, 2));
+  auto server1 = Create(1, ThreePartitions(2, {0, 0, 1}, dir, 2, /*backup_of_6=*/1));
+  for (uint64_t id : {5, 6}) Send(*server0, INIT, 0, 0, {1.0f, 2.0f, 3.0f}, id);
+  Send(*server1, INIT, 0, 0, {1.0f, 2.0f, 3.0f}, 7);
+  Round(*server0, 0, 5);
+  Round(*server0, 1, 5);  // 5 written at round 2
+  Round(*server0, 0, 6);
+  Round(*server1, 0, 7);
+  Round(*server1, 1, 7);  // 7 written at round 2: server 1's manifest lists it
+  EXPECT_FALSE(VerifyCheckpointRound(round_dir).ok()) << "partition 6 is not written yet";
+
+  // Partition 6 is handed to server 1 at round 1, server 0 keeping a copy
+  // (its copy on server 1, which no replication fed here, runs rounds 0 and
+  // 1 again).
+  const ShardMap switched = ThreePartitions(3, {0, 1, 1}, dir, 2, /*backup_of_6=*/0);
+  ASSERT_TRUE(server0->InstallShardMap(switched, 0).ok());
+  ASSERT_TRUE(server1->InstallShardMap(switched, 1).ok());
+  Send(*server1, INIT, 0, 0, {1.0f, 2.0f, 3.0f}, 6);
+  Round(*server1, 0, 6);
+  Round(*server1, 1, 6);  // 6 written at round 2 on server 1
+  auto round = VerifyCheckpointRound(round_dir);
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(*round, 2u);
+  for (uint64_t id : {5, 6, 7}) EXPECT_TRUE(LoadPartitionCheckpoint(round_dir, id).ok()) << id;
   EXPECT_TRUE(errors_.empty()) << errors_.front();
 }
 

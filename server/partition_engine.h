@@ -446,17 +446,24 @@ class PartitionEngine {
   absl::Status RestorePartition(Partition& p);
   // After a round of a partition this server is primary for: writes its
   // state when its completed rounds reach a multiple of every_rounds, and
-  // the round's manifest once every such partition has been written.
+  // the round's manifest once no partition it is primary of still owes it
+  // (FinishCheckpoints).
   void MaybeCheckpoint(Partition& p);
   // Writes p's state into `dir`'s checkpoint of `round` (sync: its
-  // completed rounds; async: the request's label, its version recorded),
-  // and, with `manifest_when_all`, this server's manifest once every
-  // partition it is primary of is written. False if it could not write
-  // (CheckpointFailed says why).
+  // completed rounds; async: the request's label, its version recorded);
+  // with `manifest_when_all`, FinishCheckpoints writes this server's
+  // manifest. False if it could not write (CheckpointFailed says why).
   bool WriteCheckpoint(Partition& p, const std::string& dir, uint64_t round, bool manifest_when_all = true);
   // Writes this server's manifest of `dir`'s checkpoint of `round`: the
   // entries written so far and the map's owners.
   void WriteManifest(const std::string& dir, uint64_t round);
+  // Sync: writes the manifest of each round in manifests_due_ once no
+  // partition this server is primary of still owes it (completed below
+  // it). Primaries move with hand-offs mid-checkpoint: neither the count
+  // written nor a first manifest is final, so a hand-off away can complete
+  // one (checked at each map too), and a partition handed here that
+  // reaches the round later has it written again with its file added.
+  void FinishCheckpoints();
   // Follows the map's partition owners and checkpoint request; writes at
   // once the partitions already at the requested round.
   void FollowCheckpoints(const ShardMap& map);
@@ -664,9 +671,12 @@ class PartitionEngine {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;
   EngineStats stats_;
   // Checkpoints: every partition of the map and its primary; per round being
-  // written, the manifest of the files written so far.
+  // written, the manifest of the files written so far (sync: the last
+  // kKeptCheckpoints written are kept, for a partition handed here later).
   google::protobuf::RepeatedPtrField<CheckpointManifest::Owner> checkpoint_owners_;
   absl::flat_hash_map<std::pair<std::string, uint64_t>, CheckpointManifest> open_checkpoints_;  // (dir, round)
+  // Sync: the open checkpoints holding files their manifest (if written) lacks.
+  absl::flat_hash_set<std::pair<std::string, uint64_t>> manifests_due_;
   CheckpointRequest requested_checkpoint_;  // from the map: shardps checkpoint
   absl::flat_hash_set<uint64_t> async_checkpoint_written_;  // partitions written (or listed elsewhere) for it
   CheckpointFailure checkpoint_failure_;

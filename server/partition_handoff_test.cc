@@ -56,6 +56,33 @@ TEST_F(HandoffTest, TheSwitchLeavesHeldPushesUnansweredForTheWorkersToResendToTh
   EXPECT_THAT(engines_[0]->HandoffsDone(), IsEmpty());
 }
 
+TEST_F(HandoffTest, AnOldPrimaryThatSkippedTheSwitchDropsItsCopyWhenAMapNoLongerListsIt) {
+  // Found in review (replication 1: the old copy is dropped once the new
+  // primary reports the switch): the watch keeps only the latest map, so
+  // server 0 went from the hand-off (epoch 4) to the drop (epoch 6) without
+  // the switch (5). Not listed, its copy kept the primary role: it refused
+  // the new primary's snapshot ("server 0 is the primary"), reported stale
+  // counts, and, never completing rounds, held back every later checkpoint
+  // manifest of server 0 (267 of 300 rounds incomplete in a local job).
+  Make(SYNC);
+  Install(MapAt(4, 0, 1, /*handoff=*/true));
+  ASSERT_THAT(engines_[0]->HandoffsDone(), SizeIs(1)) << "no round was started: drained at once";
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(5, 1, 0), 1).ok());
+  const ShardMap dropped = MapAt(6, 1, std::nullopt);
+  ASSERT_TRUE(engines_[0]->InstallShardMap(dropped, 0).ok());
+  ASSERT_TRUE(engines_[1]->InstallShardMap(dropped, 1).ok());
+  EXPECT_EQ(engines_[0]->weights(5), nullptr) << "the old primary kept its copy";
+  EXPECT_THAT(engines_[0]->HandoffsDone(), IsEmpty());
+  // A primary the map drops along with its server (declared dead) keeps it,
+  // as before: it is out of the job.
+  Make(SYNC);
+  Install(MapAt(4, 0, std::nullopt));
+  ShardMap dead = MapAt(5, 1, std::nullopt);
+  dead.mutable_servers(0)->set_dead(true);
+  ASSERT_TRUE(engines_[0]->InstallShardMap(dead, 0).ok());
+  EXPECT_NE(engines_[0]->weights(5), nullptr);
+}
+
 TEST_F(HandoffTest, AsyncHoldsEveryNewPushAndReportsDoneOnceTheBackupConfirmedTheLastApplied) {
   Make(ASYNC);
   const uint64_t applied = Send(0, PUSH, 0, 0, {2, 2});

@@ -2,6 +2,7 @@
 // worker sends, in which order, when a partition's primary moves.
 #include "worker/data_channel.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -22,6 +23,8 @@
 
 namespace shardps {
 namespace {
+
+using ::testing::HasSubstr;
 
 // A server socket that records the requests it receives and answers none.
 struct FakeServer {
@@ -345,20 +348,29 @@ TEST(DataChannelTest, ReaddressOnePastTheLastServerConnectsToAServerThatJoined) 
   EXPECT_EQ((*channel)->servers(), 1u);
   const absl::Status gap = (*channel)->Readdress(2, {joined.address, "", false});
   EXPECT_EQ(gap.code(), absl::StatusCode::kInvalidArgument) << gap;
+  std::vector<float> out(4, 0.0f);
+  auto pull = [&](const std::string& what) {
+    DataChannel::Request r;
+    r.server = 1;
+    r.header.set_op(PULL);
+    r.header.set_partition_id(3);
+    r.header.set_epoch(2);
+    r.header.set_num_elements(4);
+    r.header.set_dtype(FLOAT32);
+    r.out = out.data();
+    std::vector<DataChannel::Request> one;
+    one.push_back(std::move(r));
+    return (*channel)->Submit(std::move(one), what);
+  };
+  // Routed there before the channel reaches it (found in review: a worker
+  // whose connection to a joined server failed, logged, still routes to
+  // it): refused, not sent on a socket the channel does not have.
+  const absl::Status early = (*channel)->Wait(pull("pull before the join"), absl::Seconds(10));
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
+  EXPECT_THAT(early.message(), HasSubstr("server 1 (not connected)")) << early;
   ASSERT_TRUE((*channel)->Readdress(1, {joined.address, "", false}).ok());
   EXPECT_EQ((*channel)->servers(), 2u);
-  DataChannel::Request r;
-  r.server = 1;
-  r.header.set_op(PULL);
-  r.header.set_partition_id(3);
-  r.header.set_epoch(2);
-  r.header.set_num_elements(4);
-  r.header.set_dtype(FLOAT32);
-  std::vector<float> out(4, 0.0f);
-  r.out = out.data();
-  std::vector<DataChannel::Request> one;
-  one.push_back(std::move(r));
-  const uint64_t handle = (*channel)->Submit(std::move(one), "pull from the joined server");
+  const uint64_t handle = pull("pull from the joined server");
   std::vector<DataHeader> got = joined.Receive(1);
   ASSERT_EQ(got.size(), 1u) << "nothing reached the server that joined";
   joined.AnswerWeights(0, got[0], 5, 4);

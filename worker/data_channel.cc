@@ -213,9 +213,18 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
                     std::move(r.on_answer), r.header, r.payload, zmq::message_t()};
         if (r.encoded.size() > 0) p.encoded.copy(r.encoded);  // shares the frame, no copy of the bytes
         h.request_ids.push_back(ids[i]);
-        if (!failed_[r.server].ok()) refused.push_back(i);
+        if (r.server >= failed_.size() || !failed_[r.server].ok()) refused.push_back(i);
       }
-      for (size_t i : refused) Complete(ids[i], failed_[requests[i].server]);
+      for (size_t i : refused) {
+        const uint32_t server = requests[i].server;
+        // Past the channel's servers: one that joined the job whose
+        // connection failed (the worker logged why) still has routes.
+        Complete(ids[i], server < failed_.size()
+                             ? failed_[server]
+                             : absl::FailedPreconditionError(absl::StrCat(
+                                   "this worker reaches ", failed_.size(), " servers, not server ", server,
+                                   " (see its log for why it could not connect)")));
+      }
     }
     for (size_t i = 0, next_refused = 0; i < requests.size(); ++i) {
       if (next_refused < refused.size() && refused[next_refused] == i) {
@@ -363,7 +372,9 @@ void DataChannel::Complete(uint64_t request_id, const absl::Status& status, std:
   if (status.ok() && (p.header.op() == PUSH || p.header.op() == PUSH_PULL)) ++acked_pushes_[p.partition];
   HandleState& h = handles_[p.handle];
   if (!status.ok() && h.status.ok()) {
-    h.status = absl::Status(status.code(), absl::StrCat(h.what, ": server ", p.server, " (", addresses_[p.server],
+    h.status = absl::Status(status.code(), absl::StrCat(h.what, ": server ", p.server, " (",
+                                                        p.server < addresses_.size() ? addresses_[p.server]
+                                                                                     : "not connected",
                                                         "), partition ", p.partition, ": ", status.message()));
   }
   if (status.ok() && version) h.versions.emplace_back(p.partition, *version);

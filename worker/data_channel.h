@@ -75,7 +75,8 @@ class DataChannel {
   ~DataChannel();
 
   // Sends all `requests` as one handle. `what` names the operation in errors
-  // (e.g. "PushPull of 'fc1.weight' round 3").
+  // (e.g. "PushPull of 'fc1.weight' round 3"). One to a server declared dead,
+  // or past those the channel reaches, fails at once.
   uint64_t Submit(std::vector<Request> requests, std::string what);
 
   // Waits until every request of `handle` is answered; releases the handle
