@@ -883,36 +883,31 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   }
   // With no round reported, a round placed at 1 is one training has likely
   // passed already (the servers log it and the checkpoint never completes).
-  // Async: the label is where a restored job's workers resume; with no
-  // steps reported (and no round this job resumed from, past which it
-  // goes) it would be 1, and a resumed job would train its first steps
-  // again on weights already past them.
-  const bool steps_reported = absl::c_any_of(
-      workers_, [](const auto& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !w.second.dead && w.second.counters.steps() > 0; });
-  if (!RoundBased(config_) && !steps_reported && config_.checkpoint().restore_round() == 0) {
-    return absl::FailedPreconditionError(
-        "checkpoint: no worker has reported its steps yet, so the step a restored job would resume at is unknown; "
-        "ask again once training has run for a few heartbeat intervals");
-  }
   if (RoundBased(config_) && !AnyServerReportedARound()) {
     return absl::FailedPreconditionError(
         "checkpoint: no server has reported a completed round yet, so where training is is unknown; ask again "
         "once it has run for a few heartbeat intervals");
   }
   // Async (and ssp applied on arrival): each primary writes at once, at its
-  // partitions' versions; the round labels the checkpoint: the most steps a live worker reported
-  // (where a restored job's workers resume), after any label asked for
-  // before, and past the round a resumed job began at: its workers may not
-  // have reported (steps 0) or stepped since, and that round's directory
-  // holds the checkpoint it resumed from.
-  auto async_label = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    uint64_t steps = 0;
-    for (const auto& [rank, node] : workers_) {
-      if (!node.dead) steps = std::max<uint64_t>(steps, node.counters.steps());
-    }
-    return std::max<uint64_t>({steps, map_.checkpoint().round() + 1, config_.checkpoint().restore_round() + 1});
-  };
-  const uint64_t round = RoundBased(config_) ? RoundPastServers(/*for_rejoin=*/false) : async_label();
+  // partitions' versions; the round labels the checkpoint: the most steps a
+  // live worker reported (where a restored job's workers resume), after any
+  // label asked for before, and past the round a resumed job began at: its
+  // workers may not have reported (steps 0) or stepped since, and that
+  // round's directory holds the checkpoint it resumed from. With no steps
+  // reported and no such round the label would be 1, and a job resumed from
+  // it would train its first steps again on weights already past them.
+  uint64_t steps = 0;
+  for (const auto& [rank, node] : workers_) {
+    if (!node.dead) steps = std::max<uint64_t>(steps, node.counters.steps());
+  }
+  const uint64_t resumed_at = config_.checkpoint().restore_round();
+  if (!RoundBased(config_) && steps == 0 && resumed_at == 0) {
+    return absl::FailedPreconditionError(
+        "checkpoint: no worker has reported its steps yet, so the step a restored job would resume at is unknown; "
+        "ask again once training has run for a few heartbeat intervals");
+  }
+  const uint64_t round = RoundBased(config_) ? RoundPastServers(/*for_rejoin=*/false)
+                                             : std::max<uint64_t>({steps, map_.checkpoint().round() + 1, resumed_at + 1});
   map_.set_epoch(map_.epoch() + 1);
   map_.mutable_checkpoint()->set_dir(dir);
   map_.mutable_checkpoint()->set_round(round);
