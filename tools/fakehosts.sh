@@ -69,6 +69,31 @@ on_signal() {
   exit 130
 }
 
+# The loopback scripts (soak, rotation_drill: no namespaces, no lock): every
+# process they started (PIDS) ends on exit and on INT, TERM or HUP, and
+# WORKDIR, once set, is named as holding `$1` ("logs and samples"); then
+# WORKDIR is made: the one given (absolute), or a new /tmp/$TOOL.XXXXXX.
+loopback_begin() {
+  LOOPBACK_KEPT=$1
+  trap loopback_cleanup EXIT
+  trap 'loopback_on_signal INT' INT
+  trap 'loopback_on_signal TERM' TERM
+  trap 'loopback_on_signal HUP' HUP
+  if [[ -z ${WORKDIR:-} ]]; then
+    WORKDIR=$(mktemp -d "/tmp/$TOOL.XXXXXX")
+  else
+    mkdir -p "$WORKDIR"
+    WORKDIR=$(readlink -f "$WORKDIR")
+  fi
+}
+loopback_cleanup() {
+  ((${LOOPBACK_CLEANED:-0})) && return
+  LOOPBACK_CLEANED=1
+  kill_started
+  [[ -z ${WORKDIR:-} ]] || echo "$TOOL: $LOOPBACK_KEPT: $WORKDIR" >&2
+}
+loopback_on_signal() { echo "$TOOL: interrupted ($1); cleaning up" >&2; loopback_cleanup; trap - "$1"; exit 130; }
+
 # Installs the exit and signal handlers and takes the lock: one run per prefix,
 # since the names are fixed.
 fakehosts_begin() {

@@ -52,16 +52,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 find_shardps
 T0=$(date +%s.%N)
 log() { printf '%s: [%5.1fs] %s\n' "$TOOL" "$(echo "$(date +%s.%N) - $T0" | bc)" "$*" >&2; }
-cleanup() {
-  kill_started
-  [[ -n ${WORKDIR:-} ]] && echo "$TOOL: credentials and logs: $WORKDIR" >&2
-}
-on_signal() { echo "$TOOL: interrupted ($1); cleaning up" >&2; cleanup; trap - "$1"; exit 130; }
-trap cleanup EXIT
-trap 'on_signal INT' INT
-trap 'on_signal TERM' TERM
-
-if [[ -z $WORKDIR ]]; then WORKDIR=$(mktemp -d /tmp/rotation.XXXXXX); else mkdir -p "$WORKDIR"; WORKDIR=$(readlink -f "$WORKDIR"); fi
+loopback_begin "credentials and logs"
 cd "$WORKDIR"
 rm -rf certs state ./*.log ./*.result
 "$SHARDPS_BIN" certs --out certs >/dev/null

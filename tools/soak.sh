@@ -79,17 +79,7 @@ T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
 
 # Every process it starts is in PIDS (kill_started ends them all).
-cleanup() {
-  kill_started
-  [[ -n ${WORKDIR:-} ]] && echo "soak: logs and samples: $WORKDIR" >&2
-}
-on_signal() { echo "soak: interrupted ($1); cleaning up" >&2; cleanup; trap - "$1"; exit 130; }
-trap cleanup EXIT
-trap 'on_signal INT' INT
-trap 'on_signal TERM' TERM
-trap 'on_signal HUP' HUP
-
-if [[ -z $WORKDIR ]]; then WORKDIR=$(mktemp -d /tmp/soak.XXXXXX); else mkdir -p "$WORKDIR"; WORKDIR=$(readlink -f "$WORKDIR"); fi
+loopback_begin "logs and samples"
 cp "$SHARDPS_BIN" "$WORKDIR/shardps"
 SHARDPS_BIN=$WORKDIR/shardps
 rm -f "$WORKDIR"/*.log "$WORKDIR"/info.* "$WORKDIR"/progress.* "$WORKDIR"/sched.port
