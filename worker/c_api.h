@@ -224,7 +224,7 @@ int shardps_config_text(const shardps_worker* w, char* out, size_t out_len, size
  * ("optimizer.freeze_variance_after", "consistency"): a scalar as text (an
  * unset field reads as its default; enums by name, strings as they are), a
  * message as protobuf text, compression.tensor_codecs as "name=spec" lines
- * sorted by name. Buffer sizing as shardps_config_text; an unknown path is
+ * sorted by name, another repeated field one element a line. Buffer sizing as shardps_config_text; an unknown path is
  * SHARDPS_INVALID_ARGUMENT naming the fields that exist there. */
 int shardps_config_field(const shardps_worker* w, const char* field, char* out, size_t out_len, size_t* needed,
                          char* err, size_t err_len);
