@@ -88,6 +88,10 @@ absl::StatusOr<CheckpointResponse> FailoverSchedulerClient::RequestCheckpoint(co
   });
 }
 
+absl::StatusOr<DrainResponse> FailoverSchedulerClient::Drain(const DrainRequest& request, absl::Duration timeout) {
+  return RunFor<DrainResponse>(timeout, [&](SchedulerClient& c, absl::Duration left) { return c.Drain(request, left); });
+}
+
 // Watches through one address at a time: when that stream breaks, it moves
 // to the scheduler calls last found active (or the next address), pausing
 // after every round of failures (at most 1 s).

@@ -34,6 +34,7 @@ class FailoverSchedulerClient : public SchedulerClient {
   absl::StatusOr<StatusResponse> Status(absl::Duration timeout) override;
   absl::StatusOr<CheckpointResponse> RequestCheckpoint(const CheckpointRequest& request,
                                                        absl::Duration timeout) override;
+  absl::StatusOr<DrainResponse> Drain(const DrainRequest& request, absl::Duration timeout) override;
   std::unique_ptr<Watch> WatchShardMap(uint64_t node_id, std::function<void(const ShardMap&)> on_map,
                                        std::function<void(const absl::Status&)> on_error) override;
 

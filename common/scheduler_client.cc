@@ -157,6 +157,15 @@ class GrpcSchedulerClient : public SchedulerClient {
     return response;
   }
 
+  absl::StatusOr<DrainResponse> Drain(const DrainRequest& request, absl::Duration timeout) override {
+    DrainResponse response;
+    auto ctx = Context(timeout);
+    absl::Status s = Check(stub_->Drain(ctx.get(), request, &response), address(),
+                           absl::StrCat("drain of server ", request.server()));
+    if (!s.ok()) return s;
+    return response;
+  }
+
   absl::StatusOr<StatusResponse> Status(absl::Duration timeout) override {
     StatusResponse response;
     auto ctx = Context(timeout);
@@ -339,6 +348,11 @@ class GrpcSchedulerClient : public SchedulerClient {
 };
 
 }  // namespace
+
+absl::StatusOr<DrainResponse> SchedulerClient::Drain(const DrainRequest& request, absl::Duration) {
+  return absl::UnimplementedError(
+      absl::StrCat("drain of server ", request.server(), ": this scheduler client (", address_, ") cannot ask for it"));
+}
 
 absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address,
                                                                         const SecurityCredentials& security) {

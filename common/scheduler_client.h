@@ -49,6 +49,10 @@ class SchedulerClient {
   virtual absl::StatusOr<CheckpointResponse> RequestCheckpoint(const CheckpointRequest& request,
                                                                absl::Duration timeout) = 0;
 
+  // Marks a server draining (`shardps drain`). Clients that speak only to
+  // a cluster's nodes need not implement it.
+  virtual absl::StatusOr<DrainResponse> Drain(const DrainRequest& request, absl::Duration timeout);
+
   // Streams shard maps to `on_map` from a background thread until the
   // returned handle is destroyed. When the stream breaks (the scheduler died
   // or restarts), `on_error` is told and the watch reconnects by itself,

@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/copy_moves.h"
+#include "scheduler/model_limits.h"
 
 namespace shardps {
 namespace {
@@ -36,6 +37,90 @@ std::set<uint32_t> ClusterState::LiveServers() const {
     if (!node.dead) live.insert(index);
   }
   return live;
+}
+
+std::set<uint32_t> ClusterState::DrainingServers() const {
+  std::set<uint32_t> draining;
+  for (const ServerInfo& s : map_.servers()) {
+    if (s.draining()) draining.insert(s.index());
+  }
+  return draining;
+}
+
+std::set<uint32_t> ClusterState::StayingServers() const {
+  std::set<uint32_t> staying = LiveServers();
+  for (uint32_t d : DrainingServers()) staying.erase(d);
+  return staying;
+}
+
+absl::StatusOr<DrainResponse> ClusterState::Drain(uint32_t index) {
+  const WriteOnReturn write(this);  // after mu_ is released
+  absl::MutexLock lock(&mu_);
+  auto node = servers_.find(index);
+  if (node == servers_.end()) {
+    return absl::NotFoundError(absl::StrCat("there is no server ", index, " in the cluster (",
+                                            servers_.size(), " servers registered, indices from 0)"));
+  }
+  const std::string who = absl::StrCat("server ", index, " (", node->second.address, ")");
+  if (map_.partitions_size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job has defined no tensors yet, so ", who,
+        " holds nothing; stop it instead (SIGTERM): its place is free until the tensors are defined"));
+  }
+  if (node->second.dead) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, node->second.left ? " left the job already" : " is dead",
+        "; its partitions failed over to their backups"));
+  }
+  if (static_cast<size_t>(map_.left_workers_size()) >= config_.num_workers()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job is over (every worker left), so ", who, " has nothing to hand on; stop it instead"));
+  }
+  DrainResponse response;
+  for (const PartitionInfo& p : map_.partitions()) {
+    if (p.server() == index || absl::c_linear_search(p.backups(), index)) {
+      response.set_copies(response.copies() + 1);
+      response.set_elements(response.elements() + p.num_elements());
+    }
+  }
+  ServerInfo* info = MapServer(index);
+  if (info->draining()) {
+    response.set_epoch(map_.epoch());
+    return response;  // asked again (a retried hook): the same drain
+  }
+  std::set<uint32_t> staying = StayingServers();
+  staying.erase(index);
+  const uint32_t copies = EffectiveReplication(config_);
+  if (staying.size() < copies) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job keeps ", copies, " copies of each partition (replication), and without ", who, " only ",
+        staying.size(), " live servers that are not draining would be left (",
+        absl::StrJoin(staying, ", "), "); start another server first"));
+  }
+  // As far as the servers said what they can hold (0: not said).
+  uint64_t needed = 0, capacity = 0;
+  bool all_said = true;
+  for (const PartitionInfo& p : map_.partitions()) needed += p.num_elements() * (1 + p.backups_size());
+  needed *= ServerBytesPerElement(config_);
+  for (uint32_t s : staying) {
+    all_said = all_said && servers_[s].memory_bytes > 0;
+    capacity += servers_[s].memory_bytes;
+  }
+  if (all_said && needed > capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job's copies need ", needed, " bytes (weights, optimizer state, accumulators), but the ",
+        staying.size(), " servers that would be left reported ", capacity, " bytes between them; start another "
+        "server first"));
+  }
+  info->set_draining(true);
+  map_.set_epoch(map_.epoch() + 1);
+  drain_started_[index] = clock_();
+  response.set_epoch(map_.epoch());
+  LOG(WARNING) << who << " drains at shard map epoch " << map_.epoch() << ": its " << response.copies()
+               << " copies (" << response.elements() << " elements) move to servers " << absl::StrJoin(staying, ", ")
+               << " while training goes on (primaries by hand-off); it stops once it holds none";
+  Save();
+  return response;
 }
 
 bool ClusterState::ReportedSynced(uint32_t server, const PartitionInfo& p) const {
@@ -74,8 +159,12 @@ void ClusterState::MaybeStartCopyMoves() {
   }
   if (!ServersServe(map_.epoch()) || !LiveCopiesSynced()) return;
   balance_checked_epoch_ = map_.epoch();
-  const std::set<uint32_t> live = LiveServers();
-  const std::vector<CopyMove> moves = PlanCopyMoves(map_, live);
+  // Draining servers give their copies away first, and are given none.
+  const std::set<uint32_t> live = StayingServers();
+  const std::set<uint32_t> draining = DrainingServers();
+  std::vector<CopyMove> moves = PlanDrainMoves(map_, live, draining);
+  const bool draining_moves = !moves.empty();
+  if (moves.empty()) moves = PlanCopyMoves(map_, live);
   if (moves.empty()) {
     MaybeStartHandoffs(live);  // the copies are as balanced as they get: now the primaries
     return;
@@ -98,7 +187,9 @@ void ClusterState::MaybeStartCopyMoves() {
   moves_planned_total_ += moves.size();
   const auto loads = ServerLoadsAfterMoves(map_, live);
   const auto primaries = absl::c_count_if(moves, [](const CopyMove& m) { return m.primary(); });
-  LOG(WARNING) << "copy moves balance the servers: " << moves.size() << " copies move (extra copies until synced"
+  LOG(WARNING) << "copy moves " << (draining_moves ? absl::StrCat("drain server ", absl::StrJoin(draining, ", "))
+                                                   : std::string("balance the servers"))
+               << ": " << moves.size() << " copies move (extra copies until synced"
                << (primaries > 0 ? absl::StrCat("; ", primaries, " of them primaries, each handed off once synced")
                                  : std::string())
                << ") at shard map epoch " << map_.epoch() << "; elements held per live server once done "
@@ -160,7 +251,7 @@ void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& req
                  << " moves still under way";
   }
   if (map_.moves_size() == 0) {
-    const auto loads = ServerLoadsAfterMoves(map_, LiveServers());
+    const auto loads = ServerLoadsAfterMoves(map_, StayingServers());
     LOG(WARNING) << "servers balanced: " << moves_planned_ << " copy moves in "
                  << absl::FormatDuration(clock_() - moves_since_)
                  << (moves_resumed_      ? " after the scheduler resumed them"
@@ -278,7 +369,7 @@ void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& requ
   if (!changed) return;
   map_.set_epoch(epoch);
   if (map_.handoffs_size() == 0 && handoffs_planned_ > 0) {
-    const auto loads = PrimaryLoadsAfterHandoffs(map_, LiveServers());
+    const auto loads = PrimaryLoadsAfterHandoffs(map_, StayingServers());
     const bool balanced = LoadsBalanced(map_, loads);
     LOG(WARNING) << "primaries balanced: " << handoffs_made_ << " of " << handoffs_planned_ << " hand-offs made, "
                  << absl::FormatDuration(now - handoffs_since_)

@@ -482,7 +482,9 @@ std::string ClusterState::RemoveServer(uint32_t index, const std::string& reason
   if (ServerInfo* info = MapServer(index)) {
     info->set_dead(true);
     info->set_dead_reason(reason);
+    info->clear_draining();  // a server taking its place starts afresh
   }
+  drain_started_.erase(index);
   return FailOver(index);
 }
 
@@ -506,6 +508,18 @@ void ClusterState::ServerLeaves(Node& node) {
     if (ServerInfo* info = MapServer(node.rank)) info->set_dead(true);
     Save();
     LOG(INFO) << "server " << node.rank << " (" << node.address << ") left after the job's workers";
+    return;
+  }
+  const ServerInfo* info = MapServer(node.rank);
+  if (info != nullptr && info->draining()) {
+    const auto started = drain_started_.find(node.rank);
+    LOG(WARNING) << "server " << node.rank << " (" << node.address << ", host " << node.host
+                 << ") drained: its copies moved to the other servers"
+                 << (started != drain_started_.end() ? absl::StrCat(" in ", absl::FormatDuration(clock_() - started->second))
+                                                     : std::string())
+                 << ", and it stopped and left the job; shard map epoch " << map_.epoch()
+                 << RemoveServer(node.rank, "it was drained and left the job");
+    Save();
     return;
   }
   LOG(WARNING) << "server " << node.rank << " (" << node.address << ", host " << node.host
@@ -586,6 +600,7 @@ std::map<uint32_t, uint64_t> ClusterState::LiveServerLoads() const {
 int ClusterState::Rereplicate() {
   const uint32_t copies = EffectiveReplication(config_);
   std::map<uint32_t, uint64_t> held = LiveServerLoads();
+  const std::set<uint32_t> draining = DrainingServers();  // given no new copy
   int recreated = 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     if (!held.contains(p.server())) continue;  // lost: nothing to copy from
@@ -594,7 +609,7 @@ int ClusterState::Rereplicate() {
       for (const auto& [index, load] : held) {
         const bool holds = index == p.server() ||
                            std::find(p.backups().begin(), p.backups().end(), index) != p.backups().end();
-        if (!holds && (!best || load < held[*best])) best = index;
+        if (!holds && !draining.contains(index) && (!best || load < held[*best])) best = index;
       }
       if (!best) break;  // fewer live servers than copies
       p.add_backups(*best);  // its primary sends it the whole state first
@@ -624,6 +639,7 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   info->set_sealed_data(request.sealed_data() && !request.curve_public_key().empty());
   info->set_dead(false);
   info->clear_dead_reason();
+  info->clear_draining();
   map_.set_epoch(map_.epoch() + 1);
   // Missing copies go to it first; once it serves this epoch and they are
   // synced, backups move to balance the loads, each as an extra copy until

@@ -97,6 +97,18 @@ class ClusterState {
   // config whose checkpoints would not be exact (ValidateConfig says why).
   absl::StatusOr<CheckpointResponse> RequestCheckpoint(const std::string& dir);
 
+  // `shardps drain`: marks live server `index` draining in a new epoch
+  // (ServerInfo.draining). Its copies then move to the other live servers,
+  // primaries by hand-off, the way a join's moves do (MaybeStartCopyMoves),
+  // and it gets no new ones; once the map lists none on it, the server stops
+  // and leaves (ServerLeaves). Asking again for a draining server answers
+  // the same. Refused before the tensors are defined (stop it instead: its
+  // place is free), once every worker has left (the job is over), for a
+  // dead server, and where the other live servers are
+  // fewer than the copies each partition keeps or, as far as they reported
+  // it, have less memory than all the copies need.
+  absl::StatusOr<DrainResponse> Drain(uint32_t index);
+
   // Every node with its state and, once its heartbeats carry them, its
   // counters and rates (NodeStatus).
   StatusResponse Status();
@@ -191,6 +203,10 @@ class ClusterState {
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The servers the map marks draining (Drain), live or not.
+  std::set<uint32_t> DrainingServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live servers that are not draining: those copies and roles go to.
+  std::set<uint32_t> StayingServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether server `server`'s last heartbeat reported its copy of `p`
   // synced, at an epoch at least that of the map that gave it the copy.
   bool ReportedSynced(uint32_t server, const PartitionInfo& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -316,6 +332,9 @@ class ClusterState {
   int handoffs_made_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_planned_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t handoffs_made_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // When each draining server was marked (a restarted scheduler counts from
+  // its restart), for the line that says it is drained.
+  std::map<uint32_t, absl::Time> drain_started_ ABSL_GUARDED_BY(mu_);
   // Every DeclareDead since this scheduler started (NodesDeclaredDead): a
   // rejoin or a replacement clears a node's `dead`, never this count.
   uint64_t declared_dead_total_ ABSL_GUARDED_BY(mu_) = 0;

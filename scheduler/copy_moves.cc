@@ -171,6 +171,44 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
   return moves;
 }
 
+std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_t>& live,
+                                     const std::set<uint32_t>& draining) {
+  std::set<uint64_t> moving;
+  for (const CopyMove& m : map.moves()) moving.insert(m.partition());
+  std::vector<const PartitionInfo*> order;
+  for (const PartitionInfo& p : map.partitions()) {
+    if (moving.contains(p.id()) || !(live.contains(p.server()) || draining.contains(p.server()))) continue;
+    order.push_back(&p);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const PartitionInfo* a, const PartitionInfo* b) {
+    return a->num_elements() > b->num_elements();
+  });
+  std::map<uint32_t, uint64_t> loads = ServerLoadsAfterMoves(map, live);
+  std::vector<CopyMove> moves;
+  for (const PartitionInfo* p : order) {
+    std::vector<uint32_t> leaving;
+    if (draining.contains(p->server())) leaving.push_back(p->server());
+    for (uint32_t b : p->backups()) {
+      if (draining.contains(b)) leaving.push_back(b);
+    }
+    // One move per partition and plan (CopyMove is keyed by partition): a
+    // second draining copy of it moves in a later plan.
+    if (leaving.empty()) continue;
+    std::optional<uint32_t> to;
+    for (const auto& [s, load] : loads) {
+      if (!Holds(*p, s) && (!to || load < loads[*to])) to = s;
+    }
+    if (!to) continue;  // every live server holds a copy already (Drain refuses such a cluster)
+    CopyMove& move = moves.emplace_back();
+    move.set_partition(p->id());
+    move.set_from(leaving.front());
+    move.set_to(*to);
+    move.set_primary(p->server() == leaving.front());
+    loads[*to] += p->num_elements();
+  }
+  return moves;
+}
+
 bool CanHandPrimary(const PartitionInfo& p, uint32_t from, uint32_t to) {
   return p.server() == from && to != from && Holds(p, to);
 }

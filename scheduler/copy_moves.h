@@ -39,6 +39,17 @@ bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& load
 // primary is not live, are left alone. Deterministic.
 std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live);
 
+// The moves (epoch unset) that take every copy off the `draining` servers
+// (`shardps drain`): largest partitions first, each copy goes to the server
+// of `live` (which lists no draining one) that holds the fewest elements,
+// counting the moves planned so far, and no copy of the partition yet. A
+// primary's move is marked `primary`, backups or not: the role is handed to
+// its new copy once that is synced, then the old copy dropped. Partitions
+// with a move under way, or whose primary is neither live nor draining
+// (the failover's concern), are left alone. Deterministic.
+std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_t>& live,
+                                     const std::set<uint32_t>& draining);
+
 // Whether `from`, p's primary, can hand the role to `to`: `to` holds a copy.
 bool CanHandPrimary(const PartitionInfo& p, uint32_t from, uint32_t to);
 // Makes `to` p's primary and `from` a backup in its place (copies unchanged).

@@ -7,11 +7,14 @@
 #include <random>
 #include <thread>
 
+#include "absl/algorithm/container.h"
+
 #include "common/protocol.h"
 #include "common/tensor_spec.h"
 #include "common/warning_lines_test_util.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/copy_moves.h"
+#include "scheduler/model_limits.h"
 #include "scheduler/shard_assignment.h"
 
 namespace shardps {
@@ -266,7 +269,9 @@ class CopyMovesTest : public ::testing::Test {
                                             [this](const SchedulerState& s) { saved_ = s; });
     std::vector<int> all;
     for (int i = 0; i < servers; ++i) {
-      auto r = state_->RegisterServer(Server("tcp://s:" + std::to_string(i + 1)));
+      RegisterRequest server = Server("tcp://s:" + std::to_string(i + 1));
+      server.set_memory_bytes(memory_elements_ * ServerBytesPerElement(config_));
+      auto r = state_->RegisterServer(server);
       ASSERT_TRUE(r.ok()) << r.status();
       ids_.push_back(r->node_id());
       all.push_back(i);
@@ -392,6 +397,7 @@ class CopyMovesTest : public ::testing::Test {
   }
 
   ClusterConfig config_;
+  uint64_t memory_elements_ = 0;  // what StartJob's servers say they can hold (0: not said)
   absl::Time now_ = absl::FromUnixSeconds(1000);
   std::optional<SchedulerState> saved_;
   std::unique_ptr<ClusterState> state_;
@@ -770,6 +776,213 @@ TEST_F(PrimaryMovesTest, AnOldPrimaryDyingAfterItsCopyWasSyncedFailsOverToIt) {
   }
   for (const CopyMove& m : map.moves()) EXPECT_NE(m.from(), 0u) << m.ShortDebugString();
   for (const Handoff& h : map.handoffs()) EXPECT_NE(h.from(), 0u) << h.ShortDebugString();
+}
+
+TEST(PlanDrainMovesTest, EveryCopyOfTheDrainingServerGoesToTheLightestServerWithoutOnePrimariesMarked) {
+  // Server 2 holds the primary of 0 and 1 and backups of 2 and 3.
+  const ShardMap map = MapOf({400, 100, 300, 100}, {{2, 0}, {2, 1}, {0, 2}, {1, 2}});
+  const std::vector<CopyMove> moves = PlanDrainMoves(map, {0, 1}, {2});
+  ASSERT_THAT(moves, SizeIs(4));
+  std::map<uint32_t, uint64_t> taken;
+  for (const CopyMove& m : moves) {
+    const PartitionInfo& p = map.partitions(m.partition());
+    EXPECT_EQ(m.from(), 2u);
+    EXPECT_EQ(m.primary(), p.server() == 2u) << m.ShortDebugString();
+    EXPECT_NE(p.server(), m.to()) << "a server already holding the partition got it: " << m.ShortDebugString();
+    EXPECT_THAT(p.backups(), Not(::testing::Contains(m.to()))) << m.ShortDebugString();
+    taken[m.to()] += p.num_elements();
+  }
+  // Each partition has one copy left, on 0 or 1, so each goes to the other.
+  EXPECT_EQ(taken[0], 100u + 100u);
+  EXPECT_EQ(taken[1], 400u + 300u);
+  EXPECT_THAT(PlanDrainMoves(map, {0, 1}, {}), IsEmpty());
+}
+
+TEST(PlanDrainMovesTest, WithoutBackupsTheLargestPrimariesGoFirstToTheLightestServer) {
+  const ShardMap map = MapOf({100, 500, 200, 300}, {{1}, {1}, {1}, {0}});
+  const std::vector<CopyMove> moves = PlanDrainMoves(map, {0, 2}, {1});
+  ASSERT_THAT(moves, SizeIs(3));
+  EXPECT_EQ(moves[0].partition(), 1u);
+  EXPECT_EQ(moves[0].to(), 2u) << "server 2 holds nothing";
+  EXPECT_EQ(moves[1].partition(), 2u);
+  EXPECT_EQ(moves[1].to(), 0u) << "300 on server 0 against 500 on 2";
+  EXPECT_EQ(moves[2].partition(), 0u);
+  for (const CopyMove& m : moves) EXPECT_TRUE(m.primary());
+}
+
+TEST(PlanDrainMovesTest, PartitionsMovingAlreadyOrWithADeadPrimaryStay) {
+  ShardMap map = MapOf({100, 100, 100}, {{2, 0}, {3, 2}, {2, 1, 0}});
+  CopyMove* under_way = map.add_moves();
+  under_way->set_partition(2);
+  under_way->set_from(1);
+  under_way->set_to(4);
+  const std::vector<CopyMove> moves = PlanDrainMoves(map, {0, 1}, {2});  // 3 is dead
+  ASSERT_THAT(moves, SizeIs(1));
+  EXPECT_EQ(moves[0].partition(), 0u);
+  EXPECT_EQ(moves[0].to(), 1u);
+}
+
+// `shardps drain` in the scheduler's rules: a job of 3 servers with
+// replication 2 (or 2 servers with replication 1), on a fake clock.
+class DrainTest : public CopyMovesTest {
+ protected:
+  void SetUp() override {}
+
+  // Heartbeats from the live servers (each reporting its copies synced,
+  // its hand-offs drained) until no move or hand-off is under way.
+  void BeatUntilDrained(const std::vector<int>& live) {
+    for (int t = 0; t < 20; ++t) {
+      Beat(live);
+      for (int s : live) ReportDrained(s, PartitionsFrom(Map().handoffs(), static_cast<uint32_t>(s)));
+      if (Map().moves().empty() && Map().handoffs().empty()) {
+        Beat(live);  // would a new plan start?
+        if (Map().moves().empty() && Map().handoffs().empty()) return;
+      }
+    }
+    FAIL() << "still moving: " << Map().ShortDebugString();
+  }
+
+  // Partitions on server `s` (primary or backup).
+  std::set<uint64_t> Held(uint32_t s) {
+    std::set<uint64_t> ids;
+    const ShardMap map = Map();
+    for (const PartitionInfo& p : map.partitions()) {
+      if (p.server() == s || absl::c_linear_search(p.backups(), s)) ids.insert(p.id());
+    }
+    return ids;
+  }
+
+  // Server `s`'s last heartbeat: it stops.
+  void Leave(int s) {
+    HeartbeatRequest h;
+    h.set_node_id(ids_[s]);
+    h.set_applied_epoch(Map().epoch());
+    h.set_leaving(true);
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  }
+};
+
+TEST_F(DrainTest, ADrainedServerGivesAwayEveryCopyPrimariesByHandoffAndThenHoldsNothing) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_THAT(Held(2), Not(IsEmpty()));
+  const auto was_primary = absl::c_count_if(Map().partitions(), [](const PartitionInfo& p) { return p.server() == 2; });
+  ASSERT_GT(was_primary, 0);
+  const uint64_t before = Map().epoch();
+  auto drain = state_->Drain(2);
+  ASSERT_TRUE(drain.ok()) << drain.status();
+  EXPECT_EQ(drain->epoch(), before + 1);
+  EXPECT_EQ(drain->copies(), Held(2).size());
+  EXPECT_EQ(drain->elements(), 100 * Held(2).size());
+  EXPECT_TRUE(Map().servers(2).draining());
+  auto again = state_->Drain(2);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->epoch(), drain->epoch()) << "asked again: the same drain";
+  Beat({0, 1, 2});
+  const ShardMap moving = Map();
+  ASSERT_THAT(moving.moves(), SizeIs(Held(2).size()));
+  for (const CopyMove& m : moving.moves()) {
+    EXPECT_EQ(m.from(), 2u);
+    EXPECT_NE(m.to(), 2u);
+    EXPECT_EQ(m.primary(), moving.partitions(m.partition()).server() == 2u) << m.ShortDebugString();
+  }
+  BeatUntilDrained({0, 1, 2});
+  EXPECT_THAT(Held(2), IsEmpty());
+  const ShardMap done = Map();
+  EXPECT_TRUE(done.servers(2).draining()) << "until it leaves";
+  for (const PartitionInfo& p : done.partitions()) {
+    EXPECT_EQ(p.backups_size(), 1) << p.ShortDebugString();
+    EXPECT_NE(p.server(), p.backups(0)) << p.ShortDebugString();
+  }
+  const auto loads = ServerLoadsAfterMoves(done, {0, 1});
+  EXPECT_EQ(loads.at(0), 1200u);
+  EXPECT_EQ(loads.at(1), 1200u);
+  // The server sees it holds nothing and leaves: listed as left, no longer
+  // draining, and nothing fails over.
+  const auto primaries = Primaries();
+  Leave(2);
+  const ShardMap left = Map();
+  EXPECT_TRUE(left.servers(2).dead());
+  EXPECT_FALSE(left.servers(2).draining());
+  EXPECT_EQ(Primaries(), primaries);
+  EXPECT_TRUE(state_->Status().nodes(2).left());
+  EXPECT_EQ(state_->NodesDeclaredDead(), 0u);
+}
+
+TEST_F(DrainTest, WithoutBackupsADrainedServersPrimariesMoveToTheOthers) {
+  StartJob(2, 1);
+  Beat({0, 1});
+  const std::set<uint64_t> held = Held(1);
+  ASSERT_THAT(held, Not(IsEmpty()));
+  ASSERT_TRUE(state_->Drain(1).ok());
+  Beat({0, 1});
+  const ShardMap moving = Map();
+  ASSERT_THAT(moving.moves(), SizeIs(held.size()));
+  for (const CopyMove& m : moving.moves()) EXPECT_TRUE(m.primary()) << m.ShortDebugString();
+  BeatUntilDrained({0, 1});
+  EXPECT_THAT(Held(1), IsEmpty());
+  const ShardMap done = Map();
+  for (const PartitionInfo& p : done.partitions()) {
+    EXPECT_EQ(p.server(), 0u);
+    EXPECT_THAT(p.backups(), IsEmpty());
+  }
+}
+
+TEST_F(DrainTest, ADrainIsRefusedWhereTheOthersCouldNotHoldTheCopiesOrTheServerIsNotThere) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  EXPECT_EQ(state_->Drain(7).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(state_->Drain(2).ok());
+  auto second = state_->Drain(1);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("keeps 2 copies of each partition"));
+  EXPECT_THAT(second.status().message(), HasSubstr("start another server first"));
+  EXPECT_FALSE(Map().servers(1).draining());
+  // A dead server has nothing to give.
+  SilenceUntilDead(2, {0, 1});
+  ASSERT_TRUE(Map().servers(2).dead());
+  EXPECT_FALSE(Map().servers(2).draining()) << "a server taking its place starts afresh";
+  auto dead = state_->Drain(2);
+  EXPECT_EQ(dead.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(dead.status().message(), HasSubstr("is dead"));
+}
+
+TEST_F(DrainTest, ADrainBeforeTheTensorsAreDefinedIsRefused) {
+  config_.set_num_servers(2);
+  config_.set_num_workers(1);
+  ClusterState state(config_);
+  ASSERT_TRUE(state.RegisterServer(Server("tcp://s:1")).ok());
+  auto r = state.Drain(0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("stop it instead"));
+}
+
+TEST_F(DrainTest, TheOthersReportedMemoryBoundsADrain) {
+  // 1200 elements, replication 1: each of 3 servers holds 400 and said it
+  // can hold 500; two of them could not hold all 1200.
+  memory_elements_ = 500;
+  StartJob(3, 1);
+  Beat({0, 1, 2});
+  auto r = state_->Drain(2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("reported"));
+  EXPECT_FALSE(Map().servers(2).draining());
+}
+
+TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(state_->Drain(2).ok());
+  Beat({0, 1, 2});
+  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  SilenceUntilDead(2, {0, 1}, Moving());
+  const ShardMap map = Map();
+  ASSERT_TRUE(map.servers(2).dead());
+  EXPECT_FALSE(map.servers(2).draining());
+  EXPECT_THAT(map.moves(), IsEmpty());
+  for (const PartitionInfo& p : map.partitions()) EXPECT_NE(p.server(), 2u) << p.ShortDebugString();
+  BeatUntilDrained({0, 1});
+  ExpectNoPartitionShort();
 }
 
 }  // namespace

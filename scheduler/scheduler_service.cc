@@ -260,6 +260,16 @@ class SchedulerService final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Drain(grpc::ServerContext*, const DrainRequest* req, DrainResponse* resp) override {
+    grpc::Status refused;
+    ClusterState* state = Serving(&refused);
+    if (state == nullptr) return refused;
+    auto r = state->Drain(req->server());
+    if (!r.ok()) return ToGrpc(r.status());
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
+
  private:
   // Declares silent nodes dead, a few times per heartbeat timeout.
   void LivenessLoop(ClusterState& state) {
