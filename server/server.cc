@@ -14,6 +14,7 @@
 #include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -77,6 +78,7 @@ class ParameterServerImpl : public ParameterServer {
   }
 
   absl::Status Start(const ServerOptions& options) {
+    drain_on_stop_ = options.drain_on_stop;
     RegisterRequest request;
     request.set_protocol_version(kProtocolVersion);
     request.set_role(SERVER);
@@ -123,7 +125,8 @@ class ParameterServerImpl : public ParameterServer {
   absl::Status Run() override {
     absl::Status result;
     std::vector<zmq::pollitem_t> items;
-    while (!stop_.load(std::memory_order_relaxed)) {
+    for (;;) {
+      if (stop_.load(std::memory_order_relaxed) && !DrainsBeforeStopping()) break;
       InstallPendingMap();
       if (absl::Status s = WatchError(); !s.ok()) {
         result = s;
@@ -556,6 +559,13 @@ class ParameterServerImpl : public ParameterServer {
       return;
     }
     LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
+    job_over_ = map->left_workers_size() >= static_cast<int>(config_.num_workers());
+    if (Drained(*map)) {
+      LOG(WARNING) << "server " << index_ << " drained: shard map epoch " << map->epoch()
+                   << " lists no copy on it; it stops and leaves the job";
+      drained_ = true;
+      RequestStop();
+    }
     copies_generation_ = engine_->copies_generation();
     if (!held_.empty()) ReplayHeld();
     std::vector<uint64_t> synced = engine_->SyncedCopies();
@@ -566,6 +576,53 @@ class ParameterServerImpl : public ParameterServer {
     handoffs_done_ = std::move(handoffs);
     checkpoint_failure_ = engine_->checkpoint_failure();
     heartbeat_now_ = true;
+  }
+
+  // Called once a stop is requested: whether to serve on while draining
+  // (ServerOptions::drain_on_stop). The first call asks the scheduler for
+  // the drain; later ones say whether its deadline is still ahead.
+  bool DrainsBeforeStopping() {
+    if (drained_ || drain_on_stop_ <= absl::ZeroDuration()) return false;
+    if (drain_deadline_ == absl::InfinitePast() && job_over_) {
+      LOG(INFO) << "server " << index_ << ": every worker has left, so it stops without draining";
+      drain_deadline_ = absl::InfiniteFuture();
+      return false;
+    }
+    if (drain_deadline_ == absl::InfinitePast()) {
+      drain_deadline_ = absl::Now() + drain_on_stop_;
+      DrainRequest request;
+      request.set_server(index_);
+      auto asked = scheduler_->Drain(request, std::min(drain_on_stop_, absl::Seconds(5)));
+      if (!asked.ok()) {
+        LOG(WARNING) << "server " << index_ << " stops without draining: " << asked.status().message();
+        drain_deadline_ = absl::InfiniteFuture();  // asked once: now it stops
+        return false;
+      }
+      LOG(WARNING) << "server " << index_ << " drains before it stops (at most "
+                   << absl::FormatDuration(drain_on_stop_) << "): its " << asked->copies()
+                   << " copies move to the other servers from shard map epoch " << asked->epoch();
+      return true;
+    }
+    if (drain_deadline_ == absl::InfiniteFuture()) return false;
+    if (absl::Now() < drain_deadline_) return true;
+    LOG(WARNING) << "server " << index_ << " not drained within " << absl::FormatDuration(drain_on_stop_)
+                 << ": it stops now, and the copies still on it fail over";
+    drain_deadline_ = absl::InfiniteFuture();
+    return false;
+  }
+
+  // Whether `map` marks this server draining (`shardps drain`) and lists
+  // no copy on it, and no move or hand-off from or to it.
+  bool Drained(const ShardMap& map) const {
+    auto self = absl::c_find_if(map.servers(), [this](const ServerInfo& s) { return s.index() == index_; });
+    if (self == map.servers().end() || !self->draining()) return false;
+    for (const PartitionInfo& p : map.partitions()) {
+      if (p.server() == index_ || absl::c_linear_search(p.backups(), index_)) return false;
+    }
+    for (const CopyMove& m : map.moves()) {
+      if (m.from() == index_ || m.to() == index_) return false;
+    }
+    return absl::c_none_of(map.handoffs(), [this](const Handoff& h) { return h.from() == index_ || h.to() == index_; });
   }
 
   // A copy's snapshot arrived: the next heartbeat says so (see
@@ -683,6 +740,13 @@ class ParameterServerImpl : public ParameterServer {
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
+  // Engine thread: ServerOptions::drain_on_stop; whether the map showed this
+  // server drained; the drain's deadline once a stop asked for it
+  // (InfinitePast: not asked; InfiniteFuture: asked, and it stops now).
+  absl::Duration drain_on_stop_ = absl::ZeroDuration();
+  bool drained_ = false;
+  bool job_over_ = false;  // the latest map lists every worker as left
+  absl::Time drain_deadline_ = absl::InfinitePast();
   std::atomic<uint64_t> completed_round_{0};  // engine thread -> heartbeats
   uint64_t refused_by_limits_ = 0;  // engine thread: in-flight bytes, connections
   std::chrono::steady_clock::time_point next_counters_{};  // engine thread: PublishCounters

@@ -48,6 +48,13 @@ struct ServerOptions {
   // client without it gets no answer. Replication to other servers uses
   // their keys from the map.
   SecurityCredentials security{};
+  // Above zero: on RequestStop (SIGTERM) the server first asks the scheduler
+  // to drain it (`shardps drain`: its copies move to the other servers while
+  // training goes on) and stops once it holds none, or after this long,
+  // whichever comes first; a drain the scheduler refuses (too few servers
+  // would be left, the job is over) is logged and the server stops at once,
+  // failing over as without it. Zero (default): stop at once.
+  absl::Duration drain_on_stop = absl::ZeroDuration();
 };
 
 class ParameterServer {

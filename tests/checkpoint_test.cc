@@ -1,6 +1,7 @@
 // Checkpoints end to end, multi-process: `shardps local` writes a checkpoint
 // at the first epoch's last round, every process of the cluster is SIGKILLed,
-// and `shardps local --resume` trains the second epoch.
+// and `shardps local --resume` trains the second epoch. Also the other
+// operator's command on a running job, `shardps drain`.
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -311,6 +312,29 @@ TEST(LocalCommandTest, EvalEveryPrintsWorkerZerosAccuracyEndingAtTheJobsResult) 
   const std::string reported = JsonString(out, "test_accuracy");
   ASSERT_FALSE(reported.empty()) << out;
   EXPECT_NEAR(std::stod(points[2].second), std::stod(reported), 0.00005) << out;
+}
+
+using DrainCommandTest = CheckpointTest;
+
+TEST_F(DrainCommandTest, ADrainedServerStopsAndLeavesAndTheJobTrainsOnWithTheOthers) {
+  LocalJob running = Start(dir_, "running", {"--servers", "3", "--train-limit", "12800"});
+  const std::string address = SchedulerAfterSixtySteps(running);
+  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
+  LocalJob missing = Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "9"}, dir_, "missing");
+  EXPECT_EQ(Wait(missing), 1);
+  EXPECT_THAT(Slurp(missing.err_path), HasSubstr("there is no server 9 in the cluster"));
+  LocalJob drain =
+      Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "2", "--wait", "60"}, dir_, "drain");
+  EXPECT_EQ(Wait(drain), 0) << Slurp(drain.err_path);
+  const std::string said = Slurp(drain.out_path);
+  EXPECT_THAT(said, HasSubstr("server 2 drains from shard map epoch"));
+  EXPECT_THAT(said, HasSubstr("server 2 drained, stopped and left the job after"));
+  // Two servers are left with replication 2: a second drain is refused.
+  LocalJob second = Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "1"}, dir_, "second");
+  EXPECT_EQ(Wait(second), 1);
+  EXPECT_THAT(Slurp(second.err_path), HasSubstr("start another server first"));
+  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
+  EXPECT_THAT(Slurp(running.err_path), HasSubstr("stopped cleanly (drained, or a SIGTERM from outside)"));
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
+#include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "common/optimizer.h"
 #include "tests/test_cluster.h"
@@ -15,6 +17,7 @@ namespace shardps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 ClusterConfig Config(int servers, int workers, Consistency consistency = SYNC) {
   ClusterConfig c;
@@ -372,6 +375,63 @@ TEST(ClusterTest, AServerStoppedWithSigtermIsFailedOverAtOnceAndWhatItHeldComple
   EXPECT_LT(absl::Now() - stopped, absl::Seconds(30));
   EXPECT_EQ(out1[0], -0.5f * 2.0f);  // mean gradient 2, lr 0.5
   EXPECT_EQ(out0, out1);
+}
+
+TEST(ClusterTest, AServerStoppedWithDrainOnStopHandsItsPartitionsOnAndNoUpdateIsLostOrDoubled) {
+  // Replication 1: without the drain, the stopped server's partitions
+  // would have no copy left. With --drain-on-stop its primaries are copied
+  // to the others and handed off while both workers train, then it leaves.
+  // Heartbeats that would take two minutes to time out: nothing fails over.
+  ClusterConfig config = Config(3, 2);
+  config.set_replication(1);
+  config.set_heartbeat_interval_ms(100);
+  config.set_heartbeat_timeout_ms(120000);
+  auto cluster = TestCluster::Start(config, {"--drain-on-stop", "60"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<Worker> w0, w1;
+  const int n = 3000;  // 12 partitions over 3 servers
+  ASSERT_TRUE(ConnectTwoWithTensor(**cluster, n, w0, w1));
+  constexpr int kRounds = 40;
+  std::atomic<int> rounds_done{0};
+  auto train = [&](Worker& w, float grad, std::vector<float>& out) {
+    std::vector<float> g(n, grad);
+    for (int r = 0; r < kRounds; ++r) {
+      auto h = w.PushPull("w", g, absl::MakeSpan(out));
+      ASSERT_TRUE(h.ok()) << h.status();
+      absl::Status s = w.Wait(*h, absl::Seconds(30));
+      ASSERT_TRUE(s.ok()) << "round " << r << ": " << s;
+      if (grad == 1.0f) rounds_done.fetch_add(1);
+      absl::SleepFor(absl::Milliseconds(25));
+    }
+  };
+  std::vector<float> out0(n), out1(n);
+  std::thread t0([&] { train(*w0, 1.0f, out0); });
+  std::thread t1([&] { train(*w1, 3.0f, out1); });
+  while (rounds_done.load() < 5) absl::SleepFor(absl::Milliseconds(5));
+  const int code = (*cluster)->StopServer(2, absl::Seconds(60));
+  const int stopped_at = rounds_done.load();
+  t0.join();
+  t1.join();
+  EXPECT_EQ(code, 0);
+  EXPECT_LT(stopped_at, kRounds) << "the drain outlasted the training: nothing was handed on while it ran";
+  // Each round adds -0.5 * mean(1, 3) = -1 to every weight: exact in floats.
+  EXPECT_EQ(out0, std::vector<float>(n, -static_cast<float>(kRounds)));
+  EXPECT_EQ(out1, out0);
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->Status(absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  // Servers register in any order: the stopped process's index is the one
+  // listed as left.
+  std::vector<uint32_t> left;
+  for (const NodeStatus& node : status->nodes()) {
+    if (node.role() == SERVER && node.left()) left.push_back(node.rank());
+  }
+  ASSERT_EQ(left.size(), 1u) << status->ShortDebugString();
+  for (const PartitionInfo& p : status->shard_map().partitions()) {
+    EXPECT_NE(p.server(), left[0]) << p.ShortDebugString();
+    EXPECT_THAT(p.backups(), Not(::testing::Contains(left[0]))) << p.ShortDebugString();
+  }
 }
 
 TEST(ClusterTest, CApiTrainsAStep) {

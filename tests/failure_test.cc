@@ -370,6 +370,33 @@ TEST(FailureTest, AServerJoiningAJobWithoutBackupsTakesItsSharePrimariesAndAllWi
   EXPECT_THAT(grown.err, Not(HasSubstr("no live replica")));
 }
 
+TEST(FailureTest, ADrainedServerHandsItsPartitionsToTheOthersAndStopsWithoutChangingAWeight) {
+  // `shardps drain` while the job trains: server 2's copies move to servers
+  // 0 and 1 (its primaries by hand-off), then it stops by itself (exit 0)
+  // and leaves; the weights are bitwise those of the run without the drain.
+  LocalRun drained = ExpectFaultsChangeNoWeight(kSmallPartitionsJob, {"--drain", "2@20"});
+  if (drained.exit_code != 0) return;
+  EXPECT_THAT(drained.err, HasSubstr("copy moves drain server 2"));
+  EXPECT_THAT(drained.err, ContainsRegex("copy moves done: partition [0-9]+ \\(2->[01], primary\\)"));
+  EXPECT_THAT(drained.err, ContainsRegex("server 2 \\(tcp://[^)]*\\) drained: its copies moved to the other servers"));
+  EXPECT_THAT(drained.err, HasSubstr("shardps local: server 2 drained and stopped"));
+  EXPECT_THAT(drained.err, Not(HasSubstr("fail over")));
+  EXPECT_THAT(drained.err, Not(HasSubstr("no answer within")));
+  EXPECT_THAT(drained.err, Not(HasSubstr("declared dead")));
+}
+
+TEST(FailureTest, ADrainedServerOfAJobWithoutBackupsLosesNoPartition) {
+  // Replication 1: the server's partitions have no other copy, so each is
+  // copied to server 0 before the role is handed to it.
+  const std::vector<std::string> job = {"--servers", "2", "--workers", "2", "--train-limit", "9000", "--epochs",
+                                        "2", "--deterministic", "--set", "partition_bytes=65536", "--set",
+                                        "replication=1"};
+  LocalRun drained = ExpectFaultsChangeNoWeight(job, {"--drain", "1@20"});
+  if (drained.exit_code != 0) return;
+  EXPECT_THAT(drained.err, HasSubstr("shardps local: server 1 drained and stopped"));
+  EXPECT_THAT(drained.err, Not(HasSubstr("no live replica")));
+}
+
 // The replacement for server 1 holds primaries within one partition (16384
 // elements) of the mean once the hand-offs are done.
 void ExpectReplacementHoldsPrimaries(const LocalRun& run) {

@@ -16,9 +16,11 @@
 
 namespace shardps {
 
-absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterConfig& config) {
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterConfig& config,
+                                                                std::vector<std::string> server_flags) {
   static std::atomic<int> counter{0};
   auto cluster = std::unique_ptr<TestCluster>(new TestCluster());
+  cluster->server_flags_ = std::move(server_flags);
   cluster->dir_ = std::filesystem::temp_directory_path() / absl::StrCat("shardps-test-", getpid(), "-", counter++);
   // A folder left by a killed process whose pid this one now has would hand
   // out its stale scheduler address.
@@ -50,9 +52,10 @@ absl::Status TestCluster::AddServer() {
   SpawnOptions options;
   options.stdout_to_stderr = true;
   options.stop_with_us = true;
-  auto server = Spawn(absl::StrCat("server ", servers_.size()),
-                      {SHARDPS_BINARY, "server", "--scheduler", scheduler_address_, "--listen", "tcp://127.0.0.1:0"},
-                      options);
+  std::vector<std::string> argv = {SHARDPS_BINARY, "server", "--scheduler", scheduler_address_, "--listen",
+                                   "tcp://127.0.0.1:0"};
+  argv.insert(argv.end(), server_flags_.begin(), server_flags_.end());
+  auto server = Spawn(absl::StrCat("server ", servers_.size()), argv, options);
   if (!server.ok()) return server.status();
   servers_.push_back(*server);
   return absl::OkStatus();
@@ -95,7 +98,7 @@ std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t
   return out;
 }
 
-int TestCluster::StopServer(size_t i) { return Stop(servers_[i], absl::Seconds(10)); }
+int TestCluster::StopServer(size_t i, absl::Duration grace) { return Stop(servers_[i], grace); }
 
 absl::StatusOr<RawClientCluster> StartWithRawClient(const ClusterConfig& config, int n, float init,
                                                     zmq::context_t& context) {

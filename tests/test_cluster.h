@@ -28,7 +28,9 @@ class TestCluster {
   // A scheduler and config.num_servers() servers as processes, which end with
   // the thread that starts them (SpawnOptions::stop_with_us): start from the
   // test's own thread.
-  static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const ClusterConfig& config);
+  // `server_flags` go to every `shardps server` it starts.
+  static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const ClusterConfig& config,
+                                                            std::vector<std::string> server_flags = {});
   ~TestCluster();
 
   const std::string& scheduler_address() const { return scheduler_address_; }
@@ -37,8 +39,8 @@ class TestCluster {
   // Process ids, to read their threads and memory from /proc.
   pid_t scheduler_pid() const { return scheduler_.pid; }
   pid_t server_pid(size_t i) const { return servers_[i].pid; }
-  // SIGTERM to server `i`; returns its exit code.
-  int StopServer(size_t i);
+  // SIGTERM to server `i` (SIGKILL after `grace`); returns its exit code.
+  int StopServer(size_t i, absl::Duration grace = absl::Seconds(10));
   // Starts one more server process (index num_servers(), num_servers() + 1,
   // ... as the calls come): once the tensors are defined it joins the
   // running job as one more server (docs/architecture.md). From the test's
@@ -48,6 +50,7 @@ class TestCluster {
  private:
   std::string dir_;
   std::string scheduler_address_;
+  std::vector<std::string> server_flags_;
   std::vector<ChildProcess> servers_;
   ChildProcess scheduler_;
 };

@@ -16,6 +16,7 @@ int ServerCommand(const Args& args);
 int TrainCommand(const Args& args);
 int StatusCommand(const Args& args);
 int CheckpointCommand(const Args& args);
+int DrainCommand(const Args& args);
 int CertsCommand(const Args& args);
 int LocalCommand(const Args& args);
 int LaunchCommand(const Args& args);

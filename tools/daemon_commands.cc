@@ -205,7 +205,7 @@ int SchedulerCommand(const Args& args) {
 
 int ServerCommand(const Args& args) {
   ServerOptions options;
-  double register_timeout_s = 30;
+  double register_timeout_s = 30, drain_on_stop_s = 0;
   bool verbose = false;
   CliFlags flags("server");
   flags.String("scheduler", &options.scheduler_address,
@@ -213,6 +213,9 @@ int ServerCommand(const Args& args) {
   flags.String("listen", &options.bind_address, "ZeroMQ endpoint to bind (port 0 = any free port)");
   flags.String("advertise-host", &options.advertise_host, "host name or IP workers use to reach this server");
   flags.Double("register-timeout", &register_timeout_s, "seconds to wait for the scheduler");
+  flags.Double("drain-on-stop", &drain_on_stop_s,
+               "on SIGTERM, first move this server's copies to the others while training goes on (`shardps drain`), "
+               "for at most this many seconds; 0: stop at once (its partitions fail over)");
   std::string security_config;
   flags.String("security-config", &security_config,
                "config file whose security { } block this node uses to reach a secured cluster (README: Security)");
@@ -244,6 +247,11 @@ int ServerCommand(const Args& args) {
     options.metrics = metrics.get();
   }
   options.register_timeout = absl::Seconds(register_timeout_s);
+  if (!(drain_on_stop_s >= 0)) {
+    return UsageError("server", absl::InvalidArgumentError(absl::StrCat("--drain-on-stop ", drain_on_stop_s,
+                                                                        ": expected seconds, 0 or more")));
+  }
+  options.drain_on_stop = absl::Seconds(drain_on_stop_s);
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("server", security.status());
   options.security = *std::move(security);

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/checkpoint_store.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -38,6 +39,8 @@ struct LocalOptions {
   std::string consistency, config_path, compression, hidden = "256,128";
   std::vector<std::string> sets, kills, slow, add_servers;
   std::vector<int64_t> add_at;  // steps of worker 0 at which one more server starts, from --add-server
+  std::vector<std::string> drains;                   // --drain INDEX@STEP
+  std::vector<std::pair<int64_t, int64_t>> drain_at;  // (step of worker 0, server index), by step
   std::map<int64_t, double> slow_factors;  // rank -> compute slow-down, from --slow
   std::string checkpoint_dir, resume;  // checkpoint.dir; a checkpoint to restart from
   int64_t checkpoint_every = 0;
@@ -137,6 +140,7 @@ struct Outcome {
   std::vector<FaultRecord> faults;
   std::vector<FaultSpec> never_happened;  // asked for, not injected before the job ended
   std::vector<int64_t> adds_never_happened;  // --add-server steps worker 0 did not reach
+  std::vector<std::pair<int64_t, int64_t>> drains_never_happened;  // --drain not asked, or not done, by the end
   std::string weights_sha256;  // rank 0's final weights
   UpdateAccounting updates;
 };
@@ -298,6 +302,13 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (!serving.ok()) return absl::UnavailableError(absl::StrCat("restarting the scheduler: ", serving.status().message()));
     return watch[0];
   };
+  // --drain asks the scheduler through a client of its own.
+  std::unique_ptr<SchedulerClient> drain_client;
+  if (!o.drain_at.empty()) {
+    auto client = SchedulerClient::Create(*address, client_security);
+    if (!client.ok()) return fail(client.status());
+    drain_client = *std::move(client);
+  }
   std::unique_ptr<FaultInjector> injector;
   if (!faults.empty()) {
     auto client = SchedulerClient::Create(*address, client_security);
@@ -357,6 +368,29 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     }
     return absl::OkStatus();
   };
+  // --drain: when worker 0 reaches each step, the scheduler is asked to
+  // drain a server; that process then stops by itself (exit 0), which the
+  // loop below expects of it and no other daemon.
+  size_t drains_asked = 0;
+  std::map<size_t, std::pair<int64_t, absl::Time>> draining;  // daemons slot -> (server index, asked at)
+  auto ask_drains = [&]() -> absl::Status {
+    if (drains_asked == o.drain_at.size()) return absl::OkStatus();
+    const int64_t step = ReadProgress(dir + "/progress.0");
+    for (; drains_asked < o.drain_at.size() && step >= o.drain_at[drains_asked].first; ++drains_asked) {
+      const int64_t index = o.drain_at[drains_asked].second;
+      auto slot = ServerSlot(dir, spawned_servers, static_cast<int>(index));
+      if (!slot.ok()) return slot.status();
+      DrainRequest request;
+      request.set_server(static_cast<uint32_t>(index));
+      auto response = drain_client->Drain(request, absl::Seconds(10));
+      if (!response.ok()) return response.status();
+      std::cerr << "shardps local: worker 0 reached step " << step << "; server " << index
+                << " drains from shard map epoch " << response->epoch() << " (" << response->copies()
+                << " copies to move)\n";
+      draining[*slot] = {index, absl::Now()};
+    }
+    return absl::OkStatus();
+  };
   size_t replaced = 0;  // server and worker faults, in record order, that have a replacement
   // --replace: once the scheduler has declared a killed server dead, a new
   // server process (at a new address) registers and takes its place; a
@@ -384,6 +418,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   const absl::Time deadline = absl::Now() + absl::Seconds(o.timeout_s);
   for (;;) {
     if (absl::Status s = add_servers(); !s.ok()) return fail(s);
+    if (absl::Status s = ask_drains(); !s.ok()) return fail(s);
     if (injector != nullptr) {
       auto server_slot = [&](int index) { return ServerSlot(dir, spawned_servers, index); };
       if (absl::Status s = injector->Tick(ReadProgress(dir + "/progress.0"), {daemons, workers, server_slot});
@@ -395,13 +430,28 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
       }
     }
     int code;
-    auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(injector || added < o.add_at.size() ? 20 : 100), &code);
+    const bool ticking = injector || added < o.add_at.size() || drains_asked < o.drain_at.size();
+    auto w = WaitAny(workers, absl::Now() + absl::Milliseconds(ticking ? 20 : 100), &code);
     if (absl::IsNotFound(w.status())) break;  // every worker that was not killed has finished
     if (w.ok()) {
       if (code != 0) return fail(absl::InternalError(absl::StrCat(workers[*w].name, " ", DescribeExit(code))));
       continue;
     }
     auto d = WaitAny(daemons, absl::Now(), &code);
+    if (d.ok() && code == 0 && draining.contains(*d)) {
+      const auto [index, asked] = draining[*d];
+      std::cerr << "shardps local: server " << index << " drained and stopped "
+                << absl::ToDoubleSeconds(absl::Now() - asked) << " s after the request\n";
+      draining.erase(*d);
+      continue;
+    }
+    // A server exits 0 only once stopped: drained by `shardps drain`, or
+    // SIGTERM from outside; it left the job, which goes on without it.
+    if (d.ok() && code == 0 && *d > 0) {
+      std::cerr << "shardps local: " << daemons[*d].name << " stopped cleanly (drained, or a SIGTERM from outside) "
+                << "and left the job, which goes on without it\n";
+      continue;
+    }
     if (d.ok()) return fail(absl::InternalError(absl::StrCat(daemons[*d].name, " ", DescribeExit(code),
                                                              " while workers were training")));
     if (absl::Now() > deadline) return fail(absl::DeadlineExceededError("training did not finish within --timeout"));
@@ -416,6 +466,8 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   Outcome out = CollectOutcome(dir, o, spawned_servers, config, injector.get(), rejoined);
   out.wall_seconds = wall;
   out.adds_never_happened.assign(o.add_at.begin() + added, o.add_at.end());
+  out.drains_never_happened.assign(o.drain_at.begin() + drains_asked, o.drain_at.end());
+  for (const auto& [slot, drain] : draining) out.drains_never_happened.emplace_back(-1, drain.first);
   return out;
 }
 
@@ -479,6 +531,9 @@ int LocalCommand(const Args& args) {
   flags.Repeated("add-server", &o.add_servers,
                  "STEP: start one more server process when worker 0 reaches STEP; it joins the running job and "
                  "copies move to it (repeat for more)");
+  flags.Repeated("drain", &o.drains,
+                 "INDEX@STEP: ask the scheduler to drain server INDEX when worker 0 reaches STEP (as `shardps drain` "
+                 "does: its copies move to the other servers, then it stops; repeat for more)");
   flags.Double("restart-after", &o.restart_after_s, "seconds after a scheduler kill to start a new one (same address)");
   if (absl::Status s = flags.Parse(args); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";
@@ -502,6 +557,18 @@ int LocalCommand(const Args& args) {
     o.add_at.push_back(at);
   }
   std::sort(o.add_at.begin(), o.add_at.end());
+  for (const std::string& drain : o.drains) {
+    std::pair<std::string, std::string> parts = absl::StrSplit(drain, absl::MaxSplits('@', 1));
+    int64_t index, at;
+    if (!absl::SimpleAtoi(parts.first, &index) || !absl::SimpleAtoi(parts.second, &at) || index < 0 ||
+        index >= o.servers + static_cast<int64_t>(o.add_at.size()) || at < 1) {
+      std::cerr << "shardps local: --drain '" << drain << "': expected INDEX@STEP, a server index below "
+                << o.servers + o.add_at.size() << " and a step of worker 0 (1 or more)\n";
+      return 2;
+    }
+    o.drain_at.emplace_back(at, index);
+  }
+  std::sort(o.drain_at.begin(), o.drain_at.end());
   if (o.servers + static_cast<int64_t>(o.add_at.size()) > kMaxServers) {
     std::cerr << "shardps local: --servers " << o.servers << " and " << o.add_at.size() << " --add-server exceed "
               << kMaxServers << " servers\n";
@@ -538,8 +605,8 @@ int LocalCommand(const Args& args) {
     }
     faults.push_back(*f);
   }
-  if ((!faults.empty() || !o.add_at.empty()) && o.reference) {
-    std::cerr << "shardps local: --kill and --add-server need a cluster (not --reference)\n";
+  if ((!faults.empty() || !o.add_at.empty() || !o.drain_at.empty()) && o.reference) {
+    std::cerr << "shardps local: --kill, --add-server and --drain need a cluster (not --reference)\n";
     return 2;
   }
   for (const FaultSpec& f : faults) {
@@ -561,6 +628,7 @@ int LocalCommand(const Args& args) {
   std::vector<FaultRecord> fault_records;
   std::vector<FaultSpec> never_happened;
   std::vector<int64_t> adds_never_happened;
+  std::vector<std::pair<int64_t, int64_t>> drains_never_happened;
   std::string weights_sha256;
   std::string lost = "null", duplicates = "null";  // measured on a cluster only
   uint64_t pushed = 0, pulled = 0;
@@ -606,6 +674,7 @@ int LocalCommand(const Args& args) {
     fault_records = outcome->faults;
     never_happened = outcome->never_happened;
     adds_never_happened = outcome->adds_never_happened;
+    drains_never_happened = outcome->drains_never_happened;
     weights_sha256 = outcome->weights_sha256;
     lost = absl::StrCat(outcome->updates.lost);
     duplicates = absl::StrCat(outcome->updates.duplicates);
@@ -645,7 +714,13 @@ int LocalCommand(const Args& args) {
     std::cerr << "shardps local: --add-server " << step << " never happened: worker 0 ended at step "
               << static_cast<int64_t>(result["steps"]) << "\n";
   }
-  return never_happened.empty() && adds_never_happened.empty() ? 0 : 1;
+  for (const auto& [step, index] : drains_never_happened) {
+    std::cerr << "shardps local: --drain " << index << "@" << step << " never happened: "
+              << (step < 0 ? "the server was still draining when the job ended"
+                           : absl::StrCat("worker 0 ended at step ", static_cast<int64_t>(result["steps"])))
+              << "\n";
+  }
+  return never_happened.empty() && adds_never_happened.empty() && drains_never_happened.empty() ? 0 : 1;
 }
 
 }  // namespace shardps

@@ -23,6 +23,7 @@ daemons:
 operations:
   status        show the cluster as the scheduler sees it
   checkpoint    ask a running cluster for a checkpoint at its next round boundary and wait for it
+  drain         move a server's partitions to the others while training goes on, then stop it
   local         scheduler + servers + workers as processes on this machine, training Fashion-MNIST
   launch        scheduler + servers on this machine, and W copies of any command as the workers
   certs         a CA, TLS certificates, a cluster token and security configs for a test cluster
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
       {"flood", shardps::FloodCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
       {"bench-checkpoint", shardps::BenchCheckpointCommand}, {"checkpoint", shardps::CheckpointCommand},
+      {"drain", shardps::DrainCommand},
       {"certs", shardps::CertsCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,10 @@ std::string StatusTable(const StatusResponse& status) {
       most_steps = std::max<uint64_t>(most_steps, n.counters().steps());
     }
   }
+  std::set<uint32_t> draining;  // `shardps drain`
+  for (const ServerInfo& s : status.shard_map().servers()) {
+    if (s.draining()) draining.insert(s.index());
+  }
   for (const NodeStatus& n : status.nodes()) {
     const uint64_t served = n.rank() < bytes.size() ? bytes[n.rank()] : 0;
     std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
@@ -72,7 +77,7 @@ std::string StatusTable(const StatusResponse& status) {
                                           : absl::StrFormat("worker %d  %s", n.rank(), n.host());
     const char* state = n.left()            ? (n.left_error().empty() ? "left" : "FAILED (left on an error)")
                         : n.declared_dead() ? "DEAD"
-                        : n.alive()         ? "alive"
+                        : n.alive()         ? (n.role() == SERVER && draining.contains(n.rank()) ? "alive, draining" : "alive")
                                             : "SILENT";
     const bool behind = n.role() == SERVER && !n.declared_dead() && n.applied_epoch() < epoch;
     std::string lag;

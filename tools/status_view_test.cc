@@ -84,6 +84,16 @@ TEST(StatusViewTest, HandoffsUnderWayAreShownInTheTableAndTheJson) {
   EXPECT_NE(json.find("\"handoffs_planned\":\"3\""), std::string::npos) << json;
 }
 
+TEST(StatusViewTest, ADrainingServerIsShownSo) {
+  StatusResponse status = OneServer(10, 100, 3);
+  EXPECT_EQ(StatusTable(status).find("draining"), std::string::npos);
+  ServerInfo* info = status.mutable_shard_map()->add_servers();
+  info->set_index(0);
+  info->set_draining(true);
+  const std::string table = StatusTable(status);
+  EXPECT_NE(table.find("alive, draining"), std::string::npos) << table;
+}
+
 TEST(StatusViewTest, AWorkerThatLeftOnAnErrorIsShownAsFailedWithIt) {
   StatusResponse status = ThreeWorkers(SYNC, 0, {10, 10, 4});
   status.mutable_nodes(1)->set_left(true);

@@ -9,6 +9,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
@@ -695,8 +696,15 @@ class WorkerImpl : public Worker {
         if (!s.dead()) continue;
         // Once per death: every later map lists it dead too.
         if (reported_dead_.insert(absl::StrCat(s.node_id(), " ", s.data_address(), " ", s.dead_reason())).second) {
-          LOG(ERROR) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
-                     << ") is out of the job at shard map epoch " << map.epoch() << ": " << s.dead_reason();
+          // An error only where partitions are left on it (no live replica):
+          // otherwise they failed over, or it was drained of them.
+          const bool holds = absl::c_any_of(map.partitions(), [&s](const PartitionInfo& p) { return p.server() == s.index(); });
+          LOG_IF(ERROR, holds) << "worker " << options_.rank << ": server " << s.index() << " (" << s.data_address()
+                               << ") is out of the job at shard map epoch " << map.epoch() << ": " << s.dead_reason()
+                               << "; partitions it was the primary of have no live replica";
+          LOG_IF(WARNING, !holds) << "worker " << options_.rank << ": server " << s.index() << " ("
+                                  << s.data_address() << ") is out of the job at shard map epoch " << map.epoch()
+                                  << ": " << s.dead_reason() << "; its partitions are served by the others";
         }
         channel->FailServer(s.index(), absl::UnavailableError(absl::StrCat(
                                            "server ", s.index(), " was declared dead by the scheduler at shard map "

@@ -1,0 +1,137 @@
+// `shardps drain`: asks a running cluster to move every copy a server holds
+// to the other servers (primaries by hand-off, while training goes on), then
+// waits until that server has stopped and left the job, or says at the
+// deadline what is still under way.
+#include <algorithm>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/scheduler_client.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+
+namespace shardps {
+namespace {
+
+const NodeStatus* FindServer(const StatusResponse& status, uint32_t index) {
+  for (const NodeStatus& n : status.nodes()) {
+    if (n.role() == SERVER && n.rank() == index) return &n;
+  }
+  return nullptr;
+}
+
+// The copies the map still lists on server `index`, and the moves from it
+// under way.
+std::string StillHeld(const ShardMap& map, uint32_t index) {
+  int copies = 0, moving = 0;
+  for (const PartitionInfo& p : map.partitions()) {
+    if (p.server() == index || std::find(p.backups().begin(), p.backups().end(), index) != p.backups().end()) {
+      ++copies;
+    }
+  }
+  for (const CopyMove& m : map.moves()) moving += m.from() == index ? 1 : 0;
+  return absl::StrCat(copies, " copies still on it, ", moving, " moves from it under way (shard map epoch ",
+                      map.epoch(), ")");
+}
+
+// Server `server` of `status`: its index, or the data address it serves on
+// (as `shardps status` lists it, "tcp://" optional). An unknown index is the
+// scheduler's to refuse.
+absl::StatusOr<uint32_t> ServerIndex(const StatusResponse& status, const std::string& server) {
+  uint32_t index;
+  if (absl::SimpleAtoi(server, &index)) return index;
+  for (const NodeStatus& n : status.nodes()) {
+    if (n.role() == SERVER && !n.declared_dead() && !n.left() &&
+        (n.address() == server || n.address() == "tcp://" + server)) {
+      return n.rank();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no live server serves at ", server, " (`shardps status` lists them)"));
+}
+
+absl::Status Drain(const std::string& address, const std::string& security_config, const std::string& server,
+                   double wait_s) {
+  if (server.empty()) {
+    return absl::InvalidArgumentError("--server is required (an index or data address, as `shardps status` lists)");
+  }
+  auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
+  if (!security.ok()) return security.status();
+  auto client = SchedulerClient::Create(address, *security);
+  if (!client.ok()) return client.status();
+  auto before = (*client)->Status(absl::Seconds(10));
+  if (!before.ok()) return before.status();
+  auto found = ServerIndex(*before, server);
+  if (!found.ok()) return found.status();
+  const uint32_t index = *found;
+  // The process being drained, so that a server that takes its place later
+  // is not taken for it.
+  const NodeStatus* node = FindServer(*before, index);
+  const uint64_t node_id = node != nullptr ? node->node_id() : 0;
+  DrainRequest request;
+  request.set_server(index);
+  const absl::Time start = absl::Now();
+  auto response = (*client)->Drain(request, absl::Seconds(10));
+  if (!response.ok()) return response.status();
+  std::cout << "server " << index << " drains from shard map epoch " << response->epoch() << ": its "
+            << response->copies() << " copies (" << response->elements()
+            << " elements) move to the other servers; it stops once it holds none" << std::endl;
+  if (wait_s <= 0) return absl::OkStatus();
+  const absl::Time deadline = start + absl::Seconds(wait_s);
+  std::string last = "no status yet";
+  for (;;) {
+    auto status = (*client)->Status(absl::Seconds(5));
+    if (status.ok()) {
+      const NodeStatus* n = FindServer(*status, index);
+      if (n == nullptr || n->node_id() != node_id) {
+        std::cout << "server " << index << " drained and stopped after "
+                  << absl::FormatDuration(absl::Now() - start) << " (another server has its place now)" << std::endl;
+        return absl::OkStatus();
+      }
+      if (n->left()) {
+        std::cout << "server " << index << " drained, stopped and left the job after "
+                  << absl::FormatDuration(absl::Now() - start) << "; shard map epoch " << status->shard_map().epoch()
+                  << std::endl;
+        return absl::OkStatus();
+      }
+      if (n->declared_dead()) {
+        return absl::UnavailableError(absl::StrCat(
+            "server ", index, " (", n->address(), ") died while it drained, after ",
+            absl::FormatDuration(absl::Now() - start),
+            "; the scheduler failed its partitions over to their backups (`shardps status` shows what is left)"));
+      }
+      last = StillHeld(status->shard_map(), index);
+    } else {
+      last = std::string(status.status().message());
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("server ", index, " not drained after ", wait_s, " s: ", last,
+                                                      "; it goes on draining (ask `shardps status`)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+int DrainCommand(const Args& args) {
+  std::string address = "127.0.0.1:7000";
+  std::string server;
+  double wait_s = 600;
+  CliFlags flags("drain");
+  flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
+  flags.String("server", &server, "the server to drain: its index or data address (as `shardps status` lists them)");
+  flags.Double("wait", &wait_s, "seconds to wait for the server to be drained and stopped (0: return once asked)");
+  std::string security_config;
+  flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
+  absl::Status s = flags.Parse(args);
+  if (s.ok() && flags.help()) return 0;
+  if (s.ok()) s = Drain(address, security_config, server, wait_s);
+  if (s.ok()) return 0;
+  std::cerr << "shardps drain: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace shardps
