@@ -260,6 +260,9 @@ TEST_F(MetricsTest, SchedulerExposesMembershipAndEpoch) {
   EXPECT_EQ(Sample(*text, R"(shardps_scheduler_nodes{role="server",state="dead"})"), 0);
   EXPECT_EQ(Sample(*text, "shardps_scheduler_shard_map_epoch"), 1);
   EXPECT_EQ(Sample(*text, "shardps_scheduler_nodes_declared_dead_total"), 0);
+  EXPECT_EQ(Sample(*text, "shardps_scheduler_servers_draining"), 0);
+  EXPECT_EQ(Sample(*text, "shardps_scheduler_copy_moves"), 0);
+  EXPECT_EQ(Sample(*text, "shardps_scheduler_handoffs"), 0);
 }
 
 // grpc.health.v1.Health/Check with an empty request (service ""); the answer

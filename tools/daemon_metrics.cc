@@ -24,12 +24,16 @@ class SchedulerSeries {
       for (int state = 0; state < kStates; ++state) {
         nodes_[role][state] = r.Gauge("shardps_scheduler_nodes",
                                       "Registered nodes by role and state (silent: missed heartbeats, not yet "
-                                      "declared dead; left: workers whose job ended)",
+                                      "declared dead; left: workers whose job ended, servers stopped or drained)",
                                       {{"role", roles[role]}, {"state", states[state]}});
       }
     }
     epoch_ = r.Gauge("shardps_scheduler_shard_map_epoch", "Epoch of the current shard map (0: no tensors yet)");
     partitions_ = r.Gauge("shardps_scheduler_partitions", "Partitions in the shard map");
+    draining_ = r.Gauge("shardps_scheduler_servers_draining",
+                        "Live servers being drained (shardps drain): their copies move to the others");
+    moves_ = r.Gauge("shardps_scheduler_copy_moves", "Copy moves under way (a join, a drain, a rebalance)");
+    handoffs_ = r.Gauge("shardps_scheduler_handoffs", "Primary hand-offs under way");
     declared_dead_ = r.Counter("shardps_scheduler_nodes_declared_dead_total",
                                "Nodes the scheduler declared dead (each publishes a new epoch)");
   }
@@ -46,6 +50,11 @@ class SchedulerSeries {
     }
     epoch_.Set(status.shard_map().epoch());
     partitions_.Set(status.shard_map().partitions_size());
+    int draining = 0;
+    for (const ServerInfo& s : status.shard_map().servers()) draining += s.draining() && !s.dead() ? 1 : 0;
+    draining_.Set(draining);
+    moves_.Set(status.shard_map().moves_size());
+    handoffs_.Set(status.shard_map().handoffs_size());
     // Declarations counted by the scheduler, not nodes dead now: a rejoin or
     // a replacement clears a dead entry, and a later death must still count.
     const uint64_t declared = scheduler_.NodesDeclaredDead();
@@ -59,7 +68,7 @@ class SchedulerSeries {
  private:
   SchedulerDaemon& scheduler_;
   std::array<std::array<MetricGauge, kStates>, 2> nodes_;
-  MetricGauge epoch_, partitions_;
+  MetricGauge epoch_, partitions_, draining_, moves_, handoffs_;
   MetricCounter declared_dead_;
   absl::Mutex mu_;
   uint64_t declared_published_ ABSL_GUARDED_BY(mu_) = 0;
