@@ -1,8 +1,15 @@
 #include "tools/local_cluster.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <iostream>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
 #include "compression/codec_policy.h"
 
@@ -59,6 +66,27 @@ absl::StatusOr<ChildProcess> SpawnScheduler(const std::string& listen, const std
                                    "--port-file", port_file, VerboseFlag(verbose)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return SpawnDaemon("scheduler", argv);
+}
+
+int FreeSchedulerPort() {
+  constexpr int kLowest = 10000;  // below: well-known and registered services
+  int ephemeral = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral;
+  if (ephemeral <= kLowest + 100) return 0;
+  std::mt19937 random(static_cast<uint32_t>(getpid()) ^ static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())));
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int port = kLowest + static_cast<int>(random() % static_cast<uint32_t>(ephemeral - kLowest));
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return 0;
 }
 
 absl::Status SpawnServers(const std::string& address, int64_t count, bool verbose,

@@ -35,6 +35,12 @@ absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConf
 absl::StatusOr<ChildProcess> SpawnScheduler(const std::string& listen, const std::string& config_file,
                                             const std::string& port_file, bool verbose,
                                             const std::vector<std::string>& extra = {});
+// A loopback port that is free now, below the kernel's ephemeral range
+// (ip_local_port_range): a scheduler restarted after a kill must bind its
+// port again, and while it is down any new connection may take an
+// ephemeral port as its local end. 0 (any port) where that range leaves no
+// room or no free port is found.
+int FreeSchedulerPort();
 // Starts `count` servers of the scheduler at `address` on loopback, appending
 // them to `daemons`; `extra(i)` gives server i's additional flags.
 absl::Status SpawnServers(const std::string& address, int64_t count, bool verbose,

@@ -287,10 +287,19 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   auto start_scheduler = [&](const std::string& listen, const std::string& port_file) {
     return SpawnScheduler(listen, dir + "/cluster.pbtxt", port_file, o.verbose, scheduler_flags);
   };
-  auto scheduler = start_scheduler("127.0.0.1:0", dir + "/scheduler.addr");
-  if (!scheduler.ok()) return scheduler.status();
-  daemons.push_back(*scheduler);
-  auto address = WaitForAddressFile(dir + "/scheduler.addr", daemons, absl::Now() + absl::Seconds(30));
+  // A port another process may take between the check and the bind: the
+  // scheduler then exits at once, and another port is tried.
+  absl::StatusOr<std::string> address;
+  for (int attempt = 1;; ++attempt) {
+    auto scheduler = start_scheduler(absl::StrCat("127.0.0.1:", FreeSchedulerPort()), dir + "/scheduler.addr");
+    if (!scheduler.ok()) return scheduler.status();
+    std::vector<ChildProcess> watch = {*scheduler};
+    address = WaitForAddressFile(dir + "/scheduler.addr", watch, absl::Now() + absl::Seconds(30));
+    if (address.ok() || watch[0].running() || attempt == 3) {
+      daemons.push_back(watch[0]);
+      break;
+    }
+  }
   if (!address.ok()) return fail(address.status());
   int restarts = 0;
   auto restart_scheduler = [&]() -> absl::StatusOr<ChildProcess> {
