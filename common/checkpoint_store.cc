@@ -102,11 +102,24 @@ absl::StatusOr<std::string> ReadCheckedFile(const std::string &round_dir, const 
   return data;
 }
 
+// The manifests of the job that wrote the latest of them (a job resumed
+// from an earlier round writes the later rounds again, and those of another
+// job name files it may have rewritten).
+std::map<uint32_t, CheckpointManifest> OfTheLatestJob(std::map<uint32_t, CheckpointManifest> manifests) {
+  const CheckpointManifest *latest = nullptr;
+  for (const auto &[server, m] : manifests) {
+    if (latest == nullptr || m.written_unix_ms() > latest->written_unix_ms()) latest = &m;
+  }
+  const uint64_t job = latest->job();
+  std::erase_if(manifests, [job](const auto &m) { return m.second.job() != job; });
+  return manifests;
+}
+
 absl::StatusOr<std::map<uint64_t, CheckpointManifest::Entry>> VerifiedEntries(const std::string &round_dir,
                                                                               uint64_t *round) {
   auto manifests = ReadManifests(round_dir);
   if (!manifests.ok()) return manifests.status();
-  return CoveredEntries(round_dir, *manifests, round);
+  return CoveredEntries(round_dir, OfTheLatestJob(*std::move(manifests)), round);
 }
 
 }  // namespace
@@ -189,13 +202,13 @@ absl::Status SetRestorePoint(const std::string &dir, ClusterConfig *config) {
   return absl::OkStatus();
 }
 
-std::set<uint64_t> PartitionsListedElsewhere(const std::string &round_dir, uint32_t server) {
+std::set<uint64_t> PartitionsListedElsewhere(const std::string &round_dir, uint32_t server, uint64_t job) {
   std::set<uint64_t> listed;
   if (!fs::exists(round_dir)) return listed;
   auto manifests = ReadManifests(round_dir);
   if (!manifests.ok()) return listed;
   for (const auto &[s, m] : *manifests) {
-    if (s == server) continue;
+    if (s == server || m.job() != job) continue;
     for (const CheckpointManifest::Entry &e : m.entries()) listed.insert(e.partition_id());
   }
   return listed;

@@ -8,7 +8,12 @@
 // writes its manifest only after its partition files, and a round is
 // complete once its manifests cover every partition of the shard map they
 // name. A torn, corrupt or missing file makes the round unusable, and the
-// error names the file. Stateless functions; safe from any thread.
+// error names the file. A round directory written into by two jobs (one
+// resumed from an earlier round writes the later ones again) is read as the
+// checkpoint of the job whose manifest was written last
+// (CheckpointManifest.job), never a mix: the other job's manifests name
+// files this one may have rewritten. Stateless functions; safe from any
+// thread.
 #ifndef SHARDPS_COMMON_CHECKPOINT_STORE_H_
 #define SHARDPS_COMMON_CHECKPOINT_STORE_H_
 
@@ -57,9 +62,9 @@ absl::StatusOr<RestorePoint> FindRestorePoint(const std::string &dir);
 // scheduler hands to every node.
 absl::Status SetRestorePoint(const std::string &dir, ClusterConfig *config);
 
-// The partitions that the manifests in `round_dir` of servers other than
-// `server` list (none where there is none, or one cannot be read).
-std::set<uint64_t> PartitionsListedElsewhere(const std::string &round_dir, uint32_t server);
+// The partitions that the manifests in `round_dir` of job `job`'s servers
+// other than `server` list (none where there is none, or one cannot be read).
+std::set<uint64_t> PartitionsListedElsewhere(const std::string &round_dir, uint32_t server, uint64_t job);
 
 // Partition `partition_id`'s state from a verified round: found through the
 // manifests, its checksum checked again and its record unsealed.

@@ -3,8 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "common/durable_file.h"
 
@@ -54,8 +56,72 @@ class CheckpointStoreTest : public ::testing::Test {
     return round_dir;
   }
 
+  // Job `job`'s checkpoint of round 10 (written at `written_ms`):
+  // partition p of three is owned by owners[p] and holds `value`; writes
+  // the files and manifests of `servers` only.
+  std::string WriteJobRound(uint64_t job, int64_t written_ms, const std::vector<uint32_t> &owners,
+                            const std::vector<uint32_t> &servers, float value) {
+    const std::string round_dir = CheckpointRoundDir(dir_, 10);
+    for (uint32_t server : servers) {
+      CheckpointManifest m;
+      m.set_round(10);
+      m.set_server(server);
+      m.set_job(job);
+      m.set_written_unix_ms(written_ms);
+      for (uint32_t p = 0; p < owners.size(); ++p) {
+        CheckpointManifest::Owner *owner = m.add_partitions();
+        owner->set_partition_id(p);
+        owner->set_server(owners[p]);
+        if (owners[p] != server) continue;
+        PartitionCheckpoint state = State(p, 10);
+        const float w[2] = {value, value};
+        state.set_weights(std::string(reinterpret_cast<const char *>(w), sizeof(w)));
+        auto entry = WritePartitionCheckpoint(round_dir, state);
+        EXPECT_TRUE(entry.ok()) << entry.status();
+        *m.add_entries() = *entry;
+      }
+      EXPECT_TRUE(WriteCheckpointManifest(round_dir, m).ok());
+    }
+    return round_dir;
+  }
+
+  static float FirstWeight(const PartitionCheckpoint &state) {
+    float w;
+    std::memcpy(&w, state.weights().data(), sizeof(w));
+    return w;
+  }
+
   std::string dir_;
 };
+
+TEST_F(CheckpointStoreTest, ARoundALaterJobWroteAgainIsThatJobsAlone) {
+  // Job 7 wrote round 10 from three servers; job 8 (resumed from an earlier
+  // round, its partitions placed on two servers) wrote it again. Server 2's
+  // manifest is job 7's and names a file job 8 rewrote.
+  WriteJobRound(7, 1000, {0, 1, 2}, {0, 1, 2}, 1.0f);
+  const std::string round_dir = WriteJobRound(8, 2000, {0, 1, 0}, {0, 1}, 2.0f);
+  auto round = VerifyCheckpointRound(round_dir);
+  ASSERT_TRUE(round.ok()) << round.status();
+  for (uint64_t p = 0; p < 3; ++p) {
+    auto state = LoadPartitionCheckpoint(round_dir, p);
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(FirstWeight(*state), 2.0f) << "partition " << p;
+  }
+  EXPECT_EQ(PartitionsListedElsewhere(round_dir, 0, 8), std::set<uint64_t>{1});
+  EXPECT_EQ(PartitionsListedElsewhere(round_dir, 0, 7), std::set<uint64_t>{2}) << "server 1 wrote job 8's since";
+}
+
+TEST_F(CheckpointStoreTest, ALaterJobsPartialRoundIsNeverMixedWithAnEarlierJobs) {
+  // Job 8 died after server 0's manifest: servers 1 and 2 still hold job 7's,
+  // whose files are intact, but the round is not job 8's checkpoint.
+  WriteJobRound(7, 1000, {0, 1, 2}, {0, 1, 2}, 1.0f);
+  const std::string round_dir = WriteJobRound(8, 2000, {0, 1, 2}, {0}, 2.0f);
+  auto round = VerifyCheckpointRound(round_dir);
+  ASSERT_FALSE(round.ok());
+  EXPECT_EQ(round.status().code(), absl::StatusCode::kFailedPrecondition) << round.status();
+  EXPECT_THAT(round.status().message(), HasSubstr("server-1.manifest is missing"));
+  EXPECT_FALSE(LoadPartitionCheckpoint(round_dir, 1).ok());
+}
 
 TEST_F(CheckpointStoreTest, CompleteRoundIsFoundAndItsPartitionsLoad) {
   const std::string round_dir = WriteRound(10, {0, 1});

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -64,8 +65,25 @@ std::string DescribeTensor(const TensorSpec& t) {
 
 }  // namespace
 
+namespace {
+
+// `config` with a job id: the one it has (a restored state's), else a new
+// random one (ClusterConfig.job_id).
+ClusterConfig WithJobId(ClusterConfig config) {
+  if (config.job_id() != 0) return config;
+  std::random_device entropy;
+  std::mt19937_64 random((static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^
+                         static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  uint64_t id = 0;
+  while (id == 0) id = random();
+  config.set_job_id(id);
+  return config;
+}
+
+}  // namespace
+
 ClusterState::ClusterState(ClusterConfig config, Clock clock, Persist persist)
-    : config_(std::move(config)), clock_(std::move(clock)), persist_(std::move(persist)) {}
+    : config_(WithJobId(std::move(config))), clock_(std::move(clock)), persist_(std::move(persist)) {}
 
 std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state, Clock clock, Persist persist) {
   auto cs = std::make_unique<ClusterState>(state.config(), std::move(clock), std::move(persist));

@@ -479,6 +479,7 @@ std::unique_ptr<grpc::Server> StartServer(const SchedulerOptions& options,
 absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const SchedulerOptions& given) {
   SchedulerOptions options = given;
   options.config.clear_security();  // secrets stay with the scheduler
+  options.config.clear_job_id();    // a new job's, or the saved state's (ClusterState)
   if (absl::Status s = ValidateConfig(options.config); !s.ok()) return s;
   auto listen = ParseHostPort(options.listen_address, "scheduler listen address",
                               {.allow_port_zero = true, .allow_wildcard = true});

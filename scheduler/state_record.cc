@@ -35,7 +35,12 @@ absl::StatusOr<std::unique_ptr<ClusterState>> ResumeOrCreateState(const std::opt
     if (!origin.where.empty()) LOG(INFO) << origin.who << ": a new cluster (none saved in " << origin.where << " yet)";
     return std::make_unique<ClusterState>(config, absl::Now, std::move(persist));
   }
-  if (!google::protobuf::util::MessageDifferencer::Equals(saved->config(), config)) {
+  // The saved config carries the job id this scheduler gave it
+  // (ClusterConfig.job_id), which a config file does not.
+  ClusterConfig saved_config = saved->config(), given = config;
+  saved_config.clear_job_id();
+  given.clear_job_id();
+  if (!google::protobuf::util::MessageDifferencer::Equals(saved_config, given)) {
     return absl::FailedPreconditionError(absl::StrCat(origin.where,
                                                       " holds a cluster with another configuration; start with the "
                                                       "same config to resume it, or use ",

@@ -22,7 +22,22 @@ const StateOrigin kOrigin{.where = "etcd key /p/state", .elsewhere = "another --
 TEST(StateRecordTest, WithNothingSavedANewClusterOfTheGivenConfigIsServed) {
   auto state = ResumeOrCreateState(std::nullopt, Config(2), kOrigin, nullptr);
   ASSERT_TRUE(state.ok()) << state.status();
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals((*state)->config(), Config(2)));
+  ClusterConfig served = (*state)->config();
+  EXPECT_NE(served.job_id(), 0u) << "a new job gets its id";
+  served.clear_job_id();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(served, Config(2)));
+  auto another = ResumeOrCreateState(std::nullopt, Config(2), kOrigin, nullptr);
+  ASSERT_TRUE(another.ok());
+  EXPECT_NE((*another)->config().job_id(), (*state)->config().job_id());
+}
+
+TEST(StateRecordTest, AResumedClusterKeepsItsJobId) {
+  SchedulerState saved;
+  *saved.mutable_config() = Config(2);
+  saved.mutable_config()->set_job_id(12345);
+  auto state = ResumeOrCreateState(saved, Config(2), kOrigin, nullptr);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ((*state)->config().job_id(), 12345u);
 }
 
 TEST(StateRecordTest, AStateSavedWithAnotherConfigIsRefusedNamingWhereAndWhatToDo) {

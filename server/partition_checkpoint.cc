@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/checkpoint_store.h"
 #include "common/config.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -74,7 +76,8 @@ void PartitionEngine::FollowAsyncCheckpoint(bool new_request) {
   // failover, a hand-off) is written too, unless its old primary's manifest
   // lists it already: rewriting its file at another version would fail that
   // manifest's checksum.
-  const std::set<uint64_t> listed = new_request ? std::set<uint64_t>() : PartitionsListedElsewhere(round_dir, server_index_);
+  const std::set<uint64_t> listed =
+      new_request ? std::set<uint64_t>() : PartitionsListedElsewhere(round_dir, server_index_, config_.job_id());
   bool wrote = false;
   for (Partition* p : due) {
     async_checkpoint_written_.insert(p->id);
@@ -206,6 +209,8 @@ void PartitionEngine::WriteManifest(const std::string& dir, uint64_t round) {
   const std::string round_dir = CheckpointRoundDir(dir, round);
   manifest.set_round(round);
   manifest.set_server(server_index_);
+  manifest.set_job(config_.job_id());
+  manifest.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
   *manifest.mutable_partitions() = checkpoint_owners_;
   if (absl::Status s = WriteCheckpointManifest(round_dir, manifest); !s.ok()) {
     CheckpointFailed(dir, round, absl::StrCat("manifest not written: ", s.message()));
