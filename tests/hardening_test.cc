@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include <zmq.hpp>
@@ -316,6 +317,40 @@ TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermLeavesTheJobRatherThanFallSi
   for (const NodeStatus& n : cluster_status->nodes()) left |= n.role() == WORKER && n.left();
   EXPECT_TRUE(left) << cluster_status->ShortDebugString();
   std::filesystem::remove(progress);
+}
+
+// Worker rank `rank` as the scheduler's status lists it; nullopt if not listed (or no status).
+std::optional<NodeStatus> WorkerStatus(TestCluster& cluster, uint32_t rank) {
+  auto client = SchedulerClient::Create(cluster.scheduler_address());
+  if (!client.ok()) return std::nullopt;
+  auto status = (*client)->Status(absl::Seconds(5));
+  if (!status.ok()) return std::nullopt;
+  for (const NodeStatus& n : status->nodes()) {
+    if (n.role() == WORKER && n.rank() == rank) return n;
+  }
+  return std::nullopt;
+}
+
+TEST(RegisterTest, AWorkerLeavingOnAnErrorThatIsNotUtf8StillLeavesWithTheError) {
+  // A C caller's error in Latin-1: sent as is in a proto3 string, the
+  // scheduler could not parse the leave, and the worker fell silent instead.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Worker>> workers[2];
+  std::thread one([&] { workers[1] = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 1}); });
+  workers[0] = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  one.join();
+  ASSERT_TRUE(workers[0].ok()) << workers[0].status();
+  ASSERT_TRUE(workers[1].ok()) << workers[1].status();
+  (*workers[1])->SetLeavingError("loss is nan in caf\xe9.py");
+  workers[1]->reset();
+  const std::optional<NodeStatus> rank1 = WorkerStatus(**cluster, 1);
+  ASSERT_TRUE(rank1.has_value());
+  EXPECT_TRUE(rank1->left()) << rank1->ShortDebugString();
+  EXPECT_EQ(rank1->left_error(), "loss is nan in caf\xef\xbf\xbd.py");
 }
 
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {
