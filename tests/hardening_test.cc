@@ -331,6 +331,39 @@ std::optional<NodeStatus> WorkerStatus(TestCluster& cluster, uint32_t rank) {
   return std::nullopt;
 }
 
+TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermWhileWaitingForTheClusterExitsAtOnce) {
+  // Rank 1 never comes: rank 0 waits in the rendezvous (60 s). A SIGTERM or
+  // Ctrl-C then must end it now, as before `shardps train` took the signals
+  // for a leave between steps, not once the cluster forms or the wait ends.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto train = Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", (*cluster)->scheduler_address(), "--rank", "0",
+                               "--rendezvous-timeout", "60", "--train-limit", "3200", "--test-limit", "100"},
+                     true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  bool waiting = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30); !waiting && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    waiting = WorkerStatus(**cluster, 0).has_value();
+  }
+  ASSERT_TRUE(waiting) << "rank 0 never registered";
+  kill(train->pid, SIGTERM);
+  int status = 0;
+  pid_t done = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); done == 0 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    done = waitpid(train->pid, &status, WNOHANG);
+  }
+  if (done == 0) {
+    kill(train->pid, SIGKILL);
+    waitpid(train->pid, &status, 0);
+  }
+  EXPECT_EQ(done, train->pid) << "still waiting for the cluster 10 s after SIGTERM";
+}
+
 TEST(RegisterTest, AWorkerLeavingOnAnErrorThatIsNotUtf8StillLeavesWithTheError) {
   // A C caller's error in Latin-1: sent as is in a proto3 string, the
   // scheduler could not parse the leave, and the worker fell silent instead.
