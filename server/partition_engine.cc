@@ -246,7 +246,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     }
   }
   ++copies_generation_;
-  FollowCheckpoints(map);
+  FollowCheckpoints(map, since);
   ApplyMembership(map);
   // In arrival order, before what waited for this epoch (routed later).
   for (Deferred& d : resume) Dispatch(d.peer, d.header, d.has_payload ? &d.payload : nullptr);
