@@ -944,9 +944,11 @@ void PartitionEngine::ApplyRound(Partition& p, const float* sum) {
   p.forwarding_round = false;
   p.counted_order.clear();
   p.open_pushes.clear();
-  if (replicated_ && p.codecs.pull != nullptr && RoundBased(config_)) {
+  if (p.codecs.pull != nullptr && RoundBased(config_)) {
     // Every copy encodes each round's answer once, right after the round, so
-    // error feedback and the weight-delta mirror agree on every copy.
+    // error feedback and the weight-delta mirror agree on every copy. With
+    // replication 1 too: a primary move gives the partition a copy that
+    // becomes its primary, and a snapshot must find the last round encoded.
     DataHeader scratch;
     (void)AnswerPayload(p, &scratch);
   }

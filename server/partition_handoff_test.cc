@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "server/engine_test_util.h"
 
 namespace shardps {
@@ -143,6 +145,52 @@ TEST_F(HandoffTest, AnOldPrimaryThatSkippedTheSwitchDropsItsCopyWhenTheMapNoLong
   Deliver();
   EXPECT_THAT(Answered(), ElementsAre(held, other)) << "answered once each, by the new primary";
   EXPECT_THAT(Weights(1), ElementsAre(-2, -2));
+}
+
+TEST_F(HandoffTest, APrimaryMoveWithReplicationOneAnswersAfterTheSwitchAsAHandoffWithBackupsDoes) {
+  // Replication 1 (a primary move: the new server an extra copy, then the
+  // role handed to it) with onebit weight-delta pulls: the pull encoder's
+  // state (the mirror of what the workers hold) must be on the new primary
+  // as on a backup of replication 2, or its first answers are deltas from
+  // another base than the workers' weights.
+  const int n = 4096;
+  std::vector<std::string> after_switch[2];
+  for (const uint32_t replication : {2u, 1u}) {
+    SCOPED_TRACE(replication);
+    Make(
+        SYNC,
+        [&](ClusterConfig& config) {
+          config.set_replication(replication);
+          config.mutable_compression()->set_pull_codec("onebit");
+        },
+        n);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto round = [&](uint32_t server, uint64_t r, uint64_t epoch) {
+      for (uint32_t rank : {0u, 1u}) {
+        std::vector<float> g(n);
+        for (float& x : g) x = normal(rng);
+        Send(server, PUSH_PULL, rank, r, g, epoch);
+        Deliver();
+      }
+    };
+    Install(MapAt(4, 0, std::nullopt));  // one copy, as with replication 1
+    round(0, 0, 4);
+    round(0, 1, 4);
+    Install(MapAt(5, 0, 1));  // server 1 joined: an extra copy, from a snapshot
+    Deliver();
+    round(0, 2, 5);
+    Install(MapAt(6, 0, 1, /*handoff=*/true));
+    Deliver();
+    ASSERT_THAT(engines_[0]->HandoffsDone(), SizeIs(1));
+    Install(MapAt(7, 1, 0));  // the switch: server 1 the primary
+    Deliver();
+    answer_payloads_.clear();
+    round(1, 3, 7);
+    ASSERT_THAT(answer_payloads_, SizeIs(2));
+    after_switch[replication - 1] = answer_payloads_;
+  }
+  EXPECT_TRUE(after_switch[0] == after_switch[1]) << "the new primary's answers differ with replication 1";
 }
 
 }  // namespace
