@@ -784,8 +784,10 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
 
 void PartitionEngine::AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
   // Replicated, a push is acknowledged once its round is on every copy (a
-  // counted push could otherwise die with the primary).
-  if (h.op() != PUSH_PULL && !replicated_) {
+  // counted push could otherwise die with the primary): so with replication
+  // 1 while a primary move gives the partition a copy that a failover would
+  // promote.
+  if (h.op() != PUSH_PULL && !replicated_ && p.backups.empty()) {
     Answer(peer, h, absl::OkStatus());
     return;
   }

@@ -193,5 +193,22 @@ TEST_F(HandoffTest, APrimaryMoveWithReplicationOneAnswersAfterTheSwitchAsAHandof
   EXPECT_TRUE(after_switch[0] == after_switch[1]) << "the new primary's answers differ with replication 1";
 }
 
+TEST_F(HandoffTest, APrimaryMoveWithReplicationOneAcknowledgesAPushOnlyOnceItsExtraCopyHoldsIt) {
+  // Replication 1, phase 1 of a primary move: server 1 holds a synced extra
+  // copy. The old primary dying now fails the partition over to it, so a
+  // sync push it acknowledges must be on that copy, as with replication 2;
+  // acknowledged when counted, the worker never sent it again and the
+  // round waited on the new primary for a push that would not come.
+  Make(SYNC, [](ClusterConfig& config) { config.set_replication(1); });
+  const uint64_t pushed = Send(0, PUSH, 0, 0, {2, 2});
+  const bool acknowledged = !answers_.empty();
+  Install(MapAt(4, 1, std::nullopt));  // server 0 dies; its synced copy takes over
+  if (!acknowledged) Send(1, PUSH, 0, 0, {2, 2}, 4, pushed);  // the worker re-sends what is unanswered
+  Send(1, PUSH, 1, 0, {4, 4}, 4);
+  Deliver();
+  EXPECT_FALSE(acknowledged) << "acknowledged before the extra copy held it";
+  EXPECT_THAT(Weights(1), ElementsAre(-2, -2)) << "round 0 on the new primary lacks worker 0's push";
+}
+
 }  // namespace
 }  // namespace shardps
