@@ -364,6 +364,35 @@ TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermWhileWaitingForTheClusterExi
   EXPECT_EQ(done, train->pid) << "still waiting for the cluster 10 s after SIGTERM";
 }
 
+TEST(RegisterTest, ATrainingWorkerThatStopsOnAnErrorLeavesAsFailedWithIt) {
+  // The two ranks define different models (--hidden): the one that defines
+  // second fails on the mismatch, exits 1, and must be listed as failed
+  // with why, as a Python job is (shardps_fail), not as a worker that ended.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<ChildProcess> trains;
+  for (const char* hidden : {"32", "16"}) {
+    const std::string rank = std::to_string(trains.size());
+    auto train = Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", (*cluster)->scheduler_address(), "--rank", rank,
+                                 "--hidden", hidden, "--train-limit", "320", "--test-limit", "100", "--log-every", "0"},
+                       true);
+    ASSERT_TRUE(train.ok()) << train.status();
+    trains.push_back(*std::move(train));
+  }
+  int code = 0;
+  auto failed = WaitAny(trains, absl::Now() + absl::Seconds(60), &code);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_NE(code, 0);
+  const std::optional<NodeStatus> worker = WorkerStatus(**cluster, static_cast<uint32_t>(*failed));
+  for (ChildProcess& t : trains) Kill(t);  // the other waits for the model
+  ASSERT_TRUE(worker.has_value());
+  EXPECT_TRUE(worker->left()) << worker->ShortDebugString();
+  EXPECT_THAT(worker->left_error(), HasSubstr("differs from the defined")) << worker->ShortDebugString();
+}
+
 TEST(RegisterTest, AWorkerLeavingOnAnErrorThatIsNotUtf8StillLeavesWithTheError) {
   // A C caller's error in Latin-1: sent as is in a proto3 string, the
   // scheduler could not parse the leave, and the worker fell silent instead.

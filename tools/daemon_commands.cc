@@ -396,7 +396,12 @@ int TrainCommand(const Args& args) {
     exposer = *std::move(served);
   }
   auto result = RunTrainingWorker(**worker, train, std::cerr);
-  if (!result.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
+  if (!result.ok()) {
+    // The leave as the worker is destroyed says why (listed as failed), as
+    // shardps_fail does for a binding; a stop by a signal is no failure.
+    if (!StopRequested()) (*worker)->SetLeavingError(result.status().ToString());
+    return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
+  }
   std::string text = absl::StrFormat(
       "test_accuracy %.6f\nfinal_loss %.6f\nsteps %d\nsamples %d\nwall_seconds %.6f\nbytes_pushed %d\n"
       "bytes_pulled %d\nwait_seconds %.6f\n",
