@@ -99,7 +99,7 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       bounded_(config.consistency() == SSP && !RoundBased(config)),
       answer_staleness_(staleness_),
       max_ahead_(kMaxRoundsAhead + staleness_),
-      forwards_pushes_(replicated_ && staleness_ > 0),
+      forwards_pushes_(staleness_ > 0),
       forwards_counted_(replicated_ && RoundBased(config) && staleness_ == 0) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
@@ -748,7 +748,7 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
                                                               " rounds ahead on partition ", p.id)));
     return;
   }
-  if (answer && forwards_pushes_) {
+  if (answer && forwards_pushes_ && !p.backups.empty()) {
     ForwardPush(p, h, *payload);
     staged = false;  // a sink that answers at once could have run a round meanwhile: copy again
   }

@@ -632,8 +632,10 @@ class PartitionEngine {
   const bool bounded_;  // SSP applied on arrival: answers wait for the staleness bound
   const uint32_t answer_staleness_;
   const uint64_t max_ahead_;
-  // SSP with backups: each push is forwarded to the backups before it is
-  // answered ahead of its round, so a failover loses none.
+  // SSP: each push is forwarded to the backups before it is answered ahead
+  // of its round, so a failover loses none. With replication 1 too: a
+  // primary move gives the partition a copy a failover would promote (with
+  // no backup, forwarding sends nothing).
   const bool forwards_pushes_;
   // Sync with backups: compressed rounds may go to them as their pushes.
   const bool forwards_counted_;

@@ -210,5 +210,33 @@ TEST_F(HandoffTest, APrimaryMoveWithReplicationOneAcknowledgesAPushOnlyOnceItsEx
   EXPECT_THAT(Weights(1), ElementsAre(-2, -2)) << "round 0 on the new primary lacks worker 0's push";
 }
 
+TEST_F(HandoffTest, APrimaryMoveWithReplicationOneInSspRoundsGivesTheExtraCopyThePushesAnsweredAhead) {
+  // Replication 1, ssp in rounds: worker 0's pushes of rounds 0 and 1 are
+  // answered ahead of round 0 when server 1 joins and gets its extra copy.
+  // Server 0 dies before round 0 completes: server 1, promoted, must count
+  // both (the worker will not send them again), as a re-created copy of
+  // replication 2 does.
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_replication(1);
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  Install(MapAt(4, 0, std::nullopt));  // one copy, as with replication 1
+  const uint64_t early = Send(0, PUSH, 0, 0, {2.0f, 4.0f}, 4);
+  const uint64_t parked = Send(0, PUSH, 0, 1, {10.0f, 20.0f}, 4);
+  EXPECT_THAT(Answered(), ElementsAre(early, parked)) << "answered ahead of round 0, within the bound";
+  answers_.clear();
+  Install(MapAt(5, 0, 1));  // server 1 joined: an extra copy, from a snapshot
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(6, 1, std::nullopt), 1).ok());  // server 0 dies
+  const uint64_t late = Send(1, PUSH, 1, 0, {6.0f, 8.0f}, 6);
+  const uint64_t next = Send(1, PUSH, 1, 1, {0.0f, 0.0f}, 6);
+  const uint64_t after = Send(1, PUSH, 0, 2, {0.0f, 0.0f}, 6);
+  EXPECT_THAT(Answered(), ElementsAre(late, next, after));
+  // Round 0: 1 - (2 + 6) / 2, 1 - (4 + 8) / 2; round 1: minus (10 + 0) / 2, (20 + 0) / 2.
+  EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
+}
+
 }  // namespace
 }  // namespace shardps
