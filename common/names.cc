@@ -1,5 +1,6 @@
 #include "common/names.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/escaping.h"
@@ -24,6 +25,20 @@ size_t Utf8Prefix(absl::string_view s) {
     i += len;
   }
   return i;
+}
+
+std::string ToUtf8(absl::string_view s, size_t max_bytes) {
+  static constexpr absl::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
+  std::string out;
+  while (!s.empty()) {
+    const size_t run = Utf8Prefix(s);  // valid bytes, then one that is not (or the end)
+    const absl::string_view fits = s.substr(0, Utf8Prefix(s.substr(0, std::min(run, max_bytes - out.size()))));
+    absl::StrAppend(&out, fits);
+    if (fits.size() < run || run == s.size() || out.size() + kReplacement.size() > max_bytes) break;
+    absl::StrAppend(&out, kReplacement);
+    s.remove_prefix(run + 1);
+  }
+  return out;
 }
 
 absl::Status CheckName(absl::string_view what, absl::string_view name) {

@@ -5,6 +5,7 @@
 #define SHARDPS_COMMON_NAMES_H_
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -17,6 +18,11 @@ inline constexpr size_t kMaxNameBytes = 4096;
 // UTF-8 sequence (overlong forms, surrogates and code points past U+10FFFF
 // included), or s.size().
 size_t Utf8Prefix(absl::string_view s);
+
+// `s` as UTF-8 of at most `max_bytes` (a text that is shown, not a name):
+// each byte that breaks the encoding replaced by U+FFFD, and cut after the
+// last whole character that fits.
+std::string ToUtf8(absl::string_view s, size_t max_bytes);
 
 // InvalidArgument naming `what` (e.g. "tensor name") unless `name` is UTF-8
 // and at most kMaxNameBytes long.

@@ -35,5 +35,14 @@ TEST(NamesTest, CheckNameSaysWhatAndWhyAndKeepsLongNamesOutOfTheMessage) {
   EXPECT_LT(s.message().size(), 100u);
 }
 
+TEST(NamesTest, ToUtf8ReplacesBrokenBytesAndCutsBetweenCharacters) {
+  EXPECT_EQ(ToUtf8("caf\xc3\xa9", 100), "caf\xc3\xa9");
+  EXPECT_EQ(ToUtf8("caf\xe9 ok", 100), "caf\xef\xbf\xbd ok");  // Latin-1, one byte replaced
+  EXPECT_EQ(ToUtf8("caf\xc3\xa9", 4), "caf");                 // not half of the "é"
+  EXPECT_EQ(ToUtf8("ab\xff", 4), "ab");                       // no room for U+FFFD
+  EXPECT_EQ(ToUtf8("\xff\xfe", 6), "\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(ToUtf8("abc", 0), "");
+}
+
 }  // namespace
 }  // namespace shardps

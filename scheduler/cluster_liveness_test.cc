@@ -318,6 +318,26 @@ TEST_F(LivenessTest, AWorkerThatLeavesOnAnErrorIsListedAsFailedWithItEvenAfterAR
   EXPECT_EQ(error_of(restored->Status()), error);
 }
 
+TEST_F(LivenessTest, AnErrorCutToItsBoundKeepsWholeCharactersSoTheSavedStateStillParses) {
+  // The bound falls inside a two-byte character ("é"): cut there, the field
+  // would not be UTF-8, and protobuf refuses to parse a proto3 string that
+  // is not: the saved state would not load, nor `shardps status` read it.
+  HeartbeatRequest leaving;
+  leaving.set_node_id(worker_ids_[1]);
+  leaving.set_leaving(true);
+  leaving.set_leaving_error(std::string(4095, 'x') + "\xc3\xa9 and more");
+  ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  SchedulerState parsed;
+  ASSERT_TRUE(parsed.ParseFromString(saved_->SerializeAsString())) << "the saved state does not parse";
+  StatusResponse status;
+  ASSERT_TRUE(status.ParseFromString(state_->Status().SerializeAsString())) << "the status does not parse";
+  for (const NodeStatus& n : status.nodes()) {
+    if (n.role() == WORKER && n.rank() == 1) {
+      EXPECT_EQ(n.left_error(), std::string(4095, 'x'));
+    }
+  }
+}
+
 TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
   // Workers 0 and 1 wait at a barrier; worker 2's job ends and it says so.
   absl::Status passed[2] = {absl::UnknownError("not run"), absl::UnknownError("not run")};

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/endpoint.h"
+#include "common/names.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
 #include "compression/codec_policy.h"
@@ -548,7 +549,7 @@ void ClusterState::ServerLeaves(Node& node) {
 
 void ClusterState::Leave(Node& node, const std::string& error) {
   node.left = true;
-  node.left_error = error.substr(0, kMaxLeavingError);
+  node.left_error = ToUtf8(error, kMaxLeavingError);  // not half a character: proto3 strings are UTF-8
   map_.set_epoch(map_.epoch() + 1);
   map_.add_left_workers(node.rank);
   ExcludeWorker(node);

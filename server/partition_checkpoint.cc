@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -27,7 +28,7 @@ std::string FloatBytes(const float* data, size_t n) {
 
 }  // namespace
 
-void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
+void PartitionEngine::FollowCheckpoints(const ShardMap& map, uint64_t since) {
   checkpoint_owners_.Clear();
   for (const PartitionInfo& info : map.partitions()) {
     CheckpointManifest::Owner* owner = checkpoint_owners_.Add();
@@ -39,7 +40,7 @@ void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
       !request.dir().empty() && !google::protobuf::util::MessageDifferencer::Equals(request, requested_checkpoint_);
   if (new_request) requested_checkpoint_ = request;
   if (!RoundBased(config_)) {
-    if (!requested_checkpoint_.dir().empty()) FollowAsyncCheckpoint(new_request);
+    if (!requested_checkpoint_.dir().empty()) FollowAsyncCheckpoint(new_request, since);
     return;
   }
   if (new_request) {
@@ -59,7 +60,7 @@ void PartitionEngine::FollowCheckpoints(const ShardMap& map) {
   if (!manifests_due_.empty()) FinishCheckpoints();
 }
 
-void PartitionEngine::FollowAsyncCheckpoint(bool new_request) {
+void PartitionEngine::FollowAsyncCheckpoint(bool new_request, uint64_t since) {
   const CheckpointRequest& request = requested_checkpoint_;
   const std::pair<std::string, uint64_t> key(request.dir(), request.round());
   if (new_request) {
@@ -75,13 +76,17 @@ void PartitionEngine::FollowAsyncCheckpoint(bool new_request) {
   // A partition this server became the primary of after the request (a
   // failover, a hand-off) is written too, unless its old primary's manifest
   // lists it already: rewriting its file at another version would fail that
-  // manifest's checksum.
-  const std::set<uint64_t> listed =
-      new_request ? std::set<uint64_t>() : PartitionsListedElsewhere(round_dir, server_index_, config_.job_id());
+  // manifest's checksum. So is one it became the primary of in the map
+  // that brings it the request (it skipped the one that asked, which the
+  // old primary may have written at).
+  auto taken_over = [&](const Partition* p) { return !new_request || p->primary_since == since; };
+  const std::set<uint64_t> listed = absl::c_any_of(due, taken_over)
+                                        ? PartitionsListedElsewhere(round_dir, server_index_, config_.job_id())
+                                        : std::set<uint64_t>();
   bool wrote = false;
   for (Partition* p : due) {
     async_checkpoint_written_.insert(p->id);
-    if (listed.contains(p->id)) continue;
+    if (taken_over(p) && listed.contains(p->id)) continue;
     // Now, at the version the partition has (its open batch was applied as
     // the map arrived), labelled with the request's round.
     if (!new_request) {

@@ -53,6 +53,16 @@ class PartitionCheckpointTest : public ::testing::Test {
     return *std::move(engine);
   }
 
+  // An engine of an async job, whose checkpoints are written on request only.
+  std::unique_ptr<PartitionEngine> AsyncEngine() {
+    ClusterConfig config = config_;
+    config.clear_checkpoint();
+    config.set_consistency(ASYNC);
+    auto created = PartitionEngine::Create(config, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
+    EXPECT_TRUE(created.ok()) << created.status();
+    return created.ok() ? *std::move(created) : nullptr;
+  }
+
   void Send(PartitionEngine& engine, Op op, uint32_t rank, uint64_t round, std::vector<float> values,
             uint64_t partition = kPartition) {
     DataHeader h;
@@ -153,18 +163,31 @@ TEST_F(PartitionCheckpointTest, ACheckpointTheMapAsksForIsWrittenAtItsRound) {
   EXPECT_TRUE(errors_.empty()) << errors_.front();
 }
 
+// Server 1's part of the checkpoint of round 9 in `round_dir`: partition 7
+// at version 4, and its manifest listing it.
+void WriteServerOnesPart(const std::string& round_dir) {
+  PartitionCheckpoint seven;
+  seven.set_partition_id(7);
+  seven.set_round(9);
+  seven.set_version(4);
+  auto entry = WritePartitionCheckpoint(round_dir, seven);
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  CheckpointManifest server1;
+  server1.set_round(9);
+  server1.set_server(1);
+  *server1.add_entries() = *entry;
+  ASSERT_TRUE(WriteCheckpointManifest(round_dir, server1).ok());
+}
+
 TEST_F(PartitionCheckpointTest, AnAsyncCheckpointGetsThePartitionsAServerTookOverAfterTheRequest) {
   // Server 0 is primary of partition 5 and backup of 6 and 7 (primary on
   // server 1) when the checkpoint is asked for; server 1 then dies without
   // writing its part. The partitions server 0 takes over are written too, at
   // their versions, unless server 1's manifest already lists them (a file
   // rewritten at another version would fail that manifest's checksum).
-  ClusterConfig config = config_;
-  config.clear_checkpoint();
-  config.set_consistency(ASYNC);
-  auto created = PartitionEngine::Create(config, [](const zmq::message_t&, DataHeader&, zmq::message_t*) {});
-  ASSERT_TRUE(created.ok()) << created.status();
-  PartitionEngine& engine = **created;
+  std::unique_ptr<PartitionEngine> async = AsyncEngine();
+  ASSERT_NE(async, nullptr);
+  PartitionEngine& engine = *async;
   ShardMap map = Map(3);
   for (uint64_t id : {6, 7}) {
     PartitionInfo* other = map.add_partitions();
@@ -180,17 +203,7 @@ TEST_F(PartitionCheckpointTest, AnAsyncCheckpointGetsThePartitionsAServerTookOve
   const std::string ckpt = dir_ + "/async";
   const std::string round_dir = CheckpointRoundDir(ckpt, 9);
   // Server 1 wrote partition 7 and its manifest before it died, not 6.
-  PartitionCheckpoint seven;
-  seven.set_partition_id(7);
-  seven.set_round(9);
-  seven.set_version(4);
-  auto entry = WritePartitionCheckpoint(round_dir, seven);
-  ASSERT_TRUE(entry.ok()) << entry.status();
-  CheckpointManifest server1;
-  server1.set_round(9);
-  server1.set_server(1);
-  *server1.add_entries() = *entry;
-  ASSERT_TRUE(WriteCheckpointManifest(round_dir, server1).ok());
+  ASSERT_NO_FATAL_FAILURE(WriteServerOnesPart(round_dir));
 
   map.set_epoch(2);
   map.mutable_checkpoint()->set_dir(ckpt);
@@ -289,6 +302,42 @@ TEST_F(PartitionCheckpointTest, PrimariesHandedOffMidCheckpointLeaveEveryServers
   EXPECT_EQ(*round, 2u);
   for (uint64_t id : {5, 6, 7}) EXPECT_TRUE(LoadPartitionCheckpoint(round_dir, id).ok()) << id;
   EXPECT_TRUE(errors_.empty()) << errors_.front();
+}
+
+TEST_F(PartitionCheckpointTest, AnAsyncCheckpointAskedInTheMapThatHandsAServerAPartitionKeepsTheOldPrimarysPart) {
+  // Server 0 skipped the map that asked for the checkpoint (a watch hands
+  // over only the latest) and installs the request together with partition
+  // 7, which server 1 wrote, with its manifest, before handing it off.
+  // Rewritten here at another version, server 1's manifest would fail its
+  // checksum and the checkpoint would never verify.
+  std::unique_ptr<PartitionEngine> async = AsyncEngine();
+  ASSERT_NE(async, nullptr);
+  PartitionEngine& engine = *async;
+  ShardMap map = Map(3);
+  PartitionInfo* seven = map.add_partitions();
+  seven->set_id(7);
+  seven->set_offset(3);
+  seven->set_num_elements(3);
+  seven->set_server(1);
+  seven->add_backups(0);
+  ASSERT_TRUE(engine.InstallShardMap(map, 0).ok());
+  Send(engine, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  const std::string ckpt = dir_ + "/async";
+  const std::string round_dir = CheckpointRoundDir(ckpt, 9);
+  ASSERT_NO_FATAL_FAILURE(WriteServerOnesPart(round_dir));
+
+  map.set_epoch(4);
+  map.mutable_checkpoint()->set_dir(ckpt);
+  map.mutable_checkpoint()->set_round(9);
+  map.mutable_partitions(1)->set_server(0);
+  map.mutable_partitions(1)->clear_backups();
+  ASSERT_TRUE(engine.InstallShardMap(map, 0).ok());
+  auto round = VerifyCheckpointRound(round_dir);
+  ASSERT_TRUE(round.ok()) << round.status();
+  auto kept = LoadPartitionCheckpoint(round_dir, 7);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->version(), 4u) << "server 1's part, not written again";
+  EXPECT_TRUE(LoadPartitionCheckpoint(round_dir, kPartition).ok());
 }
 
 }  // namespace

@@ -99,7 +99,7 @@ PartitionEngine::PartitionEngine(const ClusterConfig& config, std::unique_ptr<Op
       bounded_(config.consistency() == SSP && !RoundBased(config)),
       answer_staleness_(staleness_),
       max_ahead_(kMaxRoundsAhead + staleness_),
-      forwards_pushes_(replicated_ && staleness_ > 0),
+      forwards_pushes_(staleness_ > 0),
       forwards_counted_(replicated_ && RoundBased(config) && staleness_ == 0) {}
 
 absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t server_index) {
@@ -246,7 +246,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     }
   }
   ++copies_generation_;
-  FollowCheckpoints(map);
+  FollowCheckpoints(map, since);
   ApplyMembership(map);
   // In arrival order, before what waited for this epoch (routed later).
   for (Deferred& d : resume) Dispatch(d.peer, d.header, d.has_payload ? &d.payload : nullptr);
@@ -748,7 +748,7 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
                                                               " rounds ahead on partition ", p.id)));
     return;
   }
-  if (answer && forwards_pushes_) {
+  if (answer && forwards_pushes_ && !p.backups.empty()) {
     ForwardPush(p, h, *payload);
     staged = false;  // a sink that answers at once could have run a round meanwhile: copy again
   }
@@ -784,8 +784,10 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
 
 void PartitionEngine::AnswerPush(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round) {
   // Replicated, a push is acknowledged once its round is on every copy (a
-  // counted push could otherwise die with the primary).
-  if (h.op() != PUSH_PULL && !replicated_) {
+  // counted push could otherwise die with the primary): so with replication
+  // 1 while a primary move gives the partition a copy that a failover would
+  // promote.
+  if (h.op() != PUSH_PULL && !replicated_ && p.backups.empty()) {
     Answer(peer, h, absl::OkStatus());
     return;
   }
@@ -944,9 +946,11 @@ void PartitionEngine::ApplyRound(Partition& p, const float* sum) {
   p.forwarding_round = false;
   p.counted_order.clear();
   p.open_pushes.clear();
-  if (replicated_ && p.codecs.pull != nullptr && RoundBased(config_)) {
+  if (p.codecs.pull != nullptr && RoundBased(config_)) {
     // Every copy encodes each round's answer once, right after the round, so
-    // error feedback and the weight-delta mirror agree on every copy.
+    // error feedback and the weight-delta mirror agree on every copy. With
+    // replication 1 too: a primary move gives the partition a copy that
+    // becomes its primary, and a snapshot must find the last round encoded.
     DataHeader scratch;
     (void)AnswerPayload(p, &scratch);
   }

@@ -465,13 +465,15 @@ class PartitionEngine {
   // reaches the round later has it written again with its file added.
   void FinishCheckpoints();
   // Follows the map's partition owners and checkpoint request; writes at
-  // once the partitions already at the requested round.
-  void FollowCheckpoints(const ShardMap& map);
+  // once the partitions already at the requested round. `since`: as for
+  // UpdateRole (a primary whose primary_since it is was named by this map).
+  void FollowCheckpoints(const ShardMap& map, uint64_t since);
   // Async: writes the partitions this server is primary of and has not
   // written for the request yet (all of them when it is `new_request`;
-  // later, those it took over, unless another server's manifest lists
-  // them), then its manifest.
-  void FollowAsyncCheckpoint(bool new_request);
+  // later, those it took over), then its manifest. One it took over, later
+  // or in the map that brought the request (the map that asked was
+  // skipped), is not written where another server's manifest lists it.
+  void FollowAsyncCheckpoint(bool new_request, uint64_t since);
   // Logs that this server's part of the checkpoint of `round` into `dir` is
   // not written, and keeps it for the heartbeats.
   void CheckpointFailed(const std::string& dir, uint64_t round, const std::string& error);
@@ -630,8 +632,10 @@ class PartitionEngine {
   const bool bounded_;  // SSP applied on arrival: answers wait for the staleness bound
   const uint32_t answer_staleness_;
   const uint64_t max_ahead_;
-  // SSP with backups: each push is forwarded to the backups before it is
-  // answered ahead of its round, so a failover loses none.
+  // SSP: each push is forwarded to the backups before it is answered ahead
+  // of its round, so a failover loses none. With replication 1 too: a
+  // primary move gives the partition a copy a failover would promote (with
+  // no backup, forwarding sends nothing).
   const bool forwards_pushes_;
   // Sync with backups: compressed rounds may go to them as their pushes.
   const bool forwards_counted_;

@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "server/engine_test_util.h"
 
 namespace shardps {
@@ -143,6 +145,97 @@ TEST_F(HandoffTest, AnOldPrimaryThatSkippedTheSwitchDropsItsCopyWhenTheMapNoLong
   Deliver();
   EXPECT_THAT(Answered(), ElementsAre(held, other)) << "answered once each, by the new primary";
   EXPECT_THAT(Weights(1), ElementsAre(-2, -2));
+}
+
+TEST_F(HandoffTest, APrimaryMoveWithReplicationOneAnswersAfterTheSwitchAsAHandoffWithBackupsDoes) {
+  // Replication 1 (a primary move: the new server an extra copy, then the
+  // role handed to it) with onebit weight-delta pulls: the pull encoder's
+  // state (the mirror of what the workers hold) must be on the new primary
+  // as on a backup of replication 2, or its first answers are deltas from
+  // another base than the workers' weights.
+  const int n = 4096;
+  std::vector<std::string> after_switch[2];
+  for (const uint32_t replication : {2u, 1u}) {
+    SCOPED_TRACE(replication);
+    Make(
+        SYNC,
+        [&](ClusterConfig& config) {
+          config.set_replication(replication);
+          config.mutable_compression()->set_pull_codec("onebit");
+        },
+        n);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto round = [&](uint32_t server, uint64_t r, uint64_t epoch) {
+      for (uint32_t rank : {0u, 1u}) {
+        std::vector<float> g(n);
+        for (float& x : g) x = normal(rng);
+        Send(server, PUSH_PULL, rank, r, g, epoch);
+        Deliver();
+      }
+    };
+    Install(MapAt(4, 0, std::nullopt));  // one copy, as with replication 1
+    round(0, 0, 4);
+    round(0, 1, 4);
+    Install(MapAt(5, 0, 1));  // server 1 joined: an extra copy, from a snapshot
+    Deliver();
+    round(0, 2, 5);
+    Install(MapAt(6, 0, 1, /*handoff=*/true));
+    Deliver();
+    ASSERT_THAT(engines_[0]->HandoffsDone(), SizeIs(1));
+    Install(MapAt(7, 1, 0));  // the switch: server 1 the primary
+    Deliver();
+    answer_payloads_.clear();
+    round(1, 3, 7);
+    ASSERT_THAT(answer_payloads_, SizeIs(2));
+    after_switch[replication - 1] = answer_payloads_;
+  }
+  EXPECT_TRUE(after_switch[0] == after_switch[1]) << "the new primary's answers differ with replication 1";
+}
+
+TEST_F(HandoffTest, APrimaryMoveWithReplicationOneAcknowledgesAPushOnlyOnceItsExtraCopyHoldsIt) {
+  // Replication 1, phase 1 of a primary move: server 1 holds a synced extra
+  // copy. The old primary dying now fails the partition over to it, so a
+  // sync push it acknowledges must be on that copy, as with replication 2;
+  // acknowledged when counted, the worker never sent it again and the
+  // round waited on the new primary for a push that would not come.
+  Make(SYNC, [](ClusterConfig& config) { config.set_replication(1); });
+  const uint64_t pushed = Send(0, PUSH, 0, 0, {2, 2});
+  const bool acknowledged = !answers_.empty();
+  Install(MapAt(4, 1, std::nullopt));  // server 0 dies; its synced copy takes over
+  if (!acknowledged) Send(1, PUSH, 0, 0, {2, 2}, 4, pushed);  // the worker re-sends what is unanswered
+  Send(1, PUSH, 1, 0, {4, 4}, 4);
+  Deliver();
+  EXPECT_FALSE(acknowledged) << "acknowledged before the extra copy held it";
+  EXPECT_THAT(Weights(1), ElementsAre(-2, -2)) << "round 0 on the new primary lacks worker 0's push";
+}
+
+TEST_F(HandoffTest, APrimaryMoveWithReplicationOneInSspRoundsGivesTheExtraCopyThePushesAnsweredAhead) {
+  // Replication 1, ssp in rounds: worker 0's pushes of rounds 0 and 1 are
+  // answered ahead of round 0 when server 1 joins and gets its extra copy.
+  // Server 0 dies before round 0 completes: server 1, promoted, must count
+  // both (the worker will not send them again), as a re-created copy of
+  // replication 2 does.
+  Make(SSP, [](ClusterConfig& config) {
+    config.set_replication(1);
+    config.set_staleness(2);
+    config.set_ssp_in_rounds(true);
+  });
+  Install(MapAt(4, 0, std::nullopt));  // one copy, as with replication 1
+  const uint64_t early = Send(0, PUSH, 0, 0, {2.0f, 4.0f}, 4);
+  const uint64_t parked = Send(0, PUSH, 0, 1, {10.0f, 20.0f}, 4);
+  EXPECT_THAT(Answered(), ElementsAre(early, parked)) << "answered ahead of round 0, within the bound";
+  answers_.clear();
+  Install(MapAt(5, 0, 1));  // server 1 joined: an extra copy, from a snapshot
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(6, 1, std::nullopt), 1).ok());  // server 0 dies
+  const uint64_t late = Send(1, PUSH, 1, 0, {6.0f, 8.0f}, 6);
+  const uint64_t next = Send(1, PUSH, 1, 1, {0.0f, 0.0f}, 6);
+  const uint64_t after = Send(1, PUSH, 0, 2, {0.0f, 0.0f}, 6);
+  EXPECT_THAT(Answered(), ElementsAre(late, next, after));
+  // Round 0: 1 - (2 + 6) / 2, 1 - (4 + 8) / 2; round 1: minus (10 + 0) / 2, (20 + 0) / 2.
+  EXPECT_EQ(Weights(1), (std::vector<float>{-8.0f, -15.0f}));
 }
 
 }  // namespace

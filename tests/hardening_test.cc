@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include <zmq.hpp>
@@ -316,6 +317,102 @@ TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermLeavesTheJobRatherThanFallSi
   for (const NodeStatus& n : cluster_status->nodes()) left |= n.role() == WORKER && n.left();
   EXPECT_TRUE(left) << cluster_status->ShortDebugString();
   std::filesystem::remove(progress);
+}
+
+// Worker rank `rank` as the scheduler's status lists it; nullopt if not listed (or no status).
+std::optional<NodeStatus> WorkerStatus(TestCluster& cluster, uint32_t rank) {
+  auto client = SchedulerClient::Create(cluster.scheduler_address());
+  if (!client.ok()) return std::nullopt;
+  auto status = (*client)->Status(absl::Seconds(5));
+  if (!status.ok()) return std::nullopt;
+  for (const NodeStatus& n : status->nodes()) {
+    if (n.role() == WORKER && n.rank() == rank) return n;
+  }
+  return std::nullopt;
+}
+
+TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermWhileWaitingForTheClusterExitsAtOnce) {
+  // Rank 1 never comes: rank 0 waits in the rendezvous (60 s). A SIGTERM or
+  // Ctrl-C then must end it now, as before `shardps train` took the signals
+  // for a leave between steps, not once the cluster forms or the wait ends.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto train = Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", (*cluster)->scheduler_address(), "--rank", "0",
+                               "--rendezvous-timeout", "60", "--train-limit", "3200", "--test-limit", "100"},
+                     true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  bool waiting = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30); !waiting && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    waiting = WorkerStatus(**cluster, 0).has_value();
+  }
+  ASSERT_TRUE(waiting) << "rank 0 never registered";
+  kill(train->pid, SIGTERM);
+  int status = 0;
+  pid_t done = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); done == 0 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    done = waitpid(train->pid, &status, WNOHANG);
+  }
+  if (done == 0) {
+    kill(train->pid, SIGKILL);
+    waitpid(train->pid, &status, 0);
+  }
+  EXPECT_EQ(done, train->pid) << "still waiting for the cluster 10 s after SIGTERM";
+}
+
+TEST(RegisterTest, ATrainingWorkerThatStopsOnAnErrorLeavesAsFailedWithIt) {
+  // The two ranks define different models (--hidden): the one that defines
+  // second fails on the mismatch, exits 1, and must be listed as failed
+  // with why, as a Python job is (shardps_fail), not as a worker that ended.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<ChildProcess> trains;
+  for (const char* hidden : {"32", "16"}) {
+    const std::string rank = std::to_string(trains.size());
+    auto train = Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", (*cluster)->scheduler_address(), "--rank", rank,
+                                 "--hidden", hidden, "--train-limit", "320", "--test-limit", "100", "--log-every", "0"},
+                       true);
+    ASSERT_TRUE(train.ok()) << train.status();
+    trains.push_back(*std::move(train));
+  }
+  int code = 0;
+  auto failed = WaitAny(trains, absl::Now() + absl::Seconds(60), &code);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_NE(code, 0);
+  const std::optional<NodeStatus> worker = WorkerStatus(**cluster, static_cast<uint32_t>(*failed));
+  for (ChildProcess& t : trains) Kill(t);  // the other waits for the model
+  ASSERT_TRUE(worker.has_value());
+  EXPECT_TRUE(worker->left()) << worker->ShortDebugString();
+  EXPECT_THAT(worker->left_error(), HasSubstr("differs from the defined")) << worker->ShortDebugString();
+}
+
+TEST(RegisterTest, AWorkerLeavingOnAnErrorThatIsNotUtf8StillLeavesWithTheError) {
+  // A C caller's error in Latin-1: sent as is in a proto3 string, the
+  // scheduler could not parse the leave, and the worker fell silent instead.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Worker>> workers[2];
+  std::thread one([&] { workers[1] = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 1}); });
+  workers[0] = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  one.join();
+  ASSERT_TRUE(workers[0].ok()) << workers[0].status();
+  ASSERT_TRUE(workers[1].ok()) << workers[1].status();
+  (*workers[1])->SetLeavingError("loss is nan in caf\xe9.py");
+  workers[1]->reset();
+  const std::optional<NodeStatus> rank1 = WorkerStatus(**cluster, 1);
+  ASSERT_TRUE(rank1.has_value());
+  EXPECT_TRUE(rank1->left()) << rank1->ShortDebugString();
+  EXPECT_EQ(rank1->left_error(), "loss is nan in caf\xef\xbf\xbd.py");
 }
 
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -374,7 +376,24 @@ int TrainCommand(const Args& args) {
   // rejoins, rather than wait for this one to be declared dead.
   InstallStopSignals();
   train.stop_requested = StopRequested;
+  // Until the worker has joined, a stop ends the process at once, as the
+  // signal itself did before it was taken for a leave between steps:
+  // Worker::Create waits for the cluster (up to --rendezvous-timeout, or
+  // for a previous process of this rank to be declared dead) and checks no
+  // stop, and a process not in the job yet has nothing to leave.
+  std::atomic<bool> joining{true};
+  std::thread stop_while_joining([&joining] {
+    while (joining.load()) {
+      if (StopRequested()) {
+        std::cerr << "shardps train: stopped by a signal before joining the job\n";
+        std::_Exit(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
   auto worker = Worker::Create(worker_options);
+  joining.store(false);
+  stop_while_joining.join();
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
   std::unique_ptr<MetricsExposer> exposer;
@@ -385,7 +404,12 @@ int TrainCommand(const Args& args) {
     exposer = *std::move(served);
   }
   auto result = RunTrainingWorker(**worker, train, std::cerr);
-  if (!result.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
+  if (!result.ok()) {
+    // The leave as the worker is destroyed says why (listed as failed), as
+    // shardps_fail does for a binding; a stop by a signal is no failure.
+    if (!StopRequested()) (*worker)->SetLeavingError(result.status().ToString());
+    return Fail(absl::StrCat("train (rank ", rank, ")"), result.status());
+  }
   std::string text = absl::StrFormat(
       "test_accuracy %.6f\nfinal_loss %.6f\nsteps %d\nsamples %d\nwall_seconds %.6f\nbytes_pushed %d\n"
       "bytes_pulled %d\nwait_seconds %.6f\n",

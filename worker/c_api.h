@@ -80,7 +80,8 @@ void shardps_worker_destroy(shardps_worker* w);
  * calls it for an uncaught exception): the leave shardps_worker_destroy then
  * sends carries `error`, and the scheduler lists this worker as failed with
  * it (its log and `shardps status`) rather than as left. The job goes on
- * without it as after any leave. At most 4096 bytes of `error` are kept; the
+ * without it as after any leave. `error` is sent as UTF-8 (a byte that is
+ * not is replaced by U+FFFD) and at most 4096 bytes of it are kept; the
  * last call counts; "" takes it back. */
 int shardps_fail(shardps_worker* w, const char* error, char* err, size_t err_len);
 

@@ -579,8 +579,11 @@ class WorkerImpl : public Worker {
   // once its heartbeats stop. Bounded by one heartbeat interval (at most 2 s):
   // a scheduler that does not answer then finds it silent, as before.
   void SetLeavingError(const std::string& error) override {
+    // UTF-8, as a proto3 string must be: the scheduler drops a heartbeat
+    // that is not (the leave lost), and keeps 4096 bytes of it.
+    std::string kept = ToUtf8(error, 4096);
     absl::MutexLock lock(&mu_);
-    leaving_error_ = error;
+    leaving_error_ = std::move(kept);
   }
 
   void Leave() {

@@ -166,7 +166,8 @@ class Worker {
   // Why the training process stops, when it stops on an error: the leave
   // this worker's destructor sends then carries it (HeartbeatRequest.
   // leaving_error), and the scheduler lists the worker as failed with it
-  // rather than as left. The last call counts.
+  // rather than as left. Kept as UTF-8 (a byte that is not replaced by
+  // U+FFFD), at most 4096 bytes. The last call counts.
   virtual void SetLeavingError(const std::string& error) = 0;
 
   // A worker whose rank had been removed from the running job (declared

@@ -243,7 +243,9 @@ class Worker:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.close(error=describe_exception(exc_type, exc, tb) if exc_type is not None else None)
+        # sys.exit() or sys.exit(0) ends a script that succeeded: a leave, not a failure.
+        clean = exc_type is None or (issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0))
+        self.close(error=None if clean else describe_exception(exc_type, exc, tb))
 
     def __del__(self):
         try:

@@ -28,6 +28,11 @@ class WorkerErrorsTest(unittest.TestCase):
                                      r"ValueError: loss is nan at step 3 \(failing_worker.py:[0-9]+ in train_step\)")
         self.assertNotRegex(run.stderr, r"worker rank 1 \(host [^)]*\) left the job")
 
+    def test_sys_exit_0_inside_a_with_block_leaves_the_job_as_finished_not_failed(self):
+        run = launch(1, 2, python_worker("exiting_worker.py"), timeout=60)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertNotIn("failed and left the job", run.stderr)
+
     def test_unreachable_scheduler_raises_with_status_and_address(self):
         with self.assertRaises(shardps.ShardPSError) as caught:
             shardps.Worker("127.0.0.1:1", 0, rendezvous_timeout=1)
