@@ -328,12 +328,30 @@ std::string ClusterState::MissingNodes() const {
   return out;
 }
 
-absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id) {
+absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id,
+                                          const std::function<bool()>& caller_gone) {
+  const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   const absl::Time start = clock_();
   auto complete = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ClusterComplete(); };
-  const bool formed = mu_.AwaitWithDeadline(absl::Condition(&complete), deadline);
-  if (Node* node = node_id != 0 ? FindNode(node_id) : nullptr; node != nullptr) node->rendezvous = false;
+  // Nothing wakes the wait when the caller goes away: it looks every 100 ms.
+  const absl::Duration look = caller_gone ? absl::Milliseconds(100) : absl::InfiniteDuration();
+  bool formed = false, gone = false;
+  while (!(formed = mu_.AwaitWithDeadline(absl::Condition(&complete), std::min(deadline, absl::Now() + look))) &&
+         absl::Now() < deadline && !(gone = caller_gone && caller_gone())) {
+  }
+  Node* node = node_id != 0 ? FindNode(node_id) : nullptr;
+  if (node != nullptr) node->rendezvous = false;
+  if (gone) {
+    // It never became a member: the cluster waits for its rank again, as if
+    // it had not registered, rather than form with a process that is gone.
+    if (node != nullptr && node->role == WORKER) {
+      workers_.erase(node->rank);
+      Save();
+    }
+    return absl::CancelledError(absl::StrCat("rendezvous: the registering process went away after ",
+                                             absl::FormatDuration(clock_() - start), "; its rank is free again"));
+  }
   if (!formed) {
     return absl::DeadlineExceededError(absl::StrCat("rendezvous: waited ",
                                                     absl::FormatDuration(clock_() - start),

@@ -60,8 +60,13 @@ class ClusterState {
   absl::StatusOr<RegisterResponse> RegisterWorker(const RegisterRequest& request);
   // Blocks until every server and worker has registered. `node_id`: the
   // worker whose Register call waits (its rank is free again once the wait
-  // fails); 0 for none.
-  absl::Status WaitForCluster(absl::Time deadline, uint64_t node_id = 0);
+  // fails); 0 for none. `caller_gone`, when given, is asked a few times a
+  // second: once it says the caller went away (its process killed while it
+  // waited), the wait fails with Cancelled and the rank is unregistered: the
+  // cluster waits for it again, and a process started again for it registers
+  // instead of being refused until this wait's deadline.
+  absl::Status WaitForCluster(absl::Time deadline, uint64_t node_id = 0,
+                              const std::function<bool()>& caller_gone = nullptr);
 
   // NotFound for an unknown node id; FailedPrecondition for a node already
   // declared dead (it must not act as a member any more).

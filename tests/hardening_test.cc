@@ -318,6 +318,68 @@ TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermLeavesTheJobRatherThanFallSi
   std::filesystem::remove(progress);
 }
 
+// Whether the scheduler lists a worker (registered, waiting for the cluster
+// or not) by `deadline`, asked until it does (`want`) or does not.
+bool ListsAWorkerBy(SchedulerClient& client, bool want, absl::Time deadline) {
+  for (;;) {
+    bool listed = false;
+    if (auto status = client.Status(absl::Seconds(5)); status.ok()) {
+      for (const NodeStatus& n : status->nodes()) listed |= n.role() == WORKER;
+    }
+    if (listed == want || absl::Now() >= deadline) return listed;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// A cluster of one server and two workers where `shardps train --rank 0`
+// has registered and waits for rank 1.
+struct TrainWaiting {
+  std::unique_ptr<TestCluster> cluster;
+  std::unique_ptr<SchedulerClient> client;
+  ChildProcess train;
+};
+absl::StatusOr<TrainWaiting> StartTrainWaitingForTheCluster() {
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  TrainWaiting w;
+  auto cluster = TestCluster::Start(config);
+  if (!cluster.ok()) return cluster.status();
+  w.cluster = *std::move(cluster);
+  auto client = SchedulerClient::Create(w.cluster->scheduler_address());
+  if (!client.ok()) return client.status();
+  w.client = *std::move(client);
+  auto train = Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", w.cluster->scheduler_address(), "--rank", "0",
+                               "--train-limit", "320", "--test-limit", "100", "--log-every", "0"},
+                     true);
+  if (!train.ok()) return train.status();
+  w.train = *train;
+  if (!ListsAWorkerBy(*w.client, true, absl::Now() + absl::Seconds(30))) {
+    return absl::DeadlineExceededError("shardps train did not register within 30 s");
+  }
+  return w;
+}
+
+TEST(RegisterTest, AWorkerKilledWhileWaitingForTheClusterFreesItsRankForAProcessStartedAgain) {
+  // A pod restarted before the cluster formed: its new process was refused
+  // at once ("already registered ... waiting for the cluster") for as long
+  // as the dead process's Register call had left to wait (a minute), and a
+  // cluster completed meanwhile formed with a rank whose process was gone.
+  auto w = StartTrainWaitingForTheCluster();
+  ASSERT_TRUE(w.ok()) << w.status();
+  kill(w->train.pid, SIGKILL);
+  waitpid(w->train.pid, nullptr, 0);
+  EXPECT_FALSE(ListsAWorkerBy(*w->client, false, absl::Now() + absl::Seconds(5)))
+      << "the killed process's rank is still registered";
+  const std::string scheduler = w->cluster->scheduler_address();
+  absl::StatusOr<std::unique_ptr<Worker>> again;
+  std::thread rank0([&] { again = Worker::Create({.scheduler_address = scheduler, .rank = 0}); });
+  auto rank1 = Worker::Create({.scheduler_address = scheduler, .rank = 1});
+  rank0.join();
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(rank1.ok()) << rank1.status();
+}
+
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {
   ClusterConfig config;
   auto cluster = TestCluster::Start(config);
