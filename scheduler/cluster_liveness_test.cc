@@ -410,6 +410,23 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   EXPECT_EQ(state_->RegisterWorker(Node(WORKER, 2)).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+TEST_F(LivenessTest, ARankRejoiningBeforeAnyServerReportedARoundWaitsForOneInsteadOfJoiningAtRoundOne) {
+  // Found with real processes (a rank SIGTERMed and started again at once,
+  // 100 steps into a job with 1 s heartbeats): no server had reported a
+  // round yet, the rank was placed at round 1, and every partition refused
+  // its pushes ("had completed 148 rounds without it").
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);
+  ASSERT_THAT(Advance(200), SizeIs(1));
+  absl::StatusOr<RegisterResponse> rejoined;
+  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  ReportRounds(50);
+  rejoin.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_GT(rejoined->rejoin_round(), 50u) << "placed before the rounds the servers report";
+}
+
 TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadThenRejoins) {
   // Found under load (python_test_torch_rejoin): the new process registered
   // after worker 2 was silent past the timeout but before the liveness check

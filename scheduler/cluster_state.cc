@@ -255,16 +255,20 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // server killed with the worker (or just before it) and not declared
     // dead yet has an old one, up to a whole timeout, whose age at the peak
     // pace puts the round that many seconds of rounds past the live servers'
-    // (past the job's last round: nothing to train). So wait, at most one
-    // timeout and one interval, until every server not declared dead has
-    // reported within two intervals; then the state is read again.
+    // (past the job's last round: nothing to train). And a rank restarted
+    // in the job's first interval, before any server reported a round, was
+    // placed at round 1, which the survivors had long completed (its pushes
+    // refused, the process failed). So wait, at most one timeout and one
+    // interval, until every server not declared dead has reported within
+    // two intervals and, in rounds, one has reported a round; then the state
+    // is read again.
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
     auto reported = [this, fresh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
         if (!node.dead && now - node.last_seen > fresh) return false;
       }
-      return true;
+      return !RoundBased(config_) || AnyServerReportedARound();
     };
     mu_.AwaitWithDeadline(absl::Condition(&reported),
                           absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() +
