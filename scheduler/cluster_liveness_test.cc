@@ -427,6 +427,33 @@ TEST_F(LivenessTest, ARankRejoiningBeforeAnyServerReportedARoundWaitsForOneInste
   EXPECT_GT(rejoined->rejoin_round(), 50u) << "placed before the rounds the servers report";
 }
 
+TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRound) {
+  // Found with real processes: a one-worker job SIGTERMed and started again,
+  // or both workers of a job restarted at once, rejoined a pace past the
+  // servers' rounds (904 of 937), which nobody else would complete: the
+  // first pull waited for them until the request timeout and the job failed.
+  ReportRounds(50);
+  for (uint32_t r = 0; r < 3; ++r) {
+    HeartbeatRequest leaving;
+    leaving.set_node_id(worker_ids_[r]);
+    leaving.set_leaving(true);
+    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  }
+  absl::StatusOr<RegisterResponse> first;
+  std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  now_ += absl::Milliseconds(100);
+  Report(0, 52);  // the last rounds the workers completed before they left
+  Report(1, 52);
+  rejoin.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->rejoin_round(), 52u) << "the open round: 52 completed";
+  // Rank 0 trains from round 52 on: the next rank is placed past the pace.
+  auto second = state_->RegisterWorker(Node(WORKER, 1));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_GT(second->rejoin_round(), 52u + 50u);
+}
+
 TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadThenRejoins) {
   // Found under load (python_test_torch_rejoin): the new process registered
   // after worker 2 was silent past the timeout but before the liveness check

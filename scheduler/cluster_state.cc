@@ -262,19 +262,25 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // interval, until every server not declared dead has reported within
     // two intervals and, in rounds, one has reported a round; then the state
     // is read again.
+    // Where no other worker trains, the rounds stand still: the wait is for
+    // a report from every server sent after this rank asked, which says
+    // exactly where they stand (RejoinRunningJob).
+    const absl::Time asked = clock_();
+    const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
-    auto reported = [this, fresh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
-        if (!node.dead && now - node.last_seen > fresh) return false;
+        if (!node.dead && (now - node.last_seen > fresh || (alone && node.last_seen <= asked))) return false;
       }
-      return !RoundBased(config_) || AnyServerReportedARound();
+      return alone || !RoundBased(config_) || AnyServerReportedARound();
     };
-    mu_.AwaitWithDeadline(absl::Condition(&reported),
-                          absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() +
-                                                           config_.heartbeat_interval_ms()));
+    const bool heard = mu_.AwaitWithDeadline(
+        absl::Condition(&reported),
+        absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
+    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard);
   }
-  if (Excluded(request.rank())) return RejoinRunningJob(request);
+  if (Excluded(request.rank())) return RejoinRunningJob(request, false);
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     const Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
@@ -681,13 +687,30 @@ bool ClusterState::AnyServerReportedARound() const {
   return false;
 }
 
-uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
+uint64_t ClusterState::RoundsReported() const {
   uint64_t reported = 0;
+  for (const auto& [index, node] : servers_) {
+    if (!node.dead) reported = std::max(reported, node.completed_round);
+  }
+  return reported;
+}
+
+bool ClusterState::AnotherWorkerTrains(uint32_t rank) const {
+  const uint64_t open = RoundsReported();
+  for (const auto& [r, node] : workers_) {
+    if (r == rank || node.dead || Excluded(r)) continue;
+    const auto rejoin = absl::c_find_if(map_.rejoined_workers(), [r = r](const WorkerRejoin& j) { return j.rank() == r; });
+    if (rejoin == map_.rejoined_workers().end() || rejoin->round() <= open) return true;
+  }
+  return false;
+}
+
+uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
+  const uint64_t reported = RoundsReported();
   double rate = 0;
   absl::Duration age = absl::ZeroDuration();
   for (const auto& [index, node] : servers_) {
     if (node.dead) continue;
-    reported = std::max(reported, node.completed_round);
     rate = std::max(rate, for_rejoin ? node.peak_rate : node.round_rate);
     if (for_rejoin) age = std::max(age, clock_() - node.last_seen);  // its report's age
   }
@@ -695,7 +718,7 @@ uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
   return reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
 }
 
-absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request) {
+absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request, bool alone_heard) {
   const uint32_t rank = request.rank();
   // A new process starts with no weights of its own: where the workers hold
   // the weights, it has nothing to continue from.
@@ -719,7 +742,14 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   // removed after rounds stalled waiting for it, so the rate between the
   // last reports understates the pace the survivors resume at; a round
   // completed without the worker would refuse it (PartitionEngine::Rejoin).
-  const uint64_t round = RoundPastServers(/*for_rejoin=*/true);
+  // Where no other worker trains (every rank removed, or rejoined at a
+  // round past the servers'), no round completes before this rank's: one a
+  // pace past the servers' was never reached (a job whose every worker was
+  // restarted at once waited for it until the request timeout). It joins
+  // at the round they are at (a partition's open round is the number it
+  // completed), read from reports they sent after it asked.
+  const uint64_t round = alone_heard && !AnotherWorkerTrains(rank) ? RoundsReported()
+                                                                   : RoundPastServers(/*for_rejoin=*/true);
   for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
     list->erase(std::remove(list->begin(), list->end(), rank), list->end());
   }

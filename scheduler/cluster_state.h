@@ -249,16 +249,25 @@ class ClusterState {
   // stalled for a dead worker resume at full pace, which the last two
   // reports understate), over two intervals plus the oldest report's age.
   uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The most rounds a live server reported completed.
+  uint64_t RoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live worker other than `rank` trains in the rounds the servers
+  // are at: one not removed from the job and not rejoined at a round past
+  // the open one (the most rounds they reported completed).
+  bool AnotherWorkerTrains(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live server has reported a completed round (a heartbeat since
   // training started, or a restored checkpoint's round).
   bool AnyServerReportedARound() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `request` takes its excluded rank back: a new epoch drops the
   // rank from excluded_workers and records its join round J
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
-  // only. The answer carries J and the barriers passed so far. Refused
-  // before the tensors are defined (no round to join at), and where the
-  // workers hold the weights (update_mode SUM_ONLY, sync pull codecs).
-  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request)
+  // only. `alone_heard`: no other worker trained when it asked, and every
+  // live server has reported since; J is then the round they are at (the
+  // most they reported completed), if still no other worker trains. The answer carries J
+  // and the barriers passed so far. Refused before the tensors are defined
+  // (no round to join at), and where the workers hold the weights
+  // (update_mode SUM_ONLY, sync pull codecs).
+  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request, bool alone_heard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.
