@@ -443,8 +443,14 @@ TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRoun
   std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
   absl::SleepFor(absl::Milliseconds(200));
   now_ += absl::Milliseconds(100);
-  Report(0, 52);  // the last rounds the workers completed before they left
-  Report(1, 52);
+  const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that removed the workers
+  for (uint64_t id : server_ids_) {
+    HeartbeatRequest h;  // the last rounds the workers completed before they left
+    h.set_node_id(id);
+    h.set_applied_epoch(epoch);
+    h.set_completed_round(52);
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  }
   rejoin.join();
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->rejoin_round(), 52u) << "the open round: 52 completed";

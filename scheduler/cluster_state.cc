@@ -263,15 +263,20 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // two intervals and, in rounds, one has reported a round; then the state
     // is read again.
     // Where no other worker trains, the rounds stand still: the wait is for
-    // a report from every server sent after this rank asked, which says
-    // exactly where they stand (RejoinRunningJob).
+    // a report from every server sent after this rank asked, serving the
+    // map that removed the others (a removal completes a round that holds
+    // a removed worker's push), which says where they stand
+    // (RejoinRunningJob).
     const absl::Time asked = clock_();
+    const uint64_t epoch = map_.epoch();
     const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
-    auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto reported = [this, fresh, alone, asked, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
-        if (!node.dead && (now - node.last_seen > fresh || (alone && node.last_seen <= asked))) return false;
+        if (node.dead) continue;
+        if (now - node.last_seen > fresh) return false;
+        if (alone && (node.last_seen <= asked || node.applied_epoch < epoch)) return false;
       }
       return alone || !RoundBased(config_) || AnyServerReportedARound();
     };
