@@ -930,6 +930,23 @@ TEST_F(LivenessTest, ASchedulerThatHearsFromNoMajorityDeclaresNoOne) {
   EXPECT_THAT(Advance(200), SizeIs(2));
 }
 
+TEST_F(LivenessTest, RanksWhoseNewProcessesAskToRegisterCountAsHeardSoTheOldOnesAreDeclaredDead) {
+  // Found with real processes: both workers of a 2-server job SIGKILLed and
+  // started again at once were never declared dead (2 of 4 nodes heard:
+  // "more likely cut off itself"), and the new processes gave up after
+  // their rendezvous timeout.
+  for (uint64_t id : worker_ids_) ASSERT_TRUE(state_->WaitForCluster(absl::Now(), id).ok());  // past rendezvous
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {}, 1);
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto again = state_->RegisterWorker(Node(WORKER, r));
+    EXPECT_TRUE(IsRankStillHeldRefusal(again.status().message())) << again.status();
+  }
+  const std::vector<std::string> lines = Advance(200);
+  ASSERT_THAT(lines, SizeIs(3));
+  for (const std::string& line : lines) EXPECT_THAT(line, HasSubstr("worker rank"));
+}
+
 TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {
   Beat({0, 1}, {0, 1, 2}, 1);
   now_ += absl::Seconds(5);  // the scheduler itself was paused

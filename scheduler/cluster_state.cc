@@ -287,7 +287,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   }
   if (Excluded(request.rank())) return RejoinRunningJob(request, false);
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
-    const Node& old = it->second;
+    Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
     const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
     // Once the job trains, a rank's old process is a member until declared
@@ -297,6 +297,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     const bool training = map_.partitions_size() > 0;
     const bool live = old.rendezvous || (ClusterComplete() && old.heard && (training || silent < timeout));
     if (live) {
+      if (training && !old.rendezvous) old.successor_seen = clock_();
       return absl::AlreadyExistsError(absl::StrCat(
           "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
           old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
@@ -814,13 +815,16 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   }
   // A scheduler cut off from the cluster hears from nobody: declaring every
   // node dead would end a job that is training fine. Nodes are declared dead
-  // only while a majority of the live ones is still heard from.
+  // only while a majority of the live ones is still heard from. A rank whose
+  // new process asks to register reaches this scheduler: its old process is
+  // silent, not cut off (before, both workers of a 2-server job killed and
+  // started again were never declared dead: 2 of 4 heard).
   size_t live = 0, heard = 0;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;
       ++live;
-      if (now - node.last_seen <= timeout) ++heard;
+      if (now - std::max(node.last_seen, node.successor_seen) <= timeout) ++heard;
     }
   }
   if (heard * 2 <= live) {

@@ -123,6 +123,9 @@ class ClusterState {
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
     std::string left_error{};  // why, when it left on an error (HeartbeatRequest.leaving_error)
+    // Workers: when a new process for the rank last asked to register while
+    // this one still held it (CheckLiveness counts the rank as reachable).
+    absl::Time successor_seen = absl::InfinitePast();
     // Servers: the rounds they report completed, the round the rate (rounds
     // per second) is measured from and when it was reported, and the rate
     // between their last two reports (Heartbeat says which count).
