@@ -267,15 +267,20 @@ absl::StatusOr<std::unique_ptr<Worker>> StartWithASilentRankOne(TestCluster& clu
   return rank0;
 }
 
+// Heartbeats every 0.2 s, a node declared dead after 2 s of silence.
+ClusterConfig FastHeartbeats(int servers, int workers) {
+  ClusterConfig config;
+  config.set_num_servers(servers);
+  config.set_num_workers(workers);
+  config.set_heartbeat_interval_ms(200);
+  config.set_heartbeat_timeout_ms(2000);
+  return config;
+}
+
 TEST(RegisterTest, ANewProcessForARankStillHeldWaitsForTheOldOneToBeDeclaredDeadThenRejoins) {
   // A pod or script started again at once for a killed rank: it used to be
   // refused ("already registered") until the old process was declared dead.
-  ClusterConfig config;
-  config.set_num_servers(1);
-  config.set_num_workers(2);
-  config.set_heartbeat_interval_ms(200);
-  config.set_heartbeat_timeout_ms(2000);
-  auto cluster = TestCluster::Start(config);
+  auto cluster = TestCluster::Start(FastHeartbeats(1, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto rank0 = StartWithASilentRankOne(**cluster);
   ASSERT_TRUE(rank0.ok()) << rank0.status();
@@ -396,6 +401,41 @@ TEST(RegisterTest, ATrainingWorkerStoppedWhileWaitingForTheClusterExitsAtOnce) {
   ASSERT_EQ(ended, w->train.pid) << "still waiting for the cluster 5 s after SIGTERM";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
   EXPECT_FALSE(ListsAWorkerBy(*w->client, false, absl::Now() + absl::Seconds(5))) << "its rank is free again";
+}
+
+TEST(RegisterTest, EveryWorkerStoppedAndStartedAgainAtOnceRejoinsAndTheJobFinishes) {
+  // Each new process rejoined at a round a pace past the servers', which no
+  // other worker would complete: both waited for it until their request
+  // timeout and failed (a one-worker job restarted the same way too).
+  ClusterConfig config = FastHeartbeats(2, 2);
+  config.set_request_timeout_ms(20000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string progress = std::filesystem::temp_directory_path() / absl::StrCat("restart-all-", getpid());
+  auto train = [&](int rank) {
+    return Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", (*cluster)->scheduler_address(), "--rank",
+                           absl::StrCat(rank), "--epochs", "2", "--train-limit", "6400", "--test-limit", "100",
+                           "--log-every", "0", "--progress-file", absl::StrCat(progress, ".", rank)},
+                 true);
+  };
+  std::vector<ChildProcess> first;
+  for (int r = 0; r < 2; ++r) first.push_back(*train(r));
+  int64_t steps = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(60); steps < 30 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(20));
+    std::ifstream(absl::StrCat(progress, ".1")) >> steps;
+  }
+  ASSERT_GE(steps, 30);
+  for (ChildProcess& p : first) kill(p.pid, SIGTERM);
+  for (ChildProcess& p : first) waitpid(p.pid, nullptr, 0);
+  std::vector<ChildProcess> again;
+  for (int r = 0; r < 2; ++r) again.push_back(*train(r));
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(again[r].pid, &status, 0), again[r].pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ": " << status;
+    std::filesystem::remove(absl::StrCat(progress, ".", r));
+  }
 }
 
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {
