@@ -385,24 +385,6 @@ TEST(RegisterTest, AWorkerKilledWhileWaitingForTheClusterFreesItsRankForAProcess
   EXPECT_TRUE(rank1.ok()) << rank1.status();
 }
 
-TEST(RegisterTest, ATrainingWorkerStoppedWhileWaitingForTheClusterExitsAtOnce) {
-  // SIGTERM or Ctrl-C used to wait out the whole rendezvous timeout (a
-  // minute): the stop was only looked at between training steps.
-  auto w = StartTrainWaitingForTheCluster();
-  ASSERT_TRUE(w.ok()) << w.status();
-  kill(w->train.pid, SIGTERM);
-  int status = 0;
-  pid_t ended = 0;
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(5); ended == 0 && absl::Now() < deadline;) {
-    absl::SleepFor(absl::Milliseconds(20));
-    ended = waitpid(w->train.pid, &status, WNOHANG);
-  }
-  if (ended != w->train.pid) kill(w->train.pid, SIGKILL);
-  ASSERT_EQ(ended, w->train.pid) << "still waiting for the cluster 5 s after SIGTERM";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
-  EXPECT_FALSE(ListsAWorkerBy(*w->client, false, absl::Now() + absl::Seconds(5))) << "its rank is free again";
-}
-
 TEST(RegisterTest, EveryWorkerStoppedAndStartedAgainAtOnceRejoinsAndTheJobFinishes) {
   // Each new process rejoined at a round a pace past the servers', which no
   // other worker would complete: both waited for it until their request

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -14,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/notification.h"
 #include "common/checkpoint_store.h"
 #include "common/config.h"
 #include "tools/local_cluster.h"
@@ -60,29 +58,6 @@ absl::Status RequirePositiveSeconds(absl::string_view flag, double seconds) {
 absl::Status RequireScheduler(const std::string& address) {
   if (!address.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError("--scheduler is missing: the HOST:PORT the scheduler serves on (its --listen)");
-}
-
-// Worker::Create, which waits for the cluster (up to the rendezvous
-// timeout, a minute by default) and for a rank still held by an old process,
-// unless a stop signal comes first: then the process ends at once, exit code
-// 1. It has joined nothing yet, and the scheduler frees the rank of a
-// Register call that went away (before, SIGTERM and Ctrl-C waited out the
-// whole rendezvous timeout).
-absl::StatusOr<std::unique_ptr<Worker>> JoinUnlessStopped(const WorkerOptions& options) {
-  absl::StatusOr<std::unique_ptr<Worker>> created;
-  absl::Notification done;
-  std::thread joining([&] {
-    created = Worker::Create(options);
-    done.Notify();
-  });
-  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
-    if (g_stop.load()) {
-      std::cerr << "shardps train (rank " << options.rank << "): stopped by a signal before it joined the job\n";
-      std::_Exit(1);  // the joining thread is inside a gRPC call: no destructors
-    }
-  }
-  joining.join();
-  return created;
 }
 
 }  // namespace
@@ -388,11 +363,10 @@ int TrainCommand(const Args& args) {
   // SIGTERM (a pod deleted, systemctl stop) or SIGINT ends training before
   // the next step, and the worker leaves the job as it is destroyed: the
   // others go on at once, and a process started again for this rank
-  // rejoins, rather than wait for this one to be declared dead. Before it
-  // has joined, a stop ends the process at once (JoinUnlessStopped).
+  // rejoins, rather than wait for this one to be declared dead.
   InstallStopSignals();
   train.stop_requested = StopRequested;
-  auto worker = JoinUnlessStopped(worker_options);
+  auto worker = Worker::Create(worker_options);
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
   std::unique_ptr<MetricsExposer> exposer;
