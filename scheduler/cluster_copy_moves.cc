@@ -226,6 +226,7 @@ void ClusterState::FinishCopyMoves(const Node& node, const HeartbeatRequest& req
         h.set_to(m.to());
         h.set_epoch(epoch);
         handoff_started_[m.partition()] = clock_();
+        ++handoffs_planned_total_;  // status counts every hand-off the map lists
         handing.push_back(absl::StrCat(m.partition(), " (", m.from(), "->", m.to(), ")"));
       }
       ++i;
@@ -349,11 +350,11 @@ void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& requ
     const bool of_move = move != map_.mutable_moves()->end();
     if (still) {
       HandPrimary(*p, h.from(), h.to());  // the old primary takes the new one's place among the backups
+      ++handoffs_made_total_;
       if (of_move) {
         move->set_epoch(epoch);
       } else {
         ++handoffs_made_;
-        ++handoffs_made_total_;
       }
       LOG(WARNING) << "primary of partition " << h.partition() << " handed off from server " << h.from() << " to "
                    << h.to() << " at shard map epoch " << epoch << " after " << after << " ("

@@ -430,6 +430,56 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   EXPECT_EQ(state_->RegisterWorker(Node(WORKER, 2)).status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+TEST_F(LivenessTest, ARankRejoiningBeforeAnyServerReportedARoundWaitsForOneInsteadOfJoiningAtRoundOne) {
+  // Found with real processes (a rank SIGTERMed and started again at once,
+  // 100 steps into a job with 1 s heartbeats): no server had reported a
+  // round yet, the rank was placed at round 1, and every partition refused
+  // its pushes ("had completed 148 rounds without it").
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);
+  ASSERT_THAT(Advance(200), SizeIs(1));
+  absl::StatusOr<RegisterResponse> rejoined;
+  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  ReportRounds(50);
+  rejoin.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_GT(rejoined->rejoin_round(), 50u) << "placed before the rounds the servers report";
+}
+
+TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRound) {
+  // Found with real processes: a one-worker job SIGTERMed and started again,
+  // or both workers of a job restarted at once, rejoined a pace past the
+  // servers' rounds (904 of 937), which nobody else would complete: the
+  // first pull waited for them until the request timeout and the job failed.
+  ReportRounds(50);
+  for (uint32_t r = 0; r < 3; ++r) {
+    HeartbeatRequest leaving;
+    leaving.set_node_id(worker_ids_[r]);
+    leaving.set_leaving(true);
+    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  }
+  absl::StatusOr<RegisterResponse> first;
+  std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  now_ += absl::Milliseconds(100);
+  const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that removed the workers
+  for (uint64_t id : server_ids_) {
+    HeartbeatRequest h;  // the last rounds the workers completed before they left
+    h.set_node_id(id);
+    h.set_applied_epoch(epoch);
+    h.set_completed_round(52);
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  }
+  rejoin.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->rejoin_round(), 52u) << "the open round: 52 completed";
+  // Rank 0 trains from round 52 on: the next rank is placed past the pace.
+  auto second = state_->RegisterWorker(Node(WORKER, 1));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_GT(second->rejoin_round(), 52u + 50u);
+}
+
 TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadThenRejoins) {
   // Found under load (python_test_torch_rejoin): the new process registered
   // after worker 2 was silent past the timeout but before the liveness check
@@ -898,6 +948,23 @@ TEST_F(LivenessTest, ASchedulerThatHearsFromNoMajorityDeclaresNoOne) {
   // Two of five silent is a minority: they are declared dead.
   Beat({0, 1}, {0}, 1);
   EXPECT_THAT(Advance(200), SizeIs(2));
+}
+
+TEST_F(LivenessTest, RanksWhoseNewProcessesAskToRegisterCountAsHeardSoTheOldOnesAreDeclaredDead) {
+  // Found with real processes: both workers of a 2-server job SIGKILLed and
+  // started again at once were never declared dead (2 of 4 nodes heard:
+  // "more likely cut off itself"), and the new processes gave up after
+  // their rendezvous timeout.
+  for (uint64_t id : worker_ids_) ASSERT_TRUE(state_->WaitForCluster(absl::Now(), id).ok());  // past rendezvous
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {}, 1);
+  for (uint32_t r = 0; r < 3; ++r) {
+    auto again = state_->RegisterWorker(Node(WORKER, r));
+    EXPECT_TRUE(IsRankStillHeldRefusal(again.status().message())) << again.status();
+  }
+  const std::vector<std::string> lines = Advance(200);
+  ASSERT_THAT(lines, SizeIs(3));
+  for (const std::string& line : lines) EXPECT_THAT(line, HasSubstr("worker rank"));
 }
 
 TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {

@@ -274,24 +274,39 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // server killed with the worker (or just before it) and not declared
     // dead yet has an old one, up to a whole timeout, whose age at the peak
     // pace puts the round that many seconds of rounds past the live servers'
-    // (past the job's last round: nothing to train). So wait, at most one
-    // timeout and one interval, until every server not declared dead has
-    // reported within two intervals; then the state is read again.
+    // (past the job's last round: nothing to train). And a rank restarted
+    // in the job's first interval, before any server reported a round, was
+    // placed at round 1, which the survivors had long completed (its pushes
+    // refused, the process failed). So wait, at most one timeout and one
+    // interval, until every server not declared dead has reported within
+    // two intervals and, in rounds, one has reported a round; then the state
+    // is read again.
+    // Where no other worker trains, the rounds stand still: the wait is for
+    // a report from every server sent after this rank asked, serving the
+    // map that removed the others (a removal completes a round that holds
+    // a removed worker's push), which says where they stand
+    // (RejoinRunningJob).
+    const absl::Time asked = clock_();
+    const uint64_t epoch = map_.epoch();
+    const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
-    auto reported = [this, fresh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto reported = [this, fresh, alone, asked, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
-        if (!node.dead && now - node.last_seen > fresh) return false;
+        if (node.dead) continue;
+        if (now - node.last_seen > fresh) return false;
+        if (alone && (node.last_seen <= asked || node.applied_epoch < epoch)) return false;
       }
-      return true;
+      return alone || !RoundBased(config_) || AnyServerReportedARound();
     };
-    mu_.AwaitWithDeadline(absl::Condition(&reported),
-                          absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() +
-                                                           config_.heartbeat_interval_ms()));
+    const bool heard = mu_.AwaitWithDeadline(
+        absl::Condition(&reported),
+        absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
+    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard);
   }
-  if (Excluded(request.rank())) return RejoinRunningJob(request);
+  if (Excluded(request.rank())) return RejoinRunningJob(request, false);
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
-    const Node& old = it->second;
+    Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
     const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
     // Once the job trains, a rank's old process is a member until declared
@@ -301,6 +316,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     const bool training = map_.partitions_size() > 0;
     const bool live = old.rendezvous || (ClusterComplete() && old.heard && (training || silent < timeout));
     if (live) {
+      if (training && !old.rendezvous) old.successor_seen = clock_();
       return absl::AlreadyExistsError(absl::StrCat(
           "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
           old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
@@ -347,12 +363,30 @@ std::string ClusterState::MissingNodes() const {
   return out;
 }
 
-absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id) {
+absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id,
+                                          const std::function<bool()>& caller_gone) {
+  const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   const absl::Time start = clock_();
   auto complete = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ClusterComplete(); };
-  const bool formed = mu_.AwaitWithDeadline(absl::Condition(&complete), deadline);
-  if (Node* node = node_id != 0 ? FindNode(node_id) : nullptr; node != nullptr) node->rendezvous = false;
+  // Nothing wakes the wait when the caller goes away: it looks every 100 ms.
+  const absl::Duration look = caller_gone ? absl::Milliseconds(100) : absl::InfiniteDuration();
+  bool formed = false, gone = false;
+  while (!(formed = mu_.AwaitWithDeadline(absl::Condition(&complete), std::min(deadline, absl::Now() + look))) &&
+         absl::Now() < deadline && !(gone = caller_gone && caller_gone())) {
+  }
+  Node* node = node_id != 0 ? FindNode(node_id) : nullptr;
+  if (node != nullptr) node->rendezvous = false;
+  if (gone) {
+    // It never became a member: the cluster waits for its rank again, as if
+    // it had not registered, rather than form with a process that is gone.
+    if (node != nullptr && node->role == WORKER) {
+      workers_.erase(node->rank);
+      Save();
+    }
+    return absl::CancelledError(absl::StrCat("rendezvous: the registering process went away after ",
+                                             absl::FormatDuration(clock_() - start), "; its rank is free again"));
+  }
   if (!formed) {
     return absl::DeadlineExceededError(absl::StrCat("rendezvous: waited ",
                                                     absl::FormatDuration(clock_() - start),
@@ -694,13 +728,30 @@ bool ClusterState::AnyServerReportedARound() const {
   return false;
 }
 
-uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
+uint64_t ClusterState::RoundsReported() const {
   uint64_t reported = 0;
+  for (const auto& [index, node] : servers_) {
+    if (!node.dead) reported = std::max(reported, node.completed_round);
+  }
+  return reported;
+}
+
+bool ClusterState::AnotherWorkerTrains(uint32_t rank) const {
+  const uint64_t open = RoundsReported();
+  for (const auto& [r, node] : workers_) {
+    if (r == rank || node.dead || Excluded(r)) continue;
+    const auto rejoin = absl::c_find_if(map_.rejoined_workers(), [r = r](const WorkerRejoin& j) { return j.rank() == r; });
+    if (rejoin == map_.rejoined_workers().end() || rejoin->round() <= open) return true;
+  }
+  return false;
+}
+
+uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
+  const uint64_t reported = RoundsReported();
   double rate = 0;
   absl::Duration age = absl::ZeroDuration();
   for (const auto& [index, node] : servers_) {
     if (node.dead) continue;
-    reported = std::max(reported, node.completed_round);
     rate = std::max(rate, for_rejoin ? node.peak_rate : node.round_rate);
     if (for_rejoin) age = std::max(age, clock_() - node.last_seen);  // its report's age
   }
@@ -708,7 +759,7 @@ uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
   return reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
 }
 
-absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request) {
+absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request, bool alone_heard) {
   const uint32_t rank = request.rank();
   // A new process starts with no weights of its own: where the workers hold
   // the weights, it has nothing to continue from.
@@ -732,7 +783,14 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   // removed after rounds stalled waiting for it, so the rate between the
   // last reports understates the pace the survivors resume at; a round
   // completed without the worker would refuse it (PartitionEngine::Rejoin).
-  const uint64_t round = RoundPastServers(/*for_rejoin=*/true);
+  // Where no other worker trains (every rank removed, or rejoined at a
+  // round past the servers'), no round completes before this rank's: one a
+  // pace past the servers' was never reached (a job whose every worker was
+  // restarted at once waited for it until the request timeout). It joins
+  // at the round they are at (a partition's open round is the number it
+  // completed), read from reports they sent after it asked.
+  const uint64_t round = alone_heard && !AnotherWorkerTrains(rank) ? RoundsReported()
+                                                                   : RoundPastServers(/*for_rejoin=*/true);
   for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
     list->erase(std::remove(list->begin(), list->end(), rank), list->end());
   }
@@ -792,13 +850,16 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   }
   // A scheduler cut off from the cluster hears from nobody: declaring every
   // node dead would end a job that is training fine. Nodes are declared dead
-  // only while a majority of the live ones is still heard from.
+  // only while a majority of the live ones is still heard from. A rank whose
+  // new process asks to register reaches this scheduler: its old process is
+  // silent, not cut off (before, both workers of a 2-server job killed and
+  // started again were never declared dead: 2 of 4 heard).
   size_t live = 0, heard = 0;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;
       ++live;
-      if (now - node.last_seen <= timeout) ++heard;
+      if (now - std::max(node.last_seen, node.successor_seen) <= timeout) ++heard;
     }
   }
   if (heard * 2 <= live) {

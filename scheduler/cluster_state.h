@@ -60,8 +60,13 @@ class ClusterState {
   absl::StatusOr<RegisterResponse> RegisterWorker(const RegisterRequest& request);
   // Blocks until every server and worker has registered. `node_id`: the
   // worker whose Register call waits (its rank is free again once the wait
-  // fails); 0 for none.
-  absl::Status WaitForCluster(absl::Time deadline, uint64_t node_id = 0);
+  // fails); 0 for none. `caller_gone`, when given, is asked a few times a
+  // second: once it says the caller went away (its process killed while it
+  // waited), the wait fails with Cancelled and the rank is unregistered: the
+  // cluster waits for it again, and a process started again for it registers
+  // instead of being refused until this wait's deadline.
+  absl::Status WaitForCluster(absl::Time deadline, uint64_t node_id = 0,
+                              const std::function<bool()>& caller_gone = nullptr);
 
   // NotFound for an unknown node id; FailedPrecondition for a node already
   // declared dead (it must not act as a member any more).
@@ -130,6 +135,9 @@ class ClusterState {
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
     std::string left_error{};  // why, when it left on an error (HeartbeatRequest.leaving_error)
+    // Workers: when a new process for the rank last asked to register while
+    // this one still held it (CheckLiveness counts the rank as reachable).
+    absl::Time successor_seen = absl::InfinitePast();
     // Servers: the rounds they report completed, the round the rate (rounds
     // per second) is measured from and when it was reported, and the rate
     // between their last two reports (Heartbeat says which count).
@@ -260,16 +268,25 @@ class ClusterState {
   // stalled for a dead worker resume at full pace, which the last two
   // reports understate), over two intervals plus the oldest report's age.
   uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The most rounds a live server reported completed.
+  uint64_t RoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live worker other than `rank` trains in the rounds the servers
+  // are at: one not removed from the job and not rejoined at a round past
+  // the open one (the most rounds they reported completed).
+  bool AnotherWorkerTrains(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live server has reported a completed round (a heartbeat since
   // training started, or a restored checkpoint's round).
   bool AnyServerReportedARound() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `request` takes its excluded rank back: a new epoch drops the
   // rank from excluded_workers and records its join round J
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
-  // only. The answer carries J and the barriers passed so far. Refused
-  // before the tensors are defined (no round to join at), and where the
-  // workers hold the weights (update_mode SUM_ONLY, sync pull codecs).
-  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request)
+  // only. `alone_heard`: no other worker trained when it asked, and every
+  // live server has reported since; J is then the round they are at (the
+  // most they reported completed), if still no other worker trains. The answer carries J
+  // and the barriers passed so far. Refused before the tensors are defined
+  // (no round to join at), and where the workers hold the weights
+  // (update_mode SUM_ONLY, sync pull codecs).
+  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request, bool alone_heard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.

@@ -153,7 +153,8 @@ class SchedulerService final : public Scheduler::Service {
       if (r.ok()) {
         LOG(INFO) << "worker rank " << req->rank() << " registered from " << req->host();
         absl::Time limit = absl::Now() + absl::Milliseconds(config_.rendezvous_timeout_ms());
-        absl::Status s = state->WaitForCluster(std::min(limit, Deadline(ctx)), r->node_id());
+        absl::Status s = state->WaitForCluster(std::min(limit, Deadline(ctx)), r->node_id(),
+                                               [ctx] { return ctx->IsCancelled(); });
         if (!s.ok()) r = s;
       }
     } else {

@@ -268,15 +268,20 @@ absl::StatusOr<std::unique_ptr<Worker>> StartWithASilentRankOne(TestCluster& clu
   return rank0;
 }
 
+// Heartbeats every 0.2 s, a node declared dead after 2 s of silence.
+ClusterConfig FastHeartbeats(int servers, int workers) {
+  ClusterConfig config;
+  config.set_num_servers(servers);
+  config.set_num_workers(workers);
+  config.set_heartbeat_interval_ms(200);
+  config.set_heartbeat_timeout_ms(2000);
+  return config;
+}
+
 TEST(RegisterTest, ANewProcessForARankStillHeldWaitsForTheOldOneToBeDeclaredDeadThenRejoins) {
   // A pod or script started again at once for a killed rank: it used to be
   // refused ("already registered") until the old process was declared dead.
-  ClusterConfig config;
-  config.set_num_servers(1);
-  config.set_num_workers(2);
-  config.set_heartbeat_interval_ms(200);
-  config.set_heartbeat_timeout_ms(2000);
-  auto cluster = TestCluster::Start(config);
+  auto cluster = TestCluster::Start(FastHeartbeats(1, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto rank0 = StartWithASilentRankOne(**cluster);
   ASSERT_TRUE(rank0.ok()) << rank0.status();
@@ -413,6 +418,103 @@ TEST(RegisterTest, AWorkerLeavingOnAnErrorThatIsNotUtf8StillLeavesWithTheError) 
   ASSERT_TRUE(rank1.has_value());
   EXPECT_TRUE(rank1->left()) << rank1->ShortDebugString();
   EXPECT_EQ(rank1->left_error(), "loss is nan in caf\xef\xbf\xbd.py");
+}
+
+// Whether the scheduler lists a worker (registered, waiting for the cluster
+// or not) by `deadline`, asked until it does (`want`) or does not.
+bool ListsAWorkerBy(SchedulerClient& client, bool want, absl::Time deadline) {
+  for (;;) {
+    bool listed = false;
+    if (auto status = client.Status(absl::Seconds(5)); status.ok()) {
+      for (const NodeStatus& n : status->nodes()) listed |= n.role() == WORKER;
+    }
+    if (listed == want || absl::Now() >= deadline) return listed;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// A cluster of one server and two workers where `shardps train --rank 0`
+// has registered and waits for rank 1.
+struct TrainWaiting {
+  std::unique_ptr<TestCluster> cluster;
+  std::unique_ptr<SchedulerClient> client;
+  ChildProcess train;
+};
+absl::StatusOr<TrainWaiting> StartTrainWaitingForTheCluster() {
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(2);
+  TrainWaiting w;
+  auto cluster = TestCluster::Start(config);
+  if (!cluster.ok()) return cluster.status();
+  w.cluster = *std::move(cluster);
+  auto client = SchedulerClient::Create(w.cluster->scheduler_address());
+  if (!client.ok()) return client.status();
+  w.client = *std::move(client);
+  auto train = Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", w.cluster->scheduler_address(), "--rank", "0",
+                               "--train-limit", "320", "--test-limit", "100", "--log-every", "0"},
+                     true);
+  if (!train.ok()) return train.status();
+  w.train = *train;
+  if (!ListsAWorkerBy(*w.client, true, absl::Now() + absl::Seconds(30))) {
+    return absl::DeadlineExceededError("shardps train did not register within 30 s");
+  }
+  return w;
+}
+
+TEST(RegisterTest, AWorkerKilledWhileWaitingForTheClusterFreesItsRankForAProcessStartedAgain) {
+  // A pod restarted before the cluster formed: its new process was refused
+  // at once ("already registered ... waiting for the cluster") for as long
+  // as the dead process's Register call had left to wait (a minute), and a
+  // cluster completed meanwhile formed with a rank whose process was gone.
+  auto w = StartTrainWaitingForTheCluster();
+  ASSERT_TRUE(w.ok()) << w.status();
+  kill(w->train.pid, SIGKILL);
+  waitpid(w->train.pid, nullptr, 0);
+  EXPECT_FALSE(ListsAWorkerBy(*w->client, false, absl::Now() + absl::Seconds(5)))
+      << "the killed process's rank is still registered";
+  const std::string scheduler = w->cluster->scheduler_address();
+  absl::StatusOr<std::unique_ptr<Worker>> again;
+  std::thread rank0([&] { again = Worker::Create({.scheduler_address = scheduler, .rank = 0}); });
+  auto rank1 = Worker::Create({.scheduler_address = scheduler, .rank = 1});
+  rank0.join();
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(rank1.ok()) << rank1.status();
+}
+
+TEST(RegisterTest, EveryWorkerStoppedAndStartedAgainAtOnceRejoinsAndTheJobFinishes) {
+  // Each new process rejoined at a round a pace past the servers', which no
+  // other worker would complete: both waited for it until their request
+  // timeout and failed (a one-worker job restarted the same way too).
+  ClusterConfig config = FastHeartbeats(2, 2);
+  config.set_request_timeout_ms(20000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string progress = std::filesystem::temp_directory_path() / absl::StrCat("restart-all-", getpid());
+  auto train = [&](int rank) {
+    return Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", (*cluster)->scheduler_address(), "--rank",
+                           absl::StrCat(rank), "--epochs", "2", "--train-limit", "6400", "--test-limit", "100",
+                           "--log-every", "0", "--progress-file", absl::StrCat(progress, ".", rank)},
+                 true);
+  };
+  std::vector<ChildProcess> first;
+  for (int r = 0; r < 2; ++r) first.push_back(*train(r));
+  int64_t steps = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(60); steps < 30 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(20));
+    std::ifstream(absl::StrCat(progress, ".1")) >> steps;
+  }
+  ASSERT_GE(steps, 30);
+  for (ChildProcess& p : first) kill(p.pid, SIGTERM);
+  for (ChildProcess& p : first) waitpid(p.pid, nullptr, 0);
+  std::vector<ChildProcess> again;
+  for (int r = 0; r < 2; ++r) again.push_back(*train(r));
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(again[r].pid, &status, 0), again[r].pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ": " << status;
+    std::filesystem::remove(absl::StrCat(progress, ".", r));
+  }
 }
 
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {
