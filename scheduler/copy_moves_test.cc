@@ -985,5 +985,20 @@ TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
   ExpectNoPartitionShort();
 }
 
+TEST_F(DrainTest, AnotherServersDeathThatLeavesTooFewForTheCopiesEndsTheDrainAndTheCopiesAreRecreated) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(state_->Drain(2).ok());
+  Beat({0, 1, 2});
+  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  // Server 1 dies: only server 0 is left beside the draining one, so the
+  // drain cannot finish, and server 2 must hold copies again.
+  SilenceUntilDead(1, {0, 2}, Moving());
+  ASSERT_TRUE(Map().servers(1).dead());
+  EXPECT_FALSE(Map().servers(2).draining()) << "the drain ends: too few servers left for replication 2";
+  BeatUntilDrained({0, 2});
+  ExpectNoPartitionShort();
+}
+
 }  // namespace
 }  // namespace shardps
