@@ -907,6 +907,10 @@ TEST_F(DrainTest, ADrainedServerGivesAwayEveryCopyPrimariesByHandoffAndThenHolds
   EXPECT_EQ(Primaries(), primaries);
   EXPECT_TRUE(state_->Status().nodes(2).left());
   EXPECT_EQ(state_->NodesDeclaredDead(), 0u);
+  auto after = state_->Drain(2);
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(after.status().message()), HasSubstr("left the job already"));
+  EXPECT_THAT(std::string(after.status().message()), Not(HasSubstr("failed over"))) << "it was drained: nothing failed over";
 }
 
 TEST_F(DrainTest, WithoutBackupsADrainedServersPrimariesMoveToTheOthers) {
