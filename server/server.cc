@@ -589,7 +589,10 @@ class ParameterServerImpl : public ParameterServer {
       drain_deadline_ = absl::InfiniteFuture();
       return false;
     }
-    if (drain_deadline_ == absl::InfinitePast()) drain_deadline_ = absl::Now() + drain_on_stop_;
+    if (drain_deadline_ == absl::InfinitePast()) {
+      drain_deadline_ = absl::Now() + drain_on_stop_;
+      ask_deadline_ = std::min(drain_deadline_, absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms()));
+    }
     if (drain_deadline_ == absl::InfiniteFuture()) return false;
     const absl::Time now = absl::Now();
     if (now >= drain_deadline_) {
@@ -606,8 +609,10 @@ class ParameterServerImpl : public ParameterServer {
   // Asks the scheduler to drain this server; whether to serve on. A refusal
   // (too few servers would be left, the job is over) stops it at once; a
   // scheduler it cannot reach (restarting, a standby taking over) is asked
-  // again a second later, until the deadline: stopping without the drain
-  // would fail its partitions over, or lose them without backups.
+  // again a second later, for as long as nodes wait for a scheduler
+  // (heartbeat_timeout_ms, at most the drain's deadline): stopping without
+  // the drain would fail its partitions over, or lose them without backups.
+  // One that stays away (the whole job torn down) stops it then.
   bool AskForDrain(absl::Time now) {
     DrainRequest request;
     request.set_server(index_);
@@ -619,11 +624,12 @@ class ParameterServerImpl : public ParameterServer {
                    << " copies move to the other servers from shard map epoch " << asked->epoch();
       return true;
     }
-    if (absl::IsUnavailable(asked.status()) || absl::IsDeadlineExceeded(asked.status())) {
+    const bool unreachable = absl::IsUnavailable(asked.status()) || absl::IsDeadlineExceeded(asked.status());
+    if (unreachable && absl::Now() < ask_deadline_) {
       LOG_IF(WARNING, next_drain_ask_ == absl::InfinitePast())
           << "server " << index_ << " cannot ask for its drain yet (" << asked.status().message()
-          << "): it serves on and asks again every second, until drained or "
-          << absl::FormatDuration(drain_on_stop_) << " passed";
+          << "): it serves on and asks again every second, for at most "
+          << absl::FormatDuration(ask_deadline_ - now);
       next_drain_ask_ = now + absl::Seconds(1);
       return true;
     }
@@ -770,6 +776,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::Time drain_deadline_ = absl::InfinitePast();
   bool drain_asked_ = false;  // the scheduler accepted the drain
   absl::Time next_drain_ask_ = absl::InfinitePast();  // after a scheduler it could not reach
+  absl::Time ask_deadline_ = absl::InfinitePast();    // asking for the drain ends then
   std::atomic<uint64_t> completed_round_{0};  // engine thread -> heartbeats
   uint64_t refused_by_limits_ = 0;  // engine thread: in-flight bytes, connections
   std::chrono::steady_clock::time_point next_counters_{};  // engine thread: PublishCounters

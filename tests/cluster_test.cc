@@ -478,6 +478,22 @@ TEST(ClusterTest, ADrainOnStopServerStoppedWhileTheSchedulerRestartsDrainsOnceIt
   EXPECT_EQ(code, 0);
 }
 
+TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerStaysAwayStopsAfterTheHeartbeatTimeoutNotTheDrains) {
+  // The whole job torn down: the scheduler is gone for good. The server asks
+  // for its drain for as long as nodes wait for a scheduler (2 s here), not
+  // for --drain-on-stop's 60 s, then stops.
+  ClusterConfig config = Config(2, 1);
+  config.set_heartbeat_interval_ms(100);
+  config.set_heartbeat_timeout_ms(2000);
+  auto cluster = TestCluster::Start(config, {"--drain-on-stop", "60"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->ServerAddresses().ok());
+  (*cluster)->KillScheduler();
+  const absl::Time start = absl::Now();
+  EXPECT_EQ((*cluster)->StopServer(0, absl::Seconds(60)), 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
 TEST(ClusterTest, CApiTrainsAStep) {
   auto cluster = TestCluster::Start(Config(1, 1));
   ASSERT_TRUE(cluster.ok());
