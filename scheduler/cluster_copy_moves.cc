@@ -68,9 +68,11 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(uint32_t index) {
         " holds nothing; stop it instead (SIGTERM): its place is free until the tensors are defined"));
   }
   if (node->second.dead) {
+    // A server that left may have been drained, or stopped after the job:
+    // then nothing failed over.
     return absl::FailedPreconditionError(absl::StrCat(
-        who, node->second.left ? " left the job already" : " is dead",
-        "; its partitions failed over to their backups"));
+        who, node->second.left ? " left the job already (drained or stopped; `shardps status` lists it as left)"
+                               : " is dead; its partitions failed over to their backups"));
   }
   if (static_cast<size_t>(map_.left_workers_size()) >= config_.num_workers()) {
     return absl::FailedPreconditionError(absl::StrCat(

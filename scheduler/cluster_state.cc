@@ -538,7 +538,23 @@ std::string ClusterState::RemoveServer(uint32_t index, const std::string& reason
     info->clear_draining();  // a server taking its place starts afresh
   }
   drain_started_.erase(index);
-  return FailOver(index);
+  std::string ended = EndDrainsLeftShort();  // first: Rereplicate may use those servers again
+  return ended + FailOver(index);
+}
+
+std::string ClusterState::EndDrainsLeftShort() {
+  const uint32_t copies = EffectiveReplication(config_);
+  std::vector<uint32_t> ended;
+  for (uint32_t d : DrainingServers()) {
+    if (StayingServers().size() >= copies) break;
+    if (!LiveServers().contains(d)) continue;
+    MapServer(d)->clear_draining();
+    drain_started_.erase(d);
+    ended.push_back(d);
+  }
+  if (ended.empty()) return "";
+  return absl::StrCat("; the drain of server ", absl::StrJoin(ended, ", "), " ends: too few servers would be left for ",
+                      copies, " copies of each partition (it serves on, and takes copies again)");
 }
 
 void ClusterState::ServerLeaves(Node& node) {

@@ -215,6 +215,11 @@ class ClusterState {
   std::set<uint32_t> DrainingServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live servers that are not draining: those copies and roles go to.
   std::set<uint32_t> StayingServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a server's death: ends drains (clears ServerInfo.draining) while
+  // the live servers that are not draining are fewer than the copies each
+  // partition keeps, so that Rereplicate can use them again; such a drain
+  // could never finish. Returns what it ended, for the death's log line.
+  std::string EndDrainsLeftShort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether server `server`'s last heartbeat reported its copy of `p`
   // synced, at an epoch at least that of the map that gave it the copy.
   bool ReportedSynced(uint32_t server, const PartitionInfo& p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

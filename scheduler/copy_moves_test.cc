@@ -910,6 +910,10 @@ TEST_F(DrainTest, ADrainedServerGivesAwayEveryCopyPrimariesByHandoffAndThenHolds
   EXPECT_EQ(Primaries(), primaries);
   EXPECT_TRUE(state_->Status().nodes(2).left());
   EXPECT_EQ(state_->NodesDeclaredDead(), 0u);
+  auto after = state_->Drain(2);
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(after.status().message()), HasSubstr("left the job already"));
+  EXPECT_THAT(std::string(after.status().message()), Not(HasSubstr("failed over"))) << "it was drained: nothing failed over";
 }
 
 TEST_F(DrainTest, WithoutBackupsADrainedServersPrimariesMoveToTheOthers) {
@@ -985,6 +989,21 @@ TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
   EXPECT_THAT(map.moves(), IsEmpty());
   for (const PartitionInfo& p : map.partitions()) EXPECT_NE(p.server(), 2u) << p.ShortDebugString();
   BeatUntilDrained({0, 1});
+  ExpectNoPartitionShort();
+}
+
+TEST_F(DrainTest, AnotherServersDeathThatLeavesTooFewForTheCopiesEndsTheDrainAndTheCopiesAreRecreated) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(state_->Drain(2).ok());
+  Beat({0, 1, 2});
+  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  // Server 1 dies: only server 0 is left beside the draining one, so the
+  // drain cannot finish, and server 2 must hold copies again.
+  SilenceUntilDead(1, {0, 2}, Moving());
+  ASSERT_TRUE(Map().servers(1).dead());
+  EXPECT_FALSE(Map().servers(2).draining()) << "the drain ends: too few servers left for replication 2";
+  BeatUntilDrained({0, 2});
   ExpectNoPartitionShort();
 }
 

@@ -579,8 +579,9 @@ class ParameterServerImpl : public ParameterServer {
   }
 
   // Called once a stop is requested: whether to serve on while draining
-  // (ServerOptions::drain_on_stop). The first call asks the scheduler for
-  // the drain; later ones say whether its deadline is still ahead.
+  // (ServerOptions::drain_on_stop). It asks the scheduler for the drain
+  // until it answers (AskForDrain), and serves on until drained or the
+  // deadline.
   bool DrainsBeforeStopping() {
     if (drained_ || drain_on_stop_ <= absl::ZeroDuration()) return false;
     if (drain_deadline_ == absl::InfinitePast() && job_over_) {
@@ -590,24 +591,50 @@ class ParameterServerImpl : public ParameterServer {
     }
     if (drain_deadline_ == absl::InfinitePast()) {
       drain_deadline_ = absl::Now() + drain_on_stop_;
-      DrainRequest request;
-      request.set_server(index_);
-      auto asked = scheduler_->Drain(request, std::min(drain_on_stop_, absl::Seconds(5)));
-      if (!asked.ok()) {
-        LOG(WARNING) << "server " << index_ << " stops without draining: " << asked.status().message();
-        drain_deadline_ = absl::InfiniteFuture();  // asked once: now it stops
-        return false;
-      }
+      ask_deadline_ = std::min(drain_deadline_, absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms()));
+    }
+    if (drain_deadline_ == absl::InfiniteFuture()) return false;
+    const absl::Time now = absl::Now();
+    if (now >= drain_deadline_) {
+      LOG(WARNING) << "server " << index_ << " not drained within " << absl::FormatDuration(drain_on_stop_)
+                   << (drain_asked_ ? "" : " (the scheduler could not be asked for it)")
+                   << ": it stops now, and the copies still on it fail over";
+      drain_deadline_ = absl::InfiniteFuture();
+      return false;
+    }
+    if (drain_asked_ || now < next_drain_ask_) return true;
+    return AskForDrain(now);
+  }
+
+  // Asks the scheduler to drain this server; whether to serve on. A refusal
+  // (too few servers would be left, the job is over) stops it at once; a
+  // scheduler it cannot reach (restarting, a standby taking over) is asked
+  // again a second later, for as long as nodes wait for a scheduler
+  // (heartbeat_timeout_ms, at most the drain's deadline): stopping without
+  // the drain would fail its partitions over, or lose them without backups.
+  // One that stays away (the whole job torn down) stops it then.
+  bool AskForDrain(absl::Time now) {
+    DrainRequest request;
+    request.set_server(index_);
+    auto asked = scheduler_->Drain(request, std::min(drain_deadline_ - now, absl::Seconds(5)));
+    if (asked.ok()) {
+      drain_asked_ = true;
       LOG(WARNING) << "server " << index_ << " drains before it stops (at most "
                    << absl::FormatDuration(drain_on_stop_) << "): its " << asked->copies()
                    << " copies move to the other servers from shard map epoch " << asked->epoch();
       return true;
     }
-    if (drain_deadline_ == absl::InfiniteFuture()) return false;
-    if (absl::Now() < drain_deadline_) return true;
-    LOG(WARNING) << "server " << index_ << " not drained within " << absl::FormatDuration(drain_on_stop_)
-                 << ": it stops now, and the copies still on it fail over";
-    drain_deadline_ = absl::InfiniteFuture();
+    const bool unreachable = absl::IsUnavailable(asked.status()) || absl::IsDeadlineExceeded(asked.status());
+    if (unreachable && absl::Now() < ask_deadline_) {
+      LOG_IF(WARNING, next_drain_ask_ == absl::InfinitePast())
+          << "server " << index_ << " cannot ask for its drain yet (" << asked.status().message()
+          << "): it serves on and asks again every second, for at most "
+          << absl::FormatDuration(ask_deadline_ - now);
+      next_drain_ask_ = now + absl::Seconds(1);
+      return true;
+    }
+    LOG(WARNING) << "server " << index_ << " stops without draining: " << asked.status().message();
+    drain_deadline_ = absl::InfiniteFuture();  // refused: now it stops
     return false;
   }
 
@@ -742,11 +769,14 @@ class ParameterServerImpl : public ParameterServer {
   std::atomic<bool> stop_{false};
   // Engine thread: ServerOptions::drain_on_stop; whether the map showed this
   // server drained; the drain's deadline once a stop asked for it
-  // (InfinitePast: not asked; InfiniteFuture: asked, and it stops now).
+  // (InfinitePast: no stop yet; InfiniteFuture: it stops now).
   absl::Duration drain_on_stop_ = absl::ZeroDuration();
   bool drained_ = false;
   bool job_over_ = false;  // the latest map lists every worker as left
   absl::Time drain_deadline_ = absl::InfinitePast();
+  bool drain_asked_ = false;  // the scheduler accepted the drain
+  absl::Time next_drain_ask_ = absl::InfinitePast();  // after a scheduler it could not reach
+  absl::Time ask_deadline_ = absl::InfinitePast();    // asking for the drain ends then
   std::atomic<uint64_t> completed_round_{0};  // engine thread -> heartbeats
   uint64_t refused_by_limits_ = 0;  // engine thread: in-flight bytes, connections
   std::chrono::steady_clock::time_point next_counters_{};  // engine thread: PublishCounters

@@ -53,7 +53,9 @@ struct ServerOptions {
   // training goes on) and stops once it holds none, or after this long,
   // whichever comes first; a drain the scheduler refuses (too few servers
   // would be left, the job is over) is logged and the server stops at once,
-  // failing over as without it. Zero (default): stop at once.
+  // failing over as without it. A scheduler it cannot reach (restarting) is
+  // asked again every second for up to heartbeat_timeout_ms (as long as
+  // nodes wait for a scheduler), within this. Zero (default): stop at once.
   absl::Duration drain_on_stop = absl::ZeroDuration();
 };
 

@@ -377,61 +377,121 @@ TEST(ClusterTest, AServerStoppedWithSigtermIsFailedOverAtOnceAndWhatItHeldComple
   EXPECT_EQ(out0, out1);
 }
 
-TEST(ClusterTest, AServerStoppedWithDrainOnStopHandsItsPartitionsOnAndNoUpdateIsLostOrDoubled) {
-  // Replication 1: without the drain, the stopped server's partitions
-  // would have no copy left. With --drain-on-stop its primaries are copied
-  // to the others and handed off while both workers train, then it leaves.
-  // Heartbeats that would take two minutes to time out: nothing fails over.
-  ClusterConfig config = Config(3, 2);
-  config.set_replication(1);
-  config.set_heartbeat_interval_ms(100);
-  config.set_heartbeat_timeout_ms(120000);
-  auto cluster = TestCluster::Start(config, {"--drain-on-stop", "60"});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  std::unique_ptr<Worker> w0, w1;
-  const int n = 3000;  // 12 partitions over 3 servers
-  ASSERT_TRUE(ConnectTwoWithTensor(**cluster, n, w0, w1));
-  constexpr int kRounds = 40;
-  std::atomic<int> rounds_done{0};
-  auto train = [&](Worker& w, float grad, std::vector<float>& out) {
-    std::vector<float> g(n, grad);
+// A replication-1 job of 3 servers started with --drain-on-stop 60 and
+// heartbeats that would take two minutes to time out (nothing fails over),
+// in which two workers train kRounds rounds of a 3000-float tensor (12
+// partitions) with gradients 1 and 3, 25 ms apart.
+class DrainOnStopJob {
+ public:
+  static constexpr int kRounds = 40;
+  static constexpr int kN = 3000;
+
+  void Start() {
+    ClusterConfig config = Config(3, 2);
+    config.set_replication(1);
+    config.set_heartbeat_interval_ms(100);
+    config.set_heartbeat_timeout_ms(120000);
+    auto cluster = TestCluster::Start(config, {"--drain-on-stop", "60"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    ASSERT_TRUE(ConnectTwoWithTensor(*cluster_, kN, w0_, w1_));
+    t0_ = std::thread([this] { Train(*w0_, 1.0f, out0_); });
+    t1_ = std::thread([this] { Train(*w1_, 3.0f, out1_); });
+    while (rounds_done_.load() < 5) absl::SleepFor(absl::Milliseconds(5));
+  }
+
+  // Once the workers are done: every weight took every round once, and
+  // exactly one server left, holding no partition.
+  void ExpectEveryRoundAndOneServerLeft() {
+    t0_.join();
+    t1_.join();
+    // Each round adds -0.5 * mean(1, 3) = -1 to every weight: exact in floats.
+    EXPECT_EQ(out0_, std::vector<float>(kN, -static_cast<float>(kRounds)));
+    EXPECT_EQ(out1_, out0_);
+    auto client = SchedulerClient::Create(cluster_->scheduler_address());
+    ASSERT_TRUE(client.ok());
+    auto status = (*client)->Status(absl::Seconds(5));
+    ASSERT_TRUE(status.ok()) << status.status();
+    // Servers register in any order: the stopped process's index is the one
+    // listed as left.
+    std::vector<uint32_t> left;
+    for (const NodeStatus& node : status->nodes()) {
+      if (node.role() == SERVER && node.left()) left.push_back(node.rank());
+    }
+    ASSERT_EQ(left.size(), 1u) << status->ShortDebugString();
+    for (const PartitionInfo& p : status->shard_map().partitions()) {
+      EXPECT_NE(p.server(), left[0]) << p.ShortDebugString();
+      EXPECT_THAT(p.backups(), Not(::testing::Contains(left[0]))) << p.ShortDebugString();
+    }
+  }
+
+  TestCluster& cluster() { return *cluster_; }
+  int rounds_done() const { return rounds_done_.load(); }
+
+ private:
+  void Train(Worker& w, float grad, std::vector<float>& out) {
+    std::vector<float> g(kN, grad);
     for (int r = 0; r < kRounds; ++r) {
       auto h = w.PushPull("w", g, absl::MakeSpan(out));
       ASSERT_TRUE(h.ok()) << h.status();
       absl::Status s = w.Wait(*h, absl::Seconds(30));
       ASSERT_TRUE(s.ok()) << "round " << r << ": " << s;
-      if (grad == 1.0f) rounds_done.fetch_add(1);
+      if (grad == 1.0f) rounds_done_.fetch_add(1);
       absl::SleepFor(absl::Milliseconds(25));
     }
-  };
-  std::vector<float> out0(n), out1(n);
-  std::thread t0([&] { train(*w0, 1.0f, out0); });
-  std::thread t1([&] { train(*w1, 3.0f, out1); });
-  while (rounds_done.load() < 5) absl::SleepFor(absl::Milliseconds(5));
-  const int code = (*cluster)->StopServer(2, absl::Seconds(60));
-  const int stopped_at = rounds_done.load();
-  t0.join();
-  t1.join();
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<Worker> w0_, w1_;
+  std::vector<float> out0_ = std::vector<float>(kN), out1_ = std::vector<float>(kN);
+  std::atomic<int> rounds_done_{0};
+  std::thread t0_, t1_;
+};
+
+TEST(ClusterTest, AServerStoppedWithDrainOnStopHandsItsPartitionsOnAndNoUpdateIsLostOrDoubled) {
+  // Replication 1: without the drain, the stopped server's partitions
+  // would have no copy left. With --drain-on-stop its primaries are copied
+  // to the others and handed off while both workers train, then it leaves.
+  DrainOnStopJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  const int code = job.cluster().StopServer(2, absl::Seconds(60));
+  const int stopped_at = job.rounds_done();
+  job.ExpectEveryRoundAndOneServerLeft();
   EXPECT_EQ(code, 0);
-  EXPECT_LT(stopped_at, kRounds) << "the drain outlasted the training: nothing was handed on while it ran";
-  // Each round adds -0.5 * mean(1, 3) = -1 to every weight: exact in floats.
-  EXPECT_EQ(out0, std::vector<float>(n, -static_cast<float>(kRounds)));
-  EXPECT_EQ(out1, out0);
-  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
-  ASSERT_TRUE(client.ok());
-  auto status = (*client)->Status(absl::Seconds(5));
-  ASSERT_TRUE(status.ok()) << status.status();
-  // Servers register in any order: the stopped process's index is the one
-  // listed as left.
-  std::vector<uint32_t> left;
-  for (const NodeStatus& node : status->nodes()) {
-    if (node.role() == SERVER && node.left()) left.push_back(node.rank());
-  }
-  ASSERT_EQ(left.size(), 1u) << status->ShortDebugString();
-  for (const PartitionInfo& p : status->shard_map().partitions()) {
-    EXPECT_NE(p.server(), left[0]) << p.ShortDebugString();
-    EXPECT_THAT(p.backups(), Not(::testing::Contains(left[0]))) << p.ShortDebugString();
-  }
+  EXPECT_LT(stopped_at, DrainOnStopJob::kRounds) << "the drain outlasted the training: nothing was handed on while it ran";
+}
+
+TEST(ClusterTest, ADrainOnStopServerStoppedWhileTheSchedulerRestartsDrainsOnceItIsBack) {
+  // The scheduler is down (a restart) when server 2 gets SIGTERM: it cannot
+  // ask for its drain yet, so it serves on and asks again until the
+  // scheduler is back, instead of stopping at once without it (which would
+  // lose its partitions, and end the workers' jobs).
+  DrainOnStopJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  job.cluster().KillScheduler();
+  int code = -1;
+  std::thread stop([&] { code = job.cluster().StopServer(2, absl::Seconds(60)); });
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_TRUE(job.cluster().RestartScheduler().ok());
+  stop.join();
+  job.ExpectEveryRoundAndOneServerLeft();
+  EXPECT_EQ(code, 0);
+}
+
+TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerStaysAwayStopsAfterTheHeartbeatTimeoutNotTheDrains) {
+  // The whole job torn down: the scheduler is gone for good. The server asks
+  // for its drain for as long as nodes wait for a scheduler (2 s here), not
+  // for --drain-on-stop's 60 s, then stops.
+  ClusterConfig config = Config(2, 1);
+  config.set_heartbeat_interval_ms(100);
+  config.set_heartbeat_timeout_ms(2000);
+  auto cluster = TestCluster::Start(config, {"--drain-on-stop", "60"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->ServerAddresses().ok());
+  (*cluster)->KillScheduler();
+  const absl::Time start = absl::Now();
+  EXPECT_EQ((*cluster)->StopServer(0, absl::Seconds(60)), 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
 TEST(ClusterTest, CApiTrainsAStep) {

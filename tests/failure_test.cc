@@ -397,6 +397,22 @@ TEST(FailureTest, ADrainedServerOfAJobWithoutBackupsLosesNoPartition) {
   EXPECT_THAT(drained.err, Not(HasSubstr("no live replica")));
 }
 
+TEST(FailureTest, ADrainThatAnotherServersDeathEndsIsReportedAsEndedAndItsServerServesOn) {
+  // Server 1 dies while server 2 drains: only server 0 would be left for
+  // replication 2's copies, so the scheduler ends the drain and server 2
+  // takes copies again; the launcher says so (exit 1: a drain asked for did
+  // not happen), and no update is lost or doubled.
+  std::vector<std::string> job = kSmallPartitionsJob;
+  job.insert(job.end(), {"--drain", "2@20", "--kill", "server:1@21"});
+  LocalRun run = RunLocal(job);
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("the drain of server 2 ends: too few servers would be left"));
+  EXPECT_THAT(run.err, ContainsRegex("copies re-created on the surviving servers"));
+  EXPECT_THAT(run.err, HasSubstr("a drain did not finish: server 2: the scheduler ended its drain"));
+  EXPECT_THAT(run.out, HasSubstr("\"lost_updates\": 0,"));
+  EXPECT_THAT(run.out, HasSubstr("\"duplicate_updates\": 0,"));
+}
+
 // The replacement for server 1 holds primaries within one partition (16384
 // elements) of the mean once the hand-offs are done.
 void ExpectReplacementHoldsPrimaries(const LocalRun& run) {

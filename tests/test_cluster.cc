@@ -26,27 +26,37 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterCon
   // out its stale scheduler address.
   std::filesystem::remove_all(cluster->dir_);
   std::filesystem::create_directories(cluster->dir_);
-  const std::string config_file = cluster->dir_ + "/cluster.pbtxt";
-  std::ofstream(config_file) << config.DebugString();
-  const std::string port_file = cluster->dir_ + "/scheduler.addr";
-  // A test killed at its time limit leaves no daemon behind to hold ports and
-  // CPU for the tests after it (servers outlive their scheduler by design).
-  SpawnOptions options;
-  options.stdout_to_stderr = true;
-  options.stop_with_us = true;
-  auto scheduler = Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", "127.0.0.1:0", "--config",
-                                       config_file, "--port-file", port_file}, options);
-  if (!scheduler.ok()) return scheduler.status();
-  cluster->scheduler_ = *scheduler;
-  std::vector<ChildProcess> watch = {cluster->scheduler_};
-  auto address = WaitForAddressFile(port_file, watch, absl::Now() + absl::Seconds(30));
-  if (!address.ok()) return address.status();
-  cluster->scheduler_address_ = *address;
+  std::ofstream(cluster->dir_ + "/cluster.pbtxt") << config.DebugString();
+  if (absl::Status s = cluster->StartScheduler("127.0.0.1:0"); !s.ok()) return s;
   for (uint32_t i = 0; i < config.num_servers(); ++i) {
     if (absl::Status s = cluster->AddServer(); !s.ok()) return s;
   }
   return cluster;
 }
+
+absl::Status TestCluster::StartScheduler(const std::string& listen) {
+  static std::atomic<int> started{0};
+  const std::string port_file = absl::StrCat(dir_, "/scheduler.addr.", started++);
+  // A test killed at its time limit leaves no daemon behind to hold ports and
+  // CPU for the tests after it (servers outlive their scheduler by design).
+  SpawnOptions options;
+  options.stdout_to_stderr = true;
+  options.stop_with_us = true;
+  auto scheduler = Spawn("scheduler", {SHARDPS_BINARY, "scheduler", "--listen", listen, "--config",
+                                       dir_ + "/cluster.pbtxt", "--port-file", port_file, "--state-dir",
+                                       dir_ + "/state"}, options);
+  if (!scheduler.ok()) return scheduler.status();
+  scheduler_ = *scheduler;
+  std::vector<ChildProcess> watch = {scheduler_};
+  auto address = WaitForAddressFile(port_file, watch, absl::Now() + absl::Seconds(30));
+  if (!address.ok()) return address.status();
+  scheduler_address_ = *address;
+  return absl::OkStatus();
+}
+
+void TestCluster::KillScheduler() { Kill(scheduler_); }
+
+absl::Status TestCluster::RestartScheduler() { return StartScheduler(scheduler_address_); }
 
 absl::Status TestCluster::AddServer() {
   SpawnOptions options;

@@ -46,8 +46,15 @@ class TestCluster {
   // running job as one more server (docs/architecture.md). From the test's
   // own thread, as Start.
   absl::Status AddServer();
+  // SIGKILL to the scheduler; RestartScheduler starts a new one at the same
+  // address, which resumes from the state the first saved (--state-dir).
+  // From the test's own thread, as Start.
+  void KillScheduler();
+  absl::Status RestartScheduler();
 
  private:
+  absl::Status StartScheduler(const std::string& listen);
+
   std::string dir_;
   std::string scheduler_address_;
   std::vector<std::string> server_flags_;

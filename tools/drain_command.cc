@@ -37,6 +37,13 @@ std::string StillHeld(const ShardMap& map, uint32_t index) {
                       map.epoch(), ")");
 }
 
+// Whether `map` still marks server `index` draining: the scheduler ends a
+// drain that another server's death left unable to finish.
+bool MarkedDraining(const ShardMap& map, uint32_t index) {
+  return std::any_of(map.servers().begin(), map.servers().end(),
+                     [index](const ServerInfo& s) { return s.index() == index && s.draining(); });
+}
+
 // Server `server` of `status`: its index, or the data address it serves on
 // (as `shardps status` lists it, "tcp://" optional). An unknown index is the
 // scheduler's to refuse.
@@ -101,6 +108,12 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
             "server ", index, " (", n->address(), ") died while it drained, after ",
             absl::FormatDuration(absl::Now() - start),
             "; the scheduler failed its partitions over to their backups (`shardps status` shows what is left)"));
+      }
+      if (!MarkedDraining(status->shard_map(), index)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the drain of server ", index, " (", n->address(), ") ended after ", absl::FormatDuration(absl::Now() - start),
+            ": another server died and too few would be left for the job's copies, so it serves on (the "
+            "scheduler's log says so; start another server and ask again)"));
       }
       last = StillHeld(status->shard_map(), index);
     } else {

@@ -140,7 +140,8 @@ struct Outcome {
   std::vector<FaultRecord> faults;
   std::vector<FaultSpec> never_happened;  // asked for, not injected before the job ended
   std::vector<int64_t> adds_never_happened;  // --add-server steps worker 0 did not reach
-  std::vector<std::pair<int64_t, int64_t>> drains_never_happened;  // --drain not asked, or not done, by the end
+  std::vector<std::pair<int64_t, int64_t>> drains_never_happened;  // --drain not asked by the end
+  std::vector<std::string> drains_unfinished;  // asked, its server not stopped by itself: which and why
   std::string weights_sha256;  // rank 0's final weights
   UpdateAccounting updates;
 };
@@ -194,6 +195,27 @@ absl::StatusOr<size_t> ServerSlot(const std::string& dir, int spawned, int index
     if (in >> registered && registered == index) return 1 + i;
   }
   return absl::NotFoundError(absl::StrCat("no server process reported index ", index));
+}
+
+// Why server `index`, asked to drain, had not stopped by itself when the job
+// ended, as the fault injector and the scheduler tell.
+std::string WhyNotDrained(SchedulerClient& client, int64_t index, const FaultInjector* injector) {
+  for (const FaultRecord& r : injector != nullptr ? injector->records() : std::vector<FaultRecord>{}) {
+    if (r.spec.role == FaultSpec::Role::kServer && r.spec.index == index) {
+      return absl::StrCat("--kill ", FaultSpecName(r.spec), " killed it before it stopped by itself");
+    }
+  }
+  auto status = client.Status(absl::Seconds(5));
+  if (!status.ok()) return absl::StrCat("it was still running when the job ended (", status.status().message(), ")");
+  for (const ServerInfo& s : status->shard_map().servers()) {
+    if (s.index() != index) continue;
+    if (s.dead()) return absl::StrCat("it died while it drained: ", s.dead_reason());
+    if (!s.draining()) {
+      return "the scheduler ended its drain (another server died, and too few were left for the job's copies); it "
+             "served on";
+    }
+  }
+  return "it was still draining when the job ended";
 }
 
 // What the surviving (and rejoined) workers and servers wrote once stopped: results, rank
@@ -467,6 +489,11 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (StopRequested()) return fail(absl::CancelledError("interrupted"));
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<std::string> drains_unfinished;  // asked while the scheduler still runs
+  for (const auto& [slot, drain] : draining) {
+    drains_unfinished.push_back(
+        absl::StrCat("server ", drain.first, ": ", WhyNotDrained(*drain_client, drain.first, injector.get())));
+  }
   for (size_t i = daemons.size(); i-- > 0;) {
     int code = Stop(daemons[i], absl::Seconds(10));
     if (code != 0) return fail(absl::InternalError(absl::StrCat(daemons[i].name, " ", DescribeExit(code),
@@ -476,7 +503,7 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
   out.wall_seconds = wall;
   out.adds_never_happened.assign(o.add_at.begin() + added, o.add_at.end());
   out.drains_never_happened.assign(o.drain_at.begin() + drains_asked, o.drain_at.end());
-  for (const auto& [slot, drain] : draining) out.drains_never_happened.emplace_back(-1, drain.first);
+  out.drains_unfinished = std::move(drains_unfinished);
   return out;
 }
 
@@ -638,6 +665,7 @@ int LocalCommand(const Args& args) {
   std::vector<FaultSpec> never_happened;
   std::vector<int64_t> adds_never_happened;
   std::vector<std::pair<int64_t, int64_t>> drains_never_happened;
+  std::vector<std::string> drains_unfinished;
   std::string weights_sha256;
   std::string lost = "null", duplicates = "null";  // measured on a cluster only
   uint64_t pushed = 0, pulled = 0;
@@ -684,6 +712,7 @@ int LocalCommand(const Args& args) {
     never_happened = outcome->never_happened;
     adds_never_happened = outcome->adds_never_happened;
     drains_never_happened = outcome->drains_never_happened;
+    drains_unfinished = outcome->drains_unfinished;
     weights_sha256 = outcome->weights_sha256;
     lost = absl::StrCat(outcome->updates.lost);
     duplicates = absl::StrCat(outcome->updates.duplicates);
@@ -724,12 +753,14 @@ int LocalCommand(const Args& args) {
               << static_cast<int64_t>(result["steps"]) << "\n";
   }
   for (const auto& [step, index] : drains_never_happened) {
-    std::cerr << "shardps local: --drain " << index << "@" << step << " never happened: "
-              << (step < 0 ? "the server was still draining when the job ended"
-                           : absl::StrCat("worker 0 ended at step ", static_cast<int64_t>(result["steps"])))
-              << "\n";
+    std::cerr << "shardps local: --drain " << index << "@" << step << " never happened: worker 0 ended at step "
+              << static_cast<int64_t>(result["steps"]) << "\n";
   }
-  return never_happened.empty() && adds_never_happened.empty() && drains_never_happened.empty() ? 0 : 1;
+  for (const std::string& why : drains_unfinished) std::cerr << "shardps local: a drain did not finish: " << why << "\n";
+  return never_happened.empty() && adds_never_happened.empty() && drains_never_happened.empty() &&
+                 drains_unfinished.empty()
+             ? 0
+             : 1;
 }
 
 }  // namespace shardps
