@@ -494,6 +494,37 @@ TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerStaysAwayStopsAfterTheHeartbea
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
+TEST(ClusterTest, AServerStoppedWithSigtermWhileTheSchedulerIsDownLeavesWhatItHeldToTheFailover) {
+  // The scheduler cannot be told, so nothing fails server 0 over now. Its
+  // partitions have backups: it answers nothing (as a crashed server), and
+  // once the scheduler is back and declares it dead, worker 0 re-sends what
+  // it held to the new primaries instead of failing on "shutting down".
+  ClusterConfig config = Config(2, 2);
+  config.set_heartbeat_interval_ms(100);
+  config.set_heartbeat_timeout_ms(2000);
+  config.set_request_timeout_ms(60000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<Worker> w0, w1;
+  const int n = 3000;
+  ASSERT_TRUE(ConnectTwoWithTensor(**cluster, n, w0, w1));
+  std::vector<float> g0(n, 1.0f), g1(n, 3.0f), out0(n), out1(n);
+  auto h0 = w0->PushPull("w", g0, absl::MakeSpan(out0));  // held: worker 1 has not pushed
+  ASSERT_TRUE(h0.ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  (*cluster)->KillScheduler();
+  ASSERT_EQ((*cluster)->StopServer(0), 0);
+  ASSERT_TRUE((*cluster)->RestartScheduler().ok());
+  auto h1 = w1->PushPull("w", g1, absl::MakeSpan(out1));
+  ASSERT_TRUE(h1.ok());
+  absl::Status s1 = w1->Wait(*h1, absl::Seconds(30));
+  absl::Status s0 = w0->Wait(*h0, absl::Seconds(30));
+  ASSERT_TRUE(s0.ok()) << s0;  // not "server 0 is shutting down"
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(out1[0], -0.5f * 2.0f);  // mean gradient 2, lr 0.5
+  EXPECT_EQ(out0, out1);
+}
+
 TEST(ClusterTest, CApiTrainsAStep) {
   auto cluster = TestCluster::Start(Config(1, 1));
   ASSERT_TRUE(cluster.ok());
