@@ -16,7 +16,7 @@ from . import environment
 from ._library import LibraryNotFoundError
 from .errors import (DeadlineExceededError, InvalidArgumentError, NotFoundError, ShardPSError,
                      UnavailableError, UnimplementedError)
-from .worker import Handle, Worker, describe_exception
+from .worker import Handle, Worker, describe_exception, ends_cleanly
 
 __all__ = ["init", "shutdown", "is_initialized", "worker", "rank", "size", "local_rank", "version",
            "Worker", "Handle", "ShardPSError", "InvalidArgumentError", "DeadlineExceededError",
@@ -57,7 +57,7 @@ def _report_uncaught_exceptions():
     def hook(exc_type, exc, tb):
         if _worker is not None:
             try:
-                _worker.close(error=describe_exception(exc_type, exc, tb))
+                _worker.close(error=None if ends_cleanly(exc_type, exc) else describe_exception(exc_type, exc, tb))
             except Exception:  # the exception being reported matters more
                 pass
         previous(exc_type, exc, tb)

@@ -168,6 +168,15 @@ class Completions:
 
 
 
+def ends_cleanly(exc_type, exc):
+    """Whether a script ending on this (None: no exception) ended as it was meant to: sys.exit()
+    or sys.exit(0), or a KeyboardInterrupt (Ctrl-C, a launcher's SIGINT), which stops a job as
+    `shardps train` takes SIGINT. Its worker leaves the job rather than failing it."""
+    if exc_type is None or issubclass(exc_type, KeyboardInterrupt):
+        return True
+    return issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0)
+
+
 def describe_exception(exc_type, exc, tb):
     """One line for the scheduler: the exception, its message and where it was raised."""
     where = ""
@@ -243,9 +252,7 @@ class Worker:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        # sys.exit() or sys.exit(0) ends a script that succeeded: a leave, not a failure.
-        clean = exc_type is None or (issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0))
-        self.close(error=None if clean else describe_exception(exc_type, exc, tb))
+        self.close(error=None if ends_cleanly(exc_type, exc) else describe_exception(exc_type, exc, tb))
 
     def __del__(self):
         try:

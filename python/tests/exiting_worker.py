@@ -1,5 +1,6 @@
-"""A worker of test_worker_errors that ends its script with sys.exit(0) inside `with Worker(...)`:
-a clean end, which leaves the job as finished, not as failed."""
+"""A worker of test_worker_errors that ends its script inside `with Worker(...)` as argv[1]
+says: "exit0" with sys.exit(0), "interrupt" with a KeyboardInterrupt (Ctrl-C). Both are clean
+ends, which leave the job as finished, not as failed."""
 
 import sys
 
@@ -11,4 +12,6 @@ rank, _ = environment.worker_rank(None)
 with shardps.Worker(address, rank) as worker:
     worker.define([("w", [4])])
     worker.barrier("init")
+    if sys.argv[1] == "interrupt":
+        raise KeyboardInterrupt
     sys.exit(0)

@@ -29,8 +29,14 @@ class WorkerErrorsTest(unittest.TestCase):
         self.assertNotRegex(run.stderr, r"worker rank 1 \(host [^)]*\) left the job")
 
     def test_sys_exit_0_inside_a_with_block_leaves_the_job_as_finished_not_failed(self):
-        run = launch(1, 2, python_worker("exiting_worker.py"), timeout=60)
+        run = launch(1, 2, python_worker("exiting_worker.py", "exit0"), timeout=60)
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertNotIn("failed and left the job", run.stderr)
+
+    def test_a_keyboard_interrupt_inside_a_with_block_leaves_the_job_as_stopped_not_failed(self):
+        # Ctrl-C (or a launcher's SIGINT) stops a job, as `shardps train` takes SIGINT.
+        run = launch(1, 2, python_worker("exiting_worker.py", "interrupt"), timeout=60)
+        self.assertIn("KeyboardInterrupt", run.stderr)
         self.assertNotIn("failed and left the job", run.stderr)
 
     def test_unreachable_scheduler_raises_with_status_and_address(self):
