@@ -109,7 +109,12 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   // Moves and hand-offs under way were planned by the scheduler that died:
   // the lines that say they are done count them, and the time, from here.
   cs->moves_planned_ = cs->map_.moves_size();
-  cs->handoffs_planned_ = cs->map_.handoffs_size();
+  // (A primary move's hand-off is part of its move, not a balancing one.)
+  cs->handoffs_planned_ = static_cast<int>(absl::c_count_if(cs->map_.handoffs(), [&](const Handoff& h) {
+    return absl::c_none_of(cs->map_.moves(), [&h](const CopyMove& m) {
+      return m.primary() && m.partition() == h.partition() && m.from() == h.from() && m.to() == h.to();
+    });
+  }));
   cs->moves_since_ = cs->handoffs_since_ = now;
   cs->moves_resumed_ = cs->moves_planned_ > 0;
   cs->handoffs_resumed_ = cs->handoffs_planned_ > 0;

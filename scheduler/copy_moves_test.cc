@@ -731,6 +731,19 @@ TEST_F(PrimaryMovesTest, AServerJoiningAJobWithoutBackupsGetsPrimariesByACopyAHa
   EXPECT_THAT(Map().handoffs(), IsEmpty());
 }
 
+TEST_F(PrimaryMovesTest, ARestartedSchedulerFinishesTheMovesHandOffsWithoutCallingThemBalancingOnes) {
+  StartMoveHandoffs();
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  WarningLines log;
+  Beat({0, 1, 2});
+  DrainAll();
+  Beat({2});
+  EXPECT_THAT(Map().handoffs(), IsEmpty());
+  EXPECT_THAT(Map().moves(), IsEmpty());
+  EXPECT_THAT(log.Joined(), Not(HasSubstr("primaries balanced: 0 of"))) << "the roles were handed as the moves' part";
+  EXPECT_THAT(log.Joined(), HasSubstr("servers balanced: 3 copy moves"));
+}
+
 TEST_F(PrimaryMovesTest, AHandoffOfAMoveNotDrainedInTimeIsTriedAgainAfterATimeout) {
   StartMoveHandoffs();
   const auto before = Primaries();
