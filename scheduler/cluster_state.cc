@@ -1111,6 +1111,13 @@ StatusResponse ClusterState::Status() {
       s->set_left_error(node.left_error);
       s->set_heard_since_start(node.heard);
       if (!node.checkpoint_failure.dir().empty()) *s->mutable_checkpoint_failure() = node.checkpoint_failure;
+      if (node.role == SERVER && !node.dead) {
+        for (const PartitionInfo& p : map_.partitions()) {
+          if (p.server() != node.rank && !absl::c_linear_search(p.backups(), node.rank)) continue;
+          s->set_copies(s->copies() + 1);
+          s->set_copies_synced(s->copies_synced() + (ReportedSynced(node.rank, p) ? 1 : 0));
+        }
+      }
       if (node.counters_seen != absl::InfinitePast()) {
         *s->mutable_counters() = node.counters;
         s->set_ms_since_counters(absl::ToInt64Milliseconds(now - node.counters_seen));

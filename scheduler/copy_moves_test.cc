@@ -514,6 +514,24 @@ TEST_F(CopyMovesTest, ARestartedSchedulerPlansTheMovesForAJoinItDidNotSee) {
   EXPECT_THAT(Map().handoffs(), ::testing::Not(IsEmpty())) << "the primaries come next";
 }
 
+TEST_F(CopyMovesTest, StatusSaysHowManyOfAServersCopiesAreSynced) {
+  // Server 2 replaced a dead one; partition 0's copy on server 1 is not
+  // synced yet.
+  auto copies_of = [this](uint32_t server) {
+    const StatusResponse status = state_->Status();
+    for (const NodeStatus& n : status.nodes()) {
+      if (n.role() == SERVER && n.rank() == server) return std::make_pair(n.copies_synced(), n.copies());
+    }
+    return std::make_pair(0u, 0u);
+  };
+  const uint32_t held = copies_of(1).second;
+  ASSERT_GT(held, 0u);
+  Beat({0, 1, 2}, {0});
+  EXPECT_EQ(copies_of(1), std::make_pair(held - 1, held));
+  Beat({1});
+  EXPECT_EQ(copies_of(1).first, copies_of(1).second);
+}
+
 TEST_F(CopyMovesTest, NoMovesStartWhileALiveServerHoldsACopyNotSyncedYet) {
   // As a failover's re-created copies are until their snapshots arrive: the
   // moves wait for them, whichever server holds one.

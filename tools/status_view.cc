@@ -72,8 +72,9 @@ std::string StatusTable(const StatusResponse& status) {
   }
   for (const NodeStatus& n : status.nodes()) {
     const uint64_t served = n.rank() < bytes.size() ? bytes[n.rank()] : 0;
-    std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d", n.rank(),
-                                                            n.address(), served, n.applied_epoch())
+    std::string what = n.role() == SERVER ? absl::StrFormat("server %d  %s  %d bytes  epoch %d  copies %d/%d synced",
+                                                            n.rank(), n.address(), served, n.applied_epoch(),
+                                                            n.copies_synced(), n.copies())
                                           : absl::StrFormat("worker %d  %s", n.rank(), n.host());
     const char* state = n.left()            ? (n.left_error().empty() ? "left" : "FAILED (left on an error)")
                         : n.declared_dead() ? "DEAD"
@@ -85,7 +86,7 @@ std::string StatusTable(const StatusResponse& status) {
         n.counters().steps() + LagAllowance(c) < most_steps) {
       lag = absl::StrFormat(" lagging %d steps", most_steps - n.counters().steps());
     }
-    absl::StrAppend(&out, absl::StrFormat("  %-60s %s (heartbeat %d ms ago)%s%s\n", what, state,
+    absl::StrAppend(&out, absl::StrFormat("  %-78s %s (heartbeat %d ms ago)%s%s\n", what, state,
                                           n.ms_since_heartbeat(), behind ? " behind" : "", lag));
     if (n.has_counters()) absl::StrAppend(&out, RatesLine(n));
     if (!n.left_error().empty()) absl::StrAppend(&out, "    error: ", n.left_error(), "\n");

@@ -84,6 +84,14 @@ TEST(StatusViewTest, HandoffsUnderWayAreShownInTheTableAndTheJson) {
   EXPECT_NE(json.find("\"handoffs_planned\":\"3\""), std::string::npos) << json;
 }
 
+TEST(StatusViewTest, AServersCopiesAndHowManyAreSyncedAreShown) {
+  StatusResponse status = OneServer(10, 100, 3);
+  status.mutable_nodes(0)->set_copies(12);
+  status.mutable_nodes(0)->set_copies_synced(9);
+  const std::string table = StatusTable(status);
+  EXPECT_NE(table.find("copies 9/12 synced"), std::string::npos) << table;
+}
+
 TEST(StatusViewTest, ADrainingServerIsShownSo) {
   StatusResponse status = OneServer(10, 100, 3);
   EXPECT_EQ(StatusTable(status).find("draining"), std::string::npos);
