@@ -80,7 +80,7 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(uint32_t index) {
   }
   DrainResponse response;
   for (const PartitionInfo& p : map_.partitions()) {
-    if (p.server() == index || absl::c_linear_search(p.backups(), index)) {
+    if (HoldsCopy(p, index)) {
       response.set_copies(response.copies() + 1);
       response.set_elements(response.elements() + p.num_elements());
     }
@@ -346,9 +346,8 @@ void ClusterState::FinishHandoffs(const Node& node, const HeartbeatRequest& requ
     const std::string after = started != handoff_started_.end() ? absl::FormatDuration(now - started->second) : "?";
     // A primary move's hand-off (FinishCopyMoves) is part of that move: the
     // move drops the old copy once the new primary serves this epoch.
-    auto move = std::find_if(map_.mutable_moves()->begin(), map_.mutable_moves()->end(), [&h](const CopyMove& m) {
-      return m.primary() && m.partition() == h.partition() && m.from() == h.from() && m.to() == h.to();
-    });
+    auto move = std::find_if(map_.mutable_moves()->begin(), map_.mutable_moves()->end(),
+                             [&h](const CopyMove& m) { return IsPrimaryMoveHandoff(m, h); });
     const bool of_move = move != map_.mutable_moves()->end();
     if (still) {
       HandPrimary(*p, h.from(), h.to());  // the old primary takes the new one's place among the backups

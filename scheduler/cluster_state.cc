@@ -19,6 +19,7 @@
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
 #include "compression/codec_policy.h"
+#include "scheduler/copy_moves.h"
 #include "scheduler/model_limits.h"
 #include "scheduler/node_rates.h"
 #include "scheduler/shard_assignment.h"
@@ -111,9 +112,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   cs->moves_planned_ = cs->map_.moves_size();
   // (A primary move's hand-off is part of its move, not a balancing one.)
   cs->handoffs_planned_ = static_cast<int>(absl::c_count_if(cs->map_.handoffs(), [&](const Handoff& h) {
-    return absl::c_none_of(cs->map_.moves(), [&h](const CopyMove& m) {
-      return m.primary() && m.partition() == h.partition() && m.from() == h.from() && m.to() == h.to();
-    });
+    return absl::c_none_of(cs->map_.moves(), [&h](const CopyMove& m) { return IsPrimaryMoveHandoff(m, h); });
   }));
   cs->moves_since_ = cs->handoffs_since_ = now;
   cs->moves_resumed_ = cs->moves_planned_ > 0;
@@ -681,9 +680,7 @@ int ClusterState::Rereplicate() {
     while (p.backups_size() + 1 < static_cast<int>(copies)) {
       std::optional<uint32_t> best;
       for (const auto& [index, load] : held) {
-        const bool holds = index == p.server() ||
-                           std::find(p.backups().begin(), p.backups().end(), index) != p.backups().end();
-        if (!holds && !draining.contains(index) && (!best || load < held[*best])) best = index;
+        if (!HoldsCopy(p, index) && !draining.contains(index) && (!best || load < held[*best])) best = index;
       }
       if (!best) break;  // fewer live servers than copies
       p.add_backups(*best);  // its primary sends it the whole state first
@@ -1113,7 +1110,7 @@ StatusResponse ClusterState::Status() {
       if (!node.checkpoint_failure.dir().empty()) *s->mutable_checkpoint_failure() = node.checkpoint_failure;
       if (node.role == SERVER && !node.dead) {
         for (const PartitionInfo& p : map_.partitions()) {
-          if (p.server() != node.rank && !absl::c_linear_search(p.backups(), node.rank)) continue;
+          if (!HoldsCopy(p, node.rank)) continue;
           s->set_copies(s->copies() + 1);
           s->set_copies_synced(s->copies_synced() + (ReportedSynced(node.rank, p) ? 1 : 0));
         }

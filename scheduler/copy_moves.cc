@@ -8,10 +8,6 @@
 namespace shardps {
 namespace {
 
-bool Holds(const PartitionInfo& p, uint32_t server) {
-  return p.server() == server || std::find(p.backups().begin(), p.backups().end(), server) != p.backups().end();
-}
-
 uint64_t LargestPartition(const ShardMap& map) {
   uint64_t largest = 0;
   for (const PartitionInfo& p : map.partitions()) largest = std::max(largest, p.num_elements());
@@ -149,7 +145,7 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
   // A backup of the donor, or its primary where that is the only copy
   // (replication 1): nothing else could move.
   auto copy_of_donor = [](const PartitionInfo& p, uint32_t donor, uint32_t receiver) {
-    return Holds(p, donor) && !Holds(p, receiver) && (p.server() != donor || p.backups().empty());
+    return HoldsCopy(p, donor) && !HoldsCopy(p, receiver) && (p.server() != donor || p.backups().empty());
   };
   auto move_copy = [](PartitionInfo& p, const Step& step) {
     if (p.server() == step.donor) {
@@ -196,7 +192,7 @@ std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_
     if (leaving.empty()) continue;
     std::optional<uint32_t> to;
     for (const auto& [s, load] : loads) {
-      if (!Holds(*p, s) && (!to || load < loads[*to])) to = s;
+      if (!HoldsCopy(*p, s) && (!to || load < loads[*to])) to = s;
     }
     if (!to) continue;  // every live server holds a copy already (Drain refuses such a cluster)
     CopyMove& move = moves.emplace_back();
@@ -209,8 +205,16 @@ std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_
   return moves;
 }
 
+bool HoldsCopy(const PartitionInfo& p, uint32_t server) {
+  return p.server() == server || std::find(p.backups().begin(), p.backups().end(), server) != p.backups().end();
+}
+
+bool IsPrimaryMoveHandoff(const CopyMove& m, const Handoff& h) {
+  return m.primary() && m.partition() == h.partition() && m.from() == h.from() && m.to() == h.to();
+}
+
 bool CanHandPrimary(const PartitionInfo& p, uint32_t from, uint32_t to) {
-  return p.server() == from && to != from && Holds(p, to);
+  return p.server() == from && to != from && HoldsCopy(p, to);
 }
 
 void HandPrimary(PartitionInfo& p, uint32_t from, uint32_t to) {

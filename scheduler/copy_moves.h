@@ -50,6 +50,13 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
 std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_t>& live,
                                      const std::set<uint32_t>& draining);
 
+// Whether `server` holds a copy of `p` (its primary or a backup).
+bool HoldsCopy(const PartitionInfo& p, uint32_t server);
+
+// Whether hand-off `h` is the second step of primary move `m` (the role
+// going to the move's new copy), not one balancing the primaries.
+bool IsPrimaryMoveHandoff(const CopyMove& m, const Handoff& h);
+
 // Whether `from`, p's primary, can hand the role to `to`: `to` holds a copy.
 bool CanHandPrimary(const PartitionInfo& p, uint32_t from, uint32_t to);
 // Makes `to` p's primary and `from` a backup in its place (copies unchanged).

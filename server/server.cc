@@ -616,7 +616,9 @@ class ParameterServerImpl : public ParameterServer {
   bool AskForDrain(absl::Time now) {
     DrainRequest request;
     request.set_server(index_);
-    auto asked = scheduler_->Drain(request, std::min(drain_deadline_ - now, absl::Seconds(5)));
+    // On the engine thread: one second at most per try (it tries again a
+    // second later anyway), so requests wait no longer than that.
+    auto asked = scheduler_->Drain(request, std::min(drain_deadline_ - now, absl::Seconds(1)));
     if (asked.ok()) {
       drain_asked_ = true;
       LOG(WARNING) << "server " << index_ << " drains before it stops (at most "

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/scheduler_client.h"
+#include "scheduler/copy_moves.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
@@ -27,11 +28,7 @@ const NodeStatus* FindServer(const StatusResponse& status, uint32_t index) {
 // under way.
 std::string StillHeld(const ShardMap& map, uint32_t index) {
   int copies = 0, moving = 0;
-  for (const PartitionInfo& p : map.partitions()) {
-    if (p.server() == index || std::find(p.backups().begin(), p.backups().end(), index) != p.backups().end()) {
-      ++copies;
-    }
-  }
+  for (const PartitionInfo& p : map.partitions()) copies += HoldsCopy(p, index) ? 1 : 0;
   for (const CopyMove& m : map.moves()) moving += m.from() == index ? 1 : 0;
   return absl::StrCat(copies, " copies still on it, ", moving, " moves from it under way (shard map epoch ",
                       map.epoch(), ")");
