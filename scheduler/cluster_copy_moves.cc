@@ -125,6 +125,65 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(uint32_t index) {
   return response;
 }
 
+absl::StatusOr<DrainResponse> ClusterState::CancelDrain(uint32_t index) {
+  const WriteOnReturn write(this);  // after mu_ is released
+  absl::MutexLock lock(&mu_);
+  auto node = servers_.find(index);
+  ServerInfo* info = MapServer(index);
+  if (node == servers_.end() || info == nullptr) {
+    return absl::NotFoundError(absl::StrCat("there is no server ", index, " in the cluster (",
+                                            servers_.size(), " servers registered, indices from 0)"));
+  }
+  const std::string who = absl::StrCat("server ", index, " (", node->second.address, ")");
+  if (node->second.dead) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, node->second.left ? " left the job already" : " is dead", "; there is no drain to cancel"));
+  }
+  if (!info->draining()) return absl::FailedPreconditionError(absl::StrCat(who, " is not draining"));
+  DrainResponse response;
+  for (const PartitionInfo& p : map_.partitions()) {
+    if (HoldsCopy(p, index)) {
+      response.set_copies(response.copies() + 1);
+      response.set_elements(response.elements() + p.num_elements());
+    }
+  }
+  if (response.copies() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " has handed on every copy it held and stops (or has stopped) by itself; start it again to have "
+        "it back, and the servers are balanced again"));
+  }
+  info->clear_draining();
+  drain_started_.erase(index);
+  // Its moves not yet handing a primary off are undone: their extra copies
+  // (listed last, never promoted) are dropped, and the copy here stays. A
+  // hand-off under way finishes, as does its move.
+  int undone = 0;
+  auto* moves = map_.mutable_moves();
+  for (int i = 0; i < moves->size();) {
+    const CopyMove& m = moves->Get(i);
+    const bool handing = absl::c_any_of(map_.handoffs(), [&m](const Handoff& h) { return h.partition() == m.partition(); });
+    if (m.from() != index || handing) {
+      ++i;
+      continue;
+    }
+    if (PartitionInfo* p = FindPartition(map_, m.partition())) {
+      auto* backups = p->mutable_backups();
+      backups->erase(std::remove(backups->begin(), backups->end(), m.to()), backups->end());
+      p->mutable_listed_at()->erase(m.to());
+    }
+    moves->DeleteSubrange(i, 1);
+    ++undone;
+  }
+  map_.set_epoch(map_.epoch() + 1);
+  response.set_epoch(map_.epoch());
+  LOG(WARNING) << "the drain of " << who << " is cancelled at shard map epoch " << map_.epoch() << ": it serves on "
+               << "with the " << response.copies() << " copies it still holds (" << response.elements()
+               << " elements); " << undone << " moves from it undone, " << moves->size()
+               << " under way finish (hand-offs), then the servers are balanced again";
+  Save();
+  return response;
+}
+
 bool ClusterState::ReportedSynced(uint32_t server, const PartitionInfo& p) const {
   auto it = servers_.find(server);
   if (it == servers_.end()) return false;

@@ -113,6 +113,13 @@ class ClusterState {
   // fewer than the copies each partition keeps or, as far as they reported
   // it, have less memory than all the copies need.
   absl::StatusOr<DrainResponse> Drain(uint32_t index);
+  // `shardps drain --cancel`: ends the drain of live server `index` in a new
+  // epoch; it serves on with the copies it still holds. Its moves are
+  // undone (their extra copies dropped) but for those handing a primary off,
+  // which finish; then the servers are balanced again (it may be given
+  // copies back). Refused where it is not draining, and once the map lists
+  // no copy on it: it may already be stopping.
+  absl::StatusOr<DrainResponse> CancelDrain(uint32_t index);
 
   // Every node with its state and, once its heartbeats carry them, its
   // counters and rates (NodeStatus).

@@ -1038,5 +1038,61 @@ TEST_F(DrainTest, AnotherServersDeathThatLeavesTooFewForTheCopiesEndsTheDrainAnd
   ExpectNoPartitionShort();
 }
 
+TEST_F(DrainTest, ACancelledDrainEndsItsServerServesOnAndIsGivenCopiesBack) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  const size_t held = Held(2).size();
+  ASSERT_TRUE(state_->Drain(2).ok());
+  Beat({0, 1, 2});
+  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  const uint64_t before = Map().epoch();
+  auto cancel = state_->CancelDrain(2);
+  ASSERT_TRUE(cancel.ok()) << cancel.status();
+  EXPECT_EQ(cancel->epoch(), before + 1);
+  EXPECT_EQ(cancel->copies(), Held(2).size());
+  EXPECT_FALSE(Map().servers(2).draining());
+  auto again = state_->CancelDrain(2);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("is not draining"));
+  EXPECT_THAT(Map().moves(), IsEmpty()) << "no hand-off had begun: every move is undone";
+  EXPECT_EQ(Held(2).size(), held);
+  const ShardMap undone = Map();
+  for (const PartitionInfo& p : undone.partitions()) EXPECT_EQ(p.backups_size(), 1) << "extra copies dropped";
+  BeatUntilDrained({0, 1, 2});
+  ExpectNoPartitionShort();
+  EXPECT_EQ(Held(2).size(), held) << "nothing moved back and forth";
+}
+
+TEST_F(DrainTest, ACancelledDrainFinishesTheHandoffsUnderWayAndTheServersAreBalancedAgain) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(state_->Drain(2).ok());
+  Beat({0, 1, 2});  // plans the moves
+  Beat({0, 1, 2});  // the copies synced: the primaries' hand-offs begin
+  ASSERT_THAT(Map().handoffs(), Not(IsEmpty()));
+  const int handing = Map().handoffs_size();
+  ASSERT_TRUE(state_->CancelDrain(2).ok());
+  EXPECT_THAT(Map().moves(), SizeIs(handing)) << "the moves handing primaries off stay";
+  BeatUntilDrained({0, 1, 2});
+  ExpectNoPartitionShort();
+  EXPECT_FALSE(Map().servers(2).draining());
+  const auto loads = ServerLoadsAfterMoves(Map(), {0, 1, 2});
+  for (uint32_t s : {0u, 1u, 2u}) EXPECT_NEAR(loads.at(s), 800.0, 100.0) << "server " << s;
+}
+
+TEST_F(DrainTest, ADrainIsNotCancelledOnceItsServerHoldsNothingOrWhereThereIsNone) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  EXPECT_EQ(state_->CancelDrain(7).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(state_->CancelDrain(1).status().message(), HasSubstr("is not draining"));
+  ASSERT_TRUE(state_->Drain(2).ok());
+  BeatUntilDrained({0, 1, 2});
+  ASSERT_THAT(Held(2), IsEmpty());
+  auto late = state_->CancelDrain(2);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.status().message(), HasSubstr("stops (or has stopped) by itself"));
+  EXPECT_TRUE(Map().servers(2).draining()) << "the server stops on the map that says it holds nothing";
+}
+
 }  // namespace
 }  // namespace shardps

@@ -265,7 +265,7 @@ class SchedulerService final : public Scheduler::Service {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
-    auto r = state->Drain(req->server());
+    auto r = req->cancel() ? state->CancelDrain(req->server()) : state->Drain(req->server());
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;

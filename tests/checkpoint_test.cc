@@ -333,6 +333,13 @@ TEST_F(DrainCommandTest, ADrainedServerStopsAndLeavesAndTheJobTrainsOnWithTheOth
   LocalJob second = Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "1"}, dir_, "second");
   EXPECT_EQ(Wait(second), 1);
   EXPECT_THAT(Slurp(second.err_path), HasSubstr("start another server first"));
+  // Nothing to cancel: a server that is not draining, and one that left.
+  LocalJob idle = Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "1", "--cancel"}, dir_, "idle");
+  EXPECT_EQ(Wait(idle), 1);
+  EXPECT_THAT(Slurp(idle.err_path), HasSubstr("is not draining"));
+  LocalJob gone = Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "2", "--cancel"}, dir_, "gone");
+  EXPECT_EQ(Wait(gone), 1);
+  EXPECT_THAT(Slurp(gone.err_path), HasSubstr("left the job already; there is no drain to cancel"));
   ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
   EXPECT_THAT(Slurp(running.err_path), HasSubstr("stopped cleanly (drained, or a SIGTERM from outside)"));
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "common/optimizer.h"
@@ -17,6 +18,7 @@ namespace shardps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::Not;
 
 ClusterConfig Config(int servers, int workers, Consistency consistency = SYNC) {
@@ -401,8 +403,8 @@ class DrainOnStopJob {
   }
 
   // Once the workers are done: every weight took every round once, and
-  // exactly one server left, holding no partition.
-  void ExpectEveryRoundAndOneServerLeft() {
+  // exactly `servers_left` servers left, holding no partition.
+  void ExpectEveryRoundAndServersLeft(size_t servers_left) {
     t0_.join();
     t1_.join();
     // Each round adds -0.5 * mean(1, 3) = -1 to every weight: exact in floats.
@@ -418,10 +420,12 @@ class DrainOnStopJob {
     for (const NodeStatus& node : status->nodes()) {
       if (node.role() == SERVER && node.left()) left.push_back(node.rank());
     }
-    ASSERT_EQ(left.size(), 1u) << status->ShortDebugString();
+    ASSERT_EQ(left.size(), servers_left) << status->ShortDebugString();
     for (const PartitionInfo& p : status->shard_map().partitions()) {
-      EXPECT_NE(p.server(), left[0]) << p.ShortDebugString();
-      EXPECT_THAT(p.backups(), Not(::testing::Contains(left[0]))) << p.ShortDebugString();
+      for (uint32_t l : left) {
+        EXPECT_NE(p.server(), l) << p.ShortDebugString();
+        EXPECT_THAT(p.backups(), Not(::testing::Contains(l))) << p.ShortDebugString();
+      }
     }
   }
 
@@ -456,9 +460,45 @@ TEST(ClusterTest, AServerStoppedWithDrainOnStopHandsItsPartitionsOnAndNoUpdateIs
   ASSERT_NO_FATAL_FAILURE(job.Start());
   const int code = job.cluster().StopServer(2, absl::Seconds(60));
   const int stopped_at = job.rounds_done();
-  job.ExpectEveryRoundAndOneServerLeft();
+  job.ExpectEveryRoundAndServersLeft(1);
   EXPECT_EQ(code, 0);
   EXPECT_LT(stopped_at, DrainOnStopJob::kRounds) << "the drain outlasted the training: nothing was handed on while it ran";
+}
+
+TEST(ClusterTest, ACancelledDrainUndoesItsMovesAndItsServerServesOnWithNoUpdateLostOrDoubled) {
+  // `shardps drain --cancel` as soon as the scheduler plans server 2's
+  // moves (replication 1: each an extra copy of a primary, synced, then
+  // handed off): the moves not yet handing off are undone, their extra
+  // copies dropped while the workers train, and server 2 serves on.
+  DrainOnStopJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  auto client = SchedulerClient::Create(job.cluster().scheduler_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  DrainRequest request;
+  request.set_server(2);
+  auto drain = (*client)->Drain(request, absl::Seconds(5));
+  ASSERT_TRUE(drain.ok()) << drain.status();
+  ShardMap planned;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (planned.moves().empty() && absl::Now() < deadline) {
+    auto status = (*client)->Status(absl::Seconds(5));
+    ASSERT_TRUE(status.ok()) << status.status();
+    planned = status->shard_map();
+  }
+  ASSERT_THAT(planned.moves(), Not(IsEmpty())) << "no move planned for the drain";
+  request.set_cancel(true);
+  auto cancel = (*client)->Drain(request, absl::Seconds(5));
+  ASSERT_TRUE(cancel.ok()) << cancel.status();
+  EXPECT_GT(cancel->copies(), 0u);
+  auto cancelled = (*client)->Status(absl::Seconds(5));
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  const ShardMap& map = cancelled->shard_map();
+  EXPECT_FALSE(map.servers(2).draining());
+  for (const CopyMove& m : map.moves()) {
+    EXPECT_TRUE(absl::c_any_of(map.handoffs(), [&m](const Handoff& h) { return h.partition() == m.partition(); }))
+        << "a move left that hands no primary off: " << m.ShortDebugString();
+  }
+  job.ExpectEveryRoundAndServersLeft(0);
 }
 
 TEST(ClusterTest, ADrainOnStopServerStoppedWhileTheSchedulerRestartsDrainsOnceItIsBack) {
@@ -474,7 +514,7 @@ TEST(ClusterTest, ADrainOnStopServerStoppedWhileTheSchedulerRestartsDrainsOnceIt
   absl::SleepFor(absl::Seconds(1));
   EXPECT_TRUE(job.cluster().RestartScheduler().ok());
   stop.join();
-  job.ExpectEveryRoundAndOneServerLeft();
+  job.ExpectEveryRoundAndServersLeft(1);
   EXPECT_EQ(code, 0);
 }
 

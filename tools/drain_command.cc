@@ -1,7 +1,7 @@
 // `shardps drain`: asks a running cluster to move every copy a server holds
 // to the other servers (primaries by hand-off, while training goes on), then
 // waits until that server has stopped and left the job, or says at the
-// deadline what is still under way.
+// deadline what is still under way; `--cancel` ends a drain under way.
 #include <algorithm>
 #include <iostream>
 #include <thread>
@@ -57,7 +57,7 @@ absl::StatusOr<uint32_t> ServerIndex(const StatusResponse& status, const std::st
 }
 
 absl::Status Drain(const std::string& address, const std::string& security_config, const std::string& server,
-                   double wait_s) {
+                   double wait_s, bool cancel) {
   if (server.empty()) {
     return absl::InvalidArgumentError("--server is required (an index or data address, as `shardps status` lists)");
   }
@@ -76,6 +76,16 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
   const uint64_t node_id = node != nullptr ? node->node_id() : 0;
   DrainRequest request;
   request.set_server(index);
+  request.set_cancel(cancel);
+  if (cancel) {
+    auto response = (*client)->Drain(request, absl::Seconds(10));
+    if (!response.ok()) return response.status();
+    std::cout << "the drain of server " << index << " is cancelled from shard map epoch " << response->epoch()
+              << ": it serves on with the " << response->copies() << " copies (" << response->elements()
+              << " elements) it still holds; moves from it under way finish, then the servers are balanced again"
+              << std::endl;
+    return absl::OkStatus();
+  }
   const absl::Time start = absl::Now();
   auto response = (*client)->Drain(request, absl::Seconds(10));
   if (!response.ok()) return response.status();
@@ -134,11 +144,13 @@ int DrainCommand(const Args& args) {
   flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.String("server", &server, "the server to drain: its index or data address (as `shardps status` lists them)");
   flags.Double("wait", &wait_s, "seconds to wait for the server to be drained and stopped (0: return once asked)");
+  bool cancel = false;
+  flags.Bool("cancel", &cancel, "end the server's drain under way instead: it serves on with the copies it still holds");
   std::string security_config;
   flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
   absl::Status s = flags.Parse(args);
   if (s.ok() && flags.help()) return 0;
-  if (s.ok()) s = Drain(address, security_config, server, wait_s);
+  if (s.ok()) s = Drain(address, security_config, server, wait_s, cancel);
   if (s.ok()) return 0;
   std::cerr << "shardps drain: " << s.message() << "\n";
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
