@@ -79,9 +79,13 @@ absl::StatusOr<SecurityCredentials> LoadSecurityCredentials(const SecurityConfig
   auto token = LoadToken(config);
   if (!token.ok()) return token.status();
   creds.token = *std::move(token);
-  auto accepted = LoadAcceptedTokens(config);
-  if (!accepted.ok()) return accepted.status();
-  creds.accepted_tokens = *std::move(accepted);
+  if (for_scheduler) {
+    // Only the scheduler checks tokens: a node sharing its config file need
+    // not have the files of a rotation under way.
+    auto accepted = LoadAcceptedTokens(config);
+    if (!accepted.ok()) return accepted.status();
+    creds.accepted_tokens = *std::move(accepted);
+  }
   const bool own_cert = for_scheduler || config.require_client_cert();
   auto ca = ReadNamed(config.tls_ca_file(), "tls_ca_file", true);
   auto cert = ReadNamed(config.tls_cert_file(), "tls_cert_file", own_cert);

@@ -24,7 +24,7 @@ namespace shardps {
 struct SecurityCredentials {
   bool enabled = false;
   std::string token;                // sent (nodes) or required (scheduler) on every call
-  std::vector<std::string> accepted_tokens;  // scheduler: also accepted (a rotation under way)
+  std::vector<std::string> accepted_tokens;  // scheduler: also accepted (a rotation under way); read by it alone
   std::string ca_pem;               // the cluster CA
   std::string ca_file;              // where ca_pem was read, for messages; empty: given in memory
   std::string cert_pem, key_pem;    // this node's certificate chain and key; empty on plain nodes

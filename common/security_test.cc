@@ -73,6 +73,28 @@ TEST_F(SecurityCredentialsTest, MissingFileIsNamed) {
   EXPECT_THAT(creds.status().message(), HasSubstr("/nonexistent/ca.pem"));
 }
 
+TEST_F(SecurityCredentialsTest, OnlyTheSchedulerReadsTheAcceptedTokens) {
+  // One config file for every node, the scheduler's rotation files on the
+  // scheduler's host alone.
+  SecurityConfig config;
+  config.set_enabled(true);
+  config.set_token("0123456789abcdef0123");
+  config.set_tls_ca_file(WriteTemp("ca", "x"));
+  config.set_tls_cert_file(WriteTemp("cert", "x"));
+  config.set_tls_key_file(WriteTemp("key", "x"));
+  config.add_accepted_token_files(dir_ + "/token.next");
+  auto node = LoadSecurityCredentials(config, /*for_scheduler=*/false);
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_TRUE(node->accepted_tokens.empty());
+  auto scheduler = LoadSecurityCredentials(config, /*for_scheduler=*/true);
+  ASSERT_FALSE(scheduler.ok());
+  EXPECT_THAT(scheduler.status().message(), HasSubstr("token.next"));
+  WriteTemp("token.next", "abcdef0123456789abcd\n");
+  scheduler = LoadSecurityCredentials(config, /*for_scheduler=*/true);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  EXPECT_EQ(scheduler->accepted_tokens, std::vector<std::string>{"abcdef0123456789abcd"});
+}
+
 TEST(CurveKeysTest, ClientRefusesAMalformedServerKey) {
   if (!CurveAvailable()) GTEST_SKIP() << "libzmq without CURVE";
   zmq::context_t context(1);
