@@ -25,7 +25,12 @@ constexpr absl::string_view kRoundPrefix = "round-";
 constexpr absl::string_view kManifestPrefix = "server-";
 constexpr absl::string_view kManifestSuffix = ".manifest";
 
-std::string PartitionFileName(uint64_t id) { return absl::StrCat("partition-", id, ".ckpt"); }
+// Named by its writer too: two servers that each wrote the partition (a
+// primary and the one it was handed to, each at the version it had) keep
+// their own files, so each manifest's entry matches what it names.
+std::string PartitionFileName(uint64_t id, uint32_t server) {
+  return absl::StrCat("partition-", id, ".server-", server, ".ckpt");
+}
 
 std::string Join(const std::string &dir, absl::string_view name) {
   return (fs::path(dir) / std::string(name)).string();
@@ -81,7 +86,8 @@ absl::StatusOr<std::map<uint64_t, CheckpointManifest::Entry>> CoveredEntries(
     const std::string manifest = Join(round_dir, absl::StrCat(kManifestPrefix, owner.server(), kManifestSuffix));
     return absl::FailedPreconditionError(
         absl::StrCat("incomplete checkpoint ", round_dir, ": partition ", owner.partition_id(), " (",
-                     Join(round_dir, PartitionFileName(owner.partition_id())), ") is listed by no manifest; ",
+                     Join(round_dir, PartitionFileName(owner.partition_id(), owner.server())),
+                     ") is listed by no manifest; ",
                      manifests.contains(owner.server()) ? "" : absl::StrCat(manifest, " is missing")));
   }
   *round = first.round();
@@ -129,7 +135,7 @@ std::string CheckpointRoundDir(const std::string &dir, uint64_t round) {
 }
 
 absl::StatusOr<CheckpointManifest::Entry> WritePartitionCheckpoint(const std::string &round_dir,
-                                                                   const PartitionCheckpoint &state) {
+                                                                   const PartitionCheckpoint &state, uint32_t server) {
   std::error_code ec;
   fs::create_directories(round_dir, ec);
   if (ec)
@@ -137,7 +143,7 @@ absl::StatusOr<CheckpointManifest::Entry> WritePartitionCheckpoint(const std::st
   const std::string file = SealRecord(kPartitionKind, state.SerializeAsString());
   CheckpointManifest::Entry entry;
   entry.set_partition_id(state.partition_id());
-  entry.set_file(PartitionFileName(state.partition_id()));
+  entry.set_file(PartitionFileName(state.partition_id(), server));
   entry.set_checksum(Fnv1a64(file));
   entry.set_bytes(file.size());
   if (absl::Status s = WriteFileDurably(Join(round_dir, entry.file()), file); !s.ok()) return s;
@@ -220,8 +226,8 @@ absl::StatusOr<PartitionCheckpoint> LoadPartitionCheckpoint(const std::string &r
   if (!entries.ok()) return entries.status();
   auto entry = entries->find(partition_id);
   if (entry == entries->end()) {
-    return absl::NotFoundError(absl::StrCat("checkpoint ", round_dir, " has no partition ", partition_id, " (",
-                                            Join(round_dir, PartitionFileName(partition_id)), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", round_dir, " has no partition ", partition_id, ": no manifest lists it"));
   }
   auto data = ReadCheckedFile(round_dir, entry->second);
   if (!data.ok()) return data.status();

@@ -40,7 +40,7 @@ class CheckpointStoreTest : public ::testing::Test {
   std::string WriteRound(uint64_t round, std::vector<uint32_t> servers) {
     const std::string round_dir = CheckpointRoundDir(dir_, round);
     for (uint32_t server : servers) {
-      auto entry = WritePartitionCheckpoint(round_dir, State(server, round));
+      auto entry = WritePartitionCheckpoint(round_dir, State(server, round), server);
       EXPECT_TRUE(entry.ok()) << entry.status();
       CheckpointManifest m;
       m.set_round(round);
@@ -76,7 +76,7 @@ class CheckpointStoreTest : public ::testing::Test {
         PartitionCheckpoint state = State(p, 10);
         const float w[2] = {value, value};
         state.set_weights(std::string(reinterpret_cast<const char *>(w), sizeof(w)));
-        auto entry = WritePartitionCheckpoint(round_dir, state);
+        auto entry = WritePartitionCheckpoint(round_dir, state, server);
         EXPECT_TRUE(entry.ok()) << entry.status();
         *m.add_entries() = *entry;
       }
@@ -136,7 +136,7 @@ TEST_F(CheckpointStoreTest, CompleteRoundIsFoundAndItsPartitionsLoad) {
 
 TEST_F(CheckpointStoreTest, CorruptPartitionFileIsRefusedNamingIt) {
   const std::string round_dir = WriteRound(10, {0, 1});
-  const std::string file = round_dir + "/partition-1.ckpt";
+  const std::string file = round_dir + "/partition-1.server-1.ckpt";
   std::string data = *ReadWholeFile(file);
   data[data.size() - 3] ^= 0x40;  // one flipped bit in the weights
   ASSERT_TRUE(WriteFileDurably(file, data).ok());
@@ -148,12 +148,38 @@ TEST_F(CheckpointStoreTest, CorruptPartitionFileIsRefusedNamingIt) {
   EXPECT_TRUE(LoadPartitionCheckpoint(round_dir, 0).ok()) << "the intact file still reads";
 }
 
+TEST_F(CheckpointStoreTest, APartitionTwoServersWroteVerifiesWhicheverWroteLast) {
+  // An async checkpoint's partition handed from server 0 to server 1 as
+  // the request came: each wrote it at the version it had and listed it.
+  // Server 0 wrote last; its file must not break server 1's manifest.
+  const std::string round_dir = CheckpointRoundDir(dir_, 10);
+  for (uint32_t server : {1u, 0u}) {
+    CheckpointManifest m;
+    m.set_round(10);
+    m.set_server(server);
+    CheckpointManifest::Owner *owner = m.add_partitions();
+    owner->set_partition_id(0);
+    owner->set_server(server);
+    PartitionCheckpoint state = State(0, 10);
+    const float w[2] = {float(server), float(server)};
+    state.set_weights(std::string(reinterpret_cast<const char *>(w), sizeof(w)));
+    auto entry = WritePartitionCheckpoint(round_dir, state, server);
+    ASSERT_TRUE(entry.ok()) << entry.status();
+    *m.add_entries() = *entry;
+    ASSERT_TRUE(WriteCheckpointManifest(round_dir, m).ok());
+  }
+  auto round = VerifyCheckpointRound(round_dir);
+  ASSERT_TRUE(round.ok()) << round.status();
+  auto state = LoadPartitionCheckpoint(round_dir, 0);
+  ASSERT_TRUE(state.ok()) << state.status();
+}
+
 TEST_F(CheckpointStoreTest, MissingPartitionFileIsRefusedNamingIt) {
   const std::string round_dir = WriteRound(10, {0, 1});
-  fs::remove(round_dir + "/partition-0.ckpt");
+  fs::remove(round_dir + "/partition-0.server-0.ckpt");
   auto round = VerifyCheckpointRound(round_dir);
   ASSERT_FALSE(round.ok());
-  EXPECT_THAT(round.status().message(), HasSubstr(round_dir + "/partition-0.ckpt"));
+  EXPECT_THAT(round.status().message(), HasSubstr(round_dir + "/partition-0.server-0.ckpt"));
 }
 
 TEST_F(CheckpointStoreTest, RoundWithoutEveryManifestIsPartialAndNamesTheMissingOne) {

@@ -170,7 +170,11 @@ TEST_F(CheckpointTest, ResumingAfterEveryProcessWasKilledEndsWithBitwiseTheStrai
 
 TEST_F(CheckpointTest, ACorruptCheckpointIsRefusedNamingTheFile) {
   const std::string round_dir = CheckpointThenKillEverything();
-  const std::string file = round_dir + "/partition-0.ckpt";
+  std::string file;  // partition-0.server-I.ckpt, I its primary's index
+  for (const fs::directory_entry& e : fs::directory_iterator(round_dir)) {
+    if (e.path().filename().string().starts_with("partition-0.server-")) file = e.path().string();
+  }
+  ASSERT_FALSE(file.empty()) << "no file of partition 0 in " << round_dir;
   auto data = ReadWholeFile(file);
   ASSERT_TRUE(data.ok()) << data.status();
   (*data)[data->size() / 2] ^= 1;
