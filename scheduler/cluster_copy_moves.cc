@@ -174,6 +174,7 @@ absl::StatusOr<DrainResponse> ClusterState::CancelDrain(uint32_t index) {
     moves->DeleteSubrange(i, 1);
     ++undone;
   }
+  if (map_.moves_size() == 0) moves_planned_ = 0;  // the next plan starts its own count
   map_.set_epoch(map_.epoch() + 1);
   response.set_epoch(map_.epoch());
   LOG(WARNING) << "the drain of " << who << " is cancelled at shard map epoch " << map_.epoch() << ": it serves on "
