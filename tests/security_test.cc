@@ -304,12 +304,13 @@ TEST_F(SecurityTest, WhileTheTokenIsRotatedTheSchedulerAcceptsTheNewOneAndStillN
   SecurityCredentials wrong = node_;
   wrong.token = "not-the-cluster-token-at-all";
   EXPECT_THAT(status_with(wrong).message(), HasSubstr("wrong cluster token"));
-  // A short accepted token is refused as a short token is.
+  // A short accepted token is refused by the scheduler as a short token is.
   SecurityConfig config;
   config.set_enabled(true);
   config.set_token("a-long-enough-cluster-token");
   config.add_accepted_tokens("short");
-  EXPECT_THAT(LoadSecurityCredentials(config, false).status().message(), HasSubstr("accepted token 1 has 5 characters"));
+  EXPECT_THAT(LoadSecurityCredentials(config, /*for_scheduler=*/true).status().message(),
+              HasSubstr("accepted token 1 has 5 characters"));
 }
 
 TEST_F(SecurityTest, CallWithoutTokenIsRefused) {
