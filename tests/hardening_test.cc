@@ -369,6 +369,29 @@ TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermWhileWaitingForTheClusterExi
   EXPECT_EQ(done, train->pid) << "still waiting for the cluster 10 s after SIGTERM";
 }
 
+TEST(RegisterTest, AServerStoppedWithSigtermWhileItCannotReachTheSchedulerExitsAtOnce) {
+  // No scheduler listens (one that died as it registered the server, and
+  // stays away): the server retries registering for --register-timeout.
+  // A SIGTERM (systemctl stop, a pod deleted) must end it now, cleanly.
+  auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", "127.0.0.1:1", "--register-timeout", "60"},
+                      true);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::SleepFor(absl::Seconds(1));
+  kill(server->pid, SIGTERM);
+  int status = 0;
+  pid_t done = 0;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); done == 0 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    done = waitpid(server->pid, &status, WNOHANG);
+  }
+  if (done == 0) {
+    kill(server->pid, SIGKILL);
+    waitpid(server->pid, &status, 0);
+  }
+  ASSERT_EQ(done, server->pid) << "still registering 10 s after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+}
+
 TEST(RegisterTest, ATrainingWorkerThatStopsOnAnErrorLeavesAsFailedWithIt) {
   // The two ranks define different models (--hidden): the one that defines
   // second fails on the mismatch, exits 1, and must be listed as failed

@@ -62,6 +62,32 @@ absl::Status RequireScheduler(const std::string& address) {
   return absl::InvalidArgumentError("--scheduler is missing: the HOST:PORT the scheduler serves on (its --listen)");
 }
 
+// While alive, a stop signal ends the process at once with `code`, after
+// `message` on stderr: for a node still waiting to join its cluster
+// (registration retries for up to its timeout and checks no stop), which
+// holds nothing to hand on yet.
+class StopEndsProcess {
+ public:
+  StopEndsProcess(std::string message, int code)
+      : thread_([this, message = std::move(message), code] {
+          while (waiting_.load()) {
+            if (g_stop.load()) {
+              std::cerr << message << "\n";
+              std::_Exit(code);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+        }) {}
+  ~StopEndsProcess() {
+    waiting_.store(false);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> waiting_{true};
+  std::thread thread_;
+};
+
 }  // namespace
 
 bool StopRequested() { return g_stop.load(); }
@@ -258,7 +284,12 @@ int ServerCommand(const Args& args) {
   if (!security.ok()) return Fail("server", security.status());
   options.security = *std::move(security);
   InstallStopSignals();
-  auto server = ParameterServer::Create(options);
+  absl::StatusOr<std::unique_ptr<ParameterServer>> server;
+  {
+    // Exit 0: a daemon stopped as asked (systemctl stop, a pod deleted).
+    StopEndsProcess stop("shardps server: stopped by a signal before it registered with the scheduler", 0);
+    server = ParameterServer::Create(options);
+  }
   if (!server.ok()) return Fail("server", server.status());
   if (!info_file.empty()) {
     absl::Status s = WriteFileDurably(info_file, absl::StrCat((*server)->index(), " ", (*server)->data_address(), "\n"));
@@ -381,19 +412,11 @@ int TrainCommand(const Args& args) {
   // Worker::Create waits for the cluster (up to --rendezvous-timeout, or
   // for a previous process of this rank to be declared dead) and checks no
   // stop, and a process not in the job yet has nothing to leave.
-  std::atomic<bool> joining{true};
-  std::thread stop_while_joining([&joining] {
-    while (joining.load()) {
-      if (StopRequested()) {
-        std::cerr << "shardps train: stopped by a signal before joining the job\n";
-        std::_Exit(1);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
-  auto worker = Worker::Create(worker_options);
-  joining.store(false);
-  stop_while_joining.join();
+  absl::StatusOr<std::unique_ptr<Worker>> worker;
+  {
+    StopEndsProcess stop("shardps train: stopped by a signal before joining the job", 1);
+    worker = Worker::Create(worker_options);
+  }
   if (!worker.ok()) return Fail(absl::StrCat("train (rank ", rank, ")"), worker.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
   std::unique_ptr<MetricsExposer> exposer;
