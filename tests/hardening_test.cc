@@ -336,6 +336,18 @@ std::optional<NodeStatus> WorkerStatus(TestCluster& cluster, uint32_t rank) {
   return std::nullopt;
 }
 
+// Whether process `pid` exits within `wait` (its wait status in `*status`);
+// SIGKILLed and reaped if not.
+bool ExitsWithin(pid_t pid, absl::Duration wait, int* status) {
+  for (const absl::Time deadline = absl::Now() + wait; absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    if (waitpid(pid, status, WNOHANG) == pid) return true;
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, status, 0);
+  return false;
+}
+
 TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermWhileWaitingForTheClusterExitsAtOnce) {
   // Rank 1 never comes: rank 0 waits in the rendezvous (60 s). A SIGTERM or
   // Ctrl-C then must end it now, as before `shardps train` took the signals
@@ -357,16 +369,7 @@ TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermWhileWaitingForTheClusterExi
   ASSERT_TRUE(waiting) << "rank 0 never registered";
   kill(train->pid, SIGTERM);
   int status = 0;
-  pid_t done = 0;
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); done == 0 && absl::Now() < deadline;) {
-    absl::SleepFor(absl::Milliseconds(50));
-    done = waitpid(train->pid, &status, WNOHANG);
-  }
-  if (done == 0) {
-    kill(train->pid, SIGKILL);
-    waitpid(train->pid, &status, 0);
-  }
-  EXPECT_EQ(done, train->pid) << "still waiting for the cluster 10 s after SIGTERM";
+  EXPECT_TRUE(ExitsWithin(train->pid, absl::Seconds(10), &status)) << "still waiting for the cluster 10 s after SIGTERM";
 }
 
 TEST(RegisterTest, AServerStoppedWithSigtermWhileItCannotReachTheSchedulerExitsAtOnce) {
@@ -379,16 +382,7 @@ TEST(RegisterTest, AServerStoppedWithSigtermWhileItCannotReachTheSchedulerExitsA
   absl::SleepFor(absl::Seconds(1));
   kill(server->pid, SIGTERM);
   int status = 0;
-  pid_t done = 0;
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); done == 0 && absl::Now() < deadline;) {
-    absl::SleepFor(absl::Milliseconds(50));
-    done = waitpid(server->pid, &status, WNOHANG);
-  }
-  if (done == 0) {
-    kill(server->pid, SIGKILL);
-    waitpid(server->pid, &status, 0);
-  }
-  ASSERT_EQ(done, server->pid) << "still registering 10 s after SIGTERM";
+  ASSERT_TRUE(ExitsWithin(server->pid, absl::Seconds(10), &status)) << "still registering 10 s after SIGTERM";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
