@@ -584,6 +584,19 @@ void ClusterState::ServerLeaves(Node& node) {
     return;
   }
   const ServerInfo* info = MapServer(node.rank);
+  const auto still_held = absl::c_count_if(map_.partitions(), [&node](const PartitionInfo& p) { return HoldsCopy(p, node.rank); });
+  if (info != nullptr && info->draining() && still_held > 0) {
+    // Stopped before the map took its last copy (SIGTERMed, or its
+    // --drain-on-stop ran out): what it held fails over, or is lost without
+    // backups. `shardps drain` and status must not take it for drained.
+    node.left_error = absl::StrCat("it stopped before its drain finished: ", still_held,
+                                   " copies were still on it, and fail over to their backups (lost where none)");
+    LOG(WARNING) << "server " << node.rank << " (" << node.address << ", host " << node.host << ") left the job "
+                 << "while it drained, " << still_held << " copies still on it; shard map epoch " << map_.epoch()
+                 << RemoveServer(node.rank, "it stopped before its drain finished");
+    Save();
+    return;
+  }
   if (info != nullptr && info->draining()) {
     const auto started = drain_started_.find(node.rank);
     LOG(WARNING) << "server " << node.rank << " (" << node.address << ", host " << node.host

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/str_cat.h"
 
 #include "common/protocol.h"
 #include "common/tensor_spec.h"
@@ -945,6 +946,25 @@ TEST_F(DrainTest, ADrainedServerGivesAwayEveryCopyPrimariesByHandoffAndThenHolds
   EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(after.status().message()), HasSubstr("left the job already"));
   EXPECT_THAT(std::string(after.status().message()), Not(HasSubstr("failed over"))) << "it was drained: nothing failed over";
+}
+
+TEST_F(DrainTest, AServerThatStopsBeforeItsDrainFinishedIsNotSaidToBeDrained) {
+  // Replication 1: the copies still on it are lost, not moved.
+  StartJob(2, 1);
+  Beat({0, 1});
+  const size_t held = Held(1).size();
+  ASSERT_GT(held, 0u);
+  ASSERT_TRUE(state_->Drain(1).ok());
+  Beat({0, 1});
+  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  Leave(1);  // SIGTERMed, or its --drain-on-stop ran out, before the moves finished
+  const ShardMap left = Map();
+  ASSERT_TRUE(left.servers(1).dead());
+  EXPECT_THAT(left.servers(1).dead_reason(), Not(HasSubstr("drained"))) << left.servers(1).ShortDebugString();
+  const NodeStatus node = state_->Status().nodes(1);
+  EXPECT_TRUE(node.left());
+  EXPECT_THAT(node.left_error(), HasSubstr("before its drain finished")) << "`shardps drain` takes left as drained";
+  EXPECT_THAT(node.left_error(), HasSubstr(absl::StrCat(held, " copies")));
 }
 
 TEST_F(DrainTest, WithoutBackupsADrainedServersPrimariesMoveToTheOthers) {
