@@ -99,6 +99,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.left = n.left();
     node.left_error = n.left_error();
     node.peak_rate = n.peak_round_rate();
+    node.memory_bytes = n.memory_bytes();
   }
   cs->map_ = state.shard_map();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
@@ -154,6 +155,7 @@ void ClusterState::Save() {
       n->set_left(node.left);
       n->set_left_error(node.left_error);
       n->set_peak_round_rate(node.peak_rate);
+      n->set_memory_bytes(node.memory_bytes);
     }
   }
   *state.mutable_shard_map() = map_;

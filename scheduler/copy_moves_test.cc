@@ -1027,6 +1027,20 @@ TEST_F(DrainTest, TheOthersReportedMemoryBoundsADrain) {
   EXPECT_FALSE(Map().servers(2).draining());
 }
 
+TEST_F(DrainTest, ARestartedSchedulerStillKnowsWhatTheServersCanHold) {
+  // Servers say it when they register, which they do not do again for a
+  // scheduler restarted from its state.
+  memory_elements_ = 500;
+  StartJob(3, 1);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  Beat({0, 1, 2});
+  auto r = state_->Drain(2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_FALSE(Map().servers(2).draining());
+}
+
 TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
   StartJob(3, 2);
   Beat({0, 1, 2});
