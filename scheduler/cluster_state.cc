@@ -117,6 +117,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   }));
   cs->moves_since_ = cs->handoffs_since_ = now;
   cs->moves_resumed_ = cs->moves_planned_ > 0;
+  for (uint32_t d : cs->DrainingServers()) cs->drain_started_[d] = now;  // the drained line's time
   cs->handoffs_resumed_ = cs->handoffs_planned_ > 0;
   // Servers report the epoch they serve with their next heartbeat.
   return cs;

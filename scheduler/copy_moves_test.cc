@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <optional>
 #include <random>
 #include <thread>
@@ -887,6 +888,18 @@ class DrainTest : public CopyMovesTest {
     return ids;
   }
 
+  // A job of `servers` servers with `replication` whose server `drained`
+  // is asked to drain, up to the plan of its moves.
+  void StartDrainMoves(int servers, uint32_t replication, int drained) {
+    StartJob(servers, replication);
+    std::vector<int> all(servers);
+    std::iota(all.begin(), all.end(), 0);
+    Beat(all);
+    ASSERT_TRUE(state_->Drain(drained).ok());
+    Beat(all);
+    ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  }
+
   // Server `s`'s last heartbeat: it stops.
   void Leave(int s) {
     HeartbeatRequest h;
@@ -950,13 +963,9 @@ TEST_F(DrainTest, ADrainedServerGivesAwayEveryCopyPrimariesByHandoffAndThenHolds
 
 TEST_F(DrainTest, AServerThatStopsBeforeItsDrainFinishedIsNotSaidToBeDrained) {
   // Replication 1: the copies still on it are lost, not moved.
-  StartJob(2, 1);
-  Beat({0, 1});
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(2, 1, 1));
   const size_t held = Held(1).size();
   ASSERT_GT(held, 0u);
-  ASSERT_TRUE(state_->Drain(1).ok());
-  Beat({0, 1});
-  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
   Leave(1);  // SIGTERMed, or its --drain-on-stop ran out, before the moves finished
   const ShardMap left = Map();
   ASSERT_TRUE(left.servers(1).dead());
@@ -965,6 +974,19 @@ TEST_F(DrainTest, AServerThatStopsBeforeItsDrainFinishedIsNotSaidToBeDrained) {
   EXPECT_TRUE(node.left());
   EXPECT_THAT(node.left_error(), HasSubstr("before its drain finished")) << "`shardps drain` takes left as drained";
   EXPECT_THAT(node.left_error(), HasSubstr(absl::StrCat(held, " copies")));
+}
+
+TEST_F(DrainTest, ASchedulerRestartedMidDrainFinishesItAndSaysHowLongItTookSinceItResumed) {
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  ASSERT_TRUE(Map().servers(2).draining());
+  WarningLines log;
+  now_ += absl::Milliseconds(300);
+  BeatUntilDrained({0, 1, 2});
+  EXPECT_THAT(Held(2), IsEmpty());
+  Leave(2);
+  EXPECT_THAT(log.Joined(), HasSubstr("drained: its copies moved to the other servers in 300ms"));
 }
 
 TEST_F(DrainTest, WithoutBackupsADrainedServersPrimariesMoveToTheOthers) {
@@ -1042,11 +1064,7 @@ TEST_F(DrainTest, ARestartedSchedulerStillKnowsWhatTheServersCanHold) {
 }
 
 TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
-  StartJob(3, 2);
-  Beat({0, 1, 2});
-  ASSERT_TRUE(state_->Drain(2).ok());
-  Beat({0, 1, 2});
-  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
   SilenceUntilDead(2, {0, 1}, Moving());
   const ShardMap map = Map();
   ASSERT_TRUE(map.servers(2).dead());
@@ -1058,11 +1076,7 @@ TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
 }
 
 TEST_F(DrainTest, AnotherServersDeathThatLeavesTooFewForTheCopiesEndsTheDrainAndTheCopiesAreRecreated) {
-  StartJob(3, 2);
-  Beat({0, 1, 2});
-  ASSERT_TRUE(state_->Drain(2).ok());
-  Beat({0, 1, 2});
-  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
   // Server 1 dies: only server 0 is left beside the draining one, so the
   // drain cannot finish, and server 2 must hold copies again.
   SilenceUntilDead(1, {0, 2}, Moving());
