@@ -626,8 +626,10 @@ class ParameterServerImpl : public ParameterServer {
   bool AskForDrain(absl::Time now) {
     DrainRequest request;
     request.set_server(index_);
-    // On the engine thread: one second at most per try (it tries again a
-    // second later anyway), so requests wait no longer than that.
+    // On the engine thread: one second at most per try, and a second of
+    // serving before the next (counted from the try's end: a scheduler
+    // that does not answer takes the whole second each time), so requests
+    // wait no longer than that and training goes on between tries.
     auto asked = scheduler_->Drain(request, std::min(drain_deadline_ - now, absl::Seconds(1)));
     if (asked.ok()) {
       drain_asked_ = true;
@@ -643,7 +645,7 @@ class ParameterServerImpl : public ParameterServer {
           << "server " << index_ << " cannot ask for its drain yet (" << asked.status().message()
           << "): it serves on and asks again every second, for at most "
           << absl::FormatDuration(ask_deadline_ - now);
-      next_drain_ask_ = now + absl::Seconds(1);
+      next_drain_ask_ = absl::Now() + absl::Seconds(1);
       return true;
     }
     LOG(WARNING) << "server " << index_ << " stops without draining: " << asked.status().message();

@@ -480,6 +480,27 @@ TEST(ClusterTest, ADrainOnStopServerStoppedWhileTheSchedulerRestartsDrainsOnceIt
   EXPECT_EQ(code, 0);
 }
 
+TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerHangsServesBetweenItsAsks) {
+  // A scheduler that does not answer (stopped, or a host gone without a
+  // reset) makes each ask for the drain wait its whole second on the engine
+  // thread; between two asks the server serves, so training goes on.
+  DrainOnStopJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  ASSERT_EQ(kill(job.cluster().scheduler_pid(), SIGSTOP), 0);
+  int code = -1;
+  std::thread stop([&] { code = job.cluster().StopServer(2, absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(500));
+  const int before = job.rounds_done();
+  absl::SleepFor(absl::Seconds(4));
+  const int trained = job.rounds_done() - before;
+  ASSERT_EQ(kill(job.cluster().scheduler_pid(), SIGCONT), 0);
+  stop.join();
+  EXPECT_TRUE(trained >= 10 || job.rounds_done() == DrainOnStopJob::kRounds)
+      << trained << " rounds in 4 s while the server asked for its drain";
+  job.ExpectEveryRoundAndOneServerLeft();
+  EXPECT_EQ(code, 0);
+}
+
 TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerStaysAwayStopsAfterTheHeartbeatTimeoutNotTheDrains) {
   // The whole job torn down: the scheduler is gone for good. The server asks
   // for its drain for as long as nodes wait for a scheduler (2 s here), not
