@@ -99,6 +99,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.left = n.left();
     node.left_error = n.left_error();
     node.peak_rate = n.peak_round_rate();
+    node.memory_bytes = n.memory_bytes();
   }
   cs->map_ = state.shard_map();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
@@ -116,6 +117,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   }));
   cs->moves_since_ = cs->handoffs_since_ = now;
   cs->moves_resumed_ = cs->moves_planned_ > 0;
+  for (uint32_t d : cs->DrainingServers()) cs->drain_started_[d] = now;  // the drained line's time
   cs->handoffs_resumed_ = cs->handoffs_planned_ > 0;
   // Servers report the epoch they serve with their next heartbeat.
   return cs;
@@ -154,6 +156,7 @@ void ClusterState::Save() {
       n->set_left(node.left);
       n->set_left_error(node.left_error);
       n->set_peak_round_rate(node.peak_rate);
+      n->set_memory_bytes(node.memory_bytes);
     }
   }
   *state.mutable_shard_map() = map_;
@@ -584,6 +587,19 @@ void ClusterState::ServerLeaves(Node& node) {
     return;
   }
   const ServerInfo* info = MapServer(node.rank);
+  const auto still_held = absl::c_count_if(map_.partitions(), [&node](const PartitionInfo& p) { return HoldsCopy(p, node.rank); });
+  if (info != nullptr && info->draining() && still_held > 0) {
+    // Stopped before the map took its last copy (SIGTERMed, or its
+    // --drain-on-stop ran out): what it held fails over, or is lost without
+    // backups. `shardps drain` and status must not take it for drained.
+    node.left_error = absl::StrCat("it stopped before its drain finished: ", still_held,
+                                   " copies were still on it, and fail over to their backups (lost where none)");
+    LOG(WARNING) << "server " << node.rank << " (" << node.address << ", host " << node.host << ") left the job "
+                 << "while it drained, " << still_held << " copies still on it; shard map epoch " << map_.epoch()
+                 << RemoveServer(node.rank, "it stopped before its drain finished");
+    Save();
+    return;
+  }
   if (info != nullptr && info->draining()) {
     const auto started = drain_started_.find(node.rank);
     LOG(WARNING) << "server " << node.rank << " (" << node.address << ", host " << node.host

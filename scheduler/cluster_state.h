@@ -141,7 +141,9 @@ class ClusterState {
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
-    std::string left_error{};  // why, when it left on an error (HeartbeatRequest.leaving_error)
+    // Why, when it left on an error (HeartbeatRequest.leaving_error), or a
+    // draining server stopped before it was drained (ServerLeaves).
+    std::string left_error{};
     // Workers: when a new process for the rank last asked to register while
     // this one still held it (CheckLiveness counts the rank as reachable).
     absl::Time successor_seen = absl::InfinitePast();

@@ -3,11 +3,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/str_cat.h"
 
 #include "common/protocol.h"
 #include "common/tensor_spec.h"
@@ -886,6 +888,18 @@ class DrainTest : public CopyMovesTest {
     return ids;
   }
 
+  // A job of `servers` servers with `replication` whose server `drained`
+  // is asked to drain, up to the plan of its moves.
+  void StartDrainMoves(int servers, uint32_t replication, int drained) {
+    StartJob(servers, replication);
+    std::vector<int> all(servers);
+    std::iota(all.begin(), all.end(), 0);
+    Beat(all);
+    ASSERT_TRUE(state_->Drain(drained).ok());
+    Beat(all);
+    ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  }
+
   // Server `s`'s last heartbeat: it stops.
   void Leave(int s) {
     HeartbeatRequest h;
@@ -945,6 +959,34 @@ TEST_F(DrainTest, ADrainedServerGivesAwayEveryCopyPrimariesByHandoffAndThenHolds
   EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(after.status().message()), HasSubstr("left the job already"));
   EXPECT_THAT(std::string(after.status().message()), Not(HasSubstr("failed over"))) << "it was drained: nothing failed over";
+}
+
+TEST_F(DrainTest, AServerThatStopsBeforeItsDrainFinishedIsNotSaidToBeDrained) {
+  // Replication 1: the copies still on it are lost, not moved.
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(2, 1, 1));
+  const size_t held = Held(1).size();
+  ASSERT_GT(held, 0u);
+  Leave(1);  // SIGTERMed, or its --drain-on-stop ran out, before the moves finished
+  const ShardMap left = Map();
+  ASSERT_TRUE(left.servers(1).dead());
+  EXPECT_THAT(left.servers(1).dead_reason(), Not(HasSubstr("drained"))) << left.servers(1).ShortDebugString();
+  const NodeStatus node = state_->Status().nodes(1);
+  EXPECT_TRUE(node.left());
+  EXPECT_THAT(node.left_error(), HasSubstr("before its drain finished")) << "`shardps drain` takes left as drained";
+  EXPECT_THAT(node.left_error(), HasSubstr(absl::StrCat(held, " copies")));
+}
+
+TEST_F(DrainTest, ASchedulerRestartedMidDrainFinishesItAndSaysHowLongItTookSinceItResumed) {
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  ASSERT_TRUE(Map().servers(2).draining());
+  WarningLines log;
+  now_ += absl::Milliseconds(300);
+  BeatUntilDrained({0, 1, 2});
+  EXPECT_THAT(Held(2), IsEmpty());
+  Leave(2);
+  EXPECT_THAT(log.Joined(), HasSubstr("drained: its copies moved to the other servers in 300ms"));
 }
 
 TEST_F(DrainTest, WithoutBackupsADrainedServersPrimariesMoveToTheOthers) {
@@ -1007,12 +1049,22 @@ TEST_F(DrainTest, TheOthersReportedMemoryBoundsADrain) {
   EXPECT_FALSE(Map().servers(2).draining());
 }
 
+TEST_F(DrainTest, ARestartedSchedulerStillKnowsWhatTheServersCanHold) {
+  // Servers say it when they register, which they do not do again for a
+  // scheduler restarted from its state.
+  memory_elements_ = 500;
+  StartJob(3, 1);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  Beat({0, 1, 2});
+  auto r = state_->Drain(2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_FALSE(Map().servers(2).draining());
+}
+
 TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
-  StartJob(3, 2);
-  Beat({0, 1, 2});
-  ASSERT_TRUE(state_->Drain(2).ok());
-  Beat({0, 1, 2});
-  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
   SilenceUntilDead(2, {0, 1}, Moving());
   const ShardMap map = Map();
   ASSERT_TRUE(map.servers(2).dead());
@@ -1024,11 +1076,7 @@ TEST_F(DrainTest, ADrainingServerThatDiesFailsOverAndItsMovesEnd) {
 }
 
 TEST_F(DrainTest, AnotherServersDeathThatLeavesTooFewForTheCopiesEndsTheDrainAndTheCopiesAreRecreated) {
-  StartJob(3, 2);
-  Beat({0, 1, 2});
-  ASSERT_TRUE(state_->Drain(2).ok());
-  Beat({0, 1, 2});
-  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
   // Server 1 dies: only server 0 is left beside the draining one, so the
   // drain cannot finish, and server 2 must hold copies again.
   SilenceUntilDead(1, {0, 2}, Moving());

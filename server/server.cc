@@ -560,6 +560,7 @@ class ParameterServerImpl : public ParameterServer {
     }
     LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
     job_over_ = map->left_workers_size() >= static_cast<int>(config_.num_workers());
+    drain_ended_ = drain_epoch_ != 0 && map->epoch() >= drain_epoch_ && !MarkedDraining(*map);
     if (Drained(*map)) {
       LOG(WARNING) << "server " << index_ << " drained: shard map epoch " << map->epoch()
                    << " lists no copy on it; it stops and leaves the job";
@@ -602,6 +603,15 @@ class ParameterServerImpl : public ParameterServer {
       drain_deadline_ = absl::InfiniteFuture();
       return false;
     }
+    if (drain_asked_ && (job_over_ || drain_ended_)) {
+      // Nothing would move its copies any more: the servers stop with the
+      // job, or the scheduler ended the drain (too few would be left) and
+      // gives it copies again.
+      LOG(WARNING) << "server " << index_ << " stops before it is drained: "
+                   << (job_over_ ? "every worker has left the job" : "the scheduler ended its drain");
+      drain_deadline_ = absl::InfiniteFuture();
+      return false;
+    }
     if (drain_asked_ || now < next_drain_ask_) return true;
     return AskForDrain(now);
   }
@@ -616,11 +626,14 @@ class ParameterServerImpl : public ParameterServer {
   bool AskForDrain(absl::Time now) {
     DrainRequest request;
     request.set_server(index_);
-    // On the engine thread: one second at most per try (it tries again a
-    // second later anyway), so requests wait no longer than that.
+    // On the engine thread: one second at most per try, and a second of
+    // serving before the next (counted from the try's end: a scheduler
+    // that does not answer takes the whole second each time), so requests
+    // wait no longer than that and training goes on between tries.
     auto asked = scheduler_->Drain(request, std::min(drain_deadline_ - now, absl::Seconds(1)));
     if (asked.ok()) {
       drain_asked_ = true;
+      drain_epoch_ = asked->epoch();
       LOG(WARNING) << "server " << index_ << " drains before it stops (at most "
                    << absl::FormatDuration(drain_on_stop_) << "): its " << asked->copies()
                    << " copies move to the other servers from shard map epoch " << asked->epoch();
@@ -632,7 +645,7 @@ class ParameterServerImpl : public ParameterServer {
           << "server " << index_ << " cannot ask for its drain yet (" << asked.status().message()
           << "): it serves on and asks again every second, for at most "
           << absl::FormatDuration(ask_deadline_ - now);
-      next_drain_ask_ = now + absl::Seconds(1);
+      next_drain_ask_ = absl::Now() + absl::Seconds(1);
       return true;
     }
     LOG(WARNING) << "server " << index_ << " stops without draining: " << asked.status().message();
@@ -640,11 +653,15 @@ class ParameterServerImpl : public ParameterServer {
     return false;
   }
 
-  // Whether `map` marks this server draining (`shardps drain`) and lists
-  // no copy on it, and no move or hand-off from or to it.
+  // Whether `map` marks this server draining (`shardps drain`).
+  bool MarkedDraining(const ShardMap& map) const {
+    return absl::c_any_of(map.servers(), [this](const ServerInfo& s) { return s.index() == index_ && s.draining(); });
+  }
+
+  // Whether `map` marks this server draining and lists no copy on it, and
+  // no move or hand-off from or to it.
   bool Drained(const ShardMap& map) const {
-    auto self = absl::c_find_if(map.servers(), [this](const ServerInfo& s) { return s.index() == index_; });
-    if (self == map.servers().end() || !self->draining()) return false;
+    if (!MarkedDraining(map)) return false;
     for (const PartitionInfo& p : map.partitions()) {
       if (p.server() == index_ || absl::c_linear_search(p.backups(), index_)) return false;
     }
@@ -777,6 +794,8 @@ class ParameterServerImpl : public ParameterServer {
   bool job_over_ = false;  // the latest map lists every worker as left
   absl::Time drain_deadline_ = absl::InfinitePast();
   bool drain_asked_ = false;  // the scheduler accepted the drain
+  uint64_t drain_epoch_ = 0;  // the epoch that marked it draining (0: not asked)
+  bool drain_ended_ = false;  // a map since drain_epoch_ no longer marks it draining
   absl::Time next_drain_ask_ = absl::InfinitePast();  // after a scheduler it could not reach
   absl::Time ask_deadline_ = absl::InfinitePast();    // asking for the drain ends then
   std::atomic<uint64_t> completed_round_{0};  // engine thread -> heartbeats

@@ -50,8 +50,9 @@ struct ServerOptions {
   SecurityCredentials security{};
   // Above zero: on RequestStop (SIGTERM) the server first asks the scheduler
   // to drain it (`shardps drain`: its copies move to the other servers while
-  // training goes on) and stops once it holds none, or after this long,
-  // whichever comes first; a drain the scheduler refuses (too few servers
+  // training goes on) and stops once it holds none, once nothing would move
+  // them any more (every worker left, or the scheduler ended the drain: too
+  // few servers would be left), or after this long, whichever comes first; a drain the scheduler refuses (too few servers
   // would be left, the job is over) is logged and the server stops at once,
   // failing over as without it. A scheduler it cannot reach (restarting) is
   // asked again every second for up to heartbeat_timeout_ms (as long as

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <thread>
 
@@ -518,6 +520,27 @@ TEST(ClusterTest, ADrainOnStopServerStoppedWhileTheSchedulerRestartsDrainsOnceIt
   EXPECT_EQ(code, 0);
 }
 
+TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerHangsServesBetweenItsAsks) {
+  // A scheduler that does not answer (stopped, or a host gone without a
+  // reset) makes each ask for the drain wait its whole second on the engine
+  // thread; between two asks the server serves, so training goes on.
+  DrainOnStopJob job;
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  ASSERT_EQ(kill(job.cluster().scheduler_pid(), SIGSTOP), 0);
+  int code = -1;
+  std::thread stop([&] { code = job.cluster().StopServer(2, absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(500));
+  const int before = job.rounds_done();
+  absl::SleepFor(absl::Seconds(4));
+  const int trained = job.rounds_done() - before;
+  ASSERT_EQ(kill(job.cluster().scheduler_pid(), SIGCONT), 0);
+  stop.join();
+  EXPECT_TRUE(trained >= 10 || job.rounds_done() == DrainOnStopJob::kRounds)
+      << trained << " rounds in 4 s while the server asked for its drain";
+  job.ExpectEveryRoundAndOneServerLeft();
+  EXPECT_EQ(code, 0);
+}
+
 TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerStaysAwayStopsAfterTheHeartbeatTimeoutNotTheDrains) {
   // The whole job torn down: the scheduler is gone for good. The server asks
   // for its drain for as long as nodes wait for a scheduler (2 s here), not
@@ -532,6 +555,84 @@ TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerStaysAwayStopsAfterTheHeartbea
   const absl::Time start = absl::Now();
   EXPECT_EQ((*cluster)->StopServer(0, absl::Seconds(60)), 0);
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+// A 3-server job (replication 2) started with --drain-on-stop 60 whose two
+// workers defined a 3000-float tensor; server process 1 is frozen (SIGSTOP),
+// so a drain's moves cannot start (they wait for every live server to serve
+// the drain's epoch), and server process 2 gets SIGTERM: it asks for its
+// drain, which the scheduler accepts.
+class StalledDrainOnStop {
+ public:
+  void Start(int heartbeat_timeout_ms) {
+    ClusterConfig config = Config(3, 2);
+    config.set_heartbeat_interval_ms(100);
+    config.set_heartbeat_timeout_ms(heartbeat_timeout_ms);
+    auto cluster = TestCluster::Start(config, {"--drain-on-stop", "60"});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    ASSERT_TRUE(ConnectTwoWithTensor(*cluster_, 3000, w0_, w1_));
+    ASSERT_EQ(kill(cluster_->server_pid(1), SIGSTOP), 0);
+    stopped_ = absl::Now();
+    stop_ = std::thread([this] { code_ = cluster_->StopServer(2, absl::Seconds(60)); });
+    auto client = SchedulerClient::Create(cluster_->scheduler_address());
+    ASSERT_TRUE(client.ok());
+    for (int t = 0; t < 100 && !AServerDrains(**client); ++t) absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(AServerDrains(**client)) << "the SIGTERMed server did not ask for its drain";
+  }
+  // The workers leave: the job is over.
+  void EndTheJob() {
+    w0_.reset();
+    w1_.reset();
+  }
+  // How long server process 2 took to stop after its SIGTERM; its exit code.
+  absl::Duration WaitForTheStop(int* code) {
+    stop_.join();
+    *code = code_;
+    return absl::Now() - stopped_;
+  }
+  ~StalledDrainOnStop() {
+    if (stop_.joinable()) stop_.join();
+    if (cluster_) kill(cluster_->server_pid(1), SIGCONT);
+  }
+
+ private:
+  static bool AServerDrains(SchedulerClient& client) {
+    auto status = client.Status(absl::Seconds(5));
+    if (!status.ok()) return false;
+    for (const ServerInfo& s : status->shard_map().servers()) {
+      if (s.draining()) return true;
+    }
+    return false;
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<Worker> w0_, w1_;
+  std::thread stop_;
+  absl::Time stopped_;
+  int code_ = -1;
+};
+
+TEST(ClusterTest, ADrainOnStopServerStopsOnceTheJobIsOverNotAfterTheDrainsTime) {
+  // The whole job torn down while the drain waits (a deleted deployment):
+  // nothing is left to hand its copies to, so it stops then.
+  StalledDrainOnStop job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(120000));
+  job.EndTheJob();
+  int code = -1;
+  EXPECT_LT(job.WaitForTheStop(&code), absl::Seconds(20));
+  EXPECT_EQ(code, 0);
+}
+
+TEST(ClusterTest, ADrainOnStopServerWhoseDrainTheSchedulerEndsStopsThenNotAfterTheDrainsTime) {
+  // The frozen server is declared dead: the drain would leave one server
+  // for replication 2, so the scheduler ends it, and the copies would only
+  // come back to the server that waits to stop.
+  StalledDrainOnStop job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(2000));
+  int code = -1;
+  EXPECT_LT(job.WaitForTheStop(&code), absl::Seconds(20));
+  EXPECT_EQ(code, 0);
 }
 
 TEST(ClusterTest, AServerStoppedWithSigtermWhileTheSchedulerIsDownLeavesWhatItHeldToTheFailover) {

@@ -104,6 +104,10 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
                   << absl::FormatDuration(absl::Now() - start) << " (another server has its place now)" << std::endl;
         return absl::OkStatus();
       }
+      if (n->left() && !n->left_error().empty()) {
+        return absl::DataLossError(absl::StrCat("server ", index, " (", n->address(), ") left without being drained, after ",
+                                                absl::FormatDuration(absl::Now() - start), ": ", n->left_error()));
+      }
       if (n->left()) {
         std::cout << "server " << index << " drained, stopped and left the job after "
                   << absl::FormatDuration(absl::Now() - start) << "; shard map epoch " << status->shard_map().epoch()
