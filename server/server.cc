@@ -414,9 +414,9 @@ class ParameterServerImpl : public ParameterServer {
   // The config's high-water marks and largest frame (limits), set on the
   // data socket. A listener copies a socket's options when it binds, so the
   // socket binds its port again to apply them, unless they are those it was
-  // bound with (the usual config's): a server that joins a running job is
-  // reached by workers as soon as it registered, and a rebind would drop
-  // their first requests.
+  // bound with (the config of the scheduler's status, ParameterServer::Create):
+  // a server that joins a running job is reached by primaries and workers as
+  // soon as it registered, and a rebind drops what reached it before.
   absl::Status ApplySocketLimits() {
     if (SocketLimitsSet(socket_, config_)) return absl::OkStatus();
     const std::string endpoint = socket_.get(zmq::sockopt::last_endpoint);
@@ -818,9 +818,14 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   }
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::router);
-  // The config's socket limits for the usual config, before binding: the
-  // rebind that another config needs (ApplySocketLimits) is then skipped.
-  SetSocketLimits(socket, ClusterConfig());
+  // The config's socket limits before binding, from the scheduler's status
+  // (the config it will register this server with), so the port is bound
+  // once: a rebind (ApplySocketLimits, kept for a scheduler that gives no
+  // status) drops what reached the port before it, and primaries send a
+  // server that takes a dead one's place its copies as soon as it registered.
+  const absl::Time register_deadline = absl::Now() + options.register_timeout;
+  auto served = scheduler->Status(options.register_timeout);
+  SetSocketLimits(socket, served.ok() ? served->config() : ClusterConfig());
   CurveKeyPair keys;
   std::unique_ptr<CurveAuthenticator> authenticator;
   if (options.security.enabled) {
@@ -847,7 +852,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(authenticator),
                                                       std::move(socket), address, std::move(keys),
                                                       options.security.seal_data);
-  if (absl::Status s = server->Start(options); !s.ok()) return s;
+  ServerOptions registering = options;  // within the deadline the status call began
+  registering.register_timeout = std::max(register_deadline - absl::Now(), absl::Seconds(1));
+  if (absl::Status s = server->Start(registering); !s.ok()) return s;
   return std::unique_ptr<ParameterServer>(std::move(server));
 }
 
