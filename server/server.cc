@@ -147,6 +147,7 @@ class ParameterServerImpl : public ParameterServer {
       }
       engine_->EndBatch();
       ReceivePeerAnswers();
+      CheckSnapshots();
       // A hand-off drains as its backups confirm: say so without waiting.
       if (engine_->copies_generation() != copies_generation_) PublishSyncedCopies();
       if (metrics_) metrics_->MaybePublish(*engine_);
@@ -252,7 +253,8 @@ class ParameterServerImpl : public ParameterServer {
   // reached it (dropped, such a snapshot was never sent again, and the
   // partition stalled until it was lost). Held for one heartbeat timeout, at
   // most kMaxHeldMessages and as many bytes as two of the largest frames;
-  // past that, or past the timeout, dropped as before (unanswered). Replayed
+  // past that, or past the timeout, dropped as before (unanswered; a
+  // snapshot so lost is sent again, CheckSnapshots). Replayed
   // in arrival order after each map install, and opened again then, so a
   // forged one gains nothing by waiting.
   static constexpr size_t kMaxHeldMessages = 256;
@@ -274,6 +276,15 @@ class ParameterServerImpl : public ParameterServer {
     held_bytes_ += bytes;
     held_.push_back(HeldMessage{std::move(peer), std::move(header_frame), std::move(payload), frames, since});
     return true;
+  }
+
+  // Every heartbeat timeout: snapshots lost on their way (Hold) are sent
+  // again (PartitionEngine::ResendUnconfirmedSnapshots).
+  void CheckSnapshots() {
+    const absl::Time now = absl::Now();
+    if (now < next_snapshot_check_) return;
+    next_snapshot_check_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms());
+    engine_->ResendUnconfirmedSnapshots();
   }
 
   // A sealed message dropped unanswered: counted, logged now and then.
@@ -750,6 +761,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::flat_hash_map<std::string, PeerSeal*> seal_of_connection_;
   uint64_t refused_unsealed_ = 0;
   std::vector<HeldMessage> held_;  // from senders not in the map yet (Hold)
+  absl::Time next_snapshot_check_ = absl::InfinitePast();  // CheckSnapshots
   size_t held_bytes_ = 0;
   // Engine thread only, secured data plane: what each node's key may send.
   SenderRoles sender_roles_;
