@@ -1098,6 +1098,11 @@ uint64_t ClusterState::NodesDeclaredDead() {
   return declared_dead_total_;
 }
 
+uint32_t ClusterState::ServerIndices() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(servers_.size());
+}
+
 StatusResponse ClusterState::Status() {
   absl::MutexLock lock(&mu_);
   StatusResponse response;

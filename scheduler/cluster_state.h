@@ -129,6 +129,9 @@ class ClusterState {
   // counts again when it dies again (Status() says only who is dead now).
   // Workers that left are not counted.
   uint64_t NodesDeclaredDead();
+  // Server indices handed out so far: the config's servers and those that
+  // joined as one more (a replacement takes a dead one's index).
+  uint32_t ServerIndices();
 
  private:
   struct Node {

@@ -93,8 +93,16 @@ absl::Status CheckDataAddress(const std::string& address) {
 // hold one of gRPC's sync-server threads while they wait. What one cluster
 // needs is a few per node; more are refused at once, so callers that never
 // complete cannot make the scheduler grow a thread each, and heartbeats and
-// status always find a thread.
-uint32_t MaxWaitingCalls(const ClusterConfig& c) { return 4 * (c.num_servers() + c.num_workers()) + 64; }
+// status always find a thread. `servers`: the server indices handed out, more
+// than the config's in a cluster grown by joins (before 2026-11-25 only the
+// config counted, and there the servers that joined last were refused their
+// registration or map watch).
+uint32_t MaxWaitingCalls(const ClusterConfig& c, uint32_t servers) {
+  return 4 * (std::max(c.num_servers(), servers) + c.num_workers()) + 64;
+}
+// Backstop for the waiting-call limit: gRPC never runs more threads than the
+// calls one cluster needs plus room for heartbeats and status.
+int MaxThreads(uint32_t max_waiting_calls) { return static_cast<int>(max_waiting_calls) + 64; }
 
 // Serves the cluster state once active; before (a standby scheduler) and
 // after (one deposed from its etcd leadership) it answers every call
@@ -108,8 +116,13 @@ class SchedulerService final : public Scheduler::Service {
   }
   // A standby for `config`, refusing calls with `why` until Activate.
   SchedulerService(const ClusterConfig& config, absl::Duration max_wait, std::string why)
-      : config_(config), max_wait_(max_wait), max_waiting_(MaxWaitingCalls(config)), refusal_(std::move(why)) {}
+      : config_(config), max_wait_(max_wait), thread_limit_(MaxWaitingCalls(config, 0)), refusal_(std::move(why)) {
+    quota_.SetMaxThreads(MaxThreads(thread_limit_));
+  }
   ~SchedulerService() override { Stop(); }
+
+  // The gRPC server's thread limit, raised as the cluster grows.
+  grpc::ResourceQuota& quota() { return quota_; }
 
   // Serves `state` from now on and judges liveness. Called at most once.
   void Activate(std::unique_ptr<ClusterState> state) {
@@ -138,7 +151,7 @@ class SchedulerService final : public Scheduler::Service {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
-    WaitingCall waiting(this);
+    WaitingCall waiting(this, *state);
     if (!waiting.admitted()) return waiting.Refusal("Register");
     absl::StatusOr<RegisterResponse> r;
     if (req->role() == SERVER) {
@@ -187,7 +200,7 @@ class SchedulerService final : public Scheduler::Service {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
-    WaitingCall waiting(this);
+    WaitingCall waiting(this, *state);
     if (!waiting.admitted()) return waiting.Refusal("DefineTensors");
     std::vector<TensorSpec> tensors(req->tensors().begin(), req->tensors().end());
     auto r = state->DefineTensors(tensors, Deadline(ctx));
@@ -201,7 +214,7 @@ class SchedulerService final : public Scheduler::Service {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
-    WaitingCall waiting(this);
+    WaitingCall waiting(this, *state);
     if (!waiting.admitted()) return waiting.Refusal("WatchShardMap");
     uint64_t known = req->known_epoch();
     while (!ctx->IsCancelled() && !stopping_.load()) {
@@ -219,7 +232,7 @@ class SchedulerService final : public Scheduler::Service {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
-    WaitingCall waiting(this);
+    WaitingCall waiting(this, *state);
     if (!waiting.admitted()) return waiting.Refusal("Barrier");
     std::vector<uint32_t> live;
     absl::Status s = state->Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
@@ -303,24 +316,39 @@ class SchedulerService final : public Scheduler::Service {
     return std::min(limit, d - absl::Milliseconds(200));
   }
 
-  // Counts one call that may wait; admitted() is false beyond max_waiting_.
+  // The waiting calls `state`'s cluster needs (MaxWaitingCalls), with the
+  // thread limit raised to match.
+  uint32_t MaxWaiting(ClusterState& state) {
+    const uint32_t max = MaxWaitingCalls(config_, state.ServerIndices());
+    if (max > thread_limit_.load()) {
+      absl::MutexLock lock(&quota_mu_);
+      if (max > thread_limit_.load()) {
+        quota_.SetMaxThreads(MaxThreads(max));
+        thread_limit_.store(max);
+      }
+    }
+    return max;
+  }
+
+  // Counts one call that may wait; admitted() is false beyond MaxWaiting.
   class WaitingCall {
    public:
-    explicit WaitingCall(SchedulerService* service)
-        : service_(service), count_(service->waiting_.fetch_add(1) + 1) {}
+    WaitingCall(SchedulerService* service, ClusterState& state)
+        : service_(service), count_(service->waiting_.fetch_add(1) + 1), max_(service->MaxWaiting(state)) {}
     ~WaitingCall() { service_->waiting_.fetch_sub(1); }
-    bool admitted() const { return count_ <= service_->max_waiting_; }
+    bool admitted() const { return count_ <= max_; }
     grpc::Status Refusal(const char* call) const {
-      LOG_EVERY_N(WARNING, 100) << "scheduler: refused " << call << ": " << service_->max_waiting_
-                                << " calls already waiting [" << google::COUNTER << " refused so far]";
+      LOG_EVERY_N(WARNING, 100) << "scheduler: refused " << call << ": " << max_ << " calls already waiting ["
+                                << google::COUNTER << " refused so far]";
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("scheduler: ", service_->max_waiting_, " calls already wait (rendezvous, ",
+                          absl::StrCat("scheduler: ", max_, " calls already wait (rendezvous, ",
                                        "tensor definition, barriers, map watches); refusing ", call));
     }
 
    private:
     SchedulerService* service_;
     const uint32_t count_;
+    const uint32_t max_;
   };
 
   const ClusterConfig config_;
@@ -329,8 +357,11 @@ class SchedulerService final : public Scheduler::Service {
   std::unique_ptr<ClusterState> state_owner_;
   std::atomic<ClusterState*> active_{nullptr};  // nullptr: refusing
   const absl::Duration max_wait_;
-  const uint32_t max_waiting_;
   std::atomic<uint32_t> waiting_{0};
+  // The MaxWaitingCalls the thread limit of quota_ was set for.
+  std::atomic<uint32_t> thread_limit_;
+  absl::Mutex quota_mu_;  // one raise at a time
+  grpc::ResourceQuota quota_{"shardps-scheduler"};
   std::atomic<uint64_t> still_held_refusals_{0};  // Register: see IsRankStillHeldRefusal
   absl::Mutex stop_mu_;
   std::atomic<bool> stopping_{false};
@@ -463,11 +494,7 @@ std::unique_ptr<grpc::Server> StartServer(const SchedulerOptions& options,
   // port in use would share it, each taking some of the nodes' connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
-  // Backstop for the waiting-call limit: gRPC never runs more threads than
-  // the calls one cluster needs plus room for heartbeats and status.
-  grpc::ResourceQuota quota("shardps-scheduler");
-  quota.SetMaxThreads(static_cast<int>(MaxWaitingCalls(options.config)) + 64);
-  builder.SetResourceQuota(quota);
+  builder.SetResourceQuota(service->quota());
   // Clients ping every 2 s to notice dead connections (common/scheduler_client.cc).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -184,6 +184,13 @@ class PartitionEngine {
 
   // A backup's answer to a REPLICATE request sent by this server.
   void HandleReplicaAck(uint32_t from_server, const DataHeader& answer);
+  // Call every heartbeat timeout or so: a snapshot that a backup has not
+  // confirmed since the previous call is sent again (at most kSnapshotTries
+  // times). A snapshot may be lost unanswered (a server that just joined
+  // holds sealed messages from senders its first map does not list only so
+  // far), and a round-based partition completes no round until its backups
+  // confirmed the update before, so waiting for a refusal would wait forever.
+  void ResendUnconfirmedSnapshots();
 
   // Answers every parked request with `status` (shutdown).
   void FailWaiting(const absl::Status& status);
@@ -244,6 +251,9 @@ class PartitionEngine {
     uint64_t snapshot_at = 0;
     bool needs_snapshot = false;
     int snapshots_again = 0;
+    // snapshot_at when the last ResendUnconfirmedSnapshots found it
+    // unconfirmed (0: it did not).
+    uint64_t unconfirmed_snapshot = 0;
   };
   struct ParkedPush {
     zmq::message_t peer;

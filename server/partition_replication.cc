@@ -547,6 +547,29 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   if (!handing_off_.empty()) ProgressHandoffs();
 }
 
+void PartitionEngine::ResendUnconfirmedSnapshots() {
+  for (auto& [id, p] : partitions_) {
+    if (!p->primary) continue;
+    for (Backup& b : p->backups) {
+      const bool unconfirmed = b.snapshot_at > 0 && b.confirmed < b.snapshot_at;
+      if (unconfirmed && b.unconfirmed_snapshot == b.snapshot_at) {
+        if (b.snapshots_again < kSnapshotTries) {
+          ++b.snapshots_again;
+          LOG(WARNING) << "server " << server_index_ << ": backup server " << b.server << " has not confirmed the "
+                       << "snapshot of partition " << id << " (update " << b.snapshot_at << ") since the last check: "
+                       << "sending it again (" << b.snapshots_again << " of " << kSnapshotTries << " tries)";
+          SendSnapshot(*p, b.server);
+        } else if (b.snapshots_again == kSnapshotTries) {
+          ++b.snapshots_again;  // said once
+          LOG(ERROR) << "server " << server_index_ << ": backup server " << b.server << " confirmed none of "
+                     << kSnapshotTries << " snapshots of partition " << id << ": its rounds wait for it";
+        }
+      }
+      b.unconfirmed_snapshot = unconfirmed ? b.snapshot_at : 0;
+    }
+  }
+}
+
 void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload) {
   absl::Status s;
   auto it = partitions_.find(h.partition_id());

@@ -783,6 +783,44 @@ TEST_F(ReplicationTest, AJoinedServerHoldsASnapshotThatArrivesBeforeItsFirstMap)
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
 }
 
+// A snapshot lost on its way (a server that just joined holds sealed
+// messages from senders its first map does not list only so far) was never
+// answered, and the partition completed no round again: its primary waits
+// for the confirmation of the update before a round's. Now one unconfirmed
+// from one check to the next is sent again.
+TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsSentAgainAndTheRoundsGoOn) {
+  Make(SYNC);
+  auto round = [&](uint64_t r) {
+    Send(0, PUSH, 0, r, {2.0f, 4.0f}, 12);
+    Send(0, PUSH, 1, r, {6.0f, 8.0f}, 12);
+    Deliver();
+  };
+  ASSERT_TRUE(engines_[0]->InstallShardMap(MapAt(11, 0, std::nullopt), 0).ok());  // server 1 died
+  Restart(1);
+  engines_[1]->JoinRunningJob();
+  ShardMap joined = MapAt(12, 0, 1);
+  joined.mutable_servers(1)->set_data_address("tcp://s:9");
+  ASSERT_TRUE(engines_[0]->InstallShardMap(joined, 0).ok());
+  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  ASSERT_EQ(outbox_.size(), 1u);
+  outbox_.clear();  // the snapshot, lost
+  round(0);
+  EXPECT_TRUE(answers_.empty()) << "a round completed before its backup confirmed the snapshot";
+  engines_[0]->ResendUnconfirmedSnapshots();  // unconfirmed: noted
+  EXPECT_TRUE(outbox_.empty()) << "sent again before a whole check period passed";
+  engines_[0]->ResendUnconfirmedSnapshots();  // still unconfirmed: sent again
+  Deliver();
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  ASSERT_EQ(answers_.size(), 2u);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  round(1);
+  EXPECT_EQ(answers_.size(), 4u);
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+  engines_[0]->ResendUnconfirmedSnapshots();
+  engines_[0]->ResendUnconfirmedSnapshots();
+  EXPECT_TRUE(outbox_.empty()) << "a confirmed snapshot sent again";
+}
+
 // A copy whose server is more than 4 epochs behind its primary refuses the
 // snapshot that re-creates it (and every update after it: it holds no copy
 // yet). Once its refusals say its server has caught up, the primary sends

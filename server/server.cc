@@ -147,6 +147,7 @@ class ParameterServerImpl : public ParameterServer {
       }
       engine_->EndBatch();
       ReceivePeerAnswers();
+      CheckSnapshots();
       // A hand-off drains as its backups confirm: say so without waiting.
       if (engine_->copies_generation() != copies_generation_) PublishSyncedCopies();
       if (metrics_) metrics_->MaybePublish(*engine_);
@@ -252,7 +253,8 @@ class ParameterServerImpl : public ParameterServer {
   // reached it (dropped, such a snapshot was never sent again, and the
   // partition stalled until it was lost). Held for one heartbeat timeout, at
   // most kMaxHeldMessages and as many bytes as two of the largest frames;
-  // past that, or past the timeout, dropped as before (unanswered). Replayed
+  // past that, or past the timeout, dropped as before (unanswered; a
+  // snapshot so lost is sent again, CheckSnapshots). Replayed
   // in arrival order after each map install, and opened again then, so a
   // forged one gains nothing by waiting.
   static constexpr size_t kMaxHeldMessages = 256;
@@ -274,6 +276,15 @@ class ParameterServerImpl : public ParameterServer {
     held_bytes_ += bytes;
     held_.push_back(HeldMessage{std::move(peer), std::move(header_frame), std::move(payload), frames, since});
     return true;
+  }
+
+  // Every heartbeat timeout: snapshots lost on their way (Hold) are sent
+  // again (PartitionEngine::ResendUnconfirmedSnapshots).
+  void CheckSnapshots() {
+    const absl::Time now = absl::Now();
+    if (now < next_snapshot_check_) return;
+    next_snapshot_check_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms());
+    engine_->ResendUnconfirmedSnapshots();
   }
 
   // A sealed message dropped unanswered: counted, logged now and then.
@@ -414,9 +425,9 @@ class ParameterServerImpl : public ParameterServer {
   // The config's high-water marks and largest frame (limits), set on the
   // data socket. A listener copies a socket's options when it binds, so the
   // socket binds its port again to apply them, unless they are those it was
-  // bound with (the usual config's): a server that joins a running job is
-  // reached by workers as soon as it registered, and a rebind would drop
-  // their first requests.
+  // bound with (the config of the scheduler's status, ParameterServer::Create):
+  // a server that joins a running job is reached by primaries and workers as
+  // soon as it registered, and a rebind drops what reached it before.
   absl::Status ApplySocketLimits() {
     if (SocketLimitsSet(socket_, config_)) return absl::OkStatus();
     const std::string endpoint = socket_.get(zmq::sockopt::last_endpoint);
@@ -767,6 +778,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::flat_hash_map<std::string, PeerSeal*> seal_of_connection_;
   uint64_t refused_unsealed_ = 0;
   std::vector<HeldMessage> held_;  // from senders not in the map yet (Hold)
+  absl::Time next_snapshot_check_ = absl::InfinitePast();  // CheckSnapshots
   size_t held_bytes_ = 0;
   // Engine thread only, secured data plane: what each node's key may send.
   SenderRoles sender_roles_;
@@ -837,9 +849,14 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   }
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::router);
-  // The config's socket limits for the usual config, before binding: the
-  // rebind that another config needs (ApplySocketLimits) is then skipped.
-  SetSocketLimits(socket, ClusterConfig());
+  // The config's socket limits before binding, from the scheduler's status
+  // (the config it will register this server with), so the port is bound
+  // once: a rebind (ApplySocketLimits, kept for a scheduler that gives no
+  // status) drops what reached the port before it, and primaries send a
+  // server that takes a dead one's place its copies as soon as it registered.
+  const absl::Time register_deadline = absl::Now() + options.register_timeout;
+  auto served = scheduler->Status(options.register_timeout);
+  SetSocketLimits(socket, served.ok() ? served->config() : ClusterConfig());
   CurveKeyPair keys;
   std::unique_ptr<CurveAuthenticator> authenticator;
   if (options.security.enabled) {
@@ -866,7 +883,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(authenticator),
                                                       std::move(socket), address, std::move(keys),
                                                       options.security.seal_data);
-  if (absl::Status s = server->Start(options); !s.ok()) return s;
+  ServerOptions registering = options;  // within the deadline the status call began
+  registering.register_timeout = std::max(register_deadline - absl::Now(), absl::Seconds(1));
+  if (absl::Status s = server->Start(registering); !s.ok()) return s;
   return std::unique_ptr<ParameterServer>(std::move(server));
 }
 

@@ -12,6 +12,8 @@
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "common/optimizer.h"
+#include "common/protocol.h"
+#include "proto/data.pb.h"
 #include "tests/test_cluster.h"
 #include "worker/c_api.h"
 #include "worker/worker.h"
@@ -664,6 +666,47 @@ TEST(ClusterTest, AServerStoppedWithSigtermWhileTheSchedulerIsDownLeavesWhatItHe
   ASSERT_TRUE(s1.ok()) << s1;
   EXPECT_EQ(out1[0], -0.5f * 2.0f);  // mean gradient 2, lr 0.5
   EXPECT_EQ(out0, out1);
+}
+
+TEST(ClusterTest, AMessageThatReachedAServerBeforeItRegisteredIsAnswered) {
+  // Before 2026-11-25 a server bound its port with the usual config's socket
+  // limits, registered, and bound it again with those of a config that has
+  // its own (here partition_bytes 1024), dropping what had reached it in
+  // between. Primaries send a server that takes a dead one's place its copies
+  // as soon as it registered: the copies lost so were never confirmed and
+  // their partitions completed no round again (`shardps local --servers 2
+  // --replace --kill server:1@15 --set partition_bytes=16384`: 43 of 61
+  // copies never arrived and the workers timed out).
+  auto cluster = TestCluster::Start(Config(1, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Connect(**cluster, 0);
+  ASSERT_NE(worker, nullptr);
+  ASSERT_TRUE(worker->DefineTensors({Tensor("w", 8)}).ok());  // the server below joins a running job
+  (*cluster)->KillScheduler();
+  auto port = FreeLoopbackPort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  const std::string address = absl::StrCat("tcp://127.0.0.1:", *port);
+  ASSERT_TRUE((*cluster)->AddServer({"--listen", address}).ok());
+  zmq::context_t context;
+  zmq::socket_t socket(context, zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::rcvtimeo, 10000);
+  socket.connect(address);
+  DataHeader request;
+  request.set_protocol_version(kProtocolVersion);
+  request.set_op(PULL);
+  request.set_partition_id(0);
+  request.set_request_id(77);
+  request.set_dtype(FLOAT32);
+  request.set_num_elements(8);
+  socket.send(zmq::buffer(request.SerializeAsString()), zmq::send_flags::none);
+  absl::SleepFor(absl::Seconds(1));  // in the server's queue, unread while it waits for the scheduler
+  ASSERT_TRUE((*cluster)->RestartScheduler().ok());
+  zmq::message_t answer;
+  ASSERT_TRUE(socket.recv(answer).has_value()) << "the request was dropped";
+  DataHeader h;
+  ASSERT_TRUE(h.ParseFromArray(answer.data(), answer.size()));
+  EXPECT_EQ(h.request_id(), 77u) << h.ShortDebugString();
 }
 
 TEST(ClusterTest, CApiTrainsAStep) {

@@ -581,6 +581,54 @@ TEST(BlockedCallsTest, AThousandWaitingCallsDoNotCostTheSchedulerAThreadEach) {
                                                   << threads_during << " with " << kCalls << " waiting calls";
 }
 
+TEST(BlockedCallsTest, EveryServerOfAClusterGrownPastItsConfigGetsShardMaps) {
+  // The scheduler refuses calls that would wait beyond 4 x (servers + workers)
+  // + 64. Before 2026-11-25 it counted the config's nodes only: in a cluster
+  // grown by joins past that, the map watches of the servers that joined last
+  // were refused ("72 calls already wait ...; refusing WatchShardMap"), those
+  // servers never got a map, and the scheduler, which moves copies once every
+  // server serves the latest map, moved none to any server again.
+  ClusterConfig config;  // 1 server, 1 worker: 72 waiting calls
+  config.set_num_servers(1);
+  config.set_num_workers(1);
+  config.set_heartbeat_timeout_ms(120000);  // the servers below send no heartbeat
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 16)}).ok());
+  constexpr int kJoined = 80;
+  zmq::context_t context;
+  std::vector<zmq::socket_t> ports;  // the data ports the scheduler checks
+  std::vector<std::shared_ptr<SchedulerClient>> clients;
+  std::vector<std::unique_ptr<SchedulerClient::Watch>> watches;
+  std::atomic<int> served{0}, refused{0};
+  for (int i = 0; i < kJoined; ++i) {
+    ports.emplace_back(context, zmq::socket_type::router);
+    ports.back().bind("tcp://127.0.0.1:*");
+    auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients.push_back(*std::move(client));
+    RegisterRequest request;
+    request.set_protocol_version(kProtocolVersion);
+    request.set_role(SERVER);
+    request.set_data_address(ports.back().get(zmq::sockopt::last_endpoint));
+    request.set_host("127.0.0.1");
+    request.set_memory_bytes(uint64_t{1} << 34);
+    auto registered = clients.back()->Register(request, absl::Seconds(10));
+    ASSERT_TRUE(registered.ok()) << "server " << i << ": " << registered.status();
+    auto first = std::make_shared<std::atomic<bool>>(false);
+    watches.push_back(clients.back()->WatchShardMap(
+        registered->node_id(), [&served, first](const ShardMap&) { served += first->exchange(true) ? 0 : 1; },
+        [&refused](const absl::Status& s) { refused += absl::IsResourceExhausted(s) ? 1 : 0; }));
+  }
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); served.load() < kJoined && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(served.load(), kJoined) << refused.load() << " watches refused as too many waiting calls";
+  watches.clear();
+}
+
 // Runs `shardps ARGS` for each case: it must exit with `exit_code` (-1: any
 // failure) and print the case's text.
 void ExpectEachFails(const std::vector<std::pair<std::string, std::string>>& cases, int exit_code) {

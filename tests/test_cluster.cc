@@ -1,8 +1,12 @@
 #include "tests/test_cluster.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -15,6 +19,23 @@
 #include "worker/worker.h"
 
 namespace shardps {
+
+absl::StatusOr<int> FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  if (port < 0) return absl::InternalError(absl::StrCat("no free port on 127.0.0.1: ", strerror(errno)));
+  return port;
+}
 
 absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterConfig& config,
                                                                 std::vector<std::string> server_flags) {
@@ -58,13 +79,14 @@ void TestCluster::KillScheduler() { Kill(scheduler_); }
 
 absl::Status TestCluster::RestartScheduler() { return StartScheduler(scheduler_address_); }
 
-absl::Status TestCluster::AddServer() {
+absl::Status TestCluster::AddServer(const std::vector<std::string>& flags) {
   SpawnOptions options;
   options.stdout_to_stderr = true;
   options.stop_with_us = true;
   std::vector<std::string> argv = {SHARDPS_BINARY, "server", "--scheduler", scheduler_address_, "--listen",
                                    "tcp://127.0.0.1:0"};
   argv.insert(argv.end(), server_flags_.begin(), server_flags_.end());
+  argv.insert(argv.end(), flags.begin(), flags.end());
   auto server = Spawn(absl::StrCat("server ", servers_.size()), argv, options);
   if (!server.ok()) return server.status();
   servers_.push_back(*server);

@@ -23,6 +23,9 @@ class Worker;
 // result is zeros, when the pull does).
 std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t n);
 
+// A port on 127.0.0.1 that was free a moment ago.
+absl::StatusOr<int> FreeLoopbackPort();
+
 class TestCluster {
  public:
   // A scheduler and config.num_servers() servers as processes, which end with
@@ -43,9 +46,10 @@ class TestCluster {
   int StopServer(size_t i, absl::Duration grace = absl::Seconds(10));
   // Starts one more server process (index num_servers(), num_servers() + 1,
   // ... as the calls come): once the tensors are defined it joins the
-  // running job as one more server (docs/architecture.md). From the test's
-  // own thread, as Start.
-  absl::Status AddServer();
+  // running job as one more server (docs/architecture.md). `flags` go after
+  // the cluster's server flags (a later --listen wins). From the test's own
+  // thread, as Start.
+  absl::Status AddServer(const std::vector<std::string>& flags = {});
   // SIGKILL to the scheduler; RestartScheduler starts a new one at the same
   // address, which resumes from the state the first saved (--state-dir).
   // From the test's own thread, as Start.

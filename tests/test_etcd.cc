@@ -1,12 +1,8 @@
 #include "tests/test_etcd.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -16,23 +12,6 @@
 namespace shardps {
 
 constexpr char kEtcd[] = "/usr/bin/etcd";
-
-absl::StatusOr<int> FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  if (port < 0) return absl::InternalError(absl::StrCat("no free port on 127.0.0.1: ", strerror(errno)));
-  return port;
-}
 
 absl::StatusOr<std::unique_ptr<TestEtcd>> TestEtcd::Start(const TestEtcdOptions& options) {
   if (!std::filesystem::exists(kEtcd)) {

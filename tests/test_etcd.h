@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/etcd_tls.h"
+#include "tests/test_cluster.h"  // FreeLoopbackPort
 #include "tools/process.h"
 
 namespace shardps {
@@ -39,9 +40,6 @@ class TestEtcd {
   std::string dir_, endpoint_;
   ChildProcess process_;
 };
-
-// A port on 127.0.0.1 that was free a moment ago.
-absl::StatusOr<int> FreeLoopbackPort();
 
 }  // namespace shardps
 
