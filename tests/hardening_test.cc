@@ -612,7 +612,7 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"train --rank 0", "shardps train: --scheduler is missing"},
                    {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
                    {"status --scheduler", "shardps status: flag --scheduler needs a value"},
-                   {"local --epochs -1", "shardps local: epochs -1 is below 1"},
+                   {"local --epochs -1", "shardps local: --epochs -1 is below 1"},
                    {"local --train-limit -5", "shardps local: --train-limit: -5 is below 0"},
                    {"train --scheduler 127.0.0.1:7000 --max-steps -1", "shardps train: --max-steps: -1 is below 0"},
                    {"local --hidden 256,,128", "hidden layer widths '256,,128' have an empty entry"},
@@ -622,6 +622,23 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"server --scheduler 127.0.0.1:7000 --metrics-max-partitions -3",
                     "--metrics-max-partitions: -3 is below 0"},
                    {"train --scheduler 127.0.0.1:7000 --rank -1", "--rank -1 is negative"}},
+                  /*exit_code=*/2);
+}
+
+TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningTheJob) {
+  // Port 1: no scheduler listens; a check left until after joining would fail on the rendezvous instead.
+  const std::string train = "train --scheduler 127.0.0.1:1 --rendezvous-timeout 2 ";
+  ExpectEachFails({{"local --servers 0", "shardps local: --servers 0 is below 1"},
+                   {"local --workers 0", "shardps local: --workers 0 is below 1"},
+                   {"local --consistency fast", "shardps local: --consistency: "},
+                   {"local --batch-size 30 --devices-per-worker 4",
+                    "--batch-size 30 is not divisible by --devices-per-worker 4"},
+                   {train + "--batch-size 0", "shardps train: --batch-size 0 is below 1"},
+                   {train + "--eval-every -1", "shardps train: --eval-every -1 is below 0"},
+                   {train + "--slow-factor 0.5", "shardps train: --slow-factor 0.5 is not in [1, 1000]"},
+                   {train + "--hidden 256,x", "shardps train: --hidden: hidden layer width 'x'"},
+                   {train + "--metrics-listen 127.0.0.1:70000",
+                    "shardps train: --metrics-listen: '127.0.0.1:70000' has no valid port"}},
                   /*exit_code=*/2);
 }
 
