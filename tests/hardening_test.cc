@@ -642,6 +642,19 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
                   /*exit_code=*/2);
 }
 
+// README: where no recipe keeps a lossy codec's accuracy, "one warning line says so";
+// shardps local said it, then its scheduler said it again.
+TEST(CommandLineTest, ALocalJobWarnsOnceThatNoRecipeKeepsAnAsyncCodecsAccuracy) {
+  auto [status, out] = RunCommand(std::string(SHARDPS_BINARY) +
+                                  " local --servers 1 --workers 1 --consistency async --compression 2bit"
+                                  " --max-steps 2 --train-limit 64 --test-limit 10 --epochs 1");
+  EXPECT_EQ(status, 0) << out;
+  const std::string warning = "no measured recipe";
+  size_t warnings = 0;
+  for (size_t at = out.find(warning); at != std::string::npos; at = out.find(warning, at + 1)) ++warnings;
+  EXPECT_EQ(warnings, 1u) << out;
+}
+
 TEST(CommandLineTest, AMissingConfigKeyOrDataFileStopsTheCommandNamingTheFileAndWhy) {
   const std::string conf = ::testing::TempDir() + "/missing-key.conf";
   std::ofstream(conf) << "security { enabled: true token_file: \"/nonexistent/token\" "

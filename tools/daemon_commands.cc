@@ -150,7 +150,7 @@ int SchedulerCommand(const Args& args) {
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
               << config.checkpoint().restore_dir() << "\n";
   }
-  for (const std::string& line : ApplyMeasuredDefaults(&config)) std::cerr << "shardps scheduler: " << line << "\n";
+  for (const MeasuredDefault& d : ApplyMeasuredDefaults(&config)) std::cerr << "shardps scheduler: " << d.line << "\n";
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);
