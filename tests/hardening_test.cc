@@ -642,6 +642,13 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
                   /*exit_code=*/2);
 }
 
+TEST(CommandLineTest, ABenchDataCipherWithoutSecureOrUnknownIsRefused) {
+  ExpectEachFails({{"bench --data-cipher curve", "shardps bench: --data-cipher needs --secure"},
+                   {"bench --secure --data-cipher rc4", "shardps bench: --data-cipher 'rc4': say aes-256-gcm or curve"},
+                   {"bench --data-cipher rc4", "shardps bench: --data-cipher needs --secure"}},
+                  /*exit_code=*/1);
+}
+
 // README: where no recipe keeps a lossy codec's accuracy, "one warning line says so";
 // shardps local said it, then its scheduler said it again.
 TEST(CommandLineTest, ALocalJobWarnsOnceThatNoRecipeKeepsAnAsyncCodecsAccuracy) {
