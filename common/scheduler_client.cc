@@ -27,8 +27,15 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
   if (s.ok()) return absl::OkStatus();
   auto code = static_cast<absl::StatusCode>(s.error_code());
   std::string detail = s.error_message();
-  // A standby (or a deposed scheduler) answers UNAVAILABLE itself, saying so.
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !IsSchedulerRefusal(detail)) {
+  // This client never cancels a unary call (nor reports the watch it
+  // cancelled): CANCELLED is gRPC's answer to a call that reached a scheduler
+  // shutting down before a handler took it (SIGTERM, a restart). Callers ask
+  // a restarting scheduler again on UNAVAILABLE, so it reads as one.
+  if (s.error_code() == grpc::StatusCode::CANCELLED) {
+    code = absl::StatusCode::kUnavailable;
+    detail = absl::StrCat("the scheduler stopped before answering (", detail, ")");
+  } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE && !IsSchedulerRefusal(detail)) {
+    // A standby (or a deposed scheduler) answers UNAVAILABLE itself, saying so.
     detail = absl::StrCat("cannot reach the scheduler (", detail, ")");
   } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && detail == "Deadline Exceeded") {
     detail = "no answer before the deadline";
@@ -103,8 +110,10 @@ class GrpcSchedulerClient : public SchedulerClient {
       // started as the scheduler was killed gave up at once, "Socket
       // closed"): sent again, to the restarted one, until the deadline.
       // (A registration the dead one saved first is refused as alive.)
-      if (wait_for_ready_ && g.error_code() == grpc::StatusCode::UNAVAILABLE &&
-          !IsSchedulerRefusal(g.error_message()) && absl::Now() + kRegisterRetry < deadline) {
+      const bool cut_off =
+          (g.error_code() == grpc::StatusCode::UNAVAILABLE && !IsSchedulerRefusal(g.error_message())) ||
+          g.error_code() == grpc::StatusCode::CANCELLED;  // a scheduler stopping (FromGrpc)
+      if (wait_for_ready_ && cut_off && absl::Now() + kRegisterRetry < deadline) {
         LOG(WARNING) << "scheduler " << address() << ": " << what << ": " << g.error_message() << "; sending it again";
         absl::SleepFor(kRegisterRetry);
         continue;

@@ -103,7 +103,7 @@ TEST(DevicesTest, BatchNotDivisibleByTheDevicesIsRejectedNamingBoth) {
   o.devices_per_worker = 4;
   absl::Status s = ValidateTrainOptions(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("batch size 30 is not divisible by 4 devices per worker"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--batch-size 30 is not divisible by --devices-per-worker 4"), std::string::npos) << s;
   o.devices_per_worker = 0;
   EXPECT_EQ(ValidateTrainOptions(o).code(), absl::StatusCode::kInvalidArgument);
   o.devices_per_worker = 3;

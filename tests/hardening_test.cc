@@ -677,7 +677,7 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                    {"train --rank 0", "shardps train: --scheduler is missing"},
                    {"scheduler --lisen 127.0.0.1:0", "shardps scheduler: unknown flag --lisen\n"},
                    {"status --scheduler", "shardps status: flag --scheduler needs a value"},
-                   {"local --epochs -1", "shardps local: epochs -1 is below 1"},
+                   {"local --epochs -1", "shardps local: --epochs -1 is below 1"},
                    {"local --train-limit -5", "shardps local: --train-limit: -5 is below 0"},
                    {"train --scheduler 127.0.0.1:7000 --max-steps -1", "shardps train: --max-steps: -1 is below 0"},
                    {"local --hidden 256,,128", "hidden layer widths '256,,128' have an empty entry"},
@@ -688,6 +688,43 @@ TEST(CommandLineTest, AMissingSchedulerOrAMistypedFlagIsAUsageErrorNamingTheFlag
                     "--metrics-max-partitions: -3 is below 0"},
                    {"train --scheduler 127.0.0.1:7000 --rank -1", "--rank -1 is negative"}},
                   /*exit_code=*/2);
+}
+
+TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningTheJob) {
+  // Port 1: no scheduler listens; a check left until after joining would fail on the rendezvous instead.
+  const std::string train = "train --scheduler 127.0.0.1:1 --rendezvous-timeout 2 ";
+  ExpectEachFails({{"local --servers 0", "shardps local: --servers 0 is below 1"},
+                   {"local --workers 0", "shardps local: --workers 0 is below 1"},
+                   {"local --consistency fast", "shardps local: --consistency: "},
+                   {"local --batch-size 30 --devices-per-worker 4",
+                    "--batch-size 30 is not divisible by --devices-per-worker 4"},
+                   {train + "--batch-size 0", "shardps train: --batch-size 0 is below 1"},
+                   {train + "--eval-every -1", "shardps train: --eval-every -1 is below 0"},
+                   {train + "--slow-factor 0.5", "shardps train: --slow-factor 0.5 is not in [1, 1000]"},
+                   {train + "--hidden 256,x", "shardps train: --hidden: hidden layer width 'x'"},
+                   {train + "--metrics-listen 127.0.0.1:70000",
+                    "shardps train: --metrics-listen: '127.0.0.1:70000' has no valid port"}},
+                  /*exit_code=*/2);
+}
+
+TEST(CommandLineTest, ABenchDataCipherWithoutSecureOrUnknownIsRefused) {
+  ExpectEachFails({{"bench --data-cipher curve", "shardps bench: --data-cipher needs --secure"},
+                   {"bench --secure --data-cipher rc4", "shardps bench: --data-cipher 'rc4': say aes-256-gcm or curve"},
+                   {"bench --data-cipher rc4", "shardps bench: --data-cipher needs --secure"}},
+                  /*exit_code=*/1);
+}
+
+// README: where no recipe keeps a lossy codec's accuracy, "one warning line says so";
+// shardps local said it, then its scheduler said it again.
+TEST(CommandLineTest, ALocalJobWarnsOnceThatNoRecipeKeepsAnAsyncCodecsAccuracy) {
+  auto [status, out] = RunCommand(std::string(SHARDPS_BINARY) +
+                                  " local --servers 1 --workers 1 --consistency async --compression 2bit"
+                                  " --max-steps 2 --train-limit 64 --test-limit 10 --epochs 1");
+  EXPECT_EQ(status, 0) << out;
+  const std::string warning = "no measured recipe";
+  size_t warnings = 0;
+  for (size_t at = out.find(warning); at != std::string::npos; at = out.find(warning, at + 1)) ++warnings;
+  EXPECT_EQ(warnings, 1u) << out;
 }
 
 TEST(CommandLineTest, AMissingConfigKeyOrDataFileStopsTheCommandNamingTheFileAndWhy) {

@@ -191,12 +191,12 @@ TEST(TrainingTest, EvalEveryBelowZeroOrWithSeveralDevicesIsRejected) {
   o.eval_every = -1;
   absl::Status s = ValidateTrainOptions(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("eval every -1 steps"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--eval-every -1 is below 0"), std::string::npos) << s;
   o.eval_every = 10;
   o.devices_per_worker = 2;
   s = ValidateTrainOptions(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("needs 1 device per worker"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("needs --devices-per-worker 1, not 2"), std::string::npos) << s;
 }
 
 }  // namespace

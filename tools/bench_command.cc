@@ -48,8 +48,8 @@ struct BenchOptions {
   // Measure a cluster with both planes secured against a plain one.
   bool secure = false;
   // With `secure`: how the servers protect their data sockets
-  // (security.data_cipher: aes-256-gcm or curve).
-  std::string data_cipher = "aes-256-gcm";
+  // (security.data_cipher: aes-256-gcm or curve; empty: aes-256-gcm).
+  std::string data_cipher;
   // HOST:PORT of a running scheduler: no processes are started, the workers
   // are ranks rank .. rank + workers - 1 of that cluster, no raw baseline.
   std::string scheduler;
@@ -342,6 +342,11 @@ absl::Status RunBench(const BenchOptions& o) {
   if (o.bytes < 4 || o.bytes % 4 != 0) return absl::InvalidArgumentError("--bytes must be a positive multiple of 4");
   if (o.servers < 1 || o.workers < 1 || o.iters < 1) return absl::InvalidArgumentError("--servers, --workers, --iters must be >= 1");
   if (o.rank < 0) return absl::InvalidArgumentError("--rank must be >= 0");
+  // Without --secure it would be ignored, and the plain comparison taken for a secured one.
+  if (!o.data_cipher.empty() && !o.secure) return absl::InvalidArgumentError("--data-cipher needs --secure");
+  if (!o.data_cipher.empty() && o.data_cipher != "aes-256-gcm" && o.data_cipher != "curve") {
+    return absl::InvalidArgumentError(absl::StrCat("--data-cipher '", o.data_cipher, "': say aes-256-gcm or curve"));
+  }
   if (!o.scheduler.empty()) return RunAgainstCluster(o);
   if (!o.tensor_bytes.empty() || o.rank != 0) {
     return absl::InvalidArgumentError("--tensor-bytes and --rank need --scheduler (the raw baseline is one tensor)");
@@ -434,10 +439,6 @@ absl::Status RunBench(const BenchOptions& o) {
     return absl::OkStatus();
   };
   if (o.secure) {
-    if (o.data_cipher != "aes-256-gcm" && o.data_cipher != "curve") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--data-cipher '", o.data_cipher, "': say aes-256-gcm or curve"));
-    }
     auto credentials = WriteClusterCredentials(dir + "/credentials", {}, /*mutual=*/true);
     if (!credentials.ok()) return credentials.status();
     if (o.data_cipher == "curve") {

@@ -176,7 +176,7 @@ int SchedulerCommand(const Args& args) {
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
               << config.checkpoint().restore_dir() << "\n";
   }
-  for (const std::string& line : ApplyMeasuredDefaults(&config)) std::cerr << "shardps scheduler: " << line << "\n";
+  for (const MeasuredDefault& d : ApplyMeasuredDefaults(&config)) std::cerr << "shardps scheduler: " << d.line << "\n";
   // The scheduler hands this config to every node: refuse a bad codec here,
   // not in each server.
   if (absl::Status s = compression::ValidateCompressionConfig(config); !s.ok()) return Fail("scheduler", s);
@@ -388,9 +388,15 @@ int TrainCommand(const Args& args) {
   train.log_every = log_every;
   train.eval_every = static_cast<int>(std::clamp<int64_t>(eval_every, -(1 << 30), 1 << 30));  // validated below
   auto layers = ParseLayers(hidden);
-  if (!layers.ok()) return Fail("train", layers.status());
+  if (!layers.ok()) {
+    return UsageError("train", absl::InvalidArgumentError(absl::StrCat("--hidden: ", layers.status().message())));
+  }
   train.layers = *layers;
-  if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return Fail("train", s);
+  if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return UsageError("train", s);
+  // Before joining: a bad address found after it would leave the job at once.
+  if (!metrics_listen.empty()) {
+    if (absl::Status s = CheckMetricsListen(metrics_listen); !s.ok()) return UsageError("train", s);
+  }
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("train", security.status());
   worker_options.security = *std::move(security);

@@ -112,10 +112,13 @@ void AddSchedulerMetrics(MetricsRegistry& registry, SchedulerDaemon& scheduler) 
   registry.OnScrape([series] { series->Refresh(); });
 }
 
+absl::Status CheckMetricsListen(const std::string& listen) {
+  return ParseHostPort(listen, "--metrics-listen", {.allow_port_zero = true, .allow_wildcard = true}).status();
+}
+
 absl::StatusOr<std::unique_ptr<MetricsExposer>> ServeMetrics(const std::string& command, const std::string& listen,
                                                              MetricsRegistry& registry) {
-  auto endpoint = ParseHostPort(listen, "--metrics-listen", {.allow_port_zero = true, .allow_wildcard = true});
-  if (!endpoint.ok()) return endpoint.status();
+  if (absl::Status s = CheckMetricsListen(listen); !s.ok()) return s;
   auto exposer = MetricsExposer::Start(listen, registry);
   if (exposer.ok()) std::cerr << "shardps " << command << ": metrics on http://" << (*exposer)->address() << "/metrics\n";
   return exposer;

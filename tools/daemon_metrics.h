@@ -26,6 +26,11 @@ void AddSchedulerMetrics(MetricsRegistry& registry, SchedulerDaemon& scheduler);
 // REQUIRES: called before MetricsExposer::Start on `registry`.
 void AddWorkerMetrics(MetricsRegistry& registry, const Worker& worker, uint32_t rank);
 
+// InvalidArgument, naming --metrics-listen, unless `listen` is HOST:PORT
+// (port 0: any free port). Lets a command refuse the flag before it waits
+// for anything.
+absl::Status CheckMetricsListen(const std::string& listen);
+
 // Starts serving `registry` on `listen` (HOST:PORT) and tells stderr where,
 // as "shardps COMMAND: metrics on http://HOST:PORT/metrics".
 absl::StatusOr<std::unique_ptr<MetricsExposer>> ServeMetrics(const std::string& command, const std::string& listen,

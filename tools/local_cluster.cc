@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "compression/codec_policy.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace shardps {
 namespace {
@@ -42,10 +43,13 @@ absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t s
   return config;
 }
 
-std::vector<std::string> ApplyMeasuredDefaults(ClusterConfig* config) {
-  std::vector<std::string> lines;
-  for (std::string line : {compression::ApplyCompressionRecipe(config), ApplyAsyncMomentumDefault(config)}) {
-    if (!line.empty()) lines.push_back(std::move(line));
+std::vector<MeasuredDefault> ApplyMeasuredDefaults(ClusterConfig* config) {
+  std::vector<MeasuredDefault> lines;
+  for (auto apply : {&compression::ApplyCompressionRecipe, &ApplyAsyncMomentumDefault}) {
+    const ClusterConfig before = *config;
+    std::string line = apply(config);
+    if (line.empty()) continue;
+    lines.push_back({std::move(line), !google::protobuf::util::MessageDifferencer::Equals(before, *config)});
   }
   return lines;
 }
@@ -54,7 +58,11 @@ absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConf
   for (const std::string& s : sets) {
     if (absl::Status st = SetConfigField(config, s); !st.ok()) return st;
   }
-  for (const std::string& line : ApplyMeasuredDefaults(config)) std::cerr << "shardps: " << line << "\n";
+  // A warning is the scheduler's to say: it applies the same defaults to the
+  // config written for it, finds set what was set here, and warns again.
+  for (const MeasuredDefault& d : ApplyMeasuredDefaults(config)) {
+    if (d.set) std::cerr << "shardps: " << d.line << "\n";
+  }
   if (absl::Status s = ValidateConfig(*config); !s.ok()) return s;
   return compression::ValidateCompressionConfig(*config);
 }

@@ -17,13 +17,19 @@ namespace shardps {
 
 // The config file at `path` (empty: defaults) with the process counts set.
 absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t servers, int64_t workers);
+// A line of ApplyMeasuredDefaults: what a default set (`set`), or a warning
+// that none keeps the accuracy of this config (the config is unchanged).
+struct MeasuredDefault {
+  std::string line;
+  bool set = false;
+};
 // The defaults measured to keep accuracy where the config leaves the fields
 // unset: the lossy codecs' recipe and async's Adam momentum. Returns a line
-// for each that changed something, saying what.
-std::vector<std::string> ApplyMeasuredDefaults(ClusterConfig* config);
+// for each that changed something or warns, saying what.
+std::vector<MeasuredDefault> ApplyMeasuredDefaults(ClusterConfig* config);
 // Applies each `--set field=value` and the measured defaults (printing what
-// they set), then validates the result as the scheduler would (fields and
-// compression).
+// they set; the scheduler started with the result says the warnings), then
+// validates the result as the scheduler would (fields and compression).
 absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config);
 
 // The daemons below ignore SIGINT (Ctrl-C at the terminal stops the job, not

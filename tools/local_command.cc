@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -68,7 +69,9 @@ absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
   if (!loaded.ok()) return loaded.status();
   ClusterConfig config = *std::move(loaded);
   if (!o.consistency.empty()) {
-    if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) return s;
+    if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--consistency: ", s.message()));
+    }
   }
   if (o.deterministic) config.set_deterministic(true);
   if (!o.compression.empty()) config.mutable_compression()->set_codec(o.compression);
@@ -579,6 +582,13 @@ int LocalCommand(const Args& args) {
   if (!(o.timeout_s > 0)) {  // would abandon the run as soon as it started
     std::cerr << "shardps local: --timeout " << o.timeout_s << " must be above 0 (seconds)\n";
     return 2;
+  }
+  // Named here: the config's own check would name num_servers/num_workers, which the user did not type.
+  for (const auto& [name, count] : {std::pair<const char*, int64_t>{"servers", o.servers}, {"workers", o.workers}}) {
+    if (count < 1) {
+      std::cerr << "shardps local: --" << name << " " << count << " is below 1\n";
+      return 2;
+    }
   }
   if (absl::Status s = ParseSlowFlags(o); !s.ok()) {
     std::cerr << "shardps local: " << s.message() << "\n";

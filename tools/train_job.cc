@@ -563,24 +563,24 @@ absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
 }
 
 absl::Status ValidateTrainOptions(const TrainOptions& o) {
-  if (o.epochs < 1) return absl::InvalidArgumentError(absl::StrCat("epochs ", o.epochs, " is below 1"));
-  if (o.batch_size < 1) return absl::InvalidArgumentError(absl::StrCat("batch size ", o.batch_size, " is below 1"));
+  if (o.epochs < 1) return absl::InvalidArgumentError(absl::StrCat("--epochs ", o.epochs, " is below 1"));
+  if (o.batch_size < 1) return absl::InvalidArgumentError(absl::StrCat("--batch-size ", o.batch_size, " is below 1"));
   if (o.devices_per_worker < 1 || o.devices_per_worker > 1024) {
     return absl::InvalidArgumentError(
-        absl::StrCat("devices per worker ", o.devices_per_worker, " is not in [1, 1024]"));
+        absl::StrCat("--devices-per-worker ", o.devices_per_worker, " is not in [1, 1024]"));
   }
   if (!(o.slow_factor >= 1.0 && o.slow_factor <= 1000.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("slow factor ", o.slow_factor, " is not in [1, 1000]"));
+    return absl::InvalidArgumentError(absl::StrCat("--slow-factor ", o.slow_factor, " is not in [1, 1000]"));
   }
-  if (o.eval_every < 0) return absl::InvalidArgumentError(absl::StrCat("eval every ", o.eval_every, " steps is below 0"));
+  if (o.eval_every < 0) return absl::InvalidArgumentError(absl::StrCat("--eval-every ", o.eval_every, " is below 0"));
   if (o.eval_every > 0 && o.devices_per_worker > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("evaluating every ", o.eval_every, " steps needs 1 device per worker, not ",
-                                                   o.devices_per_worker));
+    return absl::InvalidArgumentError(absl::StrCat("--eval-every ", o.eval_every,
+                                                   " needs --devices-per-worker 1, not ", o.devices_per_worker));
   }
   if (o.batch_size % o.devices_per_worker != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "batch size ", o.batch_size, " is not divisible by ", o.devices_per_worker,
-        " devices per worker: each device trains on batch_size / devices_per_worker images of the worker's batch"));
+        "--batch-size ", o.batch_size, " is not divisible by --devices-per-worker ", o.devices_per_worker,
+        ": each device trains on batch_size / devices_per_worker images of the worker's batch"));
   }
   return absl::OkStatus();
 }

@@ -116,7 +116,8 @@ absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden);
 
 // InvalidArgument unless batch_size >= 1, devices_per_worker in [1, 1024],
 // batch_size divisible by devices_per_worker, slow_factor in [1, 1000] and
-// eval_every >= 0, and 0 with devices_per_worker > 1 (the message says which).
+// eval_every >= 0, and 0 with devices_per_worker > 1. The message names the
+// `shardps train` flag of the field (--batch-size, ...) and its value.
 absl::Status ValidateTrainOptions(const TrainOptions& options);
 
 // Runs one worker of the job. Rank 0 initialises the weights. Sync and ssp
