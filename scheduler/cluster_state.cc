@@ -518,10 +518,20 @@ bool ClusterState::ServersServe(uint64_t epoch) const {
 
 std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
   node.dead = true;
-  ++declared_dead_total_;
   const std::string reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(silent), " (heartbeat_timeout_ms ",
                                           config_.heartbeat_timeout_ms(), ")");
   map_.set_epoch(map_.epoch() + 1);
+  const ServerInfo* info = node.role == SERVER ? MapServer(node.rank) : nullptr;
+  if (info != nullptr && info->draining() &&
+      absl::c_none_of(map_.partitions(), [&node](const PartitionInfo& p) { return HoldsCopy(p, node.rank); })) {
+    // Drained: it stopped by itself, and its leave found no scheduler (this
+    // one restarting, or not elected yet). Nothing fails over.
+    node.left = true;
+    return absl::StrCat("server ", node.rank, " (", node.address, ", host ", node.host, ") drained and stopped: ",
+                        reason, " while it held nothing (its leave did not reach this scheduler); shard map epoch ",
+                        map_.epoch(), RemoveServer(node.rank, "it was drained and left the job"));
+  }
+  ++declared_dead_total_;
   if (node.role == SERVER) {
     return absl::StrCat("server ", node.rank, " (", node.address, ", host ", node.host, ") declared dead: ", reason,
                         "; shard map epoch ", map_.epoch(), RemoveServer(node.rank, reason));

@@ -127,7 +127,8 @@ class ClusterState {
   // Nodes this scheduler has declared dead since it started, one for each
   // declaration: a rank that rejoined, or a server index a replacement took,
   // counts again when it dies again (Status() says only who is dead now).
-  // Workers that left are not counted.
+  // Workers that left are not counted, nor a drained server that fell
+  // silent holding nothing (its leave missed this scheduler: it left).
   uint64_t NodesDeclaredDead();
   // Server indices handed out so far: the config's servers and those that
   // joined as one more (a replacement takes a dead one's index).
@@ -191,6 +192,8 @@ class ClusterState {
   size_t LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Passes every barrier that all live workers have entered.
   void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes silent `node` from the job; returns the line that says so. A
+  // draining server that holds nothing is taken as drained and left.
   std::string DeclareDead(Node& node, absl::Duration silent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `node` out of the job in the current (new) epoch: dead, its rank
   // excluded, and the barriers only it held up passed.

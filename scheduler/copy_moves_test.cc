@@ -989,6 +989,24 @@ TEST_F(DrainTest, ASchedulerRestartedMidDrainFinishesItAndSaysHowLongItTookSince
   EXPECT_THAT(log.Joined(), HasSubstr("drained: its copies moved to the other servers in 300ms"));
 }
 
+TEST_F(DrainTest, ADrainedServerWhoseLeaveTheSchedulerMissedIsListedAsLeftNotDead) {
+  // It held nothing and stopped by itself, but its leave found no scheduler
+  // (restarting): the silence that follows is the drain's end, not a death.
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(state_->Drain(2).ok());
+  BeatUntilDrained({0, 1, 2});
+  ASSERT_THAT(Held(2), IsEmpty());
+  SilenceUntilDead(2, {0, 1});
+  ASSERT_TRUE(Map().servers(2).dead());
+  EXPECT_THAT(Map().servers(2).dead_reason(), HasSubstr("drained"));
+  const NodeStatus node = state_->Status().nodes(2);
+  EXPECT_TRUE(node.left()) << "`shardps drain` takes a server declared dead for one that died while it drained";
+  EXPECT_FALSE(node.declared_dead());
+  EXPECT_THAT(node.left_error(), IsEmpty());
+  EXPECT_EQ(state_->NodesDeclaredDead(), 0u) << "no death to alert on";
+}
+
 TEST_F(DrainTest, WithoutBackupsADrainedServersPrimariesMoveToTheOthers) {
   StartJob(2, 1);
   Beat({0, 1});
