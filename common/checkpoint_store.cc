@@ -25,11 +25,14 @@ constexpr absl::string_view kRoundPrefix = "round-";
 constexpr absl::string_view kManifestPrefix = "server-";
 constexpr absl::string_view kManifestSuffix = ".manifest";
 
-// Named by its writer too: two servers that each wrote the partition (a
-// primary and the one it was handed to, each at the version it had) keep
-// their own files, so each manifest's entry matches what it names.
-std::string PartitionFileName(uint64_t id, uint32_t server) {
-  return absl::StrCat("partition-", id, ".server-", server, ".ckpt");
+// Named by its writer too, a job's server: two servers that each wrote the
+// partition (a primary and the one it was handed to, each at the version it
+// had) keep their own files, and so does a job that writes a round again
+// (resumed from an earlier one), so each manifest's entry matches what it
+// names, and a job that dies before its manifests leaves the round of the
+// job before it intact.
+std::string PartitionFileName(uint64_t id, uint32_t server, uint64_t job) {
+  return absl::StrCat("partition-", id, ".server-", server, ".job-", absl::Hex(job, absl::kZeroPad16), ".ckpt");
 }
 
 std::string Join(const std::string &dir, absl::string_view name) {
@@ -86,7 +89,7 @@ absl::StatusOr<std::map<uint64_t, CheckpointManifest::Entry>> CoveredEntries(
     const std::string manifest = Join(round_dir, absl::StrCat(kManifestPrefix, owner.server(), kManifestSuffix));
     return absl::FailedPreconditionError(
         absl::StrCat("incomplete checkpoint ", round_dir, ": partition ", owner.partition_id(), " (",
-                     Join(round_dir, PartitionFileName(owner.partition_id(), owner.server())),
+                     Join(round_dir, PartitionFileName(owner.partition_id(), owner.server(), first.job())),
                      ") is listed by no manifest; ",
                      manifests.contains(owner.server()) ? "" : absl::StrCat(manifest, " is missing")));
   }
@@ -135,7 +138,8 @@ std::string CheckpointRoundDir(const std::string &dir, uint64_t round) {
 }
 
 absl::StatusOr<CheckpointManifest::Entry> WritePartitionCheckpoint(const std::string &round_dir,
-                                                                   const PartitionCheckpoint &state, uint32_t server) {
+                                                                   const PartitionCheckpoint &state, uint32_t server,
+                                                                   uint64_t job) {
   std::error_code ec;
   fs::create_directories(round_dir, ec);
   if (ec)
@@ -143,7 +147,7 @@ absl::StatusOr<CheckpointManifest::Entry> WritePartitionCheckpoint(const std::st
   const std::string file = SealRecord(kPartitionKind, state.SerializeAsString());
   CheckpointManifest::Entry entry;
   entry.set_partition_id(state.partition_id());
-  entry.set_file(PartitionFileName(state.partition_id(), server));
+  entry.set_file(PartitionFileName(state.partition_id(), server, job));
   entry.set_checksum(Fnv1a64(file));
   entry.set_bytes(file.size());
   if (absl::Status s = WriteFileDurably(Join(round_dir, entry.file()), file); !s.ok()) return s;

@@ -1,9 +1,11 @@
 // The files of a checkpoint and the rules for trusting them.
 //
 // Layout: DIR/round-<R>/ (R zero-padded to 12 digits) holds one file per
-// partition and server that wrote it, partition-<ID>.server-<I>.ckpt (a
-// PartitionCheckpoint; a partition handed from one primary to another may
-// be written by both, each listing its own file), and one manifest
+// partition and writer, partition-<ID>.server-<I>.job-<J>.ckpt (a
+// PartitionCheckpoint; J the job id in 16 hex digits; a partition handed
+// from one primary to another may be written by both, each listing its own
+// file, and a job resumed from an earlier round writes files of its own),
+// and one manifest
 // per server that was primary for some partition at round R,
 // server-<I>.manifest (a CheckpointManifest, proto/checkpoint.proto). Every
 // file is a sealed record written durably (common/durable_file.h); a server
@@ -32,10 +34,11 @@ namespace shardps {
 
 std::string CheckpointRoundDir(const std::string &dir, uint64_t round);
 
-// Writes `state` as server `server`'s file of its partition in `round_dir`
-// (created if needed) and returns the manifest entry describing it.
+// Writes `state` as job `job`'s server `server`'s file of its partition in
+// `round_dir` (created if needed) and returns the manifest entry describing it.
 absl::StatusOr<CheckpointManifest::Entry> WritePartitionCheckpoint(const std::string &round_dir,
-                                                                   const PartitionCheckpoint &state, uint32_t server);
+                                                                   const PartitionCheckpoint &state, uint32_t server,
+                                                                   uint64_t job);
 
 // Writes `manifest` as server manifest.server()'s manifest in `round_dir`.
 // REQUIRES: the files its entries name are written.

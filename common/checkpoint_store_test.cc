@@ -40,7 +40,7 @@ class CheckpointStoreTest : public ::testing::Test {
   std::string WriteRound(uint64_t round, std::vector<uint32_t> servers) {
     const std::string round_dir = CheckpointRoundDir(dir_, round);
     for (uint32_t server : servers) {
-      auto entry = WritePartitionCheckpoint(round_dir, State(server, round), server);
+      auto entry = WritePartitionCheckpoint(round_dir, State(server, round), server, 0);
       EXPECT_TRUE(entry.ok()) << entry.status();
       CheckpointManifest m;
       m.set_round(round);
@@ -76,7 +76,7 @@ class CheckpointStoreTest : public ::testing::Test {
         PartitionCheckpoint state = State(p, 10);
         const float w[2] = {value, value};
         state.set_weights(std::string(reinterpret_cast<const char *>(w), sizeof(w)));
-        auto entry = WritePartitionCheckpoint(round_dir, state, server);
+        auto entry = WritePartitionCheckpoint(round_dir, state, server, job);
         EXPECT_TRUE(entry.ok()) << entry.status();
         *m.add_entries() = *entry;
       }
@@ -123,6 +123,22 @@ TEST_F(CheckpointStoreTest, ALaterJobsPartialRoundIsNeverMixedWithAnEarlierJobs)
   EXPECT_FALSE(LoadPartitionCheckpoint(round_dir, 1).ok());
 }
 
+TEST_F(CheckpointStoreTest, ALaterJobThatDiesBeforeItsManifestsLeavesTheEarlierJobsRoundIntact) {
+  // Job 8, resumed from an earlier round, wrote partition 0's file on
+  // server 0 again and died before any manifest: job 7's round still
+  // verifies, with job 7's weights.
+  const std::string round_dir = WriteJobRound(7, 1000, {0, 1, 2}, {0, 1, 2}, 1.0f);
+  PartitionCheckpoint state = State(0, 10);
+  const float w[2] = {2.0f, 2.0f};
+  state.set_weights(std::string(reinterpret_cast<const char *>(w), sizeof(w)));
+  ASSERT_TRUE(WritePartitionCheckpoint(round_dir, state, 0, 8).ok());
+  auto round = VerifyCheckpointRound(round_dir);
+  ASSERT_TRUE(round.ok()) << round.status();
+  auto loaded = LoadPartitionCheckpoint(round_dir, 0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(FirstWeight(*loaded), 1.0f);
+}
+
 TEST_F(CheckpointStoreTest, CompleteRoundIsFoundAndItsPartitionsLoad) {
   const std::string round_dir = WriteRound(10, {0, 1});
   auto point = FindRestorePoint(dir_);
@@ -136,7 +152,7 @@ TEST_F(CheckpointStoreTest, CompleteRoundIsFoundAndItsPartitionsLoad) {
 
 TEST_F(CheckpointStoreTest, CorruptPartitionFileIsRefusedNamingIt) {
   const std::string round_dir = WriteRound(10, {0, 1});
-  const std::string file = round_dir + "/partition-1.server-1.ckpt";
+  const std::string file = round_dir + "/partition-1.server-1.job-0000000000000000.ckpt";
   std::string data = *ReadWholeFile(file);
   data[data.size() - 3] ^= 0x40;  // one flipped bit in the weights
   ASSERT_TRUE(WriteFileDurably(file, data).ok());
@@ -163,7 +179,7 @@ TEST_F(CheckpointStoreTest, APartitionTwoServersWroteVerifiesWhicheverWroteLast)
     PartitionCheckpoint state = State(0, 10);
     const float w[2] = {float(server), float(server)};
     state.set_weights(std::string(reinterpret_cast<const char *>(w), sizeof(w)));
-    auto entry = WritePartitionCheckpoint(round_dir, state, server);
+    auto entry = WritePartitionCheckpoint(round_dir, state, server, 0);
     ASSERT_TRUE(entry.ok()) << entry.status();
     *m.add_entries() = *entry;
     ASSERT_TRUE(WriteCheckpointManifest(round_dir, m).ok());
@@ -176,10 +192,10 @@ TEST_F(CheckpointStoreTest, APartitionTwoServersWroteVerifiesWhicheverWroteLast)
 
 TEST_F(CheckpointStoreTest, MissingPartitionFileIsRefusedNamingIt) {
   const std::string round_dir = WriteRound(10, {0, 1});
-  fs::remove(round_dir + "/partition-0.server-0.ckpt");
+  fs::remove(round_dir + "/partition-0.server-0.job-0000000000000000.ckpt");
   auto round = VerifyCheckpointRound(round_dir);
   ASSERT_FALSE(round.ok());
-  EXPECT_THAT(round.status().message(), HasSubstr(round_dir + "/partition-0.server-0.ckpt"));
+  EXPECT_THAT(round.status().message(), HasSubstr(round_dir + "/partition-0.server-0.job-0000000000000000.ckpt"));
 }
 
 TEST_F(CheckpointStoreTest, RoundWithoutEveryManifestIsPartialAndNamesTheMissingOne) {

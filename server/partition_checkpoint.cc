@@ -162,7 +162,7 @@ bool PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint
   state.set_initialized(p.initialized);
   state.set_weights(FloatBytes(p.weights->data(), p.n));
   state.set_optimizer_state(FloatBytes(p.state.data(), p.state.size()));
-  auto entry = WritePartitionCheckpoint(CheckpointRoundDir(dir, round), state, server_index_);
+  auto entry = WritePartitionCheckpoint(CheckpointRoundDir(dir, round), state, server_index_, config_.job_id());
   if (!entry.ok()) {
     CheckpointFailed(dir, round,
                      absl::StrCat("partition ", p.id, " not written: ", entry.status().message()));

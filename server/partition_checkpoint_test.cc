@@ -170,7 +170,7 @@ void WriteServerOnesPart(const std::string& round_dir) {
   seven.set_partition_id(7);
   seven.set_round(9);
   seven.set_version(4);
-  auto entry = WritePartitionCheckpoint(round_dir, seven, 1);
+  auto entry = WritePartitionCheckpoint(round_dir, seven, 1, 0);
   ASSERT_TRUE(entry.ok()) << entry.status();
   CheckpointManifest server1;
   server1.set_round(9);

@@ -60,7 +60,7 @@ absl::StatusOr<size_t> WriteCheckpoint(const std::string& round_dir, const std::
   manifest.set_round(1);
   size_t bytes = 0;
   for (const PartitionCheckpoint& p : parts) {
-    auto entry = WritePartitionCheckpoint(round_dir, p, manifest.server());
+    auto entry = WritePartitionCheckpoint(round_dir, p, manifest.server(), manifest.job());
     if (!entry.ok()) return entry.status();
     bytes += entry->bytes();
     *manifest.add_entries() = *std::move(entry);
