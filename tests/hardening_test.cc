@@ -645,6 +645,13 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
                   /*exit_code=*/2);
 }
 
+TEST(CommandLineTest, ABenchmarksWrongIterationsOrModelNamesTheFlag) {
+  ExpectEachFails({{"bench-codec --iters 0", "shardps bench-codec: --iters must be >= 1"},
+                   {"bench-local --iters 0", "shardps bench-local: --iters must be >= 1"},
+                   {"bench-checkpoint --hidden 256,x", "shardps bench-checkpoint: --hidden: hidden layer width 'x'"}},
+                  /*exit_code=*/2);
+}
+
 TEST(CommandLineTest, ABenchDataCipherWithoutSecureOrUnknownIsRefused) {
   ExpectEachFails({{"bench --data-cipher curve", "shardps bench: --data-cipher needs --secure"},
                    {"bench --secure --data-cipher rc4", "shardps bench: --data-cipher 'rc4': say aes-256-gcm or curve"},
