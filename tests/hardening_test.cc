@@ -591,6 +591,8 @@ TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
       {"server --scheduler 127.0.0.1:7000 --listen tcp://127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
       {"server --scheduler 127.0.0.1:99999 --listen tcp://127.0.0.1:0", "'127.0.0.1:99999' has no valid port"},
       {"status --scheduler 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
+      {"server --scheduler 127.0.0.1:7000 --advertise-host ''", "server advertise host: '' is not a host name"},
+      {"server --scheduler 127.0.0.1:7000 --advertise-host a:b", "server advertise host: 'a:b' is not a host name"},
   };
   ExpectEachFails(cases, /*exit_code=*/-1);
 }
