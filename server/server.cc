@@ -844,8 +844,10 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
       !e.ok()) {
     return e.status();
   }
-  if (auto host = ParseHostPort(absl::StrCat(options.advertise_host, ":1"), "server advertise host"); !host.ok()) {
-    return host.status();
+  // Parsed with a port of 1 added, which the message must not show.
+  if (!ParseHostPort(absl::StrCat(options.advertise_host, ":1"), "server advertise host").ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("server advertise host: '", options.advertise_host,
+                                                   "' is not a host name or IP address"));
   }
   zmq::context_t context(1);
   zmq::socket_t socket(context, zmq::socket_type::router);

@@ -656,6 +656,8 @@ TEST(ListenTest, ABadPortOrHostInAnyListenOrAddressFlagIsAnError) {
       {"server --scheduler 127.0.0.1:7000 --listen tcp://127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
       {"server --scheduler 127.0.0.1:99999 --listen tcp://127.0.0.1:0", "'127.0.0.1:99999' has no valid port"},
       {"status --scheduler 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
+      {"server --scheduler 127.0.0.1:7000 --advertise-host ''", "server advertise host: '' is not a host name"},
+      {"server --scheduler 127.0.0.1:7000 --advertise-host a:b", "server advertise host: 'a:b' is not a host name"},
   };
   ExpectEachFails(cases, /*exit_code=*/-1);
 }
@@ -696,6 +698,9 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
   ExpectEachFails({{"local --servers 0", "shardps local: --servers 0 is below 1"},
                    {"local --workers 0", "shardps local: --workers 0 is below 1"},
                    {"local --consistency fast", "shardps local: --consistency: "},
+                   {"local --compression 3bit", "shardps local: --compression: codec spec \"3bit\""},
+                   {"launch --compression 3bit -- true", "shardps launch: --compression: codec spec \"3bit\""},
+                   {"local --restart-after -1", "shardps local: --restart-after -1 is below 0"},
                    {"local --batch-size 30 --devices-per-worker 4",
                     "--batch-size 30 is not divisible by --devices-per-worker 4"},
                    {train + "--batch-size 0", "shardps train: --batch-size 0 is below 1"},
@@ -704,6 +709,13 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
                    {train + "--hidden 256,x", "shardps train: --hidden: hidden layer width 'x'"},
                    {train + "--metrics-listen 127.0.0.1:70000",
                     "shardps train: --metrics-listen: '127.0.0.1:70000' has no valid port"}},
+                  /*exit_code=*/2);
+}
+
+TEST(CommandLineTest, ABenchmarksWrongIterationsOrModelNamesTheFlag) {
+  ExpectEachFails({{"bench-codec --iters 0", "shardps bench-codec: --iters must be >= 1"},
+                   {"bench-local --iters 0", "shardps bench-local: --iters must be >= 1"},
+                   {"bench-checkpoint --hidden 256,x", "shardps bench-checkpoint: --hidden: hidden layer width 'x'"}},
                   /*exit_code=*/2);
 }
 

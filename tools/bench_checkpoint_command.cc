@@ -11,6 +11,7 @@
 #include <iostream>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_store.h"
 #include "common/logging.h"
@@ -84,7 +85,7 @@ double Median(std::vector<double> v) {
 
 absl::Status Run(const std::string& dir, const std::string& hidden, int iters, bool json) {
   auto layers = ParseLayers(hidden);
-  if (!layers.ok()) return layers.status();
+  if (!layers.ok()) return absl::InvalidArgumentError(absl::StrCat("--hidden: ", layers.status().message()));
   const std::vector<PartitionCheckpoint> parts = DemoPartitions(*layers, 1 << 20);
   std::vector<double> checkpoint, plain, plain_sync;
   size_t bytes = 0;

@@ -49,6 +49,7 @@ int BenchCodecCommand(const Args& args) {
   flags.Bool("no-gpu", &no_gpu, "skip the GPU even when present");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Report("bench-codec", s);
   if (flags.help()) return 0;
+  if (iters < 1) return Report("bench-codec", absl::InvalidArgumentError("--iters must be >= 1"));
   InitLogging("shardps-bench-codec", false);
   if (!codecs.empty()) o.codecs = absl::StrSplit(codecs, ',');
   if (absl::Status s = ParseList("sizes", sizes, &o.sizes_bytes); !s.ok()) return Report("bench-codec", s);
@@ -75,6 +76,7 @@ int BenchLocalCommand(const Args& args) {
   flags.Int("range-bytes", &range_bytes, "bytes per pipelined range (partition) with --codec");
   if (absl::Status s = flags.Parse(args); !s.ok()) return Report("bench-local", s);
   if (flags.help()) return 0;
+  if (iters < 1) return Report("bench-local", absl::InvalidArgumentError("--iters must be >= 1"));
   InitLogging("shardps-bench-local", false);
   if (kind == "cpu") {
     o.kind = DeviceKind::kCpu;

@@ -52,7 +52,7 @@ struct LaunchOptions {
 absl::StatusOr<ClusterConfig> LaunchConfig(const LaunchOptions& o) {
   auto config = LoadLocalConfig(o.config_path, o.servers, o.workers);
   if (!config.ok()) return config.status();
-  if (!o.compression.empty()) config->mutable_compression()->set_codec(o.compression);
+  if (absl::Status s = SetCompressionFlag(o.compression, &*config); !s.ok()) return s;
   if (absl::Status s = FinishLocalConfig(o.sets, &*config); !s.ok()) return s;
   return config;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "compression/codec_params.h"
 #include "compression/codec_policy.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -41,6 +42,15 @@ absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t s
   config.set_num_servers(servers);
   config.set_num_workers(workers);
   return config;
+}
+
+absl::Status SetCompressionFlag(const std::string& codec, ClusterConfig* config) {
+  if (codec.empty()) return absl::OkStatus();
+  if (auto parsed = compression::ParseCodecSpec(codec); !parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--compression: ", parsed.status().message()));
+  }
+  config->mutable_compression()->set_codec(codec);
+  return absl::OkStatus();
 }
 
 std::vector<MeasuredDefault> ApplyMeasuredDefaults(ClusterConfig* config) {

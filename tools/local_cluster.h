@@ -17,6 +17,9 @@ namespace shardps {
 
 // The config file at `path` (empty: defaults) with the process counts set.
 absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t servers, int64_t workers);
+// Sets the push codec from `--compression CODEC` (empty: the config's);
+// InvalidArgument naming the flag for a spec that does not parse.
+absl::Status SetCompressionFlag(const std::string& codec, ClusterConfig* config);
 // A line of ApplyMeasuredDefaults: what a default set (`set`), or a warning
 // that none keeps the accuracy of this config (the config is unchanged).
 struct MeasuredDefault {

@@ -74,7 +74,7 @@ absl::StatusOr<ClusterConfig> BuildConfig(const LocalOptions& o) {
     }
   }
   if (o.deterministic) config.set_deterministic(true);
-  if (!o.compression.empty()) config.mutable_compression()->set_codec(o.compression);
+  if (absl::Status s = SetCompressionFlag(o.compression, &config); !s.ok()) return s;
   if (absl::Status s = ApplyCheckpointFlags(o, &config); !s.ok()) return s;
   if (absl::Status s = FinishLocalConfig(o.sets, &config); !s.ok()) return s;
   return config;
@@ -581,6 +581,10 @@ int LocalCommand(const Args& args) {
   if (flags.help()) return 0;
   if (!(o.timeout_s > 0)) {  // would abandon the run as soon as it started
     std::cerr << "shardps local: --timeout " << o.timeout_s << " must be above 0 (seconds)\n";
+    return 2;
+  }
+  if (!(o.restart_after_s >= 0)) {
+    std::cerr << "shardps local: --restart-after " << o.restart_after_s << " is below 0 (seconds)\n";
     return 2;
   }
   // Named here: the config's own check would name num_servers/num_workers, which the user did not type.

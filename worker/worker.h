@@ -4,7 +4,7 @@
 //   WorkerOptions options{.scheduler_address = "10.0.0.1:7000", .rank = 0};
 //   auto worker = Worker::Create(options);           // registers, waits for the cluster
 //   (*worker)->DefineTensors({...});                   // same list on every worker
-//   if (rank == 0) (*worker)->InitTensor("fc1.weight", initial);
+//   if (rank == 0) (*worker)->InitTensor("fc1.weight", initial, absl::Seconds(30));
 //   (*worker)->Barrier("init");
 //   auto h = (*worker)->PushPull("fc1.weight", grad, weights);
 //   absl::Status s = (*worker)->Wait(*h, absl::Seconds(30));
