@@ -591,7 +591,11 @@ void ClusterState::ServerLeaves(Node& node) {
     // The job is over (every worker left): the servers stop together, and
     // failing each over to the others, which are stopping too, helps no one.
     // (Workers declared dead may be started again: they need the backups.)
-    if (ServerInfo* info = MapServer(node.rank)) info->set_dead(true);
+    if (ServerInfo* info = MapServer(node.rank)) {
+      info->set_dead(true);
+      info->clear_draining();  // a rank started again must not have moves planned from it
+    }
+    drain_started_.erase(node.rank);
     Save();
     LOG(INFO) << "server " << node.rank << " (" << node.address << ") left after the job's workers";
     return;

@@ -1160,5 +1160,22 @@ TEST_F(DrainTest, ADrainIsNotCancelledOnceItsServerHoldsNothingOrWhereThereIsNon
   EXPECT_TRUE(Map().servers(2).draining()) << "the server stops on the map that says it holds nothing";
 }
 
+TEST_F(DrainTest, ADrainingServerThatStopsAfterTheJobIsOverIsNoLongerMarkedDraining) {
+  // Every worker left, then the draining server stopped with the job: it
+  // is dead, and no longer draining, so a rank started again later gets no
+  // moves planned from a server that is gone.
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(state_->Drain(2).ok());
+  HeartbeatRequest leave;
+  leave.set_node_id(worker_id_);
+  leave.set_leaving(true);
+  ASSERT_TRUE(state_->Heartbeat(leave).ok());
+  Leave(2);
+  const ShardMap map = Map();
+  EXPECT_TRUE(map.servers(2).dead());
+  EXPECT_FALSE(map.servers(2).draining());
+}
+
 }  // namespace
 }  // namespace shardps
