@@ -156,17 +156,21 @@ absl::StatusOr<DrainResponse> ClusterState::CancelDrain(uint32_t index) {
   drain_started_.erase(index);
   // Its moves not yet handing a primary off are undone: their extra copies
   // (listed last, never promoted) are dropped, and the copy here stays. A
-  // hand-off under way finishes, as does its move.
+  // hand-off under way finishes, as does its move, and so does a move whose
+  // hand-off is made (its new copy is the primary: undone, it would leave
+  // the partition a copy more than replication for good).
   int undone = 0;
   auto* moves = map_.mutable_moves();
   for (int i = 0; i < moves->size();) {
     const CopyMove& m = moves->Get(i);
+    PartitionInfo* p = FindPartition(map_, m.partition());
     const bool handing = absl::c_any_of(map_.handoffs(), [&m](const Handoff& h) { return h.partition() == m.partition(); });
-    if (m.from() != index || handing) {
+    const bool handed = m.primary() && p != nullptr && p->server() == m.to();
+    if (m.from() != index || handing || handed) {
       ++i;
       continue;
     }
-    if (PartitionInfo* p = FindPartition(map_, m.partition())) {
+    if (p != nullptr) {
       auto* backups = p->mutable_backups();
       backups->erase(std::remove(backups->begin(), backups->end(), m.to()), backups->end());
       p->mutable_listed_at()->erase(m.to());

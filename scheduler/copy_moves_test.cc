@@ -1146,6 +1146,27 @@ TEST_F(DrainTest, ACancelledDrainFinishesTheHandoffsUnderWayAndTheServersAreBala
   for (uint32_t s : {0u, 1u, 2u}) EXPECT_NEAR(loads.at(s), 800.0, 100.0) << "server " << s;
 }
 
+TEST_F(DrainTest, ACancelledDrainFinishesTheMovesWhosePrimaryWasHandedOffAndKeepsNoExtraCopy) {
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  ASSERT_TRUE(state_->Drain(2).ok());
+  Beat({0, 1, 2});  // plans the moves
+  Beat({0, 1, 2});  // the copies synced: the primaries' hand-offs begin
+  const std::set<uint64_t> handing = PartitionsFrom(Map().handoffs(), 2);
+  ASSERT_THAT(handing, Not(IsEmpty()));
+  ReportDrained(2, handing);  // the roles switch; each move waits to drop server 2's copy
+  ASSERT_THAT(Map().handoffs(), IsEmpty());
+  ASSERT_THAT(Map().moves(), SizeIs(handing.size()));
+  ASSERT_TRUE(state_->CancelDrain(2).ok());
+  EXPECT_THAT(Map().moves(), SizeIs(handing.size())) << "a move whose primary was handed off finishes";
+  BeatUntilDrained({0, 1, 2});
+  ExpectNoPartitionShort();
+  const ShardMap done = Map();
+  for (const PartitionInfo& p : done.partitions()) {
+    EXPECT_EQ(p.backups_size(), 1) << "replication 2, no third copy left behind: " << p.ShortDebugString();
+  }
+}
+
 TEST_F(DrainTest, ADrainIsNotCancelledOnceItsServerHoldsNothingOrWhereThereIsNone) {
   StartJob(3, 2);
   Beat({0, 1, 2});
