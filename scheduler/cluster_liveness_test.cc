@@ -5,6 +5,7 @@
 
 #include <map>
 #include <optional>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,34 @@ class LivenessTest : public ::testing::Test {
 
   // Servers report round 0, then a second later `round` (server 0) and a
   // little less (server 1): `round` rounds a second.
+  // Rounds reported at 50, then every worker leaves and rank 0 asks to
+  // rejoin; each server i then reports at the removal's epoch what
+  // `report(i, h)` sets. Returns rank 0's registration.
+  absl::StatusOr<RegisterResponse> RejoinAloneAfterEveryWorkerLeft(
+      const std::function<void(size_t, HeartbeatRequest&)>& report) {
+    ReportRounds(50);
+    for (uint32_t r = 0; r < 3; ++r) {
+      HeartbeatRequest leaving;
+      leaving.set_node_id(worker_ids_[r]);
+      leaving.set_leaving(true);
+      EXPECT_TRUE(state_->Heartbeat(leaving).ok());
+    }
+    absl::StatusOr<RegisterResponse> first;
+    std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
+    absl::SleepFor(absl::Milliseconds(200));
+    now_ += absl::Milliseconds(100);
+    const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that removed the workers
+    for (size_t i = 0; i < server_ids_.size(); ++i) {
+      HeartbeatRequest h;
+      h.set_node_id(server_ids_[i]);
+      h.set_applied_epoch(epoch);
+      report(i, h);
+      EXPECT_TRUE(state_->Heartbeat(h).ok());
+    }
+    rejoin.join();
+    return first;
+  }
+
   void ReportRounds(uint64_t round) {
     Report(0, 0);
     Report(1, 0);
@@ -452,32 +481,31 @@ TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRoun
   // or both workers of a job restarted at once, rejoined a pace past the
   // servers' rounds (904 of 937), which nobody else would complete: the
   // first pull waited for them until the request timeout and the job failed.
-  ReportRounds(50);
-  for (uint32_t r = 0; r < 3; ++r) {
-    HeartbeatRequest leaving;
-    leaving.set_node_id(worker_ids_[r]);
-    leaving.set_leaving(true);
-    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
-  }
-  absl::StatusOr<RegisterResponse> first;
-  std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
-  absl::SleepFor(absl::Milliseconds(200));
-  now_ += absl::Milliseconds(100);
-  const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that removed the workers
-  for (uint64_t id : server_ids_) {
-    HeartbeatRequest h;  // the last rounds the workers completed before they left
-    h.set_node_id(id);
-    h.set_applied_epoch(epoch);
-    h.set_completed_round(52);
-    ASSERT_TRUE(state_->Heartbeat(h).ok());
-  }
-  rejoin.join();
+  absl::StatusOr<RegisterResponse> first = RejoinAloneAfterEveryWorkerLeft([](size_t, HeartbeatRequest& h) {
+    h.set_completed_round(52);  // the last rounds the workers completed before they left
+  });
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->rejoin_round(), 52u) << "the open round: 52 completed";
   // Rank 0 trains from round 52 on: the next rank is placed past the pace.
   auto second = state_->RegisterWorker(Node(WORKER, 1));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_GT(second->rejoin_round(), 52u + 50u);
+}
+
+TEST_F(LivenessTest, ARankRejoiningAloneJoinsAtTheFewestRoundsAPartitionCompletedAndCatchesUpElsewhere) {
+  // Every worker removed mid-step: partitions whose round held a push
+  // completed it on the removal, the others did not (review12 confirmed it
+  // with the engine). A rank joining at the most rounds reported (53) would
+  // wait forever on a partition at 52: nobody is counted in its open round.
+  absl::StatusOr<RegisterResponse> first = RejoinAloneAfterEveryWorkerLeft([](size_t i, HeartbeatRequest& h) {
+    h.set_completed_round(53);
+    h.set_fewest_completed_round(i == 0 ? 52 : 53);
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->rejoin_round(), 52u) << "the fewest: server 0 has a partition at 52";
+  const ShardMap map = state_->Status().shard_map();
+  ASSERT_EQ(map.rejoined_workers_size(), 1);
+  EXPECT_TRUE(map.rejoined_workers(0).catch_up()) << "partitions at 53 take its push of 52 for a retry";
 }
 
 TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadThenRejoins) {

@@ -486,6 +486,9 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   } else if (node->completed_round == 0 && !node->joined_running_job) {
     node->round_seen = node->last_seen;
   }
+  node->fewest_round = request.has_fewest_completed_round()
+                           ? std::optional<uint64_t>(request.fewest_completed_round())
+                           : std::nullopt;
   if (request.has_counters()) RecordCounters(*node, request.counters());
   FinishCopyMoves(*node, request);
   FinishHandoffs(*node, request);
@@ -776,6 +779,14 @@ bool ClusterState::AnyServerReportedARound() const {
   return false;
 }
 
+uint64_t ClusterState::FewestRoundsReported() const {
+  std::optional<uint64_t> fewest;
+  for (const auto& [index, node] : servers_) {
+    if (!node.dead && node.fewest_round) fewest = std::min(fewest.value_or(*node.fewest_round), *node.fewest_round);
+  }
+  return fewest.value_or(RoundsReported());
+}
+
 uint64_t ClusterState::RoundsReported() const {
   uint64_t reported = 0;
   for (const auto& [index, node] : servers_) {
@@ -836,9 +847,13 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   // pace past the servers' was never reached (a job whose every worker was
   // restarted at once waited for it until the request timeout). It joins
   // at the round they are at (a partition's open round is the number it
-  // completed), read from reports they sent after it asked.
-  const uint64_t round = alone_heard && !AnotherWorkerTrains(rank) ? RoundsReported()
-                                                                   : RoundPastServers(/*for_rejoin=*/true);
+  // completed), read from reports they sent after it asked: the fewest
+  // any partition completed, since workers removed mid-step leave some
+  // partitions a round past the others (their round held a push, and the
+  // removal completed it), and a round nobody is counted in never
+  // completes; those past it catch up (WorkerRejoin.catch_up).
+  const bool alone = alone_heard && !AnotherWorkerTrains(rank);
+  const uint64_t round = alone ? FewestRoundsReported() : RoundPastServers(/*for_rejoin=*/true);
   for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
     list->erase(std::remove(list->begin(), list->end(), rank), list->end());
   }
@@ -852,6 +867,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   if (entry == nullptr) entry = map_.add_rejoined_workers();
   entry->set_rank(rank);
   entry->set_round(round);
+  entry->set_catch_up(alone);
   entry->set_incarnation(node.id);
   entry->set_epoch(map_.epoch() + 1);
   while (map_.worker_curve_keys_size() < static_cast<int>(config_.num_workers())) map_.add_worker_curve_keys();

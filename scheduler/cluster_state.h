@@ -155,6 +155,7 @@ class ClusterState {
     // per second) is measured from and when it was reported, and the rate
     // between their last two reports (Heartbeat says which count).
     uint64_t completed_round = 0;
+    std::optional<uint64_t> fewest_round = std::nullopt;  // HeartbeatRequest.fewest_completed_round
     uint64_t rate_round = 0;
     absl::Time round_seen = absl::InfinitePast();
     double round_rate = 0;
@@ -290,6 +291,9 @@ class ClusterState {
   uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The most rounds a live server reported completed.
   uint64_t RoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fewest rounds a live server's primaries reported completed
+  // (RoundsReported where none said).
+  uint64_t FewestRoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live worker other than `rank` trains in the rounds the servers
   // are at: one not removed from the job and not rejoined at a round past
   // the open one (the most rounds they reported completed).

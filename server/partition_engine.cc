@@ -370,7 +370,13 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
     // gradient per worker and round, so the new process's push of that
     // round is taken for a retry.
     if (p.contributed[w] && r.round() <= p.completed) p.next_round[w] = p.completed + 1;
-    if (p.completed > r.round()) {
+    if (r.catch_up() && p.completed > r.round()) {
+      // Every worker was removed mid-step, and this partition completed
+      // the round it was in while the others did not: the rank joins at the
+      // fewest, and here its pushes of the rounds completed without it are
+      // taken for retries (answered with the weights, not counted).
+      p.next_round[w] = std::max(p.next_round[w], p.completed);
+    } else if (p.completed > r.round()) {
       // The scheduler placed the round past every server's by their pace;
       // this one was faster. Rounds up to the open one completed without
       // the worker: its pushes of them are refused (PushSync), so it fails
@@ -381,6 +387,15 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
                  << ": its pushes of the rounds before " << p.completed << " are refused";
     }
   }
+}
+
+std::optional<uint64_t> PartitionEngine::fewest_completed_round() const {
+  if (!RoundBased(config_)) return std::nullopt;
+  std::optional<uint64_t> fewest;
+  for (const auto& [id, part] : partitions_) {
+    if (part->primary) fewest = std::min(fewest.value_or(part->completed), part->completed);
+  }
+  return fewest;
 }
 
 bool PartitionEngine::Counted(const Partition& p, uint32_t w) const {

@@ -210,6 +210,9 @@ class PartitionEngine {
   // (heartbeats report it; `shardps checkpoint` places its round after it);
   // ssp applied on arrival: the furthest round a worker pushed here.
   uint64_t completed_round() const { return max_completed_; }
+  // Sync: the fewest rounds a partition this server is primary for has
+  // completed; nullopt with no primary (or not round based).
+  std::optional<uint64_t> fewest_completed_round() const;
   // The partitions this server holds a valid copy of (primaries, and backups
   // whose snapshot has arrived), in id order: heartbeats report them, so
   // the scheduler drops a moved copy's old server only once the new one is

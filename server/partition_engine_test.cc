@@ -102,12 +102,15 @@ class EngineTest : public ::testing::Test {
 
   // Installs epoch 5 of the same map: worker `rank` rejoined at `round`
   // with registration `incarnation`; `excluded` still removed.
-  void RejoinWorker(uint32_t rank, uint64_t round, uint64_t incarnation, std::vector<uint32_t> excluded = {}) {
+  // `catch_up`: as the scheduler places a rank rejoining alone.
+  void RejoinWorker(uint32_t rank, uint64_t round, uint64_t incarnation, std::vector<uint32_t> excluded = {},
+                    bool catch_up = false) {
     ShardMap map = SameMap(5, excluded, 2);
     WorkerRejoin* r = map.add_rejoined_workers();
     r->set_rank(rank);
     r->set_round(round);
     r->set_incarnation(incarnation);
+    r->set_catch_up(catch_up);
     ASSERT_TRUE(engine_->InstallShardMap(map, 0).ok());
   }
 
@@ -814,6 +817,31 @@ TEST_F(EngineTest, AWorkerRejoinedAtTheRoundItsOldPushIsCountedInIsCountedOnce) 
     EXPECT_EQ(Weights(), (std::vector<float>{-6, -6})) << "round 1 counts the new process";
     sent_.clear();
   }
+}
+
+TEST_F(EngineTest, ARankRejoiningAloneCatchesUpWhereItsPartitionCompletedTheJoinRound) {
+  // Both workers removed mid-step: this partition had worker 1's push of
+  // round 1, and the removal completed that round; another partition that
+  // had none stayed at 1 round. The rank rejoins alone at the fewest (1):
+  // here its push of round 1 is taken for a retry (answered, not counted),
+  // and its push of round 2 is counted and completes it. Without catch_up
+  // it was refused, and the worker failed.
+  Make(SYNC, false, 2);
+  Send(PUSH, 0, 0, {1, 1});
+  Send(PUSH, 1, 0, {1, 1});
+  Send(PUSH, 1, 1, {3, 3});
+  RemoveWorkers({0, 1});
+  ASSERT_EQ(engine_->fewest_completed_round(), 2u) << "round 1 completed with worker 1's push";
+  const std::vector<float> before = Weights();
+  RejoinWorker(0, /*round=*/1, /*incarnation=*/11, {1}, /*catch_up=*/true);
+  sent_.clear();
+  PushFrom(0, 11, 1, {9, 9});
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
+  EXPECT_EQ(Weights(), before) << "not counted: round 1 completed without it";
+  PushFrom(0, 11, 2, {2, 2});
+  EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
+  EXPECT_EQ(Weights(), (std::vector<float>{before[0] - 2, before[1] - 2})) << "round 2: worker 0's gradient alone";
 }
 
 TEST_F(EngineTest, APartitionPastTheJoinRoundRefusesTheRejoinedWorkersEarlierRoundsAndGoesOn) {

@@ -582,8 +582,10 @@ class ParameterServerImpl : public ParameterServer {
     if (!held_.empty()) ReplayHeld();
     std::vector<uint64_t> synced = engine_->SyncedCopies();
     std::vector<HandoffDone> handoffs = engine_->HandoffsDone();
+    const std::optional<uint64_t> fewest = engine_->fewest_completed_round();
     absl::MutexLock lock(&mu_);
     applied_epoch_ = map->epoch();
+    fewest_completed_round_ = fewest;
     synced_copies_ = std::move(synced);  // with the epoch they hold at
     handoffs_done_ = std::move(handoffs);
     checkpoint_failure_ = engine_->checkpoint_failure();
@@ -740,6 +742,7 @@ class ParameterServerImpl : public ParameterServer {
       request.set_node_id(node_id_);
       request.set_applied_epoch(applied_epoch_);
       request.set_completed_round(completed_round_.load(std::memory_order_relaxed));
+      if (fewest_completed_round_) request.set_fewest_completed_round(*fewest_completed_round_);
       request.mutable_synced_copies()->Assign(synced_copies_.begin(), synced_copies_.end());
       for (const HandoffDone& d : handoffs_done_) *request.add_handoffs_done() = d;
       if (!checkpoint_failure_.dir().empty()) *request.mutable_checkpoint_failure() = checkpoint_failure_;
@@ -821,6 +824,9 @@ class ParameterServerImpl : public ParameterServer {
   std::optional<ShardMap> pending_map_ ABSL_GUARDED_BY(mu_);
   absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
   uint64_t applied_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // At applied_epoch_'s install (rounds completed since only raise it, and
+  // a rejoin placed lower catches up: WorkerRejoin.catch_up).
+  std::optional<uint64_t> fewest_completed_round_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> synced_copies_ ABSL_GUARDED_BY(mu_);  // at applied_epoch_
   CheckpointFailure checkpoint_failure_ ABSL_GUARDED_BY(mu_);  // the engine's last
   std::vector<HandoffDone> handoffs_done_ ABSL_GUARDED_BY(mu_);  // at applied_epoch_

@@ -78,6 +78,11 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
   request.set_server(index);
   request.set_cancel(cancel);
   if (cancel) {
+    // Checked here too: a scheduler from before DrainRequest.cancel would
+    // take the request for a drain.
+    if (node != nullptr && !node->left() && !node->declared_dead() && !MarkedDraining(before->shard_map(), index)) {
+      return absl::FailedPreconditionError(absl::StrCat("server ", index, " is not draining"));
+    }
     auto response = (*client)->Drain(request, absl::Seconds(10));
     if (!response.ok()) return response.status();
     std::cout << "the drain of server " << index << " is cancelled from shard map epoch " << response->epoch()
