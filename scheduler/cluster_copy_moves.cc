@@ -25,6 +25,19 @@ PartitionInfo* FindPartition(ShardMap& map, uint64_t id) {
   return nullptr;
 }
 
+// The copies server `index` holds in `map`, and their elements (the epoch
+// left for the caller).
+DrainResponse CopiesHeld(const ShardMap& map, uint32_t index) {
+  DrainResponse held;
+  for (const PartitionInfo& p : map.partitions()) {
+    if (HoldsCopy(p, index)) {
+      held.set_copies(held.copies() + 1);
+      held.set_elements(held.elements() + p.num_elements());
+    }
+  }
+  return held;
+}
+
 std::string DescribeLoads(const std::map<uint32_t, uint64_t>& loads) {
   return absl::StrJoin(loads, ", ", [](std::string* out, const auto& l) { absl::StrAppend(out, l.first, ":", l.second); });
 }
@@ -78,13 +91,7 @@ absl::StatusOr<DrainResponse> ClusterState::Drain(uint32_t index) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the job is over (every worker left), so ", who, " has nothing to hand on; stop it instead"));
   }
-  DrainResponse response;
-  for (const PartitionInfo& p : map_.partitions()) {
-    if (HoldsCopy(p, index)) {
-      response.set_copies(response.copies() + 1);
-      response.set_elements(response.elements() + p.num_elements());
-    }
-  }
+  DrainResponse response = CopiesHeld(map_, index);
   ServerInfo* info = MapServer(index);
   if (info->draining()) {
     response.set_epoch(map_.epoch());
@@ -140,13 +147,7 @@ absl::StatusOr<DrainResponse> ClusterState::CancelDrain(uint32_t index) {
         who, node->second.left ? " left the job already" : " is dead", "; there is no drain to cancel"));
   }
   if (!info->draining()) return absl::FailedPreconditionError(absl::StrCat(who, " is not draining"));
-  DrainResponse response;
-  for (const PartitionInfo& p : map_.partitions()) {
-    if (HoldsCopy(p, index)) {
-      response.set_copies(response.copies() + 1);
-      response.set_elements(response.elements() + p.num_elements());
-    }
-  }
+  DrainResponse response = CopiesHeld(map_, index);
   if (response.copies() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         who, " has handed on every copy it held and stops (or has stopped) by itself; start it again to have "

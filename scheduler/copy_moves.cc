@@ -205,10 +205,6 @@ std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_
   return moves;
 }
 
-bool HoldsCopy(const PartitionInfo& p, uint32_t server) {
-  return p.server() == server || std::find(p.backups().begin(), p.backups().end(), server) != p.backups().end();
-}
-
 bool IsPrimaryMoveHandoff(const CopyMove& m, const Handoff& h) {
   return m.primary() && m.partition() == h.partition() && m.from() == h.from() && m.to() == h.to();
 }

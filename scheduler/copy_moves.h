@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "common/shard_map.h"  // HoldsCopy, which callers of these use too
 #include "proto/cluster.pb.h"
 
 namespace shardps {
@@ -49,9 +50,6 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
 // (the failover's concern), are left alone. Deterministic.
 std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_t>& live,
                                      const std::set<uint32_t>& draining);
-
-// Whether `server` holds a copy of `p` (its primary or a backup).
-bool HoldsCopy(const PartitionInfo& p, uint32_t server);
 
 // Whether hand-off `h` is the second step of primary move `m` (the role
 // going to the move's new copy), not one balancing the primaries.

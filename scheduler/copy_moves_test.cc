@@ -900,6 +900,14 @@ class DrainTest : public CopyMovesTest {
     ASSERT_THAT(Map().moves(), Not(IsEmpty()));
   }
 
+  // Server 2 of 3 (replication 2) drains, and the copies of its moves are
+  // synced: the hand-offs of its primaries begin.
+  void StartDrainHandoffs() {
+    ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
+    Beat({0, 1, 2});
+    ASSERT_THAT(Map().handoffs(), Not(IsEmpty()));
+  }
+
   // Server `s`'s last heartbeat: it stops.
   void Leave(int s) {
     HeartbeatRequest h;
@@ -1105,12 +1113,8 @@ TEST_F(DrainTest, AnotherServersDeathThatLeavesTooFewForTheCopiesEndsTheDrainAnd
 }
 
 TEST_F(DrainTest, ACancelledDrainEndsItsServerServesOnAndIsGivenCopiesBack) {
-  StartJob(3, 2);
-  Beat({0, 1, 2});
-  const size_t held = Held(2).size();
-  ASSERT_TRUE(state_->Drain(2).ok());
-  Beat({0, 1, 2});
-  ASSERT_THAT(Map().moves(), Not(IsEmpty()));
+  ASSERT_NO_FATAL_FAILURE(StartDrainMoves(3, 2, 2));
+  const size_t held = Held(2).size();  // the moves keep them until done
   const uint64_t before = Map().epoch();
   auto cancel = state_->CancelDrain(2);
   ASSERT_TRUE(cancel.ok()) << cancel.status();
@@ -1130,12 +1134,7 @@ TEST_F(DrainTest, ACancelledDrainEndsItsServerServesOnAndIsGivenCopiesBack) {
 }
 
 TEST_F(DrainTest, ACancelledDrainFinishesTheHandoffsUnderWayAndTheServersAreBalancedAgain) {
-  StartJob(3, 2);
-  Beat({0, 1, 2});
-  ASSERT_TRUE(state_->Drain(2).ok());
-  Beat({0, 1, 2});  // plans the moves
-  Beat({0, 1, 2});  // the copies synced: the primaries' hand-offs begin
-  ASSERT_THAT(Map().handoffs(), Not(IsEmpty()));
+  ASSERT_NO_FATAL_FAILURE(StartDrainHandoffs());
   const int handing = Map().handoffs_size();
   ASSERT_TRUE(state_->CancelDrain(2).ok());
   EXPECT_THAT(Map().moves(), SizeIs(handing)) << "the moves handing primaries off stay";
@@ -1147,11 +1146,7 @@ TEST_F(DrainTest, ACancelledDrainFinishesTheHandoffsUnderWayAndTheServersAreBala
 }
 
 TEST_F(DrainTest, ACancelledDrainFinishesTheMovesWhosePrimaryWasHandedOffAndKeepsNoExtraCopy) {
-  StartJob(3, 2);
-  Beat({0, 1, 2});
-  ASSERT_TRUE(state_->Drain(2).ok());
-  Beat({0, 1, 2});  // plans the moves
-  Beat({0, 1, 2});  // the copies synced: the primaries' hand-offs begin
+  ASSERT_NO_FATAL_FAILURE(StartDrainHandoffs());
   const std::set<uint64_t> handing = PartitionsFrom(Map().handoffs(), 2);
   ASSERT_THAT(handing, Not(IsEmpty()));
   ReportDrained(2, handing);  // the roles switch; each move waits to drop server 2's copy

@@ -49,6 +49,19 @@ class ReplicationTest : public ReplicaPairTest {
   // the map that first listed the rejoin (0: not said).
   // Worker 0 rejoins as a new process (registration kNewProcess) in `map`.
   static constexpr uint64_t kNewProcess = 7;
+  // Server 1 dies (epoch 11 on the primary) and a fresh engine joins in
+  // its place at another address; the primary installs that map (epoch 12,
+  // into `*joined`) and sends the new copy its snapshot, which server 1 has
+  // not installed the map of yet.
+  void ReplaceServerOne(ShardMap* joined) {
+    ASSERT_TRUE(engines_[0]->InstallShardMap(MapAt(11, 0, std::nullopt), 0).ok());  // server 1 died
+    Restart(1);
+    engines_[1]->JoinRunningJob();
+    *joined = MapAt(12, 0, 1);
+    joined->mutable_servers(1)->set_data_address("tcp://s:9");
+    ASSERT_TRUE(engines_[0]->InstallShardMap(*joined, 0).ok());
+  }
+
   static void RejoinWorkerZero(ShardMap& map, uint64_t epoch) {
     WorkerRejoin* rejoin = map.add_rejoined_workers();
     rejoin->set_rank(0);
@@ -764,12 +777,8 @@ TEST_F(ReplicationTest, AJoinedServerHoldsASnapshotThatArrivesBeforeItsFirstMap)
   Send(0, PUSH, 0, 0, {2.0f, 4.0f});
   Send(0, PUSH, 1, 0, {6.0f, 8.0f});
   Deliver();
-  ASSERT_TRUE(engines_[0]->InstallShardMap(MapAt(11, 0, std::nullopt), 0).ok());  // server 1 died
-  Restart(1);
-  engines_[1]->JoinRunningJob();
-  ShardMap joined = MapAt(12, 0, 1);
-  joined.mutable_servers(1)->set_data_address("tcp://s:9");
-  ASSERT_TRUE(engines_[0]->InstallShardMap(joined, 0).ok());
+  ShardMap joined;
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
   Deliver();  // the snapshot reaches server 1 before its map
   EXPECT_TRUE(engines_[1]->SyncedCopies().empty());
   ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
@@ -795,12 +804,8 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsSentAgainAndTheRoundsGoOn) {
     Send(0, PUSH, 1, r, {6.0f, 8.0f}, 12);
     Deliver();
   };
-  ASSERT_TRUE(engines_[0]->InstallShardMap(MapAt(11, 0, std::nullopt), 0).ok());  // server 1 died
-  Restart(1);
-  engines_[1]->JoinRunningJob();
-  ShardMap joined = MapAt(12, 0, 1);
-  joined.mutable_servers(1)->set_data_address("tcp://s:9");
-  ASSERT_TRUE(engines_[0]->InstallShardMap(joined, 0).ok());
+  ShardMap joined;
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
   ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
   ASSERT_EQ(outbox_.size(), 1u);
   outbox_.clear();  // the snapshot, lost

@@ -26,6 +26,7 @@
 #include "server/peer_admission.h"
 #include "common/peer_seal.h"
 #include "common/security.h"
+#include "common/shard_map.h"
 #include "server/curve_authenticator.h"
 #include "server/sender_roles.h"
 #include "server/server_metrics.h"
@@ -571,7 +572,7 @@ class ParameterServerImpl : public ParameterServer {
     }
     LOG(INFO) << "server " << index_ << " serves shard map epoch " << map->epoch();
     job_over_ = map->left_workers_size() >= static_cast<int>(config_.num_workers());
-    drain_ended_ = drain_epoch_ != 0 && map->epoch() >= drain_epoch_ && !MarkedDraining(*map);
+    drain_ended_ = drain_epoch_ != 0 && map->epoch() >= drain_epoch_ && !MarkedDraining(*map, index_);
     if (Drained(*map)) {
       LOG(WARNING) << "server " << index_ << " drained: shard map epoch " << map->epoch()
                    << " lists no copy on it; it stops and leaves the job";
@@ -611,12 +612,12 @@ class ParameterServerImpl : public ParameterServer {
     const absl::Time now = absl::Now();
     if (now >= drain_deadline_) {
       LOG(WARNING) << "server " << index_ << " not drained within " << absl::FormatDuration(drain_on_stop_)
-                   << (drain_asked_ ? "" : " (the scheduler could not be asked for it)")
+                   << (drain_epoch_ != 0 ? "" : " (the scheduler could not be asked for it)")
                    << ": it stops now, and the copies still on it fail over";
       drain_deadline_ = absl::InfiniteFuture();
       return false;
     }
-    if (drain_asked_ && (job_over_ || drain_ended_)) {
+    if (drain_epoch_ != 0 && (job_over_ || drain_ended_)) {
       // Nothing would move its copies any more: the servers stop with the
       // job, or the scheduler ended the drain (too few would be left) and
       // gives it copies again.
@@ -625,7 +626,7 @@ class ParameterServerImpl : public ParameterServer {
       drain_deadline_ = absl::InfiniteFuture();
       return false;
     }
-    if (drain_asked_ || now < next_drain_ask_) return true;
+    if (drain_epoch_ != 0 || now < next_drain_ask_) return true;
     return AskForDrain(now);
   }
 
@@ -645,7 +646,6 @@ class ParameterServerImpl : public ParameterServer {
     // wait no longer than that and training goes on between tries.
     auto asked = scheduler_->Drain(request, std::min(drain_deadline_ - now, absl::Seconds(1)));
     if (asked.ok()) {
-      drain_asked_ = true;
       drain_epoch_ = asked->epoch();
       LOG(WARNING) << "server " << index_ << " drains before it stops (at most "
                    << absl::FormatDuration(drain_on_stop_) << "): its " << asked->copies()
@@ -666,17 +666,12 @@ class ParameterServerImpl : public ParameterServer {
     return false;
   }
 
-  // Whether `map` marks this server draining (`shardps drain`).
-  bool MarkedDraining(const ShardMap& map) const {
-    return absl::c_any_of(map.servers(), [this](const ServerInfo& s) { return s.index() == index_ && s.draining(); });
-  }
-
   // Whether `map` marks this server draining and lists no copy on it, and
   // no move or hand-off from or to it.
   bool Drained(const ShardMap& map) const {
-    if (!MarkedDraining(map)) return false;
+    if (!MarkedDraining(map, index_)) return false;
     for (const PartitionInfo& p : map.partitions()) {
-      if (p.server() == index_ || absl::c_linear_search(p.backups(), index_)) return false;
+      if (HoldsCopy(p, index_)) return false;
     }
     for (const CopyMove& m : map.moves()) {
       if (m.from() == index_ || m.to() == index_) return false;
@@ -808,8 +803,7 @@ class ParameterServerImpl : public ParameterServer {
   bool drained_ = false;
   bool job_over_ = false;  // the latest map lists every worker as left
   absl::Time drain_deadline_ = absl::InfinitePast();
-  bool drain_asked_ = false;  // the scheduler accepted the drain
-  uint64_t drain_epoch_ = 0;  // the epoch that marked it draining (0: not asked)
+  uint64_t drain_epoch_ = 0;  // the epoch that marked it draining (0: not accepted yet)
   bool drain_ended_ = false;  // a map since drain_epoch_ no longer marks it draining
   absl::Time next_drain_ask_ = absl::InfinitePast();  // after a scheduler it could not reach
   absl::Time ask_deadline_ = absl::InfinitePast();    // asking for the drain ends then

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_store.h"
 #include "common/config.h"
@@ -70,21 +71,22 @@ class StopEndsProcess {
  public:
   StopEndsProcess(std::string message, int code)
       : thread_([this, message = std::move(message), code] {
-          while (waiting_.load()) {
+          // The signal thread only sets g_stop: look every 50 ms, and end
+          // the look at once when the wait is over.
+          while (!joined_.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
             if (g_stop.load()) {
               std::cerr << message << "\n";
               std::_Exit(code);
             }
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
           }
         }) {}
   ~StopEndsProcess() {
-    waiting_.store(false);
+    joined_.Notify();
     thread_.join();
   }
 
  private:
-  std::atomic<bool> waiting_{true};
+  absl::Notification joined_;
   std::thread thread_;
 };
 

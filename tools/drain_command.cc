@@ -2,7 +2,6 @@
 // to the other servers (primaries by hand-off, while training goes on), then
 // waits until that server has stopped and left the job, or says at the
 // deadline what is still under way; `--cancel` ends a drain under way.
-#include <algorithm>
 #include <iostream>
 #include <thread>
 
@@ -10,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/scheduler_client.h"
-#include "scheduler/copy_moves.h"
+#include "common/shard_map.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
@@ -32,13 +31,6 @@ std::string StillHeld(const ShardMap& map, uint32_t index) {
   for (const CopyMove& m : map.moves()) moving += m.from() == index ? 1 : 0;
   return absl::StrCat(copies, " copies still on it, ", moving, " moves from it under way (shard map epoch ",
                       map.epoch(), ")");
-}
-
-// Whether `map` still marks server `index` draining: the scheduler ends a
-// drain that another server's death left unable to finish.
-bool MarkedDraining(const ShardMap& map, uint32_t index) {
-  return std::any_of(map.servers().begin(), map.servers().end(),
-                     [index](const ServerInfo& s) { return s.index() == index && s.draining(); });
 }
 
 // Server `server` of `status`: its index, or the data address it serves on
