@@ -102,6 +102,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.memory_bytes = n.memory_bytes();
   }
   cs->map_ = state.shard_map();
+  cs->written_epoch_ = cs->map_.epoch();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
   for (const SchedulerState::Barrier& b : state.barriers()) {
     BarrierState& restored = cs->barriers_[b.name()];
@@ -136,7 +137,10 @@ void ClusterState::WriteUnsaved() {
     absl::MutexLock lock(&mu_);
     state.swap(unsaved_);
   }
-  if (state) persist_(*state);
+  if (!state) return;
+  persist_(*state);
+  absl::MutexLock lock(&mu_);
+  written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
 }
 
 void ClusterState::Save() {
@@ -440,8 +444,8 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   node->heard = true;
   node->applied_epoch = request.applied_epoch();
   if (request.applied_epoch() > map_.epoch()) {
-    // Restarted from a state written before the last maps it published (the
-    // write follows the lock): the nodes hold those epochs and ignore any
+    // Restarted from a state written before the last maps it published (a
+    // write that failed; maps go out once written): the nodes hold those epochs and ignore any
     // not above theirs, so the epochs this scheduler would issue next, with
     // other contents, must skip past them.
     LOG(WARNING) << "scheduler: " << (node->role == SERVER ? "server " : "worker rank ") << node->rank
@@ -1079,11 +1083,20 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
 }
 
 std::optional<ShardMap> ClusterState::WaitForMap(uint64_t known_epoch, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto newer = [this, known_epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return map_.epoch() > known_epoch;
+  auto newer = [this, known_epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return map_.epoch() > known_epoch; };
+  auto written = [this, known_epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return map_.epoch() > known_epoch && (!persist_ || written_epoch_ >= map_.epoch());
   };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&newer), deadline)) return std::nullopt;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithDeadline(absl::Condition(&newer), deadline)) return std::nullopt;
+    if (written()) return map_;
+  }
+  // Written by the method that changed it once it returns, but one may wait
+  // for the servers to serve this very map first (DefineTensors): write it here.
+  WriteUnsaved();
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithDeadline(absl::Condition(&written), deadline)) return std::nullopt;
   return map_;
 }
 

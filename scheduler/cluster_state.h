@@ -85,9 +85,12 @@ class ClusterState {
   // the same tensors. Returns once every server reports serving that epoch.
   absl::StatusOr<ShardMap> DefineTensors(const std::vector<TensorSpec>& tensors, absl::Time deadline);
 
-  // Returns the map once its epoch is above `known_epoch`; nullopt at the
-  // deadline (callers loop, checking for cancellation in between).
-  std::optional<ShardMap> WaitForMap(uint64_t known_epoch, absl::Time deadline);
+  // Returns the map once its epoch is above `known_epoch` and the state that
+  // holds it is written (the write tried: a failed one is logged); nullopt
+  // at the deadline (callers loop, checking for cancellation in between).
+  // A scheduler restarted from its state then never issues, with other
+  // contents, an epoch that a node already holds.
+  std::optional<ShardMap> WaitForMap(uint64_t known_epoch, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
 
   // Returns once every worker still in the job has entered barrier `name`;
   // `live` (optional) receives the ranks in the job when it passed.
@@ -344,6 +347,7 @@ class ClusterState {
   bool isolated_ ABSL_GUARDED_BY(mu_) = false;  // said once: hears from no majority
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
+  uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a
   // heartbeat costs no load computation once the epoch's copies are synced.

@@ -4,10 +4,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "common/protocol.h"
 
 namespace shardps {
@@ -167,6 +169,42 @@ TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   EXPECT_TRUE(state.DefineTensors({Tensor("w", 10)}, Soon()).ok());
   auto bad = state.DefineTensors({Tensor("w", 11)}, Soon());
   EXPECT_THAT(bad.status().message(), HasSubstr("'w'"));
+}
+
+TEST(ClusterStateTest, AMapGoesOutOnlyOnceTheStateThatHoldsItIsWritten) {
+  // The scheduler is killed between publishing a map and writing it: a
+  // restart would resume the older epoch and issue the next one with other
+  // contents, which the nodes holding the unwritten one would ignore.
+  absl::Notification writing, write;
+  std::atomic<uint64_t> written{0};
+  ClusterState state(Config(1, 1), absl::Now, [&](const SchedulerState& s) {
+    if (s.shard_map().epoch() == 0) return;
+    if (!writing.HasBeenNotified()) writing.Notify();
+    write.WaitForNotification();
+    written = s.shard_map().epoch();
+  });
+  auto server = state.RegisterServer(Server("tcp://a:1"));
+  ASSERT_TRUE(server.ok());
+  std::optional<ShardMap> served;
+  std::thread serving([&] {
+    served = state.WaitForMap(0, absl::Now() + absl::Seconds(10));
+    if (!served) return;
+    HeartbeatRequest hb;
+    hb.set_node_id(server->node_id());
+    hb.set_applied_epoch(served->epoch());
+    EXPECT_TRUE(state.Heartbeat(hb).ok());
+  });
+  std::thread defining([&] { EXPECT_TRUE(state.DefineTensors({Tensor("w", 10)}, absl::Now() + absl::Seconds(10)).ok()); });
+  ASSERT_TRUE(writing.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_FALSE(state.WaitForMap(0, absl::Now() + absl::Milliseconds(300)).has_value())
+      << "a map whose state is not written yet went out";
+  EXPECT_EQ(state.Status().shard_map().epoch(), 1u);  // the map is built, only not written
+  write.Notify();
+  serving.join();
+  defining.join();
+  ASSERT_TRUE(served.has_value());
+  EXPECT_EQ(served->epoch(), 1u);
+  EXPECT_EQ(written.load(), 1u);
 }
 
 // A 1-server, 1-worker async job resumed from a checkpoint of round 150,
