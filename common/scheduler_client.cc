@@ -363,12 +363,17 @@ absl::StatusOr<DrainResponse> SchedulerClient::Drain(const DrainRequest& request
       absl::StrCat("drain of server ", request.server(), ": this scheduler client (", address_, ") cannot ask for it"));
 }
 
-absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address,
-                                                                        const SecurityCredentials& security) {
-  std::vector<std::string> addresses = absl::StrSplit(address, ',');
-  for (const std::string& a : addresses) {
+absl::Status CheckSchedulerAddress(const std::string& address) {
+  for (absl::string_view a : absl::StrSplit(address, ',')) {
     if (auto e = ParseHostPort(a, "scheduler address", {.allow_wildcard = true}); !e.ok()) return e.status();
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(const std::string& address,
+                                                                        const SecurityCredentials& security) {
+  if (absl::Status s = CheckSchedulerAddress(address); !s.ok()) return s;
+  std::vector<std::string> addresses = absl::StrSplit(address, ',');
   if (addresses.size() == 1) {
     return std::unique_ptr<SchedulerClient>(new GrpcSchedulerClient(address, security, /*wait_for_ready=*/true));
   }

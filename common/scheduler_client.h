@@ -81,6 +81,10 @@ class SchedulerClient {
 absl::Status SayLeaving(SchedulerClient& scheduler, uint64_t node_id, const ClusterConfig& config,
                         const std::string& error = "");
 
+// Whether `address` is what SchedulerClient::Create takes ("host:port", or
+// several comma-separated); the error names the entry that is not.
+absl::Status CheckSchedulerAddress(const std::string& address);
+
 }  // namespace shardps
 
 #endif  // SHARDPS_COMMON_SCHEDULER_CLIENT_H_

@@ -723,7 +723,28 @@ TEST(CommandLineTest, ABenchDataCipherWithoutSecureOrUnknownIsRefused) {
   ExpectEachFails({{"bench --data-cipher curve", "shardps bench: --data-cipher needs --secure"},
                    {"bench --secure --data-cipher rc4", "shardps bench: --data-cipher 'rc4': say aes-256-gcm or curve"},
                    {"bench --data-cipher rc4", "shardps bench: --data-cipher needs --secure"}},
-                  /*exit_code=*/1);
+                  /*exit_code=*/2);
+}
+
+// Exit 2 for a command line that cannot run, as every command gives, before
+// anything starts (bench and flood said 1, as for a failed run).
+TEST(CommandLineTest, AFlagThatCannotRunIsAUsageErrorInBenchFloodStatusAndDrain) {
+  ExpectEachFails({{"bench --bytes 6", "shardps bench: --bytes must be a positive multiple of 4"},
+                   {"bench --op push", "shardps bench: --op 'push': allowed: pushpull, push-then-pull"},
+                   {"bench --tensor-bytes 8", "shardps bench: --tensor-bytes and --rank need --scheduler"},
+                   {"bench --scheduler 127.0.0.1:1 --tensor-bytes 8,x",
+                    "shardps bench: --tensor-bytes: 'x' is not a positive multiple of 4"},
+                   {"flood --in-flight 0", "shardps flood: --workers, --seconds and --in-flight must be >= 1"},
+                   {"status --scheduler 127.0.0.1:99999", "'127.0.0.1:99999' has no valid port"},
+                   {"drain --scheduler 127.0.0.1:1 --server 0 --cancel --wait 5",
+                    "shardps drain: --wait does not go with --cancel"},
+                   {"drain --scheduler 127.0.0.1:1 --server 0 --cancel --wait=0",
+                    "shardps drain: --wait does not go with --cancel"},
+                   {"drain --scheduler 127.0.0.1:1 --server 0 --wait -3", "shardps drain: --wait: -3 is not a number of seconds"},
+                   {"checkpoint --scheduler 127.0.0.1:1 --dir /tmp/c --wait nan",
+                    "shardps checkpoint: --wait: nan is not a number of seconds"},
+                   {"bench --scheduler 127.0.0.1:99999", "shardps bench: scheduler address: '127.0.0.1:99999' has no valid port"}},
+                  /*exit_code=*/2);
 }
 
 // README: where no recipe keeps a lossy codec's accuracy, "one warning line says so";

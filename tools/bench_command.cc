@@ -22,6 +22,7 @@
 #include "common/config.h"
 #include "common/data_message.h"
 #include "common/logging.h"
+#include "common/scheduler_client.h"
 #include "scheduler/shard_assignment.h"
 #include "tools/cli_flags.h"
 #include "tools/cluster_credentials.h"
@@ -335,7 +336,8 @@ absl::Status RunAgainstCluster(const BenchOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status RunBench(const BenchOptions& o) {
+// The flags' own errors: a usage error (exit 2) before anything starts.
+absl::Status CheckBenchFlags(const BenchOptions& o) {
   if (o.op != "pushpull" && o.op != "push-then-pull") {
     return absl::InvalidArgumentError(absl::StrCat("--op '", o.op, "': allowed: pushpull, push-then-pull"));
   }
@@ -347,10 +349,17 @@ absl::Status RunBench(const BenchOptions& o) {
   if (!o.data_cipher.empty() && o.data_cipher != "aes-256-gcm" && o.data_cipher != "curve") {
     return absl::InvalidArgumentError(absl::StrCat("--data-cipher '", o.data_cipher, "': say aes-256-gcm or curve"));
   }
-  if (!o.scheduler.empty()) return RunAgainstCluster(o);
-  if (!o.tensor_bytes.empty() || o.rank != 0) {
+  if (!o.scheduler.empty()) {
+    if (absl::Status s = CheckSchedulerAddress(o.scheduler); !s.ok()) return s;
+  }
+  if (o.scheduler.empty() && (!o.tensor_bytes.empty() || o.rank != 0)) {
     return absl::InvalidArgumentError("--tensor-bytes and --rank need --scheduler (the raw baseline is one tensor)");
   }
+  return BenchTensors(o).status();
+}
+
+absl::Status RunBench(const BenchOptions& o) {
+  if (!o.scheduler.empty()) return RunAgainstCluster(o);
   ClusterConfig config;
   config.set_num_servers(o.servers);
   config.set_num_workers(o.workers);
@@ -519,6 +528,10 @@ int BenchCommand(const Args& args) {
     return 2;
   }
   if (flags.help()) return 0;
+  if (absl::Status s = CheckBenchFlags(o); !s.ok()) {
+    std::cerr << "shardps bench: " << s.message() << "\n";
+    return 2;
+  }
   InitLogging("shardps-bench", false);
   if (absl::Status s = RunBench(o); !s.ok()) {
     std::cerr << "shardps bench: " << s.message() << "\n";

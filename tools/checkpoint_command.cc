@@ -67,7 +67,7 @@ int CheckpointCommand(const Args& args) {
   CliFlags flags("checkpoint");
   flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.String("dir", &dir, "checkpoint directory, the same path on every server (rounds go in round-N/)");
-  flags.Double("wait", &wait_s, "seconds to wait for the checkpoint to be complete (0: return once requested)");
+  flags.Seconds("wait", &wait_s, "seconds to wait for the checkpoint to be complete (0: return once requested)");
   std::string security_config;
   flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
   absl::Status s = flags.Parse(args);

@@ -45,6 +45,16 @@ void CliFlags::Double(const std::string& name, double* target, const std::string
                  absl::StrCat(*target)});
 }
 
+void CliFlags::Seconds(const std::string& name, double* target, const std::string& help) {
+  Double(name, target, help);
+  Flag& flag = flags_.at(name);
+  flag.set = [parse = std::move(flag.set), target, name](const std::string& v) {
+    if (absl::Status s = parse(v); !s.ok()) return s;
+    if (*target >= 0 && *target <= 1e9) return absl::OkStatus();  // NaN fails both
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", v, " is not a number of seconds in [0, 1e9]"));
+  };
+}
+
 void CliFlags::Bool(const std::string& name, bool* target, const std::string& help) {
   Add(name, Flag{help, true, [target, name](const std::string& v) {
                    if (!absl::SimpleAtob(v, target)) {
@@ -95,6 +105,7 @@ absl::Status CliFlags::Parse(const std::vector<std::string>& args) {
       }
     }
     if (absl::Status s = it->second.set(value); !s.ok()) return s;
+    given_.insert(name);
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ class CliFlags {
   // An integer of 0 or more (a count or a limit, where 0 often means none).
   void Count(const std::string& name, int64_t* target, const std::string& help);
   void Double(const std::string& name, double* target, const std::string& help);
+  // A duration in seconds, 0 or more.
+  void Seconds(const std::string& name, double* target, const std::string& help);
   void Bool(const std::string& name, bool* target, const std::string& help);
   // Repeatable flag: each occurrence appends.
   void Repeated(const std::string& name, std::vector<std::string>* target, const std::string& help);
@@ -32,6 +35,8 @@ class CliFlags {
   absl::Status Parse(const std::vector<std::string>& args);
   // True if Parse() saw --help (usage was printed).
   bool help() const { return help_; }
+  // True if Parse() saw --`name` (a default left alone is not given).
+  bool given(const std::string& name) const { return given_.contains(name); }
   std::string Usage() const;
 
  private:
@@ -46,6 +51,7 @@ class CliFlags {
   std::string command_;
   std::map<std::string, Flag> flags_;
   bool help_ = false;
+  std::set<std::string> given_;
 };
 
 }  // namespace shardps

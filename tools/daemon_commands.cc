@@ -482,7 +482,10 @@ int StatusCommand(const Args& args) {
   auto security = LoadSecurityCredentialsFile(security_config, /*for_scheduler=*/false);
   if (!security.ok()) return Fail("status", security.status());
   auto client = SchedulerClient::Create(address, *security);
-  if (!client.ok()) return Fail("status", client.status());
+  if (!client.ok()) {  // a --scheduler that does not parse is the command line's
+    return client.status().code() == absl::StatusCode::kInvalidArgument ? UsageError("status", client.status())
+                                                                        : Fail("status", client.status());
+  }
   if (watch) InstallStopSignals();
   const bool clear = watch && !json && isatty(STDOUT_FILENO);
   std::optional<StatusResponse> previous;  // --watch: rates between refreshes

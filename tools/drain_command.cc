@@ -144,13 +144,18 @@ int DrainCommand(const Args& args) {
   CliFlags flags("drain");
   flags.String("scheduler", &address, "scheduler host:port (several, comma-separated: schedulers on etcd)");
   flags.String("server", &server, "the server to drain: its index or data address (as `shardps status` lists them)");
-  flags.Double("wait", &wait_s, "seconds to wait for the server to be drained and stopped (0: return once asked)");
+  flags.Seconds("wait", &wait_s,
+               "seconds to wait for the server to be drained and stopped (0: return once asked; not with --cancel)");
   bool cancel = false;
   flags.Bool("cancel", &cancel, "end the server's drain under way instead: it serves on with the copies it still holds");
   std::string security_config;
   flags.String("security-config", &security_config, "config file whose security { } block reaches a secured scheduler");
   absl::Status s = flags.Parse(args);
   if (s.ok() && flags.help()) return 0;
+  // A cancel is answered at once; a wait asked with it would be ignored.
+  if (s.ok() && cancel && flags.given("wait")) {
+    s = absl::InvalidArgumentError("--wait does not go with --cancel: a cancel is answered at once");
+  }
   if (s.ok()) s = Drain(address, security_config, server, wait_s, cancel);
   if (s.ok()) return 0;
   std::cerr << "shardps drain: " << s.message() << "\n";

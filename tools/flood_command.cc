@@ -102,10 +102,15 @@ void Probe(Worker& w, const std::atomic<bool>& stop, FloodResult& r) {
   }
 }
 
-absl::Status RunFlood(const FloodOptions& o) {
+// The flags' own errors: a usage error (exit 2) before anything starts.
+absl::Status CheckFloodFlags(const FloodOptions& o) {
   if (o.workers < 1 || o.bytes < 4 || o.bytes % 4 != 0 || o.seconds < 1 || o.in_flight < 1) {
     return absl::InvalidArgumentError("--workers, --seconds and --in-flight must be >= 1, --bytes a multiple of 4");
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunFlood(const FloodOptions& o) {
   auto config = LoadLocalConfig("", 1, o.workers + 1);
   if (!config.ok()) return config.status();
   config->set_consistency(ASYNC);
@@ -218,6 +223,10 @@ int FloodCommand(const Args& args) {
     return 2;
   }
   if (flags.help()) return 0;
+  if (absl::Status s = CheckFloodFlags(o); !s.ok()) {
+    std::cerr << "shardps flood: " << s.message() << "\n";
+    return 2;
+  }
   InitLogging("shardps-flood", false);
   if (absl::Status s = RunFlood(o); !s.ok()) {
     std::cerr << "shardps flood: " << s.message() << "\n";
