@@ -324,14 +324,15 @@ TEST(RegisterTest, ATrainingWorkerStoppedWithSigtermLeavesTheJobRatherThanFallSi
   std::filesystem::remove(progress);
 }
 
-// Worker rank `rank` as the scheduler's status lists it; nullopt if not listed (or no status).
-std::optional<NodeStatus> WorkerStatus(TestCluster& cluster, uint32_t rank) {
+// Worker rank `rank` (server index `rank` with role SERVER) as the
+// scheduler's status lists it; nullopt if not listed (or no status).
+std::optional<NodeStatus> WorkerStatus(TestCluster& cluster, uint32_t rank, Role role = WORKER) {
   auto client = SchedulerClient::Create(cluster.scheduler_address());
   if (!client.ok()) return std::nullopt;
   auto status = (*client)->Status(absl::Seconds(5));
   if (!status.ok()) return std::nullopt;
   for (const NodeStatus& n : status->nodes()) {
-    if (n.role() == WORKER && n.rank() == rank) return n;
+    if (n.role() == role && n.rank() == rank) return n;
   }
   return std::nullopt;
 }
@@ -384,6 +385,37 @@ TEST(RegisterTest, AServerStoppedWithSigtermWhileItCannotReachTheSchedulerExitsA
   int status = 0;
   ASSERT_TRUE(ExitsWithin(server->pid, absl::Seconds(10), &status)) << "still registering 10 s after SIGTERM";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+}
+
+TEST(RegisterTest, AServerStoppedAsTheSchedulerRegistersItLeavesTheJobInsteadOfFallingSilent) {
+  // The scheduler stalls (SIGSTOP) while a server joins the running job;
+  // the SIGTERM comes as the server still waits, and the scheduler answers
+  // soon after. Before, the server ended at once, registered or not: the
+  // scheduler, which had registered it, found it silent a heartbeat timeout
+  // later and declared it dead.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(1);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 16)}).ok());
+  ASSERT_EQ(kill((*cluster)->scheduler_pid(), SIGSTOP), 0);
+  ASSERT_TRUE((*cluster)->AddServer().ok());
+  absl::SleepFor(absl::Seconds(1));  // its register call is sent, unanswered
+  kill((*cluster)->server_pid(1), SIGTERM);
+  absl::SleepFor(absl::Milliseconds(300));  // the stop is seen (every 50 ms) before the answer
+  ASSERT_EQ(kill((*cluster)->scheduler_pid(), SIGCONT), 0);
+  std::optional<NodeStatus> joined;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    joined = WorkerStatus(**cluster, 1, SERVER);
+    if (joined && joined->left()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(joined.has_value()) << "the scheduler never registered server 1";
+  EXPECT_TRUE(joined->left()) << "registered, then silent: " << joined->ShortDebugString();
+  EXPECT_EQ((*cluster)->StopServer(1), 0);
 }
 
 TEST(RegisterTest, ATrainingWorkerThatStopsOnAnErrorLeavesAsFailedWithIt) {

@@ -66,7 +66,9 @@ absl::Status RequireScheduler(const std::string& address) {
 // While alive, a stop signal ends the process at once with `code`, after
 // `message` on stderr: for a node still waiting to join its cluster
 // (registration retries for up to its timeout and checks no stop), which
-// holds nothing to hand on yet.
+// holds nothing to hand on yet. A wait that ends within 2 s of the stop
+// (the scheduler answered just then) is let return: the node then stops as
+// a member does, leaving the job, instead of falling silent.
 class StopEndsProcess {
  public:
   StopEndsProcess(std::string message, int code)
@@ -75,6 +77,7 @@ class StopEndsProcess {
           // the look at once when the wait is over.
           while (!joined_.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
             if (g_stop.load()) {
+              if (joined_.WaitForNotificationWithTimeout(absl::Seconds(2))) return;
               std::cerr << message << "\n";
               std::_Exit(code);
             }
