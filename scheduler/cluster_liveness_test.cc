@@ -833,6 +833,47 @@ TEST_F(FailoverTest, AReportFromBeforeTheMapThatGaveACopyBackDoesNotCountItSynce
   }
 }
 
+// The only worker removed mid-step left server 0's partitions at 52 rounds
+// and the others' at 53; its rank asks to rejoin, and server 0 dies before
+// it reported since. The reports the others sent before they applied the
+// failover count none of the partitions they took over (at 52): placed at
+// 53, the rank was counted in no open round of those, and the job hung.
+TEST_F(FailoverTest, ARankRejoiningAloneWhileAServerFailsOverJoinsAtTheFewestRoundsOfTheCopiesPromoted) {
+  auto report = [&](uint32_t server, uint64_t epoch, uint64_t fewest) {
+    HeartbeatRequest h;
+    h.set_node_id(ids_[server]);
+    h.set_applied_epoch(epoch);
+    h.set_completed_round(53);
+    h.set_fewest_completed_round(fewest);
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  };
+  std::vector<std::string> declared;
+  for (int t = 0; t < 12; ++t) {  // the worker falls silent and is removed
+    now_ += absl::Milliseconds(100);
+    const uint64_t epoch = state_->Status().shard_map().epoch();
+    for (uint32_t s : {0u, 1u, 2u}) report(s, epoch, s == 0 ? 52 : 53);
+    for (std::string& l : state_->CheckLiveness()) declared.push_back(std::move(l));
+  }
+  ASSERT_THAT(declared, SizeIs(1));
+  absl::StatusOr<RegisterResponse> rejoined;
+  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  const uint64_t removal = state_->Status().shard_map().epoch();
+  for (int t = 0; t < 12; ++t) {  // server 0 falls silent and fails over
+    now_ += absl::Milliseconds(100);
+    for (uint32_t s : {1u, 2u}) report(s, removal, 53);
+    for (std::string& l : state_->CheckLiveness()) declared.push_back(std::move(l));
+  }
+  ASSERT_THAT(declared, SizeIs(2));
+  absl::SleepFor(absl::Milliseconds(100));
+  const uint64_t failover = state_->Status().shard_map().epoch();
+  ASSERT_GT(failover, removal);
+  for (uint32_t s : {1u, 2u}) report(s, failover, 52);  // they promoted server 0's copies
+  rejoin.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rejoin_round(), 52u) << "the partitions server 0 was primary for completed 52";
+}
+
 TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersPassed) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0, 1}, {0, 1}, 1);

@@ -296,17 +296,19 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // a report from every server sent after this rank asked, serving the
     // map that removed the others (a removal completes a round that holds
     // a removed worker's push), which says where they stand
-    // (RejoinRunningJob).
+    // (RejoinRunningJob). Serving the latest map, not just that one: a
+    // server declared dead meanwhile fails its partitions over, and a report
+    // from before its promotions counts none of them (placed past their
+    // rounds, the rank was counted in none of their open rounds).
     const absl::Time asked = clock_();
-    const uint64_t epoch = map_.epoch();
     const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
-    auto reported = [this, fresh, alone, asked, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
         if (node.dead) continue;
         if (now - node.last_seen > fresh) return false;
-        if (alone && (node.last_seen <= asked || node.applied_epoch < epoch)) return false;
+        if (alone && (node.last_seen <= asked || node.applied_epoch < map_.epoch())) return false;
       }
       return alone || !RoundBased(config_) || AnyServerReportedARound();
     };

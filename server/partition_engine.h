@@ -186,7 +186,7 @@ class PartitionEngine {
   void HandleReplicaAck(uint32_t from_server, const DataHeader& answer);
   // Call every heartbeat timeout or so: a snapshot that a backup has not
   // confirmed since the previous call is sent again (at most kSnapshotTries
-  // times). A snapshot may be lost unanswered (a server that just joined
+  // times a copy, besides the re-creations after a refusal). A snapshot may be lost unanswered (a server that just joined
   // holds sealed messages from senders its first map does not list only so
   // far), and a round-based partition completes no round until its backups
   // confirmed the update before, so waiting for a refusal would wait forever.
@@ -255,8 +255,11 @@ class PartitionEngine {
     bool needs_snapshot = false;
     int snapshots_again = 0;
     // snapshot_at when the last ResendUnconfirmedSnapshots found it
-    // unconfirmed (0: it did not).
+    // unconfirmed (0: it did not), and how often it sent one again: its own
+    // tries, since a slow backup confirms late what it did get, and those
+    // sends must not use up the re-creations after a refusal.
     uint64_t unconfirmed_snapshot = 0;
+    int snapshots_resent = 0;
   };
   struct ParkedPush {
     zmq::message_t peer;

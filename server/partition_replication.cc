@@ -553,14 +553,14 @@ void PartitionEngine::ResendUnconfirmedSnapshots() {
     for (Backup& b : p->backups) {
       const bool unconfirmed = b.snapshot_at > 0 && b.confirmed < b.snapshot_at;
       if (unconfirmed && b.unconfirmed_snapshot == b.snapshot_at) {
-        if (b.snapshots_again < kSnapshotTries) {
-          ++b.snapshots_again;
+        if (b.snapshots_resent < kSnapshotTries) {
+          ++b.snapshots_resent;
           LOG(WARNING) << "server " << server_index_ << ": backup server " << b.server << " has not confirmed the "
                        << "snapshot of partition " << id << " (update " << b.snapshot_at << ") since the last check: "
-                       << "sending it again (" << b.snapshots_again << " of " << kSnapshotTries << " tries)";
+                       << "sending it again (" << b.snapshots_resent << " of " << kSnapshotTries << " tries)";
           SendSnapshot(*p, b.server);
-        } else if (b.snapshots_again == kSnapshotTries) {
-          ++b.snapshots_again;  // said once
+        } else if (b.snapshots_resent == kSnapshotTries) {
+          ++b.snapshots_resent;  // said once
           LOG(ERROR) << "server " << server_index_ << ": backup server " << b.server << " confirmed none of "
                      << kSnapshotTries << " snapshots of partition " << id << ": its rounds wait for it";
         }

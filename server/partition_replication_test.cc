@@ -117,6 +117,32 @@ class ReplicationTest : public ReplicaPairTest {
   }
   // As the primary (server 0) to the backup (server 1).
   DataHeader ToBackup(DataHeader h, const std::string& payload) { return Replica(0, 1, 3, h, payload); }
+  // Both workers' pushes of sync round `round`, routed at `epoch`.
+  void Round(uint64_t round, uint64_t epoch) {
+    Send(0, PUSH, 0, round, {2.0f, 4.0f}, epoch);
+    Send(0, PUSH, 1, round, {6.0f, 8.0f}, epoch);
+  }
+  // Round 0's update never reaches server 1 (confirmed as if it had), and
+  // round 1's does: server 1 refuses it (an update is missing), its refusal
+  // waiting in acks_. `epoch`: the epoch both servers serve.
+  void MissRoundZeroAndRefuseRoundOne(uint64_t epoch) {
+    Round(0, epoch);
+    ASSERT_EQ(outbox_.size(), 1u);
+    DataHeader ack;
+    ack.set_op(RESPONSE);
+    ack.set_partition_id(5);
+    ack.set_request_id(outbox_.front().header.request_id());
+    ack.set_server_epoch(epoch);
+    outbox_.clear();
+    acks_.push_back(Message{1, 0, ack, ""});
+    Deliver();
+    Round(1, epoch);
+    ASSERT_EQ(outbox_.size(), 1u);
+    DeliverOneUpdate();
+    ASSERT_EQ(acks_.size(), 1u);
+    EXPECT_EQ(acks_.front().header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
+    EXPECT_TRUE(engines_[1]->SyncedCopies().empty()) << "a copy that lacks an update is not synced";
+  }
   // Worker `rank`'s push of `round`, forwarded (its payload as the worker sent it).
   static DataHeader Forwarded(uint32_t rank, uint64_t round, const std::string& codec) {
     DataHeader h;
@@ -826,6 +852,27 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsSentAgainAndTheRoundsGoOn) {
   EXPECT_TRUE(outbox_.empty()) << "a confirmed snapshot sent again";
 }
 
+// A backup slow but alive (a large partition, a slow link) has not
+// confirmed its snapshot at several checks: it is sent again, each copy
+// arrives, and the copy syncs. Those sends took the tries of the
+// re-creation after a refusal (they were shared): an update the copy later
+// refused left it differing from its primary for good, and a failover
+// would have promoted it.
+TEST_F(ReplicationTest, ASnapshotSentAgainToASlowBackupLeavesARefusedCopyItsReCreation) {
+  Make(SYNC);
+  ShardMap joined;
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
+  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  for (int check = 0; check < 5; ++check) engines_[0]->ResendUnconfirmedSnapshots();  // still on its way
+  ASSERT_GT(outbox_.size(), 1u) << "sent again";
+  Deliver();  // every copy arrives
+  ASSERT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  ASSERT_NO_FATAL_FAILURE(MissRoundZeroAndRefuseRoundOne(12));
+  Deliver();  // the refusal; then a snapshot
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u)) << "the refused copy was not re-created";
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
 // A copy whose server is more than 4 epochs behind its primary refuses the
 // snapshot that re-creates it (and every update after it: it holds no copy
 // yet). Once its refusals say its server has caught up, the primary sends
@@ -864,29 +911,10 @@ TEST_F(ReplicationTest, ACopyThatRefusedItsSnapshotGetsItAgainOnceItsServerCaugh
 // could be promoted.
 TEST_F(ReplicationTest, ABackupThatRefusedAnUpdateIsReCreatedFromASnapshot) {
   Make(SYNC);
-  auto round = [&](uint64_t r) {
-    Send(0, PUSH, 0, r, {2.0f, 4.0f});
-    Send(0, PUSH, 1, r, {6.0f, 8.0f});
-  };
-  round(0);
-  ASSERT_EQ(outbox_.size(), 1u);
-  DataHeader ack;  // as if confirmed, but round 0 never reaches server 1
-  ack.set_op(RESPONSE);
-  ack.set_partition_id(5);
-  ack.set_request_id(outbox_.front().header.request_id());
-  ack.set_server_epoch(3);
-  outbox_.clear();
-  acks_.push_back(Message{1, 0, ack, ""});
-  Deliver();
-  round(1);
-  ASSERT_EQ(outbox_.size(), 1u);
-  DeliverOneUpdate();
-  ASSERT_EQ(acks_.size(), 1u);
-  EXPECT_EQ(acks_.front().header.status_code(), static_cast<int>(absl::StatusCode::kDataLoss));
-  EXPECT_TRUE(engines_[1]->SyncedCopies().empty()) << "a copy that lacks an update is not synced";
+  ASSERT_NO_FATAL_FAILURE(MissRoundZeroAndRefuseRoundOne(3));
   Deliver();  // the refusal; then a snapshot
   EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
-  round(2);
+  Round(2, 3);
   Deliver();
   for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
