@@ -26,6 +26,7 @@ namespace shardps {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -346,6 +347,25 @@ TEST_F(DrainCommandTest, ADrainedServerStopsAndLeavesAndTheJobTrainsOnWithTheOth
   EXPECT_THAT(Slurp(gone.err_path), HasSubstr("left the job already; there is no drain to cancel"));
   ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
   EXPECT_THAT(Slurp(running.err_path), HasSubstr("stopped cleanly (drained, or a SIGTERM from outside)"));
+}
+
+TEST_F(DrainCommandTest, ACancelledDrainIsSaidOnlyOnceTheServerIsNoLongerDraining) {
+  // A model of many partitions, so the drain is still under way when the
+  // cancel comes; the command reads the map back before it says so.
+  LocalJob running = Start(dir_, "running",
+                           {"--servers", "3", "--train-limit", "6400", "--hidden", "1024,1024", "--set",
+                            "partition_bytes=65536"});
+  const std::string address = SchedulerAfterSixtySteps(running);
+  ASSERT_FALSE(address.empty()) << Slurp(running.err_path);
+  LocalJob drain = Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "2", "--wait", "0"}, dir_, "drain");
+  ASSERT_EQ(Wait(drain), 0) << Slurp(drain.err_path);
+  LocalJob cancel = Spawn({SHARDPS_BINARY, "drain", "--scheduler", address, "--server", "2", "--cancel"}, dir_, "cancel");
+  EXPECT_EQ(Wait(cancel), 0) << Slurp(cancel.err_path);
+  EXPECT_THAT(Slurp(cancel.out_path), HasSubstr("the drain of server 2 is cancelled from shard map epoch"));
+  LocalJob status = Spawn({SHARDPS_BINARY, "status", "--scheduler", address, "--json"}, dir_, "status");
+  ASSERT_EQ(Wait(status), 0) << Slurp(status.err_path);
+  EXPECT_THAT(Slurp(status.out_path), Not(ContainsRegex("\"draining\": ?true")));
+  ASSERT_EQ(Wait(running), 0) << Slurp(running.err_path);
 }
 
 }  // namespace

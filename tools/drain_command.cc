@@ -71,12 +71,22 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
   request.set_cancel(cancel);
   if (cancel) {
     // Checked here too: a scheduler from before DrainRequest.cancel would
-    // take the request for a drain.
+    // take the request for a drain of a server that is not draining...
     if (node != nullptr && !node->left() && !node->declared_dead() && !MarkedDraining(before->shard_map(), index)) {
       return absl::FailedPreconditionError(absl::StrCat("server ", index, " is not draining"));
     }
     auto response = (*client)->Drain(request, absl::Seconds(10));
     if (!response.ok()) return response.status();
+    // ... and one that answers the draining server's cancel as the same
+    // drain asked again, with no word of the cancel.
+    auto after = (*client)->Status(absl::Seconds(10));
+    if (!after.ok()) return after.status();
+    if (MarkedDraining(after->shard_map(), index)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the scheduler at ", address, " answered, but server ", index, " is still draining at shard map epoch ",
+          after->shard_map().epoch(), ": a scheduler from before `shardps drain --cancel` takes a cancel for a "
+          "drain (upgrade it, or let the drain finish)"));
+    }
     std::cout << "the drain of server " << index << " is cancelled from shard map epoch " << response->epoch()
               << ": it serves on with the " << response->copies() << " copies (" << response->elements()
               << " elements) it still holds; moves from it under way finish, then the servers are balanced again"
