@@ -995,6 +995,49 @@ TEST_F(LivenessTest, RanksWhoseNewProcessesAskToRegisterCountAsHeardSoTheOldOnes
   for (const std::string& line : lines) EXPECT_THAT(line, HasSubstr("worker rank"));
 }
 
+TEST_F(LivenessTest, ARankWaitingToRejoinCountsAsHeardSoAServerThatDiedMeanwhileIsDeclaredDead) {
+  // Found with real processes: both workers of a 2-server job SIGKILLed,
+  // started again at once, and a server killed a second later. Once the
+  // workers were removed, 1 of 2 live nodes was heard ("more likely cut off
+  // itself"), so the server was never declared dead; the rejoining ranks'
+  // wait for every server's report ran out and they were placed at the
+  // silent server's age of rounds past the servers' (380 of 100): "nothing
+  // to train", both failed.
+  for (uint32_t r = 0; r < 3; ++r) {
+    HeartbeatRequest leaving;
+    leaving.set_node_id(worker_ids_[r]);
+    leaving.set_leaving(true);
+    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  }
+  Report(0, 0);
+  Report(1, 0);
+  ASSERT_THAT(Advance(1000), IsEmpty());
+  Report(0, 50);  // 50 rounds a second
+  Report(1, 48);
+  auto beat_server0 = [this] {
+    HeartbeatRequest h;
+    h.set_node_id(server_ids_[0]);
+    h.set_applied_epoch(state_->Status().shard_map().epoch());
+    h.set_completed_round(50);
+    ASSERT_TRUE(state_->Heartbeat(h).ok());
+  };
+  ASSERT_THAT(Advance(500), IsEmpty());  // server 1 is silent from here on
+  beat_server0();
+  absl::StatusOr<RegisterResponse> rejoined;
+  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  std::vector<std::string> lines;
+  for (int t = 0; t < 8; ++t) {
+    for (std::string& l : Advance(100)) lines.push_back(std::move(l));
+    beat_server0();
+  }
+  rejoin.join();
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("server 1"));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rejoin_round(), 50u) << "where the live server stands: nobody else trains";
+}
+
 TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {
   Beat({0, 1}, {0, 1, 2}, 1);
   now_ += absl::Seconds(5);  // the scheduler itself was paused

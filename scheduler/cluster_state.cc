@@ -306,9 +306,13 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
       }
       return alone || !RoundBased(config_) || AnyServerReportedARound();
     };
+    // Its process reaches this scheduler: a node heard, for the majority
+    // that declares the servers it waits for dead (CheckLiveness).
+    ++rejoins_waiting_;
     const bool heard = mu_.AwaitWithDeadline(
         absl::Condition(&reported),
         absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
+    --rejoins_waiting_;
     if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard);
   }
   if (Excluded(request.rank())) return RejoinRunningJob(request, false);
@@ -917,8 +921,12 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // only while a majority of the live ones is still heard from. A rank whose
   // new process asks to register reaches this scheduler: its old process is
   // silent, not cut off (before, both workers of a 2-server job killed and
-  // started again were never declared dead: 2 of 4 heard).
-  size_t live = 0, heard = 0;
+  // started again were never declared dead: 2 of 4 heard). So does a removed
+  // rank's new process waiting to rejoin (RegisterWorker): one live node
+  // heard each (before, once every worker of a 2-server job was removed, a
+  // server that died then was never declared dead, 1 of 2 heard, and the
+  // ranks waiting for its report were placed past the job's last round).
+  size_t live = rejoins_waiting_, heard = rejoins_waiting_;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;

@@ -342,6 +342,9 @@ class ClusterState {
   // scheduler was paused) first forgives the pause.
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   bool isolated_ ABSL_GUARDED_BY(mu_) = false;  // said once: hears from no majority
+  // Registrations of removed ranks waiting for the servers' reports before
+  // they rejoin (RegisterWorker): processes heard, for CheckLiveness.
+  size_t rejoins_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
