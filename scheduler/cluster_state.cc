@@ -290,19 +290,21 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // is read again.
     // Where no other worker trains, the rounds stand still: the wait is for
     // a report from every server sent after this rank asked, serving the
-    // map that removed the others (a removal completes a round that holds
-    // a removed worker's push), which says where they stand
+    // newest map: one that removed the others (a removal completes a round
+    // that holds a removed worker's push), or a failover meanwhile, which
+    // makes a server primary of partitions its earlier report left out
+    // (before 2026-11-25 such a report placed the rank past their open round,
+    // which then counted nobody); the report says where they stand
     // (RejoinRunningJob).
     const absl::Time asked = clock_();
-    const uint64_t epoch = map_.epoch();
     const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
-    auto reported = [this, fresh, alone, asked, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
         if (node.dead) continue;
         if (now - node.last_seen > fresh) return false;
-        if (alone && (node.last_seen <= asked || node.applied_epoch < epoch)) return false;
+        if (alone && (node.last_seen <= asked || node.applied_epoch < map_.epoch())) return false;
       }
       return alone || !RoundBased(config_) || AnyServerReportedARound();
     };
