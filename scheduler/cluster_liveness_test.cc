@@ -686,9 +686,11 @@ TEST_F(FastHeartbeatTest, NeitherAHeartbeatSentEarlyNorAJoinedServersFirstRoundC
   EXPECT_EQ(rejoined->rejoin_round(), 52u + 20u + 1u);
 }
 
-// A 1-server, 2-worker cluster on `config` whose worker 1 is declared dead
-// before any tensor is defined; returns worker 1's second registration.
-absl::Status RegisterAgainAfterRemoval(ClusterConfig config) {
+// A 1-server, 2-worker cluster on `config` whose worker 1 is declared dead,
+// once the tensors are defined where `defined`; returns worker 1's second
+// registration and, in `map`, the shard map after it.
+absl::StatusOr<RegisterResponse> RegisterAgainAfterRemoval(ClusterConfig config, bool defined = true,
+                                                           ShardMap* map = nullptr) {
   absl::Time now = absl::FromUnixSeconds(1000);
   config.set_num_servers(1);
   config.set_num_workers(2);
@@ -697,33 +699,75 @@ absl::Status RegisterAgainAfterRemoval(ClusterConfig config) {
   std::vector<uint64_t> ids = {state.RegisterServer(Node(SERVER, 0, "tcp://s:1"))->node_id(),
                                state.RegisterWorker(Node(WORKER, 0))->node_id(),
                                state.RegisterWorker(Node(WORKER, 1))->node_id()};
+  auto beat = [&](int i) {
+    HeartbeatRequest h;
+    h.set_node_id(ids[i]);
+    h.set_applied_epoch(state.Status().shard_map().epoch());
+    h.set_completed_round(i == 0 && defined ? 1 : 0);  // a round reported: the rejoin waits for none
+    return state.Heartbeat(h).ok();
+  };
+  if (defined) {
+    std::thread serve([&] {
+      absl::SleepFor(absl::Milliseconds(50));
+      beat(0);  // serving epoch 1: the definition waits for it
+    });
+    const bool ok = state.DefineTensors({Tensor("w", 10)}, absl::Now() + absl::Seconds(5)).ok();
+    serve.join();
+    if (!ok) return absl::InternalError("tensors not defined");
+  }
   state.CheckLiveness();
   for (int t = 0; t < 12; ++t) {
     now += absl::Milliseconds(100);
     for (int i : {0, 1}) {
-      HeartbeatRequest h;
-      h.set_node_id(ids[i]);
-      if (!state.Heartbeat(h).ok()) return absl::InternalError("heartbeat refused");
+      if (!beat(i)) return absl::InternalError("heartbeat refused");
     }
     state.CheckLiveness();
   }
   if (state.Status().shard_map().excluded_workers_size() != 1) return absl::InternalError("worker 1 not removed");
-  return state.RegisterWorker(Node(WORKER, 1)).status();
+  auto again = state.RegisterWorker(Node(WORKER, 1));
+  if (map != nullptr) *map = state.Status().shard_map();
+  return again;
 }
 
-TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsRefusedSayingWhy) {
-  absl::Status refused = RegisterAgainAfterRemoval(ClusterConfig());
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("worker rank 1 was removed from the job before it defined"));
+TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsTakenBackAsAtTheStart) {
+  // Before 2026-11-25 it was refused for good ("a rank can rejoin only a job
+  // that is training"): a job whose every worker died before DefineTensors
+  // could never go on. Nothing has trained yet, so its new process simply
+  // takes its place.
+  ShardMap map;
+  auto again = RegisterAgainAfterRemoval(ClusterConfig(), /*defined=*/false, &map);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rejoin_round(), 0u);
+  EXPECT_THAT(map.excluded_workers(), IsEmpty());
+  EXPECT_THAT(map.rejoined_workers(), IsEmpty());
+}
+
+TEST(WorkerRejoinTest, ANewProcessForARankStillHeardBeforeTheTensorsAreDefinedIsToldToAskAgain) {
+  // Before 2026-11-25 only a training job's refusal said so: a process
+  // started again for a rank killed before DefineTensors gave up at once.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(1);
+  ClusterState state(config, [] { return absl::FromUnixSeconds(1000); });
+  ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:1")).ok());
+  auto first = state.RegisterWorker(Node(WORKER, 0));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(state.WaitForCluster(absl::Now() + absl::Seconds(1), first->node_id()).ok());
+  HeartbeatRequest h;
+  h.set_node_id(first->node_id());
+  ASSERT_TRUE(state.Heartbeat(h).ok());
+  auto again = state.RegisterWorker(Node(WORKER, 0));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(IsRankStillHeldRefusal(again.status().message())) << again.status();
 }
 
 TEST(WorkerRejoinTest, ARankIsRefusedWhereTheWorkersHoldTheWeights) {
   ClusterConfig sum_only;
   sum_only.set_update_mode(SUM_ONLY);
-  EXPECT_THAT(RegisterAgainAfterRemoval(sum_only).message(), HasSubstr("update_mode sum_only"));
+  EXPECT_THAT(RegisterAgainAfterRemoval(sum_only).status().message(), HasSubstr("update_mode sum_only"));
   ClusterConfig deltas;
   deltas.mutable_compression()->set_pull_codec("fp16");
-  EXPECT_THAT(RegisterAgainAfterRemoval(deltas).message(), HasSubstr("weight deltas"));
+  EXPECT_THAT(RegisterAgainAfterRemoval(deltas).status().message(), HasSubstr("weight deltas"));
 }
 
 TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {

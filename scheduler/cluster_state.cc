@@ -317,7 +317,8 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     --rejoins_waiting_;
     if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard);
   }
-  if (Excluded(request.rank())) return RejoinRunningJob(request, false);
+  if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false);
+  if (Excluded(request.rank())) ReadmitBeforeTensors(request.rank());
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
@@ -329,14 +330,17 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     const bool training = map_.partitions_size() > 0;
     const bool live = old.rendezvous || (ClusterComplete() && old.heard && (training || silent < timeout));
     if (live) {
-      if (training && !old.rendezvous) old.successor_seen = clock_();
+      // A new process asks again (Worker::Create) on this refusal: the old
+      // one will be declared dead, or before the tensors fall silent past
+      // the timeout (before 2026-11-25 one started before the job defined
+      // them gave up at once).
+      if (!old.rendezvous) old.successor_seen = clock_();
       return absl::AlreadyExistsError(absl::StrCat(
           "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
           old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
           "); refusing a second registration of rank ", request.rank(), " from '", request.host(), "'",
-          training && !old.rendezvous
-              ? absl::StrCat(": ", RankStillHeldRefusal(request.rank(), config_.heartbeat_timeout_ms()))
-              : ""));
+          old.rendezvous ? ""
+                         : absl::StrCat(": ", RankStillHeldRefusal(request.rank(), config_.heartbeat_timeout_ms()))));
     }
   }
   Node& node = workers_[request.rank()];
@@ -353,6 +357,20 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   *response.mutable_config() = config_;
   Save();
   return response;
+}
+
+void ClusterState::ReadmitBeforeTensors(uint32_t rank) {
+  // Nothing has trained before the tensors are defined: the rank's new
+  // process takes its place as at the start. Before 2026-11-25 it was
+  // refused for good ("a rank can rejoin only a job that is training"), and
+  // a job whose every worker died between the rendezvous and DefineTensors
+  // could never go on.
+  for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
+    list->erase(std::remove(list->begin(), list->end(), rank), list->end());
+  }
+  map_.set_epoch(map_.epoch() + 1);
+  LOG(WARNING) << "worker rank " << rank << " was removed before the job defined its tensors; a new process takes "
+               << "its place at the start (shard map epoch " << map_.epoch() << ")";
 }
 
 bool ClusterState::ClusterComplete() const {
@@ -838,11 +856,6 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", rank, " was removed from the job and cannot rejoin it: pull_codec '", pull_codec,
         "' sends sync workers weight deltas, and a new process lacks the weights they apply to"));
-  }
-  if (map_.partitions_size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", rank, " was removed from the job before it defined its tensors (shard map epoch ",
-        map_.epoch(), "); a rank can rejoin only a job that is training"));
   }
   // The rule of a checkpoint's round, made safer: a rank is usually
   // removed after rounds stalled waiting for it, so the rate between the

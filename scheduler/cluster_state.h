@@ -289,6 +289,9 @@ class ClusterState {
   // stalled for a dead worker resume at full pace, which the last two
   // reports understate), over two intervals plus the oldest report's age.
   uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a rank removed before the tensors were defined back into the job
+  // (a new epoch), for a new process that registers as at the start.
+  void ReadmitBeforeTensors(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The most rounds a live server reported completed.
   uint64_t RoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fewest rounds a live server's primaries reported completed

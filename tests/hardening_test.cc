@@ -541,12 +541,14 @@ TEST(RegisterTest, EveryWorkerStoppedAndStartedAgainAtOnceRejoinsAndTheJobFinish
   for (int r = 0; r < 2; ++r) std::filesystem::remove(absl::StrCat(progress, ".", r));
 }
 
-// Both ranks of a two-server job register, define the MLP `shardps train
-// --hidden 16` trains and, where `init_barrier_passed`, pass the "init"
-// barrier with rank 0's initial weights (seed 1); then both leave before any
-// round, and two `shardps train` processes started for them at once both
-// exit 0.
-void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(bool init_barrier_passed) {
+// How far the first processes of a job's ranks got before they all left.
+enum class GoneAt { kRegistered, kDefined, kInitBarrierPassed };
+
+// Both ranks of a two-server job register and, as `gone_at` says, define the
+// MLP `shardps train --hidden 16` trains and pass the "init" barrier with
+// rank 0's initial weights (seed 1); then both leave before any round, and
+// two `shardps train` processes started for them at once both exit 0.
+void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt gone_at) {
   ClusterConfig config = FastHeartbeats(2, 2);
   config.set_request_timeout_ms(8000);
   auto cluster = TestCluster::Start(config);
@@ -562,8 +564,9 @@ void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(bool init_barrier_passed) {
   auto first = [&](int rank) {
     auto w = Worker::Create({.scheduler_address = scheduler, .rank = static_cast<uint32_t>(rank)});
     ASSERT_TRUE(w.ok()) << w.status();
+    if (gone_at == GoneAt::kRegistered) return;
     ASSERT_TRUE((*w)->DefineTensors(specs).ok());
-    if (!init_barrier_passed) return;
+    if (gone_at == GoneAt::kDefined) return;
     for (size_t t = 0; rank == 0 && t < specs.size(); ++t) {
       ASSERT_TRUE((*w)->InitTensor(specs[t].name(), model->params()[t], absl::Seconds(10)).ok());
     }
@@ -583,19 +586,27 @@ void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(bool init_barrier_passed) {
   ExpectEveryRankExitsZero(again);
 }
 
+TEST(RegisterTest, EveryWorkerGoneBeforeTheTensorsWereDefinedIsTakenBackAndTheJobFinishes) {
+  // Every worker killed between the rendezvous and DefineTensors: the new
+  // processes were refused at once while the old ones were heard, and for
+  // good once they were removed ("a rank can rejoin only a job that is
+  // training"): the job could never go on.
+  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt::kRegistered);
+}
+
 TEST(RegisterTest, EveryWorkerGoneBeforeTheInitBarrierRejoinsAndTheJobFinishes) {
   // All workers killed during define/init, started again at once: the first
   // rank back was placed at round 0 and took the "init" barrier, the other
   // at round 1 skipped it, and its first pull waited for round 0 until the
   // request timeout (the rank failed, the job went on without it).
-  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(/*init_barrier_passed=*/false);
+  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt::kDefined);
 }
 
 TEST(RegisterTest, EveryWorkerGoneAfterTheInitBarrierBeforeAnyRoundRejoinsAndTheJobFinishes) {
   // The same once the "init" barrier had passed: the rank placed at round 0
   // took itself for a new job and entered the barrier again, which the
   // other, a rejoined rank, never did.
-  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(/*init_barrier_passed=*/true);
+  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt::kInitBarrierPassed);
 }
 
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {
