@@ -1021,11 +1021,19 @@ TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
     EXPECT_EQ(n.heard_since_start(), n.role() == SERVER) << n.ShortDebugString();
   }
   // The same tensors are accepted again (a worker's retried call), and new
-  // node ids continue after the old ones.
+  // node ids continue after the old ones (rank 2, declared dead, rejoins; a
+  // live rank's is held by its old process, heard or not).
   auto map = restored->DefineTensors({Tensor("w", 1000)}, absl::Now() + absl::Seconds(1));
   ASSERT_TRUE(map.ok()) << map.status();
   EXPECT_EQ(map->epoch(), 2u);
-  EXPECT_GT(restored->RegisterWorker(Node(WORKER, 1))->node_id(), worker_ids_[2]);
+  for (uint64_t id : server_ids_) {
+    h.set_node_id(id);
+    h.set_completed_round(1);
+    ASSERT_TRUE(restored->Heartbeat(h).ok());
+  }
+  auto rejoined = restored->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_GT(rejoined->node_id(), worker_ids_[2]);
 }
 
 }  // namespace
@@ -1110,6 +1118,21 @@ TEST_F(LivenessTest, ARankWaitingToRejoinIsPlacedByReportsOfTheMapThatFailedASer
   ASSERT_THAT(lines, SizeIs(1));
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_EQ(rejoined->rejoin_round(), 49u) << "the fewest of its primaries after the failover";
+}
+
+TEST_F(LivenessTest, ARestartedSchedulerRefusesANewProcessForARankItHasNotHeardUntilTheOldOneIsDeclaredDead) {
+  // Found with real processes: the scheduler killed, then every worker, the
+  // scheduler restarted from its state and the workers started again. The
+  // restarted scheduler had heard from no old process, so the new ones took
+  // their ranks as at the start, with no rejoin round: rank 0's INIT was
+  // refused (the partitions had trained 21 rounds) and rank 1's push of
+  // round 0 ("worker 1 restarted"); both exited 1.
+  ReportRounds(50);
+  ASSERT_TRUE(saved_.has_value());
+  std::unique_ptr<ClusterState> restarted = ClusterState::Restore(*saved_, [this] { return now_; });
+  auto again = restarted->RegisterWorker(Node(WORKER, 0));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_TRUE(IsRankStillHeldRefusal(again.status().message())) << again.status();
 }
 
 TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {

@@ -325,10 +325,13 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
     // Once the job trains, a rank's old process is a member until declared
     // dead: a new one registered in between (silent past the timeout, the
-    // liveness check not run yet) would take the rank as if the job were
-    // starting, with no rejoin round, and wait on barriers it passed.
+    // liveness check not run yet, or not heard since this scheduler was
+    // restarted) would take the rank as if the job were starting, with no
+    // rejoin round, and wait on barriers it passed (before 2026-11-25 a
+    // restarted scheduler let every new process do so: their INIT and
+    // round-0 pushes were refused, and they exited).
     const bool training = map_.partitions_size() > 0;
-    const bool live = old.rendezvous || (ClusterComplete() && old.heard && (training || silent < timeout));
+    const bool live = old.rendezvous || (ClusterComplete() && (training || (old.heard && silent < timeout)));
     if (live) {
       // A new process asks again (Worker::Create) on this refusal: the old
       // one will be declared dead, or before the tensors fall silent past
