@@ -462,6 +462,23 @@ TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
   EXPECT_THAT(state_->Status().shard_map().excluded_workers(), ElementsAre(1));
 }
 
+TEST_F(LivenessTest, APassedBarrierIsWrittenWhenItPassesNotWithTheNextHeartbeat) {
+  // Found with real processes (shardps local --kill scheduler@20
+  // --restart-after 1 --kill worker:1@22 --replace): the scheduler was
+  // killed before any call wrote the state the "init" barrier's pass
+  // changed; the restarted one told the rejoining rank that no barrier had
+  // passed, and it waited at "init" for a rank that had passed it long ago.
+  ASSERT_TRUE(saved_.has_value());
+  std::vector<std::thread> others;
+  for (int r : {1, 2}) {
+    others.emplace_back([this, r] { EXPECT_TRUE(state_->Barrier(worker_ids_[r], "init", absl::Now() + absl::Seconds(5)).ok()); });
+  }
+  EXPECT_TRUE(state_->Barrier(worker_ids_[0], "init", absl::Now() + absl::Seconds(5)).ok());
+  for (std::thread& t : others) t.join();
+  ASSERT_EQ(saved_->barriers_size(), 1) << "written by the barrier's last arrival";
+  EXPECT_EQ(saved_->barriers(0).name(), "init");
+}
+
 TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoch) {
   // Worker 2 dies; the other two pass the barrier of epoch 1 without it.
   EXPECT_THAT(Advance(900), IsEmpty());

@@ -1115,6 +1115,11 @@ std::optional<ShardMap> ClusterState::WaitForMap(uint64_t known_epoch, absl::Tim
 
 absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
                                    std::vector<uint32_t>* live) {
+  // A pass is saved (PassCompleteBarriers) and written here, not with the
+  // next call that writes: a scheduler killed in between forgot it, and a
+  // rank rejoining after its restart waited at a barrier the others had
+  // passed (before 2026-11-25).
+  const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->role != WORKER) {
