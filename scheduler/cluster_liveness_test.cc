@@ -984,6 +984,39 @@ TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeIt
   EXPECT_EQ(rejoined->rejoin_round(), 60u + 100u + 1u);
 }
 
+TEST_F(LivenessTest, ARestartedSchedulerThatKnowsNoPaceYetWaitsForTheSurvivorsPaceBeforePlacingARejoin) {
+  // Found with real processes (shardps local --kill scheduler@20
+  // --restart-after 1 --kill worker:1@22 --replace): the scheduler died in
+  // the job's first intervals, before it measured a pace, and the worker
+  // while it was down, so rounds stalled for every report it heard after
+  // its restart. It placed the rank one past the reports (94); the survivor
+  // had completed 101 when the map reached the servers, which refused the
+  // rank's pushes: it exited 1.
+  Report(0, 0);
+  Report(1, 0);
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  std::vector<std::string> declared;
+  for (int k = 0; k < 12; ++k) {  // rounds stall at 5 until worker 2 is declared dead
+    now_ += absl::Milliseconds(100);
+    Report(0, 5);
+    Report(1, 5);
+    Beat({}, {0, 1}, 1);
+    for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
+  }
+  ASSERT_THAT(declared, ElementsAre(HasSubstr("worker rank 2")));
+  absl::StatusOr<RegisterResponse> rejoined;
+  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  now_ += absl::Milliseconds(500);  // the survivors resume at 100 rounds a second
+  Report(0, 55);
+  Report(1, 54);
+  rejoin.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  // Placed by the pace measured since (119 here), not one past the stalled
+  // reports (6 without the wait).
+  EXPECT_GT(rejoined->rejoin_round(), 55u + 1u);
+}
+
 TEST_F(LivenessTest, ARestoredSchedulerWhoseStateLagsTheMapsItPublishedSkipsPastTheirEpochs) {
   // The state is written after the lock is released, so a scheduler killed
   // between publishing a map and writing it resumes an older epoch. The

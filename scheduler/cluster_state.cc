@@ -286,8 +286,12 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // placed at round 1, which the survivors had long completed (its pushes
     // refused, the process failed). So wait, at most one timeout and one
     // interval, until every server not declared dead has reported within
-    // two intervals and, in rounds, one has reported a round; then the state
-    // is read again.
+    // two intervals and, in rounds, one has reported a round and its pace
+    // is known (a scheduler restarted in a job's first intervals, while
+    // rounds stalled for a worker that died meanwhile, knew none: before
+    // 2026-11-25 it placed the rank one past the reports, which the
+    // survivors completed before the map reached them); then the state is
+    // read again.
     // Where no other worker trains, the rounds stand still: the wait is for
     // a report from every server sent after this rank asked, serving the
     // newest map: one that removed the others (a removal completes a round
@@ -306,7 +310,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
         if (now - node.last_seen > fresh) return false;
         if (alone && (node.last_seen <= asked || node.applied_epoch < map_.epoch())) return false;
       }
-      return alone || !RoundBased(config_) || AnyServerReportedARound();
+      return alone || !RoundBased(config_) || (AnyServerReportedARound() && AnyServerPaceKnown());
     };
     // Its process reaches this scheduler: a node heard, for the majority
     // that declares the servers it waits for dead (CheckLiveness).
@@ -802,6 +806,13 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
 bool ClusterState::AnyServerReportedARound() const {
   for (const auto& [index, node] : servers_) {
     if (!node.dead && node.completed_round > 0) return true;
+  }
+  return false;
+}
+
+bool ClusterState::AnyServerPaceKnown() const {
+  for (const auto& [index, node] : servers_) {
+    if (!node.dead && node.peak_rate > 0) return true;
   }
   return false;
 }

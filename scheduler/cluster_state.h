@@ -304,6 +304,8 @@ class ClusterState {
   // Whether a live server has reported a completed round (a heartbeat since
   // training started, or a restored checkpoint's round).
   bool AnyServerReportedARound() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live server's pace of rounds has been measured (peak_rate).
+  bool AnyServerPaceKnown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `request` takes its excluded rank back: a new epoch drops the
   // rank from excluded_workers and records its join round J
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
