@@ -547,7 +547,9 @@ enum class GoneAt { kRegistered, kDefined, kInitBarrierPassed };
 // Both ranks of a two-server job register and, as `gone_at` says, define the
 // MLP `shardps train --hidden 16` trains and pass the "init" barrier with
 // rank 0's initial weights (seed 1); then both leave before any round, and
-// two `shardps train` processes started for them at once both exit 0.
+// two `shardps train` processes started for them at once both exit 0. The
+// job is long enough (600 rounds) that the rank placed second, a pace past
+// the first, still has rounds to train.
 void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt gone_at) {
   ClusterConfig config = FastHeartbeats(2, 2);
   config.set_request_timeout_ms(8000);
@@ -577,7 +579,7 @@ void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt gone_at) {
   rank1.join();
   auto train = [&](int rank) {
     return Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", scheduler, "--rank", absl::StrCat(rank),
-                           "--hidden", "16", "--seed", "1", "--epochs", "2", "--train-limit", "6400",
+                           "--hidden", "16", "--seed", "1", "--epochs", "3", "--train-limit", "12800",
                            "--test-limit", "100", "--log-every", "0"},
                  true);
   };
