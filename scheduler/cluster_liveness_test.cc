@@ -716,11 +716,13 @@ absl::StatusOr<RegisterResponse> RegisterAgainAfterRemoval(ClusterConfig config,
   std::vector<uint64_t> ids = {state.RegisterServer(Node(SERVER, 0, "tcp://s:1"))->node_id(),
                                state.RegisterWorker(Node(WORKER, 0))->node_id(),
                                state.RegisterWorker(Node(WORKER, 1))->node_id()};
+  uint64_t rounds = 0;
   auto beat = [&](int i) {
     HeartbeatRequest h;
     h.set_node_id(ids[i]);
     h.set_applied_epoch(state.Status().shard_map().epoch());
-    h.set_completed_round(i == 0 && defined ? 1 : 0);  // a round reported: the rejoin waits for none
+    // Rounds and their pace reported: the rejoin waits for neither.
+    if (i == 0 && defined) h.set_completed_round(++rounds);
     return state.Heartbeat(h).ok();
   };
   if (defined) {
