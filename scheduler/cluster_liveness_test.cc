@@ -158,6 +158,21 @@ class LivenessTest : public ::testing::Test {
     return rejoined;
   }
 
+  // Servers 0 and 1 report `round0` and `round1` (rounds stall) and workers
+  // 0 and 1 heartbeat, every 100 ms for 1.2 s, worker 2 silent; returns what
+  // CheckLiveness declared.
+  std::vector<std::string> StallUntilWorkerTwoIsDeclaredDead(uint64_t round0, uint64_t round1) {
+    std::vector<std::string> declared;
+    for (int k = 0; k < 12; ++k) {
+      now_ += absl::Milliseconds(100);
+      Report(0, round0);
+      Report(1, round1);
+      Beat({}, {0, 1}, 1);
+      for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
+    }
+    return declared;
+  }
+
   void ReportRounds(uint64_t round) {
     Report(0, 0);
     Report(1, 0);
@@ -970,15 +985,7 @@ TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeIt
   }
   EXPECT_DOUBLE_EQ(saved_peak, 50.0) << "the peak pace is written as soon as it rises";
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
-  std::vector<std::string> declared;
-  for (int k = 0; k < 12; ++k) {  // rounds stall at 60 until worker 2 is declared dead
-    now_ += absl::Milliseconds(100);
-    Report(0, 60);
-    Report(1, 58);
-    Beat({}, {0, 1}, 1);
-    for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
-  }
-  ASSERT_THAT(declared, ElementsAre(HasSubstr("worker rank 2")));
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(60, 58), ElementsAre(HasSubstr("worker rank 2")));
   auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two heartbeat intervals at the peak heard before the restart past round
@@ -997,15 +1004,7 @@ TEST_F(LivenessTest, ARestartedSchedulerThatKnowsNoPaceYetWaitsForTheSurvivorsPa
   Report(0, 0);
   Report(1, 0);
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
-  std::vector<std::string> declared;
-  for (int k = 0; k < 12; ++k) {  // rounds stall at 5 until worker 2 is declared dead
-    now_ += absl::Milliseconds(100);
-    Report(0, 5);
-    Report(1, 5);
-    Beat({}, {0, 1}, 1);
-    for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
-  }
-  ASSERT_THAT(declared, ElementsAre(HasSubstr("worker rank 2")));
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(5, 5), ElementsAre(HasSubstr("worker rank 2")));
   absl::StatusOr<RegisterResponse> rejoined;
   std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
   absl::SleepFor(absl::Milliseconds(200));
