@@ -117,6 +117,62 @@ class LivenessTest : public ::testing::Test {
     return first;
   }
 
+  // Every worker leaves after 50 rounds a second, server 1 falls silent,
+  // and rank 0 asks to rejoin; server 0 reports (completed round 50, and what
+  // `report` adds with the map it serves) every 100 ms until server 1 was
+  // declared dead. Returns rank 0's registration; `lines` gets what
+  // CheckLiveness declared.
+  absl::StatusOr<RegisterResponse> RejoinAloneWhileServerOneDies(
+      const std::function<void(const ShardMap&, HeartbeatRequest&)>& report, std::vector<std::string>& lines) {
+    for (uint32_t r = 0; r < 3; ++r) {
+      HeartbeatRequest leaving;
+      leaving.set_node_id(worker_ids_[r]);
+      leaving.set_leaving(true);
+      EXPECT_TRUE(state_->Heartbeat(leaving).ok());
+    }
+    Report(0, 0);
+    Report(1, 0);
+    EXPECT_THAT(Advance(1000), IsEmpty());
+    Report(0, 50);  // 50 rounds a second
+    Report(1, 48);
+    auto beat_server0 = [&] {
+      const ShardMap map = state_->Status().shard_map();
+      HeartbeatRequest h;
+      h.set_node_id(server_ids_[0]);
+      h.set_applied_epoch(map.epoch());
+      h.set_completed_round(50);
+      report(map, h);
+      EXPECT_TRUE(state_->Heartbeat(h).ok());
+    };
+    EXPECT_THAT(Advance(500), IsEmpty());  // server 1 is silent from here on
+    beat_server0();
+    absl::StatusOr<RegisterResponse> rejoined;
+    std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
+    absl::SleepFor(absl::Milliseconds(200));
+    for (int t = 0; t < 8; ++t) {
+      for (std::string& l : Advance(100)) lines.push_back(std::move(l));
+      absl::SleepFor(absl::Milliseconds(20));  // a registration that need not wait for it goes on
+      beat_server0();
+    }
+    rejoin.join();
+    return rejoined;
+  }
+
+  // Servers 0 and 1 report `round0` and `round1` (rounds stall) and workers
+  // 0 and 1 heartbeat, every 100 ms for 1.2 s, worker 2 silent; returns what
+  // CheckLiveness declared.
+  std::vector<std::string> StallUntilWorkerTwoIsDeclaredDead(uint64_t round0, uint64_t round1) {
+    std::vector<std::string> declared;
+    for (int k = 0; k < 12; ++k) {
+      now_ += absl::Milliseconds(100);
+      Report(0, round0);
+      Report(1, round1);
+      Beat({}, {0, 1}, 1);
+      for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
+    }
+    return declared;
+  }
+
   void ReportRounds(uint64_t round) {
     Report(0, 0);
     Report(1, 0);
@@ -421,6 +477,23 @@ TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
   EXPECT_THAT(state_->Status().shard_map().excluded_workers(), ElementsAre(1));
 }
 
+TEST_F(LivenessTest, APassedBarrierIsWrittenWhenItPassesNotWithTheNextHeartbeat) {
+  // Found with real processes (shardps local --kill scheduler@20
+  // --restart-after 1 --kill worker:1@22 --replace): the scheduler was
+  // killed before any call wrote the state the "init" barrier's pass
+  // changed; the restarted one told the rejoining rank that no barrier had
+  // passed, and it waited at "init" for a rank that had passed it long ago.
+  ASSERT_TRUE(saved_.has_value());
+  std::vector<std::thread> others;
+  for (int r : {1, 2}) {
+    others.emplace_back([this, r] { EXPECT_TRUE(state_->Barrier(worker_ids_[r], "init", absl::Now() + absl::Seconds(5)).ok()); });
+  }
+  EXPECT_TRUE(state_->Barrier(worker_ids_[0], "init", absl::Now() + absl::Seconds(5)).ok());
+  for (std::thread& t : others) t.join();
+  ASSERT_EQ(saved_->barriers_size(), 1) << "written by the barrier's last arrival";
+  EXPECT_EQ(saved_->barriers(0).name(), "init");
+}
+
 TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoch) {
   // Worker 2 dies; the other two pass the barrier of epoch 1 without it.
   EXPECT_THAT(Advance(900), IsEmpty());
@@ -645,9 +718,11 @@ TEST_F(FastHeartbeatTest, NeitherAHeartbeatSentEarlyNorAJoinedServersFirstRoundC
   EXPECT_EQ(rejoined->rejoin_round(), 52u + 20u + 1u);
 }
 
-// A 1-server, 2-worker cluster on `config` whose worker 1 is declared dead
-// before any tensor is defined; returns worker 1's second registration.
-absl::Status RegisterAgainAfterRemoval(ClusterConfig config) {
+// A 1-server, 2-worker cluster on `config` whose worker 1 is declared dead,
+// once the tensors are defined where `defined`; returns worker 1's second
+// registration and, in `map`, the shard map after it.
+absl::StatusOr<RegisterResponse> RegisterAgainAfterRemoval(ClusterConfig config, bool defined = true,
+                                                           ShardMap* map = nullptr) {
   absl::Time now = absl::FromUnixSeconds(1000);
   config.set_num_servers(1);
   config.set_num_workers(2);
@@ -656,33 +731,77 @@ absl::Status RegisterAgainAfterRemoval(ClusterConfig config) {
   std::vector<uint64_t> ids = {state.RegisterServer(Node(SERVER, 0, "tcp://s:1"))->node_id(),
                                state.RegisterWorker(Node(WORKER, 0))->node_id(),
                                state.RegisterWorker(Node(WORKER, 1))->node_id()};
+  uint64_t rounds = 0;
+  auto beat = [&](int i) {
+    HeartbeatRequest h;
+    h.set_node_id(ids[i]);
+    h.set_applied_epoch(state.Status().shard_map().epoch());
+    // Rounds and their pace reported: the rejoin waits for neither.
+    if (i == 0 && defined) h.set_completed_round(++rounds);
+    return state.Heartbeat(h).ok();
+  };
+  if (defined) {
+    std::thread serve([&] {
+      absl::SleepFor(absl::Milliseconds(50));
+      beat(0);  // serving epoch 1: the definition waits for it
+    });
+    const bool ok = state.DefineTensors({Tensor("w", 10)}, absl::Now() + absl::Seconds(5)).ok();
+    serve.join();
+    if (!ok) return absl::InternalError("tensors not defined");
+  }
   state.CheckLiveness();
   for (int t = 0; t < 12; ++t) {
     now += absl::Milliseconds(100);
     for (int i : {0, 1}) {
-      HeartbeatRequest h;
-      h.set_node_id(ids[i]);
-      if (!state.Heartbeat(h).ok()) return absl::InternalError("heartbeat refused");
+      if (!beat(i)) return absl::InternalError("heartbeat refused");
     }
     state.CheckLiveness();
   }
   if (state.Status().shard_map().excluded_workers_size() != 1) return absl::InternalError("worker 1 not removed");
-  return state.RegisterWorker(Node(WORKER, 1)).status();
+  auto again = state.RegisterWorker(Node(WORKER, 1));
+  if (map != nullptr) *map = state.Status().shard_map();
+  return again;
 }
 
-TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsRefusedSayingWhy) {
-  absl::Status refused = RegisterAgainAfterRemoval(ClusterConfig());
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("worker rank 1 was removed from the job before it defined"));
+TEST(WorkerRejoinTest, ARankRemovedBeforeTheTensorsWereDefinedIsTakenBackAsAtTheStart) {
+  // Before 2026-11-25 it was refused for good ("a rank can rejoin only a job
+  // that is training"): a job whose every worker died before DefineTensors
+  // could never go on. Nothing has trained yet, so its new process simply
+  // takes its place.
+  ShardMap map;
+  auto again = RegisterAgainAfterRemoval(ClusterConfig(), /*defined=*/false, &map);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rejoin_round(), 0u);
+  EXPECT_THAT(map.excluded_workers(), IsEmpty());
+  EXPECT_THAT(map.rejoined_workers(), IsEmpty());
+}
+
+TEST(WorkerRejoinTest, ANewProcessForARankStillHeardBeforeTheTensorsAreDefinedIsToldToAskAgain) {
+  // Before 2026-11-25 only a training job's refusal said so: a process
+  // started again for a rank killed before DefineTensors gave up at once.
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(1);
+  ClusterState state(config, [] { return absl::FromUnixSeconds(1000); });
+  ASSERT_TRUE(state.RegisterServer(Node(SERVER, 0, "tcp://s:1")).ok());
+  auto first = state.RegisterWorker(Node(WORKER, 0));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(state.WaitForCluster(absl::Now() + absl::Seconds(1), first->node_id()).ok());
+  HeartbeatRequest h;
+  h.set_node_id(first->node_id());
+  ASSERT_TRUE(state.Heartbeat(h).ok());
+  auto again = state.RegisterWorker(Node(WORKER, 0));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(IsRankStillHeldRefusal(again.status().message())) << again.status();
 }
 
 TEST(WorkerRejoinTest, ARankIsRefusedWhereTheWorkersHoldTheWeights) {
   ClusterConfig sum_only;
   sum_only.set_update_mode(SUM_ONLY);
-  EXPECT_THAT(RegisterAgainAfterRemoval(sum_only).message(), HasSubstr("update_mode sum_only"));
+  EXPECT_THAT(RegisterAgainAfterRemoval(sum_only).status().message(), HasSubstr("update_mode sum_only"));
   ClusterConfig deltas;
   deltas.mutable_compression()->set_pull_codec("fp16");
-  EXPECT_THAT(RegisterAgainAfterRemoval(deltas).message(), HasSubstr("weight deltas"));
+  EXPECT_THAT(RegisterAgainAfterRemoval(deltas).status().message(), HasSubstr("weight deltas"));
 }
 
 TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
@@ -907,20 +1026,37 @@ TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeIt
   }
   EXPECT_DOUBLE_EQ(saved_peak, 50.0) << "the peak pace is written as soon as it rises";
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
-  std::vector<std::string> declared;
-  for (int k = 0; k < 12; ++k) {  // rounds stall at 60 until worker 2 is declared dead
-    now_ += absl::Milliseconds(100);
-    Report(0, 60);
-    Report(1, 58);
-    Beat({}, {0, 1}, 1);
-    for (std::string& line : state_->CheckLiveness()) declared.push_back(line);
-  }
-  ASSERT_THAT(declared, ElementsAre(HasSubstr("worker rank 2")));
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(60, 58), ElementsAre(HasSubstr("worker rank 2")));
   auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two heartbeat intervals at the peak heard before the restart past round
   // 60, and one more (61 without it).
   EXPECT_EQ(rejoined->rejoin_round(), 60u + 100u + 1u);
+}
+
+TEST_F(LivenessTest, ARestartedSchedulerThatKnowsNoPaceYetWaitsForTheSurvivorsPaceBeforePlacingARejoin) {
+  // Found with real processes (shardps local --kill scheduler@20
+  // --restart-after 1 --kill worker:1@22 --replace): the scheduler died in
+  // the job's first intervals, before it measured a pace, and the worker
+  // while it was down, so rounds stalled for every report it heard after
+  // its restart. It placed the rank one past the reports (94); the survivor
+  // had completed 101 when the map reached the servers, which refused the
+  // rank's pushes: it exited 1.
+  Report(0, 0);
+  Report(1, 0);
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(5, 5), ElementsAre(HasSubstr("worker rank 2")));
+  absl::StatusOr<RegisterResponse> rejoined;
+  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  now_ += absl::Milliseconds(500);  // the survivors resume at 100 rounds a second
+  Report(0, 55);
+  Report(1, 54);
+  rejoin.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  // Placed by the pace measured since (119 here), not one past the stalled
+  // reports (6 without the wait).
+  EXPECT_GT(rejoined->rejoin_round(), 55u + 1u);
 }
 
 TEST_F(LivenessTest, ARestoredSchedulerWhoseStateLagsTheMapsItPublishedSkipsPastTheirEpochs) {
@@ -977,11 +1113,19 @@ TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
     EXPECT_EQ(n.heard_since_start(), n.role() == SERVER) << n.ShortDebugString();
   }
   // The same tensors are accepted again (a worker's retried call), and new
-  // node ids continue after the old ones.
+  // node ids continue after the old ones (rank 2, declared dead, rejoins; a
+  // live rank's is held by its old process, heard or not).
   auto map = restored->DefineTensors({Tensor("w", 1000)}, absl::Now() + absl::Seconds(1));
   ASSERT_TRUE(map.ok()) << map.status();
   EXPECT_EQ(map->epoch(), 2u);
-  EXPECT_GT(restored->RegisterWorker(Node(WORKER, 1))->node_id(), worker_ids_[2]);
+  for (uint64_t id : server_ids_) {
+    h.set_node_id(id);
+    h.set_completed_round(1);
+    ASSERT_TRUE(restored->Heartbeat(h).ok());
+  }
+  auto rejoined = restored->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_GT(rejoined->node_id(), worker_ids_[2]);
 }
 
 }  // namespace
@@ -1034,6 +1178,53 @@ TEST_F(LivenessTest, RanksWhoseNewProcessesAskToRegisterCountAsHeardSoTheOldOnes
   const std::vector<std::string> lines = Advance(200);
   ASSERT_THAT(lines, SizeIs(3));
   for (const std::string& line : lines) EXPECT_THAT(line, HasSubstr("worker rank"));
+}
+
+TEST_F(LivenessTest, ARankWaitingToRejoinCountsAsHeardSoAServerThatDiedMeanwhileIsDeclaredDead) {
+  // Found with real processes: both workers of a 2-server job SIGKILLed,
+  // started again at once, and a server killed a second later. Once the
+  // workers were removed, 1 of 2 live nodes was heard ("more likely cut off
+  // itself"), so the server was never declared dead; the rejoining ranks'
+  // wait for every server's report ran out and they were placed at the
+  // silent server's age of rounds past the servers' (380 of 100): "nothing
+  // to train", both failed.
+  std::vector<std::string> lines;
+  auto rejoined = RejoinAloneWhileServerOneDies([](const ShardMap&, HeartbeatRequest&) {}, lines);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("server 1"));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rejoin_round(), 50u) << "where the live server stands: nobody else trains";
+}
+
+TEST_F(LivenessTest, ARankWaitingToRejoinIsPlacedByReportsOfTheMapThatFailedAServerOver) {
+  // Found with real processes (4 workers, 2 servers): server 0's report at
+  // the removal's map said its primaries had all completed 50 rounds; the
+  // failover then made it primary of server 1's partitions, some at 49. The
+  // ranks were placed at 50, where nobody is counted in those partitions'
+  // open round 49: every rank's first pull waited for it until the request
+  // timeout.
+  std::vector<std::string> lines;
+  auto rejoined = RejoinAloneWhileServerOneDies(
+      [](const ShardMap& map, HeartbeatRequest& h) { h.set_fewest_completed_round(map.servers(1).dead() ? 49 : 50); },
+      lines);
+  ASSERT_THAT(lines, SizeIs(1));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rejoin_round(), 49u) << "the fewest of its primaries after the failover";
+}
+
+TEST_F(LivenessTest, ARestartedSchedulerRefusesANewProcessForARankItHasNotHeardUntilTheOldOneIsDeclaredDead) {
+  // Found with real processes: the scheduler killed, then every worker, the
+  // scheduler restarted from its state and the workers started again. The
+  // restarted scheduler had heard from no old process, so the new ones took
+  // their ranks as at the start, with no rejoin round: rank 0's INIT was
+  // refused (the partitions had trained 21 rounds) and rank 1's push of
+  // round 0 ("worker 1 restarted"); both exited 1.
+  ReportRounds(50);
+  ASSERT_TRUE(saved_.has_value());
+  std::unique_ptr<ClusterState> restarted = ClusterState::Restore(*saved_, [this] { return now_; });
+  auto again = restarted->RegisterWorker(Node(WORKER, 0));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_TRUE(IsRankStillHeldRefusal(again.status().message())) << again.status();
 }
 
 TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {

@@ -290,16 +290,20 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // placed at round 1, which the survivors had long completed (its pushes
     // refused, the process failed). So wait, at most one timeout and one
     // interval, until every server not declared dead has reported within
-    // two intervals and, in rounds, one has reported a round; then the state
-    // is read again.
+    // two intervals and, in rounds, one has reported a round and its pace
+    // is known (a scheduler restarted in a job's first intervals, while
+    // rounds stalled for a worker that died meanwhile, knew none: before
+    // 2026-11-25 it placed the rank one past the reports, which the
+    // survivors completed before the map reached them); then the state is
+    // read again.
     // Where no other worker trains, the rounds stand still: the wait is for
     // a report from every server sent after this rank asked, serving the
-    // map that removed the others (a removal completes a round that holds
-    // a removed worker's push), which says where they stand
-    // (RejoinRunningJob). Serving the latest map, not just that one: a
-    // server declared dead meanwhile fails its partitions over, and a report
-    // from before its promotions counts none of them (placed past their
-    // rounds, the rank was counted in none of their open rounds).
+    // newest map: one that removed the others (a removal completes a round
+    // that holds a removed worker's push), or a failover meanwhile, which
+    // makes a server primary of partitions its earlier report left out
+    // (before 2026-11-25 such a report placed the rank past their open round,
+    // which then counted nobody); the report says where they stand
+    // (RejoinRunningJob).
     const absl::Time asked = clock_();
     const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
@@ -310,33 +314,44 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
         if (now - node.last_seen > fresh) return false;
         if (alone && (node.last_seen <= asked || node.applied_epoch < map_.epoch())) return false;
       }
-      return alone || !RoundBased(config_) || AnyServerReportedARound();
+      return alone || !RoundBased(config_) || (AnyServerReportedARound() && AnyServerPaceKnown());
     };
+    // Its process reaches this scheduler: a node heard, for the majority
+    // that declares the servers it waits for dead (CheckLiveness).
+    ++rejoins_waiting_;
     const bool heard = mu_.AwaitWithDeadline(
         absl::Condition(&reported),
         absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
+    --rejoins_waiting_;
     if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard);
   }
-  if (Excluded(request.rank())) return RejoinRunningJob(request, false);
+  if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false);
+  if (Excluded(request.rank())) ReadmitBeforeTensors(request.rank());
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     Node& old = it->second;
     const absl::Duration silent = clock_() - old.last_seen;
     const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
     // Once the job trains, a rank's old process is a member until declared
     // dead: a new one registered in between (silent past the timeout, the
-    // liveness check not run yet) would take the rank as if the job were
-    // starting, with no rejoin round, and wait on barriers it passed.
+    // liveness check not run yet, or not heard since this scheduler was
+    // restarted) would take the rank as if the job were starting, with no
+    // rejoin round, and wait on barriers it passed (before 2026-11-25 a
+    // restarted scheduler let every new process do so: their INIT and
+    // round-0 pushes were refused, and they exited).
     const bool training = map_.partitions_size() > 0;
-    const bool live = old.rendezvous || (ClusterComplete() && old.heard && (training || silent < timeout));
+    const bool live = old.rendezvous || (ClusterComplete() && (training || (old.heard && silent < timeout)));
     if (live) {
-      if (training && !old.rendezvous) old.successor_seen = clock_();
+      // A new process asks again (Worker::Create) on this refusal: the old
+      // one will be declared dead, or before the tensors fall silent past
+      // the timeout (before 2026-11-25 one started before the job defined
+      // them gave up at once).
+      if (!old.rendezvous) old.successor_seen = clock_();
       return absl::AlreadyExistsError(absl::StrCat(
           "worker rank ", request.rank(), " is already registered (node ", old.id, " from '", old.host, "', ",
           old.rendezvous ? "waiting for the cluster" : absl::StrCat("heard ", absl::FormatDuration(silent), " ago"),
           "); refusing a second registration of rank ", request.rank(), " from '", request.host(), "'",
-          training && !old.rendezvous
-              ? absl::StrCat(": ", RankStillHeldRefusal(request.rank(), config_.heartbeat_timeout_ms()))
-              : ""));
+          old.rendezvous ? ""
+                         : absl::StrCat(": ", RankStillHeldRefusal(request.rank(), config_.heartbeat_timeout_ms()))));
     }
   }
   Node& node = workers_[request.rank()];
@@ -353,6 +368,20 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   *response.mutable_config() = config_;
   Save();
   return response;
+}
+
+void ClusterState::ReadmitBeforeTensors(uint32_t rank) {
+  // Nothing has trained before the tensors are defined: the rank's new
+  // process takes its place as at the start. Before 2026-11-25 it was
+  // refused for good ("a rank can rejoin only a job that is training"), and
+  // a job whose every worker died between the rendezvous and DefineTensors
+  // could never go on.
+  for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
+    list->erase(std::remove(list->begin(), list->end(), rank), list->end());
+  }
+  map_.set_epoch(map_.epoch() + 1);
+  LOG(WARNING) << "worker rank " << rank << " was removed before the job defined its tensors; a new process takes "
+               << "its place at the start (shard map epoch " << map_.epoch() << ")";
 }
 
 bool ClusterState::ClusterComplete() const {
@@ -785,6 +814,13 @@ bool ClusterState::AnyServerReportedARound() const {
   return false;
 }
 
+bool ClusterState::AnyServerPaceKnown() const {
+  for (const auto& [index, node] : servers_) {
+    if (!node.dead && node.peak_rate > 0) return true;
+  }
+  return false;
+}
+
 uint64_t ClusterState::FewestRoundsReported() const {
   std::optional<uint64_t> fewest;
   for (const auto& [index, node] : servers_) {
@@ -838,11 +874,6 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
     return absl::FailedPreconditionError(absl::StrCat(
         "worker rank ", rank, " was removed from the job and cannot rejoin it: pull_codec '", pull_codec,
         "' sends sync workers weight deltas, and a new process lacks the weights they apply to"));
-  }
-  if (map_.partitions_size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", rank, " was removed from the job before it defined its tensors (shard map epoch ",
-        map_.epoch(), "); a rank can rejoin only a job that is training"));
   }
   // The rule of a checkpoint's round, made safer: a rank is usually
   // removed after rounds stalled waiting for it, so the rate between the
@@ -923,8 +954,12 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // only while a majority of the live ones is still heard from. A rank whose
   // new process asks to register reaches this scheduler: its old process is
   // silent, not cut off (before, both workers of a 2-server job killed and
-  // started again were never declared dead: 2 of 4 heard).
-  size_t live = 0, heard = 0;
+  // started again were never declared dead: 2 of 4 heard). So does a removed
+  // rank's new process waiting to rejoin (RegisterWorker): one live node
+  // heard each (before, once every worker of a 2-server job was removed, a
+  // server that died then was never declared dead, 1 of 2 heard, and the
+  // ranks waiting for its report were placed past the job's last round).
+  size_t live = rejoins_waiting_, heard = rejoins_waiting_;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;
@@ -1104,6 +1139,11 @@ std::optional<ShardMap> ClusterState::WaitForMap(uint64_t known_epoch, absl::Tim
 
 absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
                                    std::vector<uint32_t>* live) {
+  // A pass is saved (PassCompleteBarriers) and written here, not with the
+  // next call that writes: a scheduler killed in between forgot it, and a
+  // rank rejoining after its restart waited at a barrier the others had
+  // passed (before 2026-11-25).
+  const WriteOnReturn write(this);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->role != WORKER) {

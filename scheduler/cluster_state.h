@@ -292,6 +292,9 @@ class ClusterState {
   // stalled for a dead worker resume at full pace, which the last two
   // reports understate), over two intervals plus the oldest report's age.
   uint64_t RoundPastServers(bool for_rejoin) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a rank removed before the tensors were defined back into the job
+  // (a new epoch), for a new process that registers as at the start.
+  void ReadmitBeforeTensors(uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The most rounds a live server reported completed.
   uint64_t RoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fewest rounds a live server's primaries reported completed
@@ -304,6 +307,8 @@ class ClusterState {
   // Whether a live server has reported a completed round (a heartbeat since
   // training started, or a restored checkpoint's round).
   bool AnyServerReportedARound() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live server's pace of rounds has been measured (peak_rate).
+  bool AnyServerPaceKnown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker `request` takes its excluded rank back: a new epoch drops the
   // rank from excluded_workers and records its join round J
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
@@ -345,6 +350,9 @@ class ClusterState {
   // scheduler was paused) first forgives the pause.
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   bool isolated_ ABSL_GUARDED_BY(mu_) = false;  // said once: hears from no majority
+  // Registrations of removed ranks waiting for the servers' reports before
+  // they rejoin (RegisterWorker): processes heard, for CheckLiveness.
+  size_t rejoins_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)

@@ -26,6 +26,8 @@
 #include "common/tensor_spec.h"
 #include "scheduler/scheduler.h"
 #include "tests/test_cluster.h"
+#include "tools/train/fashion_mnist.h"
+#include "tools/train/mlp.h"
 #include "worker/c_api.h"
 #include "worker/worker.h"
 
@@ -531,6 +533,15 @@ TEST(RegisterTest, AWorkerKilledWhileWaitingForTheClusterFreesItsRankForAProcess
   EXPECT_TRUE(rank1.ok()) << rank1.status();
 }
 
+// Waits for each `shardps train` process, rank r at index r: each exits 0.
+void ExpectEveryRankExitsZero(std::vector<ChildProcess>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(ranks[r].pid, &status, 0), ranks[r].pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ": " << status;
+  }
+}
+
 TEST(RegisterTest, EveryWorkerStoppedAndStartedAgainAtOnceRejoinsAndTheJobFinishes) {
   // Each new process rejoined at a round a pace past the servers', which no
   // other worker would complete: both waited for it until their request
@@ -558,12 +569,78 @@ TEST(RegisterTest, EveryWorkerStoppedAndStartedAgainAtOnceRejoinsAndTheJobFinish
   for (ChildProcess& p : first) waitpid(p.pid, nullptr, 0);
   std::vector<ChildProcess> again;
   for (int r = 0; r < 2; ++r) again.push_back(*train(r));
-  for (int r = 0; r < 2; ++r) {
-    int status = 0;
-    ASSERT_EQ(waitpid(again[r].pid, &status, 0), again[r].pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ": " << status;
-    std::filesystem::remove(absl::StrCat(progress, ".", r));
+  ExpectEveryRankExitsZero(again);
+  for (int r = 0; r < 2; ++r) std::filesystem::remove(absl::StrCat(progress, ".", r));
+}
+
+// How far the first processes of a job's ranks got before they all left.
+enum class GoneAt { kRegistered, kDefined, kInitBarrierPassed };
+
+// Both ranks of a two-server job register and, as `gone_at` says, define the
+// MLP `shardps train --hidden 16` trains and pass the "init" barrier with
+// rank 0's initial weights (seed 1); then both leave before any round, and
+// two `shardps train` processes started for them at once both exit 0. The
+// job is long enough (600 rounds) that the rank placed second, a pace past
+// the first, still has rounds to train.
+void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt gone_at) {
+  ClusterConfig config = FastHeartbeats(2, 2);
+  config.set_request_timeout_ms(8000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string scheduler = (*cluster)->scheduler_address();
+  auto model = train::Mlp::Create({train::kImagePixels, 16, train::kNumClasses});
+  ASSERT_TRUE(model.ok()) << model.status();
+  model->InitParams(1);
+  std::vector<TensorSpec> specs;
+  for (const train::TensorShape& t : model->tensors()) {
+    specs.push_back(Float32Tensor(t.name, std::vector<int64_t>(t.dims.begin(), t.dims.end())));
   }
+  auto first = [&](int rank) {
+    auto w = Worker::Create({.scheduler_address = scheduler, .rank = static_cast<uint32_t>(rank)});
+    ASSERT_TRUE(w.ok()) << w.status();
+    if (gone_at == GoneAt::kRegistered) return;
+    ASSERT_TRUE((*w)->DefineTensors(specs).ok());
+    if (gone_at == GoneAt::kDefined) return;
+    for (size_t t = 0; rank == 0 && t < specs.size(); ++t) {
+      ASSERT_TRUE((*w)->InitTensor(specs[t].name(), model->params()[t], absl::Seconds(10)).ok());
+    }
+    ASSERT_TRUE((*w)->Barrier("init").ok());
+  };  // the worker leaves the job as it is destroyed
+  std::thread rank1(first, 1);
+  first(0);
+  rank1.join();
+  auto train = [&](int rank) {
+    return Spawn("train", {SHARDPS_BINARY, "train", "--scheduler", scheduler, "--rank", absl::StrCat(rank),
+                           "--hidden", "16", "--seed", "1", "--epochs", "3", "--train-limit", "12800",
+                           "--test-limit", "100", "--log-every", "0"},
+                 true);
+  };
+  std::vector<ChildProcess> again;
+  for (int r = 0; r < 2; ++r) again.push_back(*train(r));
+  ExpectEveryRankExitsZero(again);
+}
+
+TEST(RegisterTest, EveryWorkerGoneBeforeTheTensorsWereDefinedIsTakenBackAndTheJobFinishes) {
+  // Every worker killed between the rendezvous and DefineTensors: the new
+  // processes were refused at once while the old ones were heard, and for
+  // good once they were removed ("a rank can rejoin only a job that is
+  // training"): the job could never go on.
+  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt::kRegistered);
+}
+
+TEST(RegisterTest, EveryWorkerGoneBeforeTheInitBarrierRejoinsAndTheJobFinishes) {
+  // All workers killed during define/init, started again at once: the first
+  // rank back was placed at round 0 and took the "init" barrier, the other
+  // at round 1 skipped it, and its first pull waited for round 0 until the
+  // request timeout (the rank failed, the job went on without it).
+  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt::kDefined);
+}
+
+TEST(RegisterTest, EveryWorkerGoneAfterTheInitBarrierBeforeAnyRoundRejoinsAndTheJobFinishes) {
+  // The same once the "init" barrier had passed: the rank placed at round 0
+  // took itself for a new job and entered the barrier again, which the
+  // other, a rejoined rank, never did.
+  ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt::kInitBarrierPassed);
 }
 
 TEST(RegisterTest, AModelLargerThanTheLimitIsRefusedAndTheServerStaysUp) {

@@ -79,9 +79,12 @@ std::vector<TensorSpec> Specs(const Mlp& model) {
 // for every worker.
 absl::Status JoinJob(Worker& worker, Mlp& model, const TrainOptions& o) {
   SHARDPS_RETURN_IF_ERROR(worker.DefineTensors(Specs(model)));
-  // A rejoined worker comes back to weights that train already, after the
-  // "init" barrier passed.
-  if (worker.rejoin().round > 0) return absl::OkStatus();
+  // Whether the job passed the "init" barrier decides, not the join round:
+  // once it passed the weights are set, and nobody enters it again; before,
+  // every rank enters it, a rejoined one too. Where every worker left before
+  // round 0 completed, one rank rejoins at round 0 and the next at round 1,
+  // and each waited for the other (at the barrier, and for round 0).
+  if (worker.rejoin().passed_barriers.contains("init")) return absl::OkStatus();
   if (worker.rank() == 0) {
     model.InitParams(o.seed);
     for (size_t t = 0; t < model.params().size(); ++t) {
