@@ -107,7 +107,8 @@ class PartitionEngine {
   // Sends one answer to `peer`. `payload` may be null (errors, acks).
   using ReplySink = std::function<void(const zmq::message_t& peer, DataHeader& header, zmq::message_t* payload)>;
   // Sends a REPLICATE request to the server of index `server` (a backup);
-  // its answer comes back through HandleReplicaAck.
+  // its answer comes back through HandleReplicaAck. Requests to one backup
+  // must reach it in the order sent (a probe follows its snapshot).
   using ReplicaSink = std::function<void(uint32_t server, DataHeader& header, zmq::message_t& payload)>;
 
   // Replication (primary-backup): the server a partition's map entry names
@@ -184,13 +185,17 @@ class PartitionEngine {
 
   // A backup's answer to a REPLICATE request sent by this server.
   void HandleReplicaAck(uint32_t from_server, const DataHeader& answer);
-  // Call every heartbeat timeout or so: a snapshot that a backup has not
-  // confirmed since the previous call is sent again (at most kSnapshotTries
-  // times a copy, besides the re-creations after a refusal). A snapshot may be lost unanswered (a server that just joined
-  // holds sealed messages from senders its first map does not list only so
-  // far), and a round-based partition completes no round until its backups
-  // confirmed the update before, so waiting for a refusal would wait forever.
-  void ResendUnconfirmedSnapshots();
+  // Call every heartbeat timeout or so: a backup that has not confirmed its
+  // snapshot since the previous call is sent a probe of it (once a
+  // snapshot), which it answers after the snapshot: OK if it applied that
+  // snapshot, a refusal if not, which re-creates the copy as any refusal
+  // does (HandleReplicaAck). A snapshot may be lost unanswered (a server that
+  // just joined holds sealed messages from senders its first map does not
+  // list only so far), and a round-based partition completes no round until
+  // its backups confirmed the update before, so waiting for a refusal would
+  // wait forever; but one merely slow (a large partition, a slow link) must
+  // not be sent again behind itself: the probe tells the two apart.
+  void ProbeUnconfirmedSnapshots();
 
   // Answers every parked request with `status` (shutdown).
   void FailWaiting(const absl::Status& status);
@@ -254,12 +259,23 @@ class PartitionEngine {
     uint64_t snapshot_at = 0;
     bool needs_snapshot = false;
     int snapshots_again = 0;
-    // snapshot_at when the last ResendUnconfirmedSnapshots found it
-    // unconfirmed (0: it did not), and how often it sent one again: its own
-    // tries, since a slow backup confirms late what it did get, and those
-    // sends must not use up the re-creations after a refusal.
+    // The epoch snapshot_at was routed at (a probe names the snapshot by
+    // both); snapshot_at when the last ProbeUnconfirmedSnapshots found it
+    // unconfirmed (0: it did not), and the last snapshot probed (0: none):
+    // one probe a snapshot, since the link keeps order and a probe
+    // unanswered means the snapshot is still on its way.
+    uint64_t snapshot_epoch = 0;
     uint64_t unconfirmed_snapshot = 0;
-    int snapshots_resent = 0;
+    uint64_t probed_snapshot = 0;
+  };
+  // A snapshot as its copy knows it: the primary that sent it, the epoch it
+  // was routed at and its update number there (a primary's update numbers
+  // start again when it is promoted, at a later epoch).
+  struct SnapshotId {
+    uint32_t from = 0;
+    uint64_t epoch = 0;
+    uint64_t update = 0;  // 0: none
+    bool operator==(const SnapshotId&) const = default;
   };
   struct ParkedPush {
     zmq::message_t peer;
@@ -332,6 +348,9 @@ class PartitionEngine {
     // False on a backup added after the partition existed, until its
     // primary's snapshot arrived: it holds no valid copy before that.
     bool synced = true;
+    // A backup: the last snapshot it applied, which a probe must name to be
+    // answered OK (a copy synced without one has none).
+    SnapshotId applied_snapshot;
     // PartitionInfo.listed_at of this server's copy in the map that made it.
     uint64_t listed_at = 0;
     // The server the map names its primary, and the lowest epoch at which
@@ -387,6 +406,15 @@ class PartitionEngine {
   void UpdateRole(Partition& p, const PartitionInfo& info, bool created, uint64_t since);
   // Sends backup `server` this partition's whole state (a re-created copy).
   void SendSnapshot(Partition& p, uint32_t server);
+  // Sends backup b a probe of its last snapshot (SNAPSHOT_PROBE): that
+  // snapshot's header without its state, answered in order after it.
+  void ProbeSnapshot(const Partition& p, Backup& b);
+  // A backup's answer to probe `h` of p: OK if p applied the snapshot it
+  // names, else a refusal; a synced copy that lacks it holds a state its
+  // primary replaced, and is synced no more.
+  absl::Status AnswerProbe(Partition& p, const DataHeader& h);
+  // The refusal of a copy whose snapshot has not arrived.
+  static absl::Status AwaitingSnapshot(const Partition& p);
   void ApplySnapshot(Partition& p, const DataHeader& h, const zmq::message_t& payload);
   // A snapshot's size before the encoded answer it carries (if any).
   size_t SnapshotBytes(const Partition& p) const;

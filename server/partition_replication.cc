@@ -320,7 +320,9 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   h.set_contributors(p.contributors);
   Replicate(p, h, bytes.data(), bytes.size(), server);  // this one only; the others have the state
   for (Backup& b : p.backups) {
-    if (b.server == server) b.snapshot_at = p.sent;
+    if (b.server != server) continue;
+    b.snapshot_at = p.sent;
+    b.snapshot_epoch = epoch_;
   }
   ++stats_.snapshots_sent;
   LOG(WARNING) << "server " << server_index_ << ": re-creating a copy of partition " << p.id << " on server "
@@ -435,6 +437,7 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   p.contributors = h.contributors();
   p.initialized = initialized != 0 || p.completed > 0;
   p.synced = true;
+  p.applied_snapshot = SnapshotId{h.replica_from(), h.epoch(), h.request_id()};
   ++copies_generation_;
 }
 
@@ -547,27 +550,58 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   if (!handing_off_.empty()) ProgressHandoffs();
 }
 
-void PartitionEngine::ResendUnconfirmedSnapshots() {
+void PartitionEngine::ProbeUnconfirmedSnapshots() {
   for (auto& [id, p] : partitions_) {
     if (!p->primary) continue;
     for (Backup& b : p->backups) {
       const bool unconfirmed = b.snapshot_at > 0 && b.confirmed < b.snapshot_at;
-      if (unconfirmed && b.unconfirmed_snapshot == b.snapshot_at) {
-        if (b.snapshots_resent < kSnapshotTries) {
-          ++b.snapshots_resent;
-          LOG(WARNING) << "server " << server_index_ << ": backup server " << b.server << " has not confirmed the "
-                       << "snapshot of partition " << id << " (update " << b.snapshot_at << ") since the last check: "
-                       << "sending it again (" << b.snapshots_resent << " of " << kSnapshotTries << " tries)";
-          SendSnapshot(*p, b.server);
-        } else if (b.snapshots_resent == kSnapshotTries) {
-          ++b.snapshots_resent;  // said once
-          LOG(ERROR) << "server " << server_index_ << ": backup server " << b.server << " confirmed none of "
-                     << kSnapshotTries << " snapshots of partition " << id << ": its rounds wait for it";
-        }
+      // Sent again blindly before, a snapshot merely slow queued behind
+      // itself on the same link, and the partition waited for the last copy.
+      if (unconfirmed && b.unconfirmed_snapshot == b.snapshot_at && b.probed_snapshot != b.snapshot_at) {
+        LOG(WARNING) << "server " << server_index_ << ": backup server " << b.server << " has not confirmed the "
+                     << "snapshot of partition " << id << " (update " << b.snapshot_at << ") since the last check: "
+                     << "asking whether it arrived";
+        ProbeSnapshot(*p, b);
       }
       b.unconfirmed_snapshot = unconfirmed ? b.snapshot_at : 0;
     }
   }
+}
+
+void PartitionEngine::ProbeSnapshot(const Partition& p, Backup& b) {
+  b.probed_snapshot = b.snapshot_at;
+  if (!replicate_) return;
+  // No update number of its own: its answer confirms the snapshot, and what
+  // the partition waits for stays the snapshot.
+  DataHeader h;
+  h.set_op(REPLICATE);
+  h.set_replica_of(SNAPSHOT_PROBE);
+  h.set_replica_from(server_index_);
+  h.set_request_id(b.snapshot_at);
+  h.set_partition_id(p.id);
+  h.set_epoch(b.snapshot_epoch);  // as the snapshot: deferred with it, refused with it
+  h.set_num_elements(p.n);
+  h.set_dtype(FLOAT32);
+  zmq::message_t none;
+  replicate_(b.server, h, none);
+}
+
+absl::Status PartitionEngine::AnswerProbe(Partition& p, const DataHeader& h) {
+  if (!p.synced) return AwaitingSnapshot(p);
+  if (p.applied_snapshot == SnapshotId{h.replica_from(), h.epoch(), h.request_id()}) return absl::OkStatus();
+  // This copy's primary re-created it (it refused an update) and that
+  // snapshot did not arrive: what it holds is the state the snapshot
+  // replaces, no valid copy until one does.
+  p.synced = false;
+  ++copies_generation_;
+  return absl::FailedPreconditionError(absl::StrCat("partition ", p.id, ": the snapshot server ", h.replica_from(),
+                                                    " sent as update ", h.request_id(), " (epoch ", h.epoch(),
+                                                    ") has not arrived; this copy is not synced until one does"));
+}
+
+absl::Status PartitionEngine::AwaitingSnapshot(const Partition& p) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("partition ", p.id, ": this copy is being re-created and its snapshot has not arrived"));
 }
 
 void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader& h, const zmq::message_t* payload) {
@@ -594,6 +628,8 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));
+  } else if (h.replica_of() == SNAPSHOT_PROBE) {
+    s = AnswerProbe(*it->second, h);
   } else if (h.replica_of() == SNAPSHOT) {
     s = payload != nullptr ? SnapshotPushes(*it->second, h, *payload).status()
                            : absl::InvalidArgumentError(absl::StrCat("snapshot of partition ", h.partition_id(),
@@ -646,10 +682,8 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
 
 absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const DataHeader& h) const {
   if (h.replica_of() == SNAPSHOT) return true;
-  if (!p.synced) {
-    return absl::FailedPreconditionError(absl::StrCat("partition ", p.id, ": this copy is being re-created and its ",
-                                                      "snapshot has not arrived"));
-  }
+  if (h.replica_of() == SNAPSHOT_PROBE) return false;  // answered (AnswerProbe), applies nothing
+  if (!p.synced) return AwaitingSnapshot(p);
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;
   if (h.replica_of() == PUSH_PULL) {  // a worker's push forwarded (ssp, compressed sync rounds)
     if (absl::Status s = CheckForwarded(p, h, p.completed); !s.ok()) return s;

@@ -255,7 +255,7 @@ class ParameterServerImpl : public ParameterServer {
   // partition stalled until it was lost). Held for one heartbeat timeout, at
   // most kMaxHeldMessages and as many bytes as two of the largest frames;
   // past that, or past the timeout, dropped as before (unanswered; a
-  // snapshot so lost is sent again, CheckSnapshots). Replayed
+  // snapshot so lost is probed and sent again, CheckSnapshots). Replayed
   // in arrival order after each map install, and opened again then, so a
   // forged one gains nothing by waiting.
   static constexpr size_t kMaxHeldMessages = 256;
@@ -279,13 +279,14 @@ class ParameterServerImpl : public ParameterServer {
     return true;
   }
 
-  // Every heartbeat timeout: snapshots lost on their way (Hold) are sent
-  // again (PartitionEngine::ResendUnconfirmedSnapshots).
+  // Every heartbeat timeout: a snapshot not confirmed since the last check
+  // is probed, and sent again if it was lost on its way (Hold)
+  // (PartitionEngine::ProbeUnconfirmedSnapshots).
   void CheckSnapshots() {
     const absl::Time now = absl::Now();
     if (now < next_snapshot_check_) return;
     next_snapshot_check_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms());
-    engine_->ResendUnconfirmedSnapshots();
+    engine_->ProbeUnconfirmedSnapshots();
   }
 
   // A sealed message dropped unanswered: counted, logged now and then.
