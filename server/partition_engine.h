@@ -186,8 +186,9 @@ class PartitionEngine {
   // A backup's answer to a REPLICATE request sent by this server.
   void HandleReplicaAck(uint32_t from_server, const DataHeader& answer);
   // Call every heartbeat timeout or so: a backup that has not confirmed its
-  // snapshot since the previous call is sent a probe of it (once a
-  // snapshot), which it answers after the snapshot: OK if it applied that
+  // snapshot since the previous call is sent a probe of it (a header; again
+  // at each call while it stays unconfirmed, in case a probe is lost too),
+  // which it answers after the snapshot: OK if it applied that
   // snapshot, a refusal if not, which re-creates the copy as any refusal
   // does (HandleReplicaAck). A snapshot may be lost unanswered (a server that
   // just joined holds sealed messages from senders its first map does not
@@ -261,9 +262,10 @@ class PartitionEngine {
     int snapshots_again = 0;
     // The epoch snapshot_at was routed at (a probe names the snapshot by
     // both); snapshot_at when the last ProbeUnconfirmedSnapshots found it
-    // unconfirmed (0: it did not), and the last snapshot probed (0: none):
-    // one probe a snapshot, since the link keeps order and a probe
-    // unanswered means the snapshot is still on its way.
+    // unconfirmed (0: it did not), and the last snapshot probed (0: none;
+    // the warning is said once a snapshot). The link keeps order, so a probe
+    // unanswered means the snapshot is still on its way or the probe was
+    // lost: the next check probes again (a header), never the snapshot.
     uint64_t snapshot_epoch = 0;
     uint64_t unconfirmed_snapshot = 0;
     uint64_t probed_snapshot = 0;

@@ -557,10 +557,14 @@ void PartitionEngine::ProbeUnconfirmedSnapshots() {
       const bool unconfirmed = b.snapshot_at > 0 && b.confirmed < b.snapshot_at;
       // Sent again blindly before, a snapshot merely slow queued behind
       // itself on the same link, and the partition waited for the last copy.
-      if (unconfirmed && b.unconfirmed_snapshot == b.snapshot_at && b.probed_snapshot != b.snapshot_at) {
-        LOG(WARNING) << "server " << server_index_ << ": backup server " << b.server << " has not confirmed the "
-                     << "snapshot of partition " << id << " (update " << b.snapshot_at << ") since the last check: "
-                     << "asking whether it arrived";
+      // A probe is a header: one each check while it stays unconfirmed, so
+      // a probe lost as well (held past its time by a server that just
+      // joined) is followed by another, not waited for.
+      if (unconfirmed && b.unconfirmed_snapshot == b.snapshot_at) {
+        LOG_IF(WARNING, b.probed_snapshot != b.snapshot_at)
+            << "server " << server_index_ << ": backup server " << b.server << " has not confirmed the snapshot of "
+            << "partition " << id << " (update " << b.snapshot_at << ") since the last check: asking whether it "
+            << "arrived (again every check while it stays unconfirmed)";
         ProbeSnapshot(*p, b);
       }
       b.unconfirmed_snapshot = unconfirmed ? b.snapshot_at : 0;

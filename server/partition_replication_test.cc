@@ -861,12 +861,41 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) 
   EXPECT_TRUE(outbox_.empty()) << "a confirmed snapshot probed or sent again";
 }
 
+// The snapshot is lost, and so is the first probe (held past its time by a
+// server that just joined): the next check probes again instead of leaving
+// the partition waiting for an answer that never comes.
+TEST_F(ReplicationTest, AProbeLostAsWellIsFollowedByAnotherAndTheLostSnapshotIsSentAgain) {
+  Make(SYNC);
+  ShardMap joined;
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
+  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  ASSERT_EQ(outbox_.size(), 1u);
+  outbox_.clear();  // the snapshot, lost
+  Send(0, PUSH, 0, 0, {2.0f, 4.0f}, 12);
+  Send(0, PUSH, 1, 0, {6.0f, 8.0f}, 12);
+  Deliver();
+  engines_[0]->ProbeUnconfirmedSnapshots();
+  engines_[0]->ProbeUnconfirmedSnapshots();
+  ASSERT_EQ(outbox_.size(), 1u);
+  ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT_PROBE);
+  outbox_.clear();  // the probe, lost too
+  engines_[0]->ProbeUnconfirmedSnapshots();
+  ASSERT_EQ(outbox_.size(), 1u) << "a lost probe leaves the partition waiting";
+  EXPECT_EQ(outbox_.front().header.replica_of(), SNAPSHOT_PROBE);
+  Deliver();  // refused; the snapshot again, then round 0
+  EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
+  ASSERT_EQ(answers_.size(), 2u);
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+  EXPECT_EQ(engines_[0]->stats().snapshots_sent, 2u);
+}
+
 // A snapshot slow on its way (a large partition, a slow link, many queued
 // to a replacement server) is unconfirmed at several checks. It was sent
 // again at each (3 times), every copy queued behind the last on the same
 // link, and the partition waited for the last: the stall grew to four
-// transfers. Now it is sent once and probed once, and the rounds go on as
-// soon as that one snapshot is confirmed.
+// transfers. Now it is sent once and probed (a header at each check), and
+// the rounds go on as soon as that one snapshot is confirmed.
 TEST_F(ReplicationTest, ASnapshotSlowOnItsWayIsSentOnceAndTheRoundsGoOnWhenItArrives) {
   Make(SYNC);
   ShardMap joined;
@@ -881,7 +910,8 @@ TEST_F(ReplicationTest, ASnapshotSlowOnItsWayIsSentOnceAndTheRoundsGoOnWhenItArr
     return count;
   };
   EXPECT_EQ(sent(SNAPSHOT), 1) << "a snapshot still on its way was sent again";
-  EXPECT_LE(outbox_.size(), 2u) << "more than the snapshot and one probe";
+  EXPECT_EQ(sent(SNAPSHOT_PROBE), 4) << "a probe at each check after the first";
+  EXPECT_EQ(outbox_.size(), 5u) << "more than the snapshot and its probes";
   ASSERT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
   DeliverOneUpdate();  // the snapshot arrives, and its confirmation
   ASSERT_EQ(acks_.size(), 1u);

@@ -310,7 +310,7 @@ DataHeader ReplicaHeader(FuzzInput& in, Cluster& c, uint64_t completed, std::str
     case 2: h.set_replica_from(sender); break;  // a bogus index
     default: h.set_replica_from(c.primary); break;
   }
-  constexpr Op kKinds[] = {PUSH, PUSH, PUSH_PULL, PUSH_PULL, INIT, SNAPSHOT, PUSH, OP_UNSPECIFIED};
+  constexpr Op kKinds[] = {PUSH, PUSH, PUSH_PULL, PUSH_PULL, INIT, SNAPSHOT, SNAPSHOT_PROBE, OP_UNSPECIFIED};
   Op kind = kKinds[(bits >> 3) & 7];
   if (kind == OP_UNSPECIFIED) kind = static_cast<Op>(in.Byte() % 9);
   h.set_replica_of(kind);
