@@ -1285,6 +1285,22 @@ TEST_F(AsyncLivenessTest, AnAsyncCheckpointAskedBeforeAnyWorkerReportedItsStepsI
   EXPECT_EQ(r->round(), 60u);
 }
 
+TEST_F(AsyncLivenessTest, ARankRejoiningGoesOnAfterTheStepsItsOldProcessReported) {
+  // Async servers report no rounds: the rank was placed at 1 and trained
+  // its share of every epoch again.
+  HeartbeatRequest h;
+  h.set_node_id(worker_ids_[2]);
+  h.mutable_counters()->set_steps(40);
+  ASSERT_TRUE(state_->Heartbeat(h).ok());
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);
+  ASSERT_THAT(Advance(200), SizeIs(1));  // worker 2 declared dead
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rejoin_round(), 40u);
+  EXPECT_EQ(state_->Status().shard_map().rejoined_workers(0).round(), 40u);
+}
+
 TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {
   ClusterConfig config;
   ClusterState early(config);

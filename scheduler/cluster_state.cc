@@ -890,7 +890,16 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   // removal completed it), and a round nobody is counted in never
   // completes; those past it catch up (WorkerRejoin.catch_up).
   const bool alone = alone_heard && !AnotherWorkerTrains(rank);
-  const uint64_t round = alone ? FewestRoundsReported() : RoundPastServers(/*for_rejoin=*/true);
+  uint64_t round = alone ? FewestRoundsReported() : RoundPastServers(/*for_rejoin=*/true);
+  if (config_.consistency() == ASYNC) {
+    // Async servers count no rounds (J was 1, and the new process trained
+    // its share of every epoch again): it goes on after the steps its old
+    // process last reported (WorkerStats::steps, counted from its own join
+    // round), at most a heartbeat interval's steps done twice.
+    if (auto old = workers_.find(rank); old != workers_.end()) {
+      round = std::max<uint64_t>(round, old->second.counters.steps());
+    }
+  }
   for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
     list->erase(std::remove(list->begin(), list->end(), rank), list->end());
   }

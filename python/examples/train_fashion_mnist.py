@@ -133,8 +133,8 @@ def main():
         shardps.torch.broadcast_parameters(model.named_parameters(), root_rank=0)
         # A rank started again after its process died rejoins the running job: broadcast_parameters
         # pulled the current weights, and in sync and SSP it skips the rounds (steps) the job took
-        # without it. Async has no common rounds (its rejoin round is 1): it trains its whole share.
-        first_step = worker.rejoin_round if consistency != "async" else 0
+        # without it; in async (no common rounds) the steps its old process had taken.
+        first_step = worker.rejoin_round
         if first_step:
             print("rank %d rejoins the job at step %d" % (rank, first_step), file=sys.stderr, flush=True)
 
