@@ -62,6 +62,14 @@ class ReplicationTest : public ReplicaPairTest {
     ASSERT_TRUE(engines_[0]->InstallShardMap(*joined, 0).ok());
   }
 
+  // ReplaceServerOne, then server 1 installs that map: its copy awaits the
+  // snapshot the primary sent it.
+  void ReplaceServerOneServingTheMap() {
+    ShardMap joined;
+    ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
+    ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  }
+
   static void RejoinWorkerZero(ShardMap& map, uint64_t epoch) {
     WorkerRejoin* rejoin = map.add_rejoined_workers();
     rejoin->set_rank(0);
@@ -832,9 +840,7 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) 
     Send(0, PUSH, 1, r, {6.0f, 8.0f}, 12);
     Deliver();
   };
-  ShardMap joined;
-  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
-  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
   ASSERT_EQ(outbox_.size(), 1u);
   outbox_.clear();  // the snapshot, lost
   round(0);
@@ -866,9 +872,7 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) 
 // the partition waiting for an answer that never comes.
 TEST_F(ReplicationTest, AProbeLostAsWellIsFollowedByAnotherAndTheLostSnapshotIsSentAgain) {
   Make(SYNC);
-  ShardMap joined;
-  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
-  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
   ASSERT_EQ(outbox_.size(), 1u);
   outbox_.clear();  // the snapshot, lost
   Send(0, PUSH, 0, 0, {2.0f, 4.0f}, 12);
@@ -898,9 +902,7 @@ TEST_F(ReplicationTest, AProbeLostAsWellIsFollowedByAnotherAndTheLostSnapshotIsS
 // the rounds go on as soon as that one snapshot is confirmed.
 TEST_F(ReplicationTest, ASnapshotSlowOnItsWayIsSentOnceAndTheRoundsGoOnWhenItArrives) {
   Make(SYNC);
-  ShardMap joined;
-  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
-  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
   Send(0, PUSH, 0, 0, {2.0f, 4.0f}, 12);
   Send(0, PUSH, 1, 0, {6.0f, 8.0f}, 12);
   for (int check = 0; check < 5; ++check) engines_[0]->ProbeUnconfirmedSnapshots();  // still on its way
@@ -968,9 +970,7 @@ TEST_F(ReplicationTest, ACopyWhoseReCreatingSnapshotIsLostRefusesTheProbeAndIsRe
 // primary for good, and a failover would have promoted it.
 TEST_F(ReplicationTest, ASnapshotProbedAtASlowBackupLeavesARefusedCopyItsReCreation) {
   Make(SYNC);
-  ShardMap joined;
-  ASSERT_NO_FATAL_FAILURE(ReplaceServerOne(&joined));
-  ASSERT_TRUE(engines_[1]->InstallShardMap(joined, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
   for (int check = 0; check < 5; ++check) engines_[0]->ProbeUnconfirmedSnapshots();  // still on its way
   Deliver();  // the snapshot and the probe arrive
   ASSERT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));

@@ -48,6 +48,38 @@ absl::StatusOr<uint32_t> ServerIndex(const StatusResponse& status, const std::st
   return absl::NotFoundError(absl::StrCat("no live server serves at ", server, " (`shardps status` lists them)"));
 }
 
+// Ends the drain of server `index` under way (`before`: the status that
+// found it).
+absl::Status CancelDrain(SchedulerClient& client, const std::string& address, const StatusResponse& before,
+                         uint32_t index) {
+  // Checked here too: a scheduler from before DrainRequest.cancel would
+  // take the request for a drain of a server that is not draining...
+  const NodeStatus* node = FindServer(before, index);
+  if (node != nullptr && !node->left() && !node->declared_dead() && !MarkedDraining(before.shard_map(), index)) {
+    return absl::FailedPreconditionError(absl::StrCat("server ", index, " is not draining"));
+  }
+  DrainRequest request;
+  request.set_server(index);
+  request.set_cancel(true);
+  auto response = client.Drain(request, absl::Seconds(10));
+  if (!response.ok()) return response.status();
+  // ... and one that answers the draining server's cancel as the same
+  // drain asked again, with no word of the cancel.
+  auto after = client.Status(absl::Seconds(10));
+  if (!after.ok()) return after.status();
+  if (MarkedDraining(after->shard_map(), index)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the scheduler at ", address, " answered, but server ", index, " is still draining at shard map epoch ",
+        after->shard_map().epoch(), ": a scheduler from before `shardps drain --cancel` takes a cancel for a "
+        "drain (upgrade it, or let the drain finish)"));
+  }
+  std::cout << "the drain of server " << index << " is cancelled from shard map epoch " << response->epoch()
+            << ": it serves on with the " << response->copies() << " copies (" << response->elements()
+            << " elements) it still holds; moves from it under way finish, then the servers are balanced again"
+            << std::endl;
+  return absl::OkStatus();
+}
+
 absl::Status Drain(const std::string& address, const std::string& security_config, const std::string& server,
                    double wait_s, bool cancel) {
   if (server.empty()) {
@@ -62,37 +94,13 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
   auto found = ServerIndex(*before, server);
   if (!found.ok()) return found.status();
   const uint32_t index = *found;
+  if (cancel) return CancelDrain(**client, address, *before, index);
   // The process being drained, so that a server that takes its place later
   // is not taken for it.
   const NodeStatus* node = FindServer(*before, index);
   const uint64_t node_id = node != nullptr ? node->node_id() : 0;
   DrainRequest request;
   request.set_server(index);
-  request.set_cancel(cancel);
-  if (cancel) {
-    // Checked here too: a scheduler from before DrainRequest.cancel would
-    // take the request for a drain of a server that is not draining...
-    if (node != nullptr && !node->left() && !node->declared_dead() && !MarkedDraining(before->shard_map(), index)) {
-      return absl::FailedPreconditionError(absl::StrCat("server ", index, " is not draining"));
-    }
-    auto response = (*client)->Drain(request, absl::Seconds(10));
-    if (!response.ok()) return response.status();
-    // ... and one that answers the draining server's cancel as the same
-    // drain asked again, with no word of the cancel.
-    auto after = (*client)->Status(absl::Seconds(10));
-    if (!after.ok()) return after.status();
-    if (MarkedDraining(after->shard_map(), index)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the scheduler at ", address, " answered, but server ", index, " is still draining at shard map epoch ",
-          after->shard_map().epoch(), ": a scheduler from before `shardps drain --cancel` takes a cancel for a "
-          "drain (upgrade it, or let the drain finish)"));
-    }
-    std::cout << "the drain of server " << index << " is cancelled from shard map epoch " << response->epoch()
-              << ": it serves on with the " << response->copies() << " copies (" << response->elements()
-              << " elements) it still holds; moves from it under way finish, then the servers are balanced again"
-              << std::endl;
-    return absl::OkStatus();
-  }
   const absl::Time start = absl::Now();
   auto response = (*client)->Drain(request, absl::Seconds(10));
   if (!response.ok()) return response.status();
