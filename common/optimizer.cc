@@ -162,6 +162,17 @@ bool CopyAndCheckFinite(float* __restrict dst, const float* __restrict src, size
   return (carry & kNonFiniteBit) == 0;
 }
 
+bool SumAndCheckFinite(float* __restrict dst, const float* __restrict a, const float* __restrict b, size_t n) {
+  uint32_t carry = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, b + i, sizeof(bits));
+    carry |= NonFiniteCarry(bits);
+    dst[i] = a[i] + b[i];
+  }
+  return (carry & kNonFiniteBit) == 0;
+}
+
 bool AllFinite16(const uint16_t* x, size_t n, uint16_t exponent_mask) {
   const uint32_t mask = exponent_mask, step = mask & (~mask + 1);  // lowest exponent bit
   uint32_t carry = 0;

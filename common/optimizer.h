@@ -61,6 +61,11 @@ bool AllFinite(const float* x, size_t n);
 // read. dst is written whatever the answer, so it must be scratch memory
 // until the caller has seen true. REQUIRES: dst and src do not overlap.
 bool CopyAndCheckFinite(float* dst, const float* src, size_t n);
+// dst[i] = a[i] + b[i], and returns AllFinite(b, n), in one pass: the sum of
+// two gradients is started from both, and the second is checked by the same
+// read. As above, dst is scratch until the caller has seen true.
+// REQUIRES: dst overlaps neither a nor b.
+bool SumAndCheckFinite(float* dst, const float* a, const float* b, size_t n);
 // The same for n 16-bit floats whose exponent bits are `exponent_mask`
 // (0x7c00 for IEEE half, 0x7f80 for bfloat16).
 bool AllFinite16(const uint16_t* x, size_t n, uint16_t exponent_mask);

@@ -187,6 +187,31 @@ TEST(AllFiniteTest, CopyAndCheckCopiesEveryBitAndFindsNanAndInf) {
   }
 }
 
+TEST(AllFiniteTest, SumAndCheckSumsAsAddIntoDoesAndChecksTheSecond) {
+  std::vector<float> a(1027), b(1027);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = std::ldexp(static_cast<float>(i) - 500.5f, static_cast<int>(i % 200) - 100);
+    b[i] = std::ldexp(static_cast<float>(i % 37) - 18.25f, static_cast<int>(i % 150) - 75);
+  }
+  std::vector<float> want = a;
+  AddInto(want.data(), b.data(), b.size());
+  std::vector<float> out(a.size(), 7.0f);
+  EXPECT_TRUE(SumAndCheckFinite(out.data(), a.data(), b.data(), a.size()));
+  EXPECT_EQ(std::memcmp(out.data(), want.data(), want.size() * sizeof(float)), 0);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (size_t at : {size_t{0}, size_t{513}, b.size() - 1}) {
+      std::vector<float> y = b;
+      y[at] = bad;
+      EXPECT_FALSE(SumAndCheckFinite(out.data(), a.data(), y.data(), y.size())) << bad << " at " << at;
+    }
+  }
+  // Only the second is checked: the first was, when it arrived.
+  std::vector<float> nan_first = a;
+  nan_first[9] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(SumAndCheckFinite(out.data(), nan_first.data(), b.data(), b.size()));
+}
+
 TEST(AllFiniteTest, SixteenBitFloats) {
   // fp16: 0x3c00 = 1, 0x7bff = max finite, 0x7c00 = Inf, 0xfe00 = NaN.
   std::vector<uint16_t> half = {0x3c00, 0x7bff, 0xfbff, 0x0001, 0x3c00};

@@ -564,9 +564,17 @@ absl::Status PartitionEngine::CheckFinite16(const Partition& p, const DataHeader
 absl::Status PartitionEngine::CheckRawGradient(Partition& p, const DataHeader& h, const float* g, bool* staged) {
   const bool push = h.op() == PUSH || h.op() == PUSH_PULL;
   float* into = nullptr;
-  if (push && RoundBased(config_) && !config_.deterministic() && h.round() == p.completed && p.arrivals == 0) {
-    into = StartSum(p);  // the round's first gradient (Accumulate)
-  } else if (push && !RoundBased(config_) && p.batch_count == 0) {
+  if (push && RoundBased(config_) && !config_.deterministic() && h.round() == p.completed && p.arrivals == 1 &&
+      HoldsFirstGradient(p)) {
+    // The round's second gradient, summed with the first (Accumulate).
+    // Scratch until the push is counted: a refused one leaves nothing behind.
+    if (SumAndCheckFinite(StartSum(p), p.first.data<float>(), g, p.n)) {
+      *staged = true;
+      return absl::OkStatus();
+    }
+    return RefuseNonFinite(p, h, g);
+  }
+  if (push && !RoundBased(config_) && p.batch_count == 0) {
     p.batch_sum.resize(p.n);
     into = p.batch_sum.data();  // the batch's first push (PushAsync)
   }
@@ -840,10 +848,13 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
   if (codec == nullptr) {
     if (config_.deterministic()) {
       p.held[w] = std::move(*payload);  // kept as received: no copy
-    } else if (staged && p.arrivals == 0) {
-      // Copied into p.acc already, by the pass that checked it.
     } else if (p.arrivals == 0) {
-      std::memcpy(StartSum(p), g, p.n * sizeof(float));
+      p.first.copy(*payload);  // shares the bytes: nothing changes them
+    } else if (p.arrivals == 1 && HoldsFirstGradient(p)) {
+      // Summed with the first already, by the pass that checked it, unless
+      // it was replayed or forwarded since.
+      if (!staged) (void)SumAndCheckFinite(StartSum(p), p.first.data<float>(), g, p.n);
+      p.first.rebuild();
     } else {
       AddInto(p.acc->data(), g, p.n);
     }
@@ -876,6 +887,11 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
   }
   return p.arrivals == 0 ? codec->Decode(bytes, seed, absl::MakeSpan(StartSum(p), p.n))
                          : codec->DecodeAdd(bytes, seed, absl::MakeSpan(p.acc->data(), p.n));
+}
+
+bool PartitionEngine::HoldsFirstGradient(const Partition& p) const {
+  return !config_.deterministic() && PushCodec(p, p.completed).codec == nullptr &&
+         p.first.size() == p.n * sizeof(float);
 }
 
 float* PartitionEngine::StartSum(Partition& p) {
@@ -915,6 +931,9 @@ void PartitionEngine::CompleteRound(Partition& p) {
   // was removed from the job.
   p.contributors = p.arrivals;
   SumRound(p);
+  // A round of one gradient is applied (and replicated) from the message
+  // itself: the sum is never copied.
+  const bool first_only = p.arrivals == 1 && HoldsFirstGradient(p);
   // Sent before applying here, so this copy's optimizer pass overlaps the
   // transfer and the backups' own pass.
   // Staleness-aware: the round's rate divided by its gradients' mean
@@ -930,10 +949,17 @@ void PartitionEngine::CompleteRound(Partition& p) {
     // The backups hold this round's pushes: they sum them as this copy did.
     for (uint32_t w : p.counted_order) update.add_summed_workers(w);
     sequence = Replicate(p, update, nullptr, 0);
+  } else if (first_only) {
+    sequence = Replicate(p, update, p.first.size(), std::nullopt, [&p] {
+      zmq::message_t shared;
+      shared.copy(p.first);
+      return shared;
+    });
   } else {
     sequence = Replicate(p, update, *p.acc);
   }
-  ApplyRound(p);
+  ApplyRound(p, first_only ? p.first.data<float>() : nullptr);
+  p.first.rebuild();
   MaybeCheckpoint(p);
   if (sequence > 0) return;  // FinishRound once confirmed
   FinishRound(p);

@@ -323,6 +323,10 @@ class PartitionEngine {
     // Sync: this round's sum; shared with the replica updates that carry it
     // (no copy), so a round's first write takes a fresh one if still sent.
     SharedBufferPtr acc;
+    // Sync, raw, not deterministic: the open round's first gradient, held as
+    // received (checked, not copied) until a second one is summed with it
+    // into acc, or the round is applied from it (FirstGradientOnly).
+    zmq::message_t first;
     uint32_t arrivals = 0;                 // sync: pushes in for this round
     std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
     std::vector<bool> contributed;         // sync: per worker, counted in the open round
@@ -469,6 +473,10 @@ class PartitionEngine {
   // p.acc, writable for a round's first gradient (a new buffer while the
   // last round's sum is still being sent to the backups).
   static float* StartSum(Partition& p);
+  // Whether p.first is the open raw round's first gradient (read only while
+  // p.arrivals is 1: a round's first push replaces it, and a completed round
+  // releases it).
+  bool HoldsFirstGradient(const Partition& p) const;
   // Applies the round's sum (p.contributors gradients): `sum`, or p.acc if
   // null; then encodes its pull answer at once when replicated, so every
   // copy's encoder state agrees.
@@ -537,14 +545,15 @@ class PartitionEngine {
   absl::Status CheckFinite(const Partition& p, const DataHeader& h, const float* x);
   // The same for fp16/bf16 payloads, before decoding (others: no-op).
   absl::Status CheckFinite16(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
-  // CheckFinite for a raw fp32 payload `g`, fused where it can be: a push
-  // that would be copied into an empty accumulator (sync, not deterministic:
-  // the open round's first gradient into p.acc; async: a batch's first push
-  // into p.batch_sum) is copied there by the pass that checks it, so the
-  // gradient is read once, and `*staged` is set; Accumulate and PushAsync
-  // then skip their copy. Both buffers are scratch while empty, so a refused
-  // or uncounted push (a retry, one parked for a later round) leaves no
-  // trace. Not fused: adding into a non-empty sum (it cannot be undone
+  // CheckFinite for a raw fp32 payload `g`, fused where it can be. Sync, not
+  // deterministic: the open round's first gradient is only checked (it is
+  // held uncopied, p.first), and the second is summed with it into p.acc by
+  // the pass that checks it. Async: a batch's first push is copied into
+  // p.batch_sum by the pass that checks it. Either way `*staged` is set and
+  // Accumulate and PushAsync skip their own pass. Both buffers are scratch
+  // until the push is counted, so a refused or uncounted push (a retry, one
+  // parked for a later round) leaves no trace. Not fused: adding into a
+  // non-empty sum (it cannot be undone
   // bitwise once a NaN is met halfway; summing into a second buffer measured
   // slower than two passes), deterministic rounds (the message is held, not
   // copied, until the round's rank-order sum), INIT and codecs.
@@ -649,8 +658,8 @@ class PartitionEngine {
   void ApplyAsyncBatch(Partition& p);
   void PullOrWait(Partition& p, const zmq::message_t& peer, const DataHeader& h, uint64_t round);
   void CompleteRound(Partition& p);
-  // `staged`: the payload was copied into p.acc by CheckRawGradient in this
-  // Handle call, and nothing has written p.acc since.
+  // `staged`: CheckRawGradient summed the payload with p.first into p.acc in
+  // this Handle call, and nothing has written p.acc since.
   absl::Status Accumulate(Partition& p, uint32_t worker, uint64_t round, zmq::message_t* payload,
                           bool staged = false);
   void SumRound(Partition& p);

@@ -2,7 +2,10 @@
 // sockets, next to a memcpy of the same bytes measured in the same run.
 //
 //   kernels: the finiteness check and the copy into an empty sum as two
-//     passes (AllFinite, then memcpy) against the fused CopyAndCheckFinite.
+//     passes (AllFinite, then memcpy) against the fused CopyAndCheckFinite;
+//     a round's first two gradients summed as the engine did before it held
+//     the first uncopied (copy-and-check, check, add) against what it does
+//     now (check, SumAndCheckFinite).
 //   engine: sync PUSH_PULL rounds of W workers (SGD) through
 //     PartitionEngine::Handle, per gradient; the payload's own copy (the
 //     receive) is included, as it is in a server.
@@ -66,6 +69,15 @@ int Run(int iters, size_t n) {
   Print("check then add (two passes)", bytes, MedianMicros(iters, [&](int i) {
           finite = AllFinite(grad(i), n);
           AddInto(sum.data(), grad(i), n);
+        }), memcpy_us);
+  Print("two gradients: copy-and-check, check, add", bytes, MedianMicros(iters, [&](int i) {
+          finite = CopyAndCheckFinite(sum.data(), grad(2 * i), n);
+          finite = AllFinite(grad(2 * i + 1), n);
+          AddInto(sum.data(), grad(2 * i + 1), n);
+        }), memcpy_us);
+  Print("two gradients: check, SumAndCheckFinite", bytes, MedianMicros(iters, [&](int i) {
+          finite = AllFinite(grad(2 * i), n);
+          finite = SumAndCheckFinite(sum.data(), grad(2 * i), grad(2 * i + 1), n);
         }), memcpy_us);
   for (uint32_t workers : {1u, 2u}) {
     ClusterConfig c;

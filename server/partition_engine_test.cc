@@ -697,6 +697,41 @@ TEST_F(EngineTest, ARoundHeldUpByARemovedWorkerCompletesWithTheOthersAveraged) {
   EXPECT_EQ(Weights(), (std::vector<float>{-4, -3}));
 }
 
+TEST_F(EngineTest, ARoundOfOneGradientIsAppliedFromItsMessageAndEachRoundStartsAfresh) {
+  // The round's first gradient is held as received, not copied into a sum:
+  // with one worker (or the others removed) it is the round's sum, and the
+  // next round's first gradient replaces it.
+  const int n = 1031;
+  auto gradient = [n](int seed) {
+    std::vector<float> g(n);
+    for (int i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i * (seed + 2))) * (1.0f + seed);
+    return g;
+  };
+  for (const int workers : {1, 2}) {
+    SCOPED_TRACE(workers);
+    sent_.clear();
+    Make(SYNC, false, workers, "none", UPDATE_ON_SERVER, n);
+    Send(INIT, 0, 0, gradient(9));
+    std::vector<float> want = gradient(9);
+    if (workers == 2) RemoveWorkers({1}, n);
+    for (int round = 0; round < 3; ++round) {
+      std::vector<float> poisoned = gradient(round);
+      poisoned[round * 100] = std::numeric_limits<float>::quiet_NaN();
+      Send(PUSH, 0, round, poisoned);  // refused: leaves nothing held
+      Send(PUSH_PULL, 0, round, gradient(round));
+      const std::vector<float> g = gradient(round);
+      for (int i = 0; i < n; ++i) want[i] -= g[i];  // SGD, learning rate 1, one gradient
+      ASSERT_FALSE(sent_.empty());
+      EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
+      EXPECT_EQ(std::memcmp(sent_.back().payload.data(), want.data(), n * sizeof(float)), 0) << "round " << round;
+    }
+    EXPECT_EQ(engine_->UpdateCounts()[0].completed, 3u);
+    EXPECT_EQ(engine_->stats().non_finite, 3u);
+    const std::vector<float> weights = Weights(n);
+    EXPECT_EQ(std::memcmp(weights.data(), want.data(), n * sizeof(float)), 0);
+  }
+}
+
 TEST_F(EngineTest, ARemovedWorkersContributionToTheOpenRoundCountsAndItsParkedPushesDoNot) {
   Make(SYNC, true, 3);
   Send(PUSH, 2, 0, {6, 6});
