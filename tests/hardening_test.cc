@@ -442,7 +442,14 @@ TEST(RegisterTest, ATrainingWorkerThatStopsOnAnErrorLeavesAsFailedWithIt) {
   auto failed = WaitAny(trains, absl::Now() + absl::Seconds(60), &code);
   ASSERT_TRUE(failed.ok()) << failed.status();
   EXPECT_NE(code, 0);
-  const std::optional<NodeStatus> worker = WorkerStatus(**cluster, static_cast<uint32_t>(*failed));
+  // The leave is sent before the process exits; on a loaded machine the
+  // scheduler may apply it a moment after answering.
+  std::optional<NodeStatus> worker;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    worker = WorkerStatus(**cluster, static_cast<uint32_t>(*failed));
+    if (worker && worker->left()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   for (ChildProcess& t : trains) Kill(t);  // the other waits for the model
   ASSERT_TRUE(worker.has_value());
   EXPECT_TRUE(worker->left()) << worker->ShortDebugString();
