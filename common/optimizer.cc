@@ -150,18 +150,6 @@ bool AllFinite(const float* x, size_t n) {
   return (carry & kNonFiniteBit) == 0;
 }
 
-bool CopyAndCheckFinite(float* __restrict dst, const float* __restrict src, size_t n) {
-  // The bits go through integers, so a NaN's payload is copied unchanged too.
-  uint32_t carry = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, src + i, sizeof(bits));
-    carry |= NonFiniteCarry(bits);
-    std::memcpy(dst + i, &bits, sizeof(bits));
-  }
-  return (carry & kNonFiniteBit) == 0;
-}
-
 bool SumAndCheckFinite(float* __restrict dst, const float* __restrict a, const float* __restrict b, size_t n) {
   uint32_t carry = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -56,15 +56,10 @@ void AddInto(float* acc, const float* g, size_t n);
 // integer operations on the bits, with no early exit, so the compiler
 // vectorises it: a memory-bound read, cheaper than the optimizer pass after it.
 bool AllFinite(const float* x, size_t n);
-// Copies n floats from src to dst bit for bit and returns AllFinite(src, n),
-// in one pass: a gradient copied into an accumulator is checked by the same
-// read. dst is written whatever the answer, so it must be scratch memory
-// until the caller has seen true. REQUIRES: dst and src do not overlap.
-bool CopyAndCheckFinite(float* dst, const float* src, size_t n);
 // dst[i] = a[i] + b[i], and returns AllFinite(b, n), in one pass: the sum of
 // two gradients is started from both, and the second is checked by the same
-// read. As above, dst is scratch until the caller has seen true.
-// REQUIRES: dst overlaps neither a nor b.
+// read. dst is written whatever the answer, so it must be scratch memory
+// until the caller has seen true. REQUIRES: dst overlaps neither a nor b.
 bool SumAndCheckFinite(float* dst, const float* a, const float* b, size_t n);
 // The same for n 16-bit floats whose exponent bits are `exponent_mask`
 // (0x7c00 for IEEE half, 0x7f80 for bfloat16).

@@ -563,7 +563,6 @@ absl::Status PartitionEngine::CheckFinite16(const Partition& p, const DataHeader
 
 absl::Status PartitionEngine::CheckRawGradient(Partition& p, const DataHeader& h, const float* g, bool* staged) {
   const bool push = h.op() == PUSH || h.op() == PUSH_PULL;
-  float* into = nullptr;
   if (push && RoundBased(config_) && !config_.deterministic() && h.round() == p.completed && p.arrivals == 1 &&
       HoldsFirstGradient(p)) {
     // The round's second gradient, summed with the first (Accumulate).
@@ -574,17 +573,16 @@ absl::Status PartitionEngine::CheckRawGradient(Partition& p, const DataHeader& h
     }
     return RefuseNonFinite(p, h, g);
   }
-  if (push && !RoundBased(config_) && p.batch_count == 0) {
+  if (push && !RoundBased(config_) && p.batch_count == 1 && BatchStartsWithHeldPush(p)) {
+    // The batch's second push, summed with the first (PushAsync).
     p.batch_sum.resize(p.n);
-    into = p.batch_sum.data();  // the batch's first push (PushAsync)
+    if (SumAndCheckFinite(p.batch_sum.data(), p.first.data<float>(), g, p.n)) {
+      *staged = true;
+      return absl::OkStatus();
+    }
+    return RefuseNonFinite(p, h, g);
   }
-  if (into == nullptr) return CheckFinite(p, h, g);
-  // Scratch until the push is counted: a refused one leaves nothing behind.
-  if (CopyAndCheckFinite(into, g, p.n)) {
-    *staged = true;
-    return absl::OkStatus();
-  }
-  return RefuseNonFinite(p, h, g);
+  return CheckFinite(p, h, g);
 }
 
 absl::Status PartitionEngine::CheckFinite(const Partition& p, const DataHeader& h, const float* x) {
@@ -894,6 +892,10 @@ bool PartitionEngine::HoldsFirstGradient(const Partition& p) const {
          p.first.size() == p.n * sizeof(float);
 }
 
+bool PartitionEngine::BatchStartsWithHeldPush(const Partition& p) {
+  return p.batch_count == 1 && p.first.size() == p.n * sizeof(float);
+}
+
 float* PartitionEngine::StartSum(Partition& p) {
   if (!p.acc->unique()) p.acc.reset(SharedBuffer::Create(p.n));
   return p.acc->data();
@@ -1033,7 +1035,7 @@ void PartitionEngine::FinishRound(Partition& p) {
 }
 
 void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
-                                const zmq::message_t& payload, bool staged) {
+                                zmq::message_t& payload, bool staged) {
   const uint32_t w = h.worker_rank();
   if (h.request_id() <= p.last_request[w]) {
     // A retry of a push taken already: answer without applying it twice,
@@ -1057,11 +1059,22 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
     }
     g = p.scratch.data();
   }
-  if (staged && p.batch_count == 0) {
-    // Copied into p.batch_sum already, by the pass that checked it.
-  } else if (p.batch_count == 0) {
-    p.batch_sum.resize(p.n);
-    std::memcpy(p.batch_sum.data(), g, p.n * sizeof(float));
+  if (p.batch_count == 0) {
+    p.first.rebuild();
+    if (g == payload.data<float>()) {
+      p.first.copy(payload);  // raw: held as received, shares the bytes
+    } else {
+      p.batch_sum.resize(p.n);
+      std::memcpy(p.batch_sum.data(), g, p.n * sizeof(float));
+    }
+  } else if (p.batch_count == 1 && BatchStartsWithHeldPush(p)) {
+    // Summed with the first already, by the pass that checked it, unless it
+    // was decoded (a codec's payload).
+    if (!staged) {
+      p.batch_sum.resize(p.n);
+      (void)SumAndCheckFinite(p.batch_sum.data(), p.first.data<float>(), g, p.n);
+    }
+    p.first.rebuild();
   } else {
     AddInto(p.batch_sum.data(), g, p.n);
   }
@@ -1087,10 +1100,21 @@ void PartitionEngine::ApplyAsyncBatch(Partition& p) {
     update.add_batch_workers(w);
     update.add_batch_request_ids(id);
   }
-  const uint64_t sequence = std::max(p.sent, Replicate(p, update, p.batch_sum.data(), p.n * sizeof(float)));
+  // A batch of one raw push is applied, and sent to the backups, from the
+  // message itself.
+  const bool held = BatchStartsWithHeldPush(p);
+  const uint64_t sequence =
+      std::max(p.sent, held ? Replicate(p, update, p.first.size(), std::nullopt,
+                                        [&p] {
+                                          zmq::message_t shared;
+                                          shared.copy(p.first);
+                                          return shared;
+                                        })
+                            : Replicate(p, update, p.batch_sum.data(), p.n * sizeof(float)));
   // k = 1: grad_scale and lr_scale exactly those of a single push.
-  optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), p.batch_sum.data(), WritableWeights(p),
-                    p.state.data(), p.n, lr_scale);
+  optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), held ? p.first.data<float>() : p.batch_sum.data(),
+                    WritableWeights(p), p.state.data(), p.n, lr_scale);
+  p.first.rebuild();
   for (const auto& [w, id] : p.batch_ids) ++p.applied_by[w];
   p.completed += k;
   ++stats_.updates;

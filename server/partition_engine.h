@@ -323,9 +323,10 @@ class PartitionEngine {
     // Sync: this round's sum; shared with the replica updates that carry it
     // (no copy), so a round's first write takes a fresh one if still sent.
     SharedBufferPtr acc;
-    // Sync, raw, not deterministic: the open round's first gradient, held as
-    // received (checked, not copied) until a second one is summed with it
-    // into acc, or the round is applied from it (FirstGradientOnly).
+    // The first raw gradient of the open sync round (not deterministic) or
+    // of the async batch, held as received (checked, not copied) until a
+    // second one is summed with it (into acc or batch_sum), or the round or
+    // batch is applied from it.
     zmq::message_t first;
     uint32_t arrivals = 0;                 // sync: pushes in for this round
     std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
@@ -477,6 +478,10 @@ class PartitionEngine {
   // p.arrivals is 1: a round's first push replaces it, and a completed round
   // releases it).
   bool HoldsFirstGradient(const Partition& p) const;
+  // Async: whether the open batch is one raw push, held in p.first (a
+  // batch's first push sets or clears p.first, and applying the batch or
+  // summing its second push releases it).
+  static bool BatchStartsWithHeldPush(const Partition& p);
   // Applies the round's sum (p.contributors gradients): `sum`, or p.acc if
   // null; then encodes its pull answer at once when replicated, so every
   // copy's encoder state agrees.
@@ -532,8 +537,8 @@ class PartitionEngine {
   // not written, and keeps it for the heartbeats.
   void CheckpointFailed(const std::string& dir, uint64_t round, const std::string& error);
 
-  // `*staged`: whether the raw gradient was copied into its accumulator
-  // while being checked (CheckRawGradient).
+  // `*staged`: whether the raw gradient was summed with the held first one
+  // into its accumulator while being checked (CheckRawGradient).
   absl::Status Validate(const DataHeader& h, const zmq::message_t* payload, Partition** out, bool* staged);
   // The codec of `round`'s pushes to p (compression::RoundCodec).
   compression::WireCodec PushCodec(const Partition& p, uint64_t round) const {
@@ -545,15 +550,14 @@ class PartitionEngine {
   absl::Status CheckFinite(const Partition& p, const DataHeader& h, const float* x);
   // The same for fp16/bf16 payloads, before decoding (others: no-op).
   absl::Status CheckFinite16(const Partition& p, const DataHeader& h, const zmq::message_t& payload);
-  // CheckFinite for a raw fp32 payload `g`, fused where it can be. Sync, not
-  // deterministic: the open round's first gradient is only checked (it is
-  // held uncopied, p.first), and the second is summed with it into p.acc by
-  // the pass that checks it. Async: a batch's first push is copied into
-  // p.batch_sum by the pass that checks it. Either way `*staged` is set and
-  // Accumulate and PushAsync skip their own pass. Both buffers are scratch
-  // until the push is counted, so a refused or uncounted push (a retry, one
-  // parked for a later round) leaves no trace. Not fused: adding into a
-  // non-empty sum (it cannot be undone
+  // CheckFinite for a raw fp32 payload `g`, fused where it can be. The open
+  // sync round's first gradient (not deterministic), or the async batch's
+  // first push, is only checked: it is held uncopied (p.first). The second
+  // is summed with it (into p.acc, or p.batch_sum) by the pass that checks
+  // it, and `*staged` is set: Accumulate and PushAsync skip their own pass.
+  // Both sums are scratch until the push is counted, so a refused or
+  // uncounted push (a retry, one parked for a later round) leaves no trace.
+  // Not fused: adding into a sum that holds two already (it cannot be undone
   // bitwise once a NaN is met halfway; summing into a second buffer measured
   // slower than two passes), deterministic rounds (the message is held, not
   // copied, until the round's rank-order sum), INIT and codecs.
@@ -611,7 +615,7 @@ class PartitionEngine {
   void Init(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload);
   // Counts a push toward its round (or parks it for a later one). `answer`
   // false: a replayed push whose answer went out already (ssp).
-  // `staged`: the payload is in p.acc already (CheckRawGradient).
+  // `staged`: the payload is summed into p.acc already (CheckRawGradient).
   void PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t* payload,
                 bool answer = true, bool staged = false);
   // SSP with backups: sends a worker's push to the backups (kept there until
@@ -651,8 +655,8 @@ class PartitionEngine {
   double MeasureStaleness(Partition& p, const DataHeader& h, uint64_t applied, double updates_per_round);
   // The learning-rate factor of an update of staleness `tau` rounds.
   float StalenessLrScale(double tau) const;
-  // `staged`: the payload is in p.batch_sum already (CheckRawGradient).
-  void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, const zmq::message_t& payload,
+  // `staged`: the payload is summed into p.batch_sum already (CheckRawGradient).
+  void PushAsync(Partition& p, const zmq::message_t& peer, const DataHeader& h, zmq::message_t& payload,
                  bool staged = false);
   // Applies p's async batch as one update and answers its pushes.
   void ApplyAsyncBatch(Partition& p);

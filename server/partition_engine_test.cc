@@ -8,6 +8,7 @@
 #include <limits>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "compression/codec_policy.h"
 #include "server/engine_test_util.h"
 
@@ -698,19 +699,19 @@ TEST_F(EngineTest, ARoundHeldUpByARemovedWorkerCompletesWithTheOthersAveraged) {
 }
 
 TEST_F(EngineTest, ARoundOfOneGradientIsAppliedFromItsMessageAndEachRoundStartsAfresh) {
-  // The round's first gradient is held as received, not copied into a sum:
-  // with one worker (or the others removed) it is the round's sum, and the
-  // next round's first gradient replaces it.
+  // The round's (async: the batch's) first gradient is held as received,
+  // not copied into a sum: with one worker (or the others removed) it is the
+  // round's sum, and the next round's first gradient replaces it.
   const int n = 1031;
   auto gradient = [n](int seed) {
     std::vector<float> g(n);
     for (int i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i * (seed + 2))) * (1.0f + seed);
     return g;
   };
-  for (const int workers : {1, 2}) {
-    SCOPED_TRACE(workers);
+  for (const auto& [mode, workers] : {std::pair{SYNC, 1}, std::pair{SYNC, 2}, std::pair{ASYNC, 1}}) {
+    SCOPED_TRACE(absl::StrCat("mode ", mode, ", ", workers, " workers"));
     sent_.clear();
-    Make(SYNC, false, workers, "none", UPDATE_ON_SERVER, n);
+    Make(mode, false, workers, "none", UPDATE_ON_SERVER, n);
     Send(INIT, 0, 0, gradient(9));
     std::vector<float> want = gradient(9);
     if (workers == 2) RemoveWorkers({1}, n);
