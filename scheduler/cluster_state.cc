@@ -124,8 +124,8 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   return cs;
 }
 
-void ClusterState::WriteUnsaved() {
-  {
+void ClusterState::WriteUnsaved(bool after_one_under_way) {
+  if (!after_one_under_way) {
     // Nothing changed (most heartbeats): no wait behind a write under way.
     // A snapshot taken by another writer since is that writer's to write.
     absl::MutexLock lock(&mu_);
@@ -1152,7 +1152,10 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   // next call that writes: a scheduler killed in between forgot it, and a
   // rank rejoining after its restart waited at a barrier the others had
   // passed (before 2026-11-25).
-  const WriteOnReturn write(this);  // after mu_ is released
+  // The ranks that waited are answered once the pass is written too: the
+  // call that passed it may still be writing it (before 2026-11-25 they
+  // were answered meanwhile, and a scheduler killed then forgot it).
+  const WriteOnReturn write(this, /*after_one_under_way=*/true);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->role != WORKER) {
