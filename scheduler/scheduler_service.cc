@@ -218,8 +218,12 @@ class SchedulerService final : public Scheduler::Service {
     if (!waiting.admitted()) return waiting.Refusal("WatchShardMap");
     uint64_t known = req->known_epoch();
     while (!ctx->IsCancelled() && !stopping_.load()) {
-      if (Serving(&refused) != state) return refused;  // deposed: the watcher moves on
       std::optional<ShardMap> map = state->WaitForMap(known, absl::Now() + absl::Milliseconds(200));
+      // Deposed, the watcher moves on; looked at after the wait too: a write
+      // refused for a lost leadership deposes as it returns, and the map it
+      // could not write must not go out (the successor may issue that epoch
+      // with other contents).
+      if (Serving(&refused) != state) return refused;
       if (!map) continue;
       if (!writer->Write(*map)) break;
       known = map->epoch();

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "scheduler/etcd_client.h"
 #include "scheduler/etcd_election.h"
@@ -192,6 +193,60 @@ TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
   absl::Status failure = (*daemon)->Failure();
   EXPECT_TRUE(absl::IsFailedPrecondition(failure)) << failure;
   EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
+}
+
+TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
+  // A map goes out once the state holding it is written (fab4bb3). A write
+  // refused because another scheduler holds the leadership deposes this one,
+  // and the map stays unwritten: its successor resumes the older epoch and
+  // may issue the same one with other contents, which a node holding this
+  // map would ignore. Before, the watchers were sent it all the same.
+  const std::string prefix = Prefix("unwritten-map");
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_num_servers(1);
+  options.config.set_num_workers(1);
+  options.config.set_heartbeat_timeout_ms(60000);  // no lease renewal during the test: the write finds the loss
+  options.etcd_endpoints = endpoint();
+  options.etcd_prefix = prefix;
+  auto daemon = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ASSERT_TRUE(StatusOfDaemon(**daemon).ok()) << "the only scheduler should be active";
+  auto client = SchedulerClient::Create((*daemon)->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  RegisterRequest server;
+  server.set_protocol_version(kProtocolVersion);
+  server.set_role(SERVER);
+  server.set_data_address(absl::StrCat("tcp://", (*daemon)->address()));  // a port that accepts connections
+  auto registered = (*client)->Register(server, absl::Seconds(5));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  absl::Mutex mu;
+  std::vector<uint64_t> epochs;
+  auto watch = (*client)->WatchShardMap(
+      registered->node_id(),
+      [&](const ShardMap& map) {
+        absl::MutexLock lock(&mu);
+        epochs.push_back(map.epoch());
+      },
+      [](const absl::Status&) {});
+  absl::SleepFor(absl::Milliseconds(500));  // the watch waits for a map past epoch 0
+
+  // Its leadership goes (the lease revoked, as when etcd expires it and a
+  // standby wins); the server leaving makes epoch 1, whose write is refused.
+  auto etcd = EtcdClient::Create(endpoint());
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  auto leader = (*etcd)->Get(prefix + "/leader");
+  ASSERT_TRUE(leader.ok() && leader->has_value()) << leader.status();
+  ASSERT_TRUE((*etcd)->RevokeLease((*leader)->lease).ok());
+  HeartbeatRequest leaving;
+  leaving.set_node_id(registered->node_id());
+  leaving.set_leaving(true);
+  ASSERT_TRUE((*client)->Heartbeat(leaving, absl::Seconds(5)).ok());
+  absl::SleepFor(absl::Seconds(1));
+  watch.reset();
+  EXPECT_TRUE(absl::IsFailedPrecondition((*daemon)->Failure())) << "not deposed: " << (*daemon)->Failure();
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(epochs, ::testing::IsEmpty()) << "a deposed scheduler sent a map it could not write";
 }
 
 TEST_F(EtcdTest, TwoConcurrentShutdownsBothReturnAndHandTheLeadershipBack) {
