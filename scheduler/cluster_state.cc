@@ -895,9 +895,14 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
     // Async servers count no rounds (J was 1, and the new process trained
     // its share of every epoch again): it goes on after the steps its old
     // process last reported (WorkerStats::steps, counted from its own join
-    // round), at most a heartbeat interval's steps done twice.
+    // round), at most a heartbeat interval's steps done twice. Not before
+    // the round it rejoined at last: a process that died before its first
+    // report started there (before 2026-11-25 its successor went back to 1).
     if (auto old = workers_.find(rank); old != workers_.end()) {
       round = std::max<uint64_t>(round, old->second.counters.steps());
+    }
+    for (const WorkerRejoin& r : map_.rejoined_workers()) {
+      if (r.rank() == rank) round = std::max<uint64_t>(round, r.round());
     }
   }
   for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
