@@ -173,6 +173,9 @@ class SchedulerService final : public Scheduler::Service {
     } else {
       r = absl::InvalidArgumentError("register: role must be server or worker");
     }
+    // Its write refused for a lost leadership (deposed as it returned): the
+    // successor never heard of this node, which asks it on this refusal.
+    if (Serving(&refused) != state) return refused;
     if (!r.ok()) {
       // A new process for a rank still held asks again every quarter second
       // until the old one is declared dead: said once in a while, not each time.
@@ -240,6 +243,9 @@ class SchedulerService final : public Scheduler::Service {
     if (!waiting.admitted()) return waiting.Refusal("Barrier");
     std::vector<uint32_t> live;
     absl::Status s = state->Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
+    // A pass whose write deposed this scheduler: its successor never heard
+    // of it, and the ranks enter the barrier there on this refusal.
+    if (Serving(&refused) != state) return refused;
     for (uint32_t r : live) resp->add_live_workers(r);
     return ToGrpc(s);
   }

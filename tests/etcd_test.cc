@@ -195,6 +195,44 @@ TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
   EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
 }
 
+// The only scheduler of a 1-server, 1-worker job on `prefix`, active; no
+// renewal of its lease falls due during a test (heartbeat_timeout 60 s),
+// so a lost leadership is found by its next state write.
+absl::StatusOr<std::unique_ptr<SchedulerDaemon>> ActiveScheduler(const std::string& endpoint,
+                                                                  const std::string& prefix) {
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_num_servers(1);
+  options.config.set_num_workers(1);
+  options.config.set_heartbeat_timeout_ms(60000);
+  options.etcd_endpoints = endpoint;
+  options.etcd_prefix = prefix;
+  auto daemon = SchedulerDaemon::Create(options);
+  if (!daemon.ok()) return daemon.status();
+  if (absl::Status s = StatusOfDaemon(**daemon).status(); !s.ok()) return s;
+  return daemon;
+}
+
+// Revokes the lease P/leader is held on, as when etcd expires it and a
+// standby wins: the active scheduler's next state write is refused.
+absl::Status RevokeLeadership(const std::string& endpoint, const std::string& prefix) {
+  auto etcd = EtcdClient::Create(endpoint);
+  if (!etcd.ok()) return etcd.status();
+  auto leader = (*etcd)->Get(prefix + "/leader");
+  if (!leader.ok()) return leader.status();
+  if (!leader->has_value()) return absl::NotFoundError(prefix + "/leader is not held");
+  return (*etcd)->RevokeLease((*leader)->lease);
+}
+
+// A server's registration; its data address `address` must accept connections.
+RegisterRequest ServerAt(const std::string& address) {
+  RegisterRequest server;
+  server.set_protocol_version(kProtocolVersion);
+  server.set_role(SERVER);
+  server.set_data_address(absl::StrCat("tcp://", address));
+  return server;
+}
+
 TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
   // A map goes out once the state holding it is written (fab4bb3). A write
   // refused because another scheduler holds the leadership deposes this one,
@@ -202,23 +240,11 @@ TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
   // may issue the same one with other contents, which a node holding this
   // map would ignore. Before, the watchers were sent it all the same.
   const std::string prefix = Prefix("unwritten-map");
-  SchedulerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.config.set_num_servers(1);
-  options.config.set_num_workers(1);
-  options.config.set_heartbeat_timeout_ms(60000);  // no lease renewal during the test: the write finds the loss
-  options.etcd_endpoints = endpoint();
-  options.etcd_prefix = prefix;
-  auto daemon = SchedulerDaemon::Create(options);
+  auto daemon = ActiveScheduler(endpoint(), prefix);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  ASSERT_TRUE(StatusOfDaemon(**daemon).ok()) << "the only scheduler should be active";
   auto client = SchedulerClient::Create((*daemon)->address());
   ASSERT_TRUE(client.ok()) << client.status();
-  RegisterRequest server;
-  server.set_protocol_version(kProtocolVersion);
-  server.set_role(SERVER);
-  server.set_data_address(absl::StrCat("tcp://", (*daemon)->address()));  // a port that accepts connections
-  auto registered = (*client)->Register(server, absl::Seconds(5));
+  auto registered = (*client)->Register(ServerAt((*daemon)->address()), absl::Seconds(5));
   ASSERT_TRUE(registered.ok()) << registered.status();
   absl::Mutex mu;
   std::vector<uint64_t> epochs;
@@ -231,13 +257,8 @@ TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
       [](const absl::Status&) {});
   absl::SleepFor(absl::Milliseconds(500));  // the watch waits for a map past epoch 0
 
-  // Its leadership goes (the lease revoked, as when etcd expires it and a
-  // standby wins); the server leaving makes epoch 1, whose write is refused.
-  auto etcd = EtcdClient::Create(endpoint());
-  ASSERT_TRUE(etcd.ok()) << etcd.status();
-  auto leader = (*etcd)->Get(prefix + "/leader");
-  ASSERT_TRUE(leader.ok() && leader->has_value()) << leader.status();
-  ASSERT_TRUE((*etcd)->RevokeLease((*leader)->lease).ok());
+  // The server leaving makes epoch 1, whose write is refused.
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
   HeartbeatRequest leaving;
   leaving.set_node_id(registered->node_id());
   leaving.set_leaving(true);
@@ -247,6 +268,49 @@ TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
   EXPECT_TRUE(absl::IsFailedPrecondition((*daemon)->Failure())) << "not deposed: " << (*daemon)->Failure();
   absl::MutexLock lock(&mu);
   EXPECT_THAT(epochs, ::testing::IsEmpty()) << "a deposed scheduler sent a map it could not write";
+}
+
+TEST_F(EtcdTest, ARegistrationWhoseWriteDeposesTheSchedulerIsRefusedSoTheNodeAsksItsSuccessor) {
+  // Found in review: the registration's write was refused (another
+  // scheduler holds the leadership), and the server was given an index and
+  // node id all the same, which the successor never heard of: its
+  // heartbeats there were refused as from a node not registered, instead
+  // of it registering with the successor (a scheduler's refusal sends a
+  // node to the next address).
+  const std::string prefix = Prefix("unwritten-registration");
+  auto daemon = ActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = SchedulerClient::Create((*daemon)->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  auto registered = (*client)->Register(ServerAt((*daemon)->address()), absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(registered.status())) << "registered by a deposed scheduler: " << registered.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition((*daemon)->Failure())) << "not deposed: " << (*daemon)->Failure();
+}
+
+TEST_F(EtcdTest, ABarrierWhosePassDeposesTheSchedulerIsRefusedSoTheRanksEnterItWithTheSuccessor) {
+  // Found in review: the pass's write was refused (another scheduler holds
+  // the leadership), and the ranks were told it passed all the same: the
+  // successor never heard of the pass, and a rank rejoining there waited at
+  // a barrier the others had gone on from (as before 20f156d).
+  const std::string prefix = Prefix("unwritten-barrier");
+  auto daemon = ActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = SchedulerClient::Create((*daemon)->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Register(ServerAt((*daemon)->address()), absl::Seconds(5)).ok());
+  RegisterRequest worker;
+  worker.set_protocol_version(kProtocolVersion);
+  worker.set_role(WORKER);
+  auto registered = (*client)->Register(worker, absl::Seconds(5));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  BarrierRequest init;
+  init.set_node_id(registered->node_id());
+  init.set_name("init");
+  absl::Status passed = (*client)->Barrier(init, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(passed)) << "passed by a deposed scheduler: " << passed;
+  EXPECT_TRUE(absl::IsFailedPrecondition((*daemon)->Failure())) << "not deposed: " << (*daemon)->Failure();
 }
 
 TEST_F(EtcdTest, TwoConcurrentShutdownsBothReturnAndHandTheLeadershipBack) {
