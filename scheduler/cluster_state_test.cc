@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
 
@@ -325,6 +326,7 @@ TEST(ClusterStateTest, ABarrierAnswersTheRanksThatWaitedOnlyOnceItsPassIsWritten
   CPU_ZERO(&one);
   CPU_SET(sched_getcpu(), &one);
   ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // inherited by the threads below
+  const absl::Cleanup restore = [&all] { sched_setaffinity(0, sizeof(all), &all); };
   for (int attempt = 0; attempt < 10 && !HasFailure(); ++attempt) {
     absl::Notification writing, write;
     ClusterState state(Config(1, 2), absl::Now, [&](const SchedulerState& s) {
@@ -351,7 +353,6 @@ TEST(ClusterStateTest, ABarrierAnswersTheRanksThatWaitedOnlyOnceItsPassIsWritten
     waiting.join();
     passing.join();
   }
-  sched_setaffinity(0, sizeof(all), &all);
 }
 
 TEST(ClusterStateTest, StatusReportsLiveness) {
