@@ -278,6 +278,9 @@ class SchedulerService final : public Scheduler::Service {
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
     auto r = state->RequestCheckpoint(req->dir());
+    // Its write deposed this scheduler: no server will be asked (the map
+    // that asks goes to no watcher), and the successor knows of no request.
+    if (Serving(&refused) != state) return refused;
     if (!r.ok()) return ToGrpc(r.status());
     LOG(INFO) << "checkpoint of round " << r->round() << " into " << r->dir() << " requested";
     *resp = *std::move(r);

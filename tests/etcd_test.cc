@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
+#include "common/tensor_spec.h"
 #include "scheduler/etcd_client.h"
 #include "scheduler/etcd_election.h"
 #include "scheduler/scheduler.h"
@@ -195,11 +197,15 @@ TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
   EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
 }
 
-// The only scheduler of a 1-server, 1-worker job on `prefix`, active; no
-// renewal of its lease falls due during a test (heartbeat_timeout 60 s),
-// so a lost leadership is found by its next state write.
-absl::StatusOr<std::unique_ptr<SchedulerDaemon>> ActiveScheduler(const std::string& endpoint,
-                                                                  const std::string& prefix) {
+// The only scheduler of a 1-server, 1-worker job on `prefix`, active, and a
+// client of it; no renewal of its lease falls due during a test
+// (heartbeat_timeout 60 s), so a lost leadership is found by its next
+// state write.
+struct ActiveScheduler {
+  std::unique_ptr<SchedulerDaemon> daemon;
+  std::unique_ptr<SchedulerClient> client;
+};
+absl::StatusOr<ActiveScheduler> StartActiveScheduler(const std::string& endpoint, const std::string& prefix) {
   SchedulerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.config.set_num_servers(1);
@@ -210,7 +216,9 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> ActiveScheduler(const std::stri
   auto daemon = SchedulerDaemon::Create(options);
   if (!daemon.ok()) return daemon.status();
   if (absl::Status s = StatusOfDaemon(**daemon).status(); !s.ok()) return s;
-  return daemon;
+  auto client = SchedulerClient::Create((*daemon)->address());
+  if (!client.ok()) return client.status();
+  return ActiveScheduler{*std::move(daemon), *std::move(client)};
 }
 
 // Revokes the lease P/leader is held on, as when etcd expires it and a
@@ -233,6 +241,13 @@ RegisterRequest ServerAt(const std::string& address) {
   return server;
 }
 
+RegisterRequest WorkerRankZero() {
+  RegisterRequest worker;
+  worker.set_protocol_version(kProtocolVersion);
+  worker.set_role(WORKER);
+  return worker;
+}
+
 TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
   // A map goes out once the state holding it is written (fab4bb3). A write
   // refused because another scheduler holds the leadership deposes this one,
@@ -240,15 +255,15 @@ TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
   // may issue the same one with other contents, which a node holding this
   // map would ignore. Before, the watchers were sent it all the same.
   const std::string prefix = Prefix("unwritten-map");
-  auto daemon = ActiveScheduler(endpoint(), prefix);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  auto client = SchedulerClient::Create((*daemon)->address());
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto registered = (*client)->Register(ServerAt((*daemon)->address()), absl::Seconds(5));
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  auto registered = client->Register(ServerAt(daemon->address()), absl::Seconds(5));
   ASSERT_TRUE(registered.ok()) << registered.status();
   absl::Mutex mu;
   std::vector<uint64_t> epochs;
-  auto watch = (*client)->WatchShardMap(
+  auto watch = client->WatchShardMap(
       registered->node_id(),
       [&](const ShardMap& map) {
         absl::MutexLock lock(&mu);
@@ -262,10 +277,10 @@ TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
   HeartbeatRequest leaving;
   leaving.set_node_id(registered->node_id());
   leaving.set_leaving(true);
-  ASSERT_TRUE((*client)->Heartbeat(leaving, absl::Seconds(5)).ok());
+  ASSERT_TRUE(client->Heartbeat(leaving, absl::Seconds(5)).ok());
   absl::SleepFor(absl::Seconds(1));
   watch.reset();
-  EXPECT_TRUE(absl::IsFailedPrecondition((*daemon)->Failure())) << "not deposed: " << (*daemon)->Failure();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
   absl::MutexLock lock(&mu);
   EXPECT_THAT(epochs, ::testing::IsEmpty()) << "a deposed scheduler sent a map it could not write";
 }
@@ -278,14 +293,14 @@ TEST_F(EtcdTest, ARegistrationWhoseWriteDeposesTheSchedulerIsRefusedSoTheNodeAsk
   // of it registering with the successor (a scheduler's refusal sends a
   // node to the next address).
   const std::string prefix = Prefix("unwritten-registration");
-  auto daemon = ActiveScheduler(endpoint(), prefix);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  auto client = SchedulerClient::Create((*daemon)->address());
-  ASSERT_TRUE(client.ok()) << client.status();
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
   ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
-  auto registered = (*client)->Register(ServerAt((*daemon)->address()), absl::Seconds(5));
+  auto registered = client->Register(ServerAt(daemon->address()), absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(registered.status())) << "registered by a deposed scheduler: " << registered.status();
-  EXPECT_TRUE(absl::IsFailedPrecondition((*daemon)->Failure())) << "not deposed: " << (*daemon)->Failure();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
 }
 
 TEST_F(EtcdTest, ABarrierWhosePassDeposesTheSchedulerIsRefusedSoTheRanksEnterItWithTheSuccessor) {
@@ -294,23 +309,63 @@ TEST_F(EtcdTest, ABarrierWhosePassDeposesTheSchedulerIsRefusedSoTheRanksEnterItW
   // successor never heard of the pass, and a rank rejoining there waited at
   // a barrier the others had gone on from (as before 20f156d).
   const std::string prefix = Prefix("unwritten-barrier");
-  auto daemon = ActiveScheduler(endpoint(), prefix);
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  auto client = SchedulerClient::Create((*daemon)->address());
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->Register(ServerAt((*daemon)->address()), absl::Seconds(5)).ok());
-  RegisterRequest worker;
-  worker.set_protocol_version(kProtocolVersion);
-  worker.set_role(WORKER);
-  auto registered = (*client)->Register(worker, absl::Seconds(5));
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  ASSERT_TRUE(client->Register(ServerAt(daemon->address()), absl::Seconds(5)).ok());
+  auto registered = client->Register(WorkerRankZero(), absl::Seconds(5));
   ASSERT_TRUE(registered.ok()) << registered.status();
   ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
   BarrierRequest init;
   init.set_node_id(registered->node_id());
   init.set_name("init");
-  absl::Status passed = (*client)->Barrier(init, absl::Seconds(5));
+  absl::Status passed = client->Barrier(init, absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(passed)) << "passed by a deposed scheduler: " << passed;
-  EXPECT_TRUE(absl::IsFailedPrecondition((*daemon)->Failure())) << "not deposed: " << (*daemon)->Failure();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
+}
+
+TEST_F(EtcdTest, ACheckpointRequestWhoseWriteDeposesTheSchedulerIsRefusedNotPromised) {
+  // Found in review: the request's write was refused (another scheduler
+  // holds the leadership), and `shardps checkpoint` was told the round all
+  // the same: no server is ever asked (the map that asks is not written,
+  // and no watcher is sent it), and the successor knows of no request.
+  const std::string prefix = Prefix("unwritten-checkpoint");
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  auto server = client->Register(ServerAt(daemon->address()), absl::Seconds(5));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(client->Register(WorkerRankZero(), absl::Seconds(5)).ok());
+  // The tensors defined; the server reports serving their map, then a round.
+  HeartbeatRequest serving;
+  serving.set_node_id(server->node_id());
+  std::atomic<bool> defined{false};
+  std::thread serve([&] {
+    while (!defined.load()) {
+      auto status = StatusOfDaemon(*daemon);  // the epoch it publishes
+      ASSERT_TRUE(status.ok()) << status.status();
+      serving.set_applied_epoch(status->shard_map().epoch());
+      EXPECT_TRUE(client->Heartbeat(serving, absl::Seconds(5)).ok());
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  DefineTensorsRequest define;
+  *define.add_tensors() = Float32Tensor("w", 16);
+  auto map = client->DefineTensors(define, absl::Seconds(10));
+  defined = true;
+  serve.join();
+  ASSERT_TRUE(map.ok()) << map.status();
+  serving.set_completed_round(5);
+  ASSERT_TRUE(client->Heartbeat(serving, absl::Seconds(5)).ok());
+
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  CheckpointRequest checkpoint;
+  checkpoint.set_dir("/tmp/shardps-unwritten-checkpoint");
+  auto asked = client->RequestCheckpoint(checkpoint, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(asked.status())) << "promised by a deposed scheduler: " << asked.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
 }
 
 TEST_F(EtcdTest, TwoConcurrentShutdownsBothReturnAndHandTheLeadershipBack) {
