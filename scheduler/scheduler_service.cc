@@ -292,6 +292,9 @@ class SchedulerService final : public Scheduler::Service {
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
     auto r = req->cancel() ? state->CancelDrain(req->server()) : state->Drain(req->server());
+    // Its write deposed this scheduler: no server is sent the map, and the
+    // successor never heard of the drain (or its cancel).
+    if (Serving(&refused) != state) return refused;
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;

@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
@@ -197,7 +198,8 @@ TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
   EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
 }
 
-// The only scheduler of a 1-server, 1-worker job on `prefix`, active, and a
+// The only scheduler of a `servers`-server, 1-worker job without backups on
+// `prefix`, active, and a
 // client of it; no renewal of its lease falls due during a test
 // (heartbeat_timeout 60 s), so a lost leadership is found by its next
 // state write.
@@ -205,10 +207,12 @@ struct ActiveScheduler {
   std::unique_ptr<SchedulerDaemon> daemon;
   std::unique_ptr<SchedulerClient> client;
 };
-absl::StatusOr<ActiveScheduler> StartActiveScheduler(const std::string& endpoint, const std::string& prefix) {
+absl::StatusOr<ActiveScheduler> StartActiveScheduler(const std::string& endpoint, const std::string& prefix,
+                                                     uint32_t servers = 1) {
   SchedulerOptions options;
   options.listen_address = "127.0.0.1:0";
-  options.config.set_num_servers(1);
+  options.config.set_num_servers(servers);
+  options.config.set_replication(1);
   options.config.set_num_workers(1);
   options.config.set_heartbeat_timeout_ms(60000);
   options.etcd_endpoints = endpoint;
@@ -246,6 +250,31 @@ RegisterRequest WorkerRankZero() {
   worker.set_protocol_version(kProtocolVersion);
   worker.set_role(WORKER);
   return worker;
+}
+
+// Defines one tensor while the servers of node ids `servers` report
+// serving each epoch `daemon` publishes; returns the definition's answer.
+absl::StatusOr<ShardMap> DefineOneTensor(SchedulerDaemon& daemon, SchedulerClient& client,
+                                         const std::vector<uint64_t>& servers) {
+  std::atomic<bool> defined{false};
+  std::thread serve([&] {
+    while (!defined.load()) {
+      auto status = StatusOfDaemon(daemon);
+      for (uint64_t id : servers) {
+        HeartbeatRequest serving;
+        serving.set_node_id(id);
+        if (status.ok()) serving.set_applied_epoch(status->shard_map().epoch());
+        (void)client.Heartbeat(serving, absl::Seconds(5));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  DefineTensorsRequest define;
+  *define.add_tensors() = Float32Tensor("w", 16);
+  auto map = client.DefineTensors(define, absl::Seconds(10));
+  defined = true;
+  serve.join();
+  return map;
 }
 
 TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
@@ -339,32 +368,49 @@ TEST_F(EtcdTest, ACheckpointRequestWhoseWriteDeposesTheSchedulerIsRefusedNotProm
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE(client->Register(WorkerRankZero(), absl::Seconds(5)).ok());
   // The tensors defined; the server reports serving their map, then a round.
-  HeartbeatRequest serving;
-  serving.set_node_id(server->node_id());
-  std::atomic<bool> defined{false};
-  std::thread serve([&] {
-    while (!defined.load()) {
-      auto status = StatusOfDaemon(*daemon);  // the epoch it publishes
-      ASSERT_TRUE(status.ok()) << status.status();
-      serving.set_applied_epoch(status->shard_map().epoch());
-      EXPECT_TRUE(client->Heartbeat(serving, absl::Seconds(5)).ok());
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  });
-  DefineTensorsRequest define;
-  *define.add_tensors() = Float32Tensor("w", 16);
-  auto map = client->DefineTensors(define, absl::Seconds(10));
-  defined = true;
-  serve.join();
+  auto map = DefineOneTensor(*daemon, *client, {server->node_id()});
   ASSERT_TRUE(map.ok()) << map.status();
-  serving.set_completed_round(5);
-  ASSERT_TRUE(client->Heartbeat(serving, absl::Seconds(5)).ok());
+  HeartbeatRequest round;
+  round.set_node_id(server->node_id());
+  round.set_applied_epoch(map->epoch());
+  round.set_completed_round(5);
+  ASSERT_TRUE(client->Heartbeat(round, absl::Seconds(5)).ok());
 
   ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
   CheckpointRequest checkpoint;
   checkpoint.set_dir("/tmp/shardps-unwritten-checkpoint");
   auto asked = client->RequestCheckpoint(checkpoint, absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(asked.status())) << "promised by a deposed scheduler: " << asked.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
+}
+
+TEST_F(EtcdTest, ADrainWhoseWriteDeposesTheSchedulerIsRefusedNotStarted) {
+  // Found in review: the drain's write was refused (another scheduler holds
+  // the leadership), and `shardps drain` was told the server drains: no
+  // server is sent the map that moves its copies, and the successor never
+  // heard of the drain.
+  const std::string prefix = Prefix("unwritten-drain");
+  auto active = StartActiveScheduler(endpoint(), prefix, /*servers=*/2);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  // Two addresses that accept connections: the scheduler's and etcd's.
+  const std::string etcd_address(absl::StripPrefix(endpoint(), "http://"));
+  std::vector<uint64_t> servers;
+  for (const std::string& address : {daemon->address(), etcd_address}) {
+    auto server = client->Register(ServerAt(address), absl::Seconds(5));
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(server->node_id());
+  }
+  ASSERT_TRUE(client->Register(WorkerRankZero(), absl::Seconds(5)).ok());
+  auto map = DefineOneTensor(*daemon, *client, servers);
+  ASSERT_TRUE(map.ok()) << map.status();
+
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  DrainRequest drain;
+  drain.set_server(1);
+  auto draining = client->Drain(drain, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(draining.status())) << "started by a deposed scheduler: " << draining.status();
   EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
 }
 
