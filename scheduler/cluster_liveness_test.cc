@@ -1267,6 +1267,23 @@ class AsyncLivenessTest : public LivenessTest {
     config_.set_consistency(ASYNC);
     LivenessTest::SetUp();
   }
+
+  // Worker rank 2's process reports `steps` (none: no report; only its
+  // first process reports here), is declared dead, and a new process for
+  // the rank registers.
+  absl::StatusOr<RegisterResponse> RankTwoDiesAndRejoins(std::optional<uint64_t> steps) {
+    if (steps) {
+      HeartbeatRequest h;
+      h.set_node_id(worker_ids_[2]);
+      h.mutable_counters()->set_steps(*steps);
+      EXPECT_TRUE(state_->Heartbeat(h).ok());
+    }
+    Beat({0, 1}, {0, 1}, 1);
+    EXPECT_THAT(Advance(900), IsEmpty());
+    Beat({0, 1}, {0, 1}, 1);
+    EXPECT_THAT(Advance(200), SizeIs(1));  // declared dead
+    return state_->RegisterWorker(Node(WORKER, 2));
+  }
 };
 
 TEST_F(AsyncLivenessTest, AnAsyncCheckpointAskedBeforeAnyWorkerReportedItsStepsIsRefusedNotLabelledOne) {
@@ -1288,17 +1305,23 @@ TEST_F(AsyncLivenessTest, AnAsyncCheckpointAskedBeforeAnyWorkerReportedItsStepsI
 TEST_F(AsyncLivenessTest, ARankRejoiningGoesOnAfterTheStepsItsOldProcessReported) {
   // Async servers report no rounds: the rank was placed at 1 and trained
   // its share of every epoch again.
-  HeartbeatRequest h;
-  h.set_node_id(worker_ids_[2]);
-  h.mutable_counters()->set_steps(40);
-  ASSERT_TRUE(state_->Heartbeat(h).ok());
-  EXPECT_THAT(Advance(900), IsEmpty());
-  Beat({0, 1}, {0, 1}, 1);
-  ASSERT_THAT(Advance(200), SizeIs(1));  // worker 2 declared dead
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = RankTwoDiesAndRejoins(40);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_EQ(rejoined->rejoin_round(), 40u);
   EXPECT_EQ(state_->Status().shard_map().rejoined_workers(0).round(), 40u);
+}
+
+TEST_F(AsyncLivenessTest, ARankRejoiningAgainBeforeItsNewProcessReportedGoesOnAfterItsLastRejoinRound) {
+  // Found in review: the rank rejoined at 40, and its new process died
+  // before its first report of steps (a crash at start, a kill within a
+  // heartbeat interval). Placed by those reports alone, the next process
+  // went back to step 1 and trained its share again; it started at 40.
+  auto first = RankTwoDiesAndRejoins(40);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->rejoin_round(), 40u);
+  auto again = RankTwoDiesAndRejoins(std::nullopt);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rejoin_round(), 40u);
 }
 
 TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {

@@ -124,8 +124,8 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   return cs;
 }
 
-void ClusterState::WriteUnsaved() {
-  {
+void ClusterState::WriteUnsaved(bool after_one_under_way) {
+  if (!after_one_under_way) {
     // Nothing changed (most heartbeats): no wait behind a write under way.
     // A snapshot taken by another writer since is that writer's to write.
     absl::MutexLock lock(&mu_);
@@ -895,9 +895,14 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
     // Async servers count no rounds (J was 1, and the new process trained
     // its share of every epoch again): it goes on after the steps its old
     // process last reported (WorkerStats::steps, counted from its own join
-    // round), at most a heartbeat interval's steps done twice.
+    // round), at most a heartbeat interval's steps done twice. Not before
+    // the round it rejoined at last: a process that died before its first
+    // report started there (before 2026-11-25 its successor went back to 1).
     if (auto old = workers_.find(rank); old != workers_.end()) {
       round = std::max<uint64_t>(round, old->second.counters.steps());
+    }
+    for (const WorkerRejoin& r : map_.rejoined_workers()) {
+      if (r.rank() == rank) round = std::max<uint64_t>(round, r.round());
     }
   }
   for (auto* list : {map_.mutable_excluded_workers(), map_.mutable_left_workers()}) {
@@ -1152,7 +1157,10 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   // next call that writes: a scheduler killed in between forgot it, and a
   // rank rejoining after its restart waited at a barrier the others had
   // passed (before 2026-11-25).
-  const WriteOnReturn write(this);  // after mu_ is released
+  // The ranks that waited are answered once the pass is written too: the
+  // call that passed it may still be writing it (before 2026-11-25 they
+  // were answered meanwhile, and a scheduler killed then forgot it).
+  const WriteOnReturn write(this, /*after_one_under_way=*/true);  // after mu_ is released
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->role != WORKER) {

@@ -324,15 +324,19 @@ class ClusterState {
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the latest snapshot, if any (writes stay in order under write_mu_).
-  void WriteUnsaved() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // `after_one_under_way`: returns only once a write another call took
+  // under way is done too (a call answering what that call saved).
+  void WriteUnsaved(bool after_one_under_way = false) ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
   // Declared first in every method that may Save: writes once the method's
   // lock is released.
   struct WriteOnReturn {
-    explicit WriteOnReturn(ClusterState* s) : state(s) {}
+    explicit WriteOnReturn(ClusterState* s, bool after_one_under_way = false)
+        : state(s), after_one_under_way(after_one_under_way) {}
     ~WriteOnReturn() {
-      if (state->persist_) state->WriteUnsaved();
+      if (state->persist_) state->WriteUnsaved(after_one_under_way);
     }
     ClusterState* state;
+    bool after_one_under_way;
   };
 
   const ClusterConfig config_;

@@ -3,12 +3,15 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <memory>
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
 
@@ -308,6 +311,48 @@ TEST(ClusterStateTest, BarrierReleasesWhenAllWorkersArriveAndIsReusable) {
   absl::Status alone = state.Barrier(w0->node_id(), "step", Soon());
   EXPECT_EQ(alone.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(alone.message(), HasSubstr("missing worker ranks: 1"));
+}
+
+TEST(ClusterStateTest, ABarrierAnswersTheRanksThatWaitedOnlyOnceItsPassIsWritten) {
+  // Rank 0 waits at "init"; rank 1's arrival passes it and writes the pass.
+  // Rank 0 was answered as it passed, while that write was under way (its
+  // own write found nothing left to write): a scheduler killed then forgot
+  // a pass rank 0 had gone on from, and a rank rejoining after its restart
+  // waited at "init" for it. The waiting rank's thread runs last here (one
+  // CPU, idle priority), as a loaded scheduler may run it: the write is
+  // under way by then.
+  cpu_set_t all, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // inherited by the threads below
+  const absl::Cleanup restore = [&all] { sched_setaffinity(0, sizeof(all), &all); };
+  for (int attempt = 0; attempt < 10 && !HasFailure(); ++attempt) {
+    absl::Notification writing, write;
+    ClusterState state(Config(1, 2), absl::Now, [&](const SchedulerState& s) {
+      if (s.barriers_size() == 0) return;
+      if (!writing.HasBeenNotified()) writing.Notify();
+      write.WaitForNotification();
+    });
+    auto w0 = state.RegisterWorker(Worker(0));
+    auto w1 = state.RegisterWorker(Worker(1));
+    ASSERT_TRUE(w0.ok() && w1.ok());
+    std::atomic<bool> answered{false};
+    std::thread waiting([&] {
+      sched_param idle{};
+      pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+      EXPECT_TRUE(state.Barrier(w0->node_id(), "init", absl::Now() + absl::Seconds(10)).ok());
+      answered = true;
+    });
+    absl::SleepFor(absl::Milliseconds(50));  // rank 0 waits
+    std::thread passing([&] { EXPECT_TRUE(state.Barrier(w1->node_id(), "init", absl::Now() + absl::Seconds(10)).ok()); });
+    EXPECT_TRUE(writing.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_FALSE(answered.load()) << "rank 0 was answered before the pass was written (attempt " << attempt << ")";
+    write.Notify();
+    waiting.join();
+    passing.join();
+  }
 }
 
 TEST(ClusterStateTest, StatusReportsLiveness) {

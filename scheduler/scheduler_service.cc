@@ -173,6 +173,9 @@ class SchedulerService final : public Scheduler::Service {
     } else {
       r = absl::InvalidArgumentError("register: role must be server or worker");
     }
+    // Its write refused for a lost leadership (deposed as it returned): the
+    // successor never heard of this node, which asks it on this refusal.
+    if (Serving(&refused) != state) return refused;
     if (!r.ok()) {
       // A new process for a rank still held asks again every quarter second
       // until the old one is declared dead: said once in a while, not each time.
@@ -218,8 +221,12 @@ class SchedulerService final : public Scheduler::Service {
     if (!waiting.admitted()) return waiting.Refusal("WatchShardMap");
     uint64_t known = req->known_epoch();
     while (!ctx->IsCancelled() && !stopping_.load()) {
-      if (Serving(&refused) != state) return refused;  // deposed: the watcher moves on
       std::optional<ShardMap> map = state->WaitForMap(known, absl::Now() + absl::Milliseconds(200));
+      // Deposed, the watcher moves on; looked at after the wait too: a write
+      // refused for a lost leadership deposes as it returns, and the map it
+      // could not write must not go out (the successor may issue that epoch
+      // with other contents).
+      if (Serving(&refused) != state) return refused;
       if (!map) continue;
       if (!writer->Write(*map)) break;
       known = map->epoch();
@@ -236,6 +243,9 @@ class SchedulerService final : public Scheduler::Service {
     if (!waiting.admitted()) return waiting.Refusal("Barrier");
     std::vector<uint32_t> live;
     absl::Status s = state->Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
+    // A pass whose write deposed this scheduler: its successor never heard
+    // of it, and the ranks enter the barrier there on this refusal.
+    if (Serving(&refused) != state) return refused;
     for (uint32_t r : live) resp->add_live_workers(r);
     return ToGrpc(s);
   }
@@ -268,6 +278,9 @@ class SchedulerService final : public Scheduler::Service {
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
     auto r = state->RequestCheckpoint(req->dir());
+    // Its write deposed this scheduler: no server will be asked (the map
+    // that asks goes to no watcher), and the successor knows of no request.
+    if (Serving(&refused) != state) return refused;
     if (!r.ok()) return ToGrpc(r.status());
     LOG(INFO) << "checkpoint of round " << r->round() << " into " << r->dir() << " requested";
     *resp = *std::move(r);
@@ -279,6 +292,9 @@ class SchedulerService final : public Scheduler::Service {
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
     auto r = req->cancel() ? state->CancelDrain(req->server()) : state->Drain(req->server());
+    // Its write deposed this scheduler: no server is sent the map, and the
+    // successor never heard of the drain (or its cancel).
+    if (Serving(&refused) != state) return refused;
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *std::move(r);
     return grpc::Status::OK;

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,8 +17,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
+#include "common/protocol.h"
 #include "common/scheduler_client.h"
+#include "common/tensor_spec.h"
 #include "scheduler/etcd_client.h"
 #include "scheduler/etcd_election.h"
 #include "scheduler/scheduler.h"
@@ -192,6 +196,222 @@ TEST_F(EtcdTest, AnActiveSchedulerThatLosesItsLeaseStopsServingAndSaysWhy) {
   absl::Status failure = (*daemon)->Failure();
   EXPECT_TRUE(absl::IsFailedPrecondition(failure)) << failure;
   EXPECT_THAT(std::string(failure.message()), HasSubstr("lost its etcd lease"));
+}
+
+// The only scheduler of a `servers`-server, 1-worker job without backups on
+// `prefix`, active, and a
+// client of it; no renewal of its lease falls due during a test
+// (heartbeat_timeout 60 s), so a lost leadership is found by its next
+// state write.
+struct ActiveScheduler {
+  std::unique_ptr<SchedulerDaemon> daemon;
+  std::unique_ptr<SchedulerClient> client;
+};
+absl::StatusOr<ActiveScheduler> StartActiveScheduler(const std::string& endpoint, const std::string& prefix,
+                                                     uint32_t servers = 1) {
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_num_servers(servers);
+  options.config.set_replication(1);
+  options.config.set_num_workers(1);
+  options.config.set_heartbeat_timeout_ms(60000);
+  options.etcd_endpoints = endpoint;
+  options.etcd_prefix = prefix;
+  auto daemon = SchedulerDaemon::Create(options);
+  if (!daemon.ok()) return daemon.status();
+  if (absl::Status s = StatusOfDaemon(**daemon).status(); !s.ok()) return s;
+  auto client = SchedulerClient::Create((*daemon)->address());
+  if (!client.ok()) return client.status();
+  return ActiveScheduler{*std::move(daemon), *std::move(client)};
+}
+
+// Revokes the lease P/leader is held on, as when etcd expires it and a
+// standby wins: the active scheduler's next state write is refused.
+absl::Status RevokeLeadership(const std::string& endpoint, const std::string& prefix) {
+  auto etcd = EtcdClient::Create(endpoint);
+  if (!etcd.ok()) return etcd.status();
+  auto leader = (*etcd)->Get(prefix + "/leader");
+  if (!leader.ok()) return leader.status();
+  if (!leader->has_value()) return absl::NotFoundError(prefix + "/leader is not held");
+  return (*etcd)->RevokeLease((*leader)->lease);
+}
+
+// A server's registration; its data address `address` must accept connections.
+RegisterRequest ServerAt(const std::string& address) {
+  RegisterRequest server;
+  server.set_protocol_version(kProtocolVersion);
+  server.set_role(SERVER);
+  server.set_data_address(absl::StrCat("tcp://", address));
+  return server;
+}
+
+RegisterRequest WorkerRankZero() {
+  RegisterRequest worker;
+  worker.set_protocol_version(kProtocolVersion);
+  worker.set_role(WORKER);
+  return worker;
+}
+
+// Defines one tensor while the servers of node ids `servers` report
+// serving each epoch `daemon` publishes; returns the definition's answer.
+absl::StatusOr<ShardMap> DefineOneTensor(SchedulerDaemon& daemon, SchedulerClient& client,
+                                         const std::vector<uint64_t>& servers) {
+  std::atomic<bool> defined{false};
+  std::thread serve([&] {
+    while (!defined.load()) {
+      auto status = StatusOfDaemon(daemon);
+      for (uint64_t id : servers) {
+        HeartbeatRequest serving;
+        serving.set_node_id(id);
+        if (status.ok()) serving.set_applied_epoch(status->shard_map().epoch());
+        (void)client.Heartbeat(serving, absl::Seconds(5));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  DefineTensorsRequest define;
+  *define.add_tensors() = Float32Tensor("w", 16);
+  auto map = client.DefineTensors(define, absl::Seconds(10));
+  defined = true;
+  serve.join();
+  return map;
+}
+
+TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
+  // A map goes out once the state holding it is written (fab4bb3). A write
+  // refused because another scheduler holds the leadership deposes this one,
+  // and the map stays unwritten: its successor resumes the older epoch and
+  // may issue the same one with other contents, which a node holding this
+  // map would ignore. Before, the watchers were sent it all the same.
+  const std::string prefix = Prefix("unwritten-map");
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  auto registered = client->Register(ServerAt(daemon->address()), absl::Seconds(5));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  absl::Mutex mu;
+  std::vector<uint64_t> epochs;
+  auto watch = client->WatchShardMap(
+      registered->node_id(),
+      [&](const ShardMap& map) {
+        absl::MutexLock lock(&mu);
+        epochs.push_back(map.epoch());
+      },
+      [](const absl::Status&) {});
+  absl::SleepFor(absl::Milliseconds(500));  // the watch waits for a map past epoch 0
+
+  // The server leaving makes epoch 1, whose write is refused.
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  HeartbeatRequest leaving;
+  leaving.set_node_id(registered->node_id());
+  leaving.set_leaving(true);
+  ASSERT_TRUE(client->Heartbeat(leaving, absl::Seconds(5)).ok());
+  absl::SleepFor(absl::Seconds(1));
+  watch.reset();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(epochs, ::testing::IsEmpty()) << "a deposed scheduler sent a map it could not write";
+}
+
+TEST_F(EtcdTest, ARegistrationWhoseWriteDeposesTheSchedulerIsRefusedSoTheNodeAsksItsSuccessor) {
+  // Found in review: the registration's write was refused (another
+  // scheduler holds the leadership), and the server was given an index and
+  // node id all the same, which the successor never heard of: its
+  // heartbeats there were refused as from a node not registered, instead
+  // of it registering with the successor (a scheduler's refusal sends a
+  // node to the next address).
+  const std::string prefix = Prefix("unwritten-registration");
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  auto registered = client->Register(ServerAt(daemon->address()), absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(registered.status())) << "registered by a deposed scheduler: " << registered.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
+}
+
+TEST_F(EtcdTest, ABarrierWhosePassDeposesTheSchedulerIsRefusedSoTheRanksEnterItWithTheSuccessor) {
+  // Found in review: the pass's write was refused (another scheduler holds
+  // the leadership), and the ranks were told it passed all the same: the
+  // successor never heard of the pass, and a rank rejoining there waited at
+  // a barrier the others had gone on from (as before 20f156d).
+  const std::string prefix = Prefix("unwritten-barrier");
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  ASSERT_TRUE(client->Register(ServerAt(daemon->address()), absl::Seconds(5)).ok());
+  auto registered = client->Register(WorkerRankZero(), absl::Seconds(5));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  BarrierRequest init;
+  init.set_node_id(registered->node_id());
+  init.set_name("init");
+  absl::Status passed = client->Barrier(init, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(passed)) << "passed by a deposed scheduler: " << passed;
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
+}
+
+TEST_F(EtcdTest, ACheckpointRequestWhoseWriteDeposesTheSchedulerIsRefusedNotPromised) {
+  // Found in review: the request's write was refused (another scheduler
+  // holds the leadership), and `shardps checkpoint` was told the round all
+  // the same: no server is ever asked (the map that asks is not written,
+  // and no watcher is sent it), and the successor knows of no request.
+  const std::string prefix = Prefix("unwritten-checkpoint");
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  auto server = client->Register(ServerAt(daemon->address()), absl::Seconds(5));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(client->Register(WorkerRankZero(), absl::Seconds(5)).ok());
+  // The tensors defined; the server reports serving their map, then a round.
+  auto map = DefineOneTensor(*daemon, *client, {server->node_id()});
+  ASSERT_TRUE(map.ok()) << map.status();
+  HeartbeatRequest round;
+  round.set_node_id(server->node_id());
+  round.set_applied_epoch(map->epoch());
+  round.set_completed_round(5);
+  ASSERT_TRUE(client->Heartbeat(round, absl::Seconds(5)).ok());
+
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  CheckpointRequest checkpoint;
+  checkpoint.set_dir("/tmp/shardps-unwritten-checkpoint");
+  auto asked = client->RequestCheckpoint(checkpoint, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(asked.status())) << "promised by a deposed scheduler: " << asked.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
+}
+
+TEST_F(EtcdTest, ADrainWhoseWriteDeposesTheSchedulerIsRefusedNotStarted) {
+  // Found in review: the drain's write was refused (another scheduler holds
+  // the leadership), and `shardps drain` was told the server drains: no
+  // server is sent the map that moves its copies, and the successor never
+  // heard of the drain.
+  const std::string prefix = Prefix("unwritten-drain");
+  auto active = StartActiveScheduler(endpoint(), prefix, /*servers=*/2);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  // Two addresses that accept connections: the scheduler's and etcd's.
+  const std::string etcd_address(absl::StripPrefix(endpoint(), "http://"));
+  std::vector<uint64_t> servers;
+  for (const std::string& address : {daemon->address(), etcd_address}) {
+    auto server = client->Register(ServerAt(address), absl::Seconds(5));
+    ASSERT_TRUE(server.ok()) << server.status();
+    servers.push_back(server->node_id());
+  }
+  ASSERT_TRUE(client->Register(WorkerRankZero(), absl::Seconds(5)).ok());
+  auto map = DefineOneTensor(*daemon, *client, servers);
+  ASSERT_TRUE(map.ok()) << map.status();
+
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  DrainRequest drain;
+  drain.set_server(1);
+  auto draining = client->Drain(drain, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(draining.status())) << "started by a deposed scheduler: " << draining.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
 }
 
 TEST_F(EtcdTest, TwoConcurrentShutdownsBothReturnAndHandTheLeadershipBack) {
