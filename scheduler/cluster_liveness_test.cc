@@ -1324,30 +1324,6 @@ TEST_F(AsyncLivenessTest, ARankRejoiningAgainBeforeItsNewProcessReportedGoesOnAf
   EXPECT_EQ(again->rejoin_round(), 40u);
 }
 
-TEST_F(AsyncLivenessTest, ARankRejoiningAfterASchedulerRestartGoesOnAfterTheStepsWrittenBeforeIt) {
-  // Found in review: steps were not persisted, so a rank whose process died
-  // before reporting to the restarted scheduler went back to step 1 and
-  // trained its share of every epoch again.
-  HeartbeatRequest h;
-  h.set_node_id(worker_ids_[2]);
-  h.mutable_counters()->set_steps(40);
-  ASSERT_TRUE(state_->Heartbeat(h).ok());
-  std::vector<std::thread> others;
-  for (int r : {1, 2}) {
-    others.emplace_back([this, r] {
-      EXPECT_TRUE(state_->Barrier(worker_ids_[r], "epoch 1", absl::Now() + absl::Seconds(5)).ok());
-    });
-  }
-  ASSERT_TRUE(state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Seconds(5)).ok());
-  for (std::thread& t : others) t.join();
-  ASSERT_TRUE(saved_.has_value());
-  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
-  ASSERT_THAT(state_->CheckLiveness(), IsEmpty());  // every node's clock starts at the restart
-  auto rejoined = RankTwoDiesAndRejoins(std::nullopt);
-  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
-  EXPECT_EQ(rejoined->rejoin_round(), 40u);
-}
-
 TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {
   ClusterConfig config;
   ClusterState early(config);

@@ -100,7 +100,6 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.left_error = n.left_error();
     node.peak_rate = n.peak_round_rate();
     node.memory_bytes = n.memory_bytes();
-    node.counters.set_steps(n.steps());
   }
   cs->map_ = state.shard_map();
   cs->written_epoch_ = cs->map_.epoch();
@@ -162,7 +161,6 @@ void ClusterState::Save() {
       n->set_left_error(node.left_error);
       n->set_peak_round_rate(node.peak_rate);
       n->set_memory_bytes(node.memory_bytes);
-      n->set_steps(node.counters.steps());
     }
   }
   *state.mutable_shard_map() = map_;
