@@ -559,10 +559,45 @@ TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRoun
   });
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->rejoin_round(), 52u) << "the open round: 52 completed";
-  // Rank 0 trains from round 52 on: the next rank is placed past the pace.
+  // Rank 0 has trained past round 52: the next rank is placed past the pace.
+  Report(0, 60);
+  Report(1, 59);
   auto second = state_->RegisterWorker(Node(WORKER, 1));
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_GT(second->rejoin_round(), 52u + 50u);
+  EXPECT_GT(second->rejoin_round(), 60u + 50u);
+}
+
+TEST_F(LivenessTest, RanksRestartedTogetherAfterEveryWorkerLeftAllJoinAtTheServersRound) {
+  // Found by chaos15 with real processes: both workers of a job killed and
+  // started again together; the second to register counted the first,
+  // placed at the open round moments before, as a worker training there and
+  // was placed a pace past the servers: it idled while the first trained
+  // alone, and near the job's end (round 643 of 500) exited 1, "nothing to
+  // train".
+  absl::StatusOr<RegisterResponse> first = RejoinAloneAfterEveryWorkerLeft([](size_t, HeartbeatRequest& h) {
+    h.set_completed_round(52);
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->rejoin_round(), 52u);
+  absl::StatusOr<RegisterResponse> second;
+  std::thread rejoin([&] { second = state_->RegisterWorker(Node(WORKER, 1)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  now_ += absl::Milliseconds(100);
+  const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that rejoined rank 0
+  for (size_t i = 0; i < server_ids_.size(); ++i) {
+    HeartbeatRequest h;  // rank 0 trained a few rounds while rank 1 waited for these
+    h.set_node_id(server_ids_[i]);
+    h.set_applied_epoch(epoch);
+    h.set_completed_round(57);
+    h.set_fewest_completed_round(i == 0 ? 56 : 57);
+    EXPECT_TRUE(state_->Heartbeat(h).ok());
+  }
+  rejoin.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->rejoin_round(), 56u) << "the fewest rounds a partition completed, not a pace past them";
+  const ShardMap map = state_->Status().shard_map();
+  ASSERT_EQ(map.rejoined_workers_size(), 2);
+  EXPECT_TRUE(map.rejoined_workers(1).catch_up()) << "partitions past 56 take its pushes of their rounds for retries";
 }
 
 TEST_F(LivenessTest, ARankRejoiningAloneJoinsAtTheFewestRoundsAPartitionCompletedAndCatchesUpElsewhere) {

@@ -305,7 +305,8 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // which then counted nobody); the report says where they stand
     // (RejoinRunningJob).
     const absl::Time asked = clock_();
-    const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
+    const uint64_t fewest_asked = FewestRoundsReported();
+    const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank(), fewest_asked);
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
     auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
@@ -323,9 +324,9 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
         absl::Condition(&reported),
         absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
     --rejoins_waiting_;
-    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard);
+    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard, fewest_asked);
   }
-  if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false);
+  if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false, 0);
   if (Excluded(request.rank())) ReadmitBeforeTensors(request.rank());
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     Node& old = it->second;
@@ -837,12 +838,19 @@ uint64_t ClusterState::RoundsReported() const {
   return reported;
 }
 
-bool ClusterState::AnotherWorkerTrains(uint32_t rank) const {
+bool ClusterState::AnotherWorkerTrains(uint32_t rank, uint64_t fewest_asked) const {
   const uint64_t open = RoundsReported();
   for (const auto& [r, node] : workers_) {
     if (r == rank || node.dead || Excluded(r)) continue;
     const auto rejoin = absl::c_find_if(map_.rejoined_workers(), [r = r](const WorkerRejoin& j) { return j.rank() == r; });
-    if (rejoin == map_.rejoined_workers().end() || rejoin->round() <= open) return true;
+    if (rejoin == map_.rejoined_workers().end()) return true;
+    // A rank that rejoined alone where every partition still stood when this
+    // one asked has not trained a round yet: ranks restarted together join
+    // together (before 2026-11-25 the second was placed a pace past the
+    // first, idled while it trained alone, and near the job's end was past
+    // its last round).
+    if (rejoin->catch_up() && rejoin->round() >= fewest_asked) continue;
+    if (rejoin->round() <= open) return true;
   }
   return false;
 }
@@ -860,7 +868,8 @@ uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
   return reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
 }
 
-absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request, bool alone_heard) {
+absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request, bool alone_heard,
+                                                                uint64_t fewest_asked) {
   const uint32_t rank = request.rank();
   // A new process starts with no weights of its own: where the workers hold
   // the weights, it has nothing to continue from.
@@ -889,7 +898,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   // partitions a round past the others (their round held a push, and the
   // removal completed it), and a round nobody is counted in never
   // completes; those past it catch up (WorkerRejoin.catch_up).
-  const bool alone = alone_heard && !AnotherWorkerTrains(rank);
+  const bool alone = alone_heard && !AnotherWorkerTrains(rank, fewest_asked);
   uint64_t round = alone ? FewestRoundsReported() : RoundPastServers(/*for_rejoin=*/true);
   if (config_.consistency() == ASYNC) {
     // Async servers count no rounds (J was 1, and the new process trained

@@ -302,8 +302,10 @@ class ClusterState {
   uint64_t FewestRoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live worker other than `rank` trains in the rounds the servers
   // are at: one not removed from the job and not rejoined at a round past
-  // the open one (the most rounds they reported completed).
-  bool AnotherWorkerTrains(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // the open one (the most rounds they reported completed), nor rejoined
+  // alone at `fewest_asked` or later (the fewest rounds reported when `rank`
+  // asked to rejoin: it has not trained one since).
+  bool AnotherWorkerTrains(uint32_t rank, uint64_t fewest_asked) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live server has reported a completed round (a heartbeat since
   // training started, or a restored checkpoint's round).
   bool AnyServerReportedARound() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -314,12 +316,14 @@ class ClusterState {
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
   // only. `alone_heard`: no other worker trained when it asked, and every
   // live server has reported since; J is then the round they are at (the
-  // most they reported completed), if still no other worker trains. The answer carries J
+  // most they reported completed), if still no other worker trains
+  // (AnotherWorkerTrains with `fewest_asked`, the fewest rounds reported
+  // when it asked). The answer carries J
   // and the barriers passed so far. Refused before the tensors are defined
   // (no round to join at), and where the workers hold the weights
   // (update_mode SUM_ONLY, sync pull codecs).
-  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request, bool alone_heard)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request, bool alone_heard,
+                                                    uint64_t fewest_asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
