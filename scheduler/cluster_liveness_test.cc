@@ -1336,6 +1336,29 @@ TEST_F(AsyncLivenessTest, ARankRejoiningGoesOnAfterTheStepsItsOldProcessReported
   EXPECT_EQ(state_->Status().shard_map().rejoined_workers(0).round(), 40u);
 }
 
+// SSP applied on arrival (staleness 2): servers report the furthest round
+// pushed to them.
+class SspLivenessTest : public LivenessTest {
+ protected:
+  void SetUp() override {
+    config_.set_consistency(SSP);
+    config_.set_staleness(2);
+    LivenessTest::SetUp();
+  }
+};
+
+TEST_F(SspLivenessTest, RanksRestartedAfterEveryWorkerLeftJoinAtTheRoundThePushesReachedNotAPacePast) {
+  // Found by chaos15 (the torch example and `shardps train`, both ranks
+  // SIGKILLed and started again): with nobody training the pushes stand
+  // still, yet each rank was placed a pace past them (rounds 338 and 343
+  // where they had reached about 200) and skipped that many steps of its data.
+  absl::StatusOr<RegisterResponse> first = RejoinAloneAfterEveryWorkerLeft([](size_t i, HeartbeatRequest& h) {
+    h.set_completed_round(i == 0 ? 52 : 51);
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->rejoin_round(), 52u) << "the furthest round pushed";
+}
+
 TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {
   ClusterConfig config;
   ClusterState early(config);

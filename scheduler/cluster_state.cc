@@ -306,7 +306,9 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // (RejoinRunningJob).
     const absl::Time asked = clock_();
     const uint64_t fewest_asked = FewestRoundsReported();
-    const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank(), fewest_asked);
+    // Async servers count no rounds (its old process's steps place it);
+    // ssp servers report the furthest round pushed, which stands still too.
+    const bool alone = config_.consistency() != ASYNC && !AnotherWorkerTrains(request.rank(), fewest_asked);
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
     auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
