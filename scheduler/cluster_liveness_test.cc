@@ -1336,6 +1336,23 @@ TEST_F(AsyncLivenessTest, ARankRejoiningGoesOnAfterTheStepsItsOldProcessReported
   EXPECT_EQ(state_->Status().shard_map().rejoined_workers(0).round(), 40u);
 }
 
+TEST_F(AsyncLivenessTest, ARankRejoiningAfterASchedulerTookOverGoesOnAfterTheStepsItsOldProcessReported) {
+  // Found by chaos15 (the torch example, schedulers on etcd): both ranks
+  // SIGKILLed at step 200 as the active scheduler was, and started again;
+  // the standby, resumed from the saved state, knew no steps of theirs and
+  // placed them at 1: each trained its share of the epoch again.
+  HeartbeatRequest h;
+  h.set_node_id(worker_ids_[2]);
+  h.mutable_counters()->set_steps(40);
+  ASSERT_TRUE(state_->Heartbeat(h).ok());
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(0, 0), ElementsAre(HasSubstr("worker rank 2")));
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rejoin_round(), 40u);
+}
+
 // SSP applied on arrival (staleness 2): servers report the furthest round
 // pushed to them.
 class SspLivenessTest : public LivenessTest {

@@ -100,6 +100,8 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.left_error = n.left_error();
     node.peak_rate = n.peak_round_rate();
     node.memory_bytes = n.memory_bytes();
+    node.counters.set_steps(n.worker_steps());
+    node.saved_steps = n.worker_steps();
   }
   cs->map_ = state.shard_map();
   cs->written_epoch_ = cs->map_.epoch();
@@ -161,6 +163,7 @@ void ClusterState::Save() {
       n->set_left_error(node.left_error);
       n->set_peak_round_rate(node.peak_rate);
       n->set_memory_bytes(node.memory_bytes);
+      if (node.role == WORKER) n->set_worker_steps(node.counters.steps());
     }
   }
   *state.mutable_shard_map() = map_;
@@ -539,6 +542,15 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
 void ClusterState::RecordCounters(Node& node, const NodeCounters& counters) {
   node.counters = counters;
   node.counters_seen = node.last_seen;
+  // Written when they rise by a tenth (a few writes a job): an async rank
+  // rejoins after them, also with a scheduler restarted meanwhile (before
+  // 2026-11-25 the standby that took over placed it at 1, and it trained its
+  // share of the job again).
+  if (node.role == WORKER && config_.consistency() == ASYNC &&
+      counters.steps() > node.saved_steps + node.saved_steps / 10) {
+    node.saved_steps = counters.steps();
+    Save();
+  }
   // Heartbeats sent early (a new epoch) come close together: measure over
   // at least half an interval so that one early report does not make a
   // rate of a few milliseconds.

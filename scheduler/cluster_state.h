@@ -173,6 +173,7 @@ class ClusterState {
     absl::Time base_seen = absl::InfinitePast();
     NodeRates rates{};
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
+    uint64_t saved_steps = 0;   // workers: counters.steps when it last caused a write
     bool rendezvous = false;    // workers: their Register call waits for the cluster
     // Servers: the copies their last heartbeat (at applied_epoch) reported
     // synced, sorted.
