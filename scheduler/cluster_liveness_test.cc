@@ -3,12 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
@@ -44,7 +46,10 @@ class LivenessTest : public ::testing::Test {
     config_.set_num_workers(3);
     config_.set_heartbeat_timeout_ms(1000);
     state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
-                                            [this](const SchedulerState& s) { saved_ = s; });
+                                            [this](const SchedulerState& s) {
+                                              if (on_write_) on_write_(s);
+                                              saved_ = s;
+                                            });
     for (uint32_t i = 0; i < 2; ++i) {
       auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)));
       ASSERT_TRUE(r.ok()) << r.status();
@@ -191,6 +196,7 @@ class LivenessTest : public ::testing::Test {
   ClusterConfig config_;
   absl::Time now_ = absl::FromUnixSeconds(1000);
   std::optional<SchedulerState> saved_;
+  std::function<void(const SchedulerState&)> on_write_;  // called as each state is written
   std::unique_ptr<ClusterState> state_;
   std::vector<uint64_t> server_ids_, worker_ids_;
 };
@@ -1044,6 +1050,61 @@ TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersP
   ASSERT_EQ(rejoined->passed_barriers_size(), 1);
   EXPECT_EQ(rejoined->passed_barriers(0).name(), "epoch 1");
   EXPECT_THAT(rejoined->passed_barriers(0).live_ranks(), ElementsAre(0u, 1u));
+}
+
+TEST_F(LivenessTest, AWorkerAskingAgainForABarrierThatPassedBeforeARestartIsAnsweredAtOnce) {
+  // Found by chaos15 (schedulers on etcd): the active scheduler was killed
+  // as barrier 'epoch 1' passed, having answered rank 1 but not rank 0,
+  // which asked the scheduler that took over: it waited for a pass rank 1
+  // (already training the next epoch) would never join, and both ranks
+  // failed at the deadline.
+  std::vector<std::thread> others;
+  for (int r : {1, 2}) {
+    others.emplace_back([this, r] { EXPECT_TRUE(state_->Barrier(worker_ids_[r], "epoch 1", absl::Now() + absl::Seconds(5)).ok()); });
+  }
+  ASSERT_TRUE(state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Seconds(5)).ok());
+  for (std::thread& t : others) t.join();
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  std::vector<uint32_t> live;
+  absl::Status asked = state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Milliseconds(300), &live,
+                                       /*passes_seen=*/0);
+  EXPECT_TRUE(asked.ok()) << asked;
+  EXPECT_THAT(live, ElementsAre(0u, 1u, 2u));
+  absl::Status next = state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Milliseconds(200), nullptr,
+                                      /*passes_seen=*/1);
+  EXPECT_EQ(next.code(), absl::StatusCode::kDeadlineExceeded) << "its next pass of the name waits for the others";
+}
+
+TEST_F(LivenessTest, NoWorkerIsAnsweredBeforeABarriersPassIsWritten) {
+  // With the write of a pass slow (an etcd member stopped), the ranks that
+  // had waited were answered at once, the last one after the write: a
+  // scheduler killed in between forgot a pass some ranks had gone past.
+  absl::Notification release;
+  std::atomic<bool> writing{false};
+  on_write_ = [&](const SchedulerState& s) {
+    for (const SchedulerState::Barrier& b : s.barriers()) {
+      if (b.name() == "x" && b.generation() > 0 && !release.HasBeenNotified()) {
+        writing = true;
+        release.WaitForNotification();
+      }
+    }
+  };
+  std::atomic<int> answered{0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      EXPECT_TRUE(state_->Barrier(worker_ids_[r], "x", absl::Now() + absl::Seconds(5)).ok());
+      ++answered;
+    });
+  }
+  for (int i = 0; i < 200 && !writing; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(writing);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(answered, 0) << "answered before the pass was written";
+  release.Notify();
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(answered, 3);
 }
 
 TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeItsRestart) {

@@ -135,14 +135,17 @@ void ClusterState::WriteUnsaved() {
   }
   absl::MutexLock write_lock(&write_mu_);
   std::optional<SchedulerState> state;
+  uint64_t saves = 0;
   {
     absl::MutexLock lock(&mu_);
     state.swap(unsaved_);
+    saves = saves_;
   }
   if (!state) return;
   persist_(*state);
   absl::MutexLock lock(&mu_);
   written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
+  saves_written_ = std::max(saves_written_, saves);
 }
 
 void ClusterState::Save() {
@@ -176,6 +179,7 @@ void ClusterState::Save() {
     saved->mutable_live_ranks()->Assign(b.live_at_pass.begin(), b.live_at_pass.end());
   }
   unsaved_ = std::move(state);
+  ++saves_;
 }
 
 ServerInfo* ClusterState::MapServer(uint32_t index) {
@@ -953,6 +957,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
     BarrierPass* pass = response.add_passed_barriers();
     pass->set_name(name);
     pass->mutable_live_ranks()->Assign(b.live_at_pass.begin(), b.live_at_pass.end());
+    pass->set_generation(b.generation);
   }
   Save();
   return response;
@@ -1170,12 +1175,30 @@ std::optional<ShardMap> ClusterState::WaitForMap(uint64_t known_epoch, absl::Tim
 }
 
 absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
-                                   std::vector<uint32_t>* live) {
-  // A pass is saved (PassCompleteBarriers) and written here, not with the
-  // next call that writes: a scheduler killed in between forgot it, and a
-  // rank rejoining after its restart waited at a barrier the others had
-  // passed (before 2026-11-25).
-  const WriteOnReturn write(this);  // after mu_ is released
+                                   std::vector<uint32_t>* live, std::optional<uint64_t> passes_seen) {
+  // A pass is saved (PassCompleteBarriers) and written before any rank is
+  // answered, not with the next call that writes: a scheduler killed in
+  // between forgot it, and a rank rejoining after its restart waited at a
+  // barrier the others had passed (before 2026-11-25); nor before the one
+  // writing it is done: the ranks that had waited were answered while the
+  // write was under way, and one whose answer the scheduler's death cut
+  // asked its successor, which had never seen the pass (chaos15).
+  uint64_t saved = 0;
+  absl::Status entered = EnterBarrier(node_id, name, deadline, live, passes_seen, &saved);
+  if (!entered.ok() || !persist_) return entered;
+  WriteUnsaved();
+  absl::MutexLock lock(&mu_);
+  auto written = [this, saved]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return saves_written_ >= saved; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&written), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("barrier '", name, "': passed, but the scheduler's state was not written before the deadline"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::EnterBarrier(uint64_t node_id, const std::string& name, absl::Time deadline,
+                                        std::vector<uint32_t>* live, std::optional<uint64_t> passes_seen,
+                                        uint64_t* saved) {
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->role != WORKER) {
@@ -1187,11 +1210,17 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
                                                                  : " was declared dead and removed from the job"));
   }
   BarrierState& b = barriers_[name];
+  if (passes_seen.has_value() && b.generation > *passes_seen) {
+    if (live != nullptr) *live = b.live_at_pass;
+    *saved = saves_;
+    return absl::OkStatus();
+  }
   const uint64_t generation = b.generation;
   b.arrived.insert(node->rank);
   PassCompleteBarriers();
   if (b.generation > generation) {
     if (live != nullptr) *live = b.live_at_pass;
+    *saved = saves_;
     return absl::OkStatus();
   }
   const absl::Time start = clock_();
@@ -1207,6 +1236,7 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
                                                     "; missing worker ranks: ", absl::StrJoin(missing, ",")));
   }
   if (live != nullptr) *live = b.live_at_pass;
+  *saved = saves_;
   return absl::OkStatus();
 }
 

@@ -92,10 +92,12 @@ class ClusterState {
   // contents, an epoch that a node already holds.
   std::optional<ShardMap> WaitForMap(uint64_t known_epoch, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
 
-  // Returns once every worker still in the job has entered barrier `name`;
-  // `live` (optional) receives the ranks in the job when it passed.
+  // Returns once every worker still in the job has entered barrier `name`
+  // and the pass is written with the state; `live` (optional) receives the
+  // ranks in the job when it passed. `passes_seen`: the passes of `name` the
+  // worker has seen; where it passed more often, answers at once.
   absl::Status Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
-                       std::vector<uint32_t>* live = nullptr);
+                       std::vector<uint32_t>* live = nullptr, std::optional<uint64_t> passes_seen = std::nullopt);
 
   // Asks every server for a checkpoint into `dir` (a new epoch whose map
   // carries the request) at a round no partition has completed yet: past the
@@ -330,6 +332,11 @@ class ClusterState {
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the latest snapshot, if any (writes stay in order under write_mu_).
   void WriteUnsaved() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // Barrier without waiting for the write; `saved` gets the Save() count
+  // once it passed.
+  absl::Status EnterBarrier(uint64_t node_id, const std::string& name, absl::Time deadline,
+                            std::vector<uint32_t>* live, std::optional<uint64_t> passes_seen, uint64_t* saved)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Declared first in every method that may Save: writes once the method's
   // lock is released.
   struct WriteOnReturn {
@@ -360,6 +367,8 @@ class ClusterState {
   size_t rejoins_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
+  uint64_t saves_ ABSL_GUARDED_BY(mu_) = 0;                     // Save() calls; unsaved_ is the last
+  uint64_t saves_written_ ABSL_GUARDED_BY(mu_) = 0;             // the Save() count last written
   uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a
