@@ -3,12 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
@@ -44,7 +46,10 @@ class LivenessTest : public ::testing::Test {
     config_.set_num_workers(3);
     config_.set_heartbeat_timeout_ms(1000);
     state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
-                                            [this](const SchedulerState& s) { saved_ = s; });
+                                            [this](const SchedulerState& s) {
+                                              if (on_write_) on_write_(s);
+                                              saved_ = s;
+                                            });
     for (uint32_t i = 0; i < 2; ++i) {
       auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)));
       ASSERT_TRUE(r.ok()) << r.status();
@@ -191,6 +196,7 @@ class LivenessTest : public ::testing::Test {
   ClusterConfig config_;
   absl::Time now_ = absl::FromUnixSeconds(1000);
   std::optional<SchedulerState> saved_;
+  std::function<void(const SchedulerState&)> on_write_;  // called as each state is written
   std::unique_ptr<ClusterState> state_;
   std::vector<uint64_t> server_ids_, worker_ids_;
 };
@@ -559,10 +565,45 @@ TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRoun
   });
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->rejoin_round(), 52u) << "the open round: 52 completed";
-  // Rank 0 trains from round 52 on: the next rank is placed past the pace.
+  // Rank 0 has trained past round 52: the next rank is placed past the pace.
+  Report(0, 60);
+  Report(1, 59);
   auto second = state_->RegisterWorker(Node(WORKER, 1));
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_GT(second->rejoin_round(), 52u + 50u);
+  EXPECT_GT(second->rejoin_round(), 60u + 50u);
+}
+
+TEST_F(LivenessTest, RanksRestartedTogetherAfterEveryWorkerLeftAllJoinAtTheServersRound) {
+  // Found by chaos15 with real processes: both workers of a job killed and
+  // started again together; the second to register counted the first,
+  // placed at the open round moments before, as a worker training there and
+  // was placed a pace past the servers: it idled while the first trained
+  // alone, and near the job's end (round 643 of 500) exited 1, "nothing to
+  // train".
+  absl::StatusOr<RegisterResponse> first = RejoinAloneAfterEveryWorkerLeft([](size_t, HeartbeatRequest& h) {
+    h.set_completed_round(52);
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->rejoin_round(), 52u);
+  absl::StatusOr<RegisterResponse> second;
+  std::thread rejoin([&] { second = state_->RegisterWorker(Node(WORKER, 1)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  now_ += absl::Milliseconds(100);
+  const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that rejoined rank 0
+  for (size_t i = 0; i < server_ids_.size(); ++i) {
+    HeartbeatRequest h;  // rank 0 trained a few rounds while rank 1 waited for these
+    h.set_node_id(server_ids_[i]);
+    h.set_applied_epoch(epoch);
+    h.set_completed_round(57);
+    h.set_fewest_completed_round(i == 0 ? 56 : 57);
+    EXPECT_TRUE(state_->Heartbeat(h).ok());
+  }
+  rejoin.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->rejoin_round(), 56u) << "the fewest rounds a partition completed, not a pace past them";
+  const ShardMap map = state_->Status().shard_map();
+  ASSERT_EQ(map.rejoined_workers_size(), 2);
+  EXPECT_TRUE(map.rejoined_workers(1).catch_up()) << "partitions past 56 take its pushes of their rounds for retries";
 }
 
 TEST_F(LivenessTest, ARankRejoiningAloneJoinsAtTheFewestRoundsAPartitionCompletedAndCatchesUpElsewhere) {
@@ -1011,6 +1052,61 @@ TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersP
   EXPECT_THAT(rejoined->passed_barriers(0).live_ranks(), ElementsAre(0u, 1u));
 }
 
+TEST_F(LivenessTest, AWorkerAskingAgainForABarrierThatPassedBeforeARestartIsAnsweredAtOnce) {
+  // Found by chaos15 (schedulers on etcd): the active scheduler was killed
+  // as barrier 'epoch 1' passed, having answered rank 1 but not rank 0,
+  // which asked the scheduler that took over: it waited for a pass rank 1
+  // (already training the next epoch) would never join, and both ranks
+  // failed at the deadline.
+  std::vector<std::thread> others;
+  for (int r : {1, 2}) {
+    others.emplace_back([this, r] { EXPECT_TRUE(state_->Barrier(worker_ids_[r], "epoch 1", absl::Now() + absl::Seconds(5)).ok()); });
+  }
+  ASSERT_TRUE(state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Seconds(5)).ok());
+  for (std::thread& t : others) t.join();
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  std::vector<uint32_t> live;
+  absl::Status asked = state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Milliseconds(300), &live,
+                                       /*passes_seen=*/0);
+  EXPECT_TRUE(asked.ok()) << asked;
+  EXPECT_THAT(live, ElementsAre(0u, 1u, 2u));
+  absl::Status next = state_->Barrier(worker_ids_[0], "epoch 1", absl::Now() + absl::Milliseconds(200), nullptr,
+                                      /*passes_seen=*/1);
+  EXPECT_EQ(next.code(), absl::StatusCode::kDeadlineExceeded) << "its next pass of the name waits for the others";
+}
+
+TEST_F(LivenessTest, NoWorkerIsAnsweredBeforeABarriersPassIsWritten) {
+  // With the write of a pass slow (an etcd member stopped), the ranks that
+  // had waited were answered at once, the last one after the write: a
+  // scheduler killed in between forgot a pass some ranks had gone past.
+  absl::Notification release;
+  std::atomic<bool> writing{false};
+  on_write_ = [&](const SchedulerState& s) {
+    for (const SchedulerState::Barrier& b : s.barriers()) {
+      if (b.name() == "x" && b.generation() > 0 && !release.HasBeenNotified()) {
+        writing = true;
+        release.WaitForNotification();
+      }
+    }
+  };
+  std::atomic<int> answered{0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      EXPECT_TRUE(state_->Barrier(worker_ids_[r], "x", absl::Now() + absl::Seconds(5)).ok());
+      ++answered;
+    });
+  }
+  for (int i = 0; i < 200 && !writing; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(writing);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(answered, 0) << "answered before the pass was written";
+  release.Notify();
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(answered, 3);
+}
+
 TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeItsRestart) {
   // Found with real processes (shardps local --kill scheduler@150 --kill
   // worker:2@300 --replace, with or without --secure): the worker died while
@@ -1322,6 +1418,46 @@ TEST_F(AsyncLivenessTest, ARankRejoiningAgainBeforeItsNewProcessReportedGoesOnAf
   auto again = RankTwoDiesAndRejoins(std::nullopt);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->rejoin_round(), 40u);
+}
+
+TEST_F(AsyncLivenessTest, ARankRejoiningAfterASchedulerTookOverGoesOnAfterTheStepsItsOldProcessReported) {
+  // Found by chaos15 (the torch example, schedulers on etcd): both ranks
+  // SIGKILLed at step 200 as the active scheduler was, and started again;
+  // the standby, resumed from the saved state, knew no steps of theirs and
+  // placed them at 1: each trained its share of the epoch again.
+  HeartbeatRequest h;
+  h.set_node_id(worker_ids_[2]);
+  h.mutable_counters()->set_steps(40);
+  ASSERT_TRUE(state_->Heartbeat(h).ok());
+  ASSERT_TRUE(saved_.has_value());
+  state_ = ClusterState::Restore(*saved_, [this] { return now_; });
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(0, 0), ElementsAre(HasSubstr("worker rank 2")));
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  EXPECT_EQ(rejoined->rejoin_round(), 40u);
+}
+
+// SSP applied on arrival (staleness 2): servers report the furthest round
+// pushed to them.
+class SspLivenessTest : public LivenessTest {
+ protected:
+  void SetUp() override {
+    config_.set_consistency(SSP);
+    config_.set_staleness(2);
+    LivenessTest::SetUp();
+  }
+};
+
+TEST_F(SspLivenessTest, RanksRestartedAfterEveryWorkerLeftJoinAtTheRoundThePushesReachedNotAPacePast) {
+  // Found by chaos15 (the torch example and `shardps train`, both ranks
+  // SIGKILLed and started again): with nobody training the pushes stand
+  // still, yet each rank was placed a pace past them (rounds 338 and 343
+  // where they had reached about 200) and skipped that many steps of its data.
+  absl::StatusOr<RegisterResponse> first = RejoinAloneAfterEveryWorkerLeft([](size_t i, HeartbeatRequest& h) {
+    h.set_completed_round(i == 0 ? 52 : 51);
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->rejoin_round(), 52u) << "the furthest round pushed";
 }
 
 TEST(CheckpointRequestTest, RefusedBeforeTheMapExistsAndWhereACheckpointWouldNotBeExact) {

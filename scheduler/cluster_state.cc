@@ -100,6 +100,8 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.left_error = n.left_error();
     node.peak_rate = n.peak_round_rate();
     node.memory_bytes = n.memory_bytes();
+    node.counters.set_steps(n.worker_steps());
+    node.saved_steps = n.worker_steps();
   }
   cs->map_ = state.shard_map();
   cs->written_epoch_ = cs->map_.epoch();
@@ -124,8 +126,8 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   return cs;
 }
 
-void ClusterState::WriteUnsaved(bool after_one_under_way) {
-  if (!after_one_under_way) {
+void ClusterState::WriteUnsaved() {
+  {
     // Nothing changed (most heartbeats): no wait behind a write under way.
     // A snapshot taken by another writer since is that writer's to write.
     absl::MutexLock lock(&mu_);
@@ -133,14 +135,17 @@ void ClusterState::WriteUnsaved(bool after_one_under_way) {
   }
   absl::MutexLock write_lock(&write_mu_);
   std::optional<SchedulerState> state;
+  uint64_t saves = 0;
   {
     absl::MutexLock lock(&mu_);
     state.swap(unsaved_);
+    saves = saves_;
   }
   if (!state) return;
   persist_(*state);
   absl::MutexLock lock(&mu_);
   written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
+  saves_written_ = std::max(saves_written_, saves);
 }
 
 void ClusterState::Save() {
@@ -161,6 +166,7 @@ void ClusterState::Save() {
       n->set_left_error(node.left_error);
       n->set_peak_round_rate(node.peak_rate);
       n->set_memory_bytes(node.memory_bytes);
+      if (node.role == WORKER) n->set_worker_steps(node.counters.steps());
     }
   }
   *state.mutable_shard_map() = map_;
@@ -173,6 +179,7 @@ void ClusterState::Save() {
     saved->mutable_live_ranks()->Assign(b.live_at_pass.begin(), b.live_at_pass.end());
   }
   unsaved_ = std::move(state);
+  ++saves_;
 }
 
 ServerInfo* ClusterState::MapServer(uint32_t index) {
@@ -305,7 +312,10 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // which then counted nobody); the report says where they stand
     // (RejoinRunningJob).
     const absl::Time asked = clock_();
-    const bool alone = RoundBased(config_) && !AnotherWorkerTrains(request.rank());
+    const uint64_t fewest_asked = FewestRoundsReported();
+    // Async servers count no rounds (its old process's steps place it);
+    // ssp servers report the furthest round pushed, which stands still too.
+    const bool alone = config_.consistency() != ASYNC && !AnotherWorkerTrains(request.rank(), fewest_asked);
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
     auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
@@ -323,9 +333,9 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
         absl::Condition(&reported),
         absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
     --rejoins_waiting_;
-    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard);
+    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard, fewest_asked);
   }
-  if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false);
+  if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false, 0);
   if (Excluded(request.rank())) ReadmitBeforeTensors(request.rank());
   if (auto it = workers_.find(request.rank()); it != workers_.end() && !it->second.dead) {
     Node& old = it->second;
@@ -536,6 +546,15 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
 void ClusterState::RecordCounters(Node& node, const NodeCounters& counters) {
   node.counters = counters;
   node.counters_seen = node.last_seen;
+  // Written when they rise by a tenth (a few writes a job): an async rank
+  // rejoins after them, also with a scheduler restarted meanwhile (before
+  // 2026-11-25 the standby that took over placed it at 1, and it trained its
+  // share of the job again).
+  if (node.role == WORKER && config_.consistency() == ASYNC &&
+      counters.steps() > node.saved_steps + node.saved_steps / 10) {
+    node.saved_steps = counters.steps();
+    Save();
+  }
   // Heartbeats sent early (a new epoch) come close together: measure over
   // at least half an interval so that one early report does not make a
   // rate of a few milliseconds.
@@ -837,12 +856,19 @@ uint64_t ClusterState::RoundsReported() const {
   return reported;
 }
 
-bool ClusterState::AnotherWorkerTrains(uint32_t rank) const {
+bool ClusterState::AnotherWorkerTrains(uint32_t rank, uint64_t fewest_asked) const {
   const uint64_t open = RoundsReported();
   for (const auto& [r, node] : workers_) {
     if (r == rank || node.dead || Excluded(r)) continue;
     const auto rejoin = absl::c_find_if(map_.rejoined_workers(), [r = r](const WorkerRejoin& j) { return j.rank() == r; });
-    if (rejoin == map_.rejoined_workers().end() || rejoin->round() <= open) return true;
+    if (rejoin == map_.rejoined_workers().end()) return true;
+    // A rank that rejoined alone where every partition still stood when this
+    // one asked has not trained a round yet: ranks restarted together join
+    // together (before 2026-11-25 the second was placed a pace past the
+    // first, idled while it trained alone, and near the job's end was past
+    // its last round).
+    if (rejoin->catch_up() && rejoin->round() >= fewest_asked) continue;
+    if (rejoin->round() <= open) return true;
   }
   return false;
 }
@@ -860,7 +886,8 @@ uint64_t ClusterState::RoundPastServers(bool for_rejoin) const {
   return reported + 1 + static_cast<uint64_t>(std::ceil(rate * lag_seconds));
 }
 
-absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request, bool alone_heard) {
+absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRequest& request, bool alone_heard,
+                                                                uint64_t fewest_asked) {
   const uint32_t rank = request.rank();
   // A new process starts with no weights of its own: where the workers hold
   // the weights, it has nothing to continue from.
@@ -889,7 +916,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   // partitions a round past the others (their round held a push, and the
   // removal completed it), and a round nobody is counted in never
   // completes; those past it catch up (WorkerRejoin.catch_up).
-  const bool alone = alone_heard && !AnotherWorkerTrains(rank);
+  const bool alone = alone_heard && !AnotherWorkerTrains(rank, fewest_asked);
   uint64_t round = alone ? FewestRoundsReported() : RoundPastServers(/*for_rejoin=*/true);
   if (config_.consistency() == ASYNC) {
     // Async servers count no rounds (J was 1, and the new process trained
@@ -935,6 +962,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
     BarrierPass* pass = response.add_passed_barriers();
     pass->set_name(name);
     pass->mutable_live_ranks()->Assign(b.live_at_pass.begin(), b.live_at_pass.end());
+    pass->set_generation(b.generation);
   }
   Save();
   return response;
@@ -1152,15 +1180,30 @@ std::optional<ShardMap> ClusterState::WaitForMap(uint64_t known_epoch, absl::Tim
 }
 
 absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
-                                   std::vector<uint32_t>* live) {
-  // A pass is saved (PassCompleteBarriers) and written here, not with the
-  // next call that writes: a scheduler killed in between forgot it, and a
-  // rank rejoining after its restart waited at a barrier the others had
-  // passed (before 2026-11-25).
-  // The ranks that waited are answered once the pass is written too: the
-  // call that passed it may still be writing it (before 2026-11-25 they
-  // were answered meanwhile, and a scheduler killed then forgot it).
-  const WriteOnReturn write(this, /*after_one_under_way=*/true);  // after mu_ is released
+                                   std::vector<uint32_t>* live, std::optional<uint64_t> passes_seen) {
+  // A pass is saved (PassCompleteBarriers) and written before any rank is
+  // answered, not with the next call that writes: a scheduler killed in
+  // between forgot it, and a rank rejoining after its restart waited at a
+  // barrier the others had passed (before 2026-11-25); nor before the one
+  // writing it is done: the ranks that had waited were answered while the
+  // write was under way, and one whose answer the scheduler's death cut
+  // asked its successor, which had never seen the pass (chaos15).
+  uint64_t saved = 0;
+  absl::Status entered = EnterBarrier(node_id, name, deadline, live, passes_seen, &saved);
+  if (!entered.ok() || !persist_) return entered;
+  WriteUnsaved();
+  absl::MutexLock lock(&mu_);
+  auto written = [this, saved]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return saves_written_ >= saved; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&written), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("barrier '", name, "': passed, but the scheduler's state was not written before the deadline"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::EnterBarrier(uint64_t node_id, const std::string& name, absl::Time deadline,
+                                        std::vector<uint32_t>* live, std::optional<uint64_t> passes_seen,
+                                        uint64_t* saved) {
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->role != WORKER) {
@@ -1172,11 +1215,17 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
                                                                  : " was declared dead and removed from the job"));
   }
   BarrierState& b = barriers_[name];
+  if (passes_seen.has_value() && b.generation > *passes_seen) {
+    if (live != nullptr) *live = b.live_at_pass;
+    *saved = saves_;
+    return absl::OkStatus();
+  }
   const uint64_t generation = b.generation;
   b.arrived.insert(node->rank);
   PassCompleteBarriers();
   if (b.generation > generation) {
     if (live != nullptr) *live = b.live_at_pass;
+    *saved = saves_;
     return absl::OkStatus();
   }
   const absl::Time start = clock_();
@@ -1192,6 +1241,7 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
                                                     "; missing worker ranks: ", absl::StrJoin(missing, ",")));
   }
   if (live != nullptr) *live = b.live_at_pass;
+  *saved = saves_;
   return absl::OkStatus();
 }
 

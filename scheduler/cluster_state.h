@@ -92,10 +92,12 @@ class ClusterState {
   // contents, an epoch that a node already holds.
   std::optional<ShardMap> WaitForMap(uint64_t known_epoch, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
 
-  // Returns once every worker still in the job has entered barrier `name`;
-  // `live` (optional) receives the ranks in the job when it passed.
+  // Returns once every worker still in the job has entered barrier `name`
+  // and the pass is written with the state; `live` (optional) receives the
+  // ranks in the job when it passed. `passes_seen`: the passes of `name` the
+  // worker has seen; where it passed more often, answers at once.
   absl::Status Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
-                       std::vector<uint32_t>* live = nullptr);
+                       std::vector<uint32_t>* live = nullptr, std::optional<uint64_t> passes_seen = std::nullopt);
 
   // Asks every server for a checkpoint into `dir` (a new epoch whose map
   // carries the request) at a round no partition has completed yet: past the
@@ -173,6 +175,7 @@ class ClusterState {
     absl::Time base_seen = absl::InfinitePast();
     NodeRates rates{};
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
+    uint64_t saved_steps = 0;   // workers: counters.steps when it last caused a write
     bool rendezvous = false;    // workers: their Register call waits for the cluster
     // Servers: the copies their last heartbeat (at applied_epoch) reported
     // synced, sorted.
@@ -302,8 +305,10 @@ class ClusterState {
   uint64_t FewestRoundsReported() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live worker other than `rank` trains in the rounds the servers
   // are at: one not removed from the job and not rejoined at a round past
-  // the open one (the most rounds they reported completed).
-  bool AnotherWorkerTrains(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // the open one (the most rounds they reported completed), nor rejoined
+  // alone at `fewest_asked` or later (the fewest rounds reported when `rank`
+  // asked to rejoin: it has not trained one since).
+  bool AnotherWorkerTrains(uint32_t rank, uint64_t fewest_asked) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a live server has reported a completed round (a heartbeat since
   // training started, or a restored checkpoint's round).
   bool AnyServerReportedARound() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -314,29 +319,32 @@ class ClusterState {
   // (RoundPastServers) in rejoined_workers; servers count it in rounds >= J
   // only. `alone_heard`: no other worker trained when it asked, and every
   // live server has reported since; J is then the round they are at (the
-  // most they reported completed), if still no other worker trains. The answer carries J
+  // most they reported completed), if still no other worker trains
+  // (AnotherWorkerTrains with `fewest_asked`, the fewest rounds reported
+  // when it asked). The answer carries J
   // and the barriers passed so far. Refused before the tensors are defined
   // (no round to join at), and where the workers hold the weights
   // (update_mode SUM_ONLY, sync pull codecs).
-  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request, bool alone_heard)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<RegisterResponse> RejoinRunningJob(const RegisterRequest& request, bool alone_heard,
+                                                    uint64_t fewest_asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the latest snapshot, if any (writes stay in order under write_mu_).
-  // `after_one_under_way`: returns only once a write another call took
-  // under way is done too (a call answering what that call saved).
-  void WriteUnsaved(bool after_one_under_way = false) ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  void WriteUnsaved() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // Barrier without waiting for the write; `saved` gets the Save() count
+  // once it passed.
+  absl::Status EnterBarrier(uint64_t node_id, const std::string& name, absl::Time deadline,
+                            std::vector<uint32_t>* live, std::optional<uint64_t> passes_seen, uint64_t* saved)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Declared first in every method that may Save: writes once the method's
   // lock is released.
   struct WriteOnReturn {
-    explicit WriteOnReturn(ClusterState* s, bool after_one_under_way = false)
-        : state(s), after_one_under_way(after_one_under_way) {}
+    explicit WriteOnReturn(ClusterState* s) : state(s) {}
     ~WriteOnReturn() {
-      if (state->persist_) state->WriteUnsaved(after_one_under_way);
+      if (state->persist_) state->WriteUnsaved();
     }
     ClusterState* state;
-    bool after_one_under_way;
   };
 
   const ClusterConfig config_;
@@ -359,6 +367,8 @@ class ClusterState {
   size_t rejoins_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
+  uint64_t saves_ ABSL_GUARDED_BY(mu_) = 0;                     // Save() calls; unsaved_ is the last
+  uint64_t saves_written_ ABSL_GUARDED_BY(mu_) = 0;             // the Save() count last written
   uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a

@@ -140,6 +140,9 @@ class EtcdClient::Impl {
     return absl::UnavailableError(absl::StrCat("no etcd endpoint answered (", unreachable, ")"));
   }
 
+  // The endpoint that answered last.
+  const std::string& answered() const { return endpoints_[current_.load()].address; }
+
   absl::StatusOr<bool> AwaitDeletion(const std::string& key, int64_t from_revision, absl::Duration timeout) {
     Endpoint& e = endpoints_[current_.load()];
     grpc::ClientContext ctx;
@@ -250,7 +253,9 @@ absl::StatusOr<absl::Duration> EtcdClient::KeepAlive(int64_t lease) {
     return grpc::Status::OK;
   });
   if (!s.ok()) return s;
-  if (response.ttl() <= 0) return absl::NotFoundError(absl::StrCat("etcd lease ", lease, " has expired"));
+  if (response.ttl() <= 0) {
+    return absl::NotFoundError(absl::StrCat("etcd ", impl_->answered(), ": lease ", lease, " has expired"));
+  }
   return absl::Seconds(response.ttl());
 }
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <glog/logging.h>
@@ -242,7 +243,8 @@ class SchedulerService final : public Scheduler::Service {
     WaitingCall waiting(this, *state);
     if (!waiting.admitted()) return waiting.Refusal("Barrier");
     std::vector<uint32_t> live;
-    absl::Status s = state->Barrier(req->node_id(), req->name(), Deadline(ctx), &live);
+    absl::Status s = state->Barrier(req->node_id(), req->name(), Deadline(ctx), &live,
+                                    req->has_passes_seen() ? std::optional<uint64_t>(req->passes_seen()) : std::nullopt);
     // A pass whose write deposed this scheduler: its successor never heard
     // of it, and the ranks enter the barrier there on this refusal.
     if (Serving(&refused) != state) return refused;

@@ -587,8 +587,8 @@ enum class GoneAt { kRegistered, kDefined, kInitBarrierPassed };
 // MLP `shardps train --hidden 16` trains and pass the "init" barrier with
 // rank 0's initial weights (seed 1); then both leave before any round, and
 // two `shardps train` processes started for them at once both exit 0. The
-// job is long enough (600 rounds) that the rank placed second, a pace past
-// the first, still has rounds to train.
+// job runs 600 rounds: before 2026-11-25 the rank placed second went a pace
+// past the first, and with 200 the first could finish the job before it.
 void ExpectEveryWorkerGoneBeforeTheFirstRoundRejoins(GoneAt gone_at) {
   ClusterConfig config = FastHeartbeats(2, 2);
   config.set_request_timeout_ms(8000);

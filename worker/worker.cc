@@ -64,6 +64,7 @@ class WorkerImpl : public Worker {
     rejoin_.round = reg.rejoin_round();
     for (const BarrierPass& b : reg.passed_barriers()) {
       rejoin_.passed_barriers[b.name()].assign(b.live_ranks().begin(), b.live_ranks().end());
+      barrier_passes_[b.name()] = b.generation();
     }
     if (options_.control_timeout <= absl::ZeroDuration()) {
       options_.control_timeout = absl::Milliseconds(config_.rendezvous_timeout_ms());
@@ -169,10 +170,20 @@ class WorkerImpl : public Worker {
     BarrierRequest request;
     request.set_node_id(node_id_);
     request.set_name(name);
+    {
+      // A call asked again after the scheduler died is answered at once if
+      // the barrier passed meanwhile (the others went on past it).
+      absl::MutexLock lock(&mu_);
+      request.set_passes_seen(barrier_passes_[name]);
+    }
     BarrierResponse response;
     SHARDPS_RETURN_IF_ERROR(AskUntilDeadline(timeout, [&](absl::Duration left) {
       return scheduler_->Barrier(request, left, &response);
     }));
+    {
+      absl::MutexLock lock(&mu_);
+      ++barrier_passes_[name];
+    }
     if (live_ranks != nullptr) live_ranks->assign(response.live_workers().begin(), response.live_workers().end());
     return absl::OkStatus();
   }
@@ -753,6 +764,8 @@ class WorkerImpl : public Worker {
   absl::flat_hash_map<std::string, std::unique_ptr<compression::ErrorFeedback>> feedback_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string leaving_error_ ABSL_GUARDED_BY(mu_);  // SetLeavingError
+  // By barrier name: the passes this process has seen (BarrierRequest.passes_seen).
+  absl::flat_hash_map<std::string, uint64_t> barrier_passes_ ABSL_GUARDED_BY(mu_);
   std::thread heartbeat_;
   // From the first successful DefineTensors on; set by the thread that
   // defines (DefineTensors is not called concurrently with itself).
