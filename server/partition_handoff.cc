@@ -87,6 +87,7 @@ void PartitionEngine::FollowHandoff(Partition& p, const ShardMap& map, const Par
   p.ahead.clear();
   p.unconfirmed.clear();
   p.arrivals = 0;
+  p.first.rebuild();  // the open round's first gradient, if held
   std::fill(p.contributed.begin(), p.contributed.end(), false);
   p.open_pushes.clear();
   p.handed_off_at = map.epoch();

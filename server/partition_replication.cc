@@ -61,6 +61,7 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     std::fill(p.clock.begin(), p.clock.end(), 0);
     p.handed_off_at = 0;
     p.arrivals = 0;
+    p.first.rebuild();  // the open round's first gradient, if held
     p.round_staleness = 0;
     std::fill(p.contributed.begin(), p.contributed.end(), false);
     p.forwarding_round = false;
