@@ -102,6 +102,7 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.memory_bytes = n.memory_bytes();
     node.counters.set_steps(n.worker_steps());
     node.saved_steps = n.worker_steps();
+    node.replaced = n.replaced();
   }
   cs->map_ = state.shard_map();
   cs->written_epoch_ = cs->map_.epoch();
@@ -167,6 +168,7 @@ void ClusterState::Save() {
       n->set_peak_round_rate(node.peak_rate);
       n->set_memory_bytes(node.memory_bytes);
       if (node.role == WORKER) n->set_worker_steps(node.counters.steps());
+      n->set_replaced(node.replaced);
     }
   }
   *state.mutable_shard_map() = map_;
@@ -195,6 +197,12 @@ bool ClusterState::Excluded(uint32_t rank) const {
 }
 
 size_t ClusterState::LiveWorkers() const { return config_.num_workers() - map_.excluded_workers_size(); }
+
+std::string ClusterState::Ended(const Node& old) {
+  if (old.id == 0 || !old.dead) return "";
+  if (!old.left) return "declared dead";
+  return old.left_error.empty() ? "left" : absl::StrCat("left: ", old.left_error);
+}
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequest& request) {
   const WriteOnReturn write(this);  // after mu_ is released
@@ -259,8 +267,10 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
     index = servers_.size();
   }
   Node& node = servers_[*index];
+  const std::string replaced = Ended(node);
   node = Node{next_node_id_++, SERVER, *index, request.data_address(), request.host(), clock_(), 0};
   node.memory_bytes = request.memory_bytes();
+  node.replaced = replaced;
   ServerInfo* info = MapServer(*index);
   if (info == nullptr) info = map_.add_servers();
   info->set_index(*index);
@@ -783,9 +793,11 @@ absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, co
   const bool grows = !servers_.contains(index);
   const std::string dead_address = grows ? std::string() : servers_[index].address;
   Node& node = servers_[index];
+  const std::string replaced = grows ? std::string() : Ended(node);
   node = Node{next_node_id_++, SERVER, index, request.data_address(), request.host(), clock_(), 0};
   node.memory_bytes = request.memory_bytes();
   node.joined_running_job = true;
+  node.replaced = replaced;
   ServerInfo* info = MapServer(index);
   if (info == nullptr) {
     info = map_.add_servers();
@@ -1279,6 +1291,7 @@ StatusResponse ClusterState::Status() {
       s->set_declared_dead(node.dead && !node.left);
       s->set_left(node.left);
       s->set_left_error(node.left_error);
+      s->set_replaced(node.replaced);
       s->set_heard_since_start(node.heard);
       if (!node.checkpoint_failure.dir().empty()) *s->mutable_checkpoint_failure() = node.checkpoint_failure;
       if (node.role == SERVER && !node.dead) {

@@ -153,6 +153,10 @@ class ClusterState {
     // Why, when it left on an error (HeartbeatRequest.leaving_error), or a
     // draining server stopped before it was drained (ServerLeaves).
     std::string left_error{};
+    // Servers: how the process whose place this one took ended (Ended), so
+    // that `shardps drain --wait` does not take a death for the end of a
+    // drain; empty where it took no one's place.
+    std::string replaced{};
     // Workers: when a new process for the rank last asked to register while
     // this one still held it (CheckLiveness counts the rank as reachable).
     absl::Time successor_seen = absl::InfinitePast();
@@ -186,6 +190,8 @@ class ClusterState {
     std::set<uint32_t> arrived;          // worker ranks
     std::vector<uint32_t> live_at_pass;  // ranks in the job when it last passed
   };
+  // How a server process whose place another takes ended (Node::replaced).
+  static std::string Ended(const Node& old);
 
   bool ClusterComplete() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MissingNodes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

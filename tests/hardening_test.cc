@@ -456,6 +456,82 @@ TEST(RegisterTest, ATrainingWorkerThatStopsOnAnErrorLeavesAsFailedWithIt) {
   EXPECT_THAT(worker->left_error(), HasSubstr("differs from the defined")) << worker->ShortDebugString();
 }
 
+std::string FileText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(DrainWaitTest, AServerThatDiesWhileItDrainsAndIsReplacedIsSaidToHaveDied) {
+  // `shardps drain --wait` reads the status every 100 ms. Where the drained
+  // server died and another took its place between two reads (a restarted
+  // pod at the same place), it said "drained and stopped": it saw only a
+  // new node at the index. The newcomer's status now says how its
+  // predecessor ended.
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_heartbeat_timeout_ms(3000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::vector<TensorSpec> tensors;
+  for (int t = 0; t < 6; ++t) tensors.push_back(Float32Tensor(absl::StrCat("w", t), 1 << 20));
+  ASSERT_TRUE((*worker)->DefineTensors(tensors).ok());
+  // A third server joins the running job: server index 2 is the process
+  // started third, and copies move to it.
+  ASSERT_TRUE((*cluster)->AddServer().ok());
+  std::optional<NodeStatus> before;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
+    before = WorkerStatus(**cluster, 2, SERVER);
+    if (before && before->copies() > 0 && before->copies_synced() == before->copies()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(before && before->copies() > 0 && before->copies_synced() == before->copies())
+      << (before ? before->ShortDebugString() : "server 2 not listed");
+  const std::string out = testing::TempDir() + "/drain_replaced.out", err = testing::TempDir() + "/drain_replaced.err";
+  std::filesystem::remove(out);  // a previous run's
+  std::filesystem::remove(err);
+  auto drain = Spawn("drain", {"/bin/sh", "-c", absl::StrCat("exec ", SHARDPS_BINARY, " drain --scheduler ",
+                                                            (*cluster)->scheduler_address(),
+                                                            " --server 2 --wait 60 >", out, " 2>", err)},
+                     false);
+  ASSERT_TRUE(drain.ok()) << drain.status();
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+       absl::Now() < deadline && FileText(out).find("drains from") == std::string::npos;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // Stopped, server 2 sends none of its copies and hands off no primary:
+  // the drain stays under way.
+  ASSERT_EQ(kill((*cluster)->server_pid(2), SIGSTOP), 0);
+  ASSERT_THAT(FileText(out), HasSubstr("server 2 drains from shard map epoch")) << FileText(err);
+  ASSERT_EQ(kill(drain->pid, SIGSTOP), 0);  // the command misses what follows
+  ASSERT_EQ(kill((*cluster)->server_pid(2), SIGKILL), 0);
+  std::optional<NodeStatus> dead;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
+    dead = WorkerStatus(**cluster, 2, SERVER);
+    if (dead && dead->declared_dead()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(dead && dead->declared_dead()) << (dead ? dead->ShortDebugString() : "not listed");
+  ASSERT_TRUE((*cluster)->AddServer().ok());
+  std::optional<NodeStatus> newcomer;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
+    newcomer = WorkerStatus(**cluster, 2, SERVER);
+    if (newcomer && newcomer->node_id() != before->node_id()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(newcomer && newcomer->node_id() != before->node_id()) << "no server took server 2's place";
+  EXPECT_EQ(newcomer->replaced(), "declared dead");
+  ASSERT_EQ(kill(drain->pid, SIGCONT), 0);
+  int status = 0;
+  ASSERT_TRUE(ExitsWithin(drain->pid, absl::Seconds(20), &status));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ": " << FileText(out);
+  EXPECT_THAT(FileText(err), HasSubstr("died while it drained"));
+  EXPECT_THAT(FileText(err), HasSubstr("has taken its place"));
+  EXPECT_THAT(FileText(out), Not(HasSubstr("drained and stopped")));
+}
+
 TEST(RegisterTest, AWorkerLeavingOnAnErrorThatIsNotUtf8StillLeavesWithTheError) {
   // A C caller's error in Latin-1: sent as is in a proto3 string, the
   // scheduler could not parse the leave, and the worker fell silent instead.
