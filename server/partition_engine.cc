@@ -896,6 +896,14 @@ bool PartitionEngine::BatchStartsWithHeldPush(const Partition& p) {
   return p.batch_count == 1 && p.first.size() == p.n * sizeof(float);
 }
 
+uint64_t PartitionEngine::ReplicateFirst(Partition& p, DataHeader h) {
+  return Replicate(p, std::move(h), p.first.size(), std::nullopt, [&p] {
+    zmq::message_t shared;
+    shared.copy(p.first);  // the same bytes, referenced once more
+    return shared;
+  });
+}
+
 float* PartitionEngine::StartSum(Partition& p) {
   if (!p.acc->unique()) p.acc.reset(SharedBuffer::Create(p.n));
   return p.acc->data();
@@ -952,11 +960,7 @@ void PartitionEngine::CompleteRound(Partition& p) {
     for (uint32_t w : p.counted_order) update.add_summed_workers(w);
     sequence = Replicate(p, update, nullptr, 0);
   } else if (first_only) {
-    sequence = Replicate(p, update, p.first.size(), std::nullopt, [&p] {
-      zmq::message_t shared;
-      shared.copy(p.first);
-      return shared;
-    });
+    sequence = ReplicateFirst(p, update);
   } else {
     sequence = Replicate(p, update, *p.acc);
   }
@@ -1103,14 +1107,8 @@ void PartitionEngine::ApplyAsyncBatch(Partition& p) {
   // A batch of one raw push is applied, and sent to the backups, from the
   // message itself.
   const bool held = BatchStartsWithHeldPush(p);
-  const uint64_t sequence =
-      std::max(p.sent, held ? Replicate(p, update, p.first.size(), std::nullopt,
-                                        [&p] {
-                                          zmq::message_t shared;
-                                          shared.copy(p.first);
-                                          return shared;
-                                        })
-                            : Replicate(p, update, p.batch_sum.data(), p.n * sizeof(float)));
+  const uint64_t sequence = std::max(
+      p.sent, held ? ReplicateFirst(p, update) : Replicate(p, update, p.batch_sum.data(), p.n * sizeof(float)));
   // k = 1: grad_scale and lr_scale exactly those of a single push.
   optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), held ? p.first.data<float>() : p.batch_sum.data(),
                     WritableWeights(p), p.state.data(), p.n, lr_scale);

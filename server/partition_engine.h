@@ -452,6 +452,9 @@ class PartitionEngine {
                      std::optional<uint32_t> only = std::nullopt);
   // The same with `sum` as the payload, sent without a copy.
   uint64_t Replicate(Partition& p, DataHeader h, SharedBuffer& sum);
+  // The same with p.first, the received message a round or batch of one
+  // gradient is applied from, shared without a copy.
+  uint64_t ReplicateFirst(Partition& p, DataHeader h);
   // Both: each backup's payload made by `payload_for_one`.
   uint64_t Replicate(Partition& p, DataHeader h, size_t bytes, std::optional<uint32_t> only,
                      absl::FunctionRef<zmq::message_t()> payload_for_one);
