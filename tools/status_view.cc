@@ -90,6 +90,10 @@ std::string StatusTable(const StatusResponse& status) {
                                           n.ms_since_heartbeat(), behind ? " behind" : "", lag));
     if (n.has_counters()) absl::StrAppend(&out, RatesLine(n));
     if (!n.left_error().empty()) absl::StrAppend(&out, "    error: ", n.left_error(), "\n");
+    if (!n.replaced().empty()) {
+      absl::StrAppend(&out, "    in the place of a server that ",
+                      n.replaced() == "declared dead" ? "was declared dead" : n.replaced(), "\n");
+    }
     if (n.has_checkpoint_failure()) {
       const CheckpointFailure& f = n.checkpoint_failure();
       absl::StrAppend(&out, "    checkpoint of round ", f.round(), " into ", f.dir(), " not written here: ", f.error(),

@@ -102,6 +102,18 @@ TEST(StatusViewTest, ADrainingServerIsShownSo) {
   EXPECT_NE(table.find("alive, draining"), std::string::npos) << table;
 }
 
+TEST(StatusViewTest, AServerInADeadOnesPlaceSaysHowThatOneEnded) {
+  StatusResponse status = OneServer(10, 100, 3);
+  EXPECT_EQ(StatusTable(status).find("in the place of"), std::string::npos);
+  status.mutable_nodes(0)->set_replaced("declared dead");
+  const std::string table = StatusTable(status);
+  EXPECT_NE(table.find("    in the place of a server that was declared dead"), std::string::npos) << table;
+  status.mutable_nodes(0)->set_replaced("left: stopped before its drain was done");
+  EXPECT_NE(StatusTable(status).find("    in the place of a server that left: stopped before its drain was done"),
+            std::string::npos)
+      << StatusTable(status);
+}
+
 TEST(StatusViewTest, AWorkerThatLeftOnAnErrorIsShownAsFailedWithIt) {
   StatusResponse status = ThreeWorkers(SYNC, 0, {10, 10, 4});
   status.mutable_nodes(1)->set_left(true);
