@@ -1259,6 +1259,25 @@ TEST_F(LivenessTest, ASchedulerThatHearsFromNoMajorityDeclaresNoOne) {
   EXPECT_THAT(Advance(200), SizeIs(2));
 }
 
+TEST_F(LivenessTest, ASchedulerCutOffFromEveryoneDeclaresNoOneWhateverTheHeartbeatsPhases) {
+  // Found by `tools/chaos.sh sched`: the scheduler partitioned away from the
+  // whole job. The nodes' last heartbeats were a fraction of an interval
+  // apart, so when the first crossed the timeout the others, just short of
+  // it, counted as heard: a majority, which declared the first dead.
+  EXPECT_THAT(Advance(100), IsEmpty());
+  Beat({}, {1, 2}, 1);  // their last heartbeats
+  EXPECT_THAT(Advance(400), IsEmpty());
+  Beat({0, 1}, {0}, 1);  // the others' last, a little later
+  std::vector<std::string> lines = Advance(1200);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("more likely cut off itself"));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 1u) << "nobody declared dead";
+  // The partition heals: everyone heartbeats again, nobody was lost.
+  Beat({0, 1}, {0, 1, 2}, 1);
+  EXPECT_THAT(Advance(300), IsEmpty());
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 1u);
+}
+
 TEST_F(LivenessTest, RanksWhoseNewProcessesAskToRegisterCountAsHeardSoTheOldOnesAreDeclaredDead) {
   // Found with real processes: both workers of a 2-server job SIGKILLed and
   // started again at once were never declared dead (2 of 4 nodes heard:

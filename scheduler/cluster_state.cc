@@ -1013,15 +1013,24 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // heard each (before, once every worker of a 2-server job was removed, a
   // server that died then was never declared dead, 1 of 2 heard, and the
   // ranks waiting for its report were placed past the job's last round).
-  size_t live = rejoins_waiting_, heard = rejoins_waiting_;
+  // Heard means heard well within the timeout: cut off from everyone at
+  // once, the nodes' last heartbeats are up to an interval apart, so when
+  // the first crosses the timeout the others are just short of it. Counted
+  // as heard then, they made a majority that declared the first ones dead
+  // (before 2026-11-25: `tools/chaos.sh sched`, both workers of a job whose
+  // scheduler was partitioned away were declared dead 10 s in).
+  const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+  const absl::Duration recent = std::max(timeout - 2 * interval, timeout / 2);
+  size_t live = rejoins_waiting_, heard = rejoins_waiting_, silent_past_timeout = 0;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;
       ++live;
-      if (now - std::max(node.last_seen, node.successor_seen) <= timeout) ++heard;
+      if (now - std::max(node.last_seen, node.successor_seen) <= recent) ++heard;
+      if (now - node.last_seen > timeout) ++silent_past_timeout;
     }
   }
-  if (heard * 2 <= live) {
+  if (heard * 2 <= live && silent_past_timeout > 0) {
     if (heard < live && !isolated_) {
       isolated_ = true;
       return {absl::StrCat("hears from only ", heard, " of ", live, " live nodes within the heartbeat timeout: "
@@ -1029,7 +1038,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
     }
     return {};
   }
-  isolated_ = false;
+  if (heard * 2 > live) isolated_ = false;
   std::vector<std::string> declared;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
