@@ -5,7 +5,7 @@
 #include <iostream>
 #include <thread>
 
-#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -113,16 +113,16 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
   std::string last = "no status yet";
   // The drained process died, or stopped before its drain was done; `after`
   // says what the status shows since (a process in its place).
-  auto died = [&](const std::string& address, const std::string& after) {
+  const std::string drained = absl::StrCat("server ", index, " (", node != nullptr ? node->address() : "?", ")");
+  auto died = [&](const std::string& after) {
     return absl::UnavailableError(absl::StrCat(
-        "server ", index, " (", address, ") died while it drained, after ", absl::FormatDuration(absl::Now() - start),
-        after, "; the scheduler failed its partitions over to their backups (`shardps status` shows what is left)"));
+        drained, " died while it drained, after ", absl::FormatDuration(absl::Now() - start), after,
+        "; the scheduler failed its partitions over to their backups (`shardps status` shows what is left)"));
   };
-  auto left_undrained = [&](const std::string& address, const std::string& why, const std::string& after) {
-    return absl::DataLossError(absl::StrCat("server ", index, " (", address, ") left without being drained, after ",
+  auto left_undrained = [&](absl::string_view why, const std::string& after) {
+    return absl::DataLossError(absl::StrCat(drained, " left without being drained, after ",
                                             absl::FormatDuration(absl::Now() - start), after, ": ", why));
   };
-  const std::string drained_address = node != nullptr ? node->address() : "?";
   for (;;) {
     auto status = (*client)->Status(absl::Seconds(5));
     if (status.ok()) {
@@ -132,23 +132,22 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
       const bool replaced = n != nullptr && n->node_id() != node_id;
       const std::string in_place =
           replaced ? absl::StrCat(", and another server (", n->address(), ") has taken its place") : "";
-      if (replaced && n->replaced() == "declared dead") return died(drained_address, in_place);
-      if (replaced && absl::StartsWith(n->replaced(), "left: ")) {
-        return left_undrained(drained_address, n->replaced().substr(6), in_place);
-      }
+      absl::string_view why = n != nullptr ? n->replaced() : "";
+      if (replaced && why == "declared dead") return died(in_place);
+      if (replaced && absl::ConsumePrefix(&why, "left: ")) return left_undrained(why, in_place);
       if (n == nullptr || replaced) {
         std::cout << "server " << index << " drained and stopped after "
                   << absl::FormatDuration(absl::Now() - start) << " (another server has its place now)" << std::endl;
         return absl::OkStatus();
       }
-      if (n->left() && !n->left_error().empty()) return left_undrained(n->address(), n->left_error(), "");
+      if (n->left() && !n->left_error().empty()) return left_undrained(n->left_error(), "");
       if (n->left()) {
         std::cout << "server " << index << " drained, stopped and left the job after "
                   << absl::FormatDuration(absl::Now() - start) << "; shard map epoch " << status->shard_map().epoch()
                   << std::endl;
         return absl::OkStatus();
       }
-      if (n->declared_dead()) return died(n->address(), "");
+      if (n->declared_dead()) return died("");
       if (!MarkedDraining(status->shard_map(), index)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "the drain of server ", index, " (", n->address(), ") ended after ", absl::FormatDuration(absl::Now() - start),
