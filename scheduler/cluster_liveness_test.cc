@@ -1278,6 +1278,51 @@ TEST_F(LivenessTest, ASchedulerCutOffFromEveryoneDeclaresNoOneWhateverTheHeartbe
   EXPECT_EQ(state_->Status().shard_map().epoch(), 1u);
 }
 
+TEST_F(LivenessTest, NodesWhoseConnectionsClosedCountAsHeardSoManyKilledAtOnceAreDeclaredDead) {
+  // Found with real processes: 3 of 4 workers of a 2-server job SIGKILLed
+  // at once were never declared dead (3 of 6 nodes heard: "more likely cut
+  // off itself"), and the last rank waited out its request timeout. Their
+  // kernels closed their connections, which a partition never does.
+  for (uint64_t id : server_ids_) state_->WatchOpened(id);
+  for (uint64_t id : worker_ids_) state_->WatchOpened(id);
+  for (uint64_t id : worker_ids_) state_->WatchOpened(id);  // a second watch, as while one reconnects
+  // Rank 0 only closed one of its two: its process may still be there.
+  state_->WatchEnded(worker_ids_[0], /*peer_gone=*/true);
+  state_->WatchEnded(worker_ids_[1], /*peer_gone=*/false);  // ended by this side (deposed, stopping)
+  EXPECT_THAT(Advance(300), IsEmpty());
+  Beat({0, 1}, {}, 1);
+  std::vector<std::string> lines = Advance(800);
+  Beat({0, 1}, {}, 1);
+  for (std::string& l : Advance(700)) lines.push_back(std::move(l));
+  ASSERT_THAT(lines, SizeIs(1)) << "3 of 5 silent and no connection closed: cut off";
+  EXPECT_THAT(lines[0], HasSubstr("more likely cut off itself"));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 1u);
+
+  // Their processes die: every watch of theirs ends from their side.
+  state_->WatchEnded(worker_ids_[0], true);
+  state_->WatchEnded(worker_ids_[1], true);
+  state_->WatchEnded(worker_ids_[2], true);
+  state_->WatchEnded(worker_ids_[2], true);
+  Beat({0, 1}, {}, 1);
+  lines = Advance(100);
+  ASSERT_THAT(lines, SizeIs(3));
+  for (const std::string& line : lines) EXPECT_THAT(line, HasSubstr("worker rank"));
+}
+
+TEST_F(LivenessTest, ANodeThatOpensAWatchAgainNoLongerCountsAsClosed) {
+  for (uint64_t id : worker_ids_) state_->WatchOpened(id);
+  for (uint64_t id : worker_ids_) state_->WatchEnded(id, /*peer_gone=*/true);
+  for (uint64_t id : worker_ids_) state_->WatchOpened(id);  // reconnected: alive, then cut off
+  state_->WatchEnded(12345, true);                          // a node this scheduler does not know
+  EXPECT_THAT(Advance(300), IsEmpty());
+  Beat({0, 1}, {}, 1);
+  std::vector<std::string> lines = Advance(800);
+  Beat({0, 1}, {}, 1);
+  for (std::string& l : Advance(700)) lines.push_back(std::move(l));
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("more likely cut off itself"));
+}
+
 TEST_F(LivenessTest, RanksWhoseNewProcessesAskToRegisterCountAsHeardSoTheOldOnesAreDeclaredDead) {
   // Found with real processes: both workers of a 2-server job SIGKILLed and
   // started again at once were never declared dead (2 of 4 nodes heard:

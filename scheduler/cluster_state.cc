@@ -457,6 +457,21 @@ absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id,
   return absl::OkStatus();
 }
 
+void ClusterState::WatchOpened(uint64_t node_id) {
+  absl::MutexLock lock(&mu_);
+  Node* node = FindNode(node_id);
+  if (node == nullptr) return;
+  ++node->watches;
+  node->watch_closed = false;
+}
+
+void ClusterState::WatchEnded(uint64_t node_id, bool peer_gone) {
+  absl::MutexLock lock(&mu_);
+  Node* node = FindNode(node_id);
+  if (node == nullptr || node->watches == 0) return;
+  if (--node->watches == 0 && peer_gone) node->watch_closed = true;
+}
+
 ClusterState::Node* ClusterState::FindNode(uint64_t id) {
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
@@ -606,8 +621,12 @@ std::string ClusterState::DeclareDead(Node& node, absl::Duration silent) {
   }
   ExcludeWorker(node);
   return absl::StrCat("worker rank ", node.rank, " (host ", node.host, ") declared dead: ", reason,
-                      "; removed from the job at shard map epoch ", map_.epoch(), ", ", LiveWorkers(),
-                      " workers go on");
+                      "; removed from the job at shard map epoch ", map_.epoch(), ", ", WorkersGoOn());
+}
+
+std::string ClusterState::WorkersGoOn() const {
+  const size_t live = LiveWorkers();
+  return live == 1 ? "1 worker goes on" : absl::StrCat(live, " workers go on");
 }
 
 void ClusterState::ExcludeWorker(Node& node) {
@@ -708,11 +727,10 @@ void ClusterState::Leave(Node& node, const std::string& error) {
   Save();
   if (node.left_error.empty()) {
     LOG(INFO) << "worker rank " << node.rank << " (host " << node.host << ") left the job; shard map epoch "
-              << map_.epoch() << ", " << LiveWorkers() << " workers go on";
+              << map_.epoch() << ", " << WorkersGoOn();
   } else {
     LOG(WARNING) << "worker rank " << node.rank << " (host " << node.host << ") failed and left the job: "
-                 << node.left_error << "; shard map epoch " << map_.epoch() << ", " << LiveWorkers()
-                 << " workers go on";
+                 << node.left_error << "; shard map epoch " << map_.epoch() << ", " << WorkersGoOn();
   }
 }
 
@@ -1014,6 +1032,12 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // heard each (before, once every worker of a 2-server job was removed, a
   // server that died then was never declared dead, 1 of 2 heard, and the
   // ranks waiting for its report were placed past the job's last round).
+  // So does a node that closed its connection (WatchEnded): its host's
+  // kernel answered for a process that is gone, which a scheduler cut off
+  // never sees (before, 3 of 4 workers of a 2-server job killed at once were
+  // never declared dead, 3 of 6 heard, and the last rank waited out its
+  // request timeout). A host that vanishes whole closes nothing: more than
+  // half the nodes lost that way still reads as a partition.
   // Heard means heard well within the timeout: cut off from everyone at
   // once, the nodes' last heartbeats are up to an interval apart, so when
   // the first crosses the timeout the others are just short of it. Counted
@@ -1027,7 +1051,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;
       ++live;
-      if (now - std::max(node.last_seen, node.successor_seen) <= recent) ++heard;
+      if (now - std::max(node.last_seen, node.successor_seen) <= recent || node.watch_closed) ++heard;
       if (now - node.last_seen > timeout) ++silent_past_timeout;
     }
   }

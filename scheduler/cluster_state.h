@@ -81,6 +81,17 @@ class ClusterState {
   // one saying it is cut off).
   std::vector<std::string> CheckLiveness();
 
+  // A node's shard-map watch (WatchShardMap) opened and ended; `peer_gone`:
+  // the call was cancelled from the node's side. A node whose every watch so
+  // ended closed its connection: its process is gone (killed, crashed; its
+  // kernel closed the socket) or it let go on purpose. Either way this
+  // scheduler still reaches its host, which a partition never shows:
+  // CheckLiveness counts it among the nodes heard, so that several processes
+  // killed at once are declared dead rather than taken for the scheduler
+  // being cut off. Nodes the scheduler does not know are ignored.
+  void WatchOpened(uint64_t node_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void WatchEnded(uint64_t node_id, bool peer_gone) ABSL_LOCKS_EXCLUDED(mu_);
+
   // First call: builds the shard map (next epoch). Later calls: must declare
   // the same tensors. Returns once every server reports serving that epoch.
   absl::StatusOr<ShardMap> DefineTensors(const std::vector<TensorSpec>& tensors, absl::Time deadline);
@@ -181,6 +192,10 @@ class ClusterState {
     uint64_t memory_bytes = 0;  // servers: what they said they can hold
     uint64_t saved_steps = 0;   // workers: counters.steps when it last caused a write
     bool rendezvous = false;    // workers: their Register call waits for the cluster
+    // Its shard-map watches open here, and whether its last one ended from
+    // its side with none open since (WatchEnded).
+    int watches = 0;
+    bool watch_closed = false;
     // Servers: the copies their last heartbeat (at applied_epoch) reported
     // synced, sorted.
     std::vector<uint64_t> synced_copies{};
@@ -203,6 +218,7 @@ class ClusterState {
   ServerInfo* MapServer(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Excluded(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string WorkersGoOn() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // "N workers go on"
   // Passes every barrier that all live workers have entered.
   void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes silent `node` from the job; returns the line that says so. A

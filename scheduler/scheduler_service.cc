@@ -18,6 +18,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/durable_file.h"
@@ -220,6 +221,10 @@ class SchedulerService final : public Scheduler::Service {
     if (state == nullptr) return refused;
     WaitingCall waiting(this, *state);
     if (!waiting.admitted()) return waiting.Refusal("WatchShardMap");
+    // Ended by the node's side (cancelled): its connection closed, which
+    // CheckLiveness takes as this scheduler still reaching its host.
+    state->WatchOpened(req->node_id());
+    absl::Cleanup ended = [state, ctx, id = req->node_id()] { state->WatchEnded(id, ctx->IsCancelled()); };
     uint64_t known = req->known_epoch();
     while (!ctx->IsCancelled() && !stopping_.load()) {
       std::optional<ShardMap> map = state->WaitForMap(known, absl::Now() + absl::Milliseconds(200));

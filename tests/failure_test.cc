@@ -114,6 +114,22 @@ TEST(FailureTest, AWorkerKilledInSyncIsRemovedAndTheOthersFinish) {
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
 
+TEST(FailureTest, MostWorkersKilledAtOnceAreDeclaredDeadAndTheLastFinishes) {
+  // 3 of 6 nodes silent at once: the scheduler took itself for cut off and
+  // declared no one, and rank 0 failed after its request timeout blaming a
+  // server. Their closed connections tell it otherwise.
+  LocalRun run = RunLocal({"--servers", "2", "--workers", "4", "--train-limit", "8000", "--kill", "worker:1@20",
+                           "--kill", "worker:2@20", "--kill", "worker:3@20"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  for (int r = 1; r <= 3; ++r) EXPECT_THAT(run.err, HasSubstr(absl::StrCat("worker rank ", r, " (host ")));
+  EXPECT_THAT(run.err, HasSubstr("1 worker goes on"));
+  EXPECT_THAT(run.err, Not(HasSubstr("more likely cut off itself")));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
+  EXPECT_LT(Field(run.out, "recovery_seconds"), 120) << "recovered by a request timeout, not by failure detection";
+  EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
+  EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
+}
+
 TEST(FailureTest, AKilledWorkerStartedAgainRejoinsTheSyncJobAtARoundAndItsUpdatesCount) {
   // --replace starts rank 2 again once it is declared dead; it rejoins at a
   // round past every server's (in epoch 1 or 2, by the pace), trains from
