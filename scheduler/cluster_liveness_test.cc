@@ -1311,6 +1311,31 @@ TEST_F(LivenessTest, ARankWaitingToRejoinCountsAsHeardSoAServerThatDiedMeanwhile
   EXPECT_EQ(rejoined->rejoin_round(), 50u) << "where the live server stands: nobody else trains";
 }
 
+TEST_F(LivenessTest, CallsOfOneRankWaitingToRejoinCountAsOneNodeHeardNotAMajority) {
+  // Found in review: each waiting call counted as a node heard. A rank's
+  // process asking again while its earlier calls still waited (a pod
+  // restarted twice, a call cut and sent again) made 3 of 5 nodes heard
+  // while the scheduler heard no server: a majority that declared both
+  // live servers dead.
+  for (uint32_t r = 0; r < 3; ++r) {
+    HeartbeatRequest leaving;
+    leaving.set_node_id(worker_ids_[r]);
+    leaving.set_leaving(true);
+    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  }
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  Beat({0, 1}, {}, epoch);  // the servers' last heartbeats: the scheduler is cut off from them
+  std::vector<std::thread> calls;
+  for (int k = 0; k < 3; ++k) calls.emplace_back([this] { (void)state_->RegisterWorker(Node(WORKER, 0)); });
+  absl::SleepFor(absl::Milliseconds(200));  // every call waits for the servers' reports
+  const std::vector<std::string> lines = Advance(1200);
+  for (std::thread& t : calls) t.join();
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("more likely cut off itself"));
+  EXPECT_FALSE(state_->Status().shard_map().servers(0).dead());
+  EXPECT_FALSE(state_->Status().shard_map().servers(1).dead());
+}
+
 TEST_F(LivenessTest, ARankWaitingToRejoinIsPlacedByReportsOfTheMapThatFailedAServerOver) {
   // Found with real processes (4 workers, 2 servers): server 0's report at
   // the removal's map said its primaries had all completed 50 rounds; the

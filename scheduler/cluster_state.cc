@@ -338,11 +338,11 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     };
     // Its process reaches this scheduler: a node heard, for the majority
     // that declares the servers it waits for dead (CheckLiveness).
-    ++rejoins_waiting_;
+    ++rejoins_waiting_[request.rank()];
     const bool heard = mu_.AwaitWithDeadline(
         absl::Condition(&reported),
         absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
-    --rejoins_waiting_;
+    if (--rejoins_waiting_[request.rank()] == 0) rejoins_waiting_.erase(request.rank());
     if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard, fewest_asked);
   }
   if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false, 0);
@@ -1022,7 +1022,17 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // scheduler was partitioned away were declared dead 10 s in).
   const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
   const absl::Duration recent = std::max(timeout - 2 * interval, timeout / 2);
-  size_t live = rejoins_waiting_, heard = rejoins_waiting_, silent_past_timeout = 0;
+  // A rank counts once however many of its calls wait (a process asking
+  // again, or started again, while its earlier calls wait: before
+  // 2026-11-25 three calls of one rank made 3 of 5 nodes heard, a majority
+  // that declared both servers of a scheduler cut off from them dead), and
+  // not once its rejoin made it a live node again.
+  size_t waiting = 0;
+  for (const auto& [rank, calls] : rejoins_waiting_) {
+    auto it = workers_.find(rank);
+    if (it == workers_.end() || it->second.dead) ++waiting;
+  }
+  size_t live = waiting, heard = waiting, silent_past_timeout = 0;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;
