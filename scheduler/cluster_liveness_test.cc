@@ -1107,6 +1107,32 @@ TEST_F(LivenessTest, NoWorkerIsAnsweredBeforeABarriersPassIsWritten) {
   EXPECT_EQ(answered, 3);
 }
 
+TEST_F(LivenessTest, AWaitAtABarrierOfARanksOldProcessEndingDoesNotTakeItsNewProcessesArrivalAway) {
+  // Found in review: a rank's process killed while it waited at a barrier
+  // leaves its call waiting here until that call's deadline. The rank was
+  // declared dead and rejoined, its new process entered the barrier, then
+  // the old call's deadline took the rank's arrival away: the barrier
+  // waited for a rank that was waiting at it, and every rank's call failed
+  // at its deadline.
+  for (uint64_t id : worker_ids_) ASSERT_TRUE(state_->WaitForCluster(absl::Now(), id).ok());  // past rendezvous
+  ReportRounds(50);
+  std::thread old_call([&] {
+    EXPECT_FALSE(state_->Barrier(worker_ids_[2], "epoch", absl::Now() + absl::Milliseconds(600)).ok());
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(50, 48), ElementsAre(HasSubstr("worker rank 2")));
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  ASSERT_TRUE(state_->WaitForCluster(absl::Now(), rejoined->node_id()).ok());
+  std::vector<std::thread> calls;
+  for (uint64_t id : {rejoined->node_id(), worker_ids_[0]}) {
+    calls.emplace_back([&, id] { EXPECT_TRUE(state_->Barrier(id, "epoch", absl::Now() + absl::Seconds(3)).ok()); });
+  }
+  old_call.join();  // its deadline passed while the new process waits
+  EXPECT_TRUE(state_->Barrier(worker_ids_[1], "epoch", absl::Now() + absl::Seconds(3)).ok()) << "the last to arrive";
+  for (std::thread& t : calls) t.join();
+}
+
 TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeItsRestart) {
   // Found with real processes (shardps local --kill scheduler@150 --kill
   // worker:2@300 --replace, with or without --secure): the worker died while

@@ -1267,7 +1267,12 @@ absl::Status ClusterState::EnterBarrier(uint64_t node_id, const std::string& nam
     for (uint32_t r = 0; r < config_.num_workers(); ++r) {
       if (!b.arrived.contains(r) && !Excluded(r)) missing.push_back(r);
     }
-    b.arrived.erase(node->rank);
+    // Only this process's arrival: a process started again for the rank
+    // holds its place now (another id; `node` may be gone), and may wait
+    // here too (before 2026-11-25 an old call's deadline took that arrival
+    // away, and the barrier waited for a rank waiting at it until every
+    // call failed).
+    if (const Node* still = FindNode(node_id)) b.arrived.erase(still->rank);
     return absl::DeadlineExceededError(absl::StrCat("barrier '", name, "': waited ",
                                                     absl::FormatDuration(clock_() - start),
                                                     "; missing worker ranks: ", absl::StrJoin(missing, ",")));
