@@ -1402,6 +1402,20 @@ TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {
   EXPECT_THAT(Advance(300), SizeIs(2)) << "silence after the pause still counts";
 }
 
+TEST_F(LivenessTest, AHeartbeatHeardAfterThePauseBeforeTheLateCheckIsNotPushedIntoTheFuture) {
+  // Found in review: after a pause the heartbeats queued behind it may be
+  // heard before the late check, which then added the pause to them too:
+  // those nodes counted as heard a pause into the future, and one that died
+  // right after was declared dead only after the pause and the timeout.
+  Beat({0, 1}, {0, 1, 2}, 1);
+  now_ += absl::Seconds(5);  // the scheduler itself was paused
+  Beat({0, 1}, {0, 1, 2}, 1);  // heard as it resumes, before its liveness check
+  EXPECT_THAT(state_->CheckLiveness(), IsEmpty());
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0}, 1);
+  EXPECT_THAT(Advance(300), SizeIs(2)) << "silent past the timeout since their last heartbeat";
+}
+
 TEST_F(LivenessTest, ACheckpointIsPlacedPastEveryServersRoundByItsPaceInANewEpoch) {
   ReportRounds(50);
   auto r = state_->RequestCheckpoint("/ckpt");

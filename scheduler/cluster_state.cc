@@ -998,11 +998,14 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   } else if (late) {
     // This check is late (the scheduler was paused or starved): heartbeats
     // may be queued behind it. Forgive the pause rather than declare
-    // everyone dead at once.
+    // everyone dead at once. Not past now: a heartbeat heard since the
+    // pause (before this check) is no older than that (before 2026-11-25 it
+    // was put a pause into the future, and a node that died then was
+    // declared dead only after the pause and the timeout).
     for (auto* group : {&servers_, &workers_}) {
-      for (auto& [k, node] : *group) node.last_seen += gap;
+      for (auto& [k, node] : *group) node.last_seen = std::min(node.last_seen + gap, now);
     }
-    for (auto& [partition, started] : handoff_started_) started += gap;
+    for (auto& [partition, started] : handoff_started_) started = std::min(started + gap, now);
   }
   // A scheduler cut off from the cluster hears from nobody: declaring every
   // node dead would end a job that is training fine. Nodes are declared dead
