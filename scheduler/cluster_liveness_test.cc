@@ -1107,6 +1107,32 @@ TEST_F(LivenessTest, NoWorkerIsAnsweredBeforeABarriersPassIsWritten) {
   EXPECT_EQ(answered, 3);
 }
 
+TEST_F(LivenessTest, AWaitAtABarrierOfARanksOldProcessEndingDoesNotTakeItsNewProcessesArrivalAway) {
+  // Found in review: a rank's process killed while it waited at a barrier
+  // leaves its call waiting here until that call's deadline. The rank was
+  // declared dead and rejoined, its new process entered the barrier, then
+  // the old call's deadline took the rank's arrival away: the barrier
+  // waited for a rank that was waiting at it, and every rank's call failed
+  // at its deadline.
+  for (uint64_t id : worker_ids_) ASSERT_TRUE(state_->WaitForCluster(absl::Now(), id).ok());  // past rendezvous
+  ReportRounds(50);
+  std::thread old_call([&] {
+    EXPECT_FALSE(state_->Barrier(worker_ids_[2], "epoch", absl::Now() + absl::Milliseconds(600)).ok());
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(50, 48), ElementsAre(HasSubstr("worker rank 2")));
+  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  ASSERT_TRUE(state_->WaitForCluster(absl::Now(), rejoined->node_id()).ok());
+  std::vector<std::thread> calls;
+  for (uint64_t id : {rejoined->node_id(), worker_ids_[0]}) {
+    calls.emplace_back([&, id] { EXPECT_TRUE(state_->Barrier(id, "epoch", absl::Now() + absl::Seconds(3)).ok()); });
+  }
+  old_call.join();  // its deadline passed while the new process waits
+  EXPECT_TRUE(state_->Barrier(worker_ids_[1], "epoch", absl::Now() + absl::Seconds(3)).ok()) << "the last to arrive";
+  for (std::thread& t : calls) t.join();
+}
+
 TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeItsRestart) {
   // Found with real processes (shardps local --kill scheduler@150 --kill
   // worker:2@300 --replace, with or without --secure): the worker died while
@@ -1356,6 +1382,31 @@ TEST_F(LivenessTest, ARankWaitingToRejoinCountsAsHeardSoAServerThatDiedMeanwhile
   EXPECT_EQ(rejoined->rejoin_round(), 50u) << "where the live server stands: nobody else trains";
 }
 
+TEST_F(LivenessTest, CallsOfOneRankWaitingToRejoinCountAsOneNodeHeardNotAMajority) {
+  // Found in review: each waiting call counted as a node heard. A rank's
+  // process asking again while its earlier calls still waited (a pod
+  // restarted twice, a call cut and sent again) made 3 of 5 nodes heard
+  // while the scheduler heard no server: a majority that declared both
+  // live servers dead.
+  for (uint32_t r = 0; r < 3; ++r) {
+    HeartbeatRequest leaving;
+    leaving.set_node_id(worker_ids_[r]);
+    leaving.set_leaving(true);
+    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+  }
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  Beat({0, 1}, {}, epoch);  // the servers' last heartbeats: the scheduler is cut off from them
+  std::vector<std::thread> calls;
+  for (int k = 0; k < 3; ++k) calls.emplace_back([this] { (void)state_->RegisterWorker(Node(WORKER, 0)); });
+  absl::SleepFor(absl::Milliseconds(200));  // every call waits for the servers' reports
+  const std::vector<std::string> lines = Advance(1200);
+  for (std::thread& t : calls) t.join();
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("more likely cut off itself"));
+  EXPECT_FALSE(state_->Status().shard_map().servers(0).dead());
+  EXPECT_FALSE(state_->Status().shard_map().servers(1).dead());
+}
+
 TEST_F(LivenessTest, ARankWaitingToRejoinIsPlacedByReportsOfTheMapThatFailedAServerOver) {
   // Found with real processes (4 workers, 2 servers): server 0's report at
   // the removal's map said its primaries had all completed 50 rounds; the
@@ -1394,6 +1445,20 @@ TEST_F(LivenessTest, ALateCheckForgivesThePauseInsteadOfDeclaringEveryoneDead) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0, 1}, {0}, 1);
   EXPECT_THAT(Advance(300), SizeIs(2)) << "silence after the pause still counts";
+}
+
+TEST_F(LivenessTest, AHeartbeatHeardAfterThePauseBeforeTheLateCheckIsNotPushedIntoTheFuture) {
+  // Found in review: after a pause the heartbeats queued behind it may be
+  // heard before the late check, which then added the pause to them too:
+  // those nodes counted as heard a pause into the future, and one that died
+  // right after was declared dead only after the pause and the timeout.
+  Beat({0, 1}, {0, 1, 2}, 1);
+  now_ += absl::Seconds(5);  // the scheduler itself was paused
+  Beat({0, 1}, {0, 1, 2}, 1);  // heard as it resumes, before its liveness check
+  EXPECT_THAT(state_->CheckLiveness(), IsEmpty());
+  EXPECT_THAT(Advance(900), IsEmpty());
+  Beat({0, 1}, {0}, 1);
+  EXPECT_THAT(Advance(300), SizeIs(2)) << "silent past the timeout since their last heartbeat";
 }
 
 TEST_F(LivenessTest, ACheckpointIsPlacedPastEveryServersRoundByItsPaceInANewEpoch) {

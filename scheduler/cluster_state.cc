@@ -338,11 +338,11 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     };
     // Its process reaches this scheduler: a node heard, for the majority
     // that declares the servers it waits for dead (CheckLiveness).
-    ++rejoins_waiting_;
+    ++rejoins_waiting_[request.rank()];
     const bool heard = mu_.AwaitWithDeadline(
         absl::Condition(&reported),
         absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
-    --rejoins_waiting_;
+    if (--rejoins_waiting_[request.rank()] == 0) rejoins_waiting_.erase(request.rank());
     if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard, fewest_asked);
   }
   if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false, 0);
@@ -1016,11 +1016,14 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   } else if (late) {
     // This check is late (the scheduler was paused or starved): heartbeats
     // may be queued behind it. Forgive the pause rather than declare
-    // everyone dead at once.
+    // everyone dead at once. Not past now: a heartbeat heard since the
+    // pause (before this check) is no older than that (before 2026-11-25 it
+    // was put a pause into the future, and a node that died then was
+    // declared dead only after the pause and the timeout).
     for (auto* group : {&servers_, &workers_}) {
-      for (auto& [k, node] : *group) node.last_seen += gap;
+      for (auto& [k, node] : *group) node.last_seen = std::min(node.last_seen + gap, now);
     }
-    for (auto& [partition, started] : handoff_started_) started += gap;
+    for (auto& [partition, started] : handoff_started_) started = std::min(started + gap, now);
   }
   // A scheduler cut off from the cluster hears from nobody: declaring every
   // node dead would end a job that is training fine. Nodes are declared dead
@@ -1046,7 +1049,17 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // scheduler was partitioned away were declared dead 10 s in).
   const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
   const absl::Duration recent = std::max(timeout - 2 * interval, timeout / 2);
-  size_t live = rejoins_waiting_, heard = rejoins_waiting_, silent_past_timeout = 0;
+  // A rank counts once however many of its calls wait (a process asking
+  // again, or started again, while its earlier calls wait: before
+  // 2026-11-25 three calls of one rank made 3 of 5 nodes heard, a majority
+  // that declared both servers of a scheduler cut off from them dead), and
+  // not once its rejoin made it a live node again.
+  size_t waiting = 0;
+  for (const auto& [rank, calls] : rejoins_waiting_) {
+    auto it = workers_.find(rank);
+    if (it == workers_.end() || it->second.dead) ++waiting;
+  }
+  size_t live = waiting, heard = waiting, silent_past_timeout = 0;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
       if (node.dead) continue;
@@ -1281,7 +1294,12 @@ absl::Status ClusterState::EnterBarrier(uint64_t node_id, const std::string& nam
     for (uint32_t r = 0; r < config_.num_workers(); ++r) {
       if (!b.arrived.contains(r) && !Excluded(r)) missing.push_back(r);
     }
-    b.arrived.erase(node->rank);
+    // Only this process's arrival: a process started again for the rank
+    // holds its place now (another id; `node` may be gone), and may wait
+    // here too (before 2026-11-25 an old call's deadline took that arrival
+    // away, and the barrier waited for a rank waiting at it until every
+    // call failed).
+    if (const Node* still = FindNode(node_id)) b.arrived.erase(still->rank);
     return absl::DeadlineExceededError(absl::StrCat("barrier '", name, "': waited ",
                                                     absl::FormatDuration(clock_() - start),
                                                     "; missing worker ranks: ", absl::StrJoin(missing, ",")));

@@ -385,8 +385,9 @@ class ClusterState {
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   bool isolated_ ABSL_GUARDED_BY(mu_) = false;  // said once: hears from no majority
   // Registrations of removed ranks waiting for the servers' reports before
-  // they rejoin (RegisterWorker): processes heard, for CheckLiveness.
-  size_t rejoins_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  // they rejoin (RegisterWorker), by rank: for CheckLiveness, one node heard
+  // per rank however many of its calls wait.
+  std::map<uint32_t, int> rejoins_waiting_ ABSL_GUARDED_BY(mu_);
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   uint64_t saves_ ABSL_GUARDED_BY(mu_) = 0;                     // Save() calls; unsaved_ is the last

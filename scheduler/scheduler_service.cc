@@ -196,6 +196,10 @@ class SchedulerService final : public Scheduler::Service {
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
     auto r = state->Heartbeat(*req);
+    // Its write deposed this scheduler (a leave, a finished move): the
+    // successor never heard of it, and the node tells it on this refusal
+    // (before 2026-11-25 a leave was answered OK and the node stopped).
+    if (Serving(&refused) != state) return refused;
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *r;
     return grpc::Status::OK;

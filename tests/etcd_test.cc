@@ -306,7 +306,7 @@ TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {
   HeartbeatRequest leaving;
   leaving.set_node_id(registered->node_id());
   leaving.set_leaving(true);
-  ASSERT_TRUE(client->Heartbeat(leaving, absl::Seconds(5)).ok());
+  (void)client->Heartbeat(leaving, absl::Seconds(5));  // refused: the leave was not written
   absl::SleepFor(absl::Seconds(1));
   watch.reset();
   EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
@@ -351,6 +351,31 @@ TEST_F(EtcdTest, ABarrierWhosePassDeposesTheSchedulerIsRefusedSoTheRanksEnterItW
   init.set_name("init");
   absl::Status passed = client->Barrier(init, absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(passed)) << "passed by a deposed scheduler: " << passed;
+  EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
+}
+
+TEST_F(EtcdTest, ALeaveWhoseWriteDeposesTheSchedulerIsRefusedSoTheNodeTellsItsSuccessor) {
+  // Found in review: a leaving heartbeat's write was refused (another
+  // scheduler holds the leadership), and the node was answered OK all the
+  // same: a worker or a SIGTERMed server took its leave as heard and
+  // stopped, while the successor never heard of it (it waits out the
+  // heartbeat timeout before failing the server's partitions over, and
+  // refuses a process started again at its address until then). The
+  // refusal sends the leave on to the next scheduler.
+  const std::string prefix = Prefix("unwritten-leave");
+  auto active = StartActiveScheduler(endpoint(), prefix);
+  ASSERT_TRUE(active.ok()) << active.status();
+  SchedulerDaemon* daemon = active->daemon.get();
+  SchedulerClient* client = active->client.get();
+  ASSERT_TRUE(client->Register(ServerAt(daemon->address()), absl::Seconds(5)).ok());
+  auto registered = client->Register(WorkerRankZero(), absl::Seconds(5));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  HeartbeatRequest leaving;
+  leaving.set_node_id(registered->node_id());
+  leaving.set_leaving(true);
+  auto said = client->Heartbeat(leaving, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(said.status())) << "a leave answered by a deposed scheduler: " << said.status();
   EXPECT_TRUE(absl::IsFailedPrecondition(daemon->Failure())) << "not deposed: " << daemon->Failure();
 }
 
