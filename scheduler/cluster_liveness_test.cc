@@ -49,6 +49,7 @@ class LivenessTest : public ::testing::Test {
                                             [this](const SchedulerState& s) {
                                               if (on_write_) on_write_(s);
                                               saved_ = s;
+                                              return absl::OkStatus();
                                             });
     for (uint32_t i = 0; i < 2; ++i) {
       auto r = state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)));
@@ -896,7 +897,10 @@ class FailoverTest : public ::testing::Test {
     config.set_replication(3);
     config.set_heartbeat_timeout_ms(1000);
     state_ = std::make_unique<ClusterState>(config, [this] { return now_; },
-                                            [this](const SchedulerState& s) { saved_ = s; });
+                                            [this](const SchedulerState& s) {
+                                              saved_ = s;
+                                              return absl::OkStatus();
+                                            });
     for (int i = 0; i < 3; ++i) {
       ids_.push_back(state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
     }

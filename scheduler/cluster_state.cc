@@ -131,22 +131,37 @@ void ClusterState::WriteUnsaved() {
   {
     // Nothing changed (most heartbeats): no wait behind a write under way.
     // A snapshot taken by another writer since is that writer's to write.
+    // Nor, after a failed write, more than one try every
+    // kRewriteAfterFailure (each heartbeat would try).
     absl::MutexLock lock(&mu_);
-    if (!unsaved_) return;
+    if (!unsaved_ || absl::Now() < rewrite_after_) return;
   }
   absl::MutexLock write_lock(&write_mu_);
   std::optional<SchedulerState> state;
   uint64_t saves = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Now() < rewrite_after_) return;
     state.swap(unsaved_);
     saves = saves_;
   }
   if (!state) return;
-  persist_(*state);
+  const absl::Status written = persist_(*state);
   absl::MutexLock lock(&mu_);
+  // Tried: the map goes out (WaitForMap), a restored scheduler skips past
+  // epochs the nodes hold.
   written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
-  saves_written_ = std::max(saves_written_, saves);
+  if (written.ok()) {
+    saves_written_ = std::max(saves_written_, saves);
+    rewrite_after_ = absl::InfinitePast();
+    return;
+  }
+  // Written again later, unless a newer change replaced it meanwhile: a
+  // state on disk (or in etcd) that a transient failure left behind held
+  // no barrier passed since, and a successor resumed from it kept ranks
+  // that had passed waiting at it again (review17).
+  if (!unsaved_) unsaved_ = std::move(state);
+  rewrite_after_ = absl::Now() + kRewriteAfterFailure;
 }
 
 void ClusterState::Save() {
@@ -1250,14 +1265,21 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   uint64_t saved = 0;
   absl::Status entered = EnterBarrier(node_id, name, deadline, live, passes_seen, &saved);
   if (!entered.ok() || !persist_) return entered;
-  WriteUnsaved();
-  absl::MutexLock lock(&mu_);
-  auto written = [this, saved]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return saves_written_ >= saved; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&written), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("barrier '", name, "': passed, but the scheduler's state was not written before the deadline"));
+  // A failed write is tried again (WriteUnsaved paces the tries) until the
+  // deadline.
+  while (true) {
+    WriteUnsaved();
+    absl::MutexLock lock(&mu_);
+    auto written = [this, saved]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return saves_written_ >= saved; };
+    if (mu_.AwaitWithDeadline(absl::Condition(&written), std::min(deadline, absl::Now() + kRewriteAfterFailure))) {
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("barrier '", name,
+                                                      "': passed, but the scheduler could not write its state before "
+                                                      "the deadline (its log says why)"));
+    }
   }
-  return absl::OkStatus();
 }
 
 absl::Status ClusterState::EnterBarrier(uint64_t node_id, const std::string& name, absl::Time deadline,

@@ -26,10 +26,14 @@ namespace shardps {
 class ClusterState {
  public:
   using Clock = std::function<absl::Time()>;
-  // Called with the whole state after every change, under the state's lock
-  // (the scheduler writes it to its --state-dir). A failure is logged by the
-  // caller's hook; the change stands.
-  using Persist = std::function<void(const SchedulerState&)>;
+  // Called with the whole state after every change, outside the state's
+  // lock (the scheduler writes it to its --state-dir or etcd). A failure is
+  // logged by the hook; the change stands, a map goes out all the same, and
+  // the state is written again by the next call that writes, at most every
+  // kRewriteAfterFailure, until a write succeeds; a barrier's pass is answered
+  // only once written.
+  using Persist = std::function<absl::Status(const SchedulerState&)>;
+  static constexpr absl::Duration kRewriteAfterFailure = absl::Milliseconds(250);
   // REQUIRES: `config` is valid.
   explicit ClusterState(ClusterConfig config, Clock clock = absl::Now, Persist persist = nullptr);
   // Resumes from a persisted state: the same nodes (each given a fresh
@@ -392,6 +396,9 @@ class ClusterState {
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   uint64_t saves_ ABSL_GUARDED_BY(mu_) = 0;                     // Save() calls; unsaved_ is the last
   uint64_t saves_written_ ABSL_GUARDED_BY(mu_) = 0;             // the Save() count last written
+  // The last write failed (its state is unsaved_ again, unless a newer
+  // one replaced it): the next is tried no sooner than this.
+  absl::Time rewrite_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a

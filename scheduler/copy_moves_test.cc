@@ -268,7 +268,10 @@ class CopyMovesTest : public ::testing::Test {
     config_.set_partition_bytes(400);
     config_.set_replication(replication);
     state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
-                                            [this](const SchedulerState& s) { saved_ = s; });
+                                            [this](const SchedulerState& s) {
+                                              saved_ = s;
+                                              return absl::OkStatus();
+                                            });
     std::vector<int> all;
     for (int i = 0; i < servers; ++i) {
       RegisterRequest server = Server("tcp://s:" + std::to_string(i + 1));
@@ -496,7 +499,10 @@ TEST_F(CopyMovesTest, ARestartedSchedulerPlansTheMovesForAJoinItDidNotSee) {
   ASSERT_THAT(saved_->shard_map().moves(), IsEmpty());
   const uint64_t join_epoch = saved_->shard_map().epoch();
   state_ = ClusterState::Restore(*saved_, [this] { return now_; },
-                                 [this](const SchedulerState& s) { saved_ = s; });
+                                 [this](const SchedulerState& s) {
+                                              saved_ = s;
+                                              return absl::OkStatus();
+                                            });
   Beat({0, 1});
   ASSERT_THAT(Map().moves(), IsEmpty()) << "server 2 has not reported the join's epoch yet";
   Beat({2});

@@ -56,7 +56,9 @@ ClusterState::Persist SealedStateWriter(std::function<absl::Status(const std::st
   return [write = std::move(write), last_error = std::string()](const SchedulerState& state) mutable {
     absl::Status s = write(SealRecord(kStateKind, state.SerializeAsString()));
     if (!s.ok() && s.ToString() != last_error) LOG(ERROR) << "scheduler: cannot persist its state: " << s;
+    if (s.ok() && !last_error.empty()) LOG(WARNING) << "scheduler: its state is written again";
     last_error = s.ok() ? "" : s.ToString();
+    return s;
   };
 }
 
