@@ -968,7 +968,9 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
     // Async servers count no rounds (J was 1, and the new process trained
     // its share of every epoch again): it goes on after the steps its old
     // process last reported (WorkerStats::steps, counted from its own join
-    // round), at most a heartbeat interval's steps done twice. Not before
+    // round), at most a heartbeat interval's steps done twice (after a
+    // scheduler's restart, up to a tenth of them: worker_steps is written
+    // as the steps rise by a tenth). Not before
     // the round it rejoined at last: a process that died before its first
     // report started there (before 2026-11-25 its successor went back to 1).
     if (auto old = workers_.find(rank); old != workers_.end()) {

@@ -195,6 +195,17 @@ TEST(FailureTest, AServerKilledWithoutAReplicaFailsTheJobAtOnceNamingIt) {
   EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
 }
 
+TEST(FailureTest, TheOnlyServerOfAOneWorkerJobKilledIsDeclaredDeadNamingIt) {
+  // Two nodes: a dead one leaves 1 of 2 heard, which read as the scheduler
+  // cut off until its closed connection counted (review17); the worker
+  // waited out its request timeout.
+  LocalRun run = RunLocal({"--servers", "1", "--workers", "1", "--train-limit", "8000", "--kill", "server:0@20"});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.err, HasSubstr("server 0 was declared dead by the scheduler"));
+  EXPECT_THAT(run.err, Not(HasSubstr("more likely cut off itself")));
+  EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
+}
+
 std::string Sha(const std::string& json) {
   std::smatch m;
   return std::regex_search(json, m, std::regex("\"weights_sha256\": \"([0-9a-f]*)\"")) ? std::string(m[1]) : "";
