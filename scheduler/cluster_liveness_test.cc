@@ -38,6 +38,14 @@ RegisterRequest Node(Role role, uint32_t rank, const std::string& addr = "") {
 
 TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
 
+// Returns once `calls` registrations of `rank` wait for the servers'
+// reports before it rejoins (a fixed sleep lost that race on a loaded
+// machine, and the reports the test sends next came before the call).
+void AwaitRejoinCalls(ClusterState& state, uint32_t rank, int calls = 1) {
+  for (int i = 0; i < 1000 && state.RejoinCallsWaiting(rank) < calls; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_GE(state.RejoinCallsWaiting(rank), calls) << "rank " << rank << "'s registration does not wait";
+}
+
 // A 2-server, 3-worker cluster on a clock the test moves; tensors defined.
 class LivenessTest : public ::testing::Test {
  protected:
@@ -109,7 +117,7 @@ class LivenessTest : public ::testing::Test {
     }
     absl::StatusOr<RegisterResponse> first;
     std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
-    absl::SleepFor(absl::Milliseconds(200));
+    AwaitRejoinCalls(*state_, 0);
     now_ += absl::Milliseconds(100);
     const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that removed the workers
     for (size_t i = 0; i < server_ids_.size(); ++i) {
@@ -154,7 +162,7 @@ class LivenessTest : public ::testing::Test {
     beat_server0();
     absl::StatusOr<RegisterResponse> rejoined;
     std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
-    absl::SleepFor(absl::Milliseconds(200));
+    AwaitRejoinCalls(*state_, 0);
     for (int t = 0; t < 8; ++t) {
       for (std::string& l : Advance(100)) lines.push_back(std::move(l));
       absl::SleepFor(absl::Milliseconds(20));  // a registration that need not wait for it goes on
@@ -549,7 +557,7 @@ TEST_F(LivenessTest, ARankRejoiningBeforeAnyServerReportedARoundWaitsForOneInste
   ASSERT_THAT(Advance(200), SizeIs(1));
   absl::StatusOr<RegisterResponse> rejoined;
   std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
-  absl::SleepFor(absl::Milliseconds(200));
+  AwaitRejoinCalls(*state_, 2);
   ReportRounds(50);
   rejoin.join();
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
@@ -588,7 +596,7 @@ TEST_F(LivenessTest, RanksRestartedTogetherAfterEveryWorkerLeftAllJoinAtTheServe
   ASSERT_EQ(first->rejoin_round(), 52u);
   absl::StatusOr<RegisterResponse> second;
   std::thread rejoin([&] { second = state_->RegisterWorker(Node(WORKER, 1)); });
-  absl::SleepFor(absl::Milliseconds(200));
+  AwaitRejoinCalls(*state_, 1);
   now_ += absl::Milliseconds(100);
   const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that rejoined rank 0
   for (size_t i = 0; i < server_ids_.size(); ++i) {
@@ -711,7 +719,7 @@ TEST_F(FastHeartbeatTest, ARankRejoiningBeforeAKilledServerIsDeclaredDeadIsNotSe
   ASSERT_THAT(tick(11), ElementsAre(HasSubstr("worker rank 2")));  // server 1 silent for 0.9 s
   absl::StatusOr<RegisterResponse> rejoined;
   std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
-  absl::SleepFor(absl::Milliseconds(200));
+  AwaitRejoinCalls(*state_, 2);
   EXPECT_THAT(tick(12), IsEmpty());
   EXPECT_THAT(tick(13), ElementsAre(HasSubstr("server 1")));
   rejoin.join();
@@ -1021,7 +1029,7 @@ TEST_F(FailoverTest, ARankRejoiningAloneWhileAServerFailsOverJoinsAtTheFewestRou
   ASSERT_THAT(declared, SizeIs(1));
   absl::StatusOr<RegisterResponse> rejoined;
   std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
-  absl::SleepFor(absl::Milliseconds(200));
+  AwaitRejoinCalls(*state_, 0);
   const uint64_t removal = state_->Status().shard_map().epoch();
   for (int t = 0; t < 12; ++t) {  // server 0 falls silent and fails over
     now_ += absl::Milliseconds(100);
@@ -1174,7 +1182,7 @@ TEST_F(LivenessTest, ARestartedSchedulerThatKnowsNoPaceYetWaitsForTheSurvivorsPa
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(5, 5), ElementsAre(HasSubstr("worker rank 2")));
   absl::StatusOr<RegisterResponse> rejoined;
   std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
-  absl::SleepFor(absl::Milliseconds(200));
+  AwaitRejoinCalls(*state_, 2);
   now_ += absl::Milliseconds(500);  // the survivors resume at 100 rounds a second
   Report(0, 55);
   Report(1, 54);
@@ -1402,7 +1410,7 @@ TEST_F(LivenessTest, CallsOfOneRankWaitingToRejoinCountAsOneNodeHeardNotAMajorit
   Beat({0, 1}, {}, epoch);  // the servers' last heartbeats: the scheduler is cut off from them
   std::vector<std::thread> calls;
   for (int k = 0; k < 3; ++k) calls.emplace_back([this] { (void)state_->RegisterWorker(Node(WORKER, 0)); });
-  absl::SleepFor(absl::Milliseconds(200));  // every call waits for the servers' reports
+  AwaitRejoinCalls(*state_, 0, 3);  // every call waits for the servers' reports
   const std::vector<std::string> lines = Advance(1200);
   for (std::thread& t : calls) t.join();
   ASSERT_THAT(lines, SizeIs(1));

@@ -472,6 +472,12 @@ absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id,
   return absl::OkStatus();
 }
 
+int ClusterState::RejoinCallsWaiting(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  const auto it = rejoins_waiting_.find(rank);
+  return it == rejoins_waiting_.end() ? 0 : it->second;
+}
+
 void ClusterState::WatchOpened(uint64_t node_id) {
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);

@@ -94,6 +94,9 @@ class ClusterState {
   // killed at once are declared dead rather than taken for the scheduler
   // being cut off. Nodes the scheduler does not know are ignored.
   void WatchOpened(uint64_t node_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Registrations of removed rank `rank` waiting for the servers' reports
+  // before it rejoins (RegisterWorker).
+  int RejoinCallsWaiting(uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
   void WatchEnded(uint64_t node_id, bool peer_gone) ABSL_LOCKS_EXCLUDED(mu_);
 
   // First call: builds the shard map (next epoch). Later calls: must declare
