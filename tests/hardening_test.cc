@@ -939,6 +939,22 @@ TEST(CommandLineTest, AFlagThatCannotRunIsAUsageErrorInBenchFloodStatusAndDrain)
                   /*exit_code=*/2);
 }
 
+// README: a command line that cannot run exits 2, naming the flag; a --set
+// that cannot apply said only the field, and the scheduler, bench and flood
+// exited 1, as for a failed run.
+TEST(CommandLineTest, ASetThatCannotApplyIsAUsageErrorNamingIt) {
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --set bogus=1",
+                    "shardps scheduler: --set bogus=1: unknown config field 'bogus'"},
+                   {"scheduler --listen 127.0.0.1:0 --set consistency=weird",
+                    "shardps scheduler: --set consistency=weird: config field 'consistency'"},
+                   {"scheduler --listen 127.0.0.1:0 --set nope", "shardps scheduler: --set nope: "},
+                   {"bench --set bogus=1", "shardps bench: --set bogus=1: unknown config field 'bogus'"},
+                   {"flood --set bogus=1", "shardps flood: --set bogus=1: unknown config field 'bogus'"},
+                   {"local --set bogus=1", "shardps local: --set bogus=1: unknown config field 'bogus'"},
+                   {"launch --set bogus=1 -- true", "shardps launch: --set bogus=1: unknown config field 'bogus'"}},
+                  /*exit_code=*/2);
+}
+
 // README: where no recipe keeps a lossy codec's accuracy, "one warning line says so";
 // shardps local said it, then its scheduler said it again.
 TEST(CommandLineTest, ALocalJobWarnsOnceThatNoRecipeKeepsAnAsyncCodecsAccuracy) {

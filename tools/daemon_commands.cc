@@ -173,9 +173,7 @@ int SchedulerCommand(const Args& args) {
     if (!loaded.ok()) return Fail("scheduler", loaded.status());
     config = *loaded;
   }
-  for (const std::string& s : sets) {
-    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return Fail("scheduler", st);
-  }
+  if (absl::Status s = ApplyConfigSets(sets, &config); !s.ok()) return UsageError("scheduler", s);
   if (!restore.empty()) {
     if (absl::Status st = SetRestorePoint(restore, &config); !st.ok()) return Fail("scheduler", st);
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
