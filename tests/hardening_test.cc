@@ -893,6 +893,10 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
                    {"local --compression 3bit", "shardps local: --compression: codec spec \"3bit\""},
                    {"launch --compression 3bit -- true", "shardps launch: --compression: codec spec \"3bit\""},
                    {"local --restart-after -1", "shardps local: --restart-after -1 is below 0"},
+                   // Said "config field 'checkpoint.every_rounds' needs checkpoint.dir", and a negative
+                   // one was ignored.
+                   {"local --checkpoint-every 100", "shardps local: --checkpoint-every needs --checkpoint-dir"},
+                   {"local --checkpoint-every -5 --checkpoint-dir /tmp/c", "shardps local: --checkpoint-every: -5 is below 0"},
                    {"local --batch-size 30 --devices-per-worker 4",
                     "--batch-size 30 is not divisible by --devices-per-worker 4"},
                    {train + "--batch-size 0", "shardps train: --batch-size 0 is below 1"},
