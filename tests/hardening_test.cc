@@ -959,6 +959,21 @@ TEST(CommandLineTest, ASetThatCannotApplyIsAUsageErrorNamingIt) {
                   /*exit_code=*/2);
 }
 
+// README: exit 2 for a command line that cannot run. The scheduler's flags
+// that exclude or need each other exited 1, as for a failed run.
+TEST(CommandLineTest, SchedulerFlagsThatCannotGoTogetherAreAUsageError) {
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --etcd http://127.0.0.1:1 --state-dir /tmp/s",
+                    "shardps scheduler: --etcd and --state-dir exclude each other"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd-prefix /p", "shardps scheduler: --etcd-prefix needs --etcd"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd-ca /tmp/ca.pem",
+                    "shardps scheduler: --etcd-ca, --etcd-cert and --etcd-key need --etcd https://"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd https://127.0.0.1:1,http://127.0.0.1:2",
+                    "mixes http:// and https:// endpoints"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd https://127.0.0.1:1",
+                    "https:// endpoints need --etcd-ca"}},
+                  /*exit_code=*/2);
+}
+
 // README: where no recipe keeps a lossy codec's accuracy, "one warning line says so";
 // shardps local said it, then its scheduler said it again.
 TEST(CommandLineTest, ALocalJobWarnsOnceThatNoRecipeKeepsAnAsyncCodecsAccuracy) {

@@ -205,6 +205,11 @@ int SchedulerCommand(const Args& args) {
   options.advertise_address = advertise;
   options.security = *std::move(security);
   auto scheduler = SchedulerDaemon::Create(options);
+  // Its options come from the flags: flags that exclude or need each other,
+  // or a value it cannot take, are a command line that cannot run.
+  if (!scheduler.ok() && scheduler.status().code() == absl::StatusCode::kInvalidArgument) {
+    return UsageError("scheduler", scheduler.status());
+  }
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
   std::unique_ptr<MetricsExposer> exposer;
