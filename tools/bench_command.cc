@@ -422,12 +422,19 @@ absl::Status RunBench(const BenchOptions& o) {
     for (int i = 0; i < o.servers; ++i) {
       std::vector<std::string> argv = {self, "server", "--scheduler", *scheduler, "--listen", "tcp://127.0.0.1:0"};
       if (credentials) argv.insert(argv.end(), {"--security-config", credentials->node_config});
-      if (!metrics_listen.empty()) {
-        auto listen = ServerMetricsListen(metrics_listen, i);
-        if (!listen.ok()) return listen.status();
-        argv.insert(argv.end(), {"--metrics-listen", *listen});
+      if (metrics_listen.empty()) {
+        if (absl::Status s = spawn(absl::StrCat(tag, "server ", i), argv); !s.ok()) return s;
+        continue;
       }
+      auto listen = ServerMetricsListen(metrics_listen, i);
+      if (!listen.ok()) return listen.status();
+      // Server i on PORT + i: the scheduler numbers servers as they
+      // register, so each is registered before the next starts.
+      const std::string info_file = absl::StrCat(dir, "/", tag, "server.", i, ".info");
+      argv.insert(argv.end(), {"--metrics-listen", *listen, "--info-file", info_file});
       if (absl::Status s = spawn(absl::StrCat(tag, "server ", i), argv); !s.ok()) return s;
+      auto registered = WaitForAddressFile(info_file, children, absl::Now() + absl::Seconds(30));
+      if (!registered.ok()) return registered.status();
     }
     return scheduler;
   };
