@@ -974,6 +974,20 @@ TEST(CommandLineTest, SchedulerFlagsThatCannotGoTogetherAreAUsageError) {
                   /*exit_code=*/2);
 }
 
+// README: exit 2 naming the flag. A server's or training worker's address
+// that cannot parse, and a daemon's --metrics-listen, exited 1, and a
+// server's --listen was named "server listen address".
+TEST(CommandLineTest, AnAddressFlagThatCannotParseIsAUsageErrorInEveryDaemon) {
+  ExpectEachFails({{"server --scheduler bogus", "shardps server: scheduler address: 'bogus' is not host:port"},
+                   {"server --scheduler 127.0.0.1:1 --listen bogus", "shardps server: --listen: 'bogus' is not tcp://"},
+                   {"server --scheduler 127.0.0.1:1 --metrics-listen bogus",
+                    "shardps server: --metrics-listen: 'bogus' is not host:port"},
+                   {"train --scheduler bogus", "shardps train: scheduler address: 'bogus' is not host:port"},
+                   {"scheduler --listen 127.0.0.1:0 --metrics-listen bogus",
+                    "shardps scheduler: --metrics-listen: 'bogus' is not host:port"}},
+                  /*exit_code=*/2);
+}
+
 // README: where no recipe keeps a lossy codec's accuracy, "one warning line says so";
 // shardps local said it, then its scheduler said it again.
 TEST(CommandLineTest, ALocalJobWarnsOnceThatNoRecipeKeepsAnAsyncCodecsAccuracy) {

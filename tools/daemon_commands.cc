@@ -29,6 +29,7 @@
 #include "tools/daemon_metrics.h"
 #include "tools/status_view.h"
 #include "common/durable_file.h"
+#include "common/endpoint.h"
 #include "tools/process.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train_job.h"
@@ -61,6 +62,18 @@ absl::Status RequirePositiveSeconds(absl::string_view flag, double seconds) {
 absl::Status RequireScheduler(const std::string& address) {
   if (!address.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError("--scheduler is missing: the HOST:PORT the scheduler serves on (its --listen)");
+}
+
+// The server's address flags, checked before anything starts: the same
+// checks later (ParameterServer::Create, ServeMetrics) would fail as a run
+// that failed (exit 1), and --listen would be named "server listen address".
+absl::Status CheckServerAddresses(const ServerOptions& options, const std::string& metrics_listen) {
+  if (absl::Status s = CheckSchedulerAddress(options.scheduler_address); !s.ok()) return s;
+  if (auto e = ParseTcpEndpoint(options.bind_address, "--listen", {.allow_port_zero = true, .allow_wildcard = true});
+      !e.ok()) {
+    return e.status();
+  }
+  return metrics_listen.empty() ? absl::OkStatus() : CheckMetricsListen(metrics_listen);
 }
 
 // While alive, a stop signal ends the process at once with `code`, after
@@ -166,6 +179,9 @@ int SchedulerCommand(const Args& args) {
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
   if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("scheduler", s);
   if (flags.help()) return 0;
+  if (!metrics_listen.empty()) {
+    if (absl::Status s = CheckMetricsListen(metrics_listen); !s.ok()) return UsageError("scheduler", s);
+  }
   InitLogging("shardps-scheduler", verbose);
   ClusterConfig config;
   if (!config_path.empty()) {
@@ -272,6 +288,7 @@ int ServerCommand(const Args& args) {
   if (absl::Status s = RequirePositiveSeconds("register-timeout", register_timeout_s); !s.ok()) {
     return UsageError("server", s);
   }
+  if (absl::Status s = CheckServerAddresses(options, metrics_listen); !s.ok()) return UsageError("server", s);
   options.metrics_max_partitions = static_cast<size_t>(max_partition_series);
   InitLogging("shardps-server", verbose);
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
@@ -377,6 +394,7 @@ int TrainCommand(const Args& args) {
   train.overlap = !no_overlap;
   if (flags.help()) return 0;
   if (absl::Status s = RequireScheduler(worker_options.scheduler_address); !s.ok()) return UsageError("train", s);
+  if (absl::Status s = CheckSchedulerAddress(worker_options.scheduler_address); !s.ok()) return UsageError("train", s);
   if (absl::Status s = RequirePositiveSeconds("rendezvous-timeout", rendezvous_s); !s.ok()) {
     return UsageError("train", s);
   }
