@@ -903,6 +903,10 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
                    {train + "--eval-every -1", "shardps train: --eval-every -1 is below 0"},
                    {train + "--slow-factor 0.5", "shardps train: --slow-factor 0.5 is not in [1, 1000]"},
                    {train + "--hidden 256,x", "shardps train: --hidden: hidden layer width 'x'"},
+                   // A device spec was read only with --devices-per-worker above 1, and then only
+                   // after joining: one device named (deploy/k8s gpu: --devices cuda:0) was ignored.
+                   {train + "--devices gpu:0", "shardps train: --devices: "},
+                   {train + "--devices cpu:2", "shardps train: --devices 'cpu:2' names 2 devices; --devices-per-worker is 1"},
                    {train + "--metrics-listen 127.0.0.1:70000",
                     "shardps train: --metrics-listen: '127.0.0.1:70000' has no valid port"}},
                   /*exit_code=*/2);

@@ -33,6 +33,7 @@
 #include "tools/process.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train_job.h"
+#include "worker/local_tier/device.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -419,6 +420,19 @@ int TrainCommand(const Args& args) {
   }
   train.layers = *layers;
   if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return UsageError("train", s);
+  // The device spec before joining: one the local tier cannot open, or that
+  // names another number of devices, would fail after this rank joined.
+  if (!train.devices.empty()) {
+    auto devices = CreateDevices(train.devices);
+    if (!devices.ok()) {
+      return UsageError("train", absl::InvalidArgumentError(absl::StrCat("--devices: ", devices.status().message())));
+    }
+    if (static_cast<int64_t>(devices->size()) != devices_per_worker) {
+      return UsageError("train", absl::InvalidArgumentError(absl::StrCat(
+                                     "--devices '", train.devices, "' names ", devices->size(),
+                                     " devices; --devices-per-worker is ", devices_per_worker)));
+    }
+  }
   // Before joining: a bad address found after it would leave the job at once.
   if (!metrics_listen.empty()) {
     if (absl::Status s = CheckMetricsListen(metrics_listen); !s.ok()) return UsageError("train", s);
