@@ -578,10 +578,13 @@ absl::Status ValidateTrainOptions(const TrainOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--slow-factor ", o.slow_factor, " is not in [1, 1000]"));
   }
   if (o.eval_every < 0) return absl::InvalidArgumentError(absl::StrCat("--eval-every ", o.eval_every, " is below 0"));
-  if (o.eval_every > 0 && UsesLocalTier(o)) {
+  if (o.eval_every > 0 && o.devices_per_worker > 1) {
     return absl::InvalidArgumentError(absl::StrCat("--eval-every ", o.eval_every,
-                                                   " needs --devices-per-worker 1 (and no --devices), not ",
-                                                   o.devices_per_worker));
+                                                   " needs --devices-per-worker 1, not ", o.devices_per_worker));
+  }
+  if (o.eval_every > 0 && UsesLocalTier(o)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval-every ", o.eval_every, " does not go with --devices (the local tier does not evaluate)"));
   }
   if (o.batch_size % o.devices_per_worker != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
