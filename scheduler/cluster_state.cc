@@ -654,6 +654,19 @@ void ClusterState::ExcludeWorker(Node& node) {
   node.dead = true;
   map_.add_excluded_workers(node.rank);
   PassCompleteBarriers();
+  // Rounds stalled for this worker resume now: a server whose last report
+  // showed no round since its pace was last measured measures it from here.
+  // Measured across the stall instead, the pace of a scheduler restarted
+  // during it (no peak heard before) was a fraction of the survivors' and
+  // placed a rejoin round they had completed when the map reached them
+  // (`shardps local --kill scheduler@20 --restart-after 1 --kill worker:1@22
+  // --replace`: rank 1 placed at 55, the survivor at 66, its pushes refused).
+  for (auto& [index, server] : servers_) {
+    if (server.dead || server.round_seen == absl::InfinitePast()) continue;
+    if (server.completed_round == server.rate_round && server.last_seen > server.round_seen) {
+      server.round_seen = clock_();
+    }
+  }
 }
 
 std::string ClusterState::RemoveServer(uint32_t index, const std::string& reason) {

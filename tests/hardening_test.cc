@@ -893,12 +893,20 @@ TEST(CommandLineTest, AWrongTrainingFlagIsAUsageErrorNamingTheFlagBeforeJoiningT
                    {"local --compression 3bit", "shardps local: --compression: codec spec \"3bit\""},
                    {"launch --compression 3bit -- true", "shardps launch: --compression: codec spec \"3bit\""},
                    {"local --restart-after -1", "shardps local: --restart-after -1 is below 0"},
+                   // Said "config field 'checkpoint.every_rounds' needs checkpoint.dir", and a negative
+                   // one was ignored.
+                   {"local --checkpoint-every 100", "shardps local: --checkpoint-every needs --checkpoint-dir"},
+                   {"local --checkpoint-every -5 --checkpoint-dir /tmp/c", "shardps local: --checkpoint-every: -5 is below 0"},
                    {"local --batch-size 30 --devices-per-worker 4",
                     "--batch-size 30 is not divisible by --devices-per-worker 4"},
                    {train + "--batch-size 0", "shardps train: --batch-size 0 is below 1"},
                    {train + "--eval-every -1", "shardps train: --eval-every -1 is below 0"},
                    {train + "--slow-factor 0.5", "shardps train: --slow-factor 0.5 is not in [1, 1000]"},
                    {train + "--hidden 256,x", "shardps train: --hidden: hidden layer width 'x'"},
+                   // A device spec was read only with --devices-per-worker above 1, and then only
+                   // after joining: one device named (deploy/k8s gpu: --devices cuda:0) was ignored.
+                   {train + "--devices gpu:0", "shardps train: --devices: "},
+                   {train + "--devices cpu:2", "shardps train: --devices 'cpu:2' names 2 devices; --devices-per-worker is 1"},
                    {train + "--metrics-listen 127.0.0.1:70000",
                     "shardps train: --metrics-listen: '127.0.0.1:70000' has no valid port"}},
                   /*exit_code=*/2);
@@ -936,6 +944,51 @@ TEST(CommandLineTest, AFlagThatCannotRunIsAUsageErrorInBenchFloodStatusAndDrain)
                    {"checkpoint --scheduler 127.0.0.1:1 --dir /tmp/c --wait nan",
                     "shardps checkpoint: --wait: nan is not a number of seconds"},
                    {"bench --scheduler 127.0.0.1:99999", "shardps bench: scheduler address: '127.0.0.1:99999' has no valid port"}},
+                  /*exit_code=*/2);
+}
+
+// README: a command line that cannot run exits 2, naming the flag; a --set
+// that cannot apply said only the field, and the scheduler, bench and flood
+// exited 1, as for a failed run.
+TEST(CommandLineTest, ASetThatCannotApplyIsAUsageErrorNamingIt) {
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --set bogus=1",
+                    "shardps scheduler: --set bogus=1: unknown config field 'bogus'"},
+                   {"scheduler --listen 127.0.0.1:0 --set consistency=weird",
+                    "shardps scheduler: --set consistency=weird: config field 'consistency'"},
+                   {"scheduler --listen 127.0.0.1:0 --set nope", "shardps scheduler: --set nope: "},
+                   {"bench --set bogus=1", "shardps bench: --set bogus=1: unknown config field 'bogus'"},
+                   {"flood --set bogus=1", "shardps flood: --set bogus=1: unknown config field 'bogus'"},
+                   {"local --set bogus=1", "shardps local: --set bogus=1: unknown config field 'bogus'"},
+                   {"launch --set bogus=1 -- true", "shardps launch: --set bogus=1: unknown config field 'bogus'"}},
+                  /*exit_code=*/2);
+}
+
+// README: exit 2 for a command line that cannot run. The scheduler's flags
+// that exclude or need each other exited 1, as for a failed run.
+TEST(CommandLineTest, SchedulerFlagsThatCannotGoTogetherAreAUsageError) {
+  ExpectEachFails({{"scheduler --listen 127.0.0.1:0 --etcd http://127.0.0.1:1 --state-dir /tmp/s",
+                    "shardps scheduler: --etcd and --state-dir exclude each other"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd-prefix /p", "shardps scheduler: --etcd-prefix needs --etcd"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd-ca /tmp/ca.pem",
+                    "shardps scheduler: --etcd-ca, --etcd-cert and --etcd-key need --etcd https://"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd https://127.0.0.1:1,http://127.0.0.1:2",
+                    "mixes http:// and https:// endpoints"},
+                   {"scheduler --listen 127.0.0.1:0 --etcd https://127.0.0.1:1",
+                    "https:// endpoints need --etcd-ca"}},
+                  /*exit_code=*/2);
+}
+
+// README: exit 2 naming the flag. A server's or training worker's address
+// that cannot parse, and a daemon's --metrics-listen, exited 1, and a
+// server's --listen was named "server listen address".
+TEST(CommandLineTest, AnAddressFlagThatCannotParseIsAUsageErrorInEveryDaemon) {
+  ExpectEachFails({{"server --scheduler bogus", "shardps server: scheduler address: 'bogus' is not host:port"},
+                   {"server --scheduler 127.0.0.1:1 --listen bogus", "shardps server: --listen: 'bogus' is not tcp://"},
+                   {"server --scheduler 127.0.0.1:1 --metrics-listen bogus",
+                    "shardps server: --metrics-listen: 'bogus' is not host:port"},
+                   {"train --scheduler bogus", "shardps train: scheduler address: 'bogus' is not host:port"},
+                   {"scheduler --listen 127.0.0.1:0 --metrics-listen bogus",
+                    "shardps scheduler: --metrics-listen: 'bogus' is not host:port"}},
                   /*exit_code=*/2);
 }
 

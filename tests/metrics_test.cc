@@ -23,6 +23,7 @@
 #include "server/partition_metrics.h"
 #include "server/server.h"
 #include "tools/daemon_metrics.h"
+#include "tools/process.h"
 #include "tools/status_view.h"
 #include "worker/worker.h"
 
@@ -409,6 +410,56 @@ TEST(PartitionMetricsTest, SeriesAreBoundedAndFollowPartitionsAndRoles) {
   EXPECT_EQ(Sample(*text, series(1, "backup")), 6);
   EXPECT_EQ(Sample(*text, series(2, "primary")), 1);
   EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="3"})"), 0);
+}
+
+// A port nothing listens on now, with the three after it free too (a bind
+// to port 0, checked), for a command that serves on PORT + i.
+int FreePortRun(int count) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sa);
+    bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    close(fd);
+    const int base = ntohs(sa.sin_port);
+    bool free = base + count < 65536;
+    for (int i = 0; free && i < count; ++i) free = !HttpGet(absl::StrCat("127.0.0.1:", base + i), "/").ok();
+    if (free) return base;
+  }
+  return 0;
+}
+
+// README and `shardps bench --help`: "server i on PORT + i". The servers
+// were started in order but took their indices in the order they
+// registered, so server 0's metrics could be on PORT + 1
+// (deploy/metrics_check.sh reads them by port).
+TEST(BenchMetricsTest, BenchServerIServesItsMetricsOnPortPlusI) {
+  constexpr int kServers = 3;
+  const int base = FreePortRun(kServers);
+  ASSERT_NE(base, 0);
+  auto bench = Spawn("bench", {SHARDPS_BINARY, "bench", "--servers", absl::StrCat(kServers), "--workers", "1",
+                               "--bytes", "4096", "--iters", "30000", "--metrics-listen",
+                               absl::StrCat("127.0.0.1:", base)},
+                     SpawnOptions::JobChild());
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  for (int i = 0; i < kServers; ++i) {
+    const std::string address = absl::StrCat("127.0.0.1:", base + i);
+    std::string text;
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(60); absl::Now() < deadline;) {
+      auto answer = HttpGet(address, "/metrics");
+      if (answer.ok() && answer->find("shardps_server_shard_map_epoch{") != std::string::npos) {
+        text = *answer;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_NE(text.find(absl::StrCat("shardps_server_shard_map_epoch{server=\"", i, "\"}")), std::string::npos)
+        << address << " serves another server's metrics:\n" << text.substr(0, 2000);
+  }
+  Stop(*bench, absl::Seconds(10));
 }
 
 }  // namespace

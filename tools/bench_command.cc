@@ -25,6 +25,7 @@
 #include "common/scheduler_client.h"
 #include "scheduler/shard_assignment.h"
 #include "tools/cli_flags.h"
+#include "tools/local_cluster.h"
 #include "tools/cluster_credentials.h"
 #include "tools/commands.h"
 #include "common/durable_file.h"
@@ -355,6 +356,8 @@ absl::Status CheckBenchFlags(const BenchOptions& o) {
   if (o.scheduler.empty() && (!o.tensor_bytes.empty() || o.rank != 0)) {
     return absl::InvalidArgumentError("--tensor-bytes and --rank need --scheduler (the raw baseline is one tensor)");
   }
+  ClusterConfig scratch;  // a --set that cannot apply, before anything starts
+  if (absl::Status s = ApplyConfigSets(o.sets, &scratch); !s.ok()) return s;
   return BenchTensors(o).status();
 }
 
@@ -367,9 +370,7 @@ absl::Status RunBench(const BenchOptions& o) {
   if (absl::Status s = SetConfigField(&config, "consistency=" + o.consistency); !s.ok()) return s;
   config.mutable_optimizer()->set_kind(OptimizerConfig::SGD);
   config.mutable_optimizer()->set_learning_rate(1e-3f);
-  for (const std::string& s : o.sets) {
-    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return st;
-  }
+  if (absl::Status s = ApplyConfigSets(o.sets, &config); !s.ok()) return s;
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
 
   const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("shardps-bench-", getpid());
@@ -421,12 +422,19 @@ absl::Status RunBench(const BenchOptions& o) {
     for (int i = 0; i < o.servers; ++i) {
       std::vector<std::string> argv = {self, "server", "--scheduler", *scheduler, "--listen", "tcp://127.0.0.1:0"};
       if (credentials) argv.insert(argv.end(), {"--security-config", credentials->node_config});
-      if (!metrics_listen.empty()) {
-        auto listen = ServerMetricsListen(metrics_listen, i);
-        if (!listen.ok()) return listen.status();
-        argv.insert(argv.end(), {"--metrics-listen", *listen});
+      if (metrics_listen.empty()) {
+        if (absl::Status s = spawn(absl::StrCat(tag, "server ", i), argv); !s.ok()) return s;
+        continue;
       }
+      auto listen = ServerMetricsListen(metrics_listen, i);
+      if (!listen.ok()) return listen.status();
+      // Server i on PORT + i: the scheduler numbers servers as they
+      // register, so each is registered before the next starts.
+      const std::string info_file = absl::StrCat(dir, "/", tag, "server.", i, ".info");
+      argv.insert(argv.end(), {"--metrics-listen", *listen, "--info-file", info_file});
       if (absl::Status s = spawn(absl::StrCat(tag, "server ", i), argv); !s.ok()) return s;
+      auto registered = WaitForAddressFile(info_file, children, absl::Now() + absl::Seconds(30));
+      if (!registered.ok()) return registered.status();
     }
     return scheduler;
   };

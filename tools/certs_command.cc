@@ -33,7 +33,7 @@ int CertsCommand(const Args& args) {
   }
   std::cout << "scheduler: shardps scheduler --security-config " << files->scheduler_config << " ...\n"
             << "others:    --security-config " << files->node_config
-            << " (servers, workers, status, checkpoint; copy ca.pem, node.pem, node.key, token and node.conf to the "
+            << " (servers, workers, status, checkpoint, drain; copy ca.pem, node.pem, node.key, token and node.conf to the "
                "same paths on their hosts, never ca.key)\n";
   return 0;
 }

@@ -146,7 +146,7 @@ std::string SecurityConfigText(const std::string& own, const ClusterConfig& conf
   google::protobuf::TextFormat::PrintToString(config, &text);
   return absl::StrCat("# Written by shardps certs: the security block of the ", own,
                       (own == "scheduler" ? " (shardps scheduler --security-config)"
-                                          : "s (servers, workers, status: --security-config)"),
+                                          : "s (servers, workers, status, checkpoint, drain: --security-config)"),
                       ".\n", text);
 }
 

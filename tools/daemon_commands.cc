@@ -29,9 +29,11 @@
 #include "tools/daemon_metrics.h"
 #include "tools/status_view.h"
 #include "common/durable_file.h"
+#include "common/endpoint.h"
 #include "tools/process.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train_job.h"
+#include "worker/local_tier/device.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -61,6 +63,18 @@ absl::Status RequirePositiveSeconds(absl::string_view flag, double seconds) {
 absl::Status RequireScheduler(const std::string& address) {
   if (!address.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError("--scheduler is missing: the HOST:PORT the scheduler serves on (its --listen)");
+}
+
+// The server's address flags, checked before anything starts: the same
+// checks later (ParameterServer::Create, ServeMetrics) would fail as a run
+// that failed (exit 1), and --listen would be named "server listen address".
+absl::Status CheckServerAddresses(const ServerOptions& options, const std::string& metrics_listen) {
+  if (absl::Status s = CheckSchedulerAddress(options.scheduler_address); !s.ok()) return s;
+  if (auto e = ParseTcpEndpoint(options.bind_address, "--listen", {.allow_port_zero = true, .allow_wildcard = true});
+      !e.ok()) {
+    return e.status();
+  }
+  return metrics_listen.empty() ? absl::OkStatus() : CheckMetricsListen(metrics_listen);
 }
 
 // While alive, a stop signal ends the process at once with `code`, after
@@ -166,6 +180,9 @@ int SchedulerCommand(const Args& args) {
   flags.String("metrics-listen", &metrics_listen, "HOST:PORT to serve Prometheus /metrics and /healthz on (off if empty)");
   if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError("scheduler", s);
   if (flags.help()) return 0;
+  if (!metrics_listen.empty()) {
+    if (absl::Status s = CheckMetricsListen(metrics_listen); !s.ok()) return UsageError("scheduler", s);
+  }
   InitLogging("shardps-scheduler", verbose);
   ClusterConfig config;
   if (!config_path.empty()) {
@@ -173,9 +190,7 @@ int SchedulerCommand(const Args& args) {
     if (!loaded.ok()) return Fail("scheduler", loaded.status());
     config = *loaded;
   }
-  for (const std::string& s : sets) {
-    if (absl::Status st = SetConfigField(&config, s); !st.ok()) return Fail("scheduler", st);
-  }
+  if (absl::Status s = ApplyConfigSets(sets, &config); !s.ok()) return UsageError("scheduler", s);
   if (!restore.empty()) {
     if (absl::Status st = SetRestorePoint(restore, &config); !st.ok()) return Fail("scheduler", st);
     std::cerr << "shardps scheduler: restoring round " << config.checkpoint().restore_round() << " from "
@@ -207,6 +222,11 @@ int SchedulerCommand(const Args& args) {
   options.advertise_address = advertise;
   options.security = *std::move(security);
   auto scheduler = SchedulerDaemon::Create(options);
+  // Its options come from the flags: flags that exclude or need each other,
+  // or a value it cannot take, are a command line that cannot run.
+  if (!scheduler.ok() && scheduler.status().code() == absl::StatusCode::kInvalidArgument) {
+    return UsageError("scheduler", scheduler.status());
+  }
   if (!scheduler.ok()) return Fail("scheduler", scheduler.status());
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
   std::unique_ptr<MetricsExposer> exposer;
@@ -269,6 +289,7 @@ int ServerCommand(const Args& args) {
   if (absl::Status s = RequirePositiveSeconds("register-timeout", register_timeout_s); !s.ok()) {
     return UsageError("server", s);
   }
+  if (absl::Status s = CheckServerAddresses(options, metrics_listen); !s.ok()) return UsageError("server", s);
   options.metrics_max_partitions = static_cast<size_t>(max_partition_series);
   InitLogging("shardps-server", verbose);
   std::unique_ptr<MetricsRegistry> metrics = MetricsRegistry::Create();
@@ -374,6 +395,7 @@ int TrainCommand(const Args& args) {
   train.overlap = !no_overlap;
   if (flags.help()) return 0;
   if (absl::Status s = RequireScheduler(worker_options.scheduler_address); !s.ok()) return UsageError("train", s);
+  if (absl::Status s = CheckSchedulerAddress(worker_options.scheduler_address); !s.ok()) return UsageError("train", s);
   if (absl::Status s = RequirePositiveSeconds("rendezvous-timeout", rendezvous_s); !s.ok()) {
     return UsageError("train", s);
   }
@@ -398,6 +420,19 @@ int TrainCommand(const Args& args) {
   }
   train.layers = *layers;
   if (absl::Status s = ValidateTrainOptions(train); !s.ok()) return UsageError("train", s);
+  // The device spec before joining: one the local tier cannot open, or that
+  // names another number of devices, would fail after this rank joined.
+  if (!train.devices.empty()) {
+    auto devices = CreateDevices(train.devices);
+    if (!devices.ok()) {
+      return UsageError("train", absl::InvalidArgumentError(absl::StrCat("--devices: ", devices.status().message())));
+    }
+    if (static_cast<int64_t>(devices->size()) != devices_per_worker) {
+      return UsageError("train", absl::InvalidArgumentError(absl::StrCat(
+                                     "--devices '", train.devices, "' names ", devices->size(),
+                                     " devices; --devices-per-worker is ", devices_per_worker)));
+    }
+  }
   // Before joining: a bad address found after it would leave the job at once.
   if (!metrics_listen.empty()) {
     if (absl::Status s = CheckMetricsListen(metrics_listen); !s.ok()) return UsageError("train", s);

@@ -107,7 +107,8 @@ absl::Status CheckFloodFlags(const FloodOptions& o) {
   if (o.workers < 1 || o.bytes < 4 || o.bytes % 4 != 0 || o.seconds < 1 || o.in_flight < 1) {
     return absl::InvalidArgumentError("--workers, --seconds and --in-flight must be >= 1, --bytes a multiple of 4");
   }
-  return absl::OkStatus();
+  ClusterConfig scratch;  // a --set that cannot apply, before anything starts
+  return ApplyConfigSets(o.sets, &scratch);
 }
 
 absl::Status RunFlood(const FloodOptions& o) {

@@ -64,10 +64,17 @@ std::vector<MeasuredDefault> ApplyMeasuredDefaults(ClusterConfig* config) {
   return lines;
 }
 
-absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config) {
+absl::Status ApplyConfigSets(const std::vector<std::string>& sets, ClusterConfig* config) {
   for (const std::string& s : sets) {
-    if (absl::Status st = SetConfigField(config, s); !st.ok()) return st;
+    if (absl::Status st = SetConfigField(config, s); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--set ", s, ": ", st.message()));
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::Status FinishLocalConfig(const std::vector<std::string>& sets, ClusterConfig* config) {
+  if (absl::Status s = ApplyConfigSets(sets, config); !s.ok()) return s;
   // A warning is the scheduler's to say: it applies the same defaults to the
   // config written for it, finds set what was set here, and warns again.
   for (const MeasuredDefault& d : ApplyMeasuredDefaults(config)) {

@@ -30,6 +30,9 @@ struct MeasuredDefault {
 // unset: the lossy codecs' recipe and async's Adam momentum. Returns a line
 // for each that changed something or warns, saying what.
 std::vector<MeasuredDefault> ApplyMeasuredDefaults(ClusterConfig* config);
+// Applies each `--set field=value` to `config`; an error names the flag and
+// its value (a command line that cannot run: exit 2).
+absl::Status ApplyConfigSets(const std::vector<std::string>& sets, ClusterConfig* config);
 // Applies each `--set field=value` and the measured defaults (printing what
 // they set; the scheduler started with the result says the warnings), then
 // validates the result as the scheduler would (fields and compression).

@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -59,7 +60,14 @@ absl::Status ApplyCheckpointFlags(const LocalOptions& o, ClusterConfig* config) 
   if (!o.checkpoint_dir.empty()) {
     config->mutable_checkpoint()->set_dir(std::filesystem::absolute(o.checkpoint_dir).lexically_normal().string());
   }
-  if (o.checkpoint_every > 0) config->mutable_checkpoint()->set_every_rounds(o.checkpoint_every);
+  if (o.checkpoint_every > 0) {
+    const bool dir_set =
+        absl::c_any_of(o.sets, [](const std::string& s) { return absl::StartsWith(s, "checkpoint.dir="); });
+    if (config->checkpoint().dir().empty() && !dir_set) {
+      return absl::InvalidArgumentError("--checkpoint-every needs --checkpoint-dir (or checkpoint.dir in --config)");
+    }
+    config->mutable_checkpoint()->set_every_rounds(o.checkpoint_every);
+  }
   if (o.resume.empty()) return absl::OkStatus();
   return SetRestorePoint(o.resume, config);
 }
@@ -575,7 +583,7 @@ int LocalCommand(const Args& args) {
                  "(@moving: as soon as the scheduler starts moving copies to a server that joined; @handoff: as "
                  "soon as it starts handing primaries off)");
   flags.String("checkpoint-dir", &o.checkpoint_dir, "write checkpoints here (config checkpoint.dir)");
-  flags.Int("checkpoint-every", &o.checkpoint_every, "rounds between checkpoints (config checkpoint.every_rounds)");
+  flags.Count("checkpoint-every", &o.checkpoint_every, "rounds between checkpoints (config checkpoint.every_rounds)");
   flags.String("resume", &o.resume, "restart from this checkpoint (directory or round directory) and train on");
   flags.Bool("replace", &o.replace,
              "once a killed server or worker is declared dead, start a new server (new address) in its place, or the "

@@ -80,7 +80,7 @@ std::string StatusTable(const StatusResponse& status) {
                         : n.declared_dead() ? "DEAD"
                         : n.alive()         ? (n.role() == SERVER && draining.contains(n.rank()) ? "alive, draining" : "alive")
                                             : "SILENT";
-    const bool behind = n.role() == SERVER && !n.declared_dead() && n.applied_epoch() < epoch;
+    const bool behind = n.role() == SERVER && !n.declared_dead() && !n.left() && n.applied_epoch() < epoch;
     std::string lag;
     if (n.role() == WORKER && !n.declared_dead() && !n.left() && n.has_counters() &&
         n.counters().steps() + LagAllowance(c) < most_steps) {

@@ -102,6 +102,20 @@ TEST(StatusViewTest, ADrainingServerIsShownSo) {
   EXPECT_NE(table.find("alive, draining"), std::string::npos) << table;
 }
 
+// README: "a server still on an older map `behind`". One that left (drained,
+// stopped) serves no map any more, as a dead one does not.
+TEST(StatusViewTest, AServerThatLeftIsNotBehind) {
+  StatusResponse status = OneServer(10, 100, 3);
+  status.mutable_shard_map()->set_epoch(10);
+  status.mutable_nodes(0)->set_applied_epoch(9);
+  EXPECT_NE(StatusTable(status).find(" behind"), std::string::npos) << StatusTable(status);
+  status.mutable_nodes(0)->set_alive(false);
+  status.mutable_nodes(0)->set_left(true);
+  const std::string table = StatusTable(status);
+  EXPECT_NE(table.find(" left (heartbeat"), std::string::npos) << table;
+  EXPECT_EQ(table.find(" behind"), std::string::npos) << table;
+}
+
 TEST(StatusViewTest, AServerInADeadOnesPlaceSaysHowThatOneEnded) {
   StatusResponse status = OneServer(10, 100, 3);
   EXPECT_EQ(StatusTable(status).find("in the place of"), std::string::npos);

@@ -468,7 +468,7 @@ absl::StatusOr<float> RunReplicas(DeviceGroup& group, std::vector<Replica>& repl
   return loss / static_cast<float>(replicas.size());
 }
 
-// RunTrainingWorker with devices_per_worker = D > 1: D CPU devices, one
+// RunTrainingWorker through the local tier (UsesLocalTier): D devices, one
 // replica each, merged and pushed once per partition by a DeviceGroup (in
 // layer order: the tensors the next forward pass needs first).
 absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOptions& o, std::ostream& log) {
@@ -565,6 +565,8 @@ absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden) {
   return layers;
 }
 
+bool UsesLocalTier(const TrainOptions& o) { return o.devices_per_worker > 1 || !o.devices.empty(); }
+
 absl::Status ValidateTrainOptions(const TrainOptions& o) {
   if (o.epochs < 1) return absl::InvalidArgumentError(absl::StrCat("--epochs ", o.epochs, " is below 1"));
   if (o.batch_size < 1) return absl::InvalidArgumentError(absl::StrCat("--batch-size ", o.batch_size, " is below 1"));
@@ -580,6 +582,10 @@ absl::Status ValidateTrainOptions(const TrainOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--eval-every ", o.eval_every,
                                                    " needs --devices-per-worker 1, not ", o.devices_per_worker));
   }
+  if (o.eval_every > 0 && UsesLocalTier(o)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eval-every ", o.eval_every, " does not go with --devices (the local tier does not evaluate)"));
+  }
   if (o.batch_size % o.devices_per_worker != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--batch-size ", o.batch_size, " is not divisible by --devices-per-worker ", o.devices_per_worker,
@@ -593,7 +599,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   TrainOptions o = options;
   if (o.step_timeout <= absl::ZeroDuration()) o.step_timeout = worker.request_timeout();
   o.start_step = static_cast<int64_t>(worker.config().checkpoint().restore_round());
-  if (o.devices_per_worker > 1) return RunDeviceGroupWorker(worker, o, log);
+  if (UsesLocalTier(o)) return RunDeviceGroupWorker(worker, o, log);
   SHARDPS_ASSIGN_OR_RETURN(Data data, LoadData(o));
   SHARDPS_ASSIGN_OR_RETURN(Mlp model, Mlp::Create(o.layers));
   SHARDPS_RETURN_IF_ERROR(JoinJob(worker, model, o));

@@ -24,10 +24,11 @@ struct TrainOptions {
   // batch_size / devices_per_worker images of the worker's batch; their
   // gradients are averaged (DeviceGroup) before one push per partition.
   // Devices are CPU devices ("cpu:D") unless `devices` names them.
-  // 1 = one model, no local tier.
+  // 1 = one model, no local tier (unless `devices` names one device).
   int devices_per_worker = 1;
   // Device spec of the local tier (worker/local_tier/device.h), e.g. "cuda:0,cuda:1";
-  // must name devices_per_worker devices. Empty: "cpu:D". The model math runs
+  // must name devices_per_worker devices; given with 1, the local tier runs
+  // on that device. Empty: "cpu:D" (D > 1). The model math runs
   // on the CPU either way; the devices hold the gradients and weights that
   // are merged and broadcast.
   std::string devices;
@@ -116,9 +117,12 @@ absl::StatusOr<std::vector<int>> ParseLayers(const std::string& hidden);
 
 // InvalidArgument unless batch_size >= 1, devices_per_worker in [1, 1024],
 // batch_size divisible by devices_per_worker, slow_factor in [1, 1000] and
-// eval_every >= 0, and 0 with devices_per_worker > 1. The message names the
+// eval_every >= 0, and 0 where UsesLocalTier. The message names the
 // `shardps train` flag of the field (--batch-size, ...) and its value.
 absl::Status ValidateTrainOptions(const TrainOptions& options);
+// Whether training runs D devices through the local tier (RunDeviceGroupWorker):
+// more than one device per worker, or devices named.
+bool UsesLocalTier(const TrainOptions& options);
 
 // Runs one worker of the job. Rank 0 initialises the weights. Sync and ssp
 // workers each run `epochs` passes over their shard, meeting at a barrier
