@@ -476,10 +476,9 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   }
   if (node->dead) {
     if (node->left && request.leaving()) return HeartbeatResponse();  // said twice
-    return absl::FailedPreconditionError(absl::StrCat(
-        node->role == SERVER ? "server " : "worker rank ", node->rank,
-        node->left ? " left the job and is no longer a member of it"
-                   : " was declared dead after missing its heartbeats and is no longer a member of the job"));
+    const std::string who = absl::StrCat(node->role == SERVER ? "server " : "worker rank ", node->rank);
+    return absl::FailedPreconditionError(node->left ? absl::StrCat(who, " left the job and is no longer a member of it")
+                                                    : DeclaredDeadRefusal(who));
   }
   node->last_seen = clock_();
   if (request.leaving()) {

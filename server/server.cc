@@ -22,6 +22,7 @@
 #include "common/endpoint.h"
 #include "common/heartbeat_log.h"
 #include "common/protocol.h"
+#include "common/scheduler_refusal.h"
 #include "common/scheduler_client.h"
 #include "server/peer_admission.h"
 #include "common/peer_seal.h"
@@ -131,6 +132,10 @@ class ParameterServerImpl : public ParameterServer {
       InstallPendingMap();
       if (absl::Status s = WatchError(); !s.ok()) {
         result = s;
+        break;
+      }
+      if (absl::Status s = DeclaredDead(); !s.ok()) {
+        if (!stop_.load(std::memory_order_relaxed)) result = s;  // asked to stop meanwhile: a stop
         break;
       }
       items.assign(1, {socket_.handle(), 0, ZMQ_POLLIN, 0});
@@ -714,6 +719,10 @@ class ParameterServerImpl : public ParameterServer {
       heartbeat_stop_ = true;
     }
     if (heartbeat_.joinable()) heartbeat_.join();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!declared_dead_.ok()) return false;  // out of the job already: nothing to tell
+    }
     absl::Status s = SayLeaving(*scheduler_, node_id_, config_);
     if (s.ok()) {
       LOG(INFO) << "server " << index_ << ": the scheduler took it out of the job; workers re-send what it held";
@@ -727,6 +736,12 @@ class ParameterServerImpl : public ParameterServer {
   absl::Status WatchError() {
     absl::MutexLock lock(&mu_);
     return watch_error_;
+  }
+
+  // Why the scheduler took this server out of the job; OK while a member.
+  absl::Status DeclaredDead() {
+    absl::MutexLock lock(&mu_);
+    return declared_dead_;
   }
 
   void HeartbeatLoop() {
@@ -757,6 +772,17 @@ class ParameterServerImpl : public ParameterServer {
         LOG(WARNING) << *told;
       }
       mu_.Lock();
+      if (absl::IsFailedPrecondition(r.status()) && IsDeclaredDeadRefusal(r.status().message()) &&
+          declared_dead_.ok()) {
+        // Paused or cut off past the timeout: its partitions were failed over
+        // and a later epoch fences whatever it still holds, so it stops rather
+        // than linger unused, holding its address (a supervisor's restart
+        // joins the job as a new server).
+        declared_dead_ = absl::FailedPreconditionError(absl::StrCat(
+            "server ", index_, " (", data_address_, ") stops: ", r.status().message(), " (silent for more than ",
+            "heartbeat_timeout_ms ", config_.heartbeat_timeout_ms(), ": paused, or cut off from the scheduler); ",
+            "the job failed its partitions over to the other servers; start it again to join the job as a new server"));
+      }
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeat_now_ || heartbeat_stop_; };
       mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
     }
@@ -818,6 +844,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::Mutex mu_;
   std::optional<ShardMap> pending_map_ ABSL_GUARDED_BY(mu_);
   absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
+  absl::Status declared_dead_ ABSL_GUARDED_BY(mu_);  // the scheduler's refusal of a heartbeat, once
   uint64_t applied_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // At applied_epoch_'s install (rounds completed since only raise it, and
   // a rejoin placed lower catches up: WorkerRejoin.catch_up).
