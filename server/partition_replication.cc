@@ -3,6 +3,7 @@
 // See "Replication" in partition_engine.h for the protocol.
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include <glog/logging.h>
 
@@ -571,6 +572,39 @@ void PartitionEngine::ProbeUnconfirmedSnapshots() {
       b.unconfirmed_snapshot = unconfirmed ? b.snapshot_at : 0;
     }
   }
+}
+
+std::vector<PartitionEngine::ReplicationStall> PartitionEngine::CheckReplicationStalls() {
+  struct Seen {
+    ReplicationStall stall;  // with every partition stuck now
+    bool was = false;        // some partition was reported stalled
+    bool newly = false;      // some partition is stuck since this check
+  };
+  std::map<uint32_t, Seen> seen;  // by backup server
+  for (auto& [id, p] : partitions_) {
+    if (!p->primary) continue;
+    for (Backup& b : p->backups) {
+      const bool waiting = b.confirmed < b.last_sent && b.confirmed >= b.snapshot_at;
+      const bool stuck = waiting && b.checked_waiting && b.confirmed == b.checked_confirmed;
+      Seen& s = seen[b.server];
+      s.stall.backup = b.server;
+      s.stall.address = b.address;
+      s.was |= b.stalled;
+      s.newly |= stuck && !b.stalled;
+      if (stuck) s.stall.partitions.push_back(id);
+      b.stalled = stuck;
+      b.checked_confirmed = b.confirmed;
+      b.checked_waiting = waiting;
+    }
+  }
+  std::vector<ReplicationStall> out;
+  for (auto& [server, s] : seen) {
+    s.stall.resumed = s.was && s.stall.partitions.empty();
+    if (!s.newly && !s.stall.resumed) continue;
+    std::sort(s.stall.partitions.begin(), s.stall.partitions.end());
+    out.push_back(std::move(s.stall));
+  }
+  return out;
 }
 
 void PartitionEngine::ProbeSnapshot(const Partition& p, Backup& b) {

@@ -17,6 +17,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/endpoint.h"
@@ -286,12 +287,33 @@ class ParameterServerImpl : public ParameterServer {
 
   // Every heartbeat timeout: a snapshot not confirmed since the last check
   // is probed, and sent again if it was lost on its way (Hold)
-  // (PartitionEngine::ProbeUnconfirmedSnapshots).
+  // (PartitionEngine::ProbeUnconfirmedSnapshots); a backup that confirmed
+  // nothing meanwhile is said, naming both servers (ReportReplicationStalls).
   void CheckSnapshots() {
     const absl::Time now = absl::Now();
     if (now < next_snapshot_check_) return;
     next_snapshot_check_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms());
     engine_->ProbeUnconfirmedSnapshots();
+    ReportReplicationStalls();
+  }
+
+  // Before 2026-11-25 a primary cut off from its backup only (every other
+  // link up, so neither is declared dead) stalled its partitions' rounds,
+  // and with them the sync job, with no word from any node
+  // (`tools/chaos.sh repl`).
+  void ReportReplicationStalls() {
+    for (const PartitionEngine::ReplicationStall& s : engine_->CheckReplicationStalls()) {
+      if (s.resumed) {
+        LOG(WARNING) << "server " << index_ << " (" << data_address_ << "): backup server " << s.backup << " ("
+                     << s.address << ") confirms its updates again";
+        continue;
+      }
+      LOG(WARNING) << "server " << index_ << " (" << data_address_ << "): backup server " << s.backup << " ("
+                   << s.address << ") has confirmed no update of partition(s) " << absl::StrJoin(s.partitions, ", ")
+                   << " for a heartbeat timeout (" << config_.heartbeat_timeout_ms()
+                   << " ms): every round of them waits for it. Both servers still reach the scheduler, so neither is "
+                      "declared dead; is the link between these two down?";
+    }
   }
 
   // A sealed message dropped unanswered: counted, logged now and then.
