@@ -375,6 +375,9 @@ class PartitionEngine {
     // Replication: whether this server is the primary (else a backup), the
     // backups' indices, and per backup the last update sequence it confirmed.
     bool primary = true;
+    // A primary told by a backup at a later epoch that another server
+    // replaced it (HandleReplicaAck): said once in the log.
+    bool deposed_said = false;
     // False on a backup added after the partition existed, until its
     // primary's snapshot arrived: it holds no valid copy before that.
     bool synced = true;

@@ -734,7 +734,8 @@ class ParameterServerImpl : public ParameterServer {
   // server over now instead of after heartbeat_timeout_ms, so a rolling
   // restart stalls no sync round for the timeout and a server started again
   // at this address takes its place at once. Bounded by one heartbeat
-  // interval (SayLeaving). Returns whether the scheduler took it.
+  // interval (SayLeaving). Returns whether the scheduler took it out of
+  // the job (now, or earlier: declared dead).
   bool Leave() {
     {
       absl::MutexLock lock(&mu_);
@@ -743,7 +744,9 @@ class ParameterServerImpl : public ParameterServer {
     if (heartbeat_.joinable()) heartbeat_.join();
     {
       absl::MutexLock lock(&mu_);
-      if (!declared_dead_.ok()) return false;  // out of the job already: nothing to tell
+      // Failed over already: nothing to tell, and what it holds is for the
+      // workers to re-send by the map that declared it dead.
+      if (!declared_dead_.ok()) return true;
     }
     absl::Status s = SayLeaving(*scheduler_, node_id_, config_);
     if (s.ok()) {
