@@ -539,11 +539,11 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
     // applied (chaos16). It stays unanswered, for the workers to re-send by
     // the newer map, and no snapshot re-creates that copy: it is no copy of
     // this one any more.
-    LOG_IF(WARNING, !p.deposed_said) << "server " << server_index_ << ": backup server " << from_server << " ("
-                                << "shard map epoch " << answer.server_epoch() << ", this server's " << epoch_
-                                << ") says another server is the primary of partition " << p.id
-                                << ": this server was replaced meanwhile; its requests are left for the workers to "
-                                   "re-send by the newer map";
+    LOG_IF(WARNING, !p.deposed_said)
+        << "server " << server_index_ << ": backup server " << from_server << " (shard map epoch "
+        << answer.server_epoch() << ", this server's " << epoch_ << ") says another server is the primary of "
+        << "partition " << p.id << ": this server was replaced meanwhile; its requests are left for the workers "
+        << "to re-send by the newer map";
     p.deposed_said = true;
     return;
   }
