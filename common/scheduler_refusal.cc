@@ -9,6 +9,8 @@ namespace {
 constexpr absl::string_view kStandby = "standby scheduler at ";
 constexpr absl::string_view kScheduler = "scheduler at ";
 constexpr absl::string_view kStopped = " stopped serving: ";
+constexpr absl::string_view kDeclaredDead =
+    " was declared dead after missing its heartbeats and is no longer a member of the job";
 constexpr absl::string_view kStillHeld = " is still a member of the running job until it leaves or is declared dead";
 
 }  // namespace
@@ -28,6 +30,10 @@ std::string RankStillHeldRefusal(uint32_t rank, uint32_t heartbeat_timeout_ms) {
 }
 
 bool IsRankStillHeldRefusal(absl::string_view message) { return absl::StrContains(message, kStillHeld); }
+
+std::string DeclaredDeadRefusal(absl::string_view node) { return absl::StrCat(node, kDeclaredDead); }
+
+bool IsDeclaredDeadRefusal(absl::string_view message) { return absl::StrContains(message, kDeclaredDead); }
 
 bool IsSchedulerRefusal(absl::string_view message) {
   return absl::StartsWith(message, kStandby) ||

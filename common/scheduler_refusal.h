@@ -32,6 +32,14 @@ bool IsSchedulerRefusal(absl::string_view message);
 std::string RankStillHeldRefusal(uint32_t rank, uint32_t heartbeat_timeout_ms);
 bool IsRankStillHeldRefusal(absl::string_view message);
 
+// The refusal of a heartbeat from a node the scheduler declared dead (silent
+// past heartbeat_timeout_ms: killed, paused, cut off): `node` ("server 1",
+// "worker rank 0") "was declared dead after missing its heartbeats and is no
+// longer a member of the job". Such a node never becomes a member again; a
+// new process (registering anew) may.
+std::string DeclaredDeadRefusal(absl::string_view node);
+bool IsDeclaredDeadRefusal(absl::string_view message);
+
 }  // namespace shardps
 
 #endif  // SHARDPS_COMMON_SCHEDULER_REFUSAL_H_

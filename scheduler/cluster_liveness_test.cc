@@ -1299,6 +1299,19 @@ TEST_F(LivenessTest, ASchedulerThatHearsFromNoMajorityDeclaresNoOne) {
   EXPECT_THAT(Advance(200), SizeIs(2));
 }
 
+TEST_F(LivenessTest, NodesReconnectingLateAfterTheSchedulerWasCutOffGetAFreshTimeout) {
+  // chaos16, `tools/chaos.sh sched`: when the link came back the servers
+  // reconnected first, made a majority, and both workers, silent for the
+  // whole cut, were declared dead before they had reconnected.
+  ASSERT_THAT(Advance(1500), ElementsAre(HasSubstr("more likely cut off itself")));
+  Beat({0, 1}, {0}, 1);  // back: three of five reconnect first
+  EXPECT_THAT(Advance(100), ElementsAre(HasSubstr("again"))) << "the late ones declared dead at once";
+  EXPECT_THAT(Advance(800), IsEmpty());
+  Beat({0, 1}, {0, 1}, 1);  // rank 1 reconnects within the fresh timeout; rank 2 never does
+  EXPECT_THAT(Advance(300), ElementsAre(HasSubstr("worker rank 2")));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 2u);
+}
+
 TEST_F(LivenessTest, ASchedulerCutOffFromEveryoneDeclaresNoOneWhateverTheHeartbeatsPhases) {
   // Found by `tools/chaos.sh sched`: the scheduler partitioned away from the
   // whole job. The nodes' last heartbeats were a fraction of an interval

@@ -512,10 +512,9 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   }
   if (node->dead) {
     if (node->left && request.leaving()) return HeartbeatResponse();  // said twice
-    return absl::FailedPreconditionError(absl::StrCat(
-        node->role == SERVER ? "server " : "worker rank ", node->rank,
-        node->left ? " left the job and is no longer a member of it"
-                   : " was declared dead after missing its heartbeats and is no longer a member of the job"));
+    const std::string who = absl::StrCat(node->role == SERVER ? "server " : "worker rank ", node->rank);
+    return absl::FailedPreconditionError(node->left ? absl::StrCat(who, " left the job and is no longer a member of it")
+                                                    : DeclaredDeadRefusal(who));
   }
   node->last_seen = clock_();
   if (request.leaving()) {
@@ -1112,7 +1111,28 @@ std::vector<std::string> ClusterState::CheckLiveness() {
     }
     return {};
   }
-  if (heard * 2 > live) isolated_ = false;
+  if (heard * 2 > live && isolated_) {
+    // Back from being cut off: the nodes reconnect one by one (gRPC's
+    // backoff, its keepalive), and the first ones make a majority while the
+    // others were silent for the whole cut. Each gets a fresh timeout from
+    // now, as from a restarted scheduler, rather than being declared dead at
+    // once (before 2026-11-25: `tools/chaos.sh sched`, both workers declared
+    // dead 2 s after the link came back, once the three servers had
+    // reconnected; chaos16).
+    isolated_ = false;
+    size_t late = 0;
+    for (auto* group : {&servers_, &workers_}) {
+      for (auto& [k, node] : *group) {
+        if (node.dead || now - std::max(node.last_seen, node.successor_seen) <= recent) continue;
+        node.last_seen = now;
+        ++late;
+      }
+    }
+    if (late > 0) {
+      return {absl::StrCat("hears from ", heard, " of ", live, " live nodes again: the ", late, " not heard yet "
+                           "have a heartbeat timeout from now to reconnect")};
+    }
+  }
   std::vector<std::string> declared;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {

@@ -100,8 +100,22 @@ absl::Status EtcdElection::KeepAlive() {
     return absl::IsNotFound(renewed.status()) ? Grant() : renewed.status();
   }
   if (absl::IsNotFound(renewed.status())) {
-    return absl::FailedPreconditionError(absl::StrCat("lost its etcd lease (", renewed.status().message(), "), so ",
-                                                      leader_key_, " may be another scheduler's"));
+    // Not always so: a leader member resumed after a pause (SIGSTOP) answers
+    // for the leases it knows until it hears of its successor, and says a
+    // lease granted meanwhile is not found. P/leader goes with the lease, so
+    // a linearizable read of it (which such a member cannot answer) settles it.
+    auto leader = client_->Get(leader_key_);
+    const bool gone = leader.ok() && (!leader->has_value() || (*leader)->create_revision != leader_revision_ ||
+                                      (*leader)->lease != lease_);
+    if (gone) {
+      return absl::FailedPreconditionError(absl::StrCat("lost its etcd lease (", renewed.status().message(), "), so ",
+                                                        leader_key_, " may be another scheduler's"));
+    }
+    LOG(WARNING) << "scheduler: " << renewed.status().message() << ", but "
+                 << (leader.ok() ? absl::StrCat(leader_key_, " still stands on it")
+                                 : absl::StrCat("reading ", leader_key_, " failed (", leader.status().message(), ")"))
+                 << "; renewing again";
+    renewed = absl::UnavailableError(renewed.status().message());
   }
   if (absl::Now() >= valid_until_) {
     return absl::FailedPreconditionError(absl::StrCat("could not renew its etcd lease for ",

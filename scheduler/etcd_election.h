@@ -65,8 +65,9 @@ class EtcdElection {
   absl::Duration UntilRenewal();
   // Renews the lease when a third of its TTL has passed since the last
   // renewal. The active scheduler gets FailedPrecondition once its lease is
-  // lost (etcd says it expired, or no renewal succeeded for a whole TTL):
-  // it must stop serving. A standby whose lease expired takes a new one.
+  // lost (etcd says it expired and a linearizable read finds P/leader gone
+  // with it, or no renewal succeeded for a whole TTL): it must stop serving.
+  // A standby whose lease expired takes a new one.
   absl::Status KeepAlive();
   // REQUIRES: Campaign returned true. P/state's bytes; nullopt if absent.
   absl::StatusOr<std::optional<std::string>> LoadState();

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <zmq.hpp>
@@ -198,6 +199,23 @@ class PartitionEngine {
   // not be sent again behind itself: the probe tells the two apart.
   void ProbeUnconfirmedSnapshots();
 
+  // A backup that confirmed no update of this server's primaries between
+  // two calls of CheckReplicationStalls while updates to it waited: a link
+  // between the two servers down (both still heartbeat, so the scheduler
+  // declares neither dead), or the backup stalled. Every round of those
+  // partitions waits for it. `resumed`: one listed stalled before confirms
+  // again.
+  struct ReplicationStall {
+    uint32_t backup = 0;
+    std::string address;               // the backup's data address
+    std::vector<uint64_t> partitions;  // stalled ones (empty when resumed)
+    bool resumed = false;
+  };
+  // Call every heartbeat timeout or so, with ProbeUnconfirmedSnapshots (a
+  // snapshot on its way is its business, not a stall). Each stall is
+  // returned once when found and once when it ends, one entry per backup.
+  std::vector<ReplicationStall> CheckReplicationStalls();
+
   // Answers every parked request with `status` (shutdown).
   void FailWaiting(const absl::Status& status);
 
@@ -269,6 +287,11 @@ class PartitionEngine {
     uint64_t snapshot_epoch = 0;
     uint64_t unconfirmed_snapshot = 0;
     uint64_t probed_snapshot = 0;
+    // CheckReplicationStalls: `confirmed` and whether updates waited at the
+    // last check, and whether this copy is reported stalled.
+    uint64_t checked_confirmed = 0;
+    bool checked_waiting = false;
+    bool stalled = false;
   };
   // A snapshot as its copy knows it: the primary that sent it, the epoch it
   // was routed at and its update number there (a primary's update numbers
@@ -352,6 +375,9 @@ class PartitionEngine {
     // Replication: whether this server is the primary (else a backup), the
     // backups' indices, and per backup the last update sequence it confirmed.
     bool primary = true;
+    // A primary told by a backup at a later epoch that another server
+    // replaced it (HandleReplicaAck): said once in the log.
+    bool deposed_said = false;
     // False on a backup added after the partition existed, until its
     // primary's snapshot arrived: it holds no valid copy before that.
     bool synced = true;

@@ -3,9 +3,11 @@
 // See "Replication" in partition_engine.h for the protocol.
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include <glog/logging.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/data_message.h"
@@ -21,6 +23,20 @@ namespace {
 // dropped it takes it off the partition's backups.
 bool MovedAway(const absl::Status& s, uint64_t routed_at, uint64_t backup_epoch) {
   return s.code() == absl::StatusCode::kNotFound && backup_epoch > routed_at;
+}
+
+// The end of a copy's refusal of a replica update whose sender is no longer
+// its partition's primary (HandleReplica): the copy was promoted, or follows
+// another primary. HandleReplicaAck tells the sender so by it.
+constexpr absl::string_view kFromReplacedPrimary = "refusing a replica update from a replaced primary";
+
+// Whether a backup at `backup_epoch` refused an update because this server,
+// at `epoch`, was replaced as the partition's primary in a map it has not
+// installed yet (it was paused, or cut off from the scheduler, and declared
+// dead meanwhile).
+bool Deposed(const absl::Status& s, uint64_t epoch, uint64_t backup_epoch) {
+  return s.code() == absl::StatusCode::kFailedPrecondition && backup_epoch > epoch &&
+         absl::StrContains(s.message(), kFromReplacedPrimary);
 }
 
 }  // namespace
@@ -517,6 +533,20 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   auto b = std::find_if(p.backups.begin(), p.backups.end(), [from_server](const Backup& b) { return b.server == from_server; });
   if (!p.primary || b == p.backups.end()) return;  // from a copy the map no longer lists
   const absl::Status s = ResponseStatus(answer);
+  if (Deposed(s, epoch_, answer.server_epoch())) {
+    // The update is no one's to confirm: answered OK, what waits for it
+    // would acknowledge to a worker an update the job's primary never
+    // applied (chaos16). It stays unanswered, for the workers to re-send by
+    // the newer map, and no snapshot re-creates that copy: it is no copy of
+    // this one any more.
+    LOG_IF(WARNING, !p.deposed_said)
+        << "server " << server_index_ << ": backup server " << from_server << " (shard map epoch "
+        << answer.server_epoch() << ", this server's " << epoch_ << ") says another server is the primary of "
+        << "partition " << p.id << ": this server was replaced meanwhile; its requests are left for the workers "
+        << "to re-send by the newer map";
+    p.deposed_said = true;
+    return;
+  }
   const bool moved_away = !s.ok() && MovedAway(s, epoch_, answer.server_epoch());
   if (moved_away) {
     VLOG(1) << "server " << server_index_ << ": backup server " << from_server << " no longer holds partition "
@@ -573,6 +603,39 @@ void PartitionEngine::ProbeUnconfirmedSnapshots() {
   }
 }
 
+std::vector<PartitionEngine::ReplicationStall> PartitionEngine::CheckReplicationStalls() {
+  struct Seen {
+    ReplicationStall stall;  // with every partition stuck now
+    bool was = false;        // some partition was reported stalled
+    bool newly = false;      // some partition is stuck since this check
+  };
+  std::map<uint32_t, Seen> seen;  // by backup server
+  for (auto& [id, p] : partitions_) {
+    if (!p->primary) continue;
+    for (Backup& b : p->backups) {
+      const bool waiting = b.confirmed < b.last_sent && b.confirmed >= b.snapshot_at;
+      const bool stuck = waiting && b.checked_waiting && b.confirmed == b.checked_confirmed;
+      Seen& s = seen[b.server];
+      s.stall.backup = b.server;
+      s.stall.address = b.address;
+      s.was |= b.stalled;
+      s.newly |= stuck && !b.stalled;
+      if (stuck) s.stall.partitions.push_back(id);
+      b.stalled = stuck;
+      b.checked_confirmed = b.confirmed;
+      b.checked_waiting = waiting;
+    }
+  }
+  std::vector<ReplicationStall> out;
+  for (auto& [server, s] : seen) {
+    s.stall.resumed = s.was && s.stall.partitions.empty();
+    if (!s.newly && !s.stall.resumed) continue;
+    std::sort(s.stall.partitions.begin(), s.stall.partitions.end());
+    out.push_back(std::move(s.stall));
+  }
+  return out;
+}
+
 void PartitionEngine::ProbeSnapshot(const Partition& p, Backup& b) {
   b.probed_snapshot = b.snapshot_at;
   if (!replicate_) return;
@@ -616,7 +679,7 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     s = absl::NotFoundError(absl::StrCat("server ", server_index_, " holds no copy of partition ", h.partition_id()));
   } else if (it->second->primary) {
     s = absl::FailedPreconditionError(absl::StrCat("server ", server_index_, " is the primary of partition ",
-                                                   h.partition_id(), " (epoch ", epoch_, "); refusing a replica update"));
+                                                   h.partition_id(), " (epoch ", epoch_, "); ", kFromReplacedPrimary));
   } else if (h.epoch() < it->second->primary_since ||
              (h.has_replica_from() && h.replica_from() != it->second->primary_server && h.epoch() <= epoch_)) {
     // From a replaced primary (one that died with updates in flight):
@@ -629,7 +692,7 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
         "replica update of partition ", h.partition_id(), " from server ",
         h.has_replica_from() ? absl::StrCat(h.replica_from()) : "?", " routed at epoch ", h.epoch(),
         ", but this copy's primary is server ", it->second->primary_server, " since epoch ", it->second->primary_since,
-        " or later (this server is at ", epoch_, "): from a replaced primary, refused"));
+        " or later (this server is at ", epoch_, "): ", kFromReplacedPrimary));
   } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));

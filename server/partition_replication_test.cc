@@ -897,6 +897,51 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) 
   EXPECT_TRUE(outbox_.empty()) << "a confirmed snapshot probed or sent again";
 }
 
+// chaos16: a primary cut off from its backup only (both still heartbeat, so
+// neither is declared dead) stalled every round of its partitions with no
+// word from any node. A backup that confirms nothing for a whole check while
+// updates wait is reported once, naming it, and once when it confirms again.
+TEST_F(ReplicationTest, ABackupThatConfirmsNothingForAWholeCheckIsReportedOnceAndAgainWhenItResumes) {
+  Make(SYNC);
+  engines_[0]->CheckReplicationStalls();
+  Send(0, PUSH, 0, 0, {2.0f, 4.0f});
+  Send(0, PUSH, 1, 0, {6.0f, 8.0f});  // round 0 goes to the backup, whose link is down
+  ASSERT_EQ(outbox_.size(), 1u);
+  EXPECT_TRUE(engines_[0]->CheckReplicationStalls().empty()) << "reported before a whole check passed";
+  auto stalls = engines_[0]->CheckReplicationStalls();
+  ASSERT_EQ(stalls.size(), 1u) << "a backup that confirmed nothing for a whole check was not reported";
+  EXPECT_EQ(stalls[0].backup, 1u);
+  EXPECT_EQ(stalls[0].address, "tcp://s:2");
+  EXPECT_THAT(stalls[0].partitions, ElementsAre(5u));
+  EXPECT_FALSE(stalls[0].resumed);
+  EXPECT_TRUE(engines_[0]->CheckReplicationStalls().empty()) << "the same stall reported twice";
+
+  Deliver();  // the link is back
+  ASSERT_EQ(answers_.size(), 2u);
+  stalls = engines_[0]->CheckReplicationStalls();
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_TRUE(stalls[0].resumed);
+  EXPECT_TRUE(engines_[0]->CheckReplicationStalls().empty());
+}
+
+// chaos16: a primary paused (or cut off from the scheduler) past the
+// heartbeat timeout, its backup promoted meanwhile at a later epoch, and
+// still at its own epoch when it handles the workers' pushes of a round:
+// the promoted copy refuses the round's update, and that refusal confirmed
+// it, so the stale primary answered the workers OK for an update the job's
+// primary never applied. It now leaves them unanswered, for the workers to
+// re-send by the newer map, and sends that copy no snapshot.
+TEST_F(ReplicationTest, APrimaryReplacedMeanwhileAcknowledgesNoRoundItsPromotedBackupRefused) {
+  Make(SYNC);
+  ASSERT_TRUE(engines_[1]->InstallShardMap(MapAt(4, 1, std::nullopt), 1).ok());  // server 0 declared dead
+  Send(0, PUSH, 0, 0, {2.0f, 4.0f});
+  Send(0, PUSH, 1, 0, {6.0f, 8.0f});
+  Deliver();
+  EXPECT_TRUE(answers_.empty()) << "the replaced primary acknowledged a round its promoted backup refused";
+  for (const Message& m : replicated_) EXPECT_NE(m.header.replica_of(), SNAPSHOT) << "a snapshot sent to the new primary";
+  EXPECT_EQ(Weights(1), std::vector<float>({1.0f, 1.0f})) << "the new primary changed";
+}
+
 // The snapshot is lost, and so is the first probe (held past its time by a
 // server that just joined): the next check probes again instead of leaving
 // the partition waiting for an answer that never comes.

@@ -17,11 +17,13 @@
 #include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/endpoint.h"
 #include "common/heartbeat_log.h"
 #include "common/protocol.h"
+#include "common/scheduler_refusal.h"
 #include "common/scheduler_client.h"
 #include "server/peer_admission.h"
 #include "common/peer_seal.h"
@@ -131,6 +133,10 @@ class ParameterServerImpl : public ParameterServer {
       InstallPendingMap();
       if (absl::Status s = WatchError(); !s.ok()) {
         result = s;
+        break;
+      }
+      if (absl::Status s = DeclaredDead(); !s.ok()) {
+        if (!stop_.load(std::memory_order_relaxed)) result = s;  // asked to stop meanwhile: a stop
         break;
       }
       items.assign(1, {socket_.handle(), 0, ZMQ_POLLIN, 0});
@@ -281,12 +287,33 @@ class ParameterServerImpl : public ParameterServer {
 
   // Every heartbeat timeout: a snapshot not confirmed since the last check
   // is probed, and sent again if it was lost on its way (Hold)
-  // (PartitionEngine::ProbeUnconfirmedSnapshots).
+  // (PartitionEngine::ProbeUnconfirmedSnapshots); a backup that confirmed
+  // nothing meanwhile is said, naming both servers (ReportReplicationStalls).
   void CheckSnapshots() {
     const absl::Time now = absl::Now();
     if (now < next_snapshot_check_) return;
     next_snapshot_check_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms());
     engine_->ProbeUnconfirmedSnapshots();
+    ReportReplicationStalls();
+  }
+
+  // Before 2026-11-25 a primary cut off from its backup only (every other
+  // link up, so neither is declared dead) stalled its partitions' rounds,
+  // and with them the sync job, with no word from any node
+  // (`tools/chaos.sh repl`).
+  void ReportReplicationStalls() {
+    for (const PartitionEngine::ReplicationStall& s : engine_->CheckReplicationStalls()) {
+      if (s.resumed) {
+        LOG(WARNING) << "server " << index_ << " (" << data_address_ << "): backup server " << s.backup << " ("
+                     << s.address << ") confirms its updates again";
+        continue;
+      }
+      LOG(WARNING) << "server " << index_ << " (" << data_address_ << "): backup server " << s.backup << " ("
+                   << s.address << ") has confirmed no update of partition(s) " << absl::StrJoin(s.partitions, ", ")
+                   << " for a heartbeat timeout (" << config_.heartbeat_timeout_ms()
+                   << " ms): every round of them waits for it. Both servers still reach the scheduler, so neither is "
+                      "declared dead; is the link between these two down?";
+    }
   }
 
   // A sealed message dropped unanswered: counted, logged now and then.
@@ -707,13 +734,20 @@ class ParameterServerImpl : public ParameterServer {
   // server over now instead of after heartbeat_timeout_ms, so a rolling
   // restart stalls no sync round for the timeout and a server started again
   // at this address takes its place at once. Bounded by one heartbeat
-  // interval (SayLeaving). Returns whether the scheduler took it.
+  // interval (SayLeaving). Returns whether the scheduler took it out of
+  // the job (now, or earlier: declared dead).
   bool Leave() {
     {
       absl::MutexLock lock(&mu_);
       heartbeat_stop_ = true;
     }
     if (heartbeat_.joinable()) heartbeat_.join();
+    {
+      absl::MutexLock lock(&mu_);
+      // Failed over already: nothing to tell, and what it holds is for the
+      // workers to re-send by the map that declared it dead.
+      if (!declared_dead_.ok()) return true;
+    }
     absl::Status s = SayLeaving(*scheduler_, node_id_, config_);
     if (s.ok()) {
       LOG(INFO) << "server " << index_ << ": the scheduler took it out of the job; workers re-send what it held";
@@ -727,6 +761,12 @@ class ParameterServerImpl : public ParameterServer {
   absl::Status WatchError() {
     absl::MutexLock lock(&mu_);
     return watch_error_;
+  }
+
+  // Why the scheduler took this server out of the job; OK while a member.
+  absl::Status DeclaredDead() {
+    absl::MutexLock lock(&mu_);
+    return declared_dead_;
   }
 
   void HeartbeatLoop() {
@@ -757,6 +797,17 @@ class ParameterServerImpl : public ParameterServer {
         LOG(WARNING) << *told;
       }
       mu_.Lock();
+      if (absl::IsFailedPrecondition(r.status()) && IsDeclaredDeadRefusal(r.status().message()) &&
+          declared_dead_.ok()) {
+        // Paused or cut off past the timeout: its partitions were failed over
+        // and a later epoch fences whatever it still holds, so it stops rather
+        // than linger unused, holding its address (a supervisor's restart
+        // joins the job as a new server).
+        declared_dead_ = absl::FailedPreconditionError(absl::StrCat(
+            "server ", index_, " (", data_address_, ") stops: ", r.status().message(), " (silent for more than ",
+            "heartbeat_timeout_ms ", config_.heartbeat_timeout_ms(), ": paused, or cut off from the scheduler); ",
+            "the job failed its partitions over to the other servers; start it again to join the job as a new server"));
+      }
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeat_now_ || heartbeat_stop_; };
       mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
     }
@@ -818,6 +869,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::Mutex mu_;
   std::optional<ShardMap> pending_map_ ABSL_GUARDED_BY(mu_);
   absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
+  absl::Status declared_dead_ ABSL_GUARDED_BY(mu_);  // the scheduler's refusal of a heartbeat, once
   uint64_t applied_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // At applied_epoch_'s install (rounds completed since only raise it, and
   // a rejoin placed lower catches up: WorkerRejoin.catch_up).

@@ -69,7 +69,10 @@ class ParameterServer {
   // Serves until RequestStop(), then drains: handles what was already
   // received, answers waiting pulls with UNAVAILABLE, flushes and returns.
   // Returns an error if a shard map cannot be served (a config the engine
-  // cannot build); losing the scheduler is not one.
+  // cannot build), and FailedPrecondition once the scheduler refuses its
+  // heartbeat as a node declared dead (it was paused or cut off past
+  // heartbeat_timeout_ms and its partitions failed over); losing the
+  // scheduler is not one.
   virtual absl::Status Run() = 0;
   // Async-signal-safe: only sets a flag that Run() polls.
   virtual void RequestStop() = 0;

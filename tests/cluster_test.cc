@@ -8,6 +8,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "common/optimizer.h"
@@ -553,6 +554,37 @@ TEST(ClusterTest, ADrainOnStopServerWhoseSchedulerStaysAwayStopsAfterTheHeartbea
   const absl::Time start = absl::Now();
   EXPECT_EQ((*cluster)->StopServer(0, absl::Seconds(60)), 0);
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+// chaos16: a server paused (SIGSTOP) past the heartbeat timeout, then resumed,
+// had been failed over and was fenced by the epoch, but lingered: serving
+// nothing, holding its address, never joining again. Told by the scheduler
+// that it was declared dead, it stops by itself (exit 1, saying why), so a
+// supervisor starts it again as a new server.
+TEST(ClusterTest, AServerResumedAfterItWasDeclaredDeadStopsByItself) {
+  ClusterConfig config = Config(3, 2);
+  config.set_heartbeat_interval_ms(100);
+  config.set_heartbeat_timeout_ms(1000);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::unique_ptr<Worker> w0, w1;
+  ASSERT_TRUE(ConnectTwoWithTensor(**cluster, 3000, w0, w1));
+  const pid_t paused = (*cluster)->server_pid(1);
+  ASSERT_EQ(kill(paused, SIGSTOP), 0);
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto a_server_dead = [&] {
+    auto status = (*client)->Status(absl::Seconds(5));
+    return status.ok() && absl::c_any_of(status->shard_map().servers(), [](const ServerInfo& s) { return s.dead(); });
+  };
+  for (int t = 0; t < 200 && !a_server_dead(); ++t) absl::SleepFor(absl::Milliseconds(50));
+  const bool declared = a_server_dead();
+  ASSERT_EQ(kill(paused, SIGCONT), 0);
+  ASSERT_TRUE(declared) << "the paused server was never declared dead";
+
+  std::optional<int> code = (*cluster)->WaitForServerExit(1, absl::Seconds(10));
+  ASSERT_TRUE(code.has_value()) << "the server declared dead still runs 10 s after it was resumed";
+  EXPECT_EQ(*code, 1);
 }
 
 // A 3-server job (replication 2) started with --drain-on-stop 60 whose two

@@ -22,6 +22,7 @@
 #include "common/protocol.h"
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
+#include "proto/etcd.grpc.pb.h"
 #include "scheduler/etcd_client.h"
 #include "scheduler/etcd_election.h"
 #include "scheduler/scheduler.h"
@@ -275,6 +276,127 @@ absl::StatusOr<ShardMap> DefineOneTensor(SchedulerDaemon& daemon, SchedulerClien
   defined = true;
   serve.join();
   return map;
+}
+
+// Asks `stub` with a context of its own (a proxy's answer to its caller).
+template <typename Stub, typename Request, typename Response>
+grpc::Status Forward(grpc::Status (Stub::*call)(grpc::ClientContext*, const Request&, Response*), Stub& stub,
+                     const Request& request, Response* response) {
+  grpc::ClientContext ctx;
+  return (stub.*call)(&ctx, request, response);
+}
+
+// An etcd member as a leader resumed after a pause (SIGSTOP) is until it hears
+// of its successor: it answers a renewal of a lease granted meanwhile, which
+// it has not applied, with TTL 0 ("not found"), though the lease lives. Here
+// the next `stale` renewals are answered so; everything else goes on to the
+// real etcd at `target` (host:port). Serves the KV and Lease calls an
+// election makes (no watch).
+class StaleLeaderMember final {
+ public:
+  explicit StaleLeaderMember(const std::string& target)
+      : kv_(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())),
+        lease_(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()), &stale_) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&kv_);
+    builder.RegisterService(&lease_);
+    server_ = builder.BuildAndStart();
+  }
+  ~StaleLeaderMember() { server_->Shutdown(); }
+  std::string endpoint() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  void AnswerRenewalsStale(int stale) { stale_ = stale; }
+
+ private:
+  class Kv final : public etcdserverpb::KV::Service {
+   public:
+    explicit Kv(const std::shared_ptr<grpc::Channel>& channel) : etcd_(etcdserverpb::KV::NewStub(channel)) {}
+    grpc::Status Range(grpc::ServerContext*, const etcdserverpb::RangeRequest* request,
+                        etcdserverpb::RangeResponse* response) override {
+      return Forward(&etcdserverpb::KV::Stub::Range, *etcd_, *request, response);
+    }
+    grpc::Status Put(grpc::ServerContext*, const etcdserverpb::PutRequest* request,
+                        etcdserverpb::PutResponse* response) override {
+      return Forward(&etcdserverpb::KV::Stub::Put, *etcd_, *request, response);
+    }
+    grpc::Status Txn(grpc::ServerContext*, const etcdserverpb::TxnRequest* request,
+                        etcdserverpb::TxnResponse* response) override {
+      return Forward(&etcdserverpb::KV::Stub::Txn, *etcd_, *request, response);
+    }
+
+   private:
+    std::unique_ptr<etcdserverpb::KV::Stub> etcd_;
+  };
+  class Lease final : public etcdserverpb::Lease::Service {
+   public:
+    Lease(const std::shared_ptr<grpc::Channel>& channel, std::atomic<int>* stale)
+        : etcd_(etcdserverpb::Lease::NewStub(channel)), stale_(stale) {}
+    grpc::Status LeaseGrant(grpc::ServerContext*, const etcdserverpb::LeaseGrantRequest* request,
+                        etcdserverpb::LeaseGrantResponse* response) override {
+      return Forward(&etcdserverpb::Lease::Stub::LeaseGrant, *etcd_, *request, response);
+    }
+    grpc::Status LeaseRevoke(grpc::ServerContext*, const etcdserverpb::LeaseRevokeRequest* request,
+                        etcdserverpb::LeaseRevokeResponse* response) override {
+      return Forward(&etcdserverpb::Lease::Stub::LeaseRevoke, *etcd_, *request, response);
+    }
+    grpc::Status LeaseKeepAlive(
+        grpc::ServerContext*,
+        grpc::ServerReaderWriter<etcdserverpb::LeaseKeepAliveResponse, etcdserverpb::LeaseKeepAliveRequest>* stream)
+        override {
+      etcdserverpb::LeaseKeepAliveRequest request;
+      while (stream->Read(&request)) {
+        etcdserverpb::LeaseKeepAliveResponse response;
+        response.set_id(request.id());
+        if (stale_->fetch_sub(1) <= 0) {
+          grpc::ClientContext ctx;
+          auto renewal = etcd_->LeaseKeepAlive(&ctx);
+          if (!renewal->Write(request) || !renewal->Read(&response)) return renewal->Finish();
+          ctx.TryCancel();
+          renewal->Finish();
+        }
+        if (!stream->Write(response)) break;
+      }
+      return grpc::Status::OK;
+    }
+
+   private:
+    std::unique_ptr<etcdserverpb::Lease::Stub> etcd_;
+    std::atomic<int>* stale_;
+  };
+
+  std::atomic<int> stale_{0};
+  Kv kv_;
+  Lease lease_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// chaos16: with a three-member etcd and 2 s leases, a scheduler that took
+// over while the leader member was SIGSTOPped exited "lost its etcd lease"
+// when the member resumed, its lease alive. Told so, the active scheduler
+// reads its leader key before it steps down.
+TEST_F(EtcdTest, AnActiveSchedulerToldOfAnExpiryByAStaleMemberKeepsItsLeaseWhileItsLeaderKeyStands) {
+  const std::string prefix = Prefix("stale");
+  StaleLeaderMember member(std::string(absl::StripPrefix(endpoint(), "http://")));
+  auto a = EtcdElection::Create({.endpoints = member.endpoint(), .prefix = prefix, .address = "a:1",
+                                 .ttl = absl::Seconds(2)});
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::string active;
+  ASSERT_TRUE(*(*a)->Campaign(&active));
+
+  member.AnswerRenewalsStale(1);
+  absl::SleepFor((*a)->UntilRenewal());
+  absl::Status renewed = (*a)->KeepAlive();
+  EXPECT_FALSE(absl::IsFailedPrecondition(renewed)) << "a live lease was taken for lost: " << renewed;
+  renewed = (*a)->KeepAlive();  // the stale answer is over: renewed now
+  EXPECT_TRUE(renewed.ok()) << renewed;
+
+  // A lease really gone (revoked, as when etcd expires it) is still lost.
+  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  absl::SleepFor((*a)->UntilRenewal());
+  renewed = (*a)->KeepAlive();
+  EXPECT_TRUE(absl::IsFailedPrecondition(renewed)) << renewed;
+  EXPECT_THAT(std::string(renewed.message()), HasSubstr("lost its etcd lease"));
 }
 
 TEST_F(EtcdTest, ASchedulerDeposedByTheWriteOfAMapSendsThatMapToNoWatcher) {

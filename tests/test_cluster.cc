@@ -132,6 +132,15 @@ std::vector<float> PullWeights(Worker& worker, const std::string& tensor, size_t
 
 int TestCluster::StopServer(size_t i, absl::Duration grace) { return Stop(servers_[i], grace); }
 
+std::optional<int> TestCluster::WaitForServerExit(size_t i, absl::Duration timeout) {
+  std::vector<ChildProcess> one = {servers_[i]};
+  int code = 0;
+  auto exited = WaitAny(one, absl::Now() + timeout, &code);
+  servers_[i] = one[0];
+  if (!exited.ok()) return std::nullopt;
+  return code;
+}
+
 absl::StatusOr<RawClientCluster> StartWithRawClient(const ClusterConfig& config, int n, float init,
                                                     zmq::context_t& context) {
   RawClientCluster out;

@@ -5,6 +5,7 @@
 #define SHARDPS_TESTS_TEST_CLUSTER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ class TestCluster {
   pid_t server_pid(size_t i) const { return servers_[i].pid; }
   // SIGTERM to server `i` (SIGKILL after `grace`); returns its exit code.
   int StopServer(size_t i, absl::Duration grace = absl::Seconds(10));
+  // Waits up to `timeout` for server `i` to exit by itself: its exit code,
+  // or nullopt while it still runs.
+  std::optional<int> WaitForServerExit(size_t i, absl::Duration timeout);
   // Starts one more server process (index num_servers(), num_servers() + 1,
   // ... as the calls come): once the tensors are defined it joins the
   // running job as one more server (docs/architecture.md). `flags` go after

@@ -9,6 +9,13 @@
 #   loss    10% of the packets each host sends dropped (iptables statistic
 #           match; netem is not available) on every link for 60 s
 #   sched   the scheduler partitioned away from every other host for 30 s
+# and partial partitions (one pair of hosts cut from each other, every other
+# link up) for --pair-seconds (default 30):
+#   repl    a server host cut from another server host only: replication
+#           between them stalls while both still heartbeat
+#   wsrv    a worker host cut from one server host only, not from the scheduler
+#   ssched  a server host cut from the scheduler only, not from the workers:
+#           declared dead while it still serves; the epoch must fence it
 # plus a fault-free run ("none") that the accuracies are compared with.
 # Prints one table row per scenario. Run as root. See --help and
 # docs/performance.md ("Chaos on fake hosts").
@@ -26,8 +33,9 @@ usage() {
   cat <<'EOF'
 usage: tools/chaos.sh [flags] [SCENARIO ...]
 
-SCENARIO: none cut5 cut30 loss sched (default: all five, in that order; "none",
-the fault-free run the accuracies are compared with, always runs first).
+SCENARIO: none cut5 cut30 loss sched repl wsrv ssched (default: the first five,
+in that order; "none", the fault-free run the accuracies are compared with,
+always runs first).
 
 flags:
   --workers N            worker hosts (2 or 3, default 3); servers are always 3
@@ -39,6 +47,9 @@ flags:
                          "none": unshaped veths, about 120 steps/s here)
   --fault-after S        seconds after worker 0's first step that the fault starts (default 10)
   --cut-host N           server host cut off in cut5/cut30: 1, 2 or 3 (default 2)
+  --peer-host N          server host cut from --cut-host in repl: 1, 2 or 3 (default 3)
+  --cut-rank R           worker rank cut from --cut-host in wsrv (default 1)
+  --pair-seconds S       how long repl, wsrv and ssched cut their pair (default 30)
   --loss P               drop probability of the loss scenario (default 0.1)
   --loss-seconds S       how long the loss lasts (default 60)
   --heartbeat-timeout-ms N   cluster heartbeat_timeout_ms (default 10000)
@@ -77,6 +88,7 @@ source "$(dirname "$0")/fakehosts.sh"
 
 # ---------------------------------------------------------------- flags
 RATE=1gbit WORKERS=3 EPOCHS=3 TRAIN_LIMIT=0 TEST_LIMIT=0 FAULT_AFTER=10 CUT_HOST=2 LOSS=0.1 LOSS_SECONDS=60
+PEER_HOST=3 CUT_RANK=1 PAIR_SECONDS=30
 HB_MS=10000 REQ_MS=60000 RUN_TIMEOUT=420 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.78.0 PREFIX=ch
 WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION=""
 SCENARIOS=() CONFIG_SETS=()
@@ -89,6 +101,9 @@ while (($#)); do
     --test-limit) TEST_LIMIT=$2; shift 2 ;;
     --fault-after) FAULT_AFTER=$2; shift 2 ;;
     --cut-host) CUT_HOST=$2; shift 2 ;;
+    --peer-host) PEER_HOST=$2; shift 2 ;;
+    --cut-rank) CUT_RANK=$2; shift 2 ;;
+    --pair-seconds) PAIR_SECONDS=$2; shift 2 ;;
     --loss) LOSS=$2; shift 2 ;;
     --loss-seconds) LOSS_SECONDS=$2; shift 2 ;;
     --heartbeat-timeout-ms) HB_MS=$2; shift 2 ;;
@@ -108,11 +123,14 @@ while (($#)); do
     *) SCENARIOS+=("$1"); shift ;;
   esac
 done
-for v in WORKERS EPOCHS TRAIN_LIMIT TEST_LIMIT FAULT_AFTER CUT_HOST LOSS_SECONDS HB_MS REQ_MS RUN_TIMEOUT; do
+for v in WORKERS EPOCHS TRAIN_LIMIT TEST_LIMIT FAULT_AFTER CUT_HOST PEER_HOST CUT_RANK PAIR_SECONDS LOSS_SECONDS HB_MS \
+  REQ_MS RUN_TIMEOUT; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
 ((WORKERS == 2 || WORKERS == 3)) || die "--workers must be 2 or 3"
 ((CUT_HOST >= 1 && CUT_HOST <= 3)) || die "--cut-host must be 1, 2 or 3 (a server host)"
+((PEER_HOST >= 1 && PEER_HOST <= 3 && PEER_HOST != CUT_HOST)) || die "--peer-host must be a server host (1-3) other than --cut-host"
+((CUT_RANK < WORKERS)) || die "--cut-rank must be a worker rank below --workers"
 ((EPOCHS > 0)) || die "--epochs must be > 0"
 [[ $LOSS =~ ^0?\.[0-9]+$ ]] || die "--loss must be a probability below 1, e.g. 0.1"
 [[ $PREFIX =~ ^[a-z0-9]{1,6}$ ]] || die "--prefix must be 1-6 lower-case letters/digits"
@@ -138,8 +156,8 @@ RUN_LIST=(none)
 for s in "${SCENARIOS[@]}"; do
   case "$s" in
     none) ;;
-    cut5|cut30|loss|sched) RUN_LIST+=("$s") ;;
-    *) die "unknown scenario '$s' (none cut5 cut30 loss sched)" ;;
+    cut5|cut30|loss|sched|repl|wsrv|ssched) RUN_LIST+=("$s") ;;
+    *) die "unknown scenario '$s' (none cut5 cut30 loss sched repl wsrv ssched)" ;;
   esac
 done
 
@@ -182,6 +200,12 @@ fakehosts_begin
 cut_host() {   # DROP everything host $1 sends or receives on eth0
   in_ns "$1" iptables -A "$CHAIN_IN" -j DROP
   in_ns "$1" iptables -A "$CHAIN_OUT" -j DROP
+}
+cut_pair() {   # DROP what hosts $1 and $2 send each other; their other links stay up
+  in_ns "$1" iptables -A "$CHAIN_OUT" -d "$(ip_of "$2")" -j DROP
+  in_ns "$1" iptables -A "$CHAIN_IN" -s "$(ip_of "$2")" -j DROP
+  in_ns "$2" iptables -A "$CHAIN_OUT" -d "$(ip_of "$1")" -j DROP
+  in_ns "$2" iptables -A "$CHAIN_IN" -s "$(ip_of "$1")" -j DROP
 }
 lossy_host() {   # drop a fraction $2 of what host $1 sends on eth0
   in_ns "$1" iptables -A "$CHAIN_OUT" -m statistic --mode random --probability "$2" -j DROP
@@ -234,6 +258,9 @@ run_scenario() {
     sched) fault_hosts=(0) fault_secs=30 fault_kind=cut ;;
     loss) for ((h = 0; h < NHOSTS; h++)); do fault_hosts+=("$h"); done
       fault_secs=$LOSS_SECONDS fault_kind=loss ;;
+    repl) fault_hosts=("$CUT_HOST" "$PEER_HOST") fault_secs=$PAIR_SECONDS fault_kind=pair ;;
+    wsrv) fault_hosts=("$CUT_HOST" $((4 + CUT_RANK))) fault_secs=$PAIR_SECONDS fault_kind=pair ;;
+    ssched) fault_hosts=("$CUT_HOST" 0) fault_secs=$PAIR_SECONDS fault_kind=pair ;;
   esac
   local phase=wait_first_step t_first="" t_fault="" steps_fault=0 steps_heal=0
   # Longest stall: the longest time worker 0's step count stood still after its first step.
@@ -253,9 +280,13 @@ run_scenario() {
       wait_fault)
         if awk -v a="$t_first" -v b="$(now)" -v d="$FAULT_AFTER" 'BEGIN { exit !(b - a >= d) }'; then
           steps_fault=$(progress "$dir/progress.0")
-          for h in "${fault_hosts[@]}"; do
-            if [[ $fault_kind == cut ]]; then cut_host "$h"; else lossy_host "$h" "$LOSS"; fi
-          done
+          if [[ $fault_kind == pair ]]; then
+            cut_pair "${fault_hosts[@]}"
+          else
+            for h in "${fault_hosts[@]}"; do
+              if [[ $fault_kind == cut ]]; then cut_host "$h"; else lossy_host "$h" "$LOSS"; fi
+            done
+          fi
           t_fault=$(now)
           log "[$name] fault on at $(elapsed "$t0") s (worker 0 at step $steps_fault): $fault_kind of host(s) ${fault_hosts[*]} for $fault_secs s"
           phase=faulty
@@ -389,6 +420,9 @@ describe() {
     cut30) echo "server host h$CUT_HOST cut off 30 s" ;;
     loss) echo "${LOSS} loss on every link for ${LOSS_SECONDS} s" ;;
     sched) echo "scheduler partitioned away 30 s" ;;
+    repl) echo "server h$CUT_HOST cut from server h$PEER_HOST ${PAIR_SECONDS} s" ;;
+    wsrv) echo "worker $CUT_RANK cut from server h$CUT_HOST ${PAIR_SECONDS} s" ;;
+    ssched) echo "server h$CUT_HOST cut from scheduler ${PAIR_SECONDS} s" ;;
   esac
 }
 ALL_PASS=1

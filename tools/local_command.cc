@@ -208,6 +208,22 @@ absl::StatusOr<size_t> ServerSlot(const std::string& dir, int spawned, int index
   return absl::NotFoundError(absl::StrCat("no server process reported index ", index));
 }
 
+// Whether the scheduler lists the server of daemon slot `slot` (1 + its
+// spawn order, as ServerSlot) as dead. Such a server stops by itself (exit 1,
+// saying why) once a heartbeat tells it so: it was paused or cut off past the
+// heartbeat timeout, and the job went on without it.
+bool DeclaredDeadServer(const std::string& dir, size_t slot, SchedulerClient& client) {
+  std::ifstream in(absl::StrCat(dir, "/server.", slot - 1));
+  int64_t index = -1;
+  if (!(in >> index)) return false;
+  auto status = client.Status(absl::Seconds(5));
+  if (!status.ok()) return false;
+  for (const ServerInfo& s : status->shard_map().servers()) {
+    if (s.index() == index) return s.dead();
+  }
+  return false;
+}
+
 // Why server `index`, asked to drain, had not stopped by itself when the job
 // ended, as the fault injector and the scheduler tell.
 std::string WhyNotDrained(SchedulerClient& client, int64_t index, const FaultInjector* injector) {
@@ -351,6 +367,8 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (!client.ok()) return fail(client.status());
     drain_client = *std::move(client);
   }
+  // Asks whether a server that exited had been declared dead.
+  auto status_client = SchedulerClient::Create(*address, client_security);
   std::unique_ptr<FaultInjector> injector;
   if (!faults.empty()) {
     auto client = SchedulerClient::Create(*address, client_security);
@@ -492,6 +510,11 @@ absl::StatusOr<Outcome> RunCluster(const LocalOptions& o, const ClusterConfig& c
     if (d.ok() && code == 0 && *d > 0) {
       std::cerr << "shardps local: " << daemons[*d].name << " stopped cleanly (drained, or a SIGTERM from outside) "
                 << "and left the job, which goes on without it\n";
+      continue;
+    }
+    if (d.ok() && *d > 0 && status_client.ok() && DeclaredDeadServer(dir, *d, **status_client)) {
+      std::cerr << "shardps local: " << daemons[*d].name << " " << DescribeExit(code)
+                << " after the scheduler declared it dead (it said why above); the job goes on without it\n";
       continue;
     }
     if (d.ok()) return fail(absl::InternalError(absl::StrCat(daemons[*d].name, " ", DescribeExit(code),
