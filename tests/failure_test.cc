@@ -125,7 +125,11 @@ TEST(FailureTest, MostWorkersKilledAtOnceAreDeclaredDeadAndTheLastFinishes) {
   EXPECT_THAT(run.err, HasSubstr("1 worker goes on"));
   EXPECT_THAT(run.err, Not(HasSubstr("more likely cut off itself")));
   EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
-  EXPECT_LT(Field(run.out, "recovery_seconds"), 120) << "recovered by a request timeout, not by failure detection";
+  // Rank 0 has a few steps left once alone, which may all fall between two
+  // of the launcher's polls: recovery_seconds can be null; detection not.
+  const double detected = Field(run.out, "detected_seconds");
+  EXPECT_GT(detected, 0) << run.out;
+  EXPECT_LT(detected, 120) << "found by a request timeout, not by failure detection";
   EXPECT_EQ(Field(run.out, "lost_updates"), 0) << run.out;
   EXPECT_EQ(Field(run.out, "duplicate_updates"), 0) << run.out;
 }
