@@ -536,6 +536,17 @@ absl::StatusOr<std::unique_ptr<SchedulerDaemon>> SchedulerDaemon::Create(const S
   options.config.clear_security();  // secrets stay with the scheduler
   options.config.clear_job_id();    // a new job's, or the saved state's (ClusterState)
   if (absl::Status s = ValidateConfig(options.config); !s.ok()) return s;
+  // CheckLiveness counts a node as heard within the timeout less two
+  // intervals, and never less than half the timeout: below three intervals
+  // a healthy node's last heartbeat may fall outside that (a majority of
+  // healthy nodes can look silent, and a death go undeclared), and one late
+  // heartbeat is taken for a death.
+  if (options.config.heartbeat_timeout_ms() < 3 * options.config.heartbeat_interval_ms()) {
+    LOG(WARNING) << "scheduler: heartbeat_timeout_ms " << options.config.heartbeat_timeout_ms()
+                 << " is less than three heartbeat intervals (heartbeat_interval_ms "
+                 << options.config.heartbeat_interval_ms() << "): a late heartbeat is taken for a death, and healthy "
+                 << "nodes may not count as heard; give it at least three intervals";
+  }
   auto listen = ParseHostPort(options.listen_address, "scheduler listen address",
                               {.allow_port_zero = true, .allow_wildcard = true});
   if (!listen.ok()) return listen.status();

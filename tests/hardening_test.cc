@@ -1005,6 +1005,22 @@ TEST(CommandLineTest, ALocalJobWarnsOnceThatNoRecipeKeepsAnAsyncCodecsAccuracy) 
   EXPECT_EQ(warnings, 1u) << out;
 }
 
+// review17: below three heartbeat intervals a healthy node's last heartbeat
+// may fall outside the window CheckLiveness counts as heard, and a late
+// one is taken for a death; the scheduler says so when it starts.
+TEST(CommandLineTest, ASchedulerWarnsOfAHeartbeatTimeoutShorterThanThreeIntervals) {
+  const std::string job = std::string(SHARDPS_BINARY) +
+                          " local --servers 1 --workers 1 --max-steps 2 --train-limit 64 --test-limit 10 --epochs 1";
+  const std::string warning = "less than three heartbeat intervals";
+  auto [status, out] = RunCommand(job + " --set heartbeat_interval_ms=1000 --set heartbeat_timeout_ms=2500");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr(warning));
+  EXPECT_THAT(out, HasSubstr("heartbeat_timeout_ms 2500"));
+  auto [fine_status, fine] = RunCommand(job + " --set heartbeat_interval_ms=1000 --set heartbeat_timeout_ms=3000");
+  EXPECT_EQ(fine_status, 0) << fine;
+  EXPECT_THAT(fine, Not(HasSubstr(warning)));
+}
+
 TEST(CommandLineTest, AMissingConfigKeyOrDataFileStopsTheCommandNamingTheFileAndWhy) {
   const std::string conf = ::testing::TempDir() + "/missing-key.conf";
   std::ofstream(conf) << "security { enabled: true token_file: \"/nonexistent/token\" "
