@@ -104,6 +104,11 @@ for ((i = 0; i < SERVERS; i++)); do
   stop "server$i"; server "$i" node-new.conf; sleep "$PAUSE"
 done
 for ((i = 0; i < WORKERS; i++)); do
+  # A worker that already finished has a job past its last round to rejoin:
+  # its new process would exit "nothing to train", which says nothing of
+  # the rotation.
+  kill -0 "${PID_OF[worker$i]}" 2>/dev/null ||
+    die "worker $i finished its $EPOCHS epochs before the drill restarted it: give the job more --epochs (or a shorter --pause)"
   log "step 2: worker $i restarted on the new token"
   stop "worker$i"; worker "$i" node-new.conf second; sleep "$PAUSE"
 done
