@@ -1522,6 +1522,26 @@ TEST_F(LivenessTest, ACheckpointAskedBeforeAnyServerReportedARoundIsRefusedNotPl
   EXPECT_TRUE(state_->RequestCheckpoint("/ckpt").ok());
 }
 
+TEST_F(LivenessTest, ACheckpointAskedOnceEveryWorkerLeftIsRefusedNotPlacedAtARoundThatNeverComes) {
+  // docwalk17: `shardps checkpoint` after a sync job's end waited out its
+  // --wait for a round no worker would train.
+  ReportRounds(50);
+  for (uint32_t r = 0; r < 3; ++r) {
+    HeartbeatRequest leaving;
+    leaving.set_node_id(worker_ids_[r]);
+    leaving.set_leaving(true);
+    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+    if (r < 2) {
+      EXPECT_TRUE(state_->RequestCheckpoint("/ckpt").ok()) << "rank 2 still trains";
+    }
+  }
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  auto late = state_->RequestCheckpoint("/ckpt");
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
+  EXPECT_THAT(late.status().message(), HasSubstr("every worker has left the job"));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), epoch) << "a refused request publishes nothing";
+}
+
 class AsyncLivenessTest : public LivenessTest {
  protected:
   void SetUp() override {

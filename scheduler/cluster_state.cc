@@ -1239,6 +1239,14 @@ absl::StatusOr<CheckpointResponse> ClusterState::RequestCheckpoint(const std::st
   if (map_.partitions_size() == 0) {
     return absl::FailedPreconditionError("checkpoint: no tensors are defined yet, so there is nothing to save");
   }
+  // Every worker left (the job is over): no round completes any more, and
+  // one placed past the servers' would never come (docwalk17: `shardps
+  // checkpoint` waited out --wait, then said training may have stopped).
+  if (RoundBased(config_) && static_cast<size_t>(map_.left_workers_size()) >= config_.num_workers()) {
+    return absl::FailedPreconditionError(
+        "checkpoint: every worker has left the job, so no round will complete to save at; a sync job is "
+        "checkpointed while it trains (checkpoint.every_rounds, or shardps checkpoint before its last round)");
+  }
   // With no round reported, a round placed at 1 is one training has likely
   // passed already (the servers log it and the checkpoint never completes).
   if (RoundBased(config_) && !AnyServerReportedARound()) {
