@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
 
 #include <glog/logging.h>
@@ -410,6 +411,39 @@ bool PartitionEngine::Counted(const Partition& p, uint32_t w) const {
 
 bool PartitionEngine::RemovedPush(const Partition& p, const DataHeader& h) const {
   return num_excluded_ > 0 && excluded_[h.worker_rank()] && h.round() > p.completed;
+}
+
+std::vector<PartitionEngine::RoundStall> PartitionEngine::CheckRoundStalls() {
+  std::map<uint32_t, RoundStall> stalled;  // by worker
+  if (RoundBased(config_)) {
+    for (auto& [id, part] : partitions_) {
+      Partition& p = *part;
+      const bool open = p.primary && p.arrivals > 0 && !RoundComplete(p);
+      const bool stuck = open && p.stall_check_round == p.completed && p.stall_check_arrivals == p.arrivals;
+      p.stall_check_round = open ? p.completed : UINT64_MAX;
+      p.stall_check_arrivals = p.arrivals;
+      if (!stuck) continue;
+      for (uint32_t w = 0; w < config_.num_workers(); ++w) {
+        if (!Counted(p, w) || Contributed(p, w)) continue;
+        RoundStall& s = stalled[w];
+        s.round = s.partitions.empty() ? p.completed : std::min(s.round, p.completed);
+        s.worker = w;
+        s.partitions.push_back(id);
+      }
+    }
+  }
+  std::vector<RoundStall> out;
+  for (auto& [w, s] : stalled) {
+    if (round_stalled_workers_.contains(w)) continue;  // said when found
+    std::sort(s.partitions.begin(), s.partitions.end());
+    out.push_back(std::move(s));
+  }
+  for (uint32_t w : round_stalled_workers_) {
+    if (!stalled.contains(w)) out.push_back({.worker = w, .partitions = {}, .round = 0, .resumed = true});
+  }
+  round_stalled_workers_.clear();
+  for (const auto& [w, s] : stalled) round_stalled_workers_.insert(w);
+  return out;
 }
 
 bool PartitionEngine::RoundComplete(const Partition& p) const {

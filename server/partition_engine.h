@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -216,6 +217,22 @@ class PartitionEngine {
   // returned once when found and once when it ends, one entry per backup.
   std::vector<ReplicationStall> CheckReplicationStalls();
 
+  // A sync round of this server's primaries that took no push between two
+  // calls of CheckRoundStalls with some workers' pushes in and `worker`'s
+  // missing: a worker whose data link to this server is down while it
+  // still reaches the scheduler (so it is not declared dead), or one
+  // stuck. Every round of the job waits for it. `resumed`: a worker listed
+  // before whose rounds move again.
+  struct RoundStall {
+    uint32_t worker = 0;
+    std::vector<uint64_t> partitions;  // waiting for it (empty when resumed)
+    uint64_t round = 0;                // the earliest open round among them
+    bool resumed = false;
+  };
+  // Call every heartbeat timeout or so. Each stall is returned once when
+  // found and once when it ends, one entry per worker.
+  std::vector<RoundStall> CheckRoundStalls();
+
   // Answers every parked request with `status` (shutdown).
   void FailWaiting(const absl::Status& status);
 
@@ -352,6 +369,10 @@ class PartitionEngine {
     // batch is applied from it.
     zmq::message_t first;
     uint32_t arrivals = 0;                 // sync: pushes in for this round
+    // CheckRoundStalls: the open round and its arrivals at the last check
+    // (no round checked: the round is past any).
+    uint64_t stall_check_round = UINT64_MAX;
+    uint32_t stall_check_arrivals = 0;
     std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
     std::vector<bool> contributed;         // sync: per worker, counted in the open round
     std::vector<uint64_t> incarnation;     // per worker: registration of its pushes
@@ -761,6 +782,7 @@ class PartitionEngine {
   std::vector<uint64_t> join_incarnation_;
   std::vector<uint64_t> join_epoch_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Partition>> partitions_;
+  std::set<uint32_t> round_stalled_workers_;  // listed by the last CheckRoundStalls
   EngineStats stats_;
   // Checkpoints: every partition of the map and its primary; per round being
   // written, the manifest of the files written so far (sync: the last

@@ -16,6 +16,7 @@ namespace shardps {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 struct Sent {
   std::string peer;
@@ -878,6 +879,30 @@ TEST_F(EngineTest, ARankRejoiningAloneCatchesUpWhereItsPartitionCompletedTheJoin
   PushFrom(0, 11, 2, {2, 2});
   EXPECT_EQ(sent_.back().header.status_code(), 0) << sent_.back().header.error();
   EXPECT_EQ(Weights(), (std::vector<float>{before[0] - 2, before[1] - 2})) << "round 2: worker 0's gradient alone";
+}
+
+TEST_F(EngineTest, ARoundWaitingAWholeCheckForOneWorkersPushIsReportedOnceNamingItAndAgainWhenItMoves) {
+  // chaos16 (`tools/chaos.sh wsrv`): a worker cut off from one server only
+  // stalled the sync job without a word from any node.
+  Make(SYNC, false, 3);
+  EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty()) << "no round open";
+  Send(PUSH, 0, 0, {1, 1});
+  EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty()) << "open since less than a whole check";
+  Send(PUSH, 2, 0, {1, 1});
+  EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty()) << "a push came in since the last check";
+  std::vector<PartitionEngine::RoundStall> stalls = engine_->CheckRoundStalls();
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].worker, 1u);
+  EXPECT_EQ(stalls[0].partitions, std::vector<uint64_t>{5});
+  EXPECT_EQ(stalls[0].round, 0u);
+  EXPECT_FALSE(stalls[0].resumed);
+  EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty()) << "the same stall said twice";
+  Send(PUSH, 1, 0, {1, 1});  // the round completes
+  stalls = engine_->CheckRoundStalls();
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].worker, 1u);
+  EXPECT_TRUE(stalls[0].resumed);
+  EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty());
 }
 
 TEST_F(EngineTest, APartitionPastTheJoinRoundTakesTheRejoinedWorkersEarlierRoundsForRetriesAndWaitsForItAtTheOpenOne) {

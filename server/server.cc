@@ -295,6 +295,25 @@ class ParameterServerImpl : public ParameterServer {
     next_snapshot_check_ = now + absl::Milliseconds(config_.heartbeat_timeout_ms());
     engine_->ProbeUnconfirmedSnapshots();
     ReportReplicationStalls();
+    ReportRoundStalls();
+  }
+
+  // Before 2026-11-25 a worker cut off from one server only (`tools/chaos.sh
+  // wsrv`) stalled the sync job with no word from any node until its
+  // request timeout, which names the server from the worker's side only.
+  void ReportRoundStalls() {
+    for (const PartitionEngine::RoundStall& s : engine_->CheckRoundStalls()) {
+      if (s.resumed) {
+        LOG(WARNING) << "server " << index_ << " (" << data_address_ << "): worker " << s.worker
+                     << "'s pushes reach it again";
+        continue;
+      }
+      LOG(WARNING) << "server " << index_ << " (" << data_address_ << "): round " << s.round << " of partition(s) "
+                   << absl::StrJoin(s.partitions, ", ") << " has waited a heartbeat timeout ("
+                   << config_.heartbeat_timeout_ms() << " ms) for worker " << s.worker
+                   << "'s push, the other workers' are in: every round waits for it. If the scheduler does not "
+                      "declare it dead, it still reaches the scheduler; is the link between it and this server down?";
+    }
   }
 
   // Before 2026-11-25 a primary cut off from its backup only (every other
