@@ -101,6 +101,14 @@ class LivenessTest : public ::testing::Test {
     }
   }
 
+  // Node `id`'s last heartbeat, saying it leaves the job.
+  absl::Status Leave(uint64_t id) {
+    HeartbeatRequest leaving;
+    leaving.set_node_id(id);
+    leaving.set_leaving(true);
+    return state_->Heartbeat(leaving).status();
+  }
+
   // Servers report round 0, then a second later `round` (server 0) and a
   // little less (server 1): `round` rounds a second.
   // Rounds reported at 50, then every worker leaves and rank 0 asks to
@@ -110,10 +118,7 @@ class LivenessTest : public ::testing::Test {
       const std::function<void(size_t, HeartbeatRequest&)>& report) {
     ReportRounds(50);
     for (uint32_t r = 0; r < 3; ++r) {
-      HeartbeatRequest leaving;
-      leaving.set_node_id(worker_ids_[r]);
-      leaving.set_leaving(true);
-      EXPECT_TRUE(state_->Heartbeat(leaving).ok());
+      EXPECT_TRUE(Leave(worker_ids_[r]).ok());
     }
     absl::StatusOr<RegisterResponse> first;
     std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
@@ -139,10 +144,7 @@ class LivenessTest : public ::testing::Test {
   absl::StatusOr<RegisterResponse> RejoinAloneWhileServerOneDies(
       const std::function<void(const ShardMap&, HeartbeatRequest&)>& report, std::vector<std::string>& lines) {
     for (uint32_t r = 0; r < 3; ++r) {
-      HeartbeatRequest leaving;
-      leaving.set_node_id(worker_ids_[r]);
-      leaving.set_leaving(true);
-      EXPECT_TRUE(state_->Heartbeat(leaving).ok());
+      EXPECT_TRUE(Leave(worker_ids_[r]).ok());
     }
     Report(0, 0);
     Report(1, 0);
@@ -1425,10 +1427,7 @@ TEST_F(LivenessTest, CallsOfOneRankWaitingToRejoinCountAsOneNodeHeardNotAMajorit
   // while the scheduler heard no server: a majority that declared both
   // live servers dead.
   for (uint32_t r = 0; r < 3; ++r) {
-    HeartbeatRequest leaving;
-    leaving.set_node_id(worker_ids_[r]);
-    leaving.set_leaving(true);
-    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+    ASSERT_TRUE(Leave(worker_ids_[r]).ok());
   }
   const uint64_t epoch = state_->Status().shard_map().epoch();
   Beat({0, 1}, {}, epoch);  // the servers' last heartbeats: the scheduler is cut off from them
@@ -1527,10 +1526,7 @@ TEST_F(LivenessTest, ACheckpointAskedOnceEveryWorkerLeftIsRefusedNotPlacedAtARou
   // --wait for a round no worker would train.
   ReportRounds(50);
   for (uint32_t r = 0; r < 3; ++r) {
-    HeartbeatRequest leaving;
-    leaving.set_node_id(worker_ids_[r]);
-    leaving.set_leaving(true);
-    ASSERT_TRUE(state_->Heartbeat(leaving).ok());
+    ASSERT_TRUE(Leave(worker_ids_[r]).ok());
     if (r < 2) {
       EXPECT_TRUE(state_->RequestCheckpoint("/ckpt").ok()) << "rank 2 still trains";
     }

@@ -131,12 +131,12 @@ class ParameterServerImpl : public ParameterServer {
     for (;;) {
       if (stop_.load(std::memory_order_relaxed) && !DrainsBeforeStopping()) break;
       InstallPendingMap();
-      if (absl::Status s = WatchError(); !s.ok()) {
-        result = s;
-        break;
-      }
-      if (absl::Status s = DeclaredDead(); !s.ok()) {
-        if (!stop_.load(std::memory_order_relaxed)) result = s;  // asked to stop meanwhile: a stop
+      if (const Ending e = Ended(); !e.watch_error.ok() || !e.declared_dead.ok()) {
+        if (!e.watch_error.ok()) {
+          result = e.watch_error;
+        } else if (!stop_.load(std::memory_order_relaxed)) {
+          result = e.declared_dead;  // asked to stop meanwhile: a stop
+        }
         break;
       }
       items.assign(1, {socket_.handle(), 0, ZMQ_POLLIN, 0});
@@ -777,15 +777,16 @@ class ParameterServerImpl : public ParameterServer {
     return false;
   }
 
-  absl::Status WatchError() {
+  // What ends Run, read under one lock each pass of its loop: a map watch
+  // that failed for good, and why the scheduler took this server out of the
+  // job (both OK while it serves).
+  struct Ending {
+    absl::Status watch_error;
+    absl::Status declared_dead;
+  };
+  Ending Ended() {
     absl::MutexLock lock(&mu_);
-    return watch_error_;
-  }
-
-  // Why the scheduler took this server out of the job; OK while a member.
-  absl::Status DeclaredDead() {
-    absl::MutexLock lock(&mu_);
-    return declared_dead_;
+    return {watch_error_, declared_dead_};
   }
 
   void HeartbeatLoop() {

@@ -253,6 +253,24 @@ RegisterRequest WorkerRankZero() {
   return worker;
 }
 
+// An active scheduler with a server and worker rank 0 registered, then
+// deposed (another holds the leadership): its next write is refused.
+struct DeposedWithAWorker {
+  ActiveScheduler active;
+  uint64_t worker_node_id = 0;
+};
+absl::StatusOr<DeposedWithAWorker> DeposeAfterAServerAndAWorkerRegistered(const std::string& endpoint,
+                                                                         const std::string& prefix) {
+  auto active = StartActiveScheduler(endpoint, prefix);
+  if (!active.ok()) return active.status();
+  SchedulerClient& client = *active->client;
+  if (auto s = client.Register(ServerAt(active->daemon->address()), absl::Seconds(5)); !s.ok()) return s.status();
+  auto registered = client.Register(WorkerRankZero(), absl::Seconds(5));
+  if (!registered.ok()) return registered.status();
+  if (absl::Status s = RevokeLeadership(endpoint, prefix); !s.ok()) return s;
+  return DeposedWithAWorker{.active = *std::move(active), .worker_node_id = registered->node_id()};
+}
+
 // Defines one tensor while the servers of node ids `servers` report
 // serving each epoch `daemon` publishes; returns the definition's answer.
 absl::StatusOr<ShardMap> DefineOneTensor(SchedulerDaemon& daemon, SchedulerClient& client,
@@ -459,17 +477,12 @@ TEST_F(EtcdTest, ABarrierWhosePassDeposesTheSchedulerIsRefusedSoTheRanksEnterItW
   // the leadership), and the ranks were told it passed all the same: the
   // successor never heard of the pass, and a rank rejoining there waited at
   // a barrier the others had gone on from (as before 20f156d).
-  const std::string prefix = Prefix("unwritten-barrier");
-  auto active = StartActiveScheduler(endpoint(), prefix);
-  ASSERT_TRUE(active.ok()) << active.status();
-  SchedulerDaemon* daemon = active->daemon.get();
-  SchedulerClient* client = active->client.get();
-  ASSERT_TRUE(client->Register(ServerAt(daemon->address()), absl::Seconds(5)).ok());
-  auto registered = client->Register(WorkerRankZero(), absl::Seconds(5));
-  ASSERT_TRUE(registered.ok()) << registered.status();
-  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  auto deposed = DeposeAfterAServerAndAWorkerRegistered(endpoint(), Prefix("unwritten-barrier"));
+  ASSERT_TRUE(deposed.ok()) << deposed.status();
+  SchedulerDaemon* daemon = deposed->active.daemon.get();
+  SchedulerClient* client = deposed->active.client.get();
   BarrierRequest init;
-  init.set_node_id(registered->node_id());
+  init.set_node_id(deposed->worker_node_id);
   init.set_name("init");
   absl::Status passed = client->Barrier(init, absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(passed)) << "passed by a deposed scheduler: " << passed;
@@ -484,17 +497,12 @@ TEST_F(EtcdTest, ALeaveWhoseWriteDeposesTheSchedulerIsRefusedSoTheNodeTellsItsSu
   // heartbeat timeout before failing the server's partitions over, and
   // refuses a process started again at its address until then). The
   // refusal sends the leave on to the next scheduler.
-  const std::string prefix = Prefix("unwritten-leave");
-  auto active = StartActiveScheduler(endpoint(), prefix);
-  ASSERT_TRUE(active.ok()) << active.status();
-  SchedulerDaemon* daemon = active->daemon.get();
-  SchedulerClient* client = active->client.get();
-  ASSERT_TRUE(client->Register(ServerAt(daemon->address()), absl::Seconds(5)).ok());
-  auto registered = client->Register(WorkerRankZero(), absl::Seconds(5));
-  ASSERT_TRUE(registered.ok()) << registered.status();
-  ASSERT_TRUE(RevokeLeadership(endpoint(), prefix).ok());
+  auto deposed = DeposeAfterAServerAndAWorkerRegistered(endpoint(), Prefix("unwritten-leave"));
+  ASSERT_TRUE(deposed.ok()) << deposed.status();
+  SchedulerDaemon* daemon = deposed->active.daemon.get();
+  SchedulerClient* client = deposed->active.client.get();
   HeartbeatRequest leaving;
-  leaving.set_node_id(registered->node_id());
+  leaving.set_node_id(deposed->worker_node_id);
   leaving.set_leaving(true);
   auto said = client->Heartbeat(leaving, absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(said.status())) << "a leave answered by a deposed scheduler: " << said.status();
