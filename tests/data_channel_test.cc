@@ -2,10 +2,16 @@
 // worker sends, in which order, when a partition's primary moves.
 #include "worker/data_channel.h"
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
 #include <functional>
 #include <memory>
 #include <string>
@@ -76,13 +82,131 @@ struct FakeServer {
   std::string address;
 };
 
-// Submits a PUSH of `gradient` (borrowed) for partition 7, round `round`,
+// A TCP relay in front of a server that can stand for a network cut: a
+// connection open at the cut never carries another byte (as if TCP's
+// retransmission backoff outlasted the test), and new ones are refused until
+// the cut heals.
+class CuttableRelay {
+ public:
+  explicit CuttableRelay(const std::string& backend) : backend_port_(PortOf(backend)) {
+    absl::MutexLock lock(&mu_);
+    Listen();
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~CuttableRelay() {
+    stop_ = true;
+    thread_.join();
+    if (listen_fd_ >= 0) close(listen_fd_);
+    for (const Link& l : links_) {
+      close(l.client);
+      close(l.server);
+    }
+  }
+  std::string address() const { return absl::StrCat("tcp://127.0.0.1:", port_); }
+  void Cut() {
+    absl::MutexLock lock(&mu_);
+    for (Link& l : links_) l.cut = true;
+    close(listen_fd_);
+    listen_fd_ = -1;
+  }
+  void Heal() {
+    absl::MutexLock lock(&mu_);
+    Listen();
+  }
+
+ private:
+  struct Link {
+    int client, server;
+    bool cut = false;
+  };
+  static int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+  static sockaddr_in Loopback(int port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    return a;
+  }
+  void Listen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a = Loopback(port_);
+    ASSERT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+    ASSERT_EQ(listen(listen_fd_, 16), 0);
+    socklen_t len = sizeof(a);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  // Moves what `from` has to `to`; false once either end closed.
+  static bool Relay(int from, int to) {
+    char buffer[65536];
+    const ssize_t n = read(from, buffer, sizeof(buffer));
+    if (n <= 0) return false;
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t w = write(to, buffer + done, n - done);
+      if (w <= 0) return false;
+      done += w;
+    }
+    return true;
+  }
+  void Run() {
+    while (!stop_) {
+      std::vector<pollfd> fds;
+      {
+        absl::MutexLock lock(&mu_);
+        if (listen_fd_ >= 0) fds.push_back({listen_fd_, POLLIN, 0});
+        for (const Link& l : links_) {
+          if (l.cut) continue;
+          fds.push_back({l.client, POLLIN, 0});
+          fds.push_back({l.server, POLLIN, 0});
+        }
+      }
+      if (poll(fds.data(), fds.size(), 20) <= 0) continue;
+      absl::MutexLock lock(&mu_);
+      for (const pollfd& f : fds) {
+        if (!(f.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        if (f.fd == listen_fd_) {
+          const int client = accept(listen_fd_, nullptr, nullptr);
+          const int server = socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in a = Loopback(backend_port_);
+          if (client < 0 || connect(server, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+            ADD_FAILURE() << "relay: " << strerror(errno);
+            continue;
+          }
+          links_.push_back({client, server});
+          continue;
+        }
+        for (auto it = links_.begin(); it != links_.end(); ++it) {
+          if (it->cut || (f.fd != it->client && f.fd != it->server)) continue;
+          if (!Relay(f.fd, f.fd == it->client ? it->server : it->client)) {
+            close(it->client);
+            close(it->server);
+            links_.erase(it);
+          }
+          break;
+        }
+      }
+    }
+  }
+
+  const int backend_port_;
+  absl::Mutex mu_;
+  int listen_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  int port_ = 0;  // kept across a cut: the relay listens there again
+  std::vector<Link> links_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Submits a PUSH of `gradient` (borrowed) for `partition`, round `round`,
 // to server 0 at epoch 1; returns its handle.
-uint64_t SubmitPush(DataChannel& channel, const std::vector<float>& gradient, uint64_t round) {
+uint64_t SubmitPush(DataChannel& channel, const std::vector<float>& gradient, uint64_t round,
+                    uint64_t partition = 7) {
   DataChannel::Request r;
   r.server = 0;
   r.header.set_op(PUSH);
-  r.header.set_partition_id(7);
+  r.header.set_partition_id(partition);
   r.header.set_round(round);
   r.header.set_epoch(1);
   r.header.set_num_elements(gradient.size());
@@ -493,6 +617,44 @@ TEST(DataChannelTest, WeightsVersionIsThatOfTheAnswersHandedBackNotOfTheLatestAr
   EXPECT_EQ((*channel)->weights_version(7), 5u) << "arrived, but not handed back";
   ASSERT_TRUE((*channel)->Wait(second, absl::Seconds(10)).ok());
   EXPECT_EQ((*channel)->weights_version(7), 6u);
+}
+
+// A cut between a worker and a server that heals: the connection it broke is
+// never heard again (TCP would send again only at its next backed-off
+// retransmission, a minute after a 30 s cut). The worker's heartbeats end
+// it, and once the server is reachable, what waited for it arrives on a new
+// connection in the order first sent, with the same request ids. A healthy
+// connection with a request waiting is not broken by the heartbeats.
+TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOnceItHeals) {
+  zmq::context_t context;
+  FakeServer server(context);
+  CuttableRelay relay(server.address);
+  auto channel = DataChannel::Create({{relay.address(), "", false}}, 0, nullptr,
+                                     ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> gradient(4, 1.0f);
+  const uint64_t first = SubmitPush(**channel, gradient, 0);
+  std::vector<DataHeader> got = server.Receive(1);
+  ASSERT_EQ(got.size(), 1u);
+  absl::Status status;
+  EXPECT_FALSE((*channel)->WaitAny(absl::MakeConstSpan(&first, 1), absl::Seconds(1), &status).ok());
+  EXPECT_TRUE(server.Receive(1, 200).empty()) << "a healthy connection was taken for a broken one";
+
+  relay.Cut();
+  const uint64_t second = SubmitPush(**channel, gradient, 0, /*partition=*/8);
+  const uint64_t both[] = {first, second};
+  EXPECT_FALSE((*channel)->WaitAny(both, absl::Seconds(1), &status).ok());
+  relay.Heal();
+  std::vector<DataHeader> again = server.Receive(2);
+  ASSERT_EQ(again.size(), 2u) << "what waited for the server never reached it after the cut healed";
+  EXPECT_EQ(again[0].request_id(), got[0].request_id());
+  EXPECT_EQ(again[0].partition_id(), 7u);
+  EXPECT_EQ(again[1].partition_id(), 8u);
+  EXPECT_GT(again[1].request_id(), again[0].request_id());
+  server.AnswerWeights(1, again[0], 1, gradient.size());
+  server.AnswerWeights(2, again[1], 1, gradient.size());
+  EXPECT_TRUE((*channel)->Wait(first, absl::Seconds(10)).ok());
+  EXPECT_TRUE((*channel)->Wait(second, absl::Seconds(10)).ok());
 }
 
 }  // namespace

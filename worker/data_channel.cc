@@ -27,8 +27,9 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<ServerEndpoint>& servers,
-                                                                 uint32_t rank, const CurveKeyPair* curve_keys) {
-  std::unique_ptr<DataChannel> channel(new DataChannel(zmq::context_t(1), rank));
+                                                                 uint32_t rank, const CurveKeyPair* curve_keys,
+                                                                 ConnectionWatch watch) {
+  std::unique_ptr<DataChannel> channel(new DataChannel(zmq::context_t(1), rank, watch));
   channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (channel->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
   absl::MutexLock lock(&channel->io_mu_);
@@ -39,7 +40,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
   return channel;
 }
 
-DataChannel::DataChannel(zmq::context_t context, uint32_t rank) : context_(std::move(context)), rank_(rank) {}
+DataChannel::DataChannel(zmq::context_t context, uint32_t rank, ConnectionWatch watch)
+    : context_(std::move(context)), rank_(rank), watch_(watch) {}
 
 absl::StatusOr<PeerSeal*> DataChannel::Secure(zmq::socket_t& socket, size_t server, const ServerEndpoint& endpoint) {
   auto bad = [&](absl::string_view why) {
@@ -67,22 +69,42 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   s.set(zmq::sockopt::sndhwm, 0);
   s.set(zmq::sockopt::rcvhwm, 0);
   s.set(zmq::sockopt::linger, 0);
+  const int interval_ms = std::max<int>(1, absl::ToInt64Milliseconds(watch_.heartbeat_interval));
+  const int timeout_ms = std::max<int>(1, absl::ToInt64Milliseconds(watch_.heartbeat_timeout));
+  s.set(zmq::sockopt::heartbeat_ivl, interval_ms);
+  s.set(zmq::sockopt::heartbeat_timeout, timeout_ms);
+  s.set(zmq::sockopt::handshake_ivl, timeout_ms);
+  // A connection attempt whose SYN a cut dropped is given up and made again,
+  // not left to TCP's backoff.
+  s.set(zmq::sockopt::connect_timeout, interval_ms);
   absl::StatusOr<PeerSeal*> seal = Secure(s, index, endpoint);
   if (!seal.ok()) return seal.status();
+  const std::string monitor_endpoint =
+      absl::StrCat("inproc://shardps-data-", reinterpret_cast<uintptr_t>(this), "-", index);
+  if (zmq_socket_monitor(s.handle(), monitor_endpoint.c_str(),
+                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
+    return absl::InternalError(absl::StrCat("server ", index, ": cannot watch its connection: ", zmq_strerror(errno)));
+  }
+  zmq::socket_t monitor(context_, zmq::socket_type::pair);
   try {
+    monitor.connect(monitor_endpoint);
     s.connect(endpoint.address);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot connect to server ", index, " at '", endpoint.address, "': ", e.what()));
   }
   const int fd = s.get(zmq::sockopt::fd);
+  const int monitor_fd = monitor.get(zmq::sockopt::fd);
   servers_.push_back(std::move(s));
+  monitors_.push_back(std::move(monitor));
+  reconnecting_.push_back(false);
   seal_of_server_.push_back(*seal);
   absl::MutexLock lock(&mu_);
   addresses_.push_back(endpoint.address);
   server_keys_.push_back(endpoint.curve_public_key);
   failed_.push_back(removed_);  // a removed worker refuses the new server's requests too
   fds_.push_back(fd);
+  fds_.push_back(monitor_fd);
   return absl::OkStatus();
 }
 
@@ -113,14 +135,7 @@ void DataChannel::Disconnect(uint32_t server, const std::string& address) {
   }
 }
 
-void DataChannel::DropQueued(uint32_t server) {
-  absl::MutexLock io_lock(&io_mu_);
-  std::string address;
-  {
-    absl::MutexLock lock(&mu_);
-    if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
-    address = addresses_[server];
-  }
+void DataChannel::Reconnect(uint32_t server, const std::string& address) {
   // With linger 0 the old connection's pipe goes with what it holds.
   Disconnect(server, address);
   try {
@@ -129,6 +144,17 @@ void DataChannel::DropQueued(uint32_t server) {
     LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " at '" << address
                << "' again: " << e.what();
   }
+}
+
+void DataChannel::DropQueued(uint32_t server) {
+  absl::MutexLock io_lock(&io_mu_);
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
+    address = addresses_[server];
+  }
+  Reconnect(server, address);
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
@@ -183,6 +209,7 @@ DataChannel::~DataChannel() {
   {
     absl::MutexLock lock(&io_mu_);
     servers_.clear();
+    monitors_.clear();
   }
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -195,6 +222,9 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
     // increasing order whatever the number of calling threads (servers take
     // an older id from the same worker for a retry).
     absl::MutexLock io_lock(&io_mu_);
+    // A broken connection seen first: nothing is queued for it behind bytes
+    // it lost.
+    for (uint32_t s = 0; s < monitors_.size(); ++s) WatchConnection(s);
     std::vector<uint64_t> ids(requests.size());
     std::vector<size_t> refused;  // requests to servers declared dead: never sent
     {
@@ -296,22 +326,66 @@ int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_
       if (server < servers_.size()) to.emplace_back(id, server);
     }
     std::sort(to.begin(), to.end());
+    std::vector<uint64_t> ids;
     for (const auto& [id, server] : to) {
       Pending& p = pending_.at(id);
       p.server = server;
       p.header.set_epoch(epoch);
-      zmq::message_t encoded;
-      if (p.encoded.size() > 0) encoded.copy(p.encoded);
-      SendRequest(p.server, p.header, p.payload, p.encoded.size() > 0 ? &encoded : nullptr);
-      ++resent;
+      ids.push_back(id);
     }
+    resent = SendAgain(ids);
   }
   return resent;
 }
 
+int DataChannel::SendAgain(absl::Span<const uint64_t> ids) {
+  for (uint64_t id : ids) {
+    Pending& p = pending_.at(id);
+    zmq::message_t encoded;
+    if (p.encoded.size() > 0) encoded.copy(p.encoded);
+    SendRequest(p.server, p.header, p.payload, p.encoded.size() > 0 ? &encoded : nullptr);
+  }
+  return static_cast<int>(ids.size());
+}
+
+void DataChannel::WatchConnection(uint32_t server) {
+  zmq::socket_t& monitor = monitors_[server];
+  while (monitor.get(zmq::sockopt::events) & ZMQ_POLLIN) {
+    zmq::message_t event, endpoint;
+    if (!monitor.recv(event, zmq::recv_flags::dontwait)) return;
+    if (event.more()) (void)monitor.recv(endpoint);
+    uint16_t what = 0;
+    if (event.size() >= sizeof(what)) std::memcpy(&what, event.data(), sizeof(what));
+    absl::MutexLock lock(&mu_);
+    const std::string& address = addresses_[server];
+    if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && reconnecting_[server]) {
+      reconnecting_[server] = false;
+      LOG(INFO) << "worker " << rank_ << ": connected to server " << server << " (" << address << ") again";
+    }
+    // Only a connection that broke says so; Reconnect's Disconnect does not.
+    if (what != ZMQ_EVENT_DISCONNECTED) continue;
+    reconnecting_[server] = true;
+    // The broken connection lost what was in flight on it, and its queue
+    // would go out on the next one ahead of that: the queue goes (linger 0),
+    // and every request waiting for the server follows in request-id order.
+    Reconnect(server, address);
+    std::vector<uint64_t> waiting;
+    for (const auto& [id, p] : pending_) {
+      if (p.server == server) waiting.push_back(id);
+    }
+    std::sort(waiting.begin(), waiting.end());
+    SendAgain(waiting);
+    LOG_IF(WARNING, !waiting.empty())
+        << "worker " << rank_ << ": the connection to server " << server << " (" << address
+        << ") broke (closed, or no answer to a heartbeat within " << absl::FormatDuration(watch_.heartbeat_timeout)
+        << "); the " << waiting.size() << " requests waiting for it are sent again on the next one";
+  }
+}
+
 int DataChannel::DrainReady() {
   int handled = 0;
-  for (size_t s = 0; s < servers_.size(); ++s) {
+  for (uint32_t s = 0; s < servers_.size(); ++s) {
+    WatchConnection(s);
     while (servers_[s].get(zmq::sockopt::events) & ZMQ_POLLIN) {
       Receive(s);
       ++handled;

@@ -37,6 +37,18 @@
 
 namespace shardps {
 
+// How the channel watches its connections. TCP alone notices a peer that went
+// silent only when its retransmissions give up, and after a cut heals it
+// sends again only at its next backed-off retransmission (a minute after a
+// 30 s cut): ZeroMQ heartbeats end a connection whose server answers no
+// PING within `heartbeat_timeout`, the socket connects again (each attempt
+// given `heartbeat_interval`), and what waited for the server is sent again
+// on the new connection.
+struct ConnectionWatch {
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+};
+
 class DataChannel {
  public:
   // One data request: where it goes and, for answers with weights, where the
@@ -71,7 +83,8 @@ class DataChannel {
   // with `curve_keys` (this worker's registered pair; null: a fresh pair).
   static absl::StatusOr<std::unique_ptr<DataChannel>> Create(const std::vector<ServerEndpoint>& servers,
                                                              uint32_t worker_rank,
-                                                             const CurveKeyPair* curve_keys = nullptr);
+                                                             const CurveKeyPair* curve_keys = nullptr,
+                                                             ConnectionWatch watch = {});
   ~DataChannel();
 
   // Sends all `requests` as one handle. `what` names the operation in errors
@@ -169,6 +182,18 @@ class DataChannel {
   // Ends `server`'s socket's connection to `address` (and what its pipe
   // holds); one already gone is no error.
   void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Drops what `server`'s queue holds and connects to `address` again.
+  void Reconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Handles what `server`'s connection monitor reports. A connection that
+  // broke lost the bytes in flight on it, and what its queue holds would go
+  // out on the next connection ahead of the requests they carried: the queue
+  // goes, the socket connects again, and every request waiting for the
+  // server is queued again, in request-id order, with its request id (the
+  // server takes one it has for a retry).
+  void WatchConnection(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Sends the waiting requests `ids` (in that order) again to the servers
+  // their Pending names.
+  int SendAgain(absl::Span<const uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_, mu_);
   // Sends one request (header, then its payload if any) on `server`'s socket.
   void SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
@@ -185,7 +210,7 @@ class DataChannel {
     bool waited = false;
   };
 
-  DataChannel(zmq::context_t context, uint32_t rank);
+  DataChannel(zmq::context_t context, uint32_t rank, ConnectionWatch watch);
   // Receives and handles every answer already queued; returns how many.
   int DrainReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   void Receive(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
@@ -208,15 +233,20 @@ class DataChannel {
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> server_keys_ ABSL_GUARDED_BY(mu_);  // CURVE public keys; empty: plain
   const uint32_t rank_;
+  const ConnectionWatch watch_;
 
   absl::Mutex io_mu_;
   std::vector<zmq::socket_t> servers_ ABSL_GUARDED_BY(io_mu_);
+  // Per server: the PAIR socket its connection events arrive on, and whether
+  // its connection broke and is not back yet (see WatchConnection).
+  std::vector<zmq::socket_t> monitors_ ABSL_GUARDED_BY(io_mu_);
+  std::vector<bool> reconnecting_ ABSL_GUARDED_BY(io_mu_);
   // Sealed servers: this worker's seals (null without own keys) and each
   // server's (null: CURVE or plain).
   std::unique_ptr<PeerSeals> seals_ ABSL_GUARDED_BY(io_mu_);
   std::vector<PeerSeal*> seal_of_server_ ABSL_GUARDED_BY(io_mu_);
   DataHeader response_ ABSL_GUARDED_BY(io_mu_);
-  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);  // the sockets' ZMQ_FDs
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);  // the sockets' and monitors' ZMQ_FDs
   int wake_fd_ = -1;      // eventfd: a sender drained answers a poller may wait for
 
   mutable absl::Mutex mu_;

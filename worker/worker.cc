@@ -150,7 +150,9 @@ class WorkerImpl : public Worker {
       }
       route.states.push_back(std::move(state));
     }
-    auto channel = DataChannel::Create(addresses, options_.rank, curve_keys_.public_key.empty() ? nullptr : &curve_keys_);
+    auto channel = DataChannel::Create(addresses, options_.rank, curve_keys_.public_key.empty() ? nullptr : &curve_keys_,
+                                       {absl::Milliseconds(config_.heartbeat_interval_ms()),
+                                        absl::Milliseconds(config_.heartbeat_timeout_ms())});
     if (!channel.ok()) return channel.status();
     routes_ = std::move(routes);
     channel_ = *std::move(channel);
