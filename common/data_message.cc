@@ -1,11 +1,49 @@
 #include "common/data_message.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/protocol.h"
 
 namespace shardps {
+
+void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms) {
+  interval_ms = std::max(1, interval_ms);
+  timeout_ms = std::max(1, timeout_ms);
+  socket.set(zmq::sockopt::heartbeat_ivl, interval_ms);
+  socket.set(zmq::sockopt::heartbeat_timeout, timeout_ms);
+  socket.set(zmq::sockopt::handshake_ivl, timeout_ms);
+  socket.set(zmq::sockopt::connect_timeout, interval_ms);
+}
+
+absl::StatusOr<zmq::socket_t> WatchConnections(zmq::context_t& context, zmq::socket_t& socket,
+                                               const std::string& endpoint, int events) {
+  if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), events) != 0) {
+    return absl::InternalError(absl::StrCat("cannot watch a socket's connections: ", zmq_strerror(errno)));
+  }
+  zmq::socket_t monitor(context, zmq::socket_type::pair);
+  try {
+    monitor.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    return absl::InternalError(absl::StrCat("cannot watch a socket's connections: ", e.what()));
+  }
+  return monitor;
+}
+
+std::vector<uint16_t> TakeConnectionEvents(zmq::socket_t& monitor) {
+  std::vector<uint16_t> events;
+  zmq::message_t frame;
+  // Each event: [uint16 event, uint32 value][endpoint].
+  while (RecvRetrying(monitor, frame, zmq::recv_flags::dontwait)) {
+    uint16_t event = 0;
+    if (frame.size() >= sizeof(event)) std::memcpy(&event, frame.data(), sizeof(event));
+    events.push_back(event);
+    while (frame.more()) (void)RecvRetrying(monitor, frame);
+  }
+  return events;
+}
 
 absl::Status ParseDataHeaderInto(const void* data, size_t size, DataHeader* header) {
   if (size == 0) return absl::InvalidArgumentError("empty header frame");

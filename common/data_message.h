@@ -6,7 +6,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <zmq.hpp>
 
@@ -38,6 +40,21 @@ int PollOrInterrupted(zmq::pollitem_t* items, size_t count, std::chrono::millise
 zmq::send_result_t SendRetrying(zmq::socket_t& socket, zmq::message_t& message, zmq::send_flags flags);
 zmq::recv_result_t RecvRetrying(zmq::socket_t& socket, zmq::message_t& message,
                                 zmq::recv_flags flags = zmq::recv_flags::none);
+
+// Heartbeats on `socket`'s connections: ZeroMQ PINGs every `interval_ms`,
+// and a connection with no answer (no traffic) within `timeout_ms` ends; a
+// connecting socket makes it again, each attempt given `interval_ms` and
+// each handshake `timeout_ms`. TCP alone notices a silent peer only when its
+// retransmissions give up, and after a cut heals sends again only at its
+// next backed-off retransmission (a minute after a 30 s cut). Set before
+// connecting or binding: connections copy them when made.
+void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms);
+// Starts reporting `events` (ZMQ_EVENT_*) of `socket`'s connections on a
+// PAIR socket of `context` connected at `endpoint` (inproc://, unique).
+absl::StatusOr<zmq::socket_t> WatchConnections(zmq::context_t& context, zmq::socket_t& socket,
+                                               const std::string& endpoint, int events);
+// The events `monitor` (from WatchConnections) has queued, in order.
+std::vector<uint16_t> TakeConnectionEvents(zmq::socket_t& monitor);
 
 // The status carried by a response header.
 absl::Status ResponseStatus(const DataHeader& header);

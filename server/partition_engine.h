@@ -200,6 +200,15 @@ class PartitionEngine {
   // not be sent again behind itself: the probe tells the two apart.
   void ProbeUnconfirmedSnapshots();
 
+  // This server's connection to backup `server` broke (no answer to a
+  // heartbeat, or closed) and was made again, its queue dropped: what was
+  // in flight on it is lost, and TCP would not have sent it again before
+  // its backed-off retransmission anyway. Each partition with updates (or a
+  // snapshot) that backup has not confirmed gets a snapshot, which covers
+  // them; the updates waiting for its confirmations are answered once it
+  // confirms that. Returns those partitions.
+  std::vector<uint64_t> ConnectionToBackupBroke(uint32_t server);
+
   // A backup that confirmed no update of this server's primaries between
   // two calls of CheckReplicationStalls while updates to it waited: a link
   // between the two servers down (both still heartbeat, so the scheduler

@@ -581,6 +581,19 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   if (!handing_off_.empty()) ProgressHandoffs();
 }
 
+std::vector<uint64_t> PartitionEngine::ConnectionToBackupBroke(uint32_t server) {
+  std::vector<uint64_t> resent;
+  for (auto& [id, p] : partitions_) {
+    if (!p->primary) continue;
+    auto b = std::find_if(p->backups.begin(), p->backups.end(), [server](const Backup& b) { return b.server == server; });
+    if (b == p->backups.end() || b->confirmed >= b->last_sent) continue;
+    SendSnapshot(*p, server);
+    resent.push_back(id);
+  }
+  std::sort(resent.begin(), resent.end());
+  return resent;
+}
+
 void PartitionEngine::ProbeUnconfirmedSnapshots() {
   for (auto& [id, p] : partitions_) {
     if (!p->primary) continue;

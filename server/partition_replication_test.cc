@@ -924,6 +924,33 @@ TEST_F(ReplicationTest, ABackupThatConfirmsNothingForAWholeCheckIsReportedOnceAn
   EXPECT_TRUE(engines_[0]->CheckReplicationStalls().empty());
 }
 
+// A primary whose connection to its backup broke (a cut: no answer to its
+// heartbeats) makes it again with its queue dropped: the round's update in
+// flight on it is lost, and nothing would send it again. The backup gets a
+// snapshot instead, and the round is answered once it confirms that.
+TEST_F(ReplicationTest, APartitionWhoseUpdateWasLostWithTheConnectionToItsBackupSendsItASnapshot) {
+  Make(SYNC);
+  EXPECT_TRUE(engines_[0]->ConnectionToBackupBroke(1).empty()) << "a snapshot with nothing unconfirmed";
+  EXPECT_TRUE(outbox_.empty());
+  Send(0, PUSH, 0, 0, {2.0f, 4.0f});
+  Send(0, PUSH, 1, 0, {6.0f, 8.0f});
+  ASSERT_EQ(outbox_.size(), 1u);
+  outbox_.clear();  // round 0's update, lost with the connection
+  EXPECT_THAT(engines_[0]->ConnectionToBackupBroke(1), ElementsAre(5u));
+  ASSERT_EQ(outbox_.size(), 1u);
+  EXPECT_EQ(outbox_.front().header.replica_of(), SNAPSHOT);
+  EXPECT_TRUE(answers_.empty()) << "round 0 answered before its backup confirmed it";
+  Deliver();
+  ASSERT_EQ(answers_.size(), 2u) << "round 0 still waits for a confirmation that cannot come";
+  for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+  Send(0, PUSH, 0, 1, {2.0f, 4.0f});
+  Send(0, PUSH, 1, 1, {6.0f, 8.0f});
+  Deliver();
+  EXPECT_EQ(answers_.size(), 4u);
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
 // chaos16: a primary paused (or cut off from the scheduler) past the
 // heartbeat timeout, its backup promoted meanwhile at a later epoch, and
 // still at its own epoch when it handles the workers' pushes of a round:

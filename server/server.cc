@@ -42,14 +42,20 @@ uint64_t PhysicalMemoryBytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
+// Also the heartbeats of its connections (SetHeartbeats): a worker's or
+// primary's connection a cut left half-open is closed here too, so nothing
+// it held is delivered after its sender sent it again on a new one.
 void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
+  SetHeartbeats(socket, static_cast<int>(config.heartbeat_interval_ms()), static_cast<int>(config.heartbeat_timeout_ms()));
   socket.set(zmq::sockopt::sndhwm, static_cast<int>(config.limits().socket_send_hwm()));
   socket.set(zmq::sockopt::rcvhwm, static_cast<int>(config.limits().socket_receive_hwm()));
   socket.set(zmq::sockopt::maxmsgsize, PartitionEngine::MaxFrameBytes(config));
 }
 
 bool SocketLimitsSet(zmq::socket_t& socket, const ClusterConfig& config) {
-  return socket.get(zmq::sockopt::sndhwm) == static_cast<int>(config.limits().socket_send_hwm()) &&
+  return socket.get(zmq::sockopt::heartbeat_ivl) == std::max(1, static_cast<int>(config.heartbeat_interval_ms())) &&
+         socket.get(zmq::sockopt::heartbeat_timeout) == std::max(1, static_cast<int>(config.heartbeat_timeout_ms())) &&
+         socket.get(zmq::sockopt::sndhwm) == static_cast<int>(config.limits().socket_send_hwm()) &&
          socket.get(zmq::sockopt::rcvhwm) == static_cast<int>(config.limits().socket_receive_hwm()) &&
          socket.get(zmq::sockopt::maxmsgsize) == PartitionEngine::MaxFrameBytes(config);
 }
@@ -144,6 +150,7 @@ class ParameterServerImpl : public ParameterServer {
         if (peer) items.push_back({peer->handle(), 0, ZMQ_POLLIN, 0});
       }
       PollOrInterrupted(items.data(), items.size(), std::chrono::milliseconds(20));
+      WatchPeers();
       // Confirmations first (they release answers workers wait for), then
       // drain what is queued before polling again.
       ReceivePeerAnswers();
@@ -174,6 +181,7 @@ class ParameterServerImpl : public ParameterServer {
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
     peers_.clear();
+    peer_monitors_.clear();
     if (metrics_) metrics_->MaybePublish(*engine_, /*force=*/true);
     const EngineStats& s = engine_->stats();
     LOG(INFO) << "server " << index_ << " stopped: " << s.requests << " requests, " << s.errors << " errors, "
@@ -520,8 +528,11 @@ class ParameterServerImpl : public ParameterServer {
           return;
         }
       }
+      std::unique_ptr<zmq::socket_t> monitor = WatchedPeerSocket(*socket, server);
       socket->connect(peer_addresses_[server]);
       peers_[server] = std::move(socket);
+      if (peer_monitors_.size() <= server) peer_monitors_.resize(server + 1);
+      peer_monitors_[server] = std::move(monitor);
     }
     zmq::message_t head, sealed_payload;
     auto sealed = PeerSealOf(server);
@@ -553,6 +564,55 @@ class ParameterServerImpl : public ParameterServer {
       return absl::FailedPreconditionError("it seals its data plane but this server has no keys (security off)");
     }
     return peer_seals_->For(peer_keys_[server]);
+  }
+
+  // Heartbeats on a connection to a backup (as a worker's DataChannel does:
+  // TCP alone sends again only at its next backed-off retransmission, so a
+  // 30 s cut between two servers stalled their partitions' rounds 53-55 s)
+  // and the PAIR socket its monitor reports a broken connection on (null
+  // if it cannot be watched: the heartbeats still end a dead connection,
+  // and the snapshot probes and refusals still recover what it lost).
+  std::unique_ptr<zmq::socket_t> WatchedPeerSocket(zmq::socket_t& socket, uint32_t server) {
+    SetHeartbeats(socket, config_.heartbeat_interval_ms(), config_.heartbeat_timeout_ms());
+    auto monitor = WatchConnections(
+        context_, socket, absl::StrCat("inproc://shardps-peer-", index_, "-", server, "-", ++peer_monitors_made_),
+        ZMQ_EVENT_DISCONNECTED);
+    if (!monitor.ok()) {
+      LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << monitor.status();
+      return nullptr;
+    }
+    return std::make_unique<zmq::socket_t>(*std::move(monitor));
+  }
+
+  // A connection to a backup that broke (closed, or no answer to a
+  // heartbeat) lost what was in flight on it: its queue goes too (what
+  // follows the lost bytes), the socket connects again, and every
+  // partition with updates that backup has not confirmed sends it a
+  // snapshot (PartitionEngine::ConnectionToBackupBroke).
+  void WatchPeers() {
+    for (uint32_t s = 0; s < peer_monitors_.size(); ++s) {
+      if (!peer_monitors_[s] || s >= peers_.size() || !peers_[s]) continue;
+      if (TakeConnectionEvents(*peer_monitors_[s]).empty()) continue;  // only ZMQ_EVENT_DISCONNECTED is watched
+      try {
+        peers_[s]->disconnect(peer_addresses_[s]);
+      } catch (const zmq::error_t&) {
+        // Already gone.
+      }
+      try {
+        peers_[s]->connect(peer_addresses_[s]);
+      } catch (const zmq::error_t& e) {
+        LOG(ERROR) << "server " << index_ << ": cannot connect to backup server " << s << " at '"
+                   << peer_addresses_[s] << "' again: " << e.what();
+      }
+      // Said where it cost something: a backup that stops at the end of the
+      // job closes its connection too.
+      std::vector<uint64_t> resent = engine_->ConnectionToBackupBroke(s);
+      LOG_IF(WARNING, !resent.empty()) << "server " << index_ << ": the connection to backup server " << s << " ("
+                                       << peer_addresses_[s] << ") broke (closed, or no answer to a heartbeat within "
+                                       << config_.heartbeat_timeout_ms()
+                                       << " ms); connecting again, and re-creating its copies of partition(s) "
+                                       << absl::StrJoin(resent, ", ") << ", whose updates in flight on it are lost";
+    }
   }
 
   // Backups' confirmations of REPLICATE requests.
@@ -600,6 +660,7 @@ class ParameterServerImpl : public ParameterServer {
       }
       // A server that joined in a dead one's place: connect to it afresh.
       if (s.index() < peers_.size()) peers_[s.index()].reset();
+      if (s.index() < peer_monitors_.size()) peer_monitors_[s.index()].reset();
       peer_addresses_[s.index()] = s.data_address();
       peer_keys_[s.index()] = s.curve_public_key();
       peer_sealed_[s.index()] = s.sealed_data();
@@ -866,6 +927,10 @@ class ParameterServerImpl : public ParameterServer {
   std::vector<std::string> peer_keys_;  // their CURVE public keys (empty: plain)
   std::vector<bool> peer_sealed_;       // their sockets take sealed messages, not CURVE
   std::vector<std::unique_ptr<zmq::socket_t>> peers_;
+  // By server index: the monitor of peers_[i]'s connection (WatchPeers),
+  // and how many were made (each binds its own inproc endpoint).
+  std::vector<std::unique_ptr<zmq::socket_t>> peer_monitors_;
+  uint64_t peer_monitors_made_ = 0;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
   // Engine thread: ServerOptions::drain_on_stop; whether the map showed this

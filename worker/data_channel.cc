@@ -69,34 +69,24 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   s.set(zmq::sockopt::sndhwm, 0);
   s.set(zmq::sockopt::rcvhwm, 0);
   s.set(zmq::sockopt::linger, 0);
-  const int interval_ms = std::max<int>(1, absl::ToInt64Milliseconds(watch_.heartbeat_interval));
-  const int timeout_ms = std::max<int>(1, absl::ToInt64Milliseconds(watch_.heartbeat_timeout));
-  s.set(zmq::sockopt::heartbeat_ivl, interval_ms);
-  s.set(zmq::sockopt::heartbeat_timeout, timeout_ms);
-  s.set(zmq::sockopt::handshake_ivl, timeout_ms);
-  // A connection attempt whose SYN a cut dropped is given up and made again,
-  // not left to TCP's backoff.
-  s.set(zmq::sockopt::connect_timeout, interval_ms);
+  SetHeartbeats(s, static_cast<int>(absl::ToInt64Milliseconds(watch_.heartbeat_interval)),
+                static_cast<int>(absl::ToInt64Milliseconds(watch_.heartbeat_timeout)));
   absl::StatusOr<PeerSeal*> seal = Secure(s, index, endpoint);
   if (!seal.ok()) return seal.status();
-  const std::string monitor_endpoint =
-      absl::StrCat("inproc://shardps-data-", reinterpret_cast<uintptr_t>(this), "-", index);
-  if (zmq_socket_monitor(s.handle(), monitor_endpoint.c_str(),
-                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
-    return absl::InternalError(absl::StrCat("server ", index, ": cannot watch its connection: ", zmq_strerror(errno)));
-  }
-  zmq::socket_t monitor(context_, zmq::socket_type::pair);
+  // inproc names are the channel's own: it has its own context.
+  auto monitor = WatchConnections(context_, s, absl::StrCat("inproc://shardps-data-", index),
+                                  ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+  if (!monitor.ok()) return absl::InternalError(absl::StrCat("server ", index, ": ", monitor.status().message()));
   try {
-    monitor.connect(monitor_endpoint);
     s.connect(endpoint.address);
   } catch (const zmq::error_t& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot connect to server ", index, " at '", endpoint.address, "': ", e.what()));
   }
   const int fd = s.get(zmq::sockopt::fd);
-  const int monitor_fd = monitor.get(zmq::sockopt::fd);
+  const int monitor_fd = monitor->get(zmq::sockopt::fd);
   servers_.push_back(std::move(s));
-  monitors_.push_back(std::move(monitor));
+  monitors_.push_back(*std::move(monitor));
   reconnecting_.push_back(false);
   seal_of_server_.push_back(*seal);
   absl::MutexLock lock(&mu_);
@@ -349,13 +339,7 @@ int DataChannel::SendAgain(absl::Span<const uint64_t> ids) {
 }
 
 void DataChannel::WatchConnection(uint32_t server) {
-  zmq::socket_t& monitor = monitors_[server];
-  while (monitor.get(zmq::sockopt::events) & ZMQ_POLLIN) {
-    zmq::message_t event, endpoint;
-    if (!monitor.recv(event, zmq::recv_flags::dontwait)) return;
-    if (event.more()) (void)monitor.recv(endpoint);
-    uint16_t what = 0;
-    if (event.size() >= sizeof(what)) std::memcpy(&what, event.data(), sizeof(what));
+  for (uint16_t what : TakeConnectionEvents(monitors_[server])) {
     absl::MutexLock lock(&mu_);
     const std::string& address = addresses_[server];
     if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && reconnecting_[server]) {
@@ -378,7 +362,8 @@ void DataChannel::WatchConnection(uint32_t server) {
     LOG_IF(WARNING, !waiting.empty())
         << "worker " << rank_ << ": the connection to server " << server << " (" << address
         << ") broke (closed, or no answer to a heartbeat within " << absl::FormatDuration(watch_.heartbeat_timeout)
-        << "); the " << waiting.size() << " requests waiting for it are sent again on the next one";
+        << "); what waited for it (" << waiting.size() << (waiting.size() == 1 ? " request" : " requests")
+        << ") is sent again on the next one";
   }
 }
 
