@@ -82,6 +82,11 @@ ClusterConfig WithJobId(ClusterConfig config) {
   return config;
 }
 
+// How long a gRPC server's connection keeps data its peer has not
+// acknowledged before its kernel drops it (TCP_USER_TIMEOUT, on by default
+// on servers; this one sets no keepalive that would change it).
+constexpr absl::Duration kServerTransportTimeout = absl::Seconds(20);
+
 }  // namespace
 
 ClusterState::ClusterState(ClusterConfig config, Clock clock, Persist persist)
@@ -490,7 +495,21 @@ void ClusterState::WatchEnded(uint64_t node_id, bool peer_gone) {
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->watches == 0) return;
-  if (--node->watches == 0 && peer_gone) node->watch_closed = true;
+  if (--node->watches > 0 || !peer_gone) return;
+  // Only while it is still heard: a killed process's kernel closes its
+  // connection at once, within an interval of its last heartbeat. A stream
+  // ends cancelled too when this scheduler's own transport gives up on a
+  // node it cannot reach, kServerTransportTimeout after writing to it (a
+  // map, an answer): a scheduler cut off saw such nodes "heard", a
+  // majority, and declared every node dead (review18).
+  const absl::Duration since = clock_() - node->last_seen;
+  if (since <= std::min(HeardWithin(), kServerTransportTimeout / 2)) node->watch_closed = true;
+}
+
+absl::Duration ClusterState::HeardWithin() const {
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+  return std::max(timeout - 2 * interval, timeout / 2);
 }
 
 ClusterState::Node* ClusterState::FindNode(uint64_t id) {
@@ -1070,7 +1089,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // heard each (before, once every worker of a 2-server job was removed, a
   // server that died then was never declared dead, 1 of 2 heard, and the
   // ranks waiting for its report were placed past the job's last round).
-  // So does a node that closed its connection (WatchEnded): its host's
+  // So does a node that closed its connection while heard (WatchEnded): its host's
   // kernel answered for a process that is gone, which a scheduler cut off
   // never sees (before, 3 of 4 workers of a 2-server job killed at once were
   // never declared dead, 3 of 6 heard, and the last rank waited out its
@@ -1082,8 +1101,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // as heard then, they made a majority that declared the first ones dead
   // (before 2026-11-25: `tools/chaos.sh sched`, both workers of a job whose
   // scheduler was partitioned away were declared dead 10 s in).
-  const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
-  const absl::Duration recent = std::max(timeout - 2 * interval, timeout / 2);
+  const absl::Duration recent = HeardWithin();
   // A rank counts once however many of its calls wait (a process asking
   // again, or started again, while its earlier calls wait: before
   // 2026-11-25 three calls of one rank made 3 of 5 nodes heard, a majority

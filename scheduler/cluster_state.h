@@ -92,7 +92,9 @@ class ClusterState {
   // scheduler still reaches its host, which a partition never shows:
   // CheckLiveness counts it among the nodes heard, so that several processes
   // killed at once are declared dead rather than taken for the scheduler
-  // being cut off. Nodes the scheduler does not know are ignored.
+  // being cut off. Only a watch that ends while its node is still heard
+  // counts: one this scheduler's own transport gave up on ends so too.
+  // Nodes the scheduler does not know are ignored.
   void WatchOpened(uint64_t node_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Registrations of removed rank `rank` waiting for the servers' reports
   // before it rejoins (RegisterWorker).
@@ -226,6 +228,9 @@ class ClusterState {
   bool Excluded(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WorkersGoOn() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // "N workers go on"
+  // How recent a node's last heartbeat must be for CheckLiveness to count
+  // it as heard.
+  absl::Duration HeardWithin() const;
   // Passes every barrier that all live workers have entered.
   void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes silent `node` from the job; returns the line that says so. A
