@@ -153,6 +153,7 @@ void ClusterState::WriteUnsaved() {
   if (!state) return;
   const absl::Status written = persist_(*state);
   absl::MutexLock lock(&mu_);
+  last_write_ = written;
   // Tried: the map goes out (WaitForMap), a restored scheduler skips past
   // epochs the nodes hold.
   written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
@@ -1340,6 +1341,13 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
     auto written = [this, saved]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return saves_written_ >= saved; };
     if (mu_.AwaitWithDeadline(absl::Condition(&written), std::min(deadline, absl::Now() + kRewriteAfterFailure))) {
       return absl::OkStatus();
+    }
+    // Refused for good (deposed): at once. A deposed scheduler stops
+    // serving, and its gRPC server waits for this call (before, it stopped
+    // only at the ranks' deadline, trying the refused write every 250 ms).
+    if (absl::IsFailedPrecondition(last_write_)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("barrier '", name, "': passed, but its state's write was refused: ", last_write_.message()));
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("barrier '", name,

@@ -31,7 +31,8 @@ class ClusterState {
   // logged by the hook; the change stands, a map goes out all the same, and
   // the state is written again by the next call that writes, at most every
   // kRewriteAfterFailure, until a write succeeds; a barrier's pass is answered
-  // only once written.
+  // only once written. FailedPrecondition: refused for good (another
+  // scheduler holds the leadership); a barrier waiting for it fails at once.
   using Persist = std::function<absl::Status(const SchedulerState&)>;
   static constexpr absl::Duration kRewriteAfterFailure = absl::Milliseconds(250);
   // REQUIRES: `config` is valid.
@@ -407,6 +408,7 @@ class ClusterState {
   // The last write failed (its state is unsaved_ again, unless a newer
   // one replaced it): the next is tried no sooner than this.
   absl::Time rewrite_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status last_write_ ABSL_GUARDED_BY(mu_);  // what the last write tried returned
   uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a
