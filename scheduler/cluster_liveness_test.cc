@@ -1373,6 +1373,28 @@ TEST_F(LivenessTest, NodesWhoseConnectionsClosedCountAsHeardSoManyKilledAtOnceAr
   for (const std::string& line : lines) EXPECT_THAT(line, HasSubstr("worker rank"));
 }
 
+TEST_F(LivenessTest, WatchesEndedByThisSchedulersOwnTransportWhileCutOffDoNotCountAsHeard) {
+  // Found probing gRPC 1.51 in two network namespaces, the server's side
+  // dropping everything (as tools/chaos.sh sched): a stream the server
+  // wrote to while cut off ended with IsCancelled() 20 s after the write
+  // (gRPC servers give up on unacknowledged data after 20 s,
+  // TCP_USER_TIMEOUT), while its peer was alive. A cut scheduler writes
+  // to its watches (a new map) and answers waiting calls (a barrier at its
+  // deadline) on the same connections: each such node then counted as
+  // heard, a majority, and the scheduler declared every node dead.
+  for (uint64_t id : server_ids_) state_->WatchOpened(id);
+  for (uint64_t id : worker_ids_) state_->WatchOpened(id);
+  Beat({0, 1}, {0, 1, 2}, 1);  // the last heartbeats before the cut
+  std::vector<std::string> lines = Advance(1200);
+  ASSERT_THAT(lines, SizeIs(1));
+  EXPECT_THAT(lines[0], HasSubstr("more likely cut off itself"));
+  EXPECT_THAT(Advance(20000), IsEmpty());
+  for (uint64_t id : server_ids_) state_->WatchEnded(id, /*peer_gone=*/true);
+  for (uint64_t id : worker_ids_) state_->WatchEnded(id, /*peer_gone=*/true);
+  EXPECT_THAT(Advance(3000), IsEmpty()) << "still cut off: nobody heard";
+  EXPECT_EQ(state_->Status().shard_map().epoch(), 1u) << "nobody declared dead";
+}
+
 TEST_F(LivenessTest, ANodeThatOpensAWatchAgainNoLongerCountsAsClosed) {
   for (uint64_t id : worker_ids_) state_->WatchOpened(id);
   for (uint64_t id : worker_ids_) state_->WatchEnded(id, /*peer_gone=*/true);

@@ -82,6 +82,11 @@ ClusterConfig WithJobId(ClusterConfig config) {
   return config;
 }
 
+// How long a gRPC server's connection keeps data its peer has not
+// acknowledged before its kernel drops it (TCP_USER_TIMEOUT, on by default
+// on servers; this one sets no keepalive that would change it).
+constexpr absl::Duration kServerTransportTimeout = absl::Seconds(20);
+
 }  // namespace
 
 ClusterState::ClusterState(ClusterConfig config, Clock clock, Persist persist)
@@ -148,6 +153,7 @@ void ClusterState::WriteUnsaved() {
   if (!state) return;
   const absl::Status written = persist_(*state);
   absl::MutexLock lock(&mu_);
+  last_write_ = written;
   // Tried: the map goes out (WaitForMap), a restored scheduler skips past
   // epochs the nodes hold.
   written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
@@ -490,7 +496,21 @@ void ClusterState::WatchEnded(uint64_t node_id, bool peer_gone) {
   absl::MutexLock lock(&mu_);
   Node* node = FindNode(node_id);
   if (node == nullptr || node->watches == 0) return;
-  if (--node->watches == 0 && peer_gone) node->watch_closed = true;
+  if (--node->watches > 0 || !peer_gone) return;
+  // Only while it is still heard: a killed process's kernel closes its
+  // connection at once, within an interval of its last heartbeat. A stream
+  // ends cancelled too when this scheduler's own transport gives up on a
+  // node it cannot reach, kServerTransportTimeout after writing to it (a
+  // map, an answer): a scheduler cut off saw such nodes "heard", a
+  // majority, and declared every node dead (review18).
+  const absl::Duration since = clock_() - node->last_seen;
+  if (since <= std::min(HeardWithin(), kServerTransportTimeout / 2)) node->watch_closed = true;
+}
+
+absl::Duration ClusterState::HeardWithin() const {
+  const absl::Duration timeout = absl::Milliseconds(config_.heartbeat_timeout_ms());
+  const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
+  return std::max(timeout - 2 * interval, timeout / 2);
 }
 
 ClusterState::Node* ClusterState::FindNode(uint64_t id) {
@@ -1070,7 +1090,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // heard each (before, once every worker of a 2-server job was removed, a
   // server that died then was never declared dead, 1 of 2 heard, and the
   // ranks waiting for its report were placed past the job's last round).
-  // So does a node that closed its connection (WatchEnded): its host's
+  // So does a node that closed its connection while heard (WatchEnded): its host's
   // kernel answered for a process that is gone, which a scheduler cut off
   // never sees (before, 3 of 4 workers of a 2-server job killed at once were
   // never declared dead, 3 of 6 heard, and the last rank waited out its
@@ -1082,8 +1102,7 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // as heard then, they made a majority that declared the first ones dead
   // (before 2026-11-25: `tools/chaos.sh sched`, both workers of a job whose
   // scheduler was partitioned away were declared dead 10 s in).
-  const absl::Duration interval = absl::Milliseconds(config_.heartbeat_interval_ms());
-  const absl::Duration recent = std::max(timeout - 2 * interval, timeout / 2);
+  const absl::Duration recent = HeardWithin();
   // A rank counts once however many of its calls wait (a process asking
   // again, or started again, while its earlier calls wait: before
   // 2026-11-25 three calls of one rank made 3 of 5 nodes heard, a majority
@@ -1322,6 +1341,13 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
     auto written = [this, saved]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return saves_written_ >= saved; };
     if (mu_.AwaitWithDeadline(absl::Condition(&written), std::min(deadline, absl::Now() + kRewriteAfterFailure))) {
       return absl::OkStatus();
+    }
+    // Refused for good (deposed): at once. A deposed scheduler stops
+    // serving, and its gRPC server waits for this call (before, it stopped
+    // only at the ranks' deadline, trying the refused write every 250 ms).
+    if (absl::IsFailedPrecondition(last_write_)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("barrier '", name, "': passed, but its state's write was refused: ", last_write_.message()));
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("barrier '", name,

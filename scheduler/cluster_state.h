@@ -31,7 +31,8 @@ class ClusterState {
   // logged by the hook; the change stands, a map goes out all the same, and
   // the state is written again by the next call that writes, at most every
   // kRewriteAfterFailure, until a write succeeds; a barrier's pass is answered
-  // only once written.
+  // only once written. FailedPrecondition: refused for good (another
+  // scheduler holds the leadership); a barrier waiting for it fails at once.
   using Persist = std::function<absl::Status(const SchedulerState&)>;
   static constexpr absl::Duration kRewriteAfterFailure = absl::Milliseconds(250);
   // REQUIRES: `config` is valid.
@@ -92,7 +93,9 @@ class ClusterState {
   // scheduler still reaches its host, which a partition never shows:
   // CheckLiveness counts it among the nodes heard, so that several processes
   // killed at once are declared dead rather than taken for the scheduler
-  // being cut off. Nodes the scheduler does not know are ignored.
+  // being cut off. Only a watch that ends while its node is still heard
+  // counts: one this scheduler's own transport gave up on ends so too.
+  // Nodes the scheduler does not know are ignored.
   void WatchOpened(uint64_t node_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Registrations of removed rank `rank` waiting for the servers' reports
   // before it rejoins (RegisterWorker).
@@ -226,6 +229,9 @@ class ClusterState {
   bool Excluded(uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t LiveWorkers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WorkersGoOn() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // "N workers go on"
+  // How recent a node's last heartbeat must be for CheckLiveness to count
+  // it as heard.
+  absl::Duration HeardWithin() const;
   // Passes every barrier that all live workers have entered.
   void PassCompleteBarriers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes silent `node` from the job; returns the line that says so. A
@@ -402,6 +408,7 @@ class ClusterState {
   // The last write failed (its state is unsaved_ again, unless a newer
   // one replaced it): the next is tried no sooner than this.
   absl::Time rewrite_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status last_write_ ABSL_GUARDED_BY(mu_);  // what the last write tried returned
   uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a

@@ -420,6 +420,31 @@ TEST(ClusterStateTest, AStateWhoseWriteFailedIsWrittenAgainAndABarrierPassIsAnsw
   EXPECT_EQ(stored_passes(), 2u);
 }
 
+TEST(ClusterStateTest, ABarrierWhosePassesWriteIsRefusedReturnsAtOnceNotAtItsDeadline) {
+  // review18: a write refused for good (FailedPrecondition: another
+  // scheduler holds the etcd leadership, and this one is deposed) was tried
+  // again until the ranks' deadline: the deposed scheduler, whose gRPC
+  // server waits for its calls, could not stop until then.
+  ClusterState state(Config(1, 2), absl::Now, [](const SchedulerState& s) {
+    if (s.barriers_size() == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError("etcd: refused to write the state: another scheduler holds the leadership");
+  });
+  auto w0 = state.RegisterWorker(Worker(0));
+  auto w1 = state.RegisterWorker(Worker(1));
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  const absl::Time start = absl::Now();
+  absl::Status s0;
+  std::thread waiting([&] { s0 = state.Barrier(w0->node_id(), "init", start + absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Status s1 = state.Barrier(w1->node_id(), "init", start + absl::Seconds(10));
+  waiting.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "held until the deadline";
+  for (const absl::Status& s : {s0, s1}) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("another scheduler holds the leadership"));
+  }
+}
+
 TEST(ClusterStateTest, StatusReportsLiveness) {
   absl::Time now = absl::Now();
   ClusterConfig config = Config(1, 1);

@@ -439,7 +439,11 @@ std::vector<PartitionEngine::RoundStall> PartitionEngine::CheckRoundStalls() {
     out.push_back(std::move(s));
   }
   for (uint32_t w : round_stalled_workers_) {
-    if (!stalled.contains(w)) out.push_back({.worker = w, .partitions = {}, .round = 0, .resumed = true});
+    // Not a removed worker: its rounds moved on without it, which the
+    // scheduler's line says (before, a killed worker declared dead was
+    // said to reach this server again).
+    if (stalled.contains(w) || excluded_[w]) continue;
+    out.push_back({.worker = w, .partitions = {}, .round = 0, .resumed = true});
   }
   round_stalled_workers_.clear();
   for (const auto& [w, s] : stalled) round_stalled_workers_.insert(w);

@@ -231,7 +231,7 @@ class PartitionEngine {
   // missing: a worker whose data link to this server is down while it
   // still reaches the scheduler (so it is not declared dead), or one
   // stuck. Every round of the job waits for it. `resumed`: a worker listed
-  // before whose rounds move again.
+  // before whose rounds move again (not one removed from the job since).
   struct RoundStall {
     uint32_t worker = 0;
     std::vector<uint64_t> partitions;  // waiting for it (empty when resumed)

@@ -905,6 +905,19 @@ TEST_F(EngineTest, ARoundWaitingAWholeCheckForOneWorkersPushIsReportedOnceNaming
   EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty());
 }
 
+TEST_F(EngineTest, AStalledWorkerThatIsRemovedIsNotSaidToReachTheServerAgain) {
+  // A killed worker stalls its rounds until the scheduler declares it dead;
+  // the rounds then move without it. Before, the next check said "worker
+  // 1's pushes reach it again" of a worker that had just been removed.
+  Make(SYNC, false, 3);
+  Send(PUSH, 0, 0, {1, 1});
+  Send(PUSH, 2, 0, {1, 1});
+  EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty());
+  ASSERT_EQ(engine_->CheckRoundStalls().size(), 1u) << "worker 1's push missing a whole check";
+  RemoveWorkers({1});  // declared dead: the round completes without it
+  EXPECT_THAT(engine_->CheckRoundStalls(), IsEmpty()) << "removed, not resumed";
+}
+
 TEST_F(EngineTest, APartitionPastTheJoinRoundTakesTheRejoinedWorkersEarlierRoundsForRetriesAndWaitsForItAtTheOpenOne) {
   // The scheduler placed the rank by the servers' pace and this one was
   // faster. Its pushes of the rounds completed without it were refused and
