@@ -1239,10 +1239,18 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
     }
   }
   const uint64_t epoch = map_.epoch();
-  auto serving = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ServersServe(epoch); };
+  // A write refused for good (deposed) ends the wait, as in Barrier: the
+  // servers follow the successor, and this scheduler stops serving.
+  auto serving = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ServersServe(epoch) || absl::IsFailedPrecondition(last_write_);
+  };
   if (!mu_.AwaitWithDeadline(absl::Condition(&serving), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat("shard map epoch ", epoch, " not served in time; ",
                                                     ServersBehind(epoch)));
+  }
+  if (absl::IsFailedPrecondition(last_write_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard map epoch ", epoch, ": its state's write was refused: ", last_write_.message()));
   }
   return map_;
 }

@@ -174,6 +174,26 @@ TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   EXPECT_THAT(bad.status().message(), HasSubstr("'w'"));
 }
 
+TEST(ClusterStateTest, DefineTensorsWhoseMapsWriteIsRefusedForGoodReturnsAtOnceNotAtItsDeadline) {
+  // review17, as review18 found for barriers: the write of the map that
+  // defines the tensors refused for good (another scheduler holds the etcd
+  // leadership: this one is deposed), DefineTensors still waited for the
+  // servers to serve that map until the worker's deadline, and the deposed
+  // scheduler, whose gRPC server waits for its calls, could not stop.
+  ClusterState state(Config(1, 1), absl::Now, [](const SchedulerState& s) {
+    if (s.shard_map().partitions_size() == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError("etcd: refused to write the state: another scheduler holds the leadership");
+  });
+  ASSERT_TRUE(state.RegisterServer(Server("tcp://a:1")).ok());
+  std::thread watching([&] { (void)state.WaitForMap(0, absl::Now() + absl::Seconds(2)); });  // a server's watch
+  const absl::Time start = absl::Now();
+  auto map = state.DefineTensors({Tensor("w", 10)}, start + absl::Seconds(10));
+  watching.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "held until the deadline";
+  EXPECT_TRUE(absl::IsFailedPrecondition(map.status())) << map.status();
+  EXPECT_THAT(map.status().message(), HasSubstr("another scheduler holds the leadership"));
+}
+
 TEST(ClusterStateTest, AMapGoesOutOnlyOnceTheStateThatHoldsItIsWritten) {
   // The scheduler is killed between publishing a map and writing it: a
   // restart would resume the older epoch and issue the next one with other
