@@ -461,75 +461,109 @@ std::string FileText(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-TEST(DrainWaitTest, AServerThatDiesWhileItDrainsAndIsReplacedIsSaidToHaveDied) {
+// `shardps drain --server 2 --wait 60` against a job of two servers and a
+// third that joined, with server 2 stopped (SIGSTOP) once the drain is under
+// way: it sends none of its copies and hands off no primary, so the drain
+// stays under way. `drain_` is the command, its output in `Out()`/`Err()`.
+class DrainWaitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ClusterConfig config;
+    config.set_num_servers(2);
+    config.set_num_workers(1);
+    config.set_heartbeat_timeout_ms(3000);
+    auto cluster = TestCluster::Start(config);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    auto worker = Worker::Create({.scheduler_address = cluster_->scheduler_address(), .rank = 0});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = *std::move(worker);
+    std::vector<TensorSpec> tensors;
+    for (int t = 0; t < 6; ++t) tensors.push_back(Float32Tensor(absl::StrCat("w", t), 1 << 20));
+    ASSERT_TRUE(worker_->DefineTensors(tensors).ok());
+    // A third server joins the running job: server index 2 is the process
+    // started third, and copies move to it.
+    ASSERT_TRUE(cluster_->AddServer().ok());
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
+      before_ = WorkerStatus(*cluster_, 2, SERVER);
+      if (before_ && before_->copies() > 0 && before_->copies_synced() == before_->copies()) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ASSERT_TRUE(before_ && before_->copies() > 0 && before_->copies_synced() == before_->copies())
+        << (before_ ? before_->ShortDebugString() : "server 2 not listed");
+    const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    out_ = absl::StrCat(testing::TempDir(), "/", name, ".out");
+    err_ = absl::StrCat(testing::TempDir(), "/", name, ".err");
+    std::filesystem::remove(out_);  // a previous run's
+    std::filesystem::remove(err_);
+    auto drain = Spawn("drain", {"/bin/sh", "-c", absl::StrCat("exec ", SHARDPS_BINARY, " drain --scheduler ",
+                                                              cluster_->scheduler_address(),
+                                                              " --server 2 --wait 60 >", out_, " 2>", err_)},
+                       false);
+    ASSERT_TRUE(drain.ok()) << drain.status();
+    drain_ = *drain;
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+         absl::Now() < deadline && Out().find("drains from") == std::string::npos;) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(kill(cluster_->server_pid(2), SIGSTOP), 0);
+    ASSERT_THAT(Out(), HasSubstr("server 2 drains from shard map epoch")) << Err();
+  }
+  std::string Out() const { return FileText(out_); }
+  std::string Err() const { return FileText(err_); }
+
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<Worker> worker_;
+  std::optional<NodeStatus> before_;  // server 2, synced, before the drain
+  ChildProcess drain_;
+  std::string out_, err_;
+};
+
+TEST_F(DrainWaitTest, AServerThatDiesWhileItDrainsAndIsReplacedIsSaidToHaveDied) {
   // `shardps drain --wait` reads the status every 100 ms. Where the drained
   // server died and another took its place between two reads (a restarted
   // pod at the same place), it said "drained and stopped": it saw only a
   // new node at the index. The newcomer's status now says how its
   // predecessor ended.
-  ClusterConfig config;
-  config.set_num_servers(2);
-  config.set_num_workers(1);
-  config.set_heartbeat_timeout_ms(3000);
-  auto cluster = TestCluster::Start(config);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  std::vector<TensorSpec> tensors;
-  for (int t = 0; t < 6; ++t) tensors.push_back(Float32Tensor(absl::StrCat("w", t), 1 << 20));
-  ASSERT_TRUE((*worker)->DefineTensors(tensors).ok());
-  // A third server joins the running job: server index 2 is the process
-  // started third, and copies move to it.
-  ASSERT_TRUE((*cluster)->AddServer().ok());
-  std::optional<NodeStatus> before;
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
-    before = WorkerStatus(**cluster, 2, SERVER);
-    if (before && before->copies() > 0 && before->copies_synced() == before->copies()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  ASSERT_TRUE(before && before->copies() > 0 && before->copies_synced() == before->copies())
-      << (before ? before->ShortDebugString() : "server 2 not listed");
-  const std::string out = testing::TempDir() + "/drain_replaced.out", err = testing::TempDir() + "/drain_replaced.err";
-  std::filesystem::remove(out);  // a previous run's
-  std::filesystem::remove(err);
-  auto drain = Spawn("drain", {"/bin/sh", "-c", absl::StrCat("exec ", SHARDPS_BINARY, " drain --scheduler ",
-                                                            (*cluster)->scheduler_address(),
-                                                            " --server 2 --wait 60 >", out, " 2>", err)},
-                     false);
-  ASSERT_TRUE(drain.ok()) << drain.status();
-  for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
-       absl::Now() < deadline && FileText(out).find("drains from") == std::string::npos;) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  // Stopped, server 2 sends none of its copies and hands off no primary:
-  // the drain stays under way.
-  ASSERT_EQ(kill((*cluster)->server_pid(2), SIGSTOP), 0);
-  ASSERT_THAT(FileText(out), HasSubstr("server 2 drains from shard map epoch")) << FileText(err);
-  ASSERT_EQ(kill(drain->pid, SIGSTOP), 0);  // the command misses what follows
-  ASSERT_EQ(kill((*cluster)->server_pid(2), SIGKILL), 0);
+  ASSERT_EQ(kill(drain_.pid, SIGSTOP), 0);  // the command misses what follows
+  ASSERT_EQ(kill(cluster_->server_pid(2), SIGKILL), 0);
   std::optional<NodeStatus> dead;
   for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
-    dead = WorkerStatus(**cluster, 2, SERVER);
+    dead = WorkerStatus(*cluster_, 2, SERVER);
     if (dead && dead->declared_dead()) break;
     absl::SleepFor(absl::Milliseconds(100));
   }
   ASSERT_TRUE(dead && dead->declared_dead()) << (dead ? dead->ShortDebugString() : "not listed");
-  ASSERT_TRUE((*cluster)->AddServer().ok());
+  ASSERT_TRUE(cluster_->AddServer().ok());
   std::optional<NodeStatus> newcomer;
   for (const absl::Time deadline = absl::Now() + absl::Seconds(15); absl::Now() < deadline;) {
-    newcomer = WorkerStatus(**cluster, 2, SERVER);
-    if (newcomer && newcomer->node_id() != before->node_id()) break;
+    newcomer = WorkerStatus(*cluster_, 2, SERVER);
+    if (newcomer && newcomer->node_id() != before_->node_id()) break;
     absl::SleepFor(absl::Milliseconds(100));
   }
-  ASSERT_TRUE(newcomer && newcomer->node_id() != before->node_id()) << "no server took server 2's place";
+  ASSERT_TRUE(newcomer && newcomer->node_id() != before_->node_id()) << "no server took server 2's place";
   EXPECT_EQ(newcomer->replaced(), "declared dead");
-  ASSERT_EQ(kill(drain->pid, SIGCONT), 0);
+  ASSERT_EQ(kill(drain_.pid, SIGCONT), 0);
   int status = 0;
-  ASSERT_TRUE(ExitsWithin(drain->pid, absl::Seconds(20), &status));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ": " << FileText(out);
-  EXPECT_THAT(FileText(err), HasSubstr("died while it drained"));
-  EXPECT_THAT(FileText(err), HasSubstr("has taken its place"));
-  EXPECT_THAT(FileText(out), Not(HasSubstr("drained and stopped")));
+  ASSERT_TRUE(ExitsWithin(drain_.pid, absl::Seconds(20), &status));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ": " << Out();
+  EXPECT_THAT(Err(), HasSubstr("died while it drained"));
+  EXPECT_THAT(Err(), HasSubstr("has taken its place"));
+  EXPECT_THAT(Out(), Not(HasSubstr("drained and stopped")));
+}
+
+TEST_F(DrainWaitTest, ASchedulerRestartedWithoutItsStateIsNotTakenForADrainDone) {
+  // review17: a scheduler restarted without its --state-dir lists no server
+  // 2 (or another process at index 2), and the command said "drained and
+  // stopped" of a server that was neither. It now sees another job's id.
+  cluster_->KillScheduler();
+  ASSERT_TRUE(cluster_->RestartScheduler(/*keep_state=*/false).ok());
+  int status = 0;
+  ASSERT_TRUE(ExitsWithin(drain_.pid, absl::Seconds(20), &status));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ": " << Out();
+  EXPECT_THAT(Err(), HasSubstr("restarted without its state"));
+  EXPECT_THAT(Out(), Not(HasSubstr("drained and stopped")));
+  ASSERT_EQ(kill(cluster_->server_pid(2), SIGCONT), 0);
 }
 
 TEST(RegisterTest, AWorkerLeavingOnAnErrorThatIsNotUtf8StillLeavesWithTheError) {

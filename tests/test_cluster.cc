@@ -77,7 +77,10 @@ absl::Status TestCluster::StartScheduler(const std::string& listen) {
 
 void TestCluster::KillScheduler() { Kill(scheduler_); }
 
-absl::Status TestCluster::RestartScheduler() { return StartScheduler(scheduler_address_); }
+absl::Status TestCluster::RestartScheduler(bool keep_state) {
+  if (!keep_state) std::filesystem::remove_all(dir_ + "/state");
+  return StartScheduler(scheduler_address_);
+}
 
 absl::Status TestCluster::AddServer(const std::vector<std::string>& flags) {
   SpawnOptions options;

@@ -55,10 +55,11 @@ class TestCluster {
   // thread, as Start.
   absl::Status AddServer(const std::vector<std::string>& flags = {});
   // SIGKILL to the scheduler; RestartScheduler starts a new one at the same
-  // address, which resumes from the state the first saved (--state-dir).
+  // address, which resumes from the state the first saved (--state-dir), or
+  // without `keep_state` starts a new job on an empty state directory.
   // From the test's own thread, as Start.
   void KillScheduler();
-  absl::Status RestartScheduler();
+  absl::Status RestartScheduler(bool keep_state = true);
 
  private:
   absl::Status StartScheduler(const std::string& listen);

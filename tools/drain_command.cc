@@ -125,6 +125,13 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
   };
   for (;;) {
     auto status = (*client)->Status(absl::Seconds(5));
+    if (status.ok() && status->config().job_id() != before->config().job_id()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the scheduler at ", address, " now runs another job (job id ", status->config().job_id(), ", was ",
+          before->config().job_id(), "): it restarted without its state (--state-dir, --etcd) and knows nothing of ",
+          drained, " or its drain, which had run ", absl::FormatDuration(absl::Now() - start),
+          "; `shardps status` shows what it knows"));
+    }
     if (status.ok()) {
       const NodeStatus* n = FindServer(*status, index);
       // Between two reads the server may have ended and another taken its
