@@ -762,7 +762,15 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
 }
 
 absl::StatusOr<bool> PartitionEngine::ReplicaIsNew(const Partition& p, const DataHeader& h) const {
-  if (h.replica_of() == SNAPSHOT) return true;
+  if (h.replica_of() == SNAPSHOT) {
+    // An older snapshot than the one applied, from the same primary at no
+    // later epoch: a copy a broken connection delivered late, after the
+    // primary sent it again on the next one (ConnectionToBackupBroke).
+    // Applied, it would take the copy back past every update since.
+    const SnapshotId& applied = p.applied_snapshot;
+    return !(applied.update != 0 && h.replica_from() == applied.from && h.epoch() <= applied.epoch &&
+             h.request_id() < applied.update);
+  }
   if (h.replica_of() == SNAPSHOT_PROBE) return false;  // answered (AnswerProbe), applies nothing
   if (!p.synced) return AwaitingSnapshot(p);
   if (h.replica_of() == INIT) return !p.initialized && p.completed == 0;

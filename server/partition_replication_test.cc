@@ -951,6 +951,34 @@ TEST_F(ReplicationTest, APartitionWhoseUpdateWasLostWithTheConnectionToItsBackup
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
 }
 
+// A snapshot in flight on a connection that broke is sent again on the next
+// one; the old connection may still deliver its copy after the heal, behind
+// the fresh one and the rounds applied since. It applies nothing: the copy
+// would go back to the state of the first snapshot.
+TEST_F(ReplicationTest, ASnapshotDeliveredLateByABrokenConnectionAfterItsFreshCopyChangesNothing) {
+  Make(SYNC);
+  auto round = [&](uint64_t r) {
+    Send(0, PUSH, 0, r, {2.0f, 4.0f}, 12);
+    Send(0, PUSH, 1, r, {6.0f, 8.0f}, 12);
+    Deliver();
+  };
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
+  ASSERT_EQ(outbox_.size(), 1u);
+  const Message first = outbox_.front();
+  outbox_.clear();  // on the connection that broke
+  EXPECT_THAT(engines_[0]->ConnectionToBackupBroke(1), ElementsAre(5u));
+  Deliver();  // the fresh snapshot
+  round(0);
+  ASSERT_EQ(answers_.size(), 2u);
+  ASSERT_TRUE(SameBits(Weights(1), Weights(0)));
+  outbox_.push_back(first);  // the old connection delivers it after the heal
+  Deliver();
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the late snapshot took the copy back before round 0";
+  round(1);
+  EXPECT_EQ(answers_.size(), 4u);
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
 // chaos16: a primary paused (or cut off from the scheduler) past the
 // heartbeat timeout, its backup promoted meanwhile at a later epoch, and
 // still at its own epoch when it handles the workers' pushes of a round:
