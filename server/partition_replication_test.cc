@@ -866,8 +866,7 @@ TEST_F(ReplicationTest, AJoinedServerHoldsASnapshotThatArrivesBeforeItsFirstMap)
 TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) {
   Make(SYNC);
   auto round = [&](uint64_t r) {
-    Send(0, PUSH, 0, r, {2.0f, 4.0f}, 12);
-    Send(0, PUSH, 1, r, {6.0f, 8.0f}, 12);
+    Round(r, 12);
     Deliver();
   };
   ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
@@ -958,8 +957,7 @@ TEST_F(ReplicationTest, APartitionWhoseUpdateWasLostWithTheConnectionToItsBackup
 TEST_F(ReplicationTest, ASnapshotDeliveredLateByABrokenConnectionAfterItsFreshCopyChangesNothing) {
   Make(SYNC);
   auto round = [&](uint64_t r) {
-    Send(0, PUSH, 0, r, {2.0f, 4.0f}, 12);
-    Send(0, PUSH, 1, r, {6.0f, 8.0f}, 12);
+    Round(r, 12);
     Deliver();
   };
   ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
