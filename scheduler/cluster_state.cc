@@ -151,6 +151,7 @@ void ClusterState::WriteUnsaved() {
   // Tried: the map goes out (WaitForMap), a restored scheduler skips past
   // epochs the nodes hold.
   written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
+  last_write_ = written;
   if (written.ok()) {
     saves_written_ = std::max(saves_written_, saves);
     rewrite_after_ = absl::InfinitePast();
@@ -1324,9 +1325,11 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
       return absl::OkStatus();
     }
     if (absl::Now() >= deadline) {
+      // The write's own error (a full disk names its path): the log that
+      // says it is the scheduler's, which the ranks' owners may not read.
       return absl::DeadlineExceededError(absl::StrCat("barrier '", name,
                                                       "': passed, but the scheduler could not write its state before "
-                                                      "the deadline (its log says why)"));
+                                                      "the deadline: ", last_write_.ToString()));
     }
   }
 }
