@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/endpoint.h"
+#include "common/file_descriptors.h"
 #include "common/heartbeat_log.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
@@ -40,6 +41,15 @@ uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+// Descriptors a server of `config` needs besides those it holds when it
+// starts: its context and socket (kFirstSocketDescriptors), a connection from each worker,
+// and per other server a connection from it and a DEALER to it (mailbox and
+// connection); a few for checkpoint files and the scheduler's channel.
+int ServerDescriptors(const ClusterConfig& config) {
+  const int others = std::max<int>(static_cast<int>(config.num_servers()) - 1, 0);
+  return kFirstSocketDescriptors + static_cast<int>(config.num_workers()) + 3 * others + 4;
 }
 
 void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
@@ -510,7 +520,15 @@ class ParameterServerImpl : public ParameterServer {
     }
     if (peers_.size() <= server) peers_.resize(server + 1);
     if (!peers_[server]) {
-      auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+      // Not made: the update waits for the backup's confirmation (as when
+      // sealing fails below) and the log says why.
+      auto made = MakeSocket(context_, zmq::socket_type::dealer,
+                             absl::StrCat("server ", index_, ": socket to backup server ", server));
+      if (!made.ok()) {
+        LOG_EVERY_N(ERROR, 100) << made.status().message();
+        return;
+      }
+      auto socket = std::make_unique<zmq::socket_t>(*std::move(made));
       socket->set(zmq::sockopt::sndhwm, 0);
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::linger, 0);
@@ -922,8 +940,6 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
     return absl::InvalidArgumentError(absl::StrCat("server advertise host: '", options.advertise_host,
                                                    "' is not a host name or IP address"));
   }
-  zmq::context_t context(1);
-  zmq::socket_t socket(context, zmq::socket_type::router);
   // The config's socket limits before binding, from the scheduler's status
   // (the config it will register this server with), so the port is bound
   // once: a rebind (ApplySocketLimits, kept for a scheduler that gives no
@@ -931,7 +947,17 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   // server that takes a dead one's place its copies as soon as it registered.
   const absl::Time register_deadline = absl::Now() + options.register_timeout;
   auto served = scheduler->Status(options.register_timeout);
-  SetSocketLimits(socket, served.ok() ? served->config() : ClusterConfig());
+  const ClusterConfig config = served.ok() ? served->config() : ClusterConfig();
+  // A server short of descriptors takes no connection from some peers (its
+  // ZeroMQ accepts fail unlogged) and the job waits for it until requests
+  // time out, blaming it with no reason: refused here, saying so.
+  const std::string who = absl::StrCat("server at ", options.bind_address);
+  if (absl::Status s = EnsureFreeDescriptors(ServerDescriptors(config), who); !s.ok()) return s;
+  zmq::context_t context(1);
+  auto made = MakeSocket(context, zmq::socket_type::router, who, kFirstSocketDescriptors);
+  if (!made.ok()) return made.status();
+  zmq::socket_t socket = *std::move(made);
+  SetSocketLimits(socket, config);
   CurveKeyPair keys;
   std::unique_ptr<CurveAuthenticator> authenticator;
   if (options.security.enabled) {

@@ -1037,5 +1037,41 @@ TEST(CommandLineTest, AMissingConfigKeyOrDataFileStopsTheCommandNamingTheFileAnd
   std::filesystem::remove(conf);
 }
 
+// Exit code and output of `shardps ARGS` run under `prlimit LIMIT` (at most
+// 60 s: a process that neither works nor fails shows as timeout's 124).
+std::pair<int, std::string> RunLimited(const std::string& limit, const std::string& args) {
+  auto [status, out] = RunCommand(absl::StrCat("timeout 60 prlimit ", limit, " ", SHARDPS_BINARY, " ", args));
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(FileDescriptorTest, AWorkerShortOfDescriptorsFailsSayingSoInsteadOfAborting) {
+  // At 12 libzmq asserted starting its context's threads ("Too many open
+  // files (src/epoll.cpp:65)"), at 16 cppzmq's exception from a socket's
+  // constructor ended the process: both aborted (134) naming nothing (chaos17).
+  auto cluster = TestCluster::Start(FastHeartbeats(2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int limit : {12, 16}) {
+    auto [code, out] = RunLimited(absl::StrCat("--nofile=", limit, ":", limit),
+                                  absl::StrCat("train --scheduler ", (*cluster)->scheduler_address(),
+                                               " --rank 0 --max-steps 1 --train-limit 320 --test-limit 10 "
+                                               "--log-every 0 --rendezvous-timeout 30"));
+    EXPECT_EQ(code, 1) << "nofile " << limit << ": " << out;
+    EXPECT_THAT(out, HasSubstr("too few file descriptors")) << "nofile " << limit << ": " << out;
+  }
+}
+
+TEST(FileDescriptorTest, AServerShortOfDescriptorsForItsPeersIsRefusedAtStartNamingTheLimit) {
+  // Before, it registered and took no connection from some workers (its
+  // accepts failed unlogged): they waited for it until their requests timed
+  // out, and its first replica socket aborted it (chaos17).
+  auto cluster = TestCluster::Start(FastHeartbeats(1, 64));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto [code, out] = RunLimited("--nofile=40:40", absl::StrCat("server --scheduler ", (*cluster)->scheduler_address(),
+                                                                " --listen tcp://127.0.0.1:0 --register-timeout 10"));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("too few file descriptors")) << out;
+  EXPECT_THAT(out, HasSubstr("RLIMIT_NOFILE soft 40")) << out;
+}
+
 }  // namespace
 }  // namespace shardps
