@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -37,10 +39,25 @@
 namespace shardps {
 namespace {
 
-uint64_t PhysicalMemoryBytes() {
+// Bytes this process can give partitions, told to the scheduler (which
+// refuses a model that would give a server more): the machine's physical
+// memory, or under an address-space limit (RLIMIT_AS: `prlimit --as`,
+// `ulimit -v`) what it leaves above what the process maps now, if less.
+// Before 2026-11-26 only the physical memory: a server under such a limit
+// accepted a model it could not hold and died of std::bad_alloc installing
+// the map (chaos17). 0: unknown (not checked).
+uint64_t MemoryBytesForPartitions() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  if (page <= 0) return 0;
+  uint64_t bytes = pages > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return bytes;
+  uint64_t mapped_pages = 0;
+  std::ifstream("/proc/self/statm") >> mapped_pages;
+  const uint64_t mapped = mapped_pages * static_cast<uint64_t>(page);
+  const uint64_t left = limit.rlim_cur > mapped ? limit.rlim_cur - mapped : 1;
+  return bytes == 0 ? left : std::min(bytes, left);
 }
 
 // Descriptors a server of `config` needs besides those it holds when it
@@ -97,7 +114,7 @@ class ParameterServerImpl : public ParameterServer {
     request.set_role(SERVER);
     request.set_data_address(data_address_);
     request.set_host(options.advertise_host);
-    request.set_memory_bytes(options.memory_bytes != 0 ? options.memory_bytes : PhysicalMemoryBytes());
+    request.set_memory_bytes(options.memory_bytes != 0 ? options.memory_bytes : MemoryBytesForPartitions());
     request.set_curve_public_key(curve_keys_.public_key);
     request.set_sealed_data(sender_seals_ != nullptr);
     auto registered = scheduler_->Register(request, options.register_timeout);

@@ -25,6 +25,7 @@
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "scheduler/scheduler.h"
+#include "tests/sanitizer_slowdown.h"
 #include "tests/test_cluster.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train/mlp.h"
@@ -1071,6 +1072,43 @@ TEST(FileDescriptorTest, AServerShortOfDescriptorsForItsPeersIsRefusedAtStartNam
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("too few file descriptors")) << out;
   EXPECT_THAT(out, HasSubstr("RLIMIT_NOFILE soft 40")) << out;
+}
+
+// This process's mapped size (VmSize), in bytes.
+uint64_t MappedBytes() {
+  uint64_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  return pages * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+TEST(MemoryTest, AServerUnderAnAddressSpaceLimitIsGivenNoModelItCannotHold) {
+  // It reported the machine's physical memory, took the model and died of
+  // std::bad_alloc installing the map, saying only libstdc++'s "terminate
+  // called after throwing an instance of 'std::bad_alloc'" (chaos17).
+  if (kTestSlowdown != 1) GTEST_SKIP() << "a sanitizer reserves address space far past any limit";
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(1);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->StopServer(0);  // its place taken by one under a limit
+  // A server maps about what this process does (the same libraries) and its
+  // threads' stacks and heaps: 1 GiB more lets it start (too little and
+  // libzmq asserts creating a thread) and holds far less than the model.
+  const uint64_t limit = MappedBytes() + (uint64_t{1} << 30);
+  SpawnOptions options;
+  options.search_path = true;
+  options.stdout_to_stderr = true;
+  auto limited = Spawn("limited server", {"prlimit", absl::StrCat("--as=", limit), SHARDPS_BINARY, "server", "--scheduler",
+                                          (*cluster)->scheduler_address(), "--listen", "tcp://127.0.0.1:0"},
+                       options);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::Status s = (*worker)->DefineTensors({Float32Tensor("w", int64_t{500} * 1000 * 1000)});  // 2 GB of weights
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("reported it can hold"));
+  Kill(*limited);
 }
 
 }  // namespace
