@@ -1111,5 +1111,17 @@ TEST(MemoryTest, AServerUnderAnAddressSpaceLimitIsGivenNoModelItCannotHold) {
   Kill(*limited);
 }
 
+TEST(MemoryTest, AProcessOutOfMemorySaysWhichOneAndWhyAsItStops) {
+  // libstdc++'s "terminate called after throwing an instance of
+  // 'std::bad_alloc'" named no process: among a cluster's logs, no node.
+  if (kTestSlowdown != 1) GTEST_SKIP() << "a sanitizer reserves address space far past any limit";
+  const std::string dir = ::testing::TempDir() + "/oom-bench";
+  auto [code, out] = RunLimited("--as=2000000000", "bench-checkpoint --hidden 65536,65536 --iters 1 --dir " + dir);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("shardps bench-checkpoint --hidden 65536,65536")) << out;
+  EXPECT_THAT(out, HasSubstr("stops on an uncaught exception: std::bad_alloc (out of memory")) << out;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace shardps
