@@ -546,7 +546,8 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     // Every report: copy moves wait for them, and a failover promotes a copy
     // that was reported synced.
     node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
-    if (request.has_checkpoint_failure()) node->checkpoint_failure = request.checkpoint_failure();
+    // Every heartbeat carries the server's current failure; none: it is past.
+    node->checkpoint_failure = request.checkpoint_failure();
     if (!absl::c_is_sorted(node->synced_copies)) absl::c_sort(node->synced_copies);  // servers send them sorted
   }
   // The rate between the last two reports that differ (from the last one at
