@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_descriptors.h"
 #include "common/protocol.h"
 
 namespace shardps {
@@ -110,6 +111,16 @@ zmq::recv_result_t RecvRetrying(zmq::socket_t& socket, zmq::message_t& message, 
     } catch (const zmq::error_t& e) {
       if (e.num() != EINTR) throw;
     }
+  }
+}
+
+absl::StatusOr<zmq::socket_t> MakeSocket(zmq::context_t& context, zmq::socket_type type, absl::string_view who,
+                                         int descriptors) {
+  if (absl::Status s = EnsureFreeDescriptors(descriptors, who); !s.ok()) return s;
+  try {
+    return zmq::socket_t(context, type);
+  } catch (const zmq::error_t& e) {
+    return absl::UnavailableError(absl::StrCat(who, ": cannot make a ZeroMQ socket: ", e.what()));
   }
 }
 

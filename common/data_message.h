@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/data.pb.h"
 
 namespace shardps {
@@ -55,6 +56,22 @@ absl::StatusOr<zmq::socket_t> WatchConnections(zmq::context_t& context, zmq::soc
                                                const std::string& endpoint, int events);
 // The events `monitor` (from WatchConnections) has queued, in order.
 std::vector<uint16_t> TakeConnectionEvents(zmq::socket_t& monitor);
+
+// Descriptors a socket needs as it is made: its mailbox and a connection;
+// a context's first socket also starts the context's reaper and I/O threads,
+// whose epoll and mailbox descriptors libzmq asserts on (an abort, "Too many
+// open files (src/epoll.cpp:65)").
+inline constexpr int kSocketDescriptors = 2;
+inline constexpr int kFirstSocketDescriptors = kSocketDescriptors + 4;
+// What WatchConnections adds: the mailboxes of the monitor's two PAIR sockets.
+inline constexpr int kWatchDescriptors = 2;
+
+// A socket of `type` on `context`. RESOURCE_EXHAUSTED, naming `who`, when
+// fewer than `descriptors` are free (EnsureFreeDescriptors); UNAVAILABLE with
+// ZeroMQ's reason when it cannot make the socket all the same (before
+// 2026-11-26 cppzmq's exception ended the process: chaos17).
+absl::StatusOr<zmq::socket_t> MakeSocket(zmq::context_t& context, zmq::socket_type type, absl::string_view who,
+                                         int descriptors = kSocketDescriptors);
 
 // The status carried by a response header.
 absl::Status ResponseStatus(const DataHeader& header);

@@ -95,8 +95,14 @@ absl::Status CheckReachable(const Endpoint& e, absl::Duration timeout, absl::str
   }
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
+    const int error = errno;
     freeaddrinfo(found);
-    return fail(strerror(errno));
+    // This process's shortage, not the address's.
+    if (error == EMFILE || error == ENFILE) {
+      return absl::ResourceExhaustedError(absl::StrCat(what, " ", where, " cannot be checked: no file descriptor left here (",
+                                                       strerror(error), ")"));
+    }
+    return fail(strerror(error));
   }
   int rc = connect(fd, found->ai_addr, found->ai_addrlen);
   freeaddrinfo(found);

@@ -1,7 +1,15 @@
 #include "common/endpoint.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
 
 namespace shardps {
 namespace {
@@ -68,6 +76,27 @@ TEST(EndpointTest, ReachableOnlyWhereSomeoneListens) {
   absl::Status s = CheckReachable(*closed, absl::Seconds(1), "server data address");
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.message(), ::testing::HasSubstr("127.0.0.1:1 is not reachable"));
+}
+
+// In a child: CheckReachable with no descriptor left; exits 0 when the
+// error blames this process.
+void CheckReachableWithNoDescriptorLeft() {
+  const int next = dup(0);
+  close(next);
+  const rlimit none{static_cast<rlim_t>(next), static_cast<rlim_t>(next)};
+  setrlimit(RLIMIT_NOFILE, &none);
+  const Endpoint closed{"127.0.0.1", 1};
+  absl::Status s = CheckReachable(closed, absl::Seconds(1), "server data address");
+  fprintf(stderr, "%s\n", s.ToString().c_str());
+  const bool here = absl::IsResourceExhausted(s) && absl::StrContains(s.message(), "no file descriptor left here");
+  exit(here ? 0 : 1);
+}
+
+TEST(EndpointTest, AnAddressCheckedWithNoDescriptorLeftBlamesThisProcessNotTheAddress) {
+  // The scheduler out of descriptors told a server "server data address ...
+  // is not reachable: Too many open files ... does --advertise-host name this
+  // host?", and the server gave up (chaos17).
+  EXPECT_EXIT(CheckReachableWithNoDescriptorLeft(), ::testing::ExitedWithCode(0), "RESOURCE_EXHAUSTED");
 }
 
 }  // namespace

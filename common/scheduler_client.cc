@@ -40,7 +40,11 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& address, absl::s
   } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && detail == "Deadline Exceeded") {
     detail = "no answer before the deadline";
   }
-  return absl::Status(code, absl::StrCat("scheduler ", address, ": ", what, ": ", detail));
+  // The scheduler's own refusal may already say what it refuses ("barrier
+  // 'init': ..."): before 2026-11-26 every barrier error said it twice (chaos17).
+  const std::string context = absl::StrCat(what, ": ");
+  return absl::Status(code, absl::StrCat("scheduler ", address, ": ", absl::StartsWith(detail, context) ? "" : context,
+                                         detail));
 }
 
 // The metadata key of the cluster token (common/security.h).

@@ -565,7 +565,8 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     // Every report: copy moves wait for them, and a failover promotes a copy
     // that was reported synced.
     node->synced_copies.assign(request.synced_copies().begin(), request.synced_copies().end());
-    if (request.has_checkpoint_failure()) node->checkpoint_failure = request.checkpoint_failure();
+    // Every heartbeat carries the server's current failure; none: it is past.
+    node->checkpoint_failure = request.checkpoint_failure();
     if (!absl::c_is_sorted(node->synced_copies)) absl::c_sort(node->synced_copies);  // servers send them sorted
   }
   // The rate between the last two reports that differ (from the last one at
@@ -1358,9 +1359,11 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
           absl::StrCat("barrier '", name, "': passed, but its state's write was refused: ", last_write_.message()));
     }
     if (absl::Now() >= deadline) {
+      // The write's own error (a full disk names its path): the log that
+      // says it is the scheduler's, which the ranks' owners may not read.
       return absl::DeadlineExceededError(absl::StrCat("barrier '", name,
                                                       "': passed, but the scheduler could not write its state before "
-                                                      "the deadline (its log says why)"));
+                                                      "the deadline: ", last_write_.ToString()));
     }
   }
 }

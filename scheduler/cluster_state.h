@@ -408,7 +408,7 @@ class ClusterState {
   // The last write failed (its state is unsaved_ again, unless a newer
   // one replaced it): the next is tried no sooner than this.
   absl::Time rewrite_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Status last_write_ ABSL_GUARDED_BY(mu_);  // what the last write tried returned
+  absl::Status last_write_ ABSL_GUARDED_BY(mu_);  // the latest write's outcome (a barrier's error says it)
   uint64_t written_epoch_ ABSL_GUARDED_BY(mu_) = 0;            // of the last state written (WaitForMap)
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a

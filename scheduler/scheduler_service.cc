@@ -85,6 +85,10 @@ absl::Status CheckDataAddress(const std::string& address) {
   if (absl::Status s = CheckResolvable(endpoint->host, "server data address"); !s.ok()) return s;
   absl::Status reachable = CheckReachable(*endpoint, absl::Seconds(1), "server data address");
   if (reachable.ok()) return reachable;
+  if (reachable.code() == absl::StatusCode::kResourceExhausted) {
+    return absl::ResourceExhaustedError(absl::StrCat("the scheduler is out of file descriptors (raise its RLIMIT_NOFILE: "
+                                                     "ulimit -n, LimitNOFILE=): ", reachable.message()));
+  }
   // Not UNAVAILABLE: the scheduler answered, and a node reads that code as
   // "cannot reach the scheduler" (and a failover client tries the next one).
   return absl::FailedPreconditionError(absl::StrCat(

@@ -5,12 +5,15 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/data_message.h"
 
 namespace shardps {
 
 absl::StatusOr<std::unique_ptr<CurveAuthenticator>> CurveAuthenticator::Create(zmq::context_t& context,
                                                                                std::string name) {
-  zmq::socket_t socket(context, zmq::socket_type::rep);
+  auto made = MakeSocket(context, zmq::socket_type::rep, absl::StrCat(name, ": CURVE authenticator"));
+  if (!made.ok()) return made.status();
+  zmq::socket_t socket = *std::move(made);
   socket.set(zmq::sockopt::linger, 0);
   try {
     socket.bind("inproc://zeromq.zap.01");

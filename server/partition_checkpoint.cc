@@ -222,6 +222,13 @@ void PartitionEngine::WriteManifest(const std::string& dir, uint64_t round) {
   } else {
     LOG(INFO) << "server " << server_index_ << ": checkpoint of round " << round << " written to " << round_dir
               << " (" << manifest.entries_size() << " partitions)";
+    // A later round of the directory a failure named is written (a full disk
+    // freed since): the failure is past, and no longer reported. Before
+    // 2026-11-26 `shardps status` showed it for the rest of the job (chaos17).
+    if (checkpoint_failure_.dir() == dir && checkpoint_failure_.round() < round) {
+      checkpoint_failure_.Clear();
+      ++copies_generation_;  // the next heartbeat says so
+    }
   }
 }
 

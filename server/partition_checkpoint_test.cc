@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <vector>
 
@@ -121,6 +122,24 @@ TEST_F(PartitionCheckpointTest, RestoredEngineContinuesWithBitwiseTheSameWeights
   const std::vector<float> a = Weights(*original), b = Weights(*restored);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   EXPECT_TRUE(errors_.empty()) << errors_.front();
+}
+
+TEST_F(PartitionCheckpointTest, AFailedCheckpointIsNoLongerReportedOnceALaterOneOfItsDirectoryIsWritten) {
+  // chaos17: a checkpoint directory on a disk that filled, then was freed:
+  // later rounds were written, but the server reported the full disk's error
+  // in every heartbeat and `shardps status` showed it under the server.
+  fs::create_directories(dir_);
+  std::ofstream(CheckpointRoundDir(dir_, 2)) << "a file where round 2's directory goes";
+  auto engine = Engine(config_);
+  Send(*engine, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  Round(*engine, 0);
+  Round(*engine, 1);  // round 2 cannot be written
+  EXPECT_EQ(engine->checkpoint_failure().round(), 2u);
+  EXPECT_THAT(engine->checkpoint_failure().error(), HasSubstr("not written"));
+  Round(*engine, 2);
+  Round(*engine, 3);  // round 4 is
+  EXPECT_TRUE(VerifyCheckpointRound(CheckpointRoundDir(dir_, 4)).ok());
+  EXPECT_TRUE(engine->checkpoint_failure().dir().empty()) << engine->checkpoint_failure().ShortDebugString();
 }
 
 TEST_F(PartitionCheckpointTest, ModelThatDoesNotMatchTheCheckpointIsRefused) {

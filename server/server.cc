@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/endpoint.h"
+#include "common/file_descriptors.h"
 #include "common/heartbeat_log.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
@@ -36,10 +39,36 @@
 namespace shardps {
 namespace {
 
-uint64_t PhysicalMemoryBytes() {
+// Bytes this process can give partitions, told to the scheduler (which
+// refuses a model that would give a server more): the machine's physical
+// memory, or under an address-space limit (RLIMIT_AS: `prlimit --as`,
+// `ulimit -v`) what it leaves above what the process maps now, if less.
+// Before 2026-11-26 only the physical memory: a server under such a limit
+// accepted a model it could not hold and died of std::bad_alloc installing
+// the map (chaos17). 0: unknown (not checked).
+uint64_t MemoryBytesForPartitions() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  if (page <= 0) return 0;
+  uint64_t bytes = pages > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return bytes;
+  uint64_t mapped_pages = 0;
+  std::ifstream("/proc/self/statm") >> mapped_pages;
+  const uint64_t mapped = mapped_pages * static_cast<uint64_t>(page);
+  const uint64_t left = limit.rlim_cur > mapped ? limit.rlim_cur - mapped : 1;
+  return bytes == 0 ? left : std::min(bytes, left);
+}
+
+// Descriptors a server of `config` needs besides those it holds when it
+// starts: its context and socket (kFirstSocketDescriptors), a connection from each worker,
+// and per other server a connection from it and a DEALER to it (mailbox and
+// connection, and its connection's monitor); a few for checkpoint files and
+// the scheduler's channel.
+int ServerDescriptors(const ClusterConfig& config) {
+  const int others = std::max<int>(static_cast<int>(config.num_servers()) - 1, 0);
+  return kFirstSocketDescriptors + static_cast<int>(config.num_workers()) +
+         (1 + kSocketDescriptors + kWatchDescriptors) * others + 4;
 }
 
 // Also the heartbeats of its connections (SetHeartbeats): a worker's or
@@ -93,7 +122,7 @@ class ParameterServerImpl : public ParameterServer {
     request.set_role(SERVER);
     request.set_data_address(data_address_);
     request.set_host(options.advertise_host);
-    request.set_memory_bytes(options.memory_bytes != 0 ? options.memory_bytes : PhysicalMemoryBytes());
+    request.set_memory_bytes(options.memory_bytes != 0 ? options.memory_bytes : MemoryBytesForPartitions());
     request.set_curve_public_key(curve_keys_.public_key);
     request.set_sealed_data(sender_seals_ != nullptr);
     auto registered = scheduler_->Register(request, options.register_timeout);
@@ -518,7 +547,16 @@ class ParameterServerImpl : public ParameterServer {
     }
     if (peers_.size() <= server) peers_.resize(server + 1);
     if (!peers_[server]) {
-      auto socket = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+      // Not made: the update waits for the backup's confirmation (as when
+      // sealing fails below) and the log says why.
+      auto made = MakeSocket(context_, zmq::socket_type::dealer,
+                             absl::StrCat("server ", index_, ": socket to backup server ", server),
+                             kSocketDescriptors + kWatchDescriptors);
+      if (!made.ok()) {
+        LOG_EVERY_N(ERROR, 100) << made.status().message();
+        return;
+      }
+      auto socket = std::make_unique<zmq::socket_t>(*std::move(made));
       socket->set(zmq::sockopt::sndhwm, 0);
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::linger, 0);
@@ -987,8 +1025,6 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
     return absl::InvalidArgumentError(absl::StrCat("server advertise host: '", options.advertise_host,
                                                    "' is not a host name or IP address"));
   }
-  zmq::context_t context(1);
-  zmq::socket_t socket(context, zmq::socket_type::router);
   // The config's socket limits before binding, from the scheduler's status
   // (the config it will register this server with), so the port is bound
   // once: a rebind (ApplySocketLimits, kept for a scheduler that gives no
@@ -996,7 +1032,17 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   // server that takes a dead one's place its copies as soon as it registered.
   const absl::Time register_deadline = absl::Now() + options.register_timeout;
   auto served = scheduler->Status(options.register_timeout);
-  SetSocketLimits(socket, served.ok() ? served->config() : ClusterConfig());
+  const ClusterConfig config = served.ok() ? served->config() : ClusterConfig();
+  // A server short of descriptors takes no connection from some peers (its
+  // ZeroMQ accepts fail unlogged) and the job waits for it until requests
+  // time out, blaming it with no reason: refused here, saying so.
+  const std::string who = absl::StrCat("server at ", options.bind_address);
+  if (absl::Status s = EnsureFreeDescriptors(ServerDescriptors(config), who); !s.ok()) return s;
+  zmq::context_t context(1);
+  auto made = MakeSocket(context, zmq::socket_type::router, who, kFirstSocketDescriptors);
+  if (!made.ok()) return made.status();
+  zmq::socket_t socket = *std::move(made);
+  SetSocketLimits(socket, config);
   CurveKeyPair keys;
   std::unique_ptr<CurveAuthenticator> authenticator;
   if (options.security.enabled) {

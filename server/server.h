@@ -40,7 +40,8 @@ struct ServerOptions {
   size_t metrics_max_partitions = 256;
   // Bytes of partitions this server can hold, told to the scheduler, which
   // refuses a model that would give it more; 0 (default): the machine's
-  // physical memory.
+  // physical memory, or less under an address-space limit (RLIMIT_AS): what
+  // the limit leaves above what the process maps when it registers.
   uint64_t memory_bytes = 0;
   // Default: off. On: the scheduler is reached over TLS with the token, and
   // the data socket is a CURVE server with a key pair made for this process,

@@ -25,6 +25,7 @@
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "scheduler/scheduler.h"
+#include "tests/sanitizer_slowdown.h"
 #include "tests/test_cluster.h"
 #include "tools/train/fashion_mnist.h"
 #include "tools/train/mlp.h"
@@ -1069,6 +1070,91 @@ TEST(CommandLineTest, AMissingConfigKeyOrDataFileStopsTheCommandNamingTheFileAnd
                     "/nonexistent/train-images-idx3-ubyte.gz: cannot open"}},
                   /*exit_code=*/1);
   std::filesystem::remove(conf);
+}
+
+// Exit code and output of `shardps ARGS` run under `prlimit LIMIT` (at most
+// 60 s: a process that neither works nor fails shows as timeout's 124).
+std::pair<int, std::string> RunLimited(const std::string& limit, const std::string& args) {
+  auto [status, out] = RunCommand(absl::StrCat("timeout 60 prlimit ", limit, " ", SHARDPS_BINARY, " ", args));
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(FileDescriptorTest, AWorkerShortOfDescriptorsFailsSayingSoInsteadOfAborting) {
+  // At 12 libzmq asserted starting its context's threads ("Too many open
+  // files (src/epoll.cpp:65)"), at 16 cppzmq's exception from a socket's
+  // constructor ended the process: both aborted (134) naming nothing (chaos17).
+  auto cluster = TestCluster::Start(FastHeartbeats(2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (int limit : {12, 16}) {
+    auto [code, out] = RunLimited(absl::StrCat("--nofile=", limit, ":", limit),
+                                  absl::StrCat("train --scheduler ", (*cluster)->scheduler_address(),
+                                               " --rank 0 --max-steps 1 --train-limit 320 --test-limit 10 "
+                                               "--log-every 0 --rendezvous-timeout 30"));
+    EXPECT_EQ(code, 1) << "nofile " << limit << ": " << out;
+    EXPECT_THAT(out, HasSubstr("too few file descriptors")) << "nofile " << limit << ": " << out;
+  }
+}
+
+TEST(FileDescriptorTest, AServerShortOfDescriptorsForItsPeersIsRefusedAtStartNamingTheLimit) {
+  // Before, it registered and took no connection from some workers (its
+  // accepts failed unlogged): they waited for it until their requests timed
+  // out, and its first replica socket aborted it (chaos17).
+  auto cluster = TestCluster::Start(FastHeartbeats(1, 64));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto [code, out] = RunLimited("--nofile=40:40", absl::StrCat("server --scheduler ", (*cluster)->scheduler_address(),
+                                                                " --listen tcp://127.0.0.1:0 --register-timeout 10"));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("too few file descriptors")) << out;
+  EXPECT_THAT(out, HasSubstr("RLIMIT_NOFILE soft 40")) << out;
+}
+
+// This process's mapped size (VmSize), in bytes.
+uint64_t MappedBytes() {
+  uint64_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  return pages * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+TEST(MemoryTest, AServerUnderAnAddressSpaceLimitIsGivenNoModelItCannotHold) {
+  // It reported the machine's physical memory, took the model and died of
+  // std::bad_alloc installing the map, saying only libstdc++'s "terminate
+  // called after throwing an instance of 'std::bad_alloc'" (chaos17).
+  if (kTestSlowdown != 1) GTEST_SKIP() << "a sanitizer reserves address space far past any limit";
+  ClusterConfig config;
+  config.set_num_servers(1);
+  config.set_num_workers(1);
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->StopServer(0);  // its place taken by one under a limit
+  // A server maps about what this process does (the same libraries) and its
+  // threads' stacks and heaps: 1 GiB more lets it start (too little and
+  // libzmq asserts creating a thread) and holds far less than the model.
+  const uint64_t limit = MappedBytes() + (uint64_t{1} << 30);
+  SpawnOptions options;
+  options.search_path = true;
+  options.stdout_to_stderr = true;
+  auto limited = Spawn("limited server", {"prlimit", absl::StrCat("--as=", limit), SHARDPS_BINARY, "server", "--scheduler",
+                                          (*cluster)->scheduler_address(), "--listen", "tcp://127.0.0.1:0"},
+                       options);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::Status s = (*worker)->DefineTensors({Float32Tensor("w", int64_t{500} * 1000 * 1000)});  // 2 GB of weights
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("reported it can hold"));
+  Kill(*limited);
+}
+
+TEST(MemoryTest, AProcessOutOfMemorySaysWhichOneAndWhyAsItStops) {
+  // libstdc++'s "terminate called after throwing an instance of
+  // 'std::bad_alloc'" named no process: among a cluster's logs, no node.
+  if (kTestSlowdown != 1) GTEST_SKIP() << "a sanitizer reserves address space far past any limit";
+  const std::string dir = ::testing::TempDir() + "/oom-bench";
+  auto [code, out] = RunLimited("--as=2000000000", "bench-checkpoint --hidden 65536,65536 --iters 1 --dir " + dir);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("shardps bench-checkpoint --hidden 65536,65536")) << out;
+  EXPECT_THAT(out, HasSubstr("stops on an uncaught exception: std::bad_alloc (out of memory")) << out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

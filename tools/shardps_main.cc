@@ -1,6 +1,14 @@
 // The `shardps` command: daemons, the local cluster, status and benchmarks.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <map>
+#include <new>
+#include <string>
 
 #include "common/protocol.h"
 #include "tools/commands.h"
@@ -35,9 +43,46 @@ benchmarks:
   flood         8 workers flood one server with 64 MiB async pushes; its RSS must stay bounded
 )";
 
+// "shardps server --listen ..." (at most the buffer), for the line below.
+char invocation[512];
+
+// An exception nothing caught (std::bad_alloc above all: a model larger than
+// an address-space limit leaves room for) still ends the process, so its
+// partitions fail over and nothing half-applied outlives it, but the line
+// says which process and why; libstdc++'s own ("terminate called after
+// throwing an instance of 'std::bad_alloc'") named neither. Formats into a
+// fixed buffer: the heap may be what ran out.
+[[noreturn]] void SayWhyAndAbort() {
+  const char* what = "unknown exception";
+  const char* hint = "";
+  try {
+    if (auto e = std::current_exception()) std::rethrow_exception(e);
+    what = "std::terminate without an exception";
+  } catch (const std::bad_alloc& e) {
+    what = e.what();
+    hint = " (out of memory: the machine's, or an address-space limit such as prlimit --as / ulimit -v)";
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  char line[1024];
+  const int n = snprintf(line, sizeof(line), "%s (pid %d): stops on an uncaught exception: %s%s\n", invocation,
+                         static_cast<int>(getpid()), what, hint);
+  if (n > 0) (void)!write(STDERR_FILENO, line, std::min<size_t>(static_cast<size_t>(n), sizeof(line) - 1));
+  std::abort();
+}
+
+void RememberInvocation(int argc, char** argv) {
+  std::string line = "shardps";
+  for (int i = 1; i < argc; ++i) line.append(" ").append(argv[i]);
+  snprintf(invocation, sizeof(invocation), "%s", line.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  RememberInvocation(argc, argv);
+  std::set_terminate(SayWhyAndAbort);
   using shardps::Args;
   const std::map<std::string, int (*)(const Args&)> commands = {
       {"scheduler", shardps::SchedulerCommand},   {"server", shardps::ServerCommand},

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data_message.h"
+#include "common/file_descriptors.h"
 #include "common/security.h"
 
 namespace shardps {
@@ -29,6 +30,19 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
 absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vector<ServerEndpoint>& servers,
                                                                  uint32_t rank, const CurveKeyPair* curve_keys,
                                                                  ConnectionWatch watch) {
+  // Every socket's connection is opened by ZeroMQ's I/O thread after the
+  // socket is made, so each socket's check alone counted descriptors the
+  // connections before it were about to take, and a connection that then
+  // failed was retried unlogged until the requests timed out.
+  // Two more: the context's own mailbox and wake_fd_; and each socket's
+  // connection monitor.
+  const int sockets = std::max<int>(static_cast<int>(servers.size()), 1);
+  const int needed = 2 + kFirstSocketDescriptors + kSocketDescriptors * (sockets - 1) + kWatchDescriptors * sockets;
+  if (absl::Status s = EnsureFreeDescriptors(needed, absl::StrCat("worker ", rank, ": sockets to ", servers.size(),
+                                                                  " servers"));
+      !s.ok()) {
+    return s;
+  }
   std::unique_ptr<DataChannel> channel(new DataChannel(zmq::context_t(1), rank, watch));
   channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (channel->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
@@ -65,7 +79,11 @@ absl::StatusOr<PeerSeal*> DataChannel::Secure(zmq::socket_t& socket, size_t serv
 
 absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   const size_t index = servers_.size();
-  zmq::socket_t s(context_, zmq::socket_type::dealer);
+  auto made = MakeSocket(context_, zmq::socket_type::dealer,
+                         absl::StrCat("worker ", rank_, ": socket to server ", index, " at '", endpoint.address, "'"),
+                         (index == 0 ? kFirstSocketDescriptors : kSocketDescriptors) + kWatchDescriptors);
+  if (!made.ok()) return made.status();
+  zmq::socket_t s = *std::move(made);
   s.set(zmq::sockopt::sndhwm, 0);
   s.set(zmq::sockopt::rcvhwm, 0);
   s.set(zmq::sockopt::linger, 0);
