@@ -15,7 +15,9 @@ void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms) {
   timeout_ms = std::max(1, timeout_ms);
   socket.set(zmq::sockopt::heartbeat_ivl, interval_ms);
   socket.set(zmq::sockopt::heartbeat_timeout, timeout_ms);
-  socket.set(zmq::sockopt::handshake_ivl, timeout_ms);
+  // A handshake is given at least 10 s, whatever the timeout: a loaded host
+  // may take seconds over a CURVE handshake and its authentication.
+  socket.set(zmq::sockopt::handshake_ivl, std::max(timeout_ms, 10000));
   socket.set(zmq::sockopt::connect_timeout, interval_ms);
 }
 
