@@ -657,5 +657,62 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
   EXPECT_TRUE((*channel)->Wait(second, absl::Seconds(10)).ok());
 }
 
+// A TCP listener that closes every connection it accepts at once (a port
+// whose owner refuses the handshake); counts them.
+class ClosingListener {
+ public:
+  ClosingListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+    EXPECT_EQ(listen(fd_, 64), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        pollfd f{fd_, POLLIN, 0};
+        if (poll(&f, 1, 20) <= 0) continue;
+        const int c = accept(fd_, nullptr, nullptr);
+        if (c < 0) continue;
+        close(c);
+        ++accepted_;
+      }
+    });
+  }
+  ~ClosingListener() {
+    stop_ = true;
+    thread_.join();
+    close(fd_);
+  }
+  std::string address() const { return absl::StrCat("tcp://127.0.0.1:", port_); }
+  int accepted() const { return accepted_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+// A connection that ends before its handshake carried nothing: it is left to
+// ZeroMQ's own reconnection (100 ms apart), not made again at once, which
+// against a server that refuses the handshake (a CURVE key it does not admit,
+// a full connection limit) looped as fast as handshakes fail.
+TEST(DataChannelTest, AConnectionEndedBeforeItsHandshakeIsNotMadeAgainInAHotLoop) {
+  ClosingListener listener;
+  auto channel = DataChannel::Create({{listener.address(), "", false}}, 0, nullptr,
+                                     ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> gradient(4, 1.0f);
+  const uint64_t push = SubmitPush(**channel, gradient, 0);
+  absl::Status status;
+  EXPECT_FALSE((*channel)->WaitAny(absl::MakeConstSpan(&push, 1), absl::Seconds(1), &status).ok());
+  EXPECT_LT(listener.accepted(), 50) << "connections made in one second";
+}
+
 }  // namespace
 }  // namespace shardps
