@@ -25,6 +25,7 @@
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "proto/cluster.pb.h"
+#include "tests/closing_listener.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -656,47 +657,6 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
   EXPECT_TRUE((*channel)->Wait(first, absl::Seconds(10)).ok());
   EXPECT_TRUE((*channel)->Wait(second, absl::Seconds(10)).ok());
 }
-
-// A TCP listener that closes every connection it accepts at once (a port
-// whose owner refuses the handshake); counts them.
-class ClosingListener {
- public:
-  ClosingListener() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
-    EXPECT_EQ(listen(fd_, 64), 0);
-    socklen_t len = sizeof(a);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        pollfd f{fd_, POLLIN, 0};
-        if (poll(&f, 1, 20) <= 0) continue;
-        const int c = accept(fd_, nullptr, nullptr);
-        if (c < 0) continue;
-        close(c);
-        ++accepted_;
-      }
-    });
-  }
-  ~ClosingListener() {
-    stop_ = true;
-    thread_.join();
-    close(fd_);
-  }
-  std::string address() const { return absl::StrCat("tcp://127.0.0.1:", port_); }
-  int accepted() const { return accepted_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> accepted_{0};
-  std::thread thread_;
-};
 
 // A connection that ends before its handshake carried nothing: it is left to
 // ZeroMQ's own reconnection (100 ms apart), not made again at once, which
