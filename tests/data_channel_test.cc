@@ -674,5 +674,35 @@ TEST(DataChannelTest, AConnectionEndedBeforeItsHandshakeIsNotMadeAgainInAHotLoop
   EXPECT_LT(listener.accepted(), 50) << "connections made in one second";
 }
 
+// A cut while a push larger than the TCP buffers is being sent: ZeroMQ
+// sends its PING only after the frame in progress, so the worker's
+// heartbeats never fire, and the connection stayed until TCP gave up
+// (about 15 minutes). TCP's own bound on unacknowledged data (the heartbeat
+// timeout) ends it, and what waited arrives in order once the cut heals.
+TEST(DataChannelTest, ACutWhileALargePushIsBeingSentIsNoticed) {
+  zmq::context_t context;
+  FakeServer server(context);
+  CuttableRelay relay(server.address);
+  auto channel = DataChannel::Create({{relay.address(), "", false}}, 0, nullptr,
+                                     ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> small(4, 1.0f);
+  const uint64_t first = SubmitPush(**channel, small, 0);
+  ASSERT_EQ(server.Receive(1).size(), 1u);
+  relay.Cut();
+  std::vector<float> large(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
+  const uint64_t second = SubmitPush(**channel, large, 0, /*partition=*/8);
+  const uint64_t third = SubmitPush(**channel, small, 0, /*partition=*/9);
+  const uint64_t all[] = {first, second, third};
+  absl::Status status;
+  EXPECT_FALSE((*channel)->WaitAny(all, absl::Seconds(2), &status).ok());
+  relay.Heal();
+  std::vector<DataHeader> again = server.Receive(3);
+  ASSERT_EQ(again.size(), 3u) << "what waited for the server never reached it after the cut healed";
+  EXPECT_EQ(again[0].partition_id(), 7u);
+  EXPECT_EQ(again[1].partition_id(), 8u);
+  EXPECT_EQ(again[2].partition_id(), 9u);
+}
+
 }  // namespace
 }  // namespace shardps
