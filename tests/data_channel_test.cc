@@ -200,6 +200,13 @@ class CuttableRelay {
   std::thread thread_;
 };
 
+// Worker 0's channel to one plain server at `address`, heartbeating every
+// 50 ms and ending a connection silent for 300 ms.
+absl::StatusOr<std::unique_ptr<DataChannel>> QuicklyWatchedChannel(const std::string& address) {
+  return DataChannel::Create({{address, "", false}}, 0, nullptr,
+                             ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+}
+
 // Submits a PUSH of `gradient` (borrowed) for `partition`, round `round`,
 // to server 0 at epoch 1; returns its handle.
 uint64_t SubmitPush(DataChannel& channel, const std::vector<float>& gradient, uint64_t round,
@@ -630,8 +637,7 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
   zmq::context_t context;
   FakeServer server(context);
   CuttableRelay relay(server.address);
-  auto channel = DataChannel::Create({{relay.address(), "", false}}, 0, nullptr,
-                                     ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+  auto channel = QuicklyWatchedChannel(relay.address());
   ASSERT_TRUE(channel.ok()) << channel.status();
   std::vector<float> gradient(4, 1.0f);
   const uint64_t first = SubmitPush(**channel, gradient, 0);
@@ -664,8 +670,7 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
 // a full connection limit) looped as fast as handshakes fail.
 TEST(DataChannelTest, AConnectionEndedBeforeItsHandshakeIsNotMadeAgainInAHotLoop) {
   ClosingListener listener;
-  auto channel = DataChannel::Create({{listener.address(), "", false}}, 0, nullptr,
-                                     ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+  auto channel = QuicklyWatchedChannel(listener.address());
   ASSERT_TRUE(channel.ok()) << channel.status();
   std::vector<float> gradient(4, 1.0f);
   const uint64_t push = SubmitPush(**channel, gradient, 0);
@@ -683,8 +688,7 @@ TEST(DataChannelTest, ACutWhileALargePushIsBeingSentIsNoticed) {
   zmq::context_t context;
   FakeServer server(context);
   CuttableRelay relay(server.address);
-  auto channel = DataChannel::Create({{relay.address(), "", false}}, 0, nullptr,
-                                     ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+  auto channel = QuicklyWatchedChannel(relay.address());
   ASSERT_TRUE(channel.ok()) << channel.status();
   std::vector<float> small(4, 1.0f);
   const uint64_t first = SubmitPush(**channel, small, 0);
