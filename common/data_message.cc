@@ -19,6 +19,11 @@ void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms) {
   // may take seconds over a CURVE handshake and its authentication.
   socket.set(zmq::sockopt::handshake_ivl, std::max(timeout_ms, 10000));
   socket.set(zmq::sockopt::connect_timeout, interval_ms);
+  // ZeroMQ sends a PING only after the frame in progress: a connection cut
+  // while a frame larger than the TCP buffers is being sent never times out
+  // by heartbeats. TCP's bound on unacknowledged data (TCP_USER_TIMEOUT)
+  // ends it instead.
+  socket.set(zmq::sockopt::tcp_maxrt, timeout_ms);
 }
 
 absl::StatusOr<zmq::socket_t> WatchConnections(zmq::context_t& context, zmq::socket_t& socket,

@@ -45,7 +45,8 @@ zmq::recv_result_t RecvRetrying(zmq::socket_t& socket, zmq::message_t& message,
 // Heartbeats on `socket`'s connections: ZeroMQ PINGs every `interval_ms`,
 // and a connection with no answer (no traffic) within `timeout_ms` ends; a
 // connecting socket makes it again, each attempt given `interval_ms` and
-// each handshake `timeout_ms` (at least 10 s). TCP alone notices a silent peer only when its
+// each handshake `timeout_ms` (at least 10 s); data TCP leaves unacknowledged
+// for `timeout_ms` ends it too. TCP alone notices a silent peer only when its
 // retransmissions give up, and after a cut heals sends again only at its
 // next backed-off retransmission (a minute after a 30 s cut). Set before
 // connecting or binding: connections copy them when made.

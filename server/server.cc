@@ -571,6 +571,8 @@ class ParameterServerImpl : public ParameterServer {
       peers_[server] = std::move(socket);
       if (peer_monitors_.size() <= server) peer_monitors_.resize(server + 1);
       peer_monitors_[server] = std::move(monitor);
+      if (peer_handshaken_.size() <= server) peer_handshaken_.resize(server + 1);
+      peer_handshaken_[server] = false;
     }
     zmq::message_t head, sealed_payload;
     auto sealed = PeerSealOf(server);
@@ -614,7 +616,7 @@ class ParameterServerImpl : public ParameterServer {
     SetHeartbeats(socket, config_.heartbeat_interval_ms(), config_.heartbeat_timeout_ms());
     auto monitor = WatchConnections(
         context_, socket, absl::StrCat("inproc://shardps-peer-", index_, "-", server, "-", ++peer_monitors_made_),
-        ZMQ_EVENT_DISCONNECTED);
+        ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
     if (!monitor.ok()) {
       LOG(ERROR) << "server " << index_ << ": backup server " << server << ": " << monitor.status();
       return nullptr;
@@ -630,7 +632,20 @@ class ParameterServerImpl : public ParameterServer {
   void WatchPeers() {
     for (uint32_t s = 0; s < peer_monitors_.size(); ++s) {
       if (!peer_monitors_[s] || s >= peers_.size() || !peers_[s]) continue;
-      if (TakeConnectionEvents(*peer_monitors_[s]).empty()) continue;  // only ZMQ_EVENT_DISCONNECTED is watched
+      bool broke = false;
+      for (uint16_t what : TakeConnectionEvents(*peer_monitors_[s])) {
+        if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+          peer_handshaken_[s] = true;
+        } else if (peer_handshaken_[s]) {  // ZMQ_EVENT_DISCONNECTED
+          peer_handshaken_[s] = false;
+          broke = true;
+        }
+      }
+      // One that ended in its handshake (refused, or the port's owner closed
+      // it) carried nothing: ZeroMQ makes it again by itself, its queue
+      // intact and reconnect_ivl apart. Made again here, with snapshots, a
+      // backup refusing the handshake was hammered every turn of the loop.
+      if (!broke) continue;
       try {
         peers_[s]->disconnect(peer_addresses_[s]);
       } catch (const zmq::error_t&) {
@@ -642,6 +657,7 @@ class ParameterServerImpl : public ParameterServer {
         LOG(ERROR) << "server " << index_ << ": cannot connect to backup server " << s << " at '"
                    << peer_addresses_[s] << "' again: " << e.what();
       }
+      peer_handshaken_[s] = false;
       // Said where it cost something: a backup that stops at the end of the
       // job closes its connection too.
       std::vector<uint64_t> resent = engine_->ConnectionToBackupBroke(s);
@@ -969,6 +985,9 @@ class ParameterServerImpl : public ParameterServer {
   // and how many were made (each binds its own inproc endpoint).
   std::vector<std::unique_ptr<zmq::socket_t>> peer_monitors_;
   uint64_t peer_monitors_made_ = 0;
+  // By server index: whether peers_[i]'s connection completed its handshake
+  // since it was last made (only one that did can have lost updates).
+  std::vector<bool> peer_handshaken_;
   DataHeader header_;  // reused per request
   std::atomic<bool> stop_{false};
   // Engine thread: ServerOptions::drain_on_stop; whether the map showed this

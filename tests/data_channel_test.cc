@@ -25,6 +25,7 @@
 #include "common/scheduler_client.h"
 #include "common/tensor_spec.h"
 #include "proto/cluster.pb.h"
+#include "tests/closing_listener.h"
 #include "worker/worker.h"
 
 namespace shardps {
@@ -198,6 +199,13 @@ class CuttableRelay {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// Worker 0's channel to one plain server at `address`, heartbeating every
+// 50 ms and ending a connection silent for 300 ms.
+absl::StatusOr<std::unique_ptr<DataChannel>> QuicklyWatchedChannel(const std::string& address) {
+  return DataChannel::Create({{address, "", false}}, 0, nullptr,
+                             ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+}
 
 // Submits a PUSH of `gradient` (borrowed) for `partition`, round `round`,
 // to server 0 at epoch 1; returns its handle.
@@ -629,8 +637,7 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
   zmq::context_t context;
   FakeServer server(context);
   CuttableRelay relay(server.address);
-  auto channel = DataChannel::Create({{relay.address(), "", false}}, 0, nullptr,
-                                     ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300)});
+  auto channel = QuicklyWatchedChannel(relay.address());
   ASSERT_TRUE(channel.ok()) << channel.status();
   std::vector<float> gradient(4, 1.0f);
   const uint64_t first = SubmitPush(**channel, gradient, 0);
@@ -655,6 +662,50 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
   server.AnswerWeights(2, again[1], 1, gradient.size());
   EXPECT_TRUE((*channel)->Wait(first, absl::Seconds(10)).ok());
   EXPECT_TRUE((*channel)->Wait(second, absl::Seconds(10)).ok());
+}
+
+// A connection that ends before its handshake carried nothing: it is left to
+// ZeroMQ's own reconnection (100 ms apart), not made again at once, which
+// against a server that refuses the handshake (a CURVE key it does not admit,
+// a full connection limit) looped as fast as handshakes fail.
+TEST(DataChannelTest, AConnectionEndedBeforeItsHandshakeIsNotMadeAgainInAHotLoop) {
+  ClosingListener listener;
+  auto channel = QuicklyWatchedChannel(listener.address());
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> gradient(4, 1.0f);
+  const uint64_t push = SubmitPush(**channel, gradient, 0);
+  absl::Status status;
+  EXPECT_FALSE((*channel)->WaitAny(absl::MakeConstSpan(&push, 1), absl::Seconds(1), &status).ok());
+  EXPECT_LT(listener.accepted(), 50) << "connections made in one second";
+}
+
+// A cut while a push larger than the TCP buffers is being sent: ZeroMQ
+// sends its PING only after the frame in progress, so the worker's
+// heartbeats never fire, and the connection stayed until TCP gave up
+// (about 15 minutes). TCP's own bound on unacknowledged data (the heartbeat
+// timeout) ends it, and what waited arrives in order once the cut heals.
+TEST(DataChannelTest, ACutWhileALargePushIsBeingSentIsNoticed) {
+  zmq::context_t context;
+  FakeServer server(context);
+  CuttableRelay relay(server.address);
+  auto channel = QuicklyWatchedChannel(relay.address());
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> small(4, 1.0f);
+  const uint64_t first = SubmitPush(**channel, small, 0);
+  ASSERT_EQ(server.Receive(1).size(), 1u);
+  relay.Cut();
+  std::vector<float> large(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
+  const uint64_t second = SubmitPush(**channel, large, 0, /*partition=*/8);
+  const uint64_t third = SubmitPush(**channel, small, 0, /*partition=*/9);
+  const uint64_t all[] = {first, second, third};
+  absl::Status status;
+  EXPECT_FALSE((*channel)->WaitAny(all, absl::Seconds(2), &status).ok());
+  relay.Heal();
+  std::vector<DataHeader> again = server.Receive(3);
+  ASSERT_EQ(again.size(), 3u) << "what waited for the server never reached it after the cut healed";
+  EXPECT_EQ(again[0].partition_id(), 7u);
+  EXPECT_EQ(again[1].partition_id(), 8u);
+  EXPECT_EQ(again[2].partition_id(), 9u);
 }
 
 }  // namespace

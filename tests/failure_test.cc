@@ -24,6 +24,7 @@
 #include "common/scheduler_client.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/closing_listener.h"
 #include "tests/sanitizer_slowdown.h"
 #include "tests/test_cluster.h"
 #include "worker/worker.h"
@@ -856,6 +857,53 @@ TEST(FailureTest, AServerKeepsServingWhenItsSchedulerDies) {
   }
   absl::Status run_status = engine.Stop();
   EXPECT_TRUE(run_status.ok()) << run_status;
+}
+
+// A backup whose address ends every connection in its handshake (a port
+// whose owner refuses it): the primary's connection to it carried nothing,
+// and ZeroMQ makes it again by itself (100 ms apart). Made again at once,
+// with a snapshot of each copy it had not confirmed, it looped as fast as
+// the primary's engine turns.
+TEST(FailureTest, APrimaryDoesNotHammerABackupThatEndsItsConnectionsInTheHandshake) {
+  ClusterConfig config = SmallConfig(2);
+  config.set_replication(2);
+  auto daemon = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = config});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto real = SchedulerClient::Create((*daemon)->address());
+  ASSERT_TRUE(real.ok());
+  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto primary = ParameterServer::Create({.bind_address = "tcp://127.0.0.1:0", .scheduler_client = scheduler});
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  EngineThread primary_engine(**primary);
+  auto other = ParameterServer::Create({.scheduler_address = (*daemon)->address(), .bind_address = "tcp://127.0.0.1:0"});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EngineThread other_engine(**other);
+  auto worker = Worker::Create({.scheduler_address = (*daemon)->address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Tensor("w", 1000)}).ok());
+  std::vector<float> grad(1000, 1.0f), out(1000);
+  auto h = (*worker)->PushPull("w", grad, absl::MakeSpan(out));
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE((*worker)->Wait(*h, absl::Seconds(30)).ok());
+  auto status = scheduler->Status(absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+
+  // The other server's index moves to the listener's address: each copy
+  // there is a new one, which its primary sends a snapshot.
+  ClosingListener listener;
+  ShardMap map = status->shard_map();
+  scheduler->Isolate();
+  map.set_epoch(map.epoch() + 100);
+  const uint32_t me = (*primary)->index();
+  for (ServerInfo& s : *map.mutable_servers()) {
+    if (s.index() != me) s.set_data_address(listener.address());
+  }
+  scheduler->Publish(map);
+  absl::SleepFor(absl::Milliseconds(500));  // the new copies' snapshots sent
+  const int before = listener.accepted();
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_GT(listener.accepted(), 0) << "the primary never connected to its backup";
+  EXPECT_LT(listener.accepted() - before, 25) << "connections made in one second";
 }
 
 }  // namespace

@@ -106,6 +106,7 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   servers_.push_back(std::move(s));
   monitors_.push_back(*std::move(monitor));
   reconnecting_.push_back(false);
+  handshaken_.push_back(false);
   seal_of_server_.push_back(*seal);
   absl::MutexLock lock(&mu_);
   addresses_.push_back(endpoint.address);
@@ -146,6 +147,7 @@ void DataChannel::Disconnect(uint32_t server, const std::string& address) {
 void DataChannel::Reconnect(uint32_t server, const std::string& address) {
   // With linger 0 the old connection's pipe goes with what it holds.
   Disconnect(server, address);
+  handshaken_[server] = false;
   try {
     servers_[server].connect(address);
   } catch (const zmq::error_t& e) {
@@ -206,6 +208,7 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
                                                    "': ", e.what()));
   }
   seal_of_server_[server] = *seal;
+  handshaken_[server] = false;
   absl::MutexLock lock(&mu_);
   addresses_[server] = address;
   server_keys_[server] = endpoint.curve_public_key;
@@ -360,12 +363,19 @@ void DataChannel::WatchConnection(uint32_t server) {
   for (uint16_t what : TakeConnectionEvents(monitors_[server])) {
     absl::MutexLock lock(&mu_);
     const std::string& address = addresses_[server];
+    if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) handshaken_[server] = true;
     if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && reconnecting_[server]) {
       reconnecting_[server] = false;
       LOG(INFO) << "worker " << rank_ << ": connected to server " << server << " (" << address << ") again";
     }
     // Only a connection that broke says so; Reconnect's Disconnect does not.
     if (what != ZMQ_EVENT_DISCONNECTED) continue;
+    // One that ended in its handshake (refused, or the port's owner closed
+    // it) carried nothing: ZeroMQ makes it again by itself, its queue intact
+    // and reconnect_ivl apart. Made again here at once, a server refusing
+    // the handshake was hammered as fast as handshakes fail.
+    if (!handshaken_[server]) continue;
+    handshaken_[server] = false;
     reconnecting_[server] = true;
     // The broken connection lost what was in flight on it, and its queue
     // would go out on the next one ahead of that: the queue goes (linger 0),

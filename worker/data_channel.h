@@ -185,7 +185,7 @@ class DataChannel {
   // Drops what `server`'s queue holds and connects to `address` again.
   void Reconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Handles what `server`'s connection monitor reports. A connection that
-  // broke lost the bytes in flight on it, and what its queue holds would go
+  // broke after its handshake lost the bytes in flight on it, and what its queue holds would go
   // out on the next connection ahead of the requests they carried: the queue
   // goes, the socket connects again, and every request waiting for the
   // server is queued again, in request-id order, with its request id (the
@@ -241,6 +241,9 @@ class DataChannel {
   // its connection broke and is not back yet (see WatchConnection).
   std::vector<zmq::socket_t> monitors_ ABSL_GUARDED_BY(io_mu_);
   std::vector<bool> reconnecting_ ABSL_GUARDED_BY(io_mu_);
+  // Per server: whether its connection completed its handshake (and has
+  // carried requests) since it was last made.
+  std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);
   // Sealed servers: this worker's seals (null without own keys) and each
   // server's (null: CURVE or plain).
   std::unique_ptr<PeerSeals> seals_ ABSL_GUARDED_BY(io_mu_);
