@@ -344,6 +344,10 @@ absl::Status ValidateCheckpointConfig(const ClusterConfig& c, bool on_request) {
   return absl::OkStatus();
 }
 
+int SilentConnectionMs(const ClusterConfig& config) {
+  return static_cast<int>(std::max(config.heartbeat_timeout_ms(), config.request_timeout_ms()));
+}
+
 bool RoundBased(const ClusterConfig& config) {
   if (config.consistency() == SSP) return config.staleness() == 0 || config.ssp_in_rounds();
   return config.consistency() == SYNC;

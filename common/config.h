@@ -43,6 +43,12 @@ inline constexpr uint32_t kMaxStaleness = 256;
 // with staleness 0 or ssp_in_rounds), rather than one push at a time as
 // they arrive (async; ssp with staleness >= 1, bounded by the staleness).
 bool RoundBased(const ClusterConfig& config);
+
+// How long a data connection may carry no whole message before it is taken
+// for broken (SetHeartbeats' `silent_ms`): the longer of the heartbeat and
+// request timeouts. A frame that takes longer to cross its link breaks a
+// healthy connection, and then the request it belongs to has timed out.
+int SilentConnectionMs(const ClusterConfig& config);
 // How many rounds a worker may run ahead of the slowest: ssp's staleness, 0
 // for sync (async has no bound and is not round based).
 uint32_t StalenessBound(const ClusterConfig& config);

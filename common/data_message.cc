@@ -10,15 +10,16 @@
 
 namespace shardps {
 
-void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms) {
+void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms, int silent_ms) {
   interval_ms = std::max(1, interval_ms);
   timeout_ms = std::max(1, timeout_ms);
   socket.set(zmq::sockopt::heartbeat_ivl, interval_ms);
-  socket.set(zmq::sockopt::heartbeat_timeout, timeout_ms);
+  socket.set(zmq::sockopt::heartbeat_timeout, std::max(1, silent_ms));
   // A handshake is given at least 10 s, whatever the timeout: a loaded host
   // may take seconds over a CURVE handshake and its authentication.
   socket.set(zmq::sockopt::handshake_ivl, std::max(timeout_ms, 10000));
-  socket.set(zmq::sockopt::connect_timeout, interval_ms);
+  // A connection attempt at least 1 s: a dropped SYN is sent again after 1 s.
+  socket.set(zmq::sockopt::connect_timeout, std::max(interval_ms, 1000));
   // ZeroMQ sends a PING only after the frame in progress: a connection cut
   // while a frame larger than the TCP buffers is being sent never times out
   // by heartbeats. TCP's bound on unacknowledged data (TCP_USER_TIMEOUT)

@@ -43,14 +43,21 @@ zmq::recv_result_t RecvRetrying(zmq::socket_t& socket, zmq::message_t& message,
                                 zmq::recv_flags flags = zmq::recv_flags::none);
 
 // Heartbeats on `socket`'s connections: ZeroMQ PINGs every `interval_ms`,
-// and a connection with no answer (no traffic) within `timeout_ms` ends; a
-// connecting socket makes it again, each attempt given `interval_ms` and
-// each handshake `timeout_ms` (at least 10 s); data TCP leaves unacknowledged
-// for `timeout_ms` ends it too. TCP alone notices a silent peer only when its
-// retransmissions give up, and after a cut heals sends again only at its
-// next backed-off retransmission (a minute after a 30 s cut). Set before
-// connecting or binding: connections copy them when made.
-void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms);
+// so a connection always has bytes in flight, and one whose bytes TCP leaves
+// unacknowledged for `timeout_ms` ends (TCP_USER_TIMEOUT: a cut link, also
+// while a frame larger than the TCP buffers is being sent, before which no
+// PING goes). A connection that carries no whole message for `silent_ms`
+// ends too (ZeroMQ's heartbeat timeout: a peer whose host acknowledges but
+// whose process answers nothing). That one is long: a peer's answer to a
+// PING waits behind the frame it is sending, so a frame that takes longer
+// than it to cross the link breaks a healthy connection. A connecting socket
+// makes a connection that ended again, each attempt given `interval_ms` (at
+// least 1 s) and each handshake `timeout_ms` (at least 10 s). TCP alone
+// notices a silent peer only when its retransmissions give up, and after a
+// cut heals sends again only at its next backed-off retransmission (a
+// minute after a 30 s cut). Set before connecting or binding: connections
+// copy them when made.
+void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms, int silent_ms);
 // Starts reporting `events` (ZMQ_EVENT_*) of `socket`'s connections on a
 // PAIR socket of `context` connected at `endpoint` (inproc://, unique).
 absl::StatusOr<zmq::socket_t> WatchConnections(zmq::context_t& context, zmq::socket_t& socket,

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
+#include "common/config.h"
 #include "common/endpoint.h"
 #include "common/file_descriptors.h"
 #include "common/heartbeat_log.h"
@@ -75,7 +76,8 @@ int ServerDescriptors(const ClusterConfig& config) {
 // primary's connection a cut left half-open is closed here too, so nothing
 // it held is delivered after its sender sent it again on a new one.
 void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
-  SetHeartbeats(socket, static_cast<int>(config.heartbeat_interval_ms()), static_cast<int>(config.heartbeat_timeout_ms()));
+  SetHeartbeats(socket, static_cast<int>(config.heartbeat_interval_ms()), static_cast<int>(config.heartbeat_timeout_ms()),
+                SilentConnectionMs(config));
   socket.set(zmq::sockopt::sndhwm, static_cast<int>(config.limits().socket_send_hwm()));
   socket.set(zmq::sockopt::rcvhwm, static_cast<int>(config.limits().socket_receive_hwm()));
   socket.set(zmq::sockopt::maxmsgsize, PartitionEngine::MaxFrameBytes(config));
@@ -83,7 +85,8 @@ void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
 
 bool SocketLimitsSet(zmq::socket_t& socket, const ClusterConfig& config) {
   return socket.get(zmq::sockopt::heartbeat_ivl) == std::max(1, static_cast<int>(config.heartbeat_interval_ms())) &&
-         socket.get(zmq::sockopt::heartbeat_timeout) == std::max(1, static_cast<int>(config.heartbeat_timeout_ms())) &&
+         socket.get(zmq::sockopt::heartbeat_timeout) == std::max(1, SilentConnectionMs(config)) &&
+         socket.get(zmq::sockopt::tcp_maxrt) == std::max(1, static_cast<int>(config.heartbeat_timeout_ms())) &&
          socket.get(zmq::sockopt::sndhwm) == static_cast<int>(config.limits().socket_send_hwm()) &&
          socket.get(zmq::sockopt::rcvhwm) == static_cast<int>(config.limits().socket_receive_hwm()) &&
          socket.get(zmq::sockopt::maxmsgsize) == PartitionEngine::MaxFrameBytes(config);
@@ -613,7 +616,7 @@ class ParameterServerImpl : public ParameterServer {
   // if it cannot be watched: the heartbeats still end a dead connection,
   // and the snapshot probes and refusals still recover what it lost).
   std::unique_ptr<zmq::socket_t> WatchedPeerSocket(zmq::socket_t& socket, uint32_t server) {
-    SetHeartbeats(socket, config_.heartbeat_interval_ms(), config_.heartbeat_timeout_ms());
+    SetHeartbeats(socket, config_.heartbeat_interval_ms(), config_.heartbeat_timeout_ms(), SilentConnectionMs(config_));
     auto monitor = WatchConnections(
         context_, socket, absl::StrCat("inproc://shardps-peer-", index_, "-", server, "-", ++peer_monitors_made_),
         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
@@ -662,8 +665,9 @@ class ParameterServerImpl : public ParameterServer {
       // job closes its connection too.
       std::vector<uint64_t> resent = engine_->ConnectionToBackupBroke(s);
       LOG_IF(WARNING, !resent.empty()) << "server " << index_ << ": the connection to backup server " << s << " ("
-                                       << peer_addresses_[s] << ") broke (closed, or no answer to a heartbeat within "
-                                       << config_.heartbeat_timeout_ms()
+                                       << peer_addresses_[s] << ") broke (closed, nothing acknowledged within "
+                                       << config_.heartbeat_timeout_ms() << " ms, or no message within "
+                                       << SilentConnectionMs(config_)
                                        << " ms); connecting again, and re-creating its copies of partition(s) "
                                        << absl::StrJoin(resent, ", ") << ", whose updates in flight on it are lost";
     }

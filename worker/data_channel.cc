@@ -88,7 +88,8 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   s.set(zmq::sockopt::rcvhwm, 0);
   s.set(zmq::sockopt::linger, 0);
   SetHeartbeats(s, static_cast<int>(absl::ToInt64Milliseconds(watch_.heartbeat_interval)),
-                static_cast<int>(absl::ToInt64Milliseconds(watch_.heartbeat_timeout)));
+                static_cast<int>(absl::ToInt64Milliseconds(watch_.heartbeat_timeout)),
+                static_cast<int>(absl::ToInt64Milliseconds(watch_.silent_timeout)));
   absl::StatusOr<PeerSeal*> seal = Secure(s, index, endpoint);
   if (!seal.ok()) return seal.status();
   // inproc names are the channel's own: it has its own context.
@@ -389,7 +390,8 @@ void DataChannel::WatchConnection(uint32_t server) {
     SendAgain(waiting);
     LOG_IF(WARNING, !waiting.empty())
         << "worker " << rank_ << ": the connection to server " << server << " (" << address
-        << ") broke (closed, or no answer to a heartbeat within " << absl::FormatDuration(watch_.heartbeat_timeout)
+        << ") broke (closed, nothing acknowledged within " << absl::FormatDuration(watch_.heartbeat_timeout)
+        << ", or no message within " << absl::FormatDuration(watch_.silent_timeout)
         << "); what waited for it (" << waiting.size() << (waiting.size() == 1 ? " request" : " requests")
         << ") is sent again on the next one";
   }

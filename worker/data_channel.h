@@ -37,16 +37,18 @@
 
 namespace shardps {
 
-// How the channel watches its connections. TCP alone notices a peer that went
-// silent only when its retransmissions give up, and after a cut heals it
-// sends again only at its next backed-off retransmission (a minute after a
-// 30 s cut): ZeroMQ heartbeats end a connection whose server answers no
-// PING within `heartbeat_timeout`, the socket connects again (each attempt
-// given `heartbeat_interval`), and what waited for the server is sent again
-// on the new connection.
+// How the channel watches its connections (SetHeartbeats). TCP alone notices
+// a peer that went silent only when its retransmissions give up, and after a
+// cut heals it sends again only at its next backed-off retransmission (a
+// minute after a 30 s cut): a connection whose bytes (PINGs every
+// `heartbeat_interval`, or a frame) stay unacknowledged for
+// `heartbeat_timeout`, or that carries no whole message for `silent_timeout`,
+// ends; the socket connects again, and what waited for the server is sent
+// again on the new connection.
 struct ConnectionWatch {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  absl::Duration silent_timeout = absl::Seconds(30);
 };
 
 class DataChannel {

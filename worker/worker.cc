@@ -15,6 +15,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/config.h"
 #include "common/endpoint.h"
 #include "common/heartbeat_log.h"
 #include "common/names.h"
@@ -152,7 +153,8 @@ class WorkerImpl : public Worker {
     }
     auto channel = DataChannel::Create(addresses, options_.rank, curve_keys_.public_key.empty() ? nullptr : &curve_keys_,
                                        {absl::Milliseconds(config_.heartbeat_interval_ms()),
-                                        absl::Milliseconds(config_.heartbeat_timeout_ms())});
+                                        absl::Milliseconds(config_.heartbeat_timeout_ms()),
+                                        absl::Milliseconds(SilentConnectionMs(config_))});
     if (!channel.ok()) return channel.status();
     routes_ = std::move(routes);
     channel_ = *std::move(channel);
