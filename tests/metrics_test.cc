@@ -12,6 +12,7 @@
 #include <grpcpp/impl/client_unary_call.h>
 
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -412,21 +413,28 @@ TEST(PartitionMetricsTest, SeriesAreBoundedAndFollowPartitionsAndRoles) {
   EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="3"})"), 0);
 }
 
-// A port nothing listens on now, with the three after it free too (a bind
-// to port 0, checked), for a command that serves on PORT + i.
+// A port that can be bound now, with the `count` - 1 after it too, for a
+// command that serves on PORT + i. Drawn below the ephemeral range (32768
+// and up on Linux): a port a bind to port 0 gave was checked for a listener
+// only, and one of the run was taken meanwhile as the local port of another
+// test's connection, so a server could not serve its metrics there.
 int FreePortRun(int count) {
-  for (int attempt = 0; attempt < 20; ++attempt) {
+  std::mt19937 random(static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())) ^ static_cast<uint32_t>(getpid()));
+  std::uniform_int_distribution<int> bases(20000, 32000 - count);
+  auto bindable = [](int port) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sa);
-    bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
-    getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    sa.sin_port = htons(port);
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
     close(fd);
-    const int base = ntohs(sa.sin_port);
-    bool free = base + count < 65536;
-    for (int i = 0; free && i < count; ++i) free = !HttpGet(absl::StrCat("127.0.0.1:", base + i), "/").ok();
+    return ok;
+  };
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int base = bases(random);
+    bool free = true;
+    for (int i = 0; free && i < count; ++i) free = bindable(base + i);
     if (free) return base;
   }
   return 0;
