@@ -517,6 +517,8 @@ class PartitionEngine {
   // The last update every backup has confirmed, counting as confirmed what
   // was never sent to a backup that has confirmed all it was sent.
   static uint64_t ConfirmedBy(const Partition& p);
+  // p's backup on `server`, or null when the map lists none there.
+  static Backup* BackupOn(Partition& p, uint32_t server);
   // PartitionInfo.listed_at of `server`'s copy (0: listed from the start).
   static uint64_t ListedAt(const PartitionInfo& info, uint32_t server);
   // Answers what waited for confirmations, and lets the next round complete.

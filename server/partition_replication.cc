@@ -49,6 +49,11 @@ uint64_t PartitionEngine::ConfirmedBy(const Partition& p) {
   return confirmed;
 }
 
+PartitionEngine::Backup* PartitionEngine::BackupOn(Partition& p, uint32_t server) {
+  auto b = std::find_if(p.backups.begin(), p.backups.end(), [server](const Backup& b) { return b.server == server; });
+  return b == p.backups.end() ? nullptr : &*b;
+}
+
 uint64_t PartitionEngine::ListedAt(const PartitionInfo& info, uint32_t server) {
   auto it = info.listed_at().find(server);
   return it != info.listed_at().end() ? it->second : 0;
@@ -530,8 +535,8 @@ void PartitionEngine::HandleReplicaAck(uint32_t from_server, const DataHeader& a
   auto it = partitions_.find(answer.partition_id());
   if (it == partitions_.end()) return;
   Partition& p = *it->second;
-  auto b = std::find_if(p.backups.begin(), p.backups.end(), [from_server](const Backup& b) { return b.server == from_server; });
-  if (!p.primary || b == p.backups.end()) return;  // from a copy the map no longer lists
+  Backup* b = BackupOn(p, from_server);
+  if (!p.primary || b == nullptr) return;  // from a copy the map no longer lists
   const absl::Status s = ResponseStatus(answer);
   if (Deposed(s, epoch_, answer.server_epoch())) {
     // The update is no one's to confirm: answered OK, what waits for it
@@ -585,8 +590,8 @@ std::vector<uint64_t> PartitionEngine::ConnectionToBackupBroke(uint32_t server) 
   std::vector<uint64_t> resent;
   for (auto& [id, p] : partitions_) {
     if (!p->primary) continue;
-    auto b = std::find_if(p->backups.begin(), p->backups.end(), [server](const Backup& b) { return b.server == server; });
-    if (b == p->backups.end() || b->confirmed >= b->last_sent) continue;
+    const Backup* b = BackupOn(*p, server);
+    if (b == nullptr || b->confirmed >= b->last_sent) continue;
     SendSnapshot(*p, server);
     resent.push_back(id);
   }

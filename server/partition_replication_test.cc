@@ -130,6 +130,11 @@ class ReplicationTest : public ReplicaPairTest {
     Send(0, PUSH, 0, round, {2.0f, 4.0f}, epoch);
     Send(0, PUSH, 1, round, {6.0f, 8.0f}, epoch);
   }
+  // Round, delivered with every replica update and confirmation it makes.
+  void DeliveredRound(uint64_t round, uint64_t epoch) {
+    Round(round, epoch);
+    Deliver();
+  }
   // Round 0's update never reaches server 1 (confirmed as if it had), and
   // round 1's does: server 1 refuses it (an update is missing), its refusal
   // waiting in acks_. `epoch`: the epoch both servers serve.
@@ -865,14 +870,10 @@ TEST_F(ReplicationTest, AJoinedServerHoldsASnapshotThatArrivesBeforeItsFirstMap)
 // re-creates it.
 TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) {
   Make(SYNC);
-  auto round = [&](uint64_t r) {
-    Round(r, 12);
-    Deliver();
-  };
   ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
   ASSERT_EQ(outbox_.size(), 1u);
   outbox_.clear();  // the snapshot, lost
-  round(0);
+  DeliveredRound(0, 12);
   EXPECT_TRUE(answers_.empty()) << "a round completed before its backup confirmed the snapshot";
   engines_[0]->ProbeUnconfirmedSnapshots();  // unconfirmed: noted
   EXPECT_TRUE(outbox_.empty()) << "probed before a whole check period passed";
@@ -888,7 +889,7 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) 
   EXPECT_THAT(engines_[1]->SyncedCopies(), ElementsAre(5u));
   ASSERT_EQ(answers_.size(), 2u);
   for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
-  round(1);
+  DeliveredRound(1, 12);
   EXPECT_EQ(answers_.size(), 4u);
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
   engines_[0]->ProbeUnconfirmedSnapshots();
@@ -931,8 +932,7 @@ TEST_F(ReplicationTest, APartitionWhoseUpdateWasLostWithTheConnectionToItsBackup
   Make(SYNC);
   EXPECT_TRUE(engines_[0]->ConnectionToBackupBroke(1).empty()) << "a snapshot with nothing unconfirmed";
   EXPECT_TRUE(outbox_.empty());
-  Send(0, PUSH, 0, 0, {2.0f, 4.0f});
-  Send(0, PUSH, 1, 0, {6.0f, 8.0f});
+  Round(0, 3);
   ASSERT_EQ(outbox_.size(), 1u);
   outbox_.clear();  // round 0's update, lost with the connection
   EXPECT_THAT(engines_[0]->ConnectionToBackupBroke(1), ElementsAre(5u));
@@ -943,9 +943,7 @@ TEST_F(ReplicationTest, APartitionWhoseUpdateWasLostWithTheConnectionToItsBackup
   ASSERT_EQ(answers_.size(), 2u) << "round 0 still waits for a confirmation that cannot come";
   for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
-  Send(0, PUSH, 0, 1, {2.0f, 4.0f});
-  Send(0, PUSH, 1, 1, {6.0f, 8.0f});
-  Deliver();
+  DeliveredRound(1, 3);
   EXPECT_EQ(answers_.size(), 4u);
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
 }
@@ -956,23 +954,19 @@ TEST_F(ReplicationTest, APartitionWhoseUpdateWasLostWithTheConnectionToItsBackup
 // would go back to the state of the first snapshot.
 TEST_F(ReplicationTest, ASnapshotDeliveredLateByABrokenConnectionAfterItsFreshCopyChangesNothing) {
   Make(SYNC);
-  auto round = [&](uint64_t r) {
-    Round(r, 12);
-    Deliver();
-  };
   ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
   ASSERT_EQ(outbox_.size(), 1u);
   const Message first = outbox_.front();
   outbox_.clear();  // on the connection that broke
   EXPECT_THAT(engines_[0]->ConnectionToBackupBroke(1), ElementsAre(5u));
   Deliver();  // the fresh snapshot
-  round(0);
+  DeliveredRound(0, 12);
   ASSERT_EQ(answers_.size(), 2u);
   ASSERT_TRUE(SameBits(Weights(1), Weights(0)));
   outbox_.push_back(first);  // the old connection delivers it after the heal
   Deliver();
   EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the late snapshot took the copy back before round 0";
-  round(1);
+  DeliveredRound(1, 12);
   EXPECT_EQ(answers_.size(), 4u);
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
 }

@@ -631,6 +631,27 @@ TEST(DataChannelTest, WeightsVersionIsThatOfTheAnswersHandedBackNotOfTheLatestAr
   EXPECT_EQ((*channel)->weights_version(7), 6u);
 }
 
+// A fake server behind a relay that can be cut, and worker 0's quickly
+// watched channel to it, whose first push (partition 7, round 0) has reached
+// the server (`first`, received as `got`).
+struct PushedThroughRelay {
+  void Start() {
+    auto made = QuicklyWatchedChannel(relay.address());
+    ASSERT_TRUE(made.ok()) << made.status();
+    channel = *std::move(made);
+    first = SubmitPush(*channel, small, 0);
+    got = server.Receive(1);
+    ASSERT_EQ(got.size(), 1u);
+  }
+  zmq::context_t context;
+  FakeServer server{context};
+  CuttableRelay relay{server.address};
+  std::unique_ptr<DataChannel> channel;
+  std::vector<float> small = std::vector<float>(4, 1.0f);
+  uint64_t first = 0;
+  std::vector<DataHeader> got;
+};
+
 // A cut between a worker and a server that heals: the connection it broke is
 // never heard again (TCP would send again only at its next backed-off
 // retransmission, a minute after a 30 s cut). The worker's heartbeats end
@@ -638,34 +659,28 @@ TEST(DataChannelTest, WeightsVersionIsThatOfTheAnswersHandedBackNotOfTheLatestAr
 // connection in the order first sent, with the same request ids. A healthy
 // connection with a request waiting is not broken by the heartbeats.
 TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOnceItHeals) {
-  zmq::context_t context;
-  FakeServer server(context);
-  CuttableRelay relay(server.address);
-  auto channel = QuicklyWatchedChannel(relay.address());
-  ASSERT_TRUE(channel.ok()) << channel.status();
-  std::vector<float> gradient(4, 1.0f);
-  const uint64_t first = SubmitPush(**channel, gradient, 0);
-  std::vector<DataHeader> got = server.Receive(1);
-  ASSERT_EQ(got.size(), 1u);
+  PushedThroughRelay link;
+  ASSERT_NO_FATAL_FAILURE(link.Start());
+  DataChannel& channel = *link.channel;
   absl::Status status;
-  EXPECT_FALSE((*channel)->WaitAny(absl::MakeConstSpan(&first, 1), absl::Seconds(1), &status).ok());
-  EXPECT_TRUE(server.Receive(1, 200).empty()) << "a healthy connection was taken for a broken one";
+  EXPECT_FALSE(channel.WaitAny(absl::MakeConstSpan(&link.first, 1), absl::Seconds(1), &status).ok());
+  EXPECT_TRUE(link.server.Receive(1, 200).empty()) << "a healthy connection was taken for a broken one";
 
-  relay.Cut();
-  const uint64_t second = SubmitPush(**channel, gradient, 0, /*partition=*/8);
-  const uint64_t both[] = {first, second};
-  EXPECT_FALSE((*channel)->WaitAny(both, absl::Seconds(1), &status).ok());
-  relay.Heal();
-  std::vector<DataHeader> again = server.Receive(2);
+  link.relay.Cut();
+  const uint64_t second = SubmitPush(channel, link.small, 0, /*partition=*/8);
+  const uint64_t both[] = {link.first, second};
+  EXPECT_FALSE(channel.WaitAny(both, absl::Seconds(1), &status).ok());
+  link.relay.Heal();
+  std::vector<DataHeader> again = link.server.Receive(2);
   ASSERT_EQ(again.size(), 2u) << "what waited for the server never reached it after the cut healed";
-  EXPECT_EQ(again[0].request_id(), got[0].request_id());
+  EXPECT_EQ(again[0].request_id(), link.got[0].request_id());
   EXPECT_EQ(again[0].partition_id(), 7u);
   EXPECT_EQ(again[1].partition_id(), 8u);
   EXPECT_GT(again[1].request_id(), again[0].request_id());
-  server.AnswerWeights(1, again[0], 1, gradient.size());
-  server.AnswerWeights(2, again[1], 1, gradient.size());
-  EXPECT_TRUE((*channel)->Wait(first, absl::Seconds(10)).ok());
-  EXPECT_TRUE((*channel)->Wait(second, absl::Seconds(10)).ok());
+  link.server.AnswerWeights(1, again[0], 1, link.small.size());
+  link.server.AnswerWeights(2, again[1], 1, link.small.size());
+  EXPECT_TRUE(channel.Wait(link.first, absl::Seconds(10)).ok());
+  EXPECT_TRUE(channel.Wait(second, absl::Seconds(10)).ok());
 }
 
 // A connection that ends before its handshake carried nothing: it is left to
@@ -689,23 +704,17 @@ TEST(DataChannelTest, AConnectionEndedBeforeItsHandshakeIsNotMadeAgainInAHotLoop
 // (about 15 minutes). TCP's own bound on unacknowledged data (the heartbeat
 // timeout) ends it, and what waited arrives in order once the cut heals.
 TEST(DataChannelTest, ACutWhileALargePushIsBeingSentIsNoticed) {
-  zmq::context_t context;
-  FakeServer server(context);
-  CuttableRelay relay(server.address);
-  auto channel = QuicklyWatchedChannel(relay.address());
-  ASSERT_TRUE(channel.ok()) << channel.status();
-  std::vector<float> small(4, 1.0f);
-  const uint64_t first = SubmitPush(**channel, small, 0);
-  ASSERT_EQ(server.Receive(1).size(), 1u);
-  relay.Cut();
+  PushedThroughRelay link;
+  ASSERT_NO_FATAL_FAILURE(link.Start());
+  link.relay.Cut();
   std::vector<float> large(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
-  const uint64_t second = SubmitPush(**channel, large, 0, /*partition=*/8);
-  const uint64_t third = SubmitPush(**channel, small, 0, /*partition=*/9);
-  const uint64_t all[] = {first, second, third};
+  const uint64_t second = SubmitPush(*link.channel, large, 0, /*partition=*/8);
+  const uint64_t third = SubmitPush(*link.channel, link.small, 0, /*partition=*/9);
+  const uint64_t all[] = {link.first, second, third};
   absl::Status status;
-  EXPECT_FALSE((*channel)->WaitAny(all, absl::Seconds(2), &status).ok());
-  relay.Heal();
-  std::vector<DataHeader> again = server.Receive(3);
+  EXPECT_FALSE(link.channel->WaitAny(all, absl::Seconds(2), &status).ok());
+  link.relay.Heal();
+  std::vector<DataHeader> again = link.server.Receive(3);
   ASSERT_EQ(again.size(), 3u) << "what waited for the server never reached it after the cut healed";
   EXPECT_EQ(again[0].partition_id(), 7u);
   EXPECT_EQ(again[1].partition_id(), 8u);
