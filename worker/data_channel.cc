@@ -34,10 +34,10 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
   // socket is made, so each socket's check alone counted descriptors the
   // connections before it were about to take, and a connection that then
   // failed was retried unlogged until the requests timed out.
-  // Two more: the context's own mailbox and wake_fd_; and each socket's
-  // connection monitor.
+  // Three more: the context's own mailbox, wake_fd_ and watch_fd_; and each
+  // socket's connection monitor.
   const int sockets = std::max<int>(static_cast<int>(servers.size()), 1);
-  const int needed = 2 + kFirstSocketDescriptors + kSocketDescriptors * (sockets - 1) + kWatchDescriptors * sockets;
+  const int needed = 3 + kFirstSocketDescriptors + kSocketDescriptors * (sockets - 1) + kWatchDescriptors * sockets;
   if (absl::Status s = EnsureFreeDescriptors(needed, absl::StrCat("worker ", rank, ": sockets to ", servers.size(),
                                                                   " servers"));
       !s.ok()) {
@@ -45,13 +45,43 @@ absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Create(const std::vect
   }
   std::unique_ptr<DataChannel> channel(new DataChannel(zmq::context_t(1), rank, watch));
   channel->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (channel->wake_fd_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
-  absl::MutexLock lock(&channel->io_mu_);
-  if (curve_keys != nullptr) channel->seals_ = std::make_unique<PeerSeals>(*curve_keys, SealEnd::kConnecting);
-  for (const ServerEndpoint& e : servers) {
-    if (absl::Status s = channel->AddServer(e); !s.ok()) return s;
+  channel->watch_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (channel->wake_fd_ < 0 || channel->watch_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
   }
+  {
+    absl::MutexLock lock(&channel->io_mu_);
+    if (curve_keys != nullptr) channel->seals_ = std::make_unique<PeerSeals>(*curve_keys, SealEnd::kConnecting);
+    for (const ServerEndpoint& e : servers) {
+      if (absl::Status s = channel->AddServer(e); !s.ok()) return s;
+    }
+  }
+  DataChannel* raw = channel.get();
+  channel->watcher_ = std::thread([raw] { raw->WatchLoop(); });
   return channel;
+}
+
+void DataChannel::WatchLoop() {
+  for (;;) {
+    std::vector<pollfd> fds;
+    {
+      absl::MutexLock lock(&mu_);  // a server that joins adds one
+      fds.reserve(monitor_fds_.size() + 1);
+      for (int fd : monitor_fds_) fds.push_back({fd, POLLIN, 0});
+    }
+    fds.push_back({watch_fd_, POLLIN, 0});
+    (void)poll(fds.data(), fds.size(), -1);
+    if (fds.back().revents & POLLIN) {
+      uint64_t count;
+      (void)read(watch_fd_, &count, sizeof(count));
+    }
+    if (stop_watching_.load()) return;
+    absl::MutexLock io_lock(&io_mu_);
+    for (uint32_t s = 0; s < monitors_.size(); ++s) {
+      WatchConnection(s);
+      Flush(s);
+    }
+  }
 }
 
 DataChannel::DataChannel(zmq::context_t context, uint32_t rank, ConnectionWatch watch)
@@ -87,6 +117,13 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   s.set(zmq::sockopt::sndhwm, 0);
   s.set(zmq::sockopt::rcvhwm, 0);
   s.set(zmq::sockopt::linger, 0);
+  // Messages only on a connection that completed its handshake, and what a
+  // connection's queue holds goes when it breaks: ZeroMQ would otherwise
+  // send it on the next connection by itself, ahead of the lost requests
+  // before it, while nobody called into the channel (the server takes an
+  // id below the last it applied for a retry: an update lost). Requests
+  // wait in unsent_ instead, and are sent in order once connected.
+  s.set(zmq::sockopt::immediate, 1);
   SetHeartbeats(s, static_cast<int>(absl::ToInt64Milliseconds(watch_.heartbeat_interval)),
                 static_cast<int>(absl::ToInt64Milliseconds(watch_.heartbeat_timeout)),
                 static_cast<int>(absl::ToInt64Milliseconds(watch_.silent_timeout)));
@@ -107,7 +144,8 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   servers_.push_back(std::move(s));
   monitors_.push_back(*std::move(monitor));
   reconnecting_.push_back(false);
-  handshaken_.push_back(false);
+  connected_.push_back(false);
+  unsent_.emplace_back();
   seal_of_server_.push_back(*seal);
   absl::MutexLock lock(&mu_);
   addresses_.push_back(endpoint.address);
@@ -115,6 +153,11 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   failed_.push_back(removed_);  // a removed worker refuses the new server's requests too
   fds_.push_back(fd);
   fds_.push_back(monitor_fd);
+  monitor_fds_.push_back(monitor_fd);
+  if (watch_fd_ >= 0) {
+    const uint64_t one = 1;  // the watcher polls the new monitor too
+    (void)write(watch_fd_, &one, sizeof(one));
+  }
   return absl::OkStatus();
 }
 
@@ -148,7 +191,7 @@ void DataChannel::Disconnect(uint32_t server, const std::string& address) {
 void DataChannel::Reconnect(uint32_t server, const std::string& address) {
   // With linger 0 the old connection's pipe goes with what it holds.
   Disconnect(server, address);
-  handshaken_[server] = false;
+  connected_[server] = false;
   try {
     servers_[server].connect(address);
   } catch (const zmq::error_t& e) {
@@ -165,6 +208,7 @@ void DataChannel::DropQueued(uint32_t server) {
     if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
     address = addresses_[server];
   }
+  unsent_[server].clear();
   Reconnect(server, address);
 }
 
@@ -209,7 +253,7 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
                                                    "': ", e.what()));
   }
   seal_of_server_[server] = *seal;
-  handshaken_[server] = false;
+  connected_[server] = false;
   absl::MutexLock lock(&mu_);
   addresses_[server] = address;
   server_keys_[server] = endpoint.curve_public_key;
@@ -218,6 +262,13 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
 }
 
 DataChannel::~DataChannel() {
+  if (watcher_.joinable()) {
+    stop_watching_ = true;
+    const uint64_t one = 1;
+    (void)write(watch_fd_, &one, sizeof(one));
+    watcher_.join();
+  }
+  if (watch_fd_ >= 0) close(watch_fd_);
   {
     absl::MutexLock lock(&io_mu_);
     servers_.clear();
@@ -229,12 +280,13 @@ DataChannel::~DataChannel() {
 uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
   uint64_t handle;
   int drained;
+  bool held = false;
   {
     // Ids are taken and sent under io_mu_, so they reach each server in
     // increasing order whatever the number of calling threads (servers take
     // an older id from the same worker for a retry).
     absl::MutexLock io_lock(&io_mu_);
-    // A broken connection seen first: nothing is queued for it behind bytes
+    // A broken connection seen first: nothing is sent ahead of the requests
     // it lost.
     for (uint32_t s = 0; s < monitors_.size(); ++s) WatchConnection(s);
     std::vector<uint64_t> ids(requests.size());
@@ -274,7 +326,15 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
         continue;
       }
       Request& r = requests[i];
-      SendRequest(r.server, r.header, r.payload, r.encoded.size() > 0 ? &r.encoded : nullptr);
+      // Behind what waits for the server, or without a connection: held.
+      if (!unsent_[r.server].empty() || !connected_[r.server] ||
+          !SendRequest(r.server, r.header, r.payload, r.encoded.size() > 0 ? &r.encoded : nullptr)) {
+        Hold(r.server, ids[i]);
+        held = true;
+      }
+    }
+    if (held) {
+      for (uint32_t s = 0; s < servers_.size(); ++s) Flush(s);
     }
     // Sending may consume the sockets' readiness signal: answers that became
     // readable meanwhile are handled here, or a poller could sleep on them.
@@ -293,7 +353,7 @@ absl::StatusOr<PeerSeal*> DataChannel::SealFor(const ServerEndpoint& endpoint) {
   return seals_->For(endpoint.curve_public_key);
 }
 
-void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* payload,
+bool DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* payload,
                               zmq::message_t* encoded) {
   const bool has_payload = payload != nullptr || encoded != nullptr;
   zmq::socket_t& socket = servers_[server];
@@ -304,7 +364,7 @@ void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* 
     if (absl::Status s = SealMessage(*seal, header, has_payload, bytes, size, &head, &frame);
         !s.ok()) {
       LOG(ERROR) << "worker " << rank_ << ": server " << server << ": " << s;
-      return;  // the request times out naming the server
+      return true;  // the request times out naming the server
     }
   } else {
     head = HeaderFrame(header);
@@ -312,87 +372,105 @@ void DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* 
       frame = encoded != nullptr ? std::move(*encoded) : BorrowedFrame(payload, header.num_elements() * sizeof(float));
     }
   }
-  (void)socket.send(head, has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  if (!has_payload) return;
-  bytes_sent_.fetch_add(frame.size(), std::memory_order_relaxed);
-  (void)socket.send(frame, zmq::send_flags::none);
+  // Without a connection (immediate) the socket refuses at once; a payload
+  // refused after its header takes the header back with it.
+  if (!socket.send(head, (has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait)) {
+    return false;
+  }
+  if (!has_payload) return true;
+  const size_t bytes = frame.size();
+  if (!socket.send(frame, zmq::send_flags::dontwait)) return false;
+  bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+  return true;
 }
 
 int DataChannel::Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch,
                          absl::Span<const uint32_t> replaced) {
+  absl::MutexLock io_lock(&io_mu_);
+  // A broken connection seen first (as in Submit).
+  for (uint32_t s = 0; s < monitors_.size(); ++s) WatchConnection(s);
   int resent = 0;
   {
-    absl::MutexLock io_lock(&io_mu_);
     absl::MutexLock lock(&mu_);
     // Each request once, in request-id order, as first sent: the new primary
     // takes a push whose id is not above the last it applied from this
     // worker for a retry.
-    std::vector<std::pair<uint64_t, uint32_t>> to;  // (request id, server)
-    for (const auto& [id, p] : pending_) {
+    for (auto& [id, p] : pending_) {
       uint32_t server = p.server;
       if (auto it = primary_of.find(p.partition); it != primary_of.end() && it->second != p.server) {
         server = it->second;
       } else if (!absl::c_linear_search(replaced, p.server)) {
         continue;
       }
-      if (server < servers_.size()) to.emplace_back(id, server);
-    }
-    std::sort(to.begin(), to.end());
-    std::vector<uint64_t> ids;
-    for (const auto& [id, server] : to) {
-      Pending& p = pending_.at(id);
+      if (server >= servers_.size()) continue;
       p.server = server;
       p.header.set_epoch(epoch);
-      ids.push_back(id);
+      Hold(server, id);
+      ++resent;
     }
-    resent = SendAgain(ids);
   }
+  for (uint32_t s = 0; s < servers_.size(); ++s) Flush(s);
   return resent;
 }
 
-int DataChannel::SendAgain(absl::Span<const uint64_t> ids) {
-  for (uint64_t id : ids) {
-    Pending& p = pending_.at(id);
+int DataChannel::Flush(uint32_t server) {
+  absl::btree_set<uint64_t>& ids = unsent_[server];
+  if (ids.empty() || !connected_[server]) return 0;
+  // Reading the events also takes in the socket's new connection.
+  if (!(servers_[server].get(zmq::sockopt::events) & ZMQ_POLLOUT)) return 0;
+  int sent = 0;
+  // Under mu_: a waiting request's payload is borrowed from its caller until
+  // its handle is released, which takes mu_.
+  absl::MutexLock lock(&mu_);
+  for (auto it = ids.begin(); it != ids.end(); it = ids.erase(it)) {
+    auto p = pending_.find(*it);
+    if (p == pending_.end() || p->second.server != server) continue;  // answered, timed out, or moved
+    Pending& request = p->second;
     zmq::message_t encoded;
-    if (p.encoded.size() > 0) encoded.copy(p.encoded);
-    SendRequest(p.server, p.header, p.payload, p.encoded.size() > 0 ? &encoded : nullptr);
+    if (request.encoded.size() > 0) encoded.copy(request.encoded);
+    if (!SendRequest(server, request.header, request.payload, request.encoded.size() > 0 ? &encoded : nullptr)) {
+      break;
+    }
+    ++sent;
   }
-  return static_cast<int>(ids.size());
+  return sent;
 }
 
 void DataChannel::WatchConnection(uint32_t server) {
   for (uint16_t what : TakeConnectionEvents(monitors_[server])) {
     absl::MutexLock lock(&mu_);
     const std::string& address = addresses_[server];
-    if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) handshaken_[server] = true;
-    if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && reconnecting_[server]) {
-      reconnecting_[server] = false;
-      LOG(INFO) << "worker " << rank_ << ": connected to server " << server << " (" << address << ") again";
+    if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      connected_[server] = true;
+      if (reconnecting_[server]) {
+        reconnecting_[server] = false;
+        LOG(INFO) << "worker " << rank_ << ": connected to server " << server << " (" << address << ") again";
+      }
+      continue;
     }
-    // Only a connection that broke says so; Reconnect's Disconnect does not.
-    if (what != ZMQ_EVENT_DISCONNECTED) continue;
-    // One that ended in its handshake (refused, or the port's owner closed
-    // it) carried nothing: ZeroMQ makes it again by itself, its queue intact
-    // and reconnect_ivl apart. Made again here at once, a server refusing
-    // the handshake was hammered as fast as handshakes fail.
-    if (!handshaken_[server]) continue;
-    handshaken_[server] = false;
+    // ZMQ_EVENT_DISCONNECTED. One that ended in its handshake carried
+    // nothing (immediate: no queue before it): ZeroMQ makes it again by
+    // itself, reconnect_ivl apart.
+    if (!connected_[server]) continue;
+    connected_[server] = false;
     reconnecting_[server] = true;
-    // The broken connection lost what was in flight on it, and its queue
-    // would go out on the next one ahead of that: the queue goes (linger 0),
-    // and every request waiting for the server follows in request-id order.
-    Reconnect(server, address);
-    std::vector<uint64_t> waiting;
+    // The broken connection lost what was in flight on it, and ZeroMQ
+    // dropped what its queue held; ZeroMQ connects again by itself. Every
+    // request waiting for the server is sent again on the next connection,
+    // in request-id order. Nothing is sent before that: this event comes
+    // before ZeroMQ takes the broken connection's queue away, and a request
+    // written there meanwhile would be lost with it.
+    size_t waiting = 0;
     for (const auto& [id, p] : pending_) {
-      if (p.server == server) waiting.push_back(id);
+      if (p.server != server) continue;
+      Hold(server, id);
+      ++waiting;
     }
-    std::sort(waiting.begin(), waiting.end());
-    SendAgain(waiting);
-    LOG_IF(WARNING, !waiting.empty())
+    LOG_IF(WARNING, waiting > 0)
         << "worker " << rank_ << ": the connection to server " << server << " (" << address
         << ") broke (closed, nothing acknowledged within " << absl::FormatDuration(watch_.heartbeat_timeout)
         << ", or no message within " << absl::FormatDuration(watch_.silent_timeout)
-        << "); what waited for it (" << waiting.size() << (waiting.size() == 1 ? " request" : " requests")
+        << "); what waited for it (" << waiting << (waiting == 1 ? " request" : " requests")
         << ") is sent again on the next one";
   }
 }
@@ -401,6 +479,7 @@ int DataChannel::DrainReady() {
   int handled = 0;
   for (uint32_t s = 0; s < servers_.size(); ++s) {
     WatchConnection(s);
+    Flush(s);
     while (servers_[s].get(zmq::sockopt::events) & ZMQ_POLLIN) {
       Receive(s);
       ++handled;

@@ -5,7 +5,10 @@
 // no thread hand-off. With several waiting threads one of them polls (the
 // "poller") and the others sleep until their handle is done or the poller
 // role is free. Answers are matched by request id and copied straight into
-// the caller's output buffer (or handed to its AnswerHandler).
+// the caller's output buffer (or handed to its AnswerHandler). One thread of
+// its own watches the connections: a request waits for a connection that
+// completed its handshake, and goes out, in request-id order, once there is
+// one (see WatchConnection).
 //
 // Thread-safe. Lock order: io_mu_ (the sockets) before mu_ (the tables).
 #ifndef SHARDPS_WORKER_DATA_CHANNEL_H_
@@ -17,12 +20,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <zmq.hpp>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/container/node_hash_map.h"
@@ -106,10 +111,9 @@ class DataChannel {
 
   // Drops what is queued for `server` and not written to its connection yet
   // (the scheduler declared it dead), once, before its requests are re-sent
-  // elsewhere: ZeroMQ would hold them for a reconnection and, should a
-  // replacement listen at the same address, send them after their re-sent
-  // copies were answered, reading payloads borrowed from callers that have
-  // reused them since. The socket connects to the address again.
+  // elsewhere: held for a reconnection, they would, should a replacement
+  // listen at the same address, go to it after their re-sent copies were
+  // answered. The socket connects to the address again.
   void DropQueued(uint32_t server);
 
   // Fails every request to `server`, waiting or submitted later, with
@@ -126,7 +130,8 @@ class DataChannel {
   // and every other one routed to a server in `replaced` to it again: another
   // process took its place (its queue dropped with DropQueued), which never
   // got them. Each request is sent once, in request-id order (one moved to a
-  // replaced server is not sent there twice). Returns how many were re-sent.
+  // replaced server is not sent there twice), at once or, to a server not
+  // connected yet, once it is. Returns how many are re-sent.
   int Reroute(const absl::flat_hash_map<uint64_t, uint32_t>& primary_of, uint64_t epoch,
               absl::Span<const uint32_t> replaced = {});
 
@@ -184,20 +189,22 @@ class DataChannel {
   // Ends `server`'s socket's connection to `address` (and what its pipe
   // holds); one already gone is no error.
   void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  // Drops what `server`'s queue holds and connects to `address` again.
+  // Drops what `server`'s connection holds and connects to `address` again.
   void Reconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Handles what `server`'s connection monitor reports. A connection that
-  // broke after its handshake lost the bytes in flight on it, and what its queue holds would go
-  // out on the next connection ahead of the requests they carried: the queue
-  // goes, the socket connects again, and every request waiting for the
-  // server is queued again, in request-id order, with its request id (the
-  // server takes one it has for a retry).
+  // broke after its handshake lost the bytes in flight on it (ZeroMQ drops
+  // what its queue held with it: ZMQ_IMMEDIATE), so every request waiting
+  // for the server is held to be sent again, with its request id (the
+  // server takes one it has for a retry), once a connection is made again.
   void WatchConnection(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  // Sends the waiting requests `ids` (in that order) again to the servers
-  // their Pending names.
-  int SendAgain(absl::Span<const uint64_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_, mu_);
-  // Sends one request (header, then its payload if any) on `server`'s socket.
-  void SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
+  // Holds request `id` for `server` until Flush sends it.
+  void Hold(uint32_t server, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) { unsent_[server].insert(id); }
+  // Sends what is held for `server`, in request-id order, while it has a
+  // connection that completed its handshake; returns how many were sent.
+  int Flush(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Sends one request (header, then its payload if any) on `server`'s
+  // socket; false when the socket has no connection to take it.
+  bool SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   struct HandleState {
     std::string what;
@@ -213,6 +220,8 @@ class DataChannel {
   };
 
   DataChannel(zmq::context_t context, uint32_t rank, ConnectionWatch watch);
+  // The connection watcher's loop (see watcher_).
+  void WatchLoop();
   // Receives and handles every answer already queued; returns how many.
   int DrainReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   void Receive(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
@@ -243,9 +252,13 @@ class DataChannel {
   // its connection broke and is not back yet (see WatchConnection).
   std::vector<zmq::socket_t> monitors_ ABSL_GUARDED_BY(io_mu_);
   std::vector<bool> reconnecting_ ABSL_GUARDED_BY(io_mu_);
-  // Per server: whether its connection completed its handshake (and has
-  // carried requests) since it was last made.
-  std::vector<bool> handshaken_ ABSL_GUARDED_BY(io_mu_);
+  // Per server: whether it has a connection that completed its handshake
+  // (and no break was reported since). Only then is anything sent to it.
+  std::vector<bool> connected_ ABSL_GUARDED_BY(io_mu_);
+  // Per server: the ids of requests waiting to be sent to it, in order (no
+  // connection yet, or the one they went out on broke). An id no longer
+  // waiting, or moved to another server, is skipped.
+  std::vector<absl::btree_set<uint64_t>> unsent_ ABSL_GUARDED_BY(io_mu_);
   // Sealed servers: this worker's seals (null without own keys) and each
   // server's (null: CURVE or plain).
   std::unique_ptr<PeerSeals> seals_ ABSL_GUARDED_BY(io_mu_);
@@ -253,6 +266,14 @@ class DataChannel {
   DataHeader response_ ABSL_GUARDED_BY(io_mu_);
   std::vector<int> fds_ ABSL_GUARDED_BY(mu_);  // the sockets' and monitors' ZMQ_FDs
   int wake_fd_ = -1;      // eventfd: a sender drained answers a poller may wait for
+  // The connection watcher: a thread that handles the monitors' events as
+  // they come (WatchConnection, then Flush), so that requests held for a
+  // connection go out once it is made, whether or not anyone calls into the
+  // channel. It takes io_mu_ only on an event.
+  std::thread watcher_;
+  std::atomic<bool> stop_watching_{false};
+  int watch_fd_ = -1;  // eventfd: stop, or a server joined (poll its monitor too)
+  std::vector<int> monitor_fds_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
