@@ -40,6 +40,7 @@ struct EngineStats {
   uint64_t bytes_out = 0;  // payload bytes sent
   uint64_t updates = 0;    // optimizer steps applied
   uint64_t snapshots_sent = 0;  // whole partitions sent to re-created copies
+  uint64_t snapshot_probes = 0;  // asked of backups whether a snapshot arrived
   // For metrics (server/server_metrics.h): requests by op (DataHeader op
   // value, 0 for unknown), error answers by absl::StatusCode, updates sent to
   // backups (one per backup copy) and their payload bytes, and promotions

@@ -657,6 +657,7 @@ std::vector<PartitionEngine::ReplicationStall> PartitionEngine::CheckReplication
 void PartitionEngine::ProbeSnapshot(const Partition& p, Backup& b) {
   b.probed_snapshot = b.snapshot_at;
   if (!replicate_) return;
+  ++stats_.snapshot_probes;
   // No update number of its own: its answer confirms the snapshot, and what
   // the partition waits for stays the snapshot.
   DataHeader h;

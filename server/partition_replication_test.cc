@@ -879,6 +879,7 @@ TEST_F(ReplicationTest, ASnapshotLostOnItsWayIsProbedSentAgainAndTheRoundsGoOn) 
   EXPECT_TRUE(outbox_.empty()) << "probed before a whole check period passed";
   engines_[0]->ProbeUnconfirmedSnapshots();  // still unconfirmed: probed
   ASSERT_EQ(outbox_.size(), 1u);
+  EXPECT_EQ(engines_[0]->stats().snapshot_probes, 1u);
   EXPECT_NE(outbox_.front().header.replica_of(), SNAPSHOT) << "sent again before the backup said it was lost";
   EXPECT_TRUE(outbox_.front().payload.empty());
   DeliverOneUpdate();

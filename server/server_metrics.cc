@@ -57,6 +57,12 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index, size_t m
   staleness_max_ = r.Gauge("shardps_server_gradient_staleness_max_rounds",
                            "Largest staleness of a gradient applied so far, in rounds", l);
   promotions_ = r.Counter("shardps_server_promotions_total", "Partitions this server took over as primary", l);
+  snapshots_sent_ = r.Counter("shardps_server_snapshots_sent_total",
+                              "Whole partitions sent to backup copies (re-created, refused an update, or their "
+                              "link broke with updates unconfirmed)",
+                              l);
+  snapshot_probes_ = r.Counter("shardps_server_snapshot_probes_total",
+                               "Backups asked whether a snapshot that stayed unconfirmed for a check arrived", l);
   const char* refused_help = "Requests refused to protect the server, by reason";
   non_finite_ = r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "non_finite"}});
   bad_request_ids_ =
@@ -96,6 +102,8 @@ void ServerMetrics::MaybePublish(const PartitionEngine& engine, bool force) {
   replicated_.Add(s.replicated - last_.replicated);
   replicated_bytes_.Add(s.replicated_bytes - last_.replicated_bytes);
   promotions_.Add(s.promotions - last_.promotions);
+  snapshots_sent_.Add(s.snapshots_sent - last_.snapshots_sent);
+  snapshot_probes_.Add(s.snapshot_probes - last_.snapshot_probes);
   non_finite_.Add(s.non_finite - last_.non_finite);
   bad_request_ids_.Add(s.bad_request_ids - last_.bad_request_ids);
   stale_gradients_.Add(s.stale_gradients - last_.stale_gradients);

@@ -50,6 +50,7 @@ class ServerMetrics {
   std::array<MetricCounter, 7> requests_;   // by op
   std::array<MetricCounter, 17> errors_;    // by status code
   MetricCounter bytes_in_, bytes_out_, updates_, replicated_, replicated_bytes_, promotions_;
+  MetricCounter snapshots_sent_, snapshot_probes_;
   // shardps_server_refused_total{reason}.
   MetricCounter non_finite_, bad_request_ids_, over_inflight_, over_connections_, unsealed_, wrong_sender_;
   MetricCounter stale_gradients_, staleness_sum_;

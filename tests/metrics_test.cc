@@ -245,6 +245,9 @@ TEST_F(MetricsTest, ServerCountersGrowWithPushPulls) {
   // Nothing is held once every push is answered (the engine tests fill these queues).
   EXPECT_EQ(Sample(*text, R"(shardps_server_bounded_answers{server="0"})"), 0);
   EXPECT_EQ(Sample(*text, R"(shardps_server_handoff_held_requests{server="0"})"), 0);
+  // No copy lost an update, so none was re-created or asked after.
+  EXPECT_EQ(Sample(*text, R"(shardps_server_snapshots_sent_total{server="0"})"), 0);
+  EXPECT_EQ(Sample(*text, R"(shardps_server_snapshot_probes_total{server="0"})"), 0);
 }
 
 TEST_F(MetricsTest, ServerAnswersHealthProbe) {
