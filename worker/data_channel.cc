@@ -441,6 +441,11 @@ void DataChannel::WatchConnection(uint32_t server) {
     absl::MutexLock lock(&mu_);
     const std::string& address = addresses_[server];
     if (what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      // ZeroMQ handed the socket the new connection, and took the broken
+      // one away, before it said so: reading the events takes both in now.
+      // A send alone takes them in only if the socket has not done so in
+      // the last millisecond, and could still write to the broken one.
+      (void)servers_[server].get(zmq::sockopt::events);
       connected_[server] = true;
       if (reconnecting_[server]) {
         reconnecting_[server] = false;
