@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 
 #include <glog/logging.h>
 
@@ -24,6 +25,18 @@ namespace {
 // Longest a poller sleeps before looking again (a safety net; answers and
 // wake-ups normally end the sleep at once).
 constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
+
+// The socket's ZMQ_EVENTS (which also processes its pending commands),
+// retried when a signal interrupts it instead of throwing.
+int SocketEvents(zmq::socket_t& socket) {
+  for (;;) {
+    try {
+      return socket.get(zmq::sockopt::events);
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+  }
+}
 
 }  // namespace
 
@@ -77,9 +90,15 @@ void DataChannel::WatchLoop() {
     }
     if (stop_watching_.load()) return;
     absl::MutexLock io_lock(&io_mu_);
-    for (uint32_t s = 0; s < monitors_.size(); ++s) {
-      WatchConnection(s);
-      Flush(s);
+    // An exception would end the process that embeds the worker (a Python
+    // interpreter): what failed is said, and the next event tries again.
+    try {
+      for (uint32_t s = 0; s < monitors_.size(); ++s) {
+        WatchConnection(s);
+        Flush(s);
+      }
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "worker " << rank_ << ": watching the data connections: " << e.what();
     }
   }
 }
@@ -374,12 +393,13 @@ bool DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* 
   }
   // Without a connection (immediate) the socket refuses at once; a payload
   // refused after its header takes the header back with it.
-  if (!socket.send(head, (has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait)) {
+  if (!SendRetrying(socket, head,
+                    (has_payload ? zmq::send_flags::sndmore : zmq::send_flags::none) | zmq::send_flags::dontwait)) {
     return false;
   }
   if (!has_payload) return true;
   const size_t bytes = frame.size();
-  if (!socket.send(frame, zmq::send_flags::dontwait)) return false;
+  if (!SendRetrying(socket, frame, zmq::send_flags::dontwait)) return false;
   bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
   return true;
 }
@@ -417,7 +437,7 @@ int DataChannel::Flush(uint32_t server) {
   absl::btree_set<uint64_t>& ids = unsent_[server];
   if (ids.empty() || !connected_[server]) return 0;
   // Reading the events also takes in the socket's new connection.
-  if (!(servers_[server].get(zmq::sockopt::events) & ZMQ_POLLOUT)) return 0;
+  if (!(SocketEvents(servers_[server]) & ZMQ_POLLOUT)) return 0;
   int sent = 0;
   // Under mu_: a waiting request's payload is borrowed from its caller until
   // its handle is released, which takes mu_.
@@ -445,7 +465,7 @@ void DataChannel::WatchConnection(uint32_t server) {
       // one away, before it said so: reading the events takes both in now.
       // A send alone takes them in only if the socket has not done so in
       // the last millisecond, and could still write to the broken one.
-      (void)servers_[server].get(zmq::sockopt::events);
+      (void)SocketEvents(servers_[server]);
       connected_[server] = true;
       if (reconnecting_[server]) {
         reconnecting_[server] = false;
@@ -485,7 +505,7 @@ int DataChannel::DrainReady() {
   for (uint32_t s = 0; s < servers_.size(); ++s) {
     WatchConnection(s);
     Flush(s);
-    while (servers_[s].get(zmq::sockopt::events) & ZMQ_POLLIN) {
+    while (SocketEvents(servers_[s]) & ZMQ_POLLIN) {
       Receive(s);
       ++handled;
     }
