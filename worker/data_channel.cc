@@ -89,17 +89,22 @@ void DataChannel::WatchLoop() {
       (void)read(watch_fd_, &count, sizeof(count));
     }
     if (stop_watching_.load()) return;
-    absl::MutexLock io_lock(&io_mu_);
-    // An exception would end the process that embeds the worker (a Python
-    // interpreter): what failed is said, and the next event tries again.
-    try {
-      for (uint32_t s = 0; s < monitors_.size(); ++s) {
-        WatchConnection(s);
-        Flush(s);
+    {
+      absl::MutexLock io_lock(&io_mu_);
+      // An exception would end the process that embeds the worker (a Python
+      // interpreter): what failed is said, and the next event tries again.
+      try {
+        for (uint32_t s = 0; s < monitors_.size(); ++s) {
+          WatchConnection(s);
+          Flush(s);
+        }
+      } catch (const std::exception& e) {
+        LOG(ERROR) << "worker " << rank_ << ": watching the data connections: " << e.what();
       }
-    } catch (const std::exception& e) {
-      LOG(ERROR) << "worker " << rank_ << ": watching the data connections: " << e.what();
     }
+    // Reading a socket's events may consume its readiness signal: a poller
+    // sleeping on answers that arrived meanwhile looks again.
+    WakePoller();
   }
 }
 
