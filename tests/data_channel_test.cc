@@ -697,6 +697,8 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
   link.server.AnswerWeights(2, again[1], 1, link.small.size());
   EXPECT_TRUE(channel.Wait(link.first, absl::Seconds(10)).ok());
   EXPECT_TRUE(channel.Wait(second, absl::Seconds(10)).ok());
+  EXPECT_EQ(channel.connection_breaks(), 1u);
+  EXPECT_EQ(channel.requests_resent(), 2u);
 }
 
 // A connection that ends before its handshake carried nothing: it is left to
@@ -780,6 +782,7 @@ TEST(DataChannelTest, AFrameSlowerThanTheHeartbeatTimeoutOnAHealthyLinkDoesNotBr
   EXPECT_TRUE((*channel)->Wait(pull, absl::Seconds(20)).ok());
   EXPECT_EQ(weights.back(), 3.0f);
   EXPECT_TRUE(server.Receive(1, 300).empty()) << "a healthy connection was taken for a broken one";
+  EXPECT_EQ((*channel)->connection_breaks(), 0u);
 }
 
 }  // namespace

@@ -82,6 +82,10 @@ class WorkerSeries {
     requests_ = r.Counter("shardps_worker_requests_total", "Data-plane requests sent", l);
     pushed_ = r.Counter("shardps_worker_pushed_bytes_total", "Payload bytes pushed (as sent, encoded)", l);
     pulled_ = r.Counter("shardps_worker_pulled_bytes_total", "Payload bytes pulled (as received, encoded)", l);
+    breaks_ = r.Counter("shardps_worker_connection_breaks_total",
+                        "Data connections to servers that broke after their handshake (cut, closed, silent)", l);
+    resent_ = r.Counter("shardps_worker_resent_requests_total",
+                        "Requests that waited on a broken data connection and were sent again on the next", l);
   }
 
   void Refresh() {
@@ -90,12 +94,14 @@ class WorkerSeries {
     requests_.Add(s.requests - last_.requests);
     pushed_.Add(s.bytes_pushed - last_.bytes_pushed);
     pulled_.Add(s.bytes_pulled - last_.bytes_pulled);
+    breaks_.Add(s.connection_breaks - last_.connection_breaks);
+    resent_.Add(s.requests_resent - last_.requests_resent);
     last_ = s;
   }
 
  private:
   const Worker& worker_;
-  MetricCounter requests_, pushed_, pulled_;
+  MetricCounter requests_, pushed_, pulled_, breaks_, resent_;
   absl::Mutex mu_;
   WorkerStats last_ ABSL_GUARDED_BY(mu_);
 };

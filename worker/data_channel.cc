@@ -496,6 +496,8 @@ void DataChannel::WatchConnection(uint32_t server) {
       Hold(server, id);
       ++waiting;
     }
+    connection_breaks_.fetch_add(1, std::memory_order_relaxed);
+    requests_resent_.fetch_add(waiting, std::memory_order_relaxed);
     LOG_IF(WARNING, waiting > 0)
         << "worker " << rank_ << ": the connection to server " << server << " (" << address
         << ") broke (closed, nothing acknowledged within " << absl::FormatDuration(watch_.heartbeat_timeout)

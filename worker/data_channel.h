@@ -147,6 +147,10 @@ class DataChannel {
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
+  // Connections that broke after their handshake, and the requests that
+  // waited on them and were sent again on the next (see WatchConnection).
+  uint64_t connection_breaks() const { return connection_breaks_.load(std::memory_order_relaxed); }
+  uint64_t requests_resent() const { return requests_resent_.load(std::memory_order_relaxed); }
   // The completed rounds of the weights last handed back for `partition`: by
   // the Wait or WaitAny that returned their handle, not when they arrived (0
   // before any). A caller that keeps several steps in flight computes on
@@ -288,6 +292,7 @@ class DataChannel {
   absl::flat_hash_map<uint64_t, uint64_t> versions_ ABSL_GUARDED_BY(mu_);  // see weights_version
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};
+  std::atomic<uint64_t> connection_breaks_{0}, requests_resent_{0};
 };
 
 }  // namespace shardps

@@ -279,6 +279,8 @@ class WorkerImpl : public Worker {
       s.bytes_pushed = channel_->bytes_sent();
       s.bytes_pulled = channel_->bytes_received();
       s.requests = channel_->requests_sent();
+      s.connection_breaks = channel_->connection_breaks();
+      s.requests_resent = channel_->requests_resent();
       for (const auto& [partition, n] : channel_->acked_pushes()) s.acked_pushes[partition] = n;
     }
     for (const auto& [name, route] : routes_) {

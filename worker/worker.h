@@ -59,6 +59,10 @@ struct WorkerStats {
   uint64_t bytes_pushed = 0;  // payload bytes sent (gradients and INIT)
   uint64_t bytes_pulled = 0;  // payload bytes received (weights)
   uint64_t requests = 0;      // data-plane requests sent
+  // Data connections that broke after their handshake, and the requests
+  // waiting on them that were sent again on the next.
+  uint64_t connection_breaks = 0;
+  uint64_t requests_resent = 0;
   // Training steps: the most rounds pushed to one partition (a restored or
   // rejoined worker counts from the round it started at).
   uint64_t steps = 0;
