@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cgroup_memory.h"
 #include "common/data_message.h"
 #include "common/config.h"
 #include "common/endpoint.h"
@@ -42,16 +43,21 @@ namespace {
 
 // Bytes this process can give partitions, told to the scheduler (which
 // refuses a model that would give a server more): the machine's physical
-// memory, or under an address-space limit (RLIMIT_AS: `prlimit --as`,
-// `ulimit -v`) what it leaves above what the process maps now, if less.
-// Before 2026-11-26 only the physical memory: a server under such a limit
-// accepted a model it could not hold and died of std::bad_alloc installing
-// the map (chaos17). 0: unknown (not checked).
+// memory, or if less what its memory cgroup leaves (a container's limit, a
+// systemd unit's MemoryMax, a Slurm job's --mem), or under an address-space
+// limit (RLIMIT_AS: `prlimit --as`, `ulimit -v`) what it leaves above what
+// the process maps now. Before 2026-11-26 only the physical memory: a
+// server under such a limit accepted a model it could not hold and died of
+// std::bad_alloc installing the map (chaos17), or was killed by the kernel
+// (a cgroup). 0: unknown (not checked).
 uint64_t MemoryBytesForPartitions() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
   if (page <= 0) return 0;
   uint64_t bytes = pages > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  if (std::optional<uint64_t> cgroup = CgroupMemoryLeft(); cgroup && (bytes == 0 || *cgroup < bytes)) {
+    bytes = std::max<uint64_t>(*cgroup, 1);
+  }
   rlimit limit{};
   if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return bytes;
   uint64_t mapped_pages = 0;

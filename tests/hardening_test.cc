@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -1115,27 +1116,21 @@ uint64_t MappedBytes() {
   return pages * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
-TEST(MemoryTest, AServerUnderAnAddressSpaceLimitIsGivenNoModelItCannotHold) {
-  // It reported the machine's physical memory, took the model and died of
-  // std::bad_alloc installing the map, saying only libstdc++'s "terminate
-  // called after throwing an instance of 'std::bad_alloc'" (chaos17).
-  if (kTestSlowdown != 1) GTEST_SKIP() << "a sanitizer reserves address space far past any limit";
+// A one-server job whose server is replaced by the one `argv(scheduler
+// address)` starts under a memory limit: the job's 2 GB model is refused,
+// naming what that server reported it can hold.
+void ExpectAServerUnderALimitRefusedTheModel(
+    const std::function<std::vector<std::string>(const std::string& scheduler)>& argv) {
   ClusterConfig config;
   config.set_num_servers(1);
   config.set_num_workers(1);
   auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   (*cluster)->StopServer(0);  // its place taken by one under a limit
-  // A server maps about what this process does (the same libraries) and its
-  // threads' stacks and heaps: 1 GiB more lets it start (too little and
-  // libzmq asserts creating a thread) and holds far less than the model.
-  const uint64_t limit = MappedBytes() + (uint64_t{1} << 30);
   SpawnOptions options;
   options.search_path = true;
   options.stdout_to_stderr = true;
-  auto limited = Spawn("limited server", {"prlimit", absl::StrCat("--as=", limit), SHARDPS_BINARY, "server", "--scheduler",
-                                          (*cluster)->scheduler_address(), "--listen", "tcp://127.0.0.1:0"},
-                       options);
+  auto limited = Spawn("limited server", argv((*cluster)->scheduler_address()), options);
   ASSERT_TRUE(limited.ok()) << limited.status();
   auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
   ASSERT_TRUE(worker.ok()) << worker.status();
@@ -1143,6 +1138,69 @@ TEST(MemoryTest, AServerUnderAnAddressSpaceLimitIsGivenNoModelItCannotHold) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_THAT(s.message(), HasSubstr("reported it can hold"));
   Kill(*limited);
+}
+
+TEST(MemoryTest, AServerUnderAnAddressSpaceLimitIsGivenNoModelItCannotHold) {
+  // It reported the machine's physical memory, took the model and died of
+  // std::bad_alloc installing the map, saying only libstdc++'s "terminate
+  // called after throwing an instance of 'std::bad_alloc'" (chaos17).
+  if (kTestSlowdown != 1) GTEST_SKIP() << "a sanitizer reserves address space far past any limit";
+  // A server maps about what this process does (the same libraries) and its
+  // threads' stacks and heaps: 1 GiB more lets it start (too little and
+  // libzmq asserts creating a thread) and holds far less than the model.
+  const uint64_t limit = MappedBytes() + (uint64_t{1} << 30);
+  ExpectAServerUnderALimitRefusedTheModel([limit](const std::string& scheduler) {
+    return std::vector<std::string>{"prlimit", absl::StrCat("--as=", limit), SHARDPS_BINARY, "server", "--scheduler",
+                                    scheduler, "--listen", "tcp://127.0.0.1:0"};
+  });
+}
+
+// A memory cgroup of its own, limited to `limit` bytes (v2 memory.max, or
+// the v1 memory hierarchy's memory.limit_in_bytes), removed at the end;
+// empty path where this machine lets none be made (not root, a read-only or
+// delegated-away cgroup tree).
+class LimitedCgroup {
+ public:
+  explicit LimitedCgroup(uint64_t limit) {
+    namespace fs = std::filesystem;
+    const std::string name = absl::StrCat("shardps-test-", getpid());
+    const bool v2 = fs::exists("/sys/fs/cgroup/cgroup.subtree_control");
+    std::string subtree;
+    if (v2) std::getline(std::ifstream("/sys/fs/cgroup/cgroup.subtree_control"), subtree);
+    const fs::path dir = v2 ? fs::path("/sys/fs/cgroup") / name : fs::path("/sys/fs/cgroup/memory") / name;
+    if (v2 && subtree.find("memory") == std::string::npos) return;
+    std::error_code error;
+    if (!fs::create_directory(dir, error)) return;
+    std::ofstream(dir / (v2 ? "memory.max" : "memory.limit_in_bytes")) << limit << std::endl;
+    std::string written;
+    std::getline(std::ifstream(dir / (v2 ? "memory.max" : "memory.limit_in_bytes")), written);
+    if (written != absl::StrCat(limit)) {
+      fs::remove(dir, error);
+      return;
+    }
+    path_ = dir.string();
+  }
+  ~LimitedCgroup() {
+    std::error_code error;
+    if (!path_.empty()) std::filesystem::remove(path_, error);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(MemoryTest, AServerInAMemoryCgroupIsGivenNoModelItCannotHold) {
+  // It reported the machine's physical memory, so a container's limit (a
+  // Kubernetes pod's, a systemd unit's MemoryMax, a Slurm job's --mem) let
+  // it take a model the kernel then killed it for.
+  LimitedCgroup cgroup(uint64_t{1} << 30);
+  if (cgroup.path().empty()) GTEST_SKIP() << "this machine lets no memory cgroup be made here (root needed)";
+  ExpectAServerUnderALimitRefusedTheModel([&cgroup](const std::string& scheduler) {
+    return std::vector<std::string>{"sh", "-c",
+                                    absl::StrCat("echo $$ > ", cgroup.path(), "/cgroup.procs && exec ", SHARDPS_BINARY,
+                                                 " server --scheduler ", scheduler, " --listen tcp://127.0.0.1:0")};
+  });
 }
 
 TEST(MemoryTest, AProcessOutOfMemorySaysWhichOneAndWhyAsItStops) {
