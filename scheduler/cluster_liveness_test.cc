@@ -17,6 +17,7 @@
 #include "common/tensor_spec.h"
 #include "common/warning_lines_test_util.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/model_limits.h"
 
 namespace shardps {
 namespace {
@@ -358,6 +359,26 @@ TEST_F(LivenessTest, AWorkerDefiningTheTensorsAfterTheClusterGrewIsNotKeptWaitin
   EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "waited for a server count the cluster had passed";
   EXPECT_EQ(map->servers_size(), 3);
   EXPECT_EQ(map->epoch(), epoch);
+}
+
+TEST_F(LivenessTest, AServerThatCannotHoldItsShareOfTheCopiesIsRefusedBeforeItJoins) {
+  // It joined, took copies it had no memory for and died (std::bad_alloc, or
+  // killed by its container's limit) as they arrived.
+  Beat({0, 1}, {0, 1, 2}, 1);
+  const ShardMap before = state_->Status().shard_map();
+  RegisterRequest small = Node(SERVER, 0, "tcp://u:1");
+  // 1000 elements in 2 copies over 3 servers: a share of 667 elements.
+  small.set_memory_bytes(600 * ServerBytesPerElement(config_));
+  auto refused = state_->RegisterServer(small);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("reported it can hold"));
+  EXPECT_EQ(state_->Status().shard_map().epoch(), before.epoch()) << "the refused server changed the map";
+  EXPECT_EQ(state_->Status().shard_map().servers_size(), 2);
+  RegisterRequest enough = small;
+  enough.set_memory_bytes(700 * ServerBytesPerElement(config_));
+  auto joined = state_->RegisterServer(enough);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->server_index(), 2u);
 }
 
 TEST_F(LivenessTest, ServersJoinARunningJobUpToTheMostAClusterTakes) {

@@ -863,6 +863,26 @@ int ClusterState::Rereplicate() {
 }
 
 absl::StatusOr<RegisterResponse> ClusterState::JoinRunningJob(uint32_t index, const RegisterRequest& request) {
+  // It takes copies until the loads balance (missing copies at once, then
+  // copy moves): one that cannot hold its share is refused before it takes
+  // any, as DefineTensors refuses a model. Before 2026-11-26 it joined and
+  // died of std::bad_alloc, or was killed by its cgroup, receiving them.
+  if (const uint64_t memory = request.memory_bytes(); memory != 0) {
+    const std::set<uint32_t> draining = DrainingServers();
+    uint64_t servers = 1;  // itself
+    for (const auto& [i, n] : servers_) servers += i != index && !n.dead && !draining.contains(i);
+    const uint64_t copies = std::min<uint64_t>(EffectiveReplication(config_), servers);
+    uint64_t elements = 0;
+    for (const PartitionInfo& p : map_.partitions()) elements += p.num_elements();
+    const uint64_t share = (elements * copies * ServerBytesPerElement(config_) + servers - 1) / servers;
+    if (share > memory) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "server at ", request.data_address(), " (host ", request.host(), ") would hold about ", share,
+          " bytes of partitions once the ", servers, " servers' loads balance (weights, optimizer state, "
+          "accumulator; replicas included) but reported it can hold ", memory,
+          " bytes: start it where it has more memory (a larger container limit)"));
+    }
+  }
   const bool grows = !servers_.contains(index);
   const std::string dead_address = grows ? std::string() : servers_[index].address;
   Node& node = servers_[index];
