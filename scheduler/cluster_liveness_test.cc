@@ -56,6 +56,7 @@ class LivenessTest : public ::testing::Test {
     state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
                                             [this](const SchedulerState& s) {
                                               if (on_write_) on_write_(s);
+                                              if (!write_result_.ok()) return write_result_;
                                               saved_ = s;
                                               return absl::OkStatus();
                                             });
@@ -208,6 +209,7 @@ class LivenessTest : public ::testing::Test {
   absl::Time now_ = absl::FromUnixSeconds(1000);
   std::optional<SchedulerState> saved_;
   std::function<void(const SchedulerState&)> on_write_;  // called as each state is written
+  absl::Status write_result_;  // what each write returns once on_write_ returned (OK: stored in saved_)
   std::unique_ptr<ClusterState> state_;
   std::vector<uint64_t> server_ids_, worker_ids_;
 };
@@ -227,6 +229,41 @@ TEST_F(LivenessTest, NodesSilentPastTheTimeoutAreDeclaredDeadInANewEpoch) {
   late.set_node_id(worker_ids_[2]);
   EXPECT_EQ(state_->Heartbeat(late).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(state_->CheckLiveness(), IsEmpty());  // declared once
+}
+
+TEST_F(LivenessTest, ANodeIsNotToldItWasDeclaredDeadBeforeTheDeclarationIsStored) {
+  // fix20: a heartbeat handled while the write of a node's declaration was
+  // under way (etcd) was refused as declared dead at once; the write was
+  // then refused (another scheduler had taken over: this one was deposed),
+  // so the job never stored the declaration, and the server told it was
+  // dead stopped: a server lost for nothing.
+  absl::Notification writing, answer;
+  on_write_ = [&](const SchedulerState& s) {
+    if (s.shard_map().servers(1).dead() && !writing.HasBeenNotified()) {
+      writing.Notify();
+      answer.WaitForNotification();
+    }
+  };
+  ASSERT_THAT(Advance(600), IsEmpty());
+  Beat({0}, {0, 1, 2}, 1);  // server 1 is silent from here on (paused)
+  ASSERT_THAT(Advance(400), IsEmpty());
+  now_ += absl::Milliseconds(100);
+  std::vector<std::string> declared;
+  std::thread check([&] { declared = state_->CheckLiveness(); });
+  writing.WaitForNotification();
+  HeartbeatRequest resumed;  // server 1 resumes while its declaration is being written
+  resumed.set_node_id(server_ids_[1]);
+  resumed.set_applied_epoch(1);
+  const absl::Status during = state_->Heartbeat(resumed).status();
+  write_result_ = absl::FailedPreconditionError("etcd: refused to write the state: another scheduler holds the leadership");
+  answer.Notify();
+  check.join();
+  ASSERT_THAT(declared, ElementsAre(HasSubstr("server 1")));
+  EXPECT_FALSE(IsDeclaredDeadRefusal(during.message())) << "told before the write was done: " << during;
+  EXPECT_TRUE(absl::IsUnavailable(during)) << during;
+  const absl::Status after = state_->Heartbeat(resumed).status();
+  EXPECT_FALSE(IsDeclaredDeadRefusal(after.message())) << "the declaration was never stored: " << after;
+  EXPECT_TRUE(absl::IsUnavailable(after)) << after;
 }
 
 TEST_F(LivenessTest, ADeadServerIsMarkedInTheMapWithTheReason) {

@@ -533,8 +533,23 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   if (node->dead) {
     if (node->left && request.leaving()) return HeartbeatResponse();  // said twice
     const std::string who = absl::StrCat(node->role == SERVER ? "server " : "worker rank ", node->rank);
-    return absl::FailedPreconditionError(node->left ? absl::StrCat(who, " left the job and is no longer a member of it")
-                                                    : DeclaredDeadRefusal(who));
+    if (node->left) return absl::FailedPreconditionError(absl::StrCat(who, " left the job and is no longer a member of it"));
+    // A node told it is dead stops (a server) or fails its requests (a
+    // worker): only on a declaration the job stored. Before, one heartbeat
+    // handled while the declaration's etcd write was under way was told at
+    // once, and a write that then deposed this scheduler left the job (its
+    // successor) without the declaration, and without the server (fix20).
+    const uint64_t declared = node->declared_in_save;
+    auto stored = [this, declared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return saves_written_ >= declared || absl::IsFailedPrecondition(last_write_);
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&stored), absl::Now() + kRewriteAfterFailure);
+    if (saves_written_ < declared) {
+      return absl::UnavailableError(absl::StrCat("the scheduler has not stored its declaration that ", who,
+                                                 " is dead (its state's write: ",
+                                                 last_write_.ok() ? "under way" : last_write_.ToString(), "); ask again"));
+    }
+    return absl::FailedPreconditionError(DeclaredDeadRefusal(who));
   }
   node->last_seen = clock_();
   if (request.leaving()) {
@@ -1154,13 +1169,17 @@ std::vector<std::string> ClusterState::CheckLiveness() {
     }
   }
   std::vector<std::string> declared;
+  std::vector<Node*> now_dead;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
-      if (!node.dead && now - node.last_seen > timeout) declared.push_back(DeclareDead(node, now - node.last_seen));
+      if (node.dead || now - node.last_seen <= timeout) continue;
+      declared.push_back(DeclareDead(node, now - node.last_seen));
+      now_dead.push_back(&node);
     }
   }
   const int handoffs_ended = EndLateHandoffs();
   if (!declared.empty() || handoffs_ended > 0) Save();
+  for (Node* node : now_dead) node->declared_in_save = saves_;
   return declared;
 }
 

@@ -74,7 +74,10 @@ class ClusterState {
                               const std::function<bool()>& caller_gone = nullptr);
 
   // NotFound for an unknown node id; FailedPrecondition for a node already
-  // declared dead (it must not act as a member any more).
+  // declared dead (it must not act as a member any more), once the state
+  // that declared it is written: Unavailable until then (waiting at most
+  // kRewriteAfterFailure), and for good where that write was refused (this
+  // scheduler was deposed, and the job never stored the declaration).
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
 
   // Declares dead every node silent for longer than heartbeat_timeout_ms and
@@ -171,6 +174,9 @@ class ClusterState {
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
+    // The Save() that holds its declaration of death (CheckLiveness): it is
+    // told it was declared dead only once that state is written.
+    uint64_t declared_in_save = 0;
     // Why, when it left on an error (HeartbeatRequest.leaving_error), or a
     // draining server stopped before it was drained (ServerLeaves).
     std::string left_error{};
