@@ -46,6 +46,16 @@ void AwaitRejoinCalls(ClusterState& state, uint32_t rank, int calls = 1) {
   ASSERT_GE(state.RejoinCallsWaiting(rank), calls) << "rank " << rank << "'s registration does not wait";
 }
 
+// Registers a process for removed rank `rank` as Worker::Create does: it
+// asks again while told to (its rejoin's wait goes on).
+absl::StatusOr<RegisterResponse> Rejoin(ClusterState& state, uint32_t rank) {
+  absl::StatusOr<RegisterResponse> r;
+  do {
+    r = state.RegisterWorker(Node(WORKER, rank));
+  } while (absl::IsAborted(r.status()) && IsRejoinAskAgainRefusal(r.status().message()));
+  return r;
+}
+
 // A 2-server, 3-worker cluster on a clock the test moves; tensors defined.
 class LivenessTest : public ::testing::Test {
  protected:
@@ -122,7 +132,7 @@ class LivenessTest : public ::testing::Test {
       EXPECT_TRUE(Leave(worker_ids_[r]).ok());
     }
     absl::StatusOr<RegisterResponse> first;
-    std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
+    std::thread rejoin([&] { first = Rejoin(*state_, 0); });
     AwaitRejoinCalls(*state_, 0);
     now_ += absl::Milliseconds(100);
     const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that removed the workers
@@ -164,7 +174,7 @@ class LivenessTest : public ::testing::Test {
     EXPECT_THAT(Advance(500), IsEmpty());  // server 1 is silent from here on
     beat_server0();
     absl::StatusOr<RegisterResponse> rejoined;
-    std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
+    std::thread rejoin([&] { rejoined = Rejoin(*state_, 0); });
     AwaitRejoinCalls(*state_, 0);
     for (int t = 0; t < 8; ++t) {
       for (std::string& l : Advance(100)) lines.push_back(std::move(l));
@@ -525,7 +535,7 @@ TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
     }
   }
   ReportRounds(50);
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_THAT(state_->Status().shard_map().left_workers(), IsEmpty());
   EXPECT_THAT(state_->Status().shard_map().excluded_workers(), ElementsAre(1));
@@ -564,7 +574,7 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   Report(1, 58);
   const uint64_t epoch = state_->Status().shard_map().epoch();
 
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two heartbeat intervals (1 s each) at the peak 50 rounds a second past
   // round 60, and one more: no server has completed it yet.
@@ -595,7 +605,7 @@ TEST_F(LivenessTest, ARankRejoiningBeforeAnyServerReportedARoundWaitsForOneInste
   Beat({0, 1}, {0, 1}, 1);
   ASSERT_THAT(Advance(200), SizeIs(1));
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 2); });
   AwaitRejoinCalls(*state_, 2);
   ReportRounds(50);
   rejoin.join();
@@ -616,7 +626,7 @@ TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRoun
   // Rank 0 has trained past round 52: the next rank is placed past the pace.
   Report(0, 60);
   Report(1, 59);
-  auto second = state_->RegisterWorker(Node(WORKER, 1));
+  auto second = Rejoin(*state_, 1);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_GT(second->rejoin_round(), 60u + 50u);
 }
@@ -634,7 +644,7 @@ TEST_F(LivenessTest, RanksRestartedTogetherAfterEveryWorkerLeftAllJoinAtTheServe
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->rejoin_round(), 52u);
   absl::StatusOr<RegisterResponse> second;
-  std::thread rejoin([&] { second = state_->RegisterWorker(Node(WORKER, 1)); });
+  std::thread rejoin([&] { second = Rejoin(*state_, 1); });
   AwaitRejoinCalls(*state_, 1);
   now_ += absl::Milliseconds(100);
   const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that rejoined rank 0
@@ -683,7 +693,7 @@ TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadT
   EXPECT_EQ(early.status().code(), absl::StatusCode::kAlreadyExists) << early.status();
   EXPECT_TRUE(IsRankStillHeldRefusal(early.status().message())) << early.status();
   ASSERT_THAT(state_->CheckLiveness(), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_GT(rejoined->rejoin_round(), 0u) << "registered as at the start of the job";
 }
@@ -695,7 +705,7 @@ TEST_F(LivenessTest, ARankThatDiesAgainAfterRejoiningIsCountedAgain) {
   ASSERT_THAT(Advance(200), SizeIs(1));
   EXPECT_EQ(state_->NodesDeclaredDead(), 1u);
   ReportRounds(50);
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   worker_ids_[2] = rejoined->node_id();
   // No node is dead now, and the death still counts.
@@ -757,7 +767,7 @@ TEST_F(FastHeartbeatTest, ARankRejoiningBeforeAKilledServerIsDeclaredDeadIsNotSe
   for (int k = 1; k <= 10; ++k) ASSERT_THAT(tick(k), IsEmpty()) << k;
   ASSERT_THAT(tick(11), ElementsAre(HasSubstr("worker rank 2")));  // server 1 silent for 0.9 s
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 2); });
   AwaitRejoinCalls(*state_, 2);
   EXPECT_THAT(tick(12), IsEmpty());
   EXPECT_THAT(tick(13), ElementsAre(HasSubstr("server 1")));
@@ -801,7 +811,7 @@ TEST_F(FastHeartbeatTest, NeitherAHeartbeatSentEarlyNorAJoinedServersFirstRoundC
   now_ += absl::Milliseconds(150);
   Report(0, 52);
   Report(2, 52);  // a primary now (a hand-off): the job's round, not 347 a second
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two intervals at 50 rounds a second past round 52, and one more.
   EXPECT_EQ(rejoined->rejoin_round(), 52u + 20u + 1u);
@@ -1067,7 +1077,7 @@ TEST_F(FailoverTest, ARankRejoiningAloneWhileAServerFailsOverJoinsAtTheFewestRou
   }
   ASSERT_THAT(declared, SizeIs(1));
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 0); });
   AwaitRejoinCalls(*state_, 0);
   const uint64_t removal = state_->Status().shard_map().epoch();
   for (int t = 0; t < 12; ++t) {  // server 0 falls silent and fails over
@@ -1096,7 +1106,7 @@ TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersP
   ASSERT_TRUE(saved_.has_value());
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ReportRounds(50);
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   ASSERT_EQ(rejoined->passed_barriers_size(), 1);
   EXPECT_EQ(rejoined->passed_barriers(0).name(), "epoch 1");
@@ -1172,7 +1182,7 @@ TEST_F(LivenessTest, AWaitAtABarrierOfARanksOldProcessEndingDoesNotTakeItsNewPro
   });
   absl::SleepFor(absl::Milliseconds(100));
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(50, 48), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   ASSERT_TRUE(state_->WaitForCluster(absl::Now(), rejoined->node_id()).ok());
   std::vector<std::thread> calls;
@@ -1200,7 +1210,7 @@ TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeIt
   EXPECT_DOUBLE_EQ(saved_peak, 50.0) << "the peak pace is written as soon as it rises";
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(60, 58), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two heartbeat intervals at the peak heard before the restart past round
   // 60, and one more (61 without it).
@@ -1220,7 +1230,7 @@ TEST_F(LivenessTest, ARestartedSchedulerThatKnowsNoPaceYetWaitsForTheSurvivorsPa
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(5, 5), ElementsAre(HasSubstr("worker rank 2")));
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 2); });
   AwaitRejoinCalls(*state_, 2);
   now_ += absl::Milliseconds(500);  // the survivors resume at 100 rounds a second
   Report(0, 55);
@@ -1298,7 +1308,7 @@ TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
     h.set_completed_round(1);
     ASSERT_TRUE(restored->Heartbeat(h).ok());
   }
-  auto rejoined = restored->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*restored, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_GT(rejoined->node_id(), worker_ids_[2]);
 }
@@ -1501,6 +1511,27 @@ TEST_F(LivenessTest, CallsOfOneRankWaitingToRejoinCountAsOneNodeHeardNotAMajorit
   EXPECT_FALSE(state_->Status().shard_map().servers(1).dead());
 }
 
+TEST_F(LivenessTest, RanksWaitingToRejoinCountAsHeardOnlyWhileTheirAskIsRecentSoACutOffSchedulerDeclaresNoOne) {
+  // fix20, as 9d0cdc3 for watches: every worker removed, each rank's new
+  // process waiting to rejoin (for the servers' reports), and then the
+  // scheduler cut off from everyone. Each waiting call counted as a node
+  // heard for its whole wait (a heartbeat timeout and an interval): 3 of 5,
+  // a majority that declared both live servers dead.
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Leave(worker_ids_[r]).ok());
+  }
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  Beat({0, 1}, {}, epoch);  // the servers' last heartbeats: the scheduler is cut off from here on
+  std::vector<std::thread> calls;
+  for (uint32_t r = 0; r < 3; ++r) calls.emplace_back([this, r] { (void)state_->RegisterWorker(Node(WORKER, r)); });
+  for (uint32_t r = 0; r < 3; ++r) AwaitRejoinCalls(*state_, r);
+  const std::vector<std::string> lines = Advance(1200);
+  for (std::thread& t : calls) t.join();
+  EXPECT_THAT(lines, ElementsAre(HasSubstr("more likely cut off itself")));
+  EXPECT_FALSE(state_->Status().shard_map().servers(0).dead());
+  EXPECT_FALSE(state_->Status().shard_map().servers(1).dead());
+}
+
 TEST_F(LivenessTest, ARankWaitingToRejoinIsPlacedByReportsOfTheMapThatFailedAServerOver) {
   // Found with real processes (4 workers, 2 servers): server 0's report at
   // the removal's map said its primaries had all completed 50 rounds; the
@@ -1618,7 +1649,7 @@ class AsyncLivenessTest : public LivenessTest {
     EXPECT_THAT(Advance(900), IsEmpty());
     Beat({0, 1}, {0, 1}, 1);
     EXPECT_THAT(Advance(200), SizeIs(1));  // declared dead
-    return state_->RegisterWorker(Node(WORKER, 2));
+    return Rejoin(*state_, 2);
   }
 };
 
@@ -1672,7 +1703,7 @@ TEST_F(AsyncLivenessTest, ARankRejoiningAfterASchedulerTookOverGoesOnAfterTheSte
   ASSERT_TRUE(saved_.has_value());
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(0, 0), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_EQ(rejoined->rejoin_round(), 40u);
 }

@@ -343,28 +343,51 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // which then counted nobody); the report says where they stand
     // (RejoinRunningJob).
     const absl::Time asked = clock_();
-    const uint64_t fewest_asked = FewestRoundsReported();
+    RejoinWait& wait = rejoins_waiting_[request.rank()];
+    if (wait.calls == 0 && absl::Now() > wait.asked_again_by) {
+      // A new wait; a call that asks again (below) goes on with the last.
+      wait.first_asked = asked;
+      wait.fewest_asked = FewestRoundsReported();
+      wait.until = absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms());
+    }
+    wait.last_asked = asked;
+    const uint64_t fewest_asked = wait.fewest_asked;
+    const absl::Time first_asked = wait.first_asked, until = wait.until;
     // Async servers count no rounds (its old process's steps place it);
     // ssp servers report the furthest round pushed, which stands still too.
     const bool alone = config_.consistency() != ASYNC && !AnotherWorkerTrains(request.rank(), fewest_asked);
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
-    auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto reported = [this, fresh, alone, first_asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
         if (node.dead) continue;
         if (now - node.last_seen > fresh) return false;
-        if (alone && (node.last_seen <= asked || node.applied_epoch < map_.epoch())) return false;
+        if (alone && (node.last_seen <= first_asked || node.applied_epoch < map_.epoch())) return false;
       }
       return alone || !RoundBased(config_) || (AnyServerReportedARound() && AnyServerPaceKnown());
     };
     // Its process reaches this scheduler: a node heard, for the majority
-    // that declares the servers it waits for dead (CheckLiveness).
-    ++rejoins_waiting_[request.rank()];
-    const bool heard = mu_.AwaitWithDeadline(
-        absl::Condition(&reported),
-        absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
-    if (--rejoins_waiting_[request.rank()] == 0) rejoins_waiting_.erase(request.rank());
-    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard, fewest_asked);
+    // that declares the servers it waits for dead (CheckLiveness), but only
+    // while its ask is recent, as a heartbeat would be: a scheduler cut off
+    // after the calls came counted them heard for their whole wait, and
+    // with every rank waiting so declared every server dead (fix20). So a
+    // call ends once its ask is half that window old, and the process asks
+    // again at once (Worker::Create), which only a scheduler it reaches hears.
+    const absl::Duration ask_fresh = HeardWithin() / 2;
+    auto done = [this, &reported, asked, ask_fresh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return reported() || clock_() - asked > ask_fresh;
+    };
+    ++wait.calls;
+    mu_.AwaitWithDeadline(absl::Condition(&done), std::min(until, absl::Now() + ask_fresh));
+    --wait.calls;
+    const bool heard = reported();
+    if (Excluded(request.rank())) {
+      if (!heard && absl::Now() < until) {
+        wait.asked_again_by = absl::Now() + kRejoinAskedAgainWithin;
+        return absl::AbortedError(RejoinAskAgainRefusal(request.rank()));
+      }
+      return RejoinRunningJob(request, alone && heard, fewest_asked);
+    }
   }
   if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false, 0);
   if (Excluded(request.rank())) ReadmitBeforeTensors(request.rank());
@@ -481,7 +504,7 @@ absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id,
 int ClusterState::RejoinCallsWaiting(uint32_t rank) {
   absl::MutexLock lock(&mu_);
   const auto it = rejoins_waiting_.find(rank);
-  return it == rejoins_waiting_.end() ? 0 : it->second;
+  return it == rejoins_waiting_.end() ? 0 : it->second.calls;
 }
 
 void ClusterState::WatchOpened(uint64_t node_id) {
@@ -1122,10 +1145,12 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // A rank counts once however many of its calls wait (a process asking
   // again, or started again, while its earlier calls wait: before
   // 2026-11-25 three calls of one rank made 3 of 5 nodes heard, a majority
-  // that declared both servers of a scheduler cut off from them dead), and
-  // not once its rejoin made it a live node again.
+  // that declared both servers of a scheduler cut off from them dead), only
+  // while its last ask is recent (its calls ask again to stay so), and not
+  // once its rejoin made it a live node again.
   size_t waiting = 0;
-  for (const auto& [rank, calls] : rejoins_waiting_) {
+  for (const auto& [rank, wait] : rejoins_waiting_) {
+    if (now - wait.last_asked > recent) continue;
     auto it = workers_.find(rank);
     if (it == workers_.end() || it->second.dead) ++waiting;
   }

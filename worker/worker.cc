@@ -809,6 +809,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   absl::StatusOr<RegisterResponse> registered;
   for (bool said = false;; said = true) {
     registered = scheduler->Register(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    // A rejoin's wait goes on: asking again shows the scheduler this process still reaches it.
+    while (absl::IsAborted(registered.status()) && IsRejoinAskAgainRefusal(registered.status().message()) &&
+           absl::Now() < deadline) {
+      registered = scheduler->Register(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    }
     if (registered.ok() || !absl::IsAlreadyExists(registered.status()) ||
         !IsRankStillHeldRefusal(registered.status().message()) || absl::Now() + absl::Milliseconds(250) >= deadline) {
       break;
