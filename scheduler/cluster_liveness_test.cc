@@ -9,11 +9,13 @@
 #include <functional>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
+#include "common/shard_map.h"
 #include "common/tensor_spec.h"
 #include "common/warning_lines_test_util.h"
 #include "scheduler/cluster_state.h"
@@ -24,6 +26,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 RegisterRequest Node(Role role, uint32_t rank, const std::string& addr = "") {
@@ -44,6 +47,20 @@ TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(nam
 void AwaitRejoinCalls(ClusterState& state, uint32_t rank, int calls = 1) {
   for (int i = 0; i < 1000 && state.RejoinCallsWaiting(rank) < calls; ++i) absl::SleepFor(absl::Milliseconds(10));
   ASSERT_GE(state.RejoinCallsWaiting(rank), calls) << "rank " << rank << "'s registration does not wait";
+}
+
+// Defines tensors w, v and u (1000 floats each) while `beat(epoch)` has the
+// servers report epoch 0, then, a moment later, the map's epoch 1.
+absl::StatusOr<ShardMap> DefineThreeTensors(ClusterState& state, const std::function<void(uint64_t)>& beat) {
+  beat(0);
+  std::thread serve([&beat] {
+    absl::SleepFor(absl::Milliseconds(50));
+    beat(1);
+  });
+  auto defined = state.DefineTensors({Tensor("w", 1000), Tensor("v", 1000), Tensor("u", 1000)},
+                                     absl::Now() + absl::Seconds(5));
+  serve.join();
+  return defined;
 }
 
 // Registers a process for removed rank `rank` as Worker::Create does: it
@@ -962,14 +979,7 @@ class FailoverTest : public ::testing::Test {
       ids_.push_back(state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
     }
     ids_.push_back(state_->RegisterWorker(Node(WORKER, 0))->node_id());
-    Beat({0, 1, 2}, 0);
-    std::thread serve([&] {
-      absl::SleepFor(absl::Milliseconds(50));
-      Beat({0, 1, 2}, 1);
-    });
-    auto defined = state_->DefineTensors({Tensor("w", 1000), Tensor("v", 1000), Tensor("u", 1000)},
-                                         absl::Now() + absl::Seconds(5));
-    serve.join();
+    auto defined = DefineThreeTensors(*state_, [this](uint64_t epoch) { Beat({0, 1, 2}, epoch); });
     ASSERT_TRUE(defined.ok()) << defined.status();
     ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
     const ShardMap map = state_->Status().shard_map();
@@ -1019,6 +1029,117 @@ class FailoverTest : public ::testing::Test {
   std::vector<uint64_t> ids_;
   std::map<uint64_t, uint32_t> second_backup_;  // partition of server 0 -> its second backup
 };
+
+// 3 servers, replication 2, 3 workers (so that two servers silent are a
+// minority); tensors defined, every copy of the first map reported synced.
+class TwoServersDieTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ClusterConfig config;
+    config.set_num_servers(3);
+    config.set_num_workers(3);
+    config.set_replication(2);
+    config.set_heartbeat_timeout_ms(1000);
+    state_ = std::make_unique<ClusterState>(config, [this] { return now_; });
+    for (int i = 0; i < 3; ++i) {
+      ids_.push_back(state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
+    }
+    for (uint32_t r = 0; r < 3; ++r) ids_.push_back(state_->RegisterWorker(Node(WORKER, r))->node_id());
+    auto defined = DefineThreeTensors(*state_, [this](uint64_t epoch) { Beat({0, 1, 2}, epoch); });
+    ASSERT_TRUE(defined.ok()) << defined.status();
+    first_ = *defined;
+    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+  }
+
+  // Servers `servers` report synced, at `epoch`, the copies the first map
+  // gave them (none re-created since has its snapshot); the workers heartbeat.
+  void Beat(std::vector<uint32_t> servers, uint64_t epoch) {
+    for (uint32_t i : servers) {
+      HeartbeatRequest h;
+      h.set_node_id(ids_[i]);
+      h.set_applied_epoch(epoch);
+      for (const PartitionInfo& p : first_.partitions()) {
+        if (HoldsCopy(p, i)) h.add_synced_copies(p.id());
+      }
+      ASSERT_TRUE(state_->Heartbeat(h).ok());
+    }
+    for (size_t w = 3; w < ids_.size(); ++w) {
+      HeartbeatRequest h;
+      h.set_node_id(ids_[w]);
+      ASSERT_TRUE(state_->Heartbeat(h).ok());
+    }
+  }
+
+  // Ticks of 100 ms to `ms`, server 2 and the workers reporting at each and
+  // `also` until `also_until`; returns what CheckLiveness declared.
+  std::vector<std::string> Run(int ms, std::vector<uint32_t> also = {}, int also_until = 0) {
+    std::vector<std::string> lines;
+    for (int t = 100; t <= ms; t += 100) {
+      now_ += absl::Milliseconds(100);
+      std::vector<uint32_t> beating = {2};
+      if (t <= also_until) beating.insert(beating.end(), also.begin(), also.end());
+      Beat(beating, state_->Status().shard_map().epoch());
+      for (std::string& l : state_->CheckLiveness()) lines.push_back(std::move(l));
+    }
+    return lines;
+  }
+
+  // Every partition of the first map that had a copy on server 2 is served
+  // by it; every other one is lost (left on a dead server); none is served
+  // by a copy listed since.
+  void ExpectOnlyTheCopiesOnServerTwoServe() {
+    const ShardMap after = state_->Status().shard_map();
+    ASSERT_EQ(after.partitions_size(), first_.partitions_size());
+    for (int k = 0; k < after.partitions_size(); ++k) {
+      const PartitionInfo& p = after.partitions(k);
+      if (HoldsCopy(first_.partitions(k), 2)) {
+        EXPECT_EQ(p.server(), 2u) << "partition " << p.id();
+      } else {
+        EXPECT_NE(p.server(), 2u) << "partition " << p.id() << " promoted to a copy re-created on server 2";
+        EXPECT_THAT(p.backups(), IsEmpty()) << "partition " << p.id() << " is lost: no copy of it is left";
+      }
+    }
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  std::unique_ptr<ClusterState> state_;
+  std::vector<uint64_t> ids_;  // servers 0-2, then workers
+  ShardMap first_;
+};
+
+TEST_F(TwoServersDieTest, TwoServersDeclaredInOneCheckLoseThePartitionsOnlyTheyHeldAndPromoteNoCopyListedMeanwhile) {
+  // fix20, 2 of 3 servers SIGKILLed at once (shardps local --servers 3
+  // --kill server:0@60 --kill server:1@60): server 0's failover promoted
+  // server 1's copies, about to be declared dead in the same check, and
+  // re-created their backups on server 2; server 1's failover then promoted
+  // those, which no snapshot would ever reach: server 2 answered DATA_LOSS,
+  // and the lines said "fail over to their backups".
+  ASSERT_TRUE(absl::c_any_of(first_.partitions(), [](const PartitionInfo& p) { return !HoldsCopy(p, 2); }));
+  Beat({0, 1, 2}, 1);  // their last heartbeats, every copy synced
+  const std::vector<std::string> lines = Run(1200);
+  ASSERT_THAT(lines, SizeIs(2));
+  for (const std::string& line : lines) {
+    EXPECT_THAT(line, Not(HasSubstr("not reported synced"))) << line;
+    EXPECT_THAT(line, Not(HasSubstr("re-created"))) << line;
+  }
+  EXPECT_THAT(lines[0] + lines[1], HasSubstr("lost"));
+  ExpectOnlyTheCopiesOnServerTwoServe();
+}
+
+TEST_F(TwoServersDieTest, ACopyListedAfterTheDeadPrimarysLastReportIsNotPromotedItsPartitionIsLost) {
+  // The same kills, the two declared in different checks (their last
+  // heartbeats an interval apart): server 0's failover promoted server 1's
+  // copies and re-created their backups on server 2, listed in a map that
+  // server 1, dead, never served, so never sent their snapshots; server 1's
+  // failover promoted them.
+  const std::vector<std::string> lines = Run(2000, {1}, 500);
+  ASSERT_THAT(lines, SizeIs(2));
+  EXPECT_THAT(lines[0], HasSubstr("server 0"));
+  EXPECT_THAT(lines[1], HasSubstr("server 1"));
+  EXPECT_THAT(lines[1], Not(HasSubstr("not reported synced"))) << lines[1];
+  EXPECT_THAT(lines[1], HasSubstr("lost"));
+  ExpectOnlyTheCopiesOnServerTwoServe();
+}
 
 // Server 0 dies while the first backup of its partitions (listed first) is
 // being re-created and reports its copy not synced.

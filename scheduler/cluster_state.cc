@@ -827,21 +827,45 @@ void ClusterState::Leave(Node& node, const std::string& error) {
 }
 
 std::string ClusterState::FailOver(uint32_t dead) {
-  int promoted = 0, lost = 0, unsynced = 0;
+  int promoted = 0, lost = 0, unsynced = 0, incomplete = 0;
+  // The last map the dead server reported serving; none known where it was
+  // not heard since this scheduler started.
+  const auto dead_node = servers_.find(dead);
+  const std::optional<uint64_t> dead_served =
+      dead_node != servers_.end() && dead_node->second.heard ? std::optional(dead_node->second.applied_epoch)
+                                                             : std::nullopt;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     auto* backups = p.mutable_backups();
     backups->erase(std::remove(backups->begin(), backups->end(), dead), backups->end());
     if (p.server() != dead) continue;
-    if (backups->empty()) {
-      ++lost;  // stays on the dead server: workers fail its requests, naming it
-      continue;
-    }
+    // Copies on servers not declared dead: one declared in the same check
+    // (CheckLiveness) is not out of the lists yet.
+    auto live = [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto server = servers_.find(b);
+      return server != servers_.end() && !server->second.dead;
+    };
     // The first backup its server last reported synced: one still being
     // re-created (or refusing updates) holds no valid state yet.
     auto chosen = std::find_if(backups->begin(), backups->end(), [&](uint32_t b)
-                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReportedSynced(b, p); });
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live(b) && ReportedSynced(b, p); });
     if (chosen == backups->end()) {
-      chosen = backups->begin();
+      // Else the first that may hold the state: not one listed in a map the
+      // dead primary never served, which no snapshot from it reached (fix20:
+      // the failover of a server killed with this one re-created backups of
+      // the copies it promoted here, and this failover promoted them).
+      chosen = std::find_if(backups->begin(), backups->end(), [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        auto listed = p.listed_at().find(b);
+        return live(b) && (!dead_served || listed == p.listed_at().end() || listed->second <= *dead_served);
+      });
+      if (chosen == backups->end()) {
+        // Stays on the dead server: workers fail its requests, naming it.
+        // Copies that never got its state are dropped: they hold nothing,
+        // and a copy listed unsynced would hold up the balancing for good.
+        if (absl::c_any_of(*backups, live)) ++incomplete;
+        backups->Clear();
+        ++lost;
+        continue;
+      }
       ++unsynced;
     }
     p.set_server(*chosen);
@@ -858,6 +882,10 @@ std::string ClusterState::FailOver(uint32_t dead) {
                     "was, or none had reported yet)");
   }
   if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
+  if (incomplete > 0) {
+    absl::StrAppend(&out, " (", incomplete, " of them with only copies still being re-created, which their ",
+                    "primary's snapshot never reached: dropped)");
+  }
   if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
   if (moves_ended > 0) absl::StrAppend(&out, "; ", moves_ended, " copy moves ended, their copies kept");
   if (handoffs_ended > 0) absl::StrAppend(&out, "; ", handoffs_ended, " primary hand-offs ended");
@@ -1193,15 +1221,20 @@ std::vector<std::string> ClusterState::CheckLiveness() {
                            "have a heartbeat timeout from now to reconnect")};
     }
   }
-  std::vector<std::string> declared;
   std::vector<Node*> now_dead;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
-      if (node.dead || now - node.last_seen <= timeout) continue;
-      declared.push_back(DeclareDead(node, now - node.last_seen));
-      now_dead.push_back(&node);
+      if (!node.dead && now - node.last_seen > timeout) now_dead.push_back(&node);
     }
   }
+  // Out together before any fails over: a server declared in this check is
+  // no copy to promote and no server to re-create copies on (before, the
+  // first of two servers killed at once failed over to the second's copies
+  // and re-created their backups on the third, and the second's failover
+  // promoted those, which no snapshot would reach: DATA_LOSS; fix20).
+  for (Node* node : now_dead) node->dead = true;
+  std::vector<std::string> declared;
+  for (Node* node : now_dead) declared.push_back(DeclareDead(*node, now - node->last_seen));
   const int handoffs_ended = EndLateHandoffs();
   if (!declared.empty() || handoffs_ended > 0) Save();
   for (Node* node : now_dead) node->declared_in_save = saves_;
