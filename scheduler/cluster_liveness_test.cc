@@ -1141,6 +1141,72 @@ TEST_F(TwoServersDieTest, ACopyListedAfterTheDeadPrimarysLastReportIsNotPromoted
   ExpectOnlyTheCopiesOnServerTwoServe();
 }
 
+TEST(RestartedFailoverTest, CopiesGivenToAReplacementAfterARestartAreNotPromotedForAPrimaryNeverHeardSince) {
+  // fix20, by hand (2 servers, replication 2, --state-dir): server 1 killed
+  // and declared dead, then the scheduler and server 0 stopped; the
+  // scheduler restarted on its state, a new server took server 1's place
+  // and was given copies of every partition, whose snapshots were to come
+  // from server 0, which never came back. Declared dead after its fresh
+  // timeout, server 0's partitions failed over to those copies ("6 of them
+  // to a copy its server had not reported synced"), which answered
+  // DATA_LOSS.
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_replication(2);
+  config.set_heartbeat_timeout_ms(1000);
+  absl::Time now = absl::FromUnixSeconds(1000);
+  std::optional<SchedulerState> saved;
+  auto persist = [&saved](const SchedulerState& s) {
+    saved = s;
+    return absl::OkStatus();
+  };
+  ClusterState state(config, [&now] { return now; }, persist);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 2; ++i) ids.push_back(state.RegisterServer(Node(SERVER, 0, absl::StrCat("tcp://s:", i + 1)))->node_id());
+  ids.push_back(state.RegisterWorker(Node(WORKER, 0))->node_id());
+  auto beat = [&](ClusterState& s, const std::vector<uint64_t>& nodes, bool synced) {
+    const ShardMap map = s.Status().shard_map();
+    for (uint64_t id : nodes) {
+      HeartbeatRequest h;
+      h.set_node_id(id);
+      h.set_applied_epoch(map.epoch());
+      for (const PartitionInfo& p : map.partitions()) {
+        if (synced) h.add_synced_copies(p.id());
+      }
+      ASSERT_TRUE(s.Heartbeat(h).ok());
+    }
+  };
+  ASSERT_TRUE(DefineThreeTensors(state, [&](uint64_t) { beat(state, ids, true); }).ok());
+  ASSERT_THAT(state.CheckLiveness(), IsEmpty());
+  std::vector<std::string> lines;
+  for (int t = 0; t < 12; ++t) {  // server 1 killed
+    now += absl::Milliseconds(100);
+    beat(state, {ids[0], ids[2]}, true);
+    for (std::string& l : state.CheckLiveness()) lines.push_back(l);
+  }
+  ASSERT_THAT(lines, ElementsAre(HasSubstr("server 1")));
+  ASSERT_TRUE(saved.has_value());
+
+  std::unique_ptr<ClusterState> restarted = ClusterState::Restore(*saved, [&now] { return now; }, persist);
+  auto replacement = restarted->RegisterServer(Node(SERVER, 0, "tcp://s:9"));
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  lines.clear();
+  for (int t = 0; t < 12; ++t) {  // server 0 never heard again; no snapshot reaches the replacement
+    now += absl::Milliseconds(100);
+    beat(*restarted, {replacement->node_id(), ids[2]}, false);
+    for (std::string& l : restarted->CheckLiveness()) lines.push_back(l);
+  }
+  ASSERT_THAT(lines, ElementsAre(HasSubstr("server 0")));
+  EXPECT_THAT(lines[0], Not(HasSubstr("not reported synced")));
+  EXPECT_THAT(lines[0], HasSubstr("lost"));
+  const ShardMap after = restarted->Status().shard_map();
+  for (const PartitionInfo& p : after.partitions()) {
+    EXPECT_EQ(p.server(), 0u) << "partition " << p.id() << " promoted to a copy no snapshot reached";
+    EXPECT_THAT(p.backups(), IsEmpty());
+  }
+}
+
 // Server 0 dies while the first backup of its partitions (listed first) is
 // being re-created and reports its copy not synced.
 TEST_F(FailoverTest, APartitionFailsOverToABackupItsServerReportedSyncedRatherThanTheFirst) {

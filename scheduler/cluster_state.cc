@@ -828,12 +828,10 @@ void ClusterState::Leave(Node& node, const std::string& error) {
 
 std::string ClusterState::FailOver(uint32_t dead) {
   int promoted = 0, lost = 0, unsynced = 0, incomplete = 0;
-  // The last map the dead server reported serving; none known where it was
-  // not heard since this scheduler started.
+  // The last map the dead server reported serving to this scheduler (0: it
+  // was not heard since a restart).
   const auto dead_node = servers_.find(dead);
-  const std::optional<uint64_t> dead_served =
-      dead_node != servers_.end() && dead_node->second.heard ? std::optional(dead_node->second.applied_epoch)
-                                                             : std::nullopt;
+  const uint64_t dead_served = dead_node != servers_.end() ? dead_node->second.applied_epoch : 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     auto* backups = p.mutable_backups();
     backups->erase(std::remove(backups->begin(), backups->end(), dead), backups->end());
@@ -855,7 +853,7 @@ std::string ClusterState::FailOver(uint32_t dead) {
       // the copies it promoted here, and this failover promoted them).
       chosen = std::find_if(backups->begin(), backups->end(), [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         auto listed = p.listed_at().find(b);
-        return live(b) && (!dead_served || listed == p.listed_at().end() || listed->second <= *dead_served);
+        return live(b) && (listed == p.listed_at().end() || listed->second <= dead_served);
       });
       if (chosen == backups->end()) {
         // Stays on the dead server: workers fail its requests, naming it.
