@@ -87,6 +87,10 @@ ClusterConfig WithJobId(ClusterConfig config) {
 // on servers; this one sets no keepalive that would change it).
 constexpr absl::Duration kServerTransportTimeout = absl::Seconds(20);
 
+// Why a server that stopped once the job was over is out of the map
+// (ServerLeaves): every other removal says why (RemoveServer).
+constexpr char kLeftAfterTheWorkers[] = "it stopped after every worker had left the job";
+
 }  // namespace
 
 ClusterState::ClusterState(ClusterConfig config, Clock clock, Persist persist)
@@ -110,6 +114,11 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.replaced = n.replaced();
   }
   cs->map_ = state.shard_map();
+  for (ServerInfo& s : *cs->map_.mutable_servers()) {
+    // Saved before such servers were given one (fix20: a worker started
+    // again on this state was told "server 1 was declared dead ... ()").
+    if (s.dead() && s.dead_reason().empty()) s.set_dead_reason(kLeftAfterTheWorkers);
+  }
   cs->written_epoch_ = cs->map_.epoch();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
   for (const SchedulerState::Barrier& b : state.barriers()) {
@@ -772,6 +781,7 @@ void ClusterState::ServerLeaves(Node& node) {
     // (Workers declared dead may be started again: they need the backups.)
     if (ServerInfo* info = MapServer(node.rank)) {
       info->set_dead(true);
+      info->set_dead_reason(kLeftAfterTheWorkers);  // what a rank started again is told (before: "()")
       info->clear_draining();  // a rank started again must not have moves planned from it
     }
     drain_started_.erase(node.rank);
@@ -874,19 +884,30 @@ std::string ClusterState::FailOver(uint32_t dead) {
   const int handoffs_ended = EndBrokenHandoffs(dead);
   const int recreated = Rereplicate();
   std::string out;
-  if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
+  if (promoted > 0) {
+    absl::StrAppend(&out, "; ", Counted(promoted, "partition fails", "partitions fail"), " over to their backups");
+  }
   if (unsynced > 0) {
     absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no backup ",
                     "was, or none had reported yet)");
   }
-  if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
+  if (lost > 0) {
+    absl::StrAppend(&out, "; ", Counted(lost, "partition", "partitions"), " had no live replica and ",
+                    lost == 1 ? "is" : "are", " lost");
+  }
   if (incomplete > 0) {
     absl::StrAppend(&out, " (", incomplete, " of them with only copies still being re-created, which their ",
                     "primary's snapshot never reached: dropped)");
   }
-  if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
-  if (moves_ended > 0) absl::StrAppend(&out, "; ", moves_ended, " copy moves ended, their copies kept");
-  if (handoffs_ended > 0) absl::StrAppend(&out, "; ", handoffs_ended, " primary hand-offs ended");
+  if (recreated > 0) {
+    absl::StrAppend(&out, "; ", Counted(recreated, "copy", "copies"), " re-created on the surviving servers");
+  }
+  if (moves_ended > 0) {
+    absl::StrAppend(&out, "; ", Counted(moves_ended, "copy move", "copy moves"), " ended, their copies kept");
+  }
+  if (handoffs_ended > 0) {
+    absl::StrAppend(&out, "; ", Counted(handoffs_ended, "primary hand-off", "primary hand-offs"), " ended");
+  }
   return out;
 }
 
@@ -1103,7 +1124,8 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   map_.set_worker_curve_keys(rank, request.curve_public_key());
   map_.set_epoch(map_.epoch() + 1);
   LOG(WARNING) << "worker rank " << rank << " (host " << request.host() << ") rejoins the running job at round "
-               << round << "; shard map epoch " << map_.epoch() << ", " << LiveWorkers() << " workers in the job";
+               << round << "; shard map epoch " << map_.epoch() << ", " << Counted(LiveWorkers(), "worker", "workers")
+               << " in the job";
   RegisterResponse response;
   response.set_node_id(node.id);
   *response.mutable_config() = config_;

@@ -731,8 +731,9 @@ class WorkerImpl : public Worker {
       }
     }
     if (!moved.empty() || resent > 0) {
-      LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
-                   << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
+      LOG(WARNING) << "worker " << options_.rank << ": " << Counted(moved.size(), "partition", "partitions")
+                   << " moved to their backups at shard map epoch " << map.epoch() << "; re-sent "
+                   << Counted(resent, "waiting request", "waiting requests");
     }
     for (const ServerInfo& s : map.servers()) {
       if (s.dead()) continue;
