@@ -200,6 +200,21 @@ TEST(FailureTest, AServerKilledWithoutAReplicaFailsTheJobAtOnceNamingIt) {
   EXPECT_THAT(run.err, Not(HasSubstr("no answer within")));
 }
 
+TEST(FailureTest, TwoOfThreeServersKilledAtOnceLoseThePartitionsOnlyTheyHeldAndSaySo) {
+  // fix20: with replication 2 the copies of a partition on both lie on no
+  // live server. The first failover promoted the second server's copies and
+  // re-created their backups on the third; the second promoted those, which
+  // no snapshot reached: the third answered DATA_LOSS, and the scheduler
+  // said the partitions failed over.
+  LocalRun run = RunLocal({"--servers", "3", "--workers", "2", "--train-limit", "20000", "--kill", "server:0@60",
+                           "--kill", "server:1@60"});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.err, ContainsRegex("partitions? had no live replica and (is|are) lost"));
+  EXPECT_THAT(run.err, HasSubstr("its partitions have no live replica"));
+  EXPECT_THAT(run.err, Not(HasSubstr("before its copy was complete"))) << "a copy promoted before its snapshot";
+  EXPECT_THAT(run.err, Not(HasSubstr("not reported synced")));
+}
+
 TEST(FailureTest, TheOnlyServerOfAOneWorkerJobKilledIsDeclaredDeadNamingIt) {
   // Two nodes: a dead one leaves 1 of 2 heard, which read as the scheduler
   // cut off until its closed connection counted (review17); the worker
