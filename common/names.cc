@@ -27,6 +27,10 @@ size_t Utf8Prefix(absl::string_view s) {
   return i;
 }
 
+std::string Counted(uint64_t n, absl::string_view one, absl::string_view many) {
+  return absl::StrCat(n, " ", n == 1 ? one : many);
+}
+
 std::string ToUtf8(absl::string_view s, size_t max_bytes) {
   static constexpr absl::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
   std::string out;

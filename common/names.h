@@ -5,6 +5,7 @@
 #define SHARDPS_COMMON_NAMES_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +24,10 @@ size_t Utf8Prefix(absl::string_view s);
 // each byte that breaks the encoding replaced by U+FFFD, and cut after the
 // last whole character that fits.
 std::string ToUtf8(absl::string_view s, size_t max_bytes);
+
+// `n` and the noun that counts it in a log line: Counted(1, "partition",
+// "partitions") is "1 partition", Counted(3, ...) "3 partitions".
+std::string Counted(uint64_t n, absl::string_view one, absl::string_view many);
 
 // InvalidArgument naming `what` (e.g. "tensor name") unless `name` is UTF-8
 // and at most kMaxNameBytes long.

@@ -10,6 +10,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
+TEST(NamesTest, CountedSaysOneInTheSingularAndEveryOtherCountInThePlural) {
+  EXPECT_EQ(Counted(1, "copy", "copies"), "1 copy");
+  EXPECT_EQ(Counted(0, "copy", "copies"), "0 copies");
+  EXPECT_EQ(Counted(3, "partition", "partitions"), "3 partitions");
+}
+
 TEST(NamesTest, Utf8PrefixStopsAtTheFirstByteThatBreaksTheEncoding) {
   EXPECT_EQ(Utf8Prefix(""), 0u);
   EXPECT_EQ(Utf8Prefix("fc1.weight"), 10u);

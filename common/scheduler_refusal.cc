@@ -12,6 +12,7 @@ constexpr absl::string_view kStopped = " stopped serving: ";
 constexpr absl::string_view kDeclaredDead =
     " was declared dead after missing its heartbeats and is no longer a member of the job";
 constexpr absl::string_view kStillHeld = " is still a member of the running job until it leaves or is declared dead";
+constexpr absl::string_view kAskAgain = " waits for the servers' reports before it rejoins: ask again";
 
 }  // namespace
 
@@ -30,6 +31,10 @@ std::string RankStillHeldRefusal(uint32_t rank, uint32_t heartbeat_timeout_ms) {
 }
 
 bool IsRankStillHeldRefusal(absl::string_view message) { return absl::StrContains(message, kStillHeld); }
+
+std::string RejoinAskAgainRefusal(uint32_t rank) { return absl::StrCat("rank ", rank, kAskAgain); }
+
+bool IsRejoinAskAgainRefusal(absl::string_view message) { return absl::StrContains(message, kAskAgain); }
 
 std::string DeclaredDeadRefusal(absl::string_view node) { return absl::StrCat(node, kDeclaredDead); }
 

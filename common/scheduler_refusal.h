@@ -32,6 +32,14 @@ bool IsSchedulerRefusal(absl::string_view message);
 std::string RankStillHeldRefusal(uint32_t rank, uint32_t heartbeat_timeout_ms);
 bool IsRankStillHeldRefusal(absl::string_view message);
 
+// The answer to a removed rank's registration that waited, for the servers'
+// reports before it rejoins, half the time the scheduler counts a waiting
+// call as heard: the process asks again at once (Worker::Create does, within
+// its rendezvous timeout), which shows it still reaches the scheduler, and
+// the wait goes on.
+std::string RejoinAskAgainRefusal(uint32_t rank);
+bool IsRejoinAskAgainRefusal(absl::string_view message);
+
 // The refusal of a heartbeat from a node the scheduler declared dead (silent
 // past heartbeat_timeout_ms: killed, paused, cut off): `node` ("server 1",
 // "worker rank 0") "was declared dead after missing its heartbeats and is no

@@ -9,11 +9,13 @@
 #include <functional>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
+#include "common/shard_map.h"
 #include "common/tensor_spec.h"
 #include "common/warning_lines_test_util.h"
 #include "scheduler/cluster_state.h"
@@ -25,6 +27,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 RegisterRequest Node(Role role, uint32_t rank, const std::string& addr = "") {
@@ -47,6 +50,30 @@ void AwaitRejoinCalls(ClusterState& state, uint32_t rank, int calls = 1) {
   ASSERT_GE(state.RejoinCallsWaiting(rank), calls) << "rank " << rank << "'s registration does not wait";
 }
 
+// Defines tensors w, v and u (1000 floats each) while `beat(epoch)` has the
+// servers report epoch 0, then, a moment later, the map's epoch 1.
+absl::StatusOr<ShardMap> DefineThreeTensors(ClusterState& state, const std::function<void(uint64_t)>& beat) {
+  beat(0);
+  std::thread serve([&beat] {
+    absl::SleepFor(absl::Milliseconds(50));
+    beat(1);
+  });
+  auto defined = state.DefineTensors({Tensor("w", 1000), Tensor("v", 1000), Tensor("u", 1000)},
+                                     absl::Now() + absl::Seconds(5));
+  serve.join();
+  return defined;
+}
+
+// Registers a process for removed rank `rank` as Worker::Create does: it
+// asks again while told to (its rejoin's wait goes on).
+absl::StatusOr<RegisterResponse> Rejoin(ClusterState& state, uint32_t rank) {
+  absl::StatusOr<RegisterResponse> r;
+  do {
+    r = state.RegisterWorker(Node(WORKER, rank));
+  } while (absl::IsAborted(r.status()) && IsRejoinAskAgainRefusal(r.status().message()));
+  return r;
+}
+
 // A 2-server, 3-worker cluster on a clock the test moves; tensors defined.
 class LivenessTest : public ::testing::Test {
  protected:
@@ -57,6 +84,7 @@ class LivenessTest : public ::testing::Test {
     state_ = std::make_unique<ClusterState>(config_, [this] { return now_; },
                                             [this](const SchedulerState& s) {
                                               if (on_write_) on_write_(s);
+                                              if (!write_result_.ok()) return write_result_;
                                               saved_ = s;
                                               return absl::OkStatus();
                                             });
@@ -122,7 +150,7 @@ class LivenessTest : public ::testing::Test {
       EXPECT_TRUE(Leave(worker_ids_[r]).ok());
     }
     absl::StatusOr<RegisterResponse> first;
-    std::thread rejoin([&] { first = state_->RegisterWorker(Node(WORKER, 0)); });
+    std::thread rejoin([&] { first = Rejoin(*state_, 0); });
     AwaitRejoinCalls(*state_, 0);
     now_ += absl::Milliseconds(100);
     const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that removed the workers
@@ -164,7 +192,7 @@ class LivenessTest : public ::testing::Test {
     EXPECT_THAT(Advance(500), IsEmpty());  // server 1 is silent from here on
     beat_server0();
     absl::StatusOr<RegisterResponse> rejoined;
-    std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
+    std::thread rejoin([&] { rejoined = Rejoin(*state_, 0); });
     AwaitRejoinCalls(*state_, 0);
     for (int t = 0; t < 8; ++t) {
       for (std::string& l : Advance(100)) lines.push_back(std::move(l));
@@ -209,6 +237,7 @@ class LivenessTest : public ::testing::Test {
   absl::Time now_ = absl::FromUnixSeconds(1000);
   std::optional<SchedulerState> saved_;
   std::function<void(const SchedulerState&)> on_write_;  // called as each state is written
+  absl::Status write_result_;  // what each write returns once on_write_ returned (OK: stored in saved_)
   std::unique_ptr<ClusterState> state_;
   std::vector<uint64_t> server_ids_, worker_ids_;
 };
@@ -230,6 +259,41 @@ TEST_F(LivenessTest, NodesSilentPastTheTimeoutAreDeclaredDeadInANewEpoch) {
   EXPECT_THAT(state_->CheckLiveness(), IsEmpty());  // declared once
 }
 
+TEST_F(LivenessTest, ANodeIsNotToldItWasDeclaredDeadBeforeTheDeclarationIsStored) {
+  // fix20: a heartbeat handled while the write of a node's declaration was
+  // under way (etcd) was refused as declared dead at once; the write was
+  // then refused (another scheduler had taken over: this one was deposed),
+  // so the job never stored the declaration, and the server told it was
+  // dead stopped: a server lost for nothing.
+  absl::Notification writing, answer;
+  on_write_ = [&](const SchedulerState& s) {
+    if (s.shard_map().servers(1).dead() && !writing.HasBeenNotified()) {
+      writing.Notify();
+      answer.WaitForNotification();
+    }
+  };
+  ASSERT_THAT(Advance(600), IsEmpty());
+  Beat({0}, {0, 1, 2}, 1);  // server 1 is silent from here on (paused)
+  ASSERT_THAT(Advance(400), IsEmpty());
+  now_ += absl::Milliseconds(100);
+  std::vector<std::string> declared;
+  std::thread check([&] { declared = state_->CheckLiveness(); });
+  writing.WaitForNotification();
+  HeartbeatRequest resumed;  // server 1 resumes while its declaration is being written
+  resumed.set_node_id(server_ids_[1]);
+  resumed.set_applied_epoch(1);
+  const absl::Status during = state_->Heartbeat(resumed).status();
+  write_result_ = absl::FailedPreconditionError("etcd: refused to write the state: another scheduler holds the leadership");
+  answer.Notify();
+  check.join();
+  ASSERT_THAT(declared, ElementsAre(HasSubstr("server 1")));
+  EXPECT_FALSE(IsDeclaredDeadRefusal(during.message())) << "told before the write was done: " << during;
+  EXPECT_TRUE(absl::IsUnavailable(during)) << during;
+  const absl::Status after = state_->Heartbeat(resumed).status();
+  EXPECT_FALSE(IsDeclaredDeadRefusal(after.message())) << "the declaration was never stored: " << after;
+  EXPECT_TRUE(absl::IsUnavailable(after)) << after;
+}
+
 TEST_F(LivenessTest, ADeadServerIsMarkedInTheMapWithTheReason) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0}, {0, 1, 2}, 1);
@@ -242,6 +306,27 @@ TEST_F(LivenessTest, ADeadServerIsMarkedInTheMapWithTheReason) {
     }
   }
   EXPECT_THAT(map.excluded_workers(), IsEmpty());
+}
+
+TEST_F(LivenessTest, AServerThatStopsOnceEveryWorkerLeftIsMarkedInTheMapWithWhyAlsoInAnOlderState) {
+  // fix20: a scheduler restarted on such a state and a worker started again
+  // for the job: the worker was told "server 0 was declared dead by the
+  // scheduler at shard map epoch 6 (); its partitions have no live replica".
+  // Every other removal from the map says why (RemoveServer); this one did
+  // not.
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Leave(worker_ids_[r]).ok());
+  }
+  ASSERT_TRUE(Leave(server_ids_[0]).ok());
+  const ShardMap map = state_->Status().shard_map();
+  ASSERT_TRUE(map.servers(0).dead());
+  EXPECT_THAT(map.servers(0).dead_reason(), HasSubstr("stopped after every worker had left the job"));
+  // A state saved before it said so is told it on its restart.
+  ASSERT_TRUE(saved_.has_value());
+  SchedulerState older = *saved_;
+  older.mutable_shard_map()->mutable_servers(0)->clear_dead_reason();
+  const ShardMap restored = ClusterState::Restore(older, [this] { return now_; })->Status().shard_map();
+  EXPECT_THAT(restored.servers(0).dead_reason(), HasSubstr("stopped after every worker had left the job"));
 }
 
 TEST_F(LivenessTest, ABarrierPassesWhenTheWorkerItWaitsForIsDeclaredDead) {
@@ -509,7 +594,7 @@ TEST_F(LivenessTest, AWorkerThatLeavesIsRemovedAtOnceAndListedAsLeftNotDead) {
     }
   }
   ReportRounds(50);
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_THAT(state_->Status().shard_map().left_workers(), IsEmpty());
   EXPECT_THAT(state_->Status().shard_map().excluded_workers(), ElementsAre(1));
@@ -548,7 +633,7 @@ TEST_F(LivenessTest, ARemovedWorkerRejoinsAtARoundPastEveryServersPaceInANewEpoc
   Report(1, 58);
   const uint64_t epoch = state_->Status().shard_map().epoch();
 
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two heartbeat intervals (1 s each) at the peak 50 rounds a second past
   // round 60, and one more: no server has completed it yet.
@@ -579,7 +664,7 @@ TEST_F(LivenessTest, ARankRejoiningBeforeAnyServerReportedARoundWaitsForOneInste
   Beat({0, 1}, {0, 1}, 1);
   ASSERT_THAT(Advance(200), SizeIs(1));
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 2); });
   AwaitRejoinCalls(*state_, 2);
   ReportRounds(50);
   rejoin.join();
@@ -600,7 +685,7 @@ TEST_F(LivenessTest, ARankRejoiningWhereNoOtherWorkerTrainsJoinsAtTheServersRoun
   // Rank 0 has trained past round 52: the next rank is placed past the pace.
   Report(0, 60);
   Report(1, 59);
-  auto second = state_->RegisterWorker(Node(WORKER, 1));
+  auto second = Rejoin(*state_, 1);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_GT(second->rejoin_round(), 60u + 50u);
 }
@@ -618,7 +703,7 @@ TEST_F(LivenessTest, RanksRestartedTogetherAfterEveryWorkerLeftAllJoinAtTheServe
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->rejoin_round(), 52u);
   absl::StatusOr<RegisterResponse> second;
-  std::thread rejoin([&] { second = state_->RegisterWorker(Node(WORKER, 1)); });
+  std::thread rejoin([&] { second = Rejoin(*state_, 1); });
   AwaitRejoinCalls(*state_, 1);
   now_ += absl::Milliseconds(100);
   const uint64_t epoch = state_->Status().shard_map().epoch();  // the one that rejoined rank 0
@@ -667,7 +752,7 @@ TEST_F(LivenessTest, ANewProcessForASilentRankWaitsUntilTheOldOneIsDeclaredDeadT
   EXPECT_EQ(early.status().code(), absl::StatusCode::kAlreadyExists) << early.status();
   EXPECT_TRUE(IsRankStillHeldRefusal(early.status().message())) << early.status();
   ASSERT_THAT(state_->CheckLiveness(), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_GT(rejoined->rejoin_round(), 0u) << "registered as at the start of the job";
 }
@@ -679,7 +764,7 @@ TEST_F(LivenessTest, ARankThatDiesAgainAfterRejoiningIsCountedAgain) {
   ASSERT_THAT(Advance(200), SizeIs(1));
   EXPECT_EQ(state_->NodesDeclaredDead(), 1u);
   ReportRounds(50);
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   worker_ids_[2] = rejoined->node_id();
   // No node is dead now, and the death still counts.
@@ -741,7 +826,7 @@ TEST_F(FastHeartbeatTest, ARankRejoiningBeforeAKilledServerIsDeclaredDeadIsNotSe
   for (int k = 1; k <= 10; ++k) ASSERT_THAT(tick(k), IsEmpty()) << k;
   ASSERT_THAT(tick(11), ElementsAre(HasSubstr("worker rank 2")));  // server 1 silent for 0.9 s
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 2); });
   AwaitRejoinCalls(*state_, 2);
   EXPECT_THAT(tick(12), IsEmpty());
   EXPECT_THAT(tick(13), ElementsAre(HasSubstr("server 1")));
@@ -785,7 +870,7 @@ TEST_F(FastHeartbeatTest, NeitherAHeartbeatSentEarlyNorAJoinedServersFirstRoundC
   now_ += absl::Milliseconds(150);
   Report(0, 52);
   Report(2, 52);  // a primary now (a hand-off): the job's round, not 347 a second
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two intervals at 50 rounds a second past round 52, and one more.
   EXPECT_EQ(rejoined->rejoin_round(), 52u + 20u + 1u);
@@ -936,14 +1021,7 @@ class FailoverTest : public ::testing::Test {
       ids_.push_back(state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
     }
     ids_.push_back(state_->RegisterWorker(Node(WORKER, 0))->node_id());
-    Beat({0, 1, 2}, 0);
-    std::thread serve([&] {
-      absl::SleepFor(absl::Milliseconds(50));
-      Beat({0, 1, 2}, 1);
-    });
-    auto defined = state_->DefineTensors({Tensor("w", 1000), Tensor("v", 1000), Tensor("u", 1000)},
-                                         absl::Now() + absl::Seconds(5));
-    serve.join();
+    auto defined = DefineThreeTensors(*state_, [this](uint64_t epoch) { Beat({0, 1, 2}, epoch); });
     ASSERT_TRUE(defined.ok()) << defined.status();
     ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
     const ShardMap map = state_->Status().shard_map();
@@ -994,12 +1072,199 @@ class FailoverTest : public ::testing::Test {
   std::map<uint64_t, uint32_t> second_backup_;  // partition of server 0 -> its second backup
 };
 
+// 3 servers, replication 2, 3 workers (so that two servers silent are a
+// minority); tensors defined, every copy of the first map reported synced.
+class TwoServersDieTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ClusterConfig config;
+    config.set_num_servers(3);
+    config.set_num_workers(3);
+    config.set_replication(2);
+    config.set_heartbeat_timeout_ms(1000);
+    state_ = std::make_unique<ClusterState>(config, [this] { return now_; });
+    for (int i = 0; i < 3; ++i) {
+      ids_.push_back(state_->RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
+    }
+    for (uint32_t r = 0; r < 3; ++r) ids_.push_back(state_->RegisterWorker(Node(WORKER, r))->node_id());
+    auto defined = DefineThreeTensors(*state_, [this](uint64_t epoch) { Beat({0, 1, 2}, epoch); });
+    ASSERT_TRUE(defined.ok()) << defined.status();
+    first_ = *defined;
+    ASSERT_THAT(state_->CheckLiveness(), IsEmpty());
+  }
+
+  // Servers `servers` report synced, at `epoch`, the copies the first map
+  // gave them (none re-created since has its snapshot); the workers heartbeat.
+  void Beat(std::vector<uint32_t> servers, uint64_t epoch) {
+    for (uint32_t i : servers) {
+      HeartbeatRequest h;
+      h.set_node_id(ids_[i]);
+      h.set_applied_epoch(epoch);
+      for (const PartitionInfo& p : first_.partitions()) {
+        if (HoldsCopy(p, i)) h.add_synced_copies(p.id());
+      }
+      ASSERT_TRUE(state_->Heartbeat(h).ok());
+    }
+    for (size_t w = 3; w < ids_.size(); ++w) {
+      HeartbeatRequest h;
+      h.set_node_id(ids_[w]);
+      ASSERT_TRUE(state_->Heartbeat(h).ok());
+    }
+  }
+
+  // Ticks of 100 ms to `ms`, server 2 and the workers reporting at each and
+  // `also` until `also_until`; returns what CheckLiveness declared.
+  std::vector<std::string> Run(int ms, std::vector<uint32_t> also = {}, int also_until = 0) {
+    std::vector<std::string> lines;
+    for (int t = 100; t <= ms; t += 100) {
+      now_ += absl::Milliseconds(100);
+      std::vector<uint32_t> beating = {2};
+      if (t <= also_until) beating.insert(beating.end(), also.begin(), also.end());
+      Beat(beating, state_->Status().shard_map().epoch());
+      for (std::string& l : state_->CheckLiveness()) lines.push_back(std::move(l));
+    }
+    return lines;
+  }
+
+  // Every partition of the first map that had a copy on server 2 is served
+  // by it; every other one is lost (left on a dead server); none is served
+  // by a copy listed since.
+  void ExpectOnlyTheCopiesOnServerTwoServe() {
+    const ShardMap after = state_->Status().shard_map();
+    ASSERT_EQ(after.partitions_size(), first_.partitions_size());
+    for (int k = 0; k < after.partitions_size(); ++k) {
+      const PartitionInfo& p = after.partitions(k);
+      if (HoldsCopy(first_.partitions(k), 2)) {
+        EXPECT_EQ(p.server(), 2u) << "partition " << p.id();
+      } else {
+        EXPECT_NE(p.server(), 2u) << "partition " << p.id() << " promoted to a copy re-created on server 2";
+        EXPECT_THAT(p.backups(), IsEmpty()) << "partition " << p.id() << " is lost: no copy of it is left";
+      }
+    }
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  std::unique_ptr<ClusterState> state_;
+  std::vector<uint64_t> ids_;  // servers 0-2, then workers
+  ShardMap first_;
+};
+
+TEST_F(TwoServersDieTest, TwoServersDeclaredInOneCheckLoseThePartitionsOnlyTheyHeldAndPromoteNoCopyListedMeanwhile) {
+  // fix20, 2 of 3 servers SIGKILLed at once (shardps local --servers 3
+  // --kill server:0@60 --kill server:1@60): server 0's failover promoted
+  // server 1's copies, about to be declared dead in the same check, and
+  // re-created their backups on server 2; server 1's failover then promoted
+  // those, which no snapshot would ever reach: server 2 answered DATA_LOSS,
+  // and the lines said "fail over to their backups".
+  ASSERT_TRUE(absl::c_any_of(first_.partitions(), [](const PartitionInfo& p) { return !HoldsCopy(p, 2); }));
+  Beat({0, 1, 2}, 1);  // their last heartbeats, every copy synced
+  const std::vector<std::string> lines = Run(1200);
+  ASSERT_THAT(lines, SizeIs(2));
+  for (const std::string& line : lines) {
+    EXPECT_THAT(line, Not(HasSubstr("not reported synced"))) << line;
+    EXPECT_THAT(line, Not(HasSubstr("re-created"))) << line;
+  }
+  EXPECT_THAT(lines[0] + lines[1], HasSubstr("lost"));
+  ExpectOnlyTheCopiesOnServerTwoServe();
+}
+
+TEST_F(TwoServersDieTest, AFailoversLineCountsOnePartitionInTheSingular) {
+  // fix20: "1 partitions fail over to their backups".
+  ASSERT_EQ(absl::c_count_if(first_.partitions(), [](const PartitionInfo& p) { return p.server() == 0; }), 1);
+  Beat({0, 1, 2}, 1);
+  const std::vector<std::string> lines = Run(1200, {1}, 1200);  // server 0 dies alone
+  ASSERT_THAT(lines, ElementsAre(HasSubstr("server 0")));
+  EXPECT_THAT(lines[0], HasSubstr("; 1 partition fails over to their backups"));
+  EXPECT_THAT(lines[0], Not(HasSubstr(" partitions ")));
+}
+
+TEST_F(TwoServersDieTest, ACopyListedAfterTheDeadPrimarysLastReportIsNotPromotedItsPartitionIsLost) {
+  // The same kills, the two declared in different checks (their last
+  // heartbeats an interval apart): server 0's failover promoted server 1's
+  // copies and re-created their backups on server 2, listed in a map that
+  // server 1, dead, never served, so never sent their snapshots; server 1's
+  // failover promoted them.
+  const std::vector<std::string> lines = Run(2000, {1}, 500);
+  ASSERT_THAT(lines, SizeIs(2));
+  EXPECT_THAT(lines[0], HasSubstr("server 0"));
+  EXPECT_THAT(lines[1], HasSubstr("server 1"));
+  EXPECT_THAT(lines[1], Not(HasSubstr("not reported synced"))) << lines[1];
+  EXPECT_THAT(lines[1], HasSubstr("lost"));
+  ExpectOnlyTheCopiesOnServerTwoServe();
+}
+
+TEST(RestartedFailoverTest, CopiesGivenToAReplacementAfterARestartAreNotPromotedForAPrimaryNeverHeardSince) {
+  // fix20, by hand (2 servers, replication 2, --state-dir): server 1 killed
+  // and declared dead, then the scheduler and server 0 stopped; the
+  // scheduler restarted on its state, a new server took server 1's place
+  // and was given copies of every partition, whose snapshots were to come
+  // from server 0, which never came back. Declared dead after its fresh
+  // timeout, server 0's partitions failed over to those copies ("6 of them
+  // to a copy its server had not reported synced"), which answered
+  // DATA_LOSS.
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_replication(2);
+  config.set_heartbeat_timeout_ms(1000);
+  absl::Time now = absl::FromUnixSeconds(1000);
+  std::optional<SchedulerState> saved;
+  auto persist = [&saved](const SchedulerState& s) {
+    saved = s;
+    return absl::OkStatus();
+  };
+  ClusterState state(config, [&now] { return now; }, persist);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 2; ++i) ids.push_back(state.RegisterServer(Node(SERVER, 0, absl::StrCat("tcp://s:", i + 1)))->node_id());
+  ids.push_back(state.RegisterWorker(Node(WORKER, 0))->node_id());
+  auto beat = [&](ClusterState& s, const std::vector<uint64_t>& nodes, bool synced) {
+    const ShardMap map = s.Status().shard_map();
+    for (uint64_t id : nodes) {
+      HeartbeatRequest h;
+      h.set_node_id(id);
+      h.set_applied_epoch(map.epoch());
+      for (const PartitionInfo& p : map.partitions()) {
+        if (synced) h.add_synced_copies(p.id());
+      }
+      ASSERT_TRUE(s.Heartbeat(h).ok());
+    }
+  };
+  ASSERT_TRUE(DefineThreeTensors(state, [&](uint64_t) { beat(state, ids, true); }).ok());
+  ASSERT_THAT(state.CheckLiveness(), IsEmpty());
+  std::vector<std::string> lines;
+  for (int t = 0; t < 12; ++t) {  // server 1 killed
+    now += absl::Milliseconds(100);
+    beat(state, {ids[0], ids[2]}, true);
+    for (std::string& l : state.CheckLiveness()) lines.push_back(l);
+  }
+  ASSERT_THAT(lines, ElementsAre(HasSubstr("server 1")));
+  ASSERT_TRUE(saved.has_value());
+
+  std::unique_ptr<ClusterState> restarted = ClusterState::Restore(*saved, [&now] { return now; }, persist);
+  auto replacement = restarted->RegisterServer(Node(SERVER, 0, "tcp://s:9"));
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  lines.clear();
+  for (int t = 0; t < 12; ++t) {  // server 0 never heard again; no snapshot reaches the replacement
+    now += absl::Milliseconds(100);
+    beat(*restarted, {replacement->node_id(), ids[2]}, false);
+    for (std::string& l : restarted->CheckLiveness()) lines.push_back(l);
+  }
+  ASSERT_THAT(lines, ElementsAre(HasSubstr("server 0")));
+  EXPECT_THAT(lines[0], Not(HasSubstr("not reported synced")));
+  EXPECT_THAT(lines[0], HasSubstr("lost"));
+  const ShardMap after = restarted->Status().shard_map();
+  for (const PartitionInfo& p : after.partitions()) {
+    EXPECT_EQ(p.server(), 0u) << "partition " << p.id() << " promoted to a copy no snapshot reached";
+    EXPECT_THAT(p.backups(), IsEmpty());
+  }
+}
+
 // Server 0 dies while the first backup of its partitions (listed first) is
 // being re-created and reports its copy not synced.
 TEST_F(FailoverTest, APartitionFailsOverToABackupItsServerReportedSyncedRatherThanTheFirst) {
   Beat({0, 1, 2}, 1);
   const std::string line = KillServerZero(1);
-  EXPECT_THAT(line, HasSubstr("fail over to their backups"));
+  EXPECT_THAT(line, HasSubstr("over to their backups"));
   EXPECT_THAT(line, ::testing::Not(HasSubstr("not reported synced")));
   const ShardMap after = state_->Status().shard_map();
   for (const PartitionInfo& p : after.partitions()) {
@@ -1051,7 +1316,7 @@ TEST_F(FailoverTest, ARankRejoiningAloneWhileAServerFailsOverJoinsAtTheFewestRou
   }
   ASSERT_THAT(declared, SizeIs(1));
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 0)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 0); });
   AwaitRejoinCalls(*state_, 0);
   const uint64_t removal = state_->Status().shard_map().epoch();
   for (int t = 0; t < 12; ++t) {  // server 0 falls silent and fails over
@@ -1080,7 +1345,7 @@ TEST_F(LivenessTest, ARestartedSchedulerStillTellsARejoiningWorkerWhichBarriersP
   ASSERT_TRUE(saved_.has_value());
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ReportRounds(50);
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   ASSERT_EQ(rejoined->passed_barriers_size(), 1);
   EXPECT_EQ(rejoined->passed_barriers(0).name(), "epoch 1");
@@ -1156,7 +1421,7 @@ TEST_F(LivenessTest, AWaitAtABarrierOfARanksOldProcessEndingDoesNotTakeItsNewPro
   });
   absl::SleepFor(absl::Milliseconds(100));
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(50, 48), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   ASSERT_TRUE(state_->WaitForCluster(absl::Now(), rejoined->node_id()).ok());
   std::vector<std::thread> calls;
@@ -1184,7 +1449,7 @@ TEST_F(LivenessTest, ARestartedSchedulerPlacesARejoinRoundAtThePaceHeardBeforeIt
   EXPECT_DOUBLE_EQ(saved_peak, 50.0) << "the peak pace is written as soon as it rises";
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(60, 58), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   // Two heartbeat intervals at the peak heard before the restart past round
   // 60, and one more (61 without it).
@@ -1204,7 +1469,7 @@ TEST_F(LivenessTest, ARestartedSchedulerThatKnowsNoPaceYetWaitsForTheSurvivorsPa
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(5, 5), ElementsAre(HasSubstr("worker rank 2")));
   absl::StatusOr<RegisterResponse> rejoined;
-  std::thread rejoin([&] { rejoined = state_->RegisterWorker(Node(WORKER, 2)); });
+  std::thread rejoin([&] { rejoined = Rejoin(*state_, 2); });
   AwaitRejoinCalls(*state_, 2);
   now_ += absl::Milliseconds(500);  // the survivors resume at 100 rounds a second
   Report(0, 55);
@@ -1282,7 +1547,7 @@ TEST_F(LivenessTest, ARestoredSchedulerKnowsTheSameNodesMapAndEpoch) {
     h.set_completed_round(1);
     ASSERT_TRUE(restored->Heartbeat(h).ok());
   }
-  auto rejoined = restored->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*restored, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_GT(rejoined->node_id(), worker_ids_[2]);
 }
@@ -1485,6 +1750,27 @@ TEST_F(LivenessTest, CallsOfOneRankWaitingToRejoinCountAsOneNodeHeardNotAMajorit
   EXPECT_FALSE(state_->Status().shard_map().servers(1).dead());
 }
 
+TEST_F(LivenessTest, RanksWaitingToRejoinCountAsHeardOnlyWhileTheirAskIsRecentSoACutOffSchedulerDeclaresNoOne) {
+  // fix20, as 9d0cdc3 for watches: every worker removed, each rank's new
+  // process waiting to rejoin (for the servers' reports), and then the
+  // scheduler cut off from everyone. Each waiting call counted as a node
+  // heard for its whole wait (a heartbeat timeout and an interval): 3 of 5,
+  // a majority that declared both live servers dead.
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Leave(worker_ids_[r]).ok());
+  }
+  const uint64_t epoch = state_->Status().shard_map().epoch();
+  Beat({0, 1}, {}, epoch);  // the servers' last heartbeats: the scheduler is cut off from here on
+  std::vector<std::thread> calls;
+  for (uint32_t r = 0; r < 3; ++r) calls.emplace_back([this, r] { (void)state_->RegisterWorker(Node(WORKER, r)); });
+  for (uint32_t r = 0; r < 3; ++r) AwaitRejoinCalls(*state_, r);
+  const std::vector<std::string> lines = Advance(1200);
+  for (std::thread& t : calls) t.join();
+  EXPECT_THAT(lines, ElementsAre(HasSubstr("more likely cut off itself")));
+  EXPECT_FALSE(state_->Status().shard_map().servers(0).dead());
+  EXPECT_FALSE(state_->Status().shard_map().servers(1).dead());
+}
+
 TEST_F(LivenessTest, ARankWaitingToRejoinIsPlacedByReportsOfTheMapThatFailedAServerOver) {
   // Found with real processes (4 workers, 2 servers): server 0's report at
   // the removal's map said its primaries had all completed 50 rounds; the
@@ -1602,7 +1888,7 @@ class AsyncLivenessTest : public LivenessTest {
     EXPECT_THAT(Advance(900), IsEmpty());
     Beat({0, 1}, {0, 1}, 1);
     EXPECT_THAT(Advance(200), SizeIs(1));  // declared dead
-    return state_->RegisterWorker(Node(WORKER, 2));
+    return Rejoin(*state_, 2);
   }
 };
 
@@ -1656,7 +1942,7 @@ TEST_F(AsyncLivenessTest, ARankRejoiningAfterASchedulerTookOverGoesOnAfterTheSte
   ASSERT_TRUE(saved_.has_value());
   state_ = ClusterState::Restore(*saved_, [this] { return now_; });
   ASSERT_THAT(StallUntilWorkerTwoIsDeclaredDead(0, 0), ElementsAre(HasSubstr("worker rank 2")));
-  auto rejoined = state_->RegisterWorker(Node(WORKER, 2));
+  auto rejoined = Rejoin(*state_, 2);
   ASSERT_TRUE(rejoined.ok()) << rejoined.status();
   EXPECT_EQ(rejoined->rejoin_round(), 40u);
 }

@@ -87,6 +87,10 @@ ClusterConfig WithJobId(ClusterConfig config) {
 // on servers; this one sets no keepalive that would change it).
 constexpr absl::Duration kServerTransportTimeout = absl::Seconds(20);
 
+// Why a server that stopped once the job was over is out of the map
+// (ServerLeaves): every other removal says why (RemoveServer).
+constexpr char kLeftAfterTheWorkers[] = "it stopped after every worker had left the job";
+
 }  // namespace
 
 ClusterState::ClusterState(ClusterConfig config, Clock clock, Persist persist)
@@ -110,6 +114,11 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
     node.replaced = n.replaced();
   }
   cs->map_ = state.shard_map();
+  for (ServerInfo& s : *cs->map_.mutable_servers()) {
+    // Saved before such servers were given one (fix20: a worker started
+    // again on this state was told "server 1 was declared dead ... ()").
+    if (s.dead() && s.dead_reason().empty()) s.set_dead_reason(kLeftAfterTheWorkers);
+  }
   cs->written_epoch_ = cs->map_.epoch();
   cs->tensors_.assign(state.tensors().begin(), state.tensors().end());
   for (const SchedulerState::Barrier& b : state.barriers()) {
@@ -343,28 +352,51 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
     // which then counted nobody); the report says where they stand
     // (RejoinRunningJob).
     const absl::Time asked = clock_();
-    const uint64_t fewest_asked = FewestRoundsReported();
+    RejoinWait& wait = rejoins_waiting_[request.rank()];
+    if (wait.calls == 0 && absl::Now() > wait.asked_again_by) {
+      // A new wait; a call that asks again (below) goes on with the last.
+      wait.first_asked = asked;
+      wait.fewest_asked = FewestRoundsReported();
+      wait.until = absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms());
+    }
+    wait.last_asked = asked;
+    const uint64_t fewest_asked = wait.fewest_asked;
+    const absl::Time first_asked = wait.first_asked, until = wait.until;
     // Async servers count no rounds (its old process's steps place it);
     // ssp servers report the furthest round pushed, which stands still too.
     const bool alone = config_.consistency() != ASYNC && !AnotherWorkerTrains(request.rank(), fewest_asked);
     const absl::Duration fresh = absl::Milliseconds(2 * config_.heartbeat_interval_ms());
-    auto reported = [this, fresh, alone, asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto reported = [this, fresh, alone, first_asked]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       const absl::Time now = clock_();
       for (const auto& [index, node] : servers_) {
         if (node.dead) continue;
         if (now - node.last_seen > fresh) return false;
-        if (alone && (node.last_seen <= asked || node.applied_epoch < map_.epoch())) return false;
+        if (alone && (node.last_seen <= first_asked || node.applied_epoch < map_.epoch())) return false;
       }
       return alone || !RoundBased(config_) || (AnyServerReportedARound() && AnyServerPaceKnown());
     };
     // Its process reaches this scheduler: a node heard, for the majority
-    // that declares the servers it waits for dead (CheckLiveness).
-    ++rejoins_waiting_[request.rank()];
-    const bool heard = mu_.AwaitWithDeadline(
-        absl::Condition(&reported),
-        absl::Now() + absl::Milliseconds(config_.heartbeat_timeout_ms() + config_.heartbeat_interval_ms()));
-    if (--rejoins_waiting_[request.rank()] == 0) rejoins_waiting_.erase(request.rank());
-    if (Excluded(request.rank())) return RejoinRunningJob(request, alone && heard, fewest_asked);
+    // that declares the servers it waits for dead (CheckLiveness), but only
+    // while its ask is recent, as a heartbeat would be: a scheduler cut off
+    // after the calls came counted them heard for their whole wait, and
+    // with every rank waiting so declared every server dead (fix20). So a
+    // call ends once its ask is half that window old, and the process asks
+    // again at once (Worker::Create), which only a scheduler it reaches hears.
+    const absl::Duration ask_fresh = HeardWithin() / 2;
+    auto done = [this, &reported, asked, ask_fresh]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return reported() || clock_() - asked > ask_fresh;
+    };
+    ++wait.calls;
+    mu_.AwaitWithDeadline(absl::Condition(&done), std::min(until, absl::Now() + ask_fresh));
+    --wait.calls;
+    const bool heard = reported();
+    if (Excluded(request.rank())) {
+      if (!heard && absl::Now() < until) {
+        wait.asked_again_by = absl::Now() + kRejoinAskedAgainWithin;
+        return absl::AbortedError(RejoinAskAgainRefusal(request.rank()));
+      }
+      return RejoinRunningJob(request, alone && heard, fewest_asked);
+    }
   }
   if (Excluded(request.rank()) && map_.partitions_size() > 0) return RejoinRunningJob(request, false, 0);
   if (Excluded(request.rank())) ReadmitBeforeTensors(request.rank());
@@ -481,7 +513,7 @@ absl::Status ClusterState::WaitForCluster(absl::Time deadline, uint64_t node_id,
 int ClusterState::RejoinCallsWaiting(uint32_t rank) {
   absl::MutexLock lock(&mu_);
   const auto it = rejoins_waiting_.find(rank);
-  return it == rejoins_waiting_.end() ? 0 : it->second;
+  return it == rejoins_waiting_.end() ? 0 : it->second.calls;
 }
 
 void ClusterState::WatchOpened(uint64_t node_id) {
@@ -533,8 +565,23 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
   if (node->dead) {
     if (node->left && request.leaving()) return HeartbeatResponse();  // said twice
     const std::string who = absl::StrCat(node->role == SERVER ? "server " : "worker rank ", node->rank);
-    return absl::FailedPreconditionError(node->left ? absl::StrCat(who, " left the job and is no longer a member of it")
-                                                    : DeclaredDeadRefusal(who));
+    if (node->left) return absl::FailedPreconditionError(absl::StrCat(who, " left the job and is no longer a member of it"));
+    // A node told it is dead stops (a server) or fails its requests (a
+    // worker): only on a declaration the job stored. Before, one heartbeat
+    // handled while the declaration's etcd write was under way was told at
+    // once, and a write that then deposed this scheduler left the job (its
+    // successor) without the declaration, and without the server (fix20).
+    const uint64_t declared = node->declared_in_save;
+    auto stored = [this, declared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return saves_written_ >= declared || absl::IsFailedPrecondition(last_write_);
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&stored), absl::Now() + kRewriteAfterFailure);
+    if (saves_written_ < declared) {
+      return absl::UnavailableError(absl::StrCat("the scheduler has not stored its declaration that ", who,
+                                                 " is dead (its state's write: ",
+                                                 last_write_.ok() ? "under way" : last_write_.ToString(), "); ask again"));
+    }
+    return absl::FailedPreconditionError(DeclaredDeadRefusal(who));
   }
   node->last_seen = clock_();
   if (request.leaving()) {
@@ -734,6 +781,7 @@ void ClusterState::ServerLeaves(Node& node) {
     // (Workers declared dead may be started again: they need the backups.)
     if (ServerInfo* info = MapServer(node.rank)) {
       info->set_dead(true);
+      info->set_dead_reason(kLeftAfterTheWorkers);  // what a rank started again is told (before: "()")
       info->clear_draining();  // a rank started again must not have moves planned from it
     }
     drain_started_.erase(node.rank);
@@ -789,21 +837,43 @@ void ClusterState::Leave(Node& node, const std::string& error) {
 }
 
 std::string ClusterState::FailOver(uint32_t dead) {
-  int promoted = 0, lost = 0, unsynced = 0;
+  int promoted = 0, lost = 0, unsynced = 0, incomplete = 0;
+  // The last map the dead server reported serving to this scheduler (0: it
+  // was not heard since a restart).
+  const auto dead_node = servers_.find(dead);
+  const uint64_t dead_served = dead_node != servers_.end() ? dead_node->second.applied_epoch : 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     auto* backups = p.mutable_backups();
     backups->erase(std::remove(backups->begin(), backups->end(), dead), backups->end());
     if (p.server() != dead) continue;
-    if (backups->empty()) {
-      ++lost;  // stays on the dead server: workers fail its requests, naming it
-      continue;
-    }
+    // Copies on servers not declared dead: one declared in the same check
+    // (CheckLiveness) is not out of the lists yet.
+    auto live = [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto server = servers_.find(b);
+      return server != servers_.end() && !server->second.dead;
+    };
     // The first backup its server last reported synced: one still being
     // re-created (or refusing updates) holds no valid state yet.
     auto chosen = std::find_if(backups->begin(), backups->end(), [&](uint32_t b)
-                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ReportedSynced(b, p); });
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live(b) && ReportedSynced(b, p); });
     if (chosen == backups->end()) {
-      chosen = backups->begin();
+      // Else the first that may hold the state: not one listed in a map the
+      // dead primary never served, which no snapshot from it reached (fix20:
+      // the failover of a server killed with this one re-created backups of
+      // the copies it promoted here, and this failover promoted them).
+      chosen = std::find_if(backups->begin(), backups->end(), [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        auto listed = p.listed_at().find(b);
+        return live(b) && (listed == p.listed_at().end() || listed->second <= dead_served);
+      });
+      if (chosen == backups->end()) {
+        // Stays on the dead server: workers fail its requests, naming it.
+        // Copies that never got its state are dropped: they hold nothing,
+        // and a copy listed unsynced would hold up the balancing for good.
+        if (absl::c_any_of(*backups, live)) ++incomplete;
+        backups->Clear();
+        ++lost;
+        continue;
+      }
       ++unsynced;
     }
     p.set_server(*chosen);
@@ -814,15 +884,30 @@ std::string ClusterState::FailOver(uint32_t dead) {
   const int handoffs_ended = EndBrokenHandoffs(dead);
   const int recreated = Rereplicate();
   std::string out;
-  if (promoted > 0) absl::StrAppend(&out, "; ", promoted, " partitions fail over to their backups");
+  if (promoted > 0) {
+    absl::StrAppend(&out, "; ", Counted(promoted, "partition fails", "partitions fail"), " over to their backups");
+  }
   if (unsynced > 0) {
     absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no backup ",
                     "was, or none had reported yet)");
   }
-  if (lost > 0) absl::StrAppend(&out, "; ", lost, " partitions had no live replica and are lost");
-  if (recreated > 0) absl::StrAppend(&out, "; ", recreated, " copies re-created on the surviving servers");
-  if (moves_ended > 0) absl::StrAppend(&out, "; ", moves_ended, " copy moves ended, their copies kept");
-  if (handoffs_ended > 0) absl::StrAppend(&out, "; ", handoffs_ended, " primary hand-offs ended");
+  if (lost > 0) {
+    absl::StrAppend(&out, "; ", Counted(lost, "partition", "partitions"), " had no live replica and ",
+                    lost == 1 ? "is" : "are", " lost");
+  }
+  if (incomplete > 0) {
+    absl::StrAppend(&out, " (", incomplete, " of them with only copies still being re-created, which their ",
+                    "primary's snapshot never reached: dropped)");
+  }
+  if (recreated > 0) {
+    absl::StrAppend(&out, "; ", Counted(recreated, "copy", "copies"), " re-created on the surviving servers");
+  }
+  if (moves_ended > 0) {
+    absl::StrAppend(&out, "; ", Counted(moves_ended, "copy move", "copy moves"), " ended, their copies kept");
+  }
+  if (handoffs_ended > 0) {
+    absl::StrAppend(&out, "; ", Counted(handoffs_ended, "primary hand-off", "primary hand-offs"), " ended");
+  }
   return out;
 }
 
@@ -1059,7 +1144,8 @@ absl::StatusOr<RegisterResponse> ClusterState::RejoinRunningJob(const RegisterRe
   map_.set_worker_curve_keys(rank, request.curve_public_key());
   map_.set_epoch(map_.epoch() + 1);
   LOG(WARNING) << "worker rank " << rank << " (host " << request.host() << ") rejoins the running job at round "
-               << round << "; shard map epoch " << map_.epoch() << ", " << LiveWorkers() << " workers in the job";
+               << round << "; shard map epoch " << map_.epoch() << ", " << Counted(LiveWorkers(), "worker", "workers")
+               << " in the job";
   RegisterResponse response;
   response.set_node_id(node.id);
   *response.mutable_config() = config_;
@@ -1127,10 +1213,12 @@ std::vector<std::string> ClusterState::CheckLiveness() {
   // A rank counts once however many of its calls wait (a process asking
   // again, or started again, while its earlier calls wait: before
   // 2026-11-25 three calls of one rank made 3 of 5 nodes heard, a majority
-  // that declared both servers of a scheduler cut off from them dead), and
-  // not once its rejoin made it a live node again.
+  // that declared both servers of a scheduler cut off from them dead), only
+  // while its last ask is recent (its calls ask again to stay so), and not
+  // once its rejoin made it a live node again.
   size_t waiting = 0;
-  for (const auto& [rank, calls] : rejoins_waiting_) {
+  for (const auto& [rank, wait] : rejoins_waiting_) {
+    if (now - wait.last_asked > recent) continue;
     auto it = workers_.find(rank);
     if (it == workers_.end() || it->second.dead) ++waiting;
   }
@@ -1173,14 +1261,23 @@ std::vector<std::string> ClusterState::CheckLiveness() {
                            "have a heartbeat timeout from now to reconnect")};
     }
   }
-  std::vector<std::string> declared;
+  std::vector<Node*> now_dead;
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {
-      if (!node.dead && now - node.last_seen > timeout) declared.push_back(DeclareDead(node, now - node.last_seen));
+      if (!node.dead && now - node.last_seen > timeout) now_dead.push_back(&node);
     }
   }
+  // Out together before any fails over: a server declared in this check is
+  // no copy to promote and no server to re-create copies on (before, the
+  // first of two servers killed at once failed over to the second's copies
+  // and re-created their backups on the third, and the second's failover
+  // promoted those, which no snapshot would reach: DATA_LOSS; fix20).
+  for (Node* node : now_dead) node->dead = true;
+  std::vector<std::string> declared;
+  for (Node* node : now_dead) declared.push_back(DeclareDead(*node, now - node->last_seen));
   const int handoffs_ended = EndLateHandoffs();
   if (!declared.empty() || handoffs_ended > 0) Save();
+  for (Node* node : now_dead) node->declared_in_save = saves_;
   return declared;
 }
 

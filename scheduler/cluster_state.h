@@ -56,7 +56,9 @@ class ClusterState {
   // A rank removed from the running job (declared dead) may register again:
   // it rejoins at a round past every server's (RejoinRunningJob), chosen
   // once every server not declared dead has reported within two heartbeat
-  // intervals (waiting at most heartbeat_timeout_ms and one interval). Refuses
+  // intervals (waiting at most heartbeat_timeout_ms and one interval; a
+  // call ends with Aborted, RejoinAskAgainRefusal, where it waited half the
+  // time CheckLiveness counts it as heard: asked again, the wait goes on). Refuses
   // ranks outside [0, num_workers), and a rank held by a live registration: one still waiting for the
   // cluster, or, once it formed, one heard from within heartbeat_timeout_ms.
   // A rank registering again after that replaces its old entry (a restarted
@@ -74,7 +76,10 @@ class ClusterState {
                               const std::function<bool()>& caller_gone = nullptr);
 
   // NotFound for an unknown node id; FailedPrecondition for a node already
-  // declared dead (it must not act as a member any more).
+  // declared dead (it must not act as a member any more), once the state
+  // that declared it is written: Unavailable until then (waiting at most
+  // kRewriteAfterFailure), and for good where that write was refused (this
+  // scheduler was deposed, and the job never stored the declaration).
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
 
   // Declares dead every node silent for longer than heartbeat_timeout_ms and
@@ -171,6 +176,9 @@ class ClusterState {
     bool dead = false;
     bool heard = true;  // registered or heartbeated since this scheduler started
     bool left = false;  // dead because it said it leaves (HeartbeatRequest.leaving)
+    // The Save() that holds its declaration of death (CheckLiveness): it is
+    // told it was declared dead only once that state is written.
+    uint64_t declared_in_save = 0;
     // Why, when it left on an error (HeartbeatRequest.leaving_error), or a
     // draining server stopped before it was drained (ServerLeaves).
     std::string left_error{};
@@ -397,10 +405,24 @@ class ClusterState {
   // scheduler was paused) first forgives the pause.
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
   bool isolated_ ABSL_GUARDED_BY(mu_) = false;  // said once: hears from no majority
-  // Registrations of removed ranks waiting for the servers' reports before
-  // they rejoin (RegisterWorker), by rank: for CheckLiveness, one node heard
-  // per rank however many of its calls wait.
-  std::map<uint32_t, int> rejoins_waiting_ ABSL_GUARDED_BY(mu_);
+  // A removed rank's registrations waiting for the servers' reports before
+  // it rejoins (RegisterWorker). A call ends, to be asked again, once its
+  // ask is half CheckLiveness's heard window old; the calls that ask again
+  // go on with one wait, bounded as one.
+  struct RejoinWait {
+    int calls = 0;                                  // waiting now
+    absl::Time first_asked = absl::InfinitePast();  // clock_: the wait's first call
+    absl::Time last_asked = absl::InfinitePast();   // clock_: its latest (CheckLiveness)
+    uint64_t fewest_asked = 0;                      // FewestRoundsReported() at its first call
+    absl::Time until = absl::InfinitePast();        // when the wait ends, however many calls it takes
+    absl::Time asked_again_by = absl::InfinitePast();  // a call after this starts a new wait
+  };
+  // The time a process told to ask again (RejoinAskAgainRefusal) has to go
+  // on with its wait.
+  static constexpr absl::Duration kRejoinAskedAgainWithin = absl::Seconds(1);
+  // By rank: for CheckLiveness, one node heard per rank however many of its
+  // calls wait, while its last ask is recent.
+  std::map<uint32_t, RejoinWait> rejoins_waiting_ ABSL_GUARDED_BY(mu_);
   absl::Time last_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   uint64_t saves_ ABSL_GUARDED_BY(mu_) = 0;                     // Save() calls; unsaved_ is the last

@@ -185,6 +185,8 @@ class SchedulerService final : public Scheduler::Service {
     if (!r.ok()) {
       // A new process for a rank still held asks again every quarter second
       // until the old one is declared dead: said once in a while, not each time.
+      // Nor a rejoin's call ended to be asked again (every few seconds while it waits): not a failure.
+      if (IsRejoinAskAgainRefusal(r.status().message())) return ToGrpc(r.status());
       if (!IsRankStillHeldRefusal(r.status().message()) || still_held_refusals_.fetch_add(1) % 40 == 0) {
         LOG(WARNING) << "scheduler: Register failed (" << (req->role() == SERVER ? "server at " : "worker from ")
                      << (req->role() == SERVER ? req->data_address() : req->host()) << "): " << r.status();

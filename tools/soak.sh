@@ -253,8 +253,8 @@ FAILOVERS=$(grep -c "declared dead" "$WORKDIR/scheduler.events" || true)
 count_partitions() {   # sum of the counts in the scheduler's lines matching "N $1"
   { grep -oE "[0-9]+ $1" "$WORKDIR/scheduler.events" || true; } | awk '{ s += $1 } END { print s + 0 }'
 }
-PROMOTED=$(count_partitions "partitions fail over")
-LOST=$(count_partitions "partitions had no live replica")
+PROMOTED=$(count_partitions "partitions? fails? over")
+LOST=$(count_partitions "partitions? had no live replica")
 STEPS=$(total_steps)
 
 echo

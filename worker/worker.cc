@@ -733,8 +733,9 @@ class WorkerImpl : public Worker {
       }
     }
     if (!moved.empty() || resent > 0) {
-      LOG(WARNING) << "worker " << options_.rank << ": " << moved.size() << " partitions moved to their backups at "
-                   << "shard map epoch " << map.epoch() << "; re-sent " << resent << " waiting requests";
+      LOG(WARNING) << "worker " << options_.rank << ": " << Counted(moved.size(), "partition", "partitions")
+                   << " moved to their backups at shard map epoch " << map.epoch() << "; re-sent "
+                   << Counted(resent, "waiting request", "waiting requests");
     }
     for (const ServerInfo& s : map.servers()) {
       if (s.dead()) continue;
@@ -811,6 +812,11 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   absl::StatusOr<RegisterResponse> registered;
   for (bool said = false;; said = true) {
     registered = scheduler->Register(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    // A rejoin's wait goes on: asking again shows the scheduler this process still reaches it.
+    while (absl::IsAborted(registered.status()) && IsRejoinAskAgainRefusal(registered.status().message()) &&
+           absl::Now() < deadline) {
+      registered = scheduler->Register(request, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    }
     if (registered.ok() || !absl::IsAlreadyExists(registered.status()) ||
         !IsRankStillHeldRefusal(registered.status().message()) || absl::Now() + absl::Milliseconds(250) >= deadline) {
       break;
