@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "common/data_message.h"
 #include "common/scheduler_client.h"
+#include "common/scheduler_refusal.h"
 #include "common/tensor_spec.h"
 #include "proto/cluster.pb.h"
 #include "tests/closing_listener.h"
@@ -385,6 +386,33 @@ std::unique_ptr<Worker> PairWorkerThatPushed(const std::string& primary, const s
 // routes and submitted after the drop would wait for the dead server's
 // address behind its re-sent copy, and reach a replacement there (from a
 // buffer its caller may have reused by then).
+// A scheduler that keeps a rejoining rank waiting for the servers' reports:
+// every registration is answered "ask again".
+class RejoinWaitingScheduler : public FakeScheduler {
+ public:
+  using FakeScheduler::FakeScheduler;
+  absl::StatusOr<RegisterResponse> Register(const RegisterRequest& r, absl::Duration) override {
+    asks_.fetch_add(1);
+    absl::SleepFor(absl::Milliseconds(20));
+    return absl::AbortedError(RejoinAskAgainRefusal(r.rank()));
+  }
+  int asks() const { return asks_.load(); }
+
+ private:
+  std::atomic<int> asks_{0};
+};
+
+TEST(WorkerRejoinTest, ARankStillWaitingToRejoinWhenItsRendezvousTimeoutEndsSaysSoAsATimeout) {
+  // It asks again while the scheduler waits; at the timeout its error was
+  // the scheduler's "ask again", which says nothing of a timeout.
+  auto scheduler = std::make_shared<RejoinWaitingScheduler>(PairConfig(), PairMap("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", 1));
+  auto worker = Worker::Create({.rank = 1, .rendezvous_timeout = absl::Milliseconds(300), .scheduler_client = scheduler});
+  ASSERT_FALSE(worker.ok());
+  EXPECT_EQ(worker.status().code(), absl::StatusCode::kDeadlineExceeded) << worker.status();
+  EXPECT_THAT(worker.status().message(), HasSubstr("still waited for the servers' reports"));
+  EXPECT_GT(scheduler->asks(), 1) << "it did not ask again";
+}
+
 TEST(DataChannelTest, AWorkerDropsWhatItQueuedForADeadServerWhilePushesGoOn) {
   zmq::context_t context;
   auto dead = std::make_unique<FakeServer>(context);

@@ -828,6 +828,14 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     }
     absl::SleepFor(absl::Milliseconds(250));
   }
+  if (absl::IsAborted(registered.status()) && IsRejoinAskAgainRefusal(registered.status().message())) {
+    // The rendezvous timeout ended while the scheduler still waited: said as
+    // a timeout, not as the scheduler's request to ask again.
+    return absl::DeadlineExceededError(absl::StrCat(
+        "worker rank ", options.rank, ": the scheduler at ", options.scheduler_address,
+        " still waited for the servers' reports before this rank rejoins the running job when the rendezvous "
+        "timeout (", absl::FormatDuration(options.rendezvous_timeout), ") ended; are the servers alive?"));
+  }
   if (!registered.ok()) return registered.status();
   return std::unique_ptr<Worker>(
       new WorkerImpl(std::move(scheduler), options, *std::move(registered), std::move(curve_keys)));
