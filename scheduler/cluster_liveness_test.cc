@@ -273,7 +273,7 @@ TEST_F(LivenessTest, ANodeIsNotToldItWasDeclaredDeadBeforeTheDeclarationIsStored
     }
   };
   ASSERT_THAT(Advance(600), IsEmpty());
-  Beat({0}, {0, 1, 2}, 1);  // server 1 is silent from here on (paused)
+  Beat({0}, {0, 1}, 1);  // server 1 and worker rank 2 are silent from here on (paused)
   ASSERT_THAT(Advance(400), IsEmpty());
   now_ += absl::Milliseconds(100);
   std::vector<std::string> declared;
@@ -283,15 +283,20 @@ TEST_F(LivenessTest, ANodeIsNotToldItWasDeclaredDeadBeforeTheDeclarationIsStored
   resumed.set_node_id(server_ids_[1]);
   resumed.set_applied_epoch(1);
   const absl::Status during = state_->Heartbeat(resumed).status();
+  // So does rank 2, entering a barrier: told it was removed, a worker fails.
+  const absl::Status barrier_during = state_->Barrier(worker_ids_[2], "epoch", absl::Now() + absl::Seconds(1));
   write_result_ = absl::FailedPreconditionError("etcd: refused to write the state: another scheduler holds the leadership");
   answer.Notify();
   check.join();
-  ASSERT_THAT(declared, ElementsAre(HasSubstr("server 1")));
+  ASSERT_THAT(declared, ElementsAre(HasSubstr("server 1"), HasSubstr("worker rank 2")));
   EXPECT_FALSE(IsDeclaredDeadRefusal(during.message())) << "told before the write was done: " << during;
   EXPECT_TRUE(absl::IsUnavailable(during)) << during;
+  EXPECT_TRUE(absl::IsUnavailable(barrier_during)) << "told before the write was done: " << barrier_during;
   const absl::Status after = state_->Heartbeat(resumed).status();
   EXPECT_FALSE(IsDeclaredDeadRefusal(after.message())) << "the declaration was never stored: " << after;
   EXPECT_TRUE(absl::IsUnavailable(after)) << after;
+  const absl::Status barrier_after = state_->Barrier(worker_ids_[2], "epoch", absl::Now() + absl::Seconds(1));
+  EXPECT_TRUE(absl::IsUnavailable(barrier_after)) << "the declaration was never stored: " << barrier_after;
 }
 
 TEST_F(LivenessTest, ADeadServerIsMarkedInTheMapWithTheReason) {

@@ -18,6 +18,7 @@
 #include "common/names.h"
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
+#include "common/status_macros.h"
 #include "compression/codec_policy.h"
 #include "scheduler/copy_moves.h"
 #include "scheduler/model_limits.h"
@@ -566,21 +567,7 @@ absl::StatusOr<HeartbeatResponse> ClusterState::Heartbeat(const HeartbeatRequest
     if (node->left && request.leaving()) return HeartbeatResponse();  // said twice
     const std::string who = absl::StrCat(node->role == SERVER ? "server " : "worker rank ", node->rank);
     if (node->left) return absl::FailedPreconditionError(absl::StrCat(who, " left the job and is no longer a member of it"));
-    // A node told it is dead stops (a server) or fails its requests (a
-    // worker): only on a declaration the job stored. Before, one heartbeat
-    // handled while the declaration's etcd write was under way was told at
-    // once, and a write that then deposed this scheduler left the job (its
-    // successor) without the declaration, and without the server (fix20).
-    const uint64_t declared = node->declared_in_save;
-    auto stored = [this, declared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return saves_written_ >= declared || absl::IsFailedPrecondition(last_write_);
-    };
-    mu_.AwaitWithDeadline(absl::Condition(&stored), absl::Now() + kRewriteAfterFailure);
-    if (saves_written_ < declared) {
-      return absl::UnavailableError(absl::StrCat("the scheduler has not stored its declaration that ", who,
-                                                 " is dead (its state's write: ",
-                                                 last_write_.ok() ? "under way" : last_write_.ToString(), "); ask again"));
-    }
+    SHARDPS_RETURN_IF_ERROR(DeclarationStored(*node, who));
     return absl::FailedPreconditionError(DeclaredDeadRefusal(who));
   }
   node->last_seen = clock_();
@@ -1485,6 +1472,23 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   }
 }
 
+absl::Status ClusterState::DeclarationStored(const Node& node, const std::string& who) {
+  // A node told it is dead stops (a server) or fails its requests (a
+  // worker): only on a declaration the job stored. Before, one heartbeat
+  // handled while the declaration's etcd write was under way was told at
+  // once, and a write that then deposed this scheduler left the job (its
+  // successor) without the declaration, and without the server (fix20).
+  const uint64_t declared = node.declared_in_save;  // `node` may move while mu_ is released
+  auto stored = [this, declared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return saves_written_ >= declared || absl::IsFailedPrecondition(last_write_);
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&stored), absl::Now() + kRewriteAfterFailure);
+  if (saves_written_ >= declared) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("the scheduler has not stored its declaration that ", who,
+                                             " is dead (its state's write: ",
+                                             last_write_.ok() ? "under way" : last_write_.ToString(), "); ask again"));
+}
+
 absl::Status ClusterState::EnterBarrier(uint64_t node_id, const std::string& name, absl::Time deadline,
                                         std::vector<uint32_t>* live, std::optional<uint64_t> passes_seen,
                                         uint64_t* saved) {
@@ -1494,9 +1498,12 @@ absl::Status ClusterState::EnterBarrier(uint64_t node_id, const std::string& nam
     return absl::FailedPreconditionError(absl::StrCat("barrier '", name, "': node ", node_id, " is not a registered worker"));
   }
   if (node->dead) {
-    return absl::FailedPreconditionError(absl::StrCat("barrier '", name, "': worker rank ", node->rank,
-                                                      node->left ? " left the job"
-                                                                 : " was declared dead and removed from the job"));
+    const uint32_t rank = node->rank;
+    const bool left = node->left;
+    // As a heartbeat's: said only once the declaration is stored.
+    if (!left) SHARDPS_RETURN_IF_ERROR(DeclarationStored(*node, absl::StrCat("worker rank ", rank)));
+    return absl::FailedPreconditionError(absl::StrCat("barrier '", name, "': worker rank ", rank,
+                                                      left ? " left the job" : " was declared dead and removed from the job"));
   }
   BarrierState& b = barriers_[name];
   if (passes_seen.has_value() && b.generation > *passes_seen) {

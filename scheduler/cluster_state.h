@@ -373,6 +373,11 @@ class ClusterState {
   // Snapshots the state for WriteUnsaved; the file is written outside mu_,
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK once the state that declared dead node `node` (named `who`) is
+  // written, waiting at most kRewriteAfterFailure; UNAVAILABLE ("ask
+  // again") until then, and for good where that write was refused (the job
+  // never stored the declaration). Releases mu_ while it waits.
+  absl::Status DeclarationStored(const Node& node, const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the latest snapshot, if any (writes stay in order under write_mu_).
   void WriteUnsaved() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
   // Barrier without waiting for the write; `saved` gets the Save() count
