@@ -10,8 +10,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,18 +42,17 @@ struct FakeServer {
     socket.bind(at);
     address = socket.get(zmq::sockopt::last_endpoint);
   }
-  // Receives `n` requests (peer, header, payload frames) within `timeout_ms`.
-  std::vector<DataHeader> Receive(size_t n, int timeout_ms = 10000) {
+  // Receives `n` requests (peer, header, payload frames) within `timeout_ms`;
+  // their payloads (empty where none) go to `payloads` when given.
+  std::vector<DataHeader> Receive(size_t n, int timeout_ms = 10000, std::vector<zmq::message_t>* payloads = nullptr) {
     std::vector<DataHeader> got;
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
     while (got.size() < n && zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) > 0) {
-      zmq::message_t peer, head;
+      zmq::message_t peer, head, payload;
       (void)socket.recv(peer);
       (void)socket.recv(head);
-      if (head.more()) {
-        zmq::message_t payload;
-        (void)socket.recv(payload);
-      }
+      if (head.more()) (void)socket.recv(payload);
+      if (payloads != nullptr) payloads->push_back(std::move(payload));
       auto header = ParseDataHeader(head);
       EXPECT_TRUE(header.ok()) << header.status();
       if (header.ok()) got.push_back(*header);
@@ -747,6 +748,39 @@ TEST(DataChannelTest, ABreakNoticedAfterTheCutHealedSendsNothingAheadOfTheReques
   link.relay.Heal();
   link.ExpectAllThreeInOrder();
   EXPECT_TRUE(link.server.Receive(1, 300).empty()) << "a request arrived twice on the new connection";
+}
+
+// review20: a push whose old primary had answered it, the answer not yet
+// waited for (the caller computes), is re-routed to a new primary (a
+// hand-off; a failover the old one answered just before). Sent from the
+// caller's buffer, ZeroMQ went on reading that buffer after the Wait that
+// took the old primary's answer returned OK, when the caller may reuse it:
+// the new primary got what the caller wrote there next (or, freed, whatever
+// the memory held). A request sent again reads the buffer only while its
+// handle is outstanding.
+TEST(DataChannelTest, ARequestSentAgainNeverReadsTheCallersBufferOnceItsWaitReturned) {
+  zmq::context_t context;
+  FakeServer old_primary(context), new_primary(context);
+  CuttableRelay slow_link(new_primary.address);
+  auto channel = DataChannel::Create({{old_primary.address, "", false}, {slow_link.address(), "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
+  const uint64_t push = SubmitPush(**channel, gradient, 0);
+  std::vector<DataHeader> got = old_primary.Receive(1);
+  ASSERT_EQ(got.size(), 1u);
+  old_primary.AnswerWeights(0, got[0], 1, 0);
+  absl::SleepFor(absl::Milliseconds(300));  // the answer reaches the worker, unread
+  slow_link.Slow(absl::Milliseconds(2));    // the copy sent again takes seconds to cross
+  EXPECT_EQ((*channel)->Reroute({{7, 1}}, 2), 1);
+  const absl::Status waited = (*channel)->Wait(push, absl::Seconds(10));
+  ASSERT_TRUE(waited.ok()) << waited;
+  std::fill(gradient.begin(), gradient.end(), -7.0f);  // the caller reuses its buffer
+  std::vector<zmq::message_t> payloads;
+  ASSERT_EQ(new_primary.Receive(1, 30000, &payloads).size(), 1u);
+  ASSERT_EQ(payloads[0].size(), gradient.size() * sizeof(float));
+  const float* sent = payloads[0].data<float>();
+  EXPECT_EQ(std::count(sent, sent + gradient.size(), 1.0f), static_cast<std::ptrdiff_t>(gradient.size()))
+      << "the copy sent again carried what the caller wrote after its Wait returned";
 }
 
 // review19: ZeroMQ's heartbeat timeout counts whole messages, and a peer's

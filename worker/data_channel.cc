@@ -426,11 +426,18 @@ int DataChannel::Flush(uint32_t server) {
     auto p = pending_.find(*it);
     if (p == pending_.end() || p->second.server != server) continue;  // answered, timed out, or moved
     Pending& request = p->second;
-    zmq::message_t encoded;
-    if (request.encoded.size() > 0) encoded.copy(request.encoded);
-    if (!SendRequest(server, request.header, request.payload, request.encoded.size() > 0 ? &encoded : nullptr)) {
-      break;
+    // A copy of a borrowed payload, made while the handle is outstanding: an
+    // earlier copy of the request (the old primary's, before a re-route) can
+    // be answered while this one is still being sent, and its caller may
+    // then reuse the buffer.
+    const bool has_payload = request.encoded.size() > 0 || request.payload != nullptr;
+    zmq::message_t frame;
+    if (request.encoded.size() > 0) {
+      frame.copy(request.encoded);
+    } else if (request.payload != nullptr) {
+      frame.rebuild(request.payload, request.num_elements * sizeof(float));
     }
+    if (!SendRequest(server, request.header, nullptr, has_payload ? &frame : nullptr)) break;
     ++sent;
   }
   return sent;
