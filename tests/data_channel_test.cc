@@ -783,6 +783,40 @@ TEST(DataChannelTest, ARequestSentAgainNeverReadsTheCallersBufferOnceItsWaitRetu
       << "the copy sent again carried what the caller wrote after its Wait returned";
 }
 
+// review20: a map declares a server dead (or replaced) just as the worker's
+// connection to that address completes its handshake. DropQueued closed the
+// connection and made it again; the old one's report of its handshake,
+// read after that, was taken for the new one's, and a push was written to
+// the connection being closed: lost, never sent again, and the caller
+// waited out its timeout. The drop leaves the connection alone.
+TEST(DataChannelTest, APushAfterADropAsTheConnectionCompletesItsHandshakeReachesTheServer) {
+  zmq::context_t context;
+  FakeServer server(context);
+  std::vector<float> gradient(4, 1.0f);
+  // The handshake and the drop race: many channels, each dropped at another
+  // moment of its first connection (without the fix one of the first few
+  // dozen lost its push).
+  for (int attempt = 0; attempt < 400; ++attempt) {
+    auto channel = DataChannel::Create({{server.address, "", false}}, 0);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    absl::SleepFor(absl::Microseconds(50 * (attempt % 20)));  // the handshake takes about 0.3 ms
+    (*channel)->DropQueued(0);
+    const uint64_t push = SubmitPush(**channel, gradient, 0);
+    // Each copy that arrives is answered, on the connection it came by.
+    absl::Status status;
+    absl::StatusOr<size_t> answered;
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(3); absl::Now() < deadline;) {
+      const size_t first = server.peers.size();
+      std::vector<DataHeader> got = server.Receive(1, 10);
+      for (size_t i = 0; i < got.size(); ++i) server.AnswerWeights(first + i, got[i], 1, 0);
+      answered = (*channel)->WaitAny(absl::MakeConstSpan(&push, 1), absl::Milliseconds(10), &status);
+      if (answered.ok()) break;
+    }
+    ASSERT_TRUE(answered.ok()) << "attempt " << attempt << ": the push was lost: " << answered.status();
+    EXPECT_TRUE(status.ok()) << status;
+  }
+}
+
 // review19: ZeroMQ's heartbeat timeout counts whole messages, and a peer's
 // answer to a PING waits behind the frame it is sending: a frame slower
 // than the timeout to cross its link broke a healthy connection, again and

@@ -188,28 +188,19 @@ void DataChannel::Disconnect(uint32_t server, const std::string& address) {
   }
 }
 
-void DataChannel::Reconnect(uint32_t server, const std::string& address) {
-  // With linger 0 the old connection's pipe goes with what it holds.
-  Disconnect(server, address);
-  connected_[server] = false;
-  try {
-    servers_[server].connect(address);
-  } catch (const zmq::error_t& e) {
-    LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " at '" << address
-               << "' again: " << e.what();
-  }
-}
-
 void DataChannel::DropQueued(uint32_t server) {
   absl::MutexLock io_lock(&io_mu_);
-  std::string address;
   {
     absl::MutexLock lock(&mu_);
     if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
-    address = addresses_[server];
   }
+  // What waits for the server is all the channel holds: ZeroMQ queues
+  // nothing without a connection (immediate), and a connection's queue goes
+  // to the process at its other end or with it. The connection is left as it
+  // is: one the channel closed and made again could still report its
+  // handshake after the drop, which was taken for the new one's, and what
+  // waited was written to the closing one and lost (review20).
   unsent_[server].clear();
-  Reconnect(server, address);
 }
 
 void DataChannel::FailAll(const absl::Status& status) {

@@ -113,7 +113,8 @@ class DataChannel {
   // (the scheduler declared it dead), once, before its requests are re-sent
   // elsewhere: held for a reconnection, they would, should a replacement
   // listen at the same address, go to it after their re-sent copies were
-  // answered. The socket connects to the address again.
+  // answered. Its connection is left as it is: ZeroMQ queues nothing for a
+  // connection that is not up (immediate).
   void DropQueued(uint32_t server);
 
   // Fails every request to `server`, waiting or submitted later, with
@@ -189,8 +190,6 @@ class DataChannel {
   // Ends `server`'s socket's connection to `address` (and what its pipe
   // holds); one already gone is no error.
   void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  // Drops what `server`'s connection holds and connects to `address` again.
-  void Reconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Handles what `server`'s connection monitor reports. A connection that
   // broke after its handshake lost the bytes in flight on it (ZeroMQ drops
   // what its queue held with it: ZMQ_IMMEDIATE), so every request waiting
