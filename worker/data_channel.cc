@@ -107,11 +107,10 @@ absl::StatusOr<PeerSeal*> DataChannel::Secure(zmq::socket_t& socket, size_t serv
   return nullptr;
 }
 
-absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
-  const size_t index = servers_.size();
+absl::StatusOr<DataChannel::ServerSocket> DataChannel::OpenSocket(size_t index, const ServerEndpoint& endpoint) {
   auto made = MakeSocket(context_, zmq::socket_type::dealer,
                          absl::StrCat("worker ", rank_, ": socket to server ", index, " at '", endpoint.address, "'"),
-                         (index == 0 ? kFirstSocketDescriptors : kSocketDescriptors) + kWatchDescriptors);
+                         (servers_.empty() ? kFirstSocketDescriptors : kSocketDescriptors) + kWatchDescriptors);
   if (!made.ok()) return made.status();
   zmq::socket_t s = *std::move(made);
   s.set(zmq::sockopt::sndhwm, 0);
@@ -130,7 +129,7 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   absl::StatusOr<PeerSeal*> seal = Secure(s, index, endpoint);
   if (!seal.ok()) return seal.status();
   // inproc names are the channel's own: it has its own context.
-  auto monitor = WatchConnections(context_, s, absl::StrCat("inproc://shardps-data-", index),
+  auto monitor = WatchConnections(context_, s, absl::StrCat("inproc://shardps-data-", sockets_opened_++),
                                   ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
   if (!monitor.ok()) return absl::InternalError(absl::StrCat("server ", index, ": ", monitor.status().message()));
   try {
@@ -139,14 +138,20 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot connect to server ", index, " at '", endpoint.address, "': ", e.what()));
   }
-  const int fd = s.get(zmq::sockopt::fd);
-  const int monitor_fd = monitor->get(zmq::sockopt::fd);
-  servers_.push_back(std::move(s));
-  monitors_.push_back(*std::move(monitor));
+  return ServerSocket{std::move(s), *std::move(monitor), *seal};
+}
+
+absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
+  absl::StatusOr<ServerSocket> made = OpenSocket(servers_.size(), endpoint);
+  if (!made.ok()) return made.status();
+  const int fd = made->socket.get(zmq::sockopt::fd);
+  const int monitor_fd = made->monitor.get(zmq::sockopt::fd);
+  servers_.push_back(std::move(made->socket));
+  monitors_.push_back(std::move(made->monitor));
   reconnecting_.push_back(false);
   connected_.push_back(false);
   unsent_.emplace_back();
-  seal_of_server_.push_back(*seal);
+  seal_of_server_.push_back(made->seal);
   absl::MutexLock lock(&mu_);
   addresses_.push_back(endpoint.address);
   server_keys_.push_back(endpoint.curve_public_key);
@@ -154,11 +159,14 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   fds_.push_back(fd);
   fds_.push_back(monitor_fd);
   monitor_fds_.push_back(monitor_fd);
-  if (watch_fd_ >= 0) {
-    const uint64_t one = 1;  // the watcher polls the new monitor too
-    (void)write(watch_fd_, &one, sizeof(one));
-  }
+  WakeWatcher();  // it polls the new monitor too
   return absl::OkStatus();
+}
+
+void DataChannel::WakeWatcher() {
+  if (watch_fd_ < 0) return;
+  const uint64_t one = 1;
+  (void)write(watch_fd_, &one, sizeof(one));
 }
 
 size_t DataChannel::servers() const {
@@ -178,14 +186,6 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
     for (uint64_t id : doomed) Complete(id, status);
   }
   WakePoller();
-}
-
-void DataChannel::Disconnect(uint32_t server, const std::string& address) {
-  try {
-    servers_[server].disconnect(address);
-  } catch (const zmq::error_t&) {
-    // Already gone: nothing to undo.
-  }
 }
 
 void DataChannel::DropQueued(uint32_t server) {
@@ -221,7 +221,6 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
                                                    servers_.size(), " servers and adds them in index order"));
   }
   if (server == servers_.size()) return AddServer(endpoint);  // one more server joined the job
-  std::string old;
   {
     absl::MutexLock lock(&mu_);
     if (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key) {
@@ -230,33 +229,41 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
       failed_[server] = removed_;
       return absl::OkStatus();
     }
-    old = addresses_[server];
   }
-  // What can fail comes before the old connection goes; the socket options
-  // apply to the connection made next.
-  absl::StatusOr<PeerSeal*> seal = Secure(servers_[server], server, endpoint);
-  if (!seal.ok()) return seal.status();
-  Disconnect(server, old);
-  try {
-    servers_[server].connect(address);
-  } catch (const zmq::error_t& e) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", server, " at '", address,
-                                                   "': ", e.what()));
-  }
-  seal_of_server_[server] = *seal;
+  // A socket of its own for the new endpoint, made before the old one goes
+  // (what can fail comes first): the old socket's connection could report
+  // its handshake after a disconnect, which was taken for the new
+  // connection's, and what was sent then went to the closing one and was
+  // lost (review20).
+  absl::StatusOr<ServerSocket> made = OpenSocket(server, endpoint);
+  if (!made.ok()) return made.status();
+  const int fd = made->socket.get(zmq::sockopt::fd);
+  const int monitor_fd = made->monitor.get(zmq::sockopt::fd);
+  // The old socket's monitor stops first: ZeroMQ's I/O thread reports its
+  // connections' ends to it with a blocking send, which with the reader
+  // closed never returned and stalled every socket of the channel.
+  (void)zmq_socket_monitor(servers_[server].handle(), nullptr, 0);
+  servers_[server] = std::move(made->socket);  // closes the old one; linger 0 drops its queue
+  monitors_[server] = std::move(made->monitor);
+  seal_of_server_[server] = made->seal;
   connected_[server] = false;
+  reconnecting_[server] = false;
   absl::MutexLock lock(&mu_);
   addresses_[server] = address;
   server_keys_[server] = endpoint.curve_public_key;
   failed_[server] = removed_;
+  // Pollers that copied the old descriptors find them closed and copy again.
+  fds_[2 * server] = fd;
+  fds_[2 * server + 1] = monitor_fd;
+  monitor_fds_[server] = monitor_fd;
+  WakeWatcher();
   return absl::OkStatus();
 }
 
 DataChannel::~DataChannel() {
   if (watcher_.joinable()) {
     stop_watching_ = true;
-    const uint64_t one = 1;
-    (void)write(watch_fd_, &one, sizeof(one));
+    WakeWatcher();
     watcher_.join();
   }
   if (watch_fd_ >= 0) close(watch_fd_);
