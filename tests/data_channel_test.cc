@@ -783,6 +783,40 @@ TEST(DataChannelTest, ARequestSentAgainNeverReadsTheCallersBufferOnceItsWaitRetu
       << "the copy sent again carried what the caller wrote after its Wait returned";
 }
 
+// review20: a server is declared dead while its connection is up and a large
+// push is still crossing it (a slow link). The push is re-routed to the new
+// primary, which answers, and the caller reuses its buffer. A connection
+// left open went on reading the buffer for the rest of the old copy after
+// the Wait returned OK (the old server got what the caller wrote next); the
+// drop ends it.
+TEST(DataChannelTest, ADropEndsWhatTheDeadServersConnectionWasStillSendingFromTheCallersBuffer) {
+  zmq::context_t context;
+  FakeServer dead(context), new_primary(context);
+  CuttableRelay slow_link(dead.address);
+  auto channel = DataChannel::Create({{slow_link.address(), "", false}, {new_primary.address, "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  absl::SleepFor(absl::Milliseconds(200));  // both connected
+  slow_link.Slow(absl::Milliseconds(2));    // the push takes seconds to cross
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
+  const uint64_t push = SubmitPush(**channel, gradient, 0);
+  absl::SleepFor(absl::Milliseconds(200));  // part of it crossed
+  (*channel)->DropQueued(0);
+  EXPECT_EQ((*channel)->Reroute({{7, 1}}, 2), 1);
+  std::vector<DataHeader> got = new_primary.Receive(1);
+  ASSERT_EQ(got.size(), 1u);
+  new_primary.AnswerWeights(0, got[0], 1, 0);
+  const absl::Status waited = (*channel)->Wait(push, absl::Seconds(10));
+  ASSERT_TRUE(waited.ok()) << waited;
+  std::fill(gradient.begin(), gradient.end(), -7.0f);  // the caller reuses its buffer
+  std::vector<zmq::message_t> payloads;
+  (void)dead.Receive(1, 5000, &payloads);  // the whole push crosses in about 3 s
+  for (const zmq::message_t& payload : payloads) {
+    const float* sent = payload.data<float>();
+    EXPECT_EQ(std::count(sent, sent + payload.size() / sizeof(float), -7.0f), 0)
+        << "the dead server got what the caller wrote after its Wait returned";
+  }
+}
+
 // Submits a push to server 0 and answers every copy of it that reaches
 // `server`, on the connection it came by, until the channel hands the push
 // back; DEADLINE_EXCEEDED when that takes over 3 s (the push was lost).

@@ -190,17 +190,17 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
 
 void DataChannel::DropQueued(uint32_t server) {
   absl::MutexLock io_lock(&io_mu_);
+  ServerEndpoint endpoint;
   {
     absl::MutexLock lock(&mu_);
     if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
+    endpoint = {addresses_[server], server_keys_[server], seal_of_server_[server] != nullptr};
   }
-  // What waits for the server is all the channel holds: ZeroMQ queues
-  // nothing without a connection (immediate), and a connection's queue goes
-  // to the process at its other end or with it. The connection is left as it
-  // is: one the channel closed and made again could still report its
-  // handshake after the drop, which was taken for the new one's, and what
-  // waited was written to the closing one and lost (review20).
   unsent_[server].clear();
+  // What the connection's queue holds goes with its socket (linger 0).
+  if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) {
+    LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " again: " << s;
+  }
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
@@ -230,11 +230,16 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
       return absl::OkStatus();
     }
   }
-  // A socket of its own for the new endpoint, made before the old one goes
-  // (what can fail comes first): the old socket's connection could report
-  // its handshake after a disconnect, which was taken for the new
-  // connection's, and what was sent then went to the closing one and was
-  // lost (review20).
+  if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  addresses_[server] = address;
+  server_keys_[server] = endpoint.curve_public_key;
+  failed_[server] = removed_;
+  return absl::OkStatus();
+}
+
+absl::Status DataChannel::ReplaceSocket(uint32_t server, const ServerEndpoint& endpoint) {
+  // What can fail comes before the old socket goes.
   absl::StatusOr<ServerSocket> made = OpenSocket(server, endpoint);
   if (!made.ok()) return made.status();
   const int fd = made->socket.get(zmq::sockopt::fd);
@@ -249,9 +254,6 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
   connected_[server] = false;
   reconnecting_[server] = false;
   absl::MutexLock lock(&mu_);
-  addresses_[server] = address;
-  server_keys_[server] = endpoint.curve_public_key;
-  failed_[server] = removed_;
   // Pollers that copied the old descriptors find them closed and copy again.
   fds_[2 * server] = fd;
   fds_[2 * server + 1] = monitor_fd;

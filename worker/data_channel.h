@@ -113,8 +113,7 @@ class DataChannel {
   // (the scheduler declared it dead), once, before its requests are re-sent
   // elsewhere: held for a reconnection, they would, should a replacement
   // listen at the same address, go to it after their re-sent copies were
-  // answered. Its connection is left as it is: ZeroMQ queues nothing for a
-  // connection that is not up (immediate).
+  // answered. The socket is made anew, and what its connection held goes.
   void DropQueued(uint32_t server);
 
   // Fails every request to `server`, waiting or submitted later, with
@@ -197,6 +196,12 @@ class DataChannel {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Opens the socket of server index servers() (one more server).
   absl::Status AddServer(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Replaces `server`'s socket (and what its connection holds) by a new one
+  // connected to `endpoint`. Not the old socket disconnected and connected
+  // again: the old connection could report its handshake after that, which
+  // was taken for the new one's, and what was sent then went to the closing
+  // connection and was lost (review20).
+  absl::Status ReplaceSocket(uint32_t server, const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   // Makes the connection watcher poll the monitors again (or stop).
   void WakeWatcher();
   // Handles what `server`'s connection monitor reports. A connection that
