@@ -10,8 +10,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,18 +43,17 @@ struct FakeServer {
     socket.bind(at);
     address = socket.get(zmq::sockopt::last_endpoint);
   }
-  // Receives `n` requests (peer, header, payload frames) within `timeout_ms`.
-  std::vector<DataHeader> Receive(size_t n, int timeout_ms = 10000) {
+  // Receives `n` requests (peer, header, payload frames) within `timeout_ms`;
+  // their payloads (empty where none) go to `payloads` when given.
+  std::vector<DataHeader> Receive(size_t n, int timeout_ms = 10000, std::vector<zmq::message_t>* payloads = nullptr) {
     std::vector<DataHeader> got;
     zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
     while (got.size() < n && zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) > 0) {
-      zmq::message_t peer, head;
+      zmq::message_t peer, head, payload;
       (void)socket.recv(peer);
       (void)socket.recv(head);
-      if (head.more()) {
-        zmq::message_t payload;
-        (void)socket.recv(payload);
-      }
+      if (head.more()) (void)socket.recv(payload);
+      if (payloads != nullptr) payloads->push_back(std::move(payload));
       auto header = ParseDataHeader(head);
       EXPECT_TRUE(header.ok()) << header.status();
       if (header.ok()) got.push_back(*header);
@@ -777,6 +778,133 @@ TEST(DataChannelTest, ABreakNoticedAfterTheCutHealedSendsNothingAheadOfTheReques
   link.relay.Heal();
   link.ExpectAllThreeInOrder();
   EXPECT_TRUE(link.server.Receive(1, 300).empty()) << "a request arrived twice on the new connection";
+}
+
+// review20: a push whose old primary had answered it, the answer not yet
+// waited for (the caller computes), is re-routed to a new primary (a
+// hand-off; a failover the old one answered just before). Sent from the
+// caller's buffer, ZeroMQ went on reading that buffer after the Wait that
+// took the old primary's answer returned OK, when the caller may reuse it:
+// the new primary got what the caller wrote there next (or, freed, whatever
+// the memory held). A request sent again reads the buffer only while its
+// handle is outstanding.
+TEST(DataChannelTest, ARequestSentAgainNeverReadsTheCallersBufferOnceItsWaitReturned) {
+  zmq::context_t context;
+  FakeServer old_primary(context), new_primary(context);
+  CuttableRelay slow_link(new_primary.address);
+  auto channel = DataChannel::Create({{old_primary.address, "", false}, {slow_link.address(), "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
+  const uint64_t push = SubmitPush(**channel, gradient, 0);
+  std::vector<DataHeader> got = old_primary.Receive(1);
+  ASSERT_EQ(got.size(), 1u);
+  old_primary.AnswerWeights(0, got[0], 1, 0);
+  absl::SleepFor(absl::Milliseconds(300));  // the answer reaches the worker, unread
+  slow_link.Slow(absl::Milliseconds(2));    // the copy sent again takes seconds to cross
+  EXPECT_EQ((*channel)->Reroute({{7, 1}}, 2), 1);
+  const absl::Status waited = (*channel)->Wait(push, absl::Seconds(10));
+  ASSERT_TRUE(waited.ok()) << waited;
+  std::fill(gradient.begin(), gradient.end(), -7.0f);  // the caller reuses its buffer
+  std::vector<zmq::message_t> payloads;
+  ASSERT_EQ(new_primary.Receive(1, 30000, &payloads).size(), 1u);
+  ASSERT_EQ(payloads[0].size(), gradient.size() * sizeof(float));
+  const float* sent = payloads[0].data<float>();
+  EXPECT_EQ(std::count(sent, sent + gradient.size(), 1.0f), static_cast<std::ptrdiff_t>(gradient.size()))
+      << "the copy sent again carried what the caller wrote after its Wait returned";
+}
+
+// review20: a server is declared dead while its connection is up and a large
+// push is still crossing it (a slow link). The push is re-routed to the new
+// primary, which answers, and the caller reuses its buffer. A connection
+// left open went on reading the buffer for the rest of the old copy after
+// the Wait returned OK (the old server got what the caller wrote next); the
+// drop ends it.
+TEST(DataChannelTest, ADropEndsWhatTheDeadServersConnectionWasStillSendingFromTheCallersBuffer) {
+  zmq::context_t context;
+  FakeServer dead(context), new_primary(context);
+  CuttableRelay slow_link(dead.address);
+  auto channel = DataChannel::Create({{slow_link.address(), "", false}, {new_primary.address, "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  absl::SleepFor(absl::Milliseconds(200));  // both connected
+  slow_link.Slow(absl::Milliseconds(2));    // the push takes seconds to cross
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
+  const uint64_t push = SubmitPush(**channel, gradient, 0);
+  absl::SleepFor(absl::Milliseconds(200));  // part of it crossed
+  (*channel)->DropQueued(0);
+  EXPECT_EQ((*channel)->Reroute({{7, 1}}, 2), 1);
+  std::vector<DataHeader> got = new_primary.Receive(1);
+  ASSERT_EQ(got.size(), 1u);
+  new_primary.AnswerWeights(0, got[0], 1, 0);
+  const absl::Status waited = (*channel)->Wait(push, absl::Seconds(10));
+  ASSERT_TRUE(waited.ok()) << waited;
+  std::fill(gradient.begin(), gradient.end(), -7.0f);  // the caller reuses its buffer
+  std::vector<zmq::message_t> payloads;
+  (void)dead.Receive(1, 5000, &payloads);  // the whole push crosses in about 3 s
+  for (const zmq::message_t& payload : payloads) {
+    const float* sent = payload.data<float>();
+    EXPECT_EQ(std::count(sent, sent + payload.size() / sizeof(float), -7.0f), 0)
+        << "the dead server got what the caller wrote after its Wait returned";
+  }
+}
+
+// Submits a push to server 0 and answers every copy of it that reaches
+// `server`, on the connection it came by, until the channel hands the push
+// back; DEADLINE_EXCEEDED when that takes over 3 s (the push was lost).
+absl::Status PushAnswered(DataChannel& channel, FakeServer& server) {
+  static const std::vector<float> gradient(4, 1.0f);  // borrowed: may outlive a lost push's handle
+  const uint64_t push = SubmitPush(channel, gradient, 0);
+  absl::Status status;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(3); absl::Now() < deadline;) {
+    const size_t first = server.peers.size();
+    std::vector<DataHeader> got = server.Receive(1, 10);
+    for (size_t i = 0; i < got.size(); ++i) server.AnswerWeights(first + i, got[i], 1, 0);
+    if (channel.WaitAny(absl::MakeConstSpan(&push, 1), absl::Milliseconds(10), &status).ok()) return status;
+  }
+  return channel.Wait(push, absl::ZeroDuration());
+}
+
+// review20: a map declares a server dead (or replaced) just as the worker's
+// connection to that address completes its handshake. DropQueued closed the
+// connection and made it again; the old one's report of its handshake,
+// read after that, was taken for the new one's, and a push was written to
+// the connection being closed: lost, never sent again, and the caller
+// waited out its timeout. The drop leaves the connection alone.
+TEST(DataChannelTest, APushAfterADropAsTheConnectionCompletesItsHandshakeReachesTheServer) {
+  zmq::context_t context;
+  FakeServer server(context);
+  // The handshake and the drop race: many channels, each dropped at another
+  // moment of its first connection (without the fix one of the first few
+  // dozen lost its push).
+  for (int attempt = 0; attempt < 400; ++attempt) {
+    auto channel = DataChannel::Create({{server.address, "", false}}, 0);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    absl::SleepFor(absl::Microseconds(50 * (attempt % 20)));  // the handshake takes about 0.3 ms
+    (*channel)->DropQueued(0);
+    const absl::Status pushed = PushAnswered(**channel, server);
+    ASSERT_TRUE(pushed.ok()) << "attempt " << attempt << ": " << pushed;
+  }
+}
+
+// review20: a server index moves to another address (a process elsewhere
+// took a dead one's place) just as the connection to the old address
+// completes its handshake. Readdress ended that connection and connected
+// the same socket to the new address; the old connection's report of its
+// handshake, read after that, was taken for the new one's, and a push was
+// written to the connection being closed: lost, never sent again.
+TEST(DataChannelTest, APushAfterAReaddressAsTheOldConnectionCompletesItsHandshakeReachesTheNewAddress) {
+  zmq::context_t context;
+  FakeServer old_server(context), new_server(context);
+  // As in the test above (without the fix one of the first few dozen lost
+  // its push).
+  for (int attempt = 0; attempt < 400; ++attempt) {
+    auto channel = DataChannel::Create({{old_server.address, "", false}}, 0);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    absl::SleepFor(absl::Microseconds(50 * (attempt % 20)));  // the handshake takes about 0.3 ms
+    ASSERT_TRUE((*channel)->Readdress(0, {new_server.address, "", false}).ok());
+    const absl::Status pushed = PushAnswered(**channel, new_server);
+    ASSERT_TRUE(pushed.ok()) << "attempt " << attempt << ": " << pushed;
+    EXPECT_TRUE(old_server.Receive(1, 0).empty()) << "attempt " << attempt << ": sent to the old address";
+  }
 }
 
 // review19: ZeroMQ's heartbeat timeout counts whole messages, and a peer's

@@ -131,11 +131,10 @@ absl::StatusOr<PeerSeal*> DataChannel::Secure(zmq::socket_t& socket, size_t serv
   return nullptr;
 }
 
-absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
-  const size_t index = servers_.size();
+absl::StatusOr<DataChannel::ServerSocket> DataChannel::OpenSocket(size_t index, const ServerEndpoint& endpoint) {
   auto made = MakeSocket(context_, zmq::socket_type::dealer,
                          absl::StrCat("worker ", rank_, ": socket to server ", index, " at '", endpoint.address, "'"),
-                         (index == 0 ? kFirstSocketDescriptors : kSocketDescriptors) + kWatchDescriptors);
+                         (servers_.empty() ? kFirstSocketDescriptors : kSocketDescriptors) + kWatchDescriptors);
   if (!made.ok()) return made.status();
   zmq::socket_t s = *std::move(made);
   s.set(zmq::sockopt::sndhwm, 0);
@@ -154,7 +153,7 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   absl::StatusOr<PeerSeal*> seal = Secure(s, index, endpoint);
   if (!seal.ok()) return seal.status();
   // inproc names are the channel's own: it has its own context.
-  auto monitor = WatchConnections(context_, s, absl::StrCat("inproc://shardps-data-", index),
+  auto monitor = WatchConnections(context_, s, absl::StrCat("inproc://shardps-data-", sockets_opened_++),
                                   ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
   if (!monitor.ok()) return absl::InternalError(absl::StrCat("server ", index, ": ", monitor.status().message()));
   try {
@@ -163,14 +162,20 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot connect to server ", index, " at '", endpoint.address, "': ", e.what()));
   }
-  const int fd = s.get(zmq::sockopt::fd);
-  const int monitor_fd = monitor->get(zmq::sockopt::fd);
-  servers_.push_back(std::move(s));
-  monitors_.push_back(*std::move(monitor));
+  return ServerSocket{std::move(s), *std::move(monitor), *seal};
+}
+
+absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
+  absl::StatusOr<ServerSocket> made = OpenSocket(servers_.size(), endpoint);
+  if (!made.ok()) return made.status();
+  const int fd = made->socket.get(zmq::sockopt::fd);
+  const int monitor_fd = made->monitor.get(zmq::sockopt::fd);
+  servers_.push_back(std::move(made->socket));
+  monitors_.push_back(std::move(made->monitor));
   reconnecting_.push_back(false);
   connected_.push_back(false);
   unsent_.emplace_back();
-  seal_of_server_.push_back(*seal);
+  seal_of_server_.push_back(made->seal);
   absl::MutexLock lock(&mu_);
   addresses_.push_back(endpoint.address);
   server_keys_.push_back(endpoint.curve_public_key);
@@ -178,11 +183,14 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   fds_.push_back(fd);
   fds_.push_back(monitor_fd);
   monitor_fds_.push_back(monitor_fd);
-  if (watch_fd_ >= 0) {
-    const uint64_t one = 1;  // the watcher polls the new monitor too
-    (void)write(watch_fd_, &one, sizeof(one));
-  }
+  WakeWatcher();  // it polls the new monitor too
   return absl::OkStatus();
+}
+
+void DataChannel::WakeWatcher() {
+  if (watch_fd_ < 0) return;
+  const uint64_t one = 1;
+  (void)write(watch_fd_, &one, sizeof(one));
 }
 
 size_t DataChannel::servers() const {
@@ -204,36 +212,19 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
   WakePoller();
 }
 
-void DataChannel::Disconnect(uint32_t server, const std::string& address) {
-  try {
-    servers_[server].disconnect(address);
-  } catch (const zmq::error_t&) {
-    // Already gone: nothing to undo.
-  }
-}
-
-void DataChannel::Reconnect(uint32_t server, const std::string& address) {
-  // With linger 0 the old connection's pipe goes with what it holds.
-  Disconnect(server, address);
-  connected_[server] = false;
-  try {
-    servers_[server].connect(address);
-  } catch (const zmq::error_t& e) {
-    LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " at '" << address
-               << "' again: " << e.what();
-  }
-}
-
 void DataChannel::DropQueued(uint32_t server) {
   absl::MutexLock io_lock(&io_mu_);
-  std::string address;
+  ServerEndpoint endpoint;
   {
     absl::MutexLock lock(&mu_);
     if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
-    address = addresses_[server];
+    endpoint = {addresses_[server], server_keys_[server], seal_of_server_[server] != nullptr};
   }
   unsent_[server].clear();
-  Reconnect(server, address);
+  // What the connection's queue holds goes with its socket (linger 0).
+  if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) {
+    LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " again: " << s;
+  }
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
@@ -254,7 +245,6 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
                                                    servers_.size(), " servers and adds them in index order"));
   }
   if (server == servers_.size()) return AddServer(endpoint);  // one more server joined the job
-  std::string old;
   {
     absl::MutexLock lock(&mu_);
     if (addresses_[server] == address && server_keys_[server] == endpoint.curve_public_key) {
@@ -263,21 +253,8 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
       failed_[server] = removed_;
       return absl::OkStatus();
     }
-    old = addresses_[server];
   }
-  // What can fail comes before the old connection goes; the socket options
-  // apply to the connection made next.
-  absl::StatusOr<PeerSeal*> seal = Secure(servers_[server], server, endpoint);
-  if (!seal.ok()) return seal.status();
-  Disconnect(server, old);
-  try {
-    servers_[server].connect(address);
-  } catch (const zmq::error_t& e) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot connect to server ", server, " at '", address,
-                                                   "': ", e.what()));
-  }
-  seal_of_server_[server] = *seal;
-  connected_[server] = false;
+  if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   addresses_[server] = address;
   server_keys_[server] = endpoint.curve_public_key;
@@ -285,11 +262,34 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
   return absl::OkStatus();
 }
 
+absl::Status DataChannel::ReplaceSocket(uint32_t server, const ServerEndpoint& endpoint) {
+  // What can fail comes before the old socket goes.
+  absl::StatusOr<ServerSocket> made = OpenSocket(server, endpoint);
+  if (!made.ok()) return made.status();
+  const int fd = made->socket.get(zmq::sockopt::fd);
+  const int monitor_fd = made->monitor.get(zmq::sockopt::fd);
+  // The old socket's monitor stops first: ZeroMQ's I/O thread reports its
+  // connections' ends to it with a blocking send, which with the reader
+  // closed never returned and stalled every socket of the channel.
+  (void)zmq_socket_monitor(servers_[server].handle(), nullptr, 0);
+  servers_[server] = std::move(made->socket);  // closes the old one; linger 0 drops its queue
+  monitors_[server] = std::move(made->monitor);
+  seal_of_server_[server] = made->seal;
+  connected_[server] = false;
+  reconnecting_[server] = false;
+  absl::MutexLock lock(&mu_);
+  // Pollers that copied the old descriptors find them closed and copy again.
+  fds_[2 * server] = fd;
+  fds_[2 * server + 1] = monitor_fd;
+  monitor_fds_[server] = monitor_fd;
+  WakeWatcher();
+  return absl::OkStatus();
+}
+
 DataChannel::~DataChannel() {
   if (watcher_.joinable()) {
     stop_watching_ = true;
-    const uint64_t one = 1;
-    (void)write(watch_fd_, &one, sizeof(one));
+    WakeWatcher();
     watcher_.join();
   }
   if (watch_fd_ >= 0) close(watch_fd_);
@@ -451,11 +451,18 @@ int DataChannel::Flush(uint32_t server) {
     auto p = pending_.find(*it);
     if (p == pending_.end() || p->second.server != server) continue;  // answered, timed out, or moved
     Pending& request = p->second;
-    zmq::message_t encoded;
-    if (request.encoded.size() > 0) encoded.copy(request.encoded);
-    if (!SendRequest(server, request.header, request.payload, request.encoded.size() > 0 ? &encoded : nullptr)) {
-      break;
+    // A copy of a borrowed payload, made while the handle is outstanding: an
+    // earlier copy of the request (the old primary's, before a re-route) can
+    // be answered while this one is still being sent, and its caller may
+    // then reuse the buffer.
+    const bool has_payload = request.encoded.size() > 0 || request.payload != nullptr;
+    zmq::message_t frame;
+    if (request.encoded.size() > 0) {
+      frame.copy(request.encoded);
+    } else if (request.payload != nullptr) {
+      frame.rebuild(request.payload, request.num_elements * sizeof(float));
     }
+    if (!SendRequest(server, request.header, nullptr, has_payload ? &frame : nullptr)) break;
     ++sent;
   }
   return sent;

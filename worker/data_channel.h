@@ -113,7 +113,7 @@ class DataChannel {
   // (the scheduler declared it dead), once, before its requests are re-sent
   // elsewhere: held for a reconnection, they would, should a replacement
   // listen at the same address, go to it after their re-sent copies were
-  // answered. The socket connects to the address again.
+  // answered. The socket is made anew, and what its connection held goes.
   void DropQueued(uint32_t server);
 
   // Fails every request to `server`, waiting or submitted later, with
@@ -137,7 +137,7 @@ class DataChannel {
 
   // Server index `server` is live at `endpoint` (e.g. a server took a dead
   // one's place, at another address or the same): requests to it are sent
-  // again, and its socket reconnects there, with the new CURVE key if it has
+  // again, and a new socket connects there, with the new CURVE key if it has
   // one, unless address and key are the ones it has. The index one past the
   // last is a server that joined the job: the channel connects to it.
   absl::Status Readdress(uint32_t server, const ServerEndpoint& endpoint);
@@ -187,14 +187,27 @@ class DataChannel {
   // plain. Returns the seal toward a sealed server, else null.
   absl::StatusOr<PeerSeal*> Secure(zmq::socket_t& socket, size_t server, const ServerEndpoint& endpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  // Opens the socket of server index servers() (one more server) and
-  // connects it to `endpoint`.
+  // A server's socket, its connection monitor (the PAIR socket its
+  // connection events arrive on) and the seal toward it (null: CURVE or
+  // plain).
+  struct ServerSocket {
+    zmq::socket_t socket, monitor;
+    PeerSeal* seal = nullptr;
+  };
+  // Opens a socket to `endpoint` (server index `index`, for errors) with its
+  // options, security and monitor, and connects it.
+  absl::StatusOr<ServerSocket> OpenSocket(size_t index, const ServerEndpoint& endpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Opens the socket of server index servers() (one more server).
   absl::Status AddServer(const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  // Ends `server`'s socket's connection to `address` (and what its pipe
-  // holds); one already gone is no error.
-  void Disconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
-  // Drops what `server`'s connection holds and connects to `address` again.
-  void Reconnect(uint32_t server, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Replaces `server`'s socket (and what its connection holds) by a new one
+  // connected to `endpoint`. Not the old socket disconnected and connected
+  // again: the old connection could report its handshake after that, which
+  // was taken for the new one's, and what was sent then went to the closing
+  // connection and was lost (review20).
+  absl::Status ReplaceSocket(uint32_t server, const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // Makes the connection watcher poll the monitors again (or stop).
+  void WakeWatcher();
   // Handles what `server`'s connection monitor reports. A connection that
   // broke after its handshake lost the bytes in flight on it (ZeroMQ drops
   // what its queue held with it: ZMQ_IMMEDIATE), so every request waiting
@@ -276,8 +289,9 @@ class DataChannel {
   // channel. It takes io_mu_ only on an event.
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
-  int watch_fd_ = -1;  // eventfd: stop, or a server joined (poll its monitor too)
+  int watch_fd_ = -1;  // eventfd: stop, or a monitor joined or changed (poll it too)
   std::vector<int> monitor_fds_ ABSL_GUARDED_BY(mu_);
+  uint64_t sockets_opened_ ABSL_GUARDED_BY(io_mu_) = 0;  // names each monitor's inproc endpoint
 
   mutable absl::Mutex mu_;
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
