@@ -218,8 +218,7 @@ class ParameterServerImpl : public ParameterServer {
     }
     socket_.set(zmq::sockopt::linger, 2000);
     socket_.close();
-    peers_.clear();
-    peer_monitors_.clear();
+    for (uint32_t s = 0; s < peers_.size(); ++s) ClosePeer(s);
     if (metrics_) metrics_->MaybePublish(*engine_, /*force=*/true);
     const EngineStats& s = engine_->stats();
     LOG(INFO) << "server " << index_ << " stopped: " << s.requests << " requests, " << s.errors << " errors, "
@@ -615,6 +614,17 @@ class ParameterServerImpl : public ParameterServer {
     return peer_seals_->For(peer_keys_[server]);
   }
 
+  // Closes the socket to backup `server` and its monitor, if any. The
+  // monitor stops first: ZeroMQ's I/O thread reports a connection's end to
+  // it with a blocking send, which with the reader closed before the socket
+  // is gone never returns, and stalls every socket of the context (review20,
+  // seen in the worker's DataChannel).
+  void ClosePeer(uint32_t server) {
+    if (server < peers_.size() && peers_[server]) (void)zmq_socket_monitor(peers_[server]->handle(), nullptr, 0);
+    if (server < peers_.size()) peers_[server].reset();
+    if (server < peer_monitors_.size()) peer_monitors_[server].reset();
+  }
+
   // Heartbeats on a connection to a backup (as a worker's DataChannel does:
   // TCP alone sends again only at its next backed-off retransmission, so a
   // 30 s cut between two servers stalled their partitions' rounds 53-55 s)
@@ -723,8 +733,7 @@ class ParameterServerImpl : public ParameterServer {
         continue;
       }
       // A server that joined in a dead one's place: connect to it afresh.
-      if (s.index() < peers_.size()) peers_[s.index()].reset();
-      if (s.index() < peer_monitors_.size()) peer_monitors_[s.index()].reset();
+      ClosePeer(s.index());
       peer_addresses_[s.index()] = s.data_address();
       peer_keys_[s.index()] = s.curve_public_key();
       peer_sealed_[s.index()] = s.sealed_data();
