@@ -879,8 +879,9 @@ std::string ClusterState::FailOver(uint32_t dead) {
                     "was, or none had reported yet)");
   }
   if (lost > 0) {
-    absl::StrAppend(&out, "; ", Counted(lost, "partition", "partitions"), " had no live replica and ",
-                    lost == 1 ? "is" : "are", " lost");
+    absl::StrAppend(&out, "; ",
+                    Counted(lost, "partition had no live replica and is lost",
+                            "partitions had no live replica and are lost"));
   }
   if (incomplete > 0) {
     absl::StrAppend(&out, " (", incomplete, " of them with only copies still being re-created, which their ",

@@ -680,6 +680,14 @@ class ControlledScheduler : public SchedulerClient {
   bool isolated_ ABSL_GUARDED_BY(deliver_mu_) = false;
 };
 
+// A ControlledScheduler forwarding to the scheduler at `address`; null
+// (and a failure) when no client of it can be made.
+std::shared_ptr<ControlledScheduler> Controlled(const std::string& address) {
+  auto real = SchedulerClient::Create(address);
+  EXPECT_TRUE(real.ok()) << real.status();
+  return real.ok() ? std::make_shared<ControlledScheduler>(*std::move(real)) : nullptr;
+}
+
 // Runs a server's engine on a thread, stopped and joined when it goes out of
 // scope: a failed ASSERT must not leave the thread joinable.
 class EngineThread {
@@ -717,9 +725,8 @@ TEST(FailureTest, AWorkerFailsRequestsToAServerTheMapDeclaresDeadAtOnceNamingIt)
   config.set_consistency(ASYNC);  // pulls are answered at once, whatever was pushed
   auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto real = SchedulerClient::Create((*cluster)->scheduler_address());
-  ASSERT_TRUE(real.ok());
-  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto scheduler = Controlled((*cluster)->scheduler_address());
+  ASSERT_NE(scheduler, nullptr);
   auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE((*worker)->DefineTensors({Tensor("w", 1000)}).ok());
@@ -829,9 +836,8 @@ TEST(FailureTest, DefineTensorsIsAskedAgainAfterADroppedConnectionUntilItsDeadli
   auto server = ParameterServer::Create({.scheduler_address = (*daemon)->address(), .bind_address = "tcp://127.0.0.1:0"});
   ASSERT_TRUE(server.ok()) << server.status();
   EngineThread engine(**server);
-  auto real = SchedulerClient::Create((*daemon)->address());
-  ASSERT_TRUE(real.ok());
-  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto scheduler = Controlled((*daemon)->address());
+  ASSERT_NE(scheduler, nullptr);
   auto worker = Worker::Create({.scheduler_address = (*daemon)->address(), .rank = 0, .scheduler_client = scheduler});
   ASSERT_TRUE(worker.ok()) << worker.status();
   scheduler->DropDefineTensors(2);
@@ -851,9 +857,8 @@ TEST(FailureTest, AServerKeepsServingWhenItsSchedulerDies) {
   config.set_heartbeat_interval_ms(50);
   auto daemon = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = config});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  auto real = SchedulerClient::Create((*daemon)->address());
-  ASSERT_TRUE(real.ok());
-  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto scheduler = Controlled((*daemon)->address());
+  ASSERT_NE(scheduler, nullptr);
   auto server = ParameterServer::Create({.bind_address = "tcp://127.0.0.1:0", .scheduler_client = scheduler});
   ASSERT_TRUE(server.ok()) << server.status();
   EngineThread engine(**server);
@@ -884,9 +889,8 @@ TEST(FailureTest, APrimaryDoesNotHammerABackupThatEndsItsConnectionsInTheHandsha
   config.set_replication(2);
   auto daemon = SchedulerDaemon::Create({.listen_address = "127.0.0.1:0", .config = config});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  auto real = SchedulerClient::Create((*daemon)->address());
-  ASSERT_TRUE(real.ok());
-  auto scheduler = std::make_shared<ControlledScheduler>(*std::move(real));
+  auto scheduler = Controlled((*daemon)->address());
+  ASSERT_NE(scheduler, nullptr);
   auto primary = ParameterServer::Create({.bind_address = "tcp://127.0.0.1:0", .scheduler_client = scheduler});
   ASSERT_TRUE(primary.ok()) << primary.status();
   EngineThread primary_engine(**primary);

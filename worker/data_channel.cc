@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "common/data_message.h"
 #include "common/file_descriptors.h"
+#include "common/names.h"
 #include "common/security.h"
 
 namespace shardps {
@@ -79,8 +80,8 @@ void DataChannel::WatchLoop() {
     std::vector<pollfd> fds;
     {
       absl::MutexLock lock(&mu_);  // a server that joins adds one
-      fds.reserve(monitor_fds_.size() + 1);
-      for (int fd : monitor_fds_) fds.push_back({fd, POLLIN, 0});
+      fds.reserve(fds_.size() / 2 + 1);
+      for (size_t i = 1; i < fds_.size(); i += 2) fds.push_back({fds_[i], POLLIN, 0});  // the monitors
     }
     fds.push_back({watch_fd_, POLLIN, 0});
     (void)poll(fds.data(), fds.size(), -1);
@@ -182,7 +183,6 @@ absl::Status DataChannel::AddServer(const ServerEndpoint& endpoint) {
   failed_.push_back(removed_);  // a removed worker refuses the new server's requests too
   fds_.push_back(fd);
   fds_.push_back(monitor_fd);
-  monitor_fds_.push_back(monitor_fd);
   WakeWatcher();  // it polls the new monitor too
   return absl::OkStatus();
 }
@@ -281,7 +281,6 @@ absl::Status DataChannel::ReplaceSocket(uint32_t server, const ServerEndpoint& e
   // Pollers that copied the old descriptors find them closed and copy again.
   fds_[2 * server] = fd;
   fds_[2 * server + 1] = monitor_fd;
-  monitor_fds_[server] = monitor_fd;
   WakeWatcher();
   return absl::OkStatus();
 }
@@ -509,8 +508,7 @@ void DataChannel::WatchConnection(uint32_t server) {
         << "worker " << rank_ << ": the connection to server " << server << " (" << address
         << ") broke (closed, nothing acknowledged within " << absl::FormatDuration(watch_.heartbeat_timeout)
         << ", or no message within " << absl::FormatDuration(watch_.silent_timeout)
-        << "); what waited for it (" << waiting << (waiting == 1 ? " request" : " requests")
-        << ") is sent again on the next one";
+        << "); what waited for it (" << Counted(waiting, "request", "requests") << ") is sent again on the next one";
   }
 }
 

@@ -281,7 +281,8 @@ class DataChannel {
   std::unique_ptr<PeerSeals> seals_ ABSL_GUARDED_BY(io_mu_);
   std::vector<PeerSeal*> seal_of_server_ ABSL_GUARDED_BY(io_mu_);
   DataHeader response_ ABSL_GUARDED_BY(io_mu_);
-  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);  // the sockets' and monitors' ZMQ_FDs
+  // Per server, its socket's ZMQ_FD then its monitor's.
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
   int wake_fd_ = -1;      // eventfd: a sender drained answers a poller may wait for
   // The connection watcher: a thread that handles the monitors' events as
   // they come (WatchConnection, then Flush), so that requests held for a
@@ -290,7 +291,6 @@ class DataChannel {
   std::thread watcher_;
   std::atomic<bool> stop_watching_{false};
   int watch_fd_ = -1;  // eventfd: stop, or a monitor joined or changed (poll it too)
-  std::vector<int> monitor_fds_ ABSL_GUARDED_BY(mu_);
   uint64_t sockets_opened_ ABSL_GUARDED_BY(io_mu_) = 0;  // names each monitor's inproc endpoint
 
   mutable absl::Mutex mu_;
