@@ -644,10 +644,13 @@ class ParameterServerImpl : public ParameterServer {
   }
 
   // A connection to a backup that broke (closed, or no answer to a
-  // heartbeat) lost what was in flight on it: its queue goes too (what
-  // follows the lost bytes), the socket connects again, and every
-  // partition with updates that backup has not confirmed sends it a
-  // snapshot (PartitionEngine::ConnectionToBackupBroke).
+  // heartbeat) lost what was in flight on it: its socket goes, and its queue
+  // with it (what follows the lost bytes), and every partition with updates
+  // that backup has not confirmed sends it a snapshot
+  // (PartitionEngine::ConnectionToBackupBroke) on a socket made anew
+  // (SendToPeer). Not the socket disconnected and connected again: the old
+  // connection could report its handshake after that, taken for the new
+  // one's, as review20 found in the worker's DataChannel.
   void WatchPeers() {
     for (uint32_t s = 0; s < peer_monitors_.size(); ++s) {
       if (!peer_monitors_[s] || s >= peers_.size() || !peers_[s]) continue;
@@ -665,18 +668,7 @@ class ParameterServerImpl : public ParameterServer {
       // intact and reconnect_ivl apart. Made again here, with snapshots, a
       // backup refusing the handshake was hammered every turn of the loop.
       if (!broke) continue;
-      try {
-        peers_[s]->disconnect(peer_addresses_[s]);
-      } catch (const zmq::error_t&) {
-        // Already gone.
-      }
-      try {
-        peers_[s]->connect(peer_addresses_[s]);
-      } catch (const zmq::error_t& e) {
-        LOG(ERROR) << "server " << index_ << ": cannot connect to backup server " << s << " at '"
-                   << peer_addresses_[s] << "' again: " << e.what();
-      }
-      peer_handshaken_[s] = false;
+      ClosePeer(s);
       // Said where it cost something: a backup that stops at the end of the
       // job closes its connection too.
       std::vector<uint64_t> resent = engine_->ConnectionToBackupBroke(s);
