@@ -88,11 +88,6 @@ zmq::message_t HeaderFrame(DataHeader& header) {
   return frame;
 }
 
-zmq::message_t BorrowedFrame(const void* data, size_t bytes) {
-  // ZeroMQ does not free memory when the free function is null.
-  return zmq::message_t(const_cast<void*>(data), bytes, nullptr, nullptr);
-}
-
 int PollOrInterrupted(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout) {
   try {
     return zmq::poll(items, count, timeout);

@@ -27,10 +27,6 @@ absl::Status ParseDataHeaderInto(const void* data, size_t size, DataHeader* head
 // Serialises `header` (stamping the protocol version) into a frame.
 zmq::message_t HeaderFrame(DataHeader& header);
 
-// A frame that points at caller memory without copying. The memory must stay
-// valid until the message is sent (the caller waits for the answer).
-zmq::message_t BorrowedFrame(const void* data, size_t bytes);
-
 // zmq::poll that treats a signal's interruption (EINTR) as "nothing ready"
 // instead of throwing; daemons poll while SIGTERM may arrive.
 int PollOrInterrupted(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout);

@@ -813,16 +813,26 @@ TEST(DataChannelTest, ARequestSentAgainNeverReadsTheCallersBufferOnceItsWaitRetu
       << "the copy sent again carried what the caller wrote after its Wait returned";
 }
 
-// review20: a server is declared dead while its connection is up and a large
-// push is still crossing it (a slow link). The push is re-routed to the new
-// primary, which answers, and the caller reuses its buffer. A connection
-// left open went on reading the buffer for the rest of the old copy after
-// the Wait returned OK (the old server got what the caller wrote next); the
-// drop ends it.
-TEST(DataChannelTest, ADropEndsWhatTheDeadServersConnectionWasStillSendingFromTheCallersBuffer) {
+// Whatever `server` receives within 5 s (the whole push crosses a link
+// slowed by 2 ms a read in about 3 s) carries nothing the caller wrote
+// (-7) after its Wait returned.
+void ExpectNothingWrittenAfterTheWaitReaches(FakeServer& server, absl::string_view who) {
+  std::vector<zmq::message_t> payloads;
+  (void)server.Receive(1, 5000, &payloads);
+  for (const zmq::message_t& payload : payloads) {
+    const float* sent = payload.data<float>();
+    EXPECT_EQ(std::count(sent, sent + payload.size() / sizeof(float), -7.0f), 0)
+        << who << " got what the caller wrote after its Wait returned";
+  }
+}
+
+// A 64 MB push to server 0 behind a slow link is re-routed, part of it
+// crossed, to server 1, which answers; the caller reuses its buffer once the
+// Wait returned OK. `drop`: server 0 was declared dead first (DropQueued).
+void PushHandedOverFromASlowLink(bool drop) {
   zmq::context_t context;
-  FakeServer dead(context), new_primary(context);
-  CuttableRelay slow_link(dead.address);
+  FakeServer old_primary(context), new_primary(context);
+  CuttableRelay slow_link(old_primary.address);
   auto channel = DataChannel::Create({{slow_link.address(), "", false}, {new_primary.address, "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
   absl::SleepFor(absl::Milliseconds(200));  // both connected
@@ -830,7 +840,7 @@ TEST(DataChannelTest, ADropEndsWhatTheDeadServersConnectionWasStillSendingFromTh
   std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
   const uint64_t push = SubmitPush(**channel, gradient, 0);
   absl::SleepFor(absl::Milliseconds(200));  // part of it crossed
-  (*channel)->DropQueued(0);
+  if (drop) (*channel)->DropQueued(0);
   EXPECT_EQ((*channel)->Reroute({{7, 1}}, 2), 1);
   std::vector<DataHeader> got = new_primary.Receive(1);
   ASSERT_EQ(got.size(), 1u);
@@ -838,13 +848,46 @@ TEST(DataChannelTest, ADropEndsWhatTheDeadServersConnectionWasStillSendingFromTh
   const absl::Status waited = (*channel)->Wait(push, absl::Seconds(10));
   ASSERT_TRUE(waited.ok()) << waited;
   std::fill(gradient.begin(), gradient.end(), -7.0f);  // the caller reuses its buffer
-  std::vector<zmq::message_t> payloads;
-  (void)dead.Receive(1, 5000, &payloads);  // the whole push crosses in about 3 s
-  for (const zmq::message_t& payload : payloads) {
-    const float* sent = payload.data<float>();
-    EXPECT_EQ(std::count(sent, sent + payload.size() / sizeof(float), -7.0f), 0)
-        << "the dead server got what the caller wrote after its Wait returned";
-  }
+  ExpectNothingWrittenAfterTheWaitReaches(old_primary, drop ? "the dead server" : "the old primary");
+}
+
+// review20: a server is declared dead while its connection is up and a large
+// push is still crossing it (a slow link). The push is re-routed to the new
+// primary, which answers, and the caller reuses its buffer. A connection
+// left open went on reading the buffer for the rest of the old copy after
+// the Wait returned OK (the old server got what the caller wrote next); the
+// drop ends it.
+TEST(DataChannelTest, ADropEndsWhatTheDeadServersConnectionWasStillSendingFromTheCallersBuffer) {
+  PushHandedOverFromASlowLink(/*drop=*/true);
+}
+
+// A hand-off (no death, no drop): a large push still crossing the old
+// primary's slow link is re-routed to the new primary, which answers, and
+// the caller reuses its buffer. ZeroMQ went on sending the rest of the first
+// copy from the caller's buffer after the Wait returned OK: the old primary
+// got what the caller wrote next (or, freed, whatever the memory held). A
+// handle is handed back only once ZeroMQ holds none of its caller's memory.
+TEST(DataChannelTest, AHandOffEndsWhatTheOldPrimarysConnectionWasStillSendingFromTheCallersBuffer) {
+  PushHandedOverFromASlowLink(/*drop=*/false);
+}
+
+// A push that times out while its link is still carrying it (a slow or
+// stalled server): the Wait that says so hands the handle back, and the
+// caller may free its buffer. ZeroMQ went on sending from it.
+TEST(DataChannelTest, APushThatTimedOutNeverSendsWhatTheCallerWroteAfterItsWaitReturned) {
+  zmq::context_t context;
+  FakeServer server(context);
+  CuttableRelay slow_link(server.address);
+  auto channel = DataChannel::Create({{slow_link.address(), "", false}}, 0);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  absl::SleepFor(absl::Milliseconds(200));  // connected
+  slow_link.Slow(absl::Milliseconds(2));    // the push takes seconds to cross
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
+  const uint64_t push = SubmitPush(**channel, gradient, 0);
+  const absl::Status waited = (*channel)->Wait(push, absl::Milliseconds(300));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(waited)) << waited;
+  std::fill(gradient.begin(), gradient.end(), -7.0f);  // the caller reuses its buffer
+  ExpectNothingWrittenAfterTheWaitReaches(server, "the server");
 }
 
 // Submits a push to server 0 and answers every copy of it that reaches

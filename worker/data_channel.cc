@@ -26,6 +26,11 @@ namespace {
 // Longest a poller sleeps before looking again (a safety net; answers and
 // wake-ups normally end the sleep at once).
 constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
+// How long a released handle's frame may stay with ZeroMQ before its
+// connection is made again (see AwaitReleased): ZeroMQ lets a frame go
+// microseconds after its last byte is written, unless its I/O thread waits
+// for a core.
+constexpr absl::Duration kReleaseGrace = absl::Milliseconds(100);
 
 // The socket's ZMQ_EVENTS (which also processes its pending commands),
 // retried when a signal interrupts it instead of throwing.
@@ -218,7 +223,7 @@ void DataChannel::DropQueued(uint32_t server) {
   {
     absl::MutexLock lock(&mu_);
     if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
-    endpoint = {addresses_[server], server_keys_[server], seal_of_server_[server] != nullptr};
+    endpoint = EndpointOf(server);
   }
   unsent_[server].clear();
   // What the connection's queue holds goes with its socket (linger 0).
@@ -260,6 +265,10 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
   server_keys_[server] = endpoint.curve_public_key;
   failed_[server] = removed_;
   return absl::OkStatus();
+}
+
+DataChannel::ServerEndpoint DataChannel::EndpointOf(uint32_t server) const {
+  return {addresses_[server], server_keys_[server], seal_of_server_[server] != nullptr};
 }
 
 absl::Status DataChannel::ReplaceSocket(uint32_t server, const ServerEndpoint& endpoint) {
@@ -304,6 +313,7 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
   uint64_t handle;
   int drained;
   bool held = false;
+  std::shared_ptr<BorrowedFrames> borrowed;
   {
     // Ids are taken and sent under io_mu_, so they reach each server in
     // increasing order whatever the number of calling threads (servers take
@@ -320,6 +330,9 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
       HandleState& h = handles_[handle];
       h.what = std::move(what);
       h.remaining = requests.size();
+      if (absl::c_any_of(requests, [](const Request& r) { return r.payload != nullptr; })) {
+        borrowed = h.borrowed = std::make_shared<BorrowedFrames>();
+      }
       for (size_t i = 0; i < requests.size(); ++i) {
         ids[i] = next_request_id_++;
         Request& r = requests[i];
@@ -351,7 +364,7 @@ uint64_t DataChannel::Submit(std::vector<Request> requests, std::string what) {
       Request& r = requests[i];
       // Behind what waits for the server, or without a connection: held.
       if (!unsent_[r.server].empty() || !connected_[r.server] ||
-          !SendRequest(r.server, r.header, r.payload, r.encoded.size() > 0 ? &r.encoded : nullptr)) {
+          !SendRequest(r.server, r.header, r.payload, r.encoded.size() > 0 ? &r.encoded : nullptr, borrowed)) {
         Hold(r.server, ids[i]);
         held = true;
       }
@@ -376,8 +389,86 @@ absl::StatusOr<PeerSeal*> DataChannel::SealFor(const ServerEndpoint& endpoint) {
   return seals_->For(endpoint.curve_public_key);
 }
 
-bool DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* payload,
-                              zmq::message_t* encoded) {
+zmq::message_t DataChannel::Borrow(const std::shared_ptr<BorrowedFrames>& borrowed, uint32_t server,
+                                   const float* payload, size_t bytes) {
+  {
+    absl::MutexLock lock(&borrowed->mu);
+    ++borrowed->held;
+    const std::pair<uint32_t, void*> socket(server, servers_[server].handle());
+    if (!absl::c_linear_search(borrowed->sockets, socket)) borrowed->sockets.push_back(socket);
+  }
+  auto* hint = new std::shared_ptr<BorrowedFrames>(borrowed);
+  try {
+    return zmq::message_t(const_cast<float*>(payload), bytes, &DataChannel::ReleaseFrame, hint);
+  } catch (...) {
+    ReleaseFrame(nullptr, hint);  // ZeroMQ took nothing
+    throw;
+  }
+}
+
+void DataChannel::ReleaseFrame(void* /*data: the caller's*/, void* hint) {
+  auto* borrowed = static_cast<std::shared_ptr<BorrowedFrames>*>(hint);
+  {
+    absl::MutexLock lock(&(*borrowed)->mu);
+    --(*borrowed)->held;
+  }
+  delete borrowed;
+}
+
+void DataChannel::AwaitReleased(const std::shared_ptr<BorrowedFrames>& borrowed) {
+  if (borrowed == nullptr) return;
+  auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(borrowed->mu) { return borrowed->held == 0; };
+  absl::InlinedVector<std::pair<uint32_t, void*>, 2> sockets;
+  std::string what;
+  {
+    absl::MutexLock lock(&borrowed->mu);
+    if (borrowed->mu.AwaitWithTimeout(absl::Condition(&released), kReleaseGrace)) return;
+    sockets = borrowed->sockets;
+    what = borrowed->what;
+  }
+  {
+    absl::MutexLock io_lock(&io_mu_);
+    for (const auto& [server, socket] : sockets) {
+      if (servers_[server].handle() != socket) continue;  // made anew since: what it held goes with the old one
+      ServerEndpoint endpoint;
+      {
+        absl::MutexLock lock(&mu_);
+        endpoint = EndpointOf(server);
+      }
+      if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) {
+        LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " again: " << s;
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      const size_t waiting = HoldWaiting(server);
+      requests_resent_.fetch_add(waiting, std::memory_order_relaxed);
+      LOG(WARNING) << "worker " << rank_ << ": the connection to server " << server << " (" << endpoint.address
+                   << ") was still sending " << what
+                   << " from its caller's buffer when its wait ended; it is made again, and what waited for "
+                      "the server ("
+                   << Counted(waiting, "request", "requests") << ") is sent again on the new one";
+    }
+  }
+  // ZeroMQ lets the frames go as it closes the old connections.
+  absl::MutexLock lock(&borrowed->mu);
+  while (!borrowed->mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(5))) {
+    LOG(WARNING) << "worker " << rank_ << ": " << what << ": ZeroMQ still holds " << borrowed->held
+                 << " frames sent from the caller's buffer, 5 s after their connections were closed; the wait goes on";
+  }
+}
+
+size_t DataChannel::HoldWaiting(uint32_t server) {
+  size_t waiting = 0;
+  for (const auto& [id, p] : pending_) {
+    if (p.server != server) continue;
+    Hold(server, id);
+    ++waiting;
+  }
+  return waiting;
+}
+
+bool DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded,
+                              const std::shared_ptr<BorrowedFrames>& borrowed) {
   const bool has_payload = payload != nullptr || encoded != nullptr;
   zmq::socket_t& socket = servers_[server];
   zmq::message_t head, frame;
@@ -392,7 +483,8 @@ bool DataChannel::SendRequest(uint32_t server, DataHeader& header, const float* 
   } else {
     head = HeaderFrame(header);
     if (has_payload) {
-      frame = encoded != nullptr ? std::move(*encoded) : BorrowedFrame(payload, header.num_elements() * sizeof(float));
+      frame = encoded != nullptr ? std::move(*encoded)
+                                 : Borrow(borrowed, server, payload, header.num_elements() * sizeof(float));
     }
   }
   // Without a connection (immediate) the socket refuses at once; a payload
@@ -461,7 +553,7 @@ int DataChannel::Flush(uint32_t server) {
     } else if (request.payload != nullptr) {
       frame.rebuild(request.payload, request.num_elements * sizeof(float));
     }
-    if (!SendRequest(server, request.header, nullptr, has_payload ? &frame : nullptr)) break;
+    if (!SendRequest(server, request.header, nullptr, has_payload ? &frame : nullptr, nullptr)) break;
     ++sent;
   }
   return sent;
@@ -496,12 +588,7 @@ void DataChannel::WatchConnection(uint32_t server) {
     // in request-id order. Nothing is sent before that: this event comes
     // before ZeroMQ takes the broken connection's queue away, and a request
     // written there meanwhile would be lost with it.
-    size_t waiting = 0;
-    for (const auto& [id, p] : pending_) {
-      if (p.server != server) continue;
-      Hold(server, id);
-      ++waiting;
-    }
+    const size_t waiting = HoldWaiting(server);
     connection_breaks_.fetch_add(1, std::memory_order_relaxed);
     requests_resent_.fetch_add(waiting, std::memory_order_relaxed);
     LOG_IF(WARNING, waiting > 0)
@@ -627,25 +714,37 @@ absl::Status DataChannel::Wait(uint64_t handle, absl::Duration timeout) {
   }
   if (done.ok()) return status;
   // Wait's contract: a handle that timed out is released, naming who owes it.
-  absl::MutexLock lock(&mu_);
-  auto it = handles_.find(handle);
-  if (it == handles_.end()) return done.status();
-  if (it->second.waited) return done.status();  // another thread waits on it now and releases it
-  absl::Status result = it->second.status;  // answered since WaitAny gave up
-  if (it->second.remaining > 0) {
-    result = absl::DeadlineExceededError(absl::StrCat(
-        it->second.what, ": no answer within ", absl::FormatDuration(timeout), " from ", Outstanding(it->second)));
-    for (uint64_t id : it->second.request_ids) pending_.erase(id);
+  absl::Status result;
+  std::shared_ptr<BorrowedFrames> borrowed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = handles_.find(handle);
+    if (it == handles_.end()) return done.status();
+    if (it->second.waited) return done.status();  // another thread waits on it now and releases it
+    result = it->second.status;  // answered since WaitAny gave up
+    if (it->second.remaining > 0) {
+      result = absl::DeadlineExceededError(absl::StrCat(
+          it->second.what, ": no answer within ", absl::FormatDuration(timeout), " from ", Outstanding(it->second)));
+      for (uint64_t id : it->second.request_ids) pending_.erase(id);
+    }
+    borrowed = HandBack(it, result);
   }
-  HandBack(it, result);
+  AwaitReleased(borrowed);
   return result;
 }
 
-void DataChannel::HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it, const absl::Status& status) {
+std::shared_ptr<DataChannel::BorrowedFrames> DataChannel::HandBack(
+    absl::node_hash_map<uint64_t, HandleState>::iterator it, const absl::Status& status) {
   if (status.ok()) {
     for (const auto& [partition, version] : it->second.versions) versions_[partition] = version;
   }
+  std::shared_ptr<BorrowedFrames> borrowed = std::move(it->second.borrowed);
+  if (borrowed != nullptr) {
+    absl::MutexLock lock(&borrowed->mu);
+    if (borrowed->held > 0) borrowed->what = std::move(it->second.what);  // AwaitReleased says it
+  }
   handles_.erase(it);
+  return borrowed;
 }
 
 absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, absl::Duration timeout,
@@ -711,8 +810,9 @@ absl::StatusOr<size_t> DataChannel::WaitAny(absl::Span<const uint64_t> handles, 
                                                     absl::FormatDuration(timeout)));
   }
   *status = states[i]->status;
-  HandBack(handles_.find(handles[i]), *status);
+  std::shared_ptr<BorrowedFrames> borrowed = HandBack(handles_.find(handles[i]), *status);
   mu_.Unlock();
+  AwaitReleased(borrowed);
   return i;
 }
 

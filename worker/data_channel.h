@@ -101,12 +101,16 @@ class DataChannel {
 
   // Waits until every request of `handle` is answered; releases the handle
   // (also on timeout: the error names the servers still owing an answer).
+  // A released handle's payloads are no longer read: a connection still
+  // sending one from its caller's buffer (a slow link after a hand-off or
+  // at a timeout) is made again first, which adds a moment to the wait.
   absl::Status Wait(uint64_t handle, absl::Duration timeout);
   // Waits until one of `handles` is answered in full and returns its index;
   // that handle is released and its result stored in *status. The others
   // stay outstanding. DEADLINE_EXCEEDED when none is done within `timeout`
   // (zero: answers already queued are taken, then it returns at once), and
-  // then no handle is released; INVALID_ARGUMENT for an unknown handle.
+  // then no handle is released; INVALID_ARGUMENT for an unknown handle. As
+  // with Wait, the released handle's payloads are no longer read.
   absl::StatusOr<size_t> WaitAny(absl::Span<const uint64_t> handles, absl::Duration timeout, absl::Status* status);
 
   // Drops what is queued for `server` and not written to its connection yet
@@ -219,10 +223,38 @@ class DataChannel {
   // Sends what is held for `server`, in request-id order, while it has a
   // connection that completed its handshake; returns how many were sent.
   int Flush(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // The payload frames of one handle that ZeroMQ still holds, sent from the
+  // caller's buffer without a copy: the handle is released only once there
+  // are none (AwaitReleased). ZeroMQ lets a frame go once its last byte is
+  // written, which is before its answer can come unless the frame was sent
+  // twice (a re-route) or the wait ended first (a timeout, a failure).
+  struct BorrowedFrames {
+    absl::Mutex mu;
+    int held ABSL_GUARDED_BY(mu) = 0;
+    // The sockets they went out on (server index, socket).
+    absl::InlinedVector<std::pair<uint32_t, void*>, 2> sockets ABSL_GUARDED_BY(mu);
+    std::string what ABSL_GUARDED_BY(mu);  // the handle's, once released
+  };
+  // A frame of `bytes` from `payload`, counted in `borrowed` until ZeroMQ
+  // lets it go (ReleaseFrame).
+  zmq::message_t Borrow(const std::shared_ptr<BorrowedFrames>& borrowed, uint32_t server, const float* payload,
+                        size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  static void ReleaseFrame(void* data, void* hint);
+  // Returns once ZeroMQ holds none of `borrowed`'s frames: at once as a
+  // rule; else, after a moment, the connections still sending them are made
+  // again (what they held goes) and what waited for those servers is sent
+  // again on the new ones. Takes io_mu_: called with no lock held.
+  void AwaitReleased(const std::shared_ptr<BorrowedFrames>& borrowed);
+  // Holds every request waiting for `server`, to be sent again in request-id
+  // order on its next connection; returns how many.
+  size_t HoldWaiting(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_, mu_);
+  // Where `server` is reached now.
+  ServerEndpoint EndpointOf(uint32_t server) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_, mu_);
   // Sends one request (header, then its payload if any) on `server`'s
-  // socket; false when the socket has no connection to take it.
-  bool SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // socket; false when the socket has no connection to take it. A raw
+  // `payload` goes without a copy, counted in `borrowed`.
+  bool SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded,
+                   const std::shared_ptr<BorrowedFrames>& borrowed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   struct HandleState {
     std::string what;
     size_t remaining = 0;
@@ -234,6 +266,7 @@ class DataChannel {
     // A WaitAny holds it: another thread's wait is refused, since the one
     // that completes it erases this state under the other's feet.
     bool waited = false;
+    std::shared_ptr<BorrowedFrames> borrowed;  // null: nothing sent from the caller's buffer
   };
 
   DataChannel(zmq::context_t context, uint32_t rank, ConnectionWatch watch);
@@ -248,8 +281,9 @@ class DataChannel {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases handle `it`, handed back to the caller with `status`: its answers'
   // versions become the partitions' weights_version when it succeeded.
-  void HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns its borrowed frames, for AwaitReleased once mu_ is let go.
+  [[nodiscard]] std::shared_ptr<BorrowedFrames> HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it,
+                                                         const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls the sockets' file descriptors (and the wake-up eventfd) for at most
   // `timeout`, without holding io_mu_.
   void PollFds(absl::Duration timeout);

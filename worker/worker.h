@@ -12,10 +12,9 @@
 // Tensors are split by the scheduler's shard map; the partitions of one call
 // go to their servers concurrently and are reassembled. Buffers passed to
 // Push/Pull/PushPull are borrowed, not copied: they must stay valid and
-// unmodified until Wait() returns OK for that handle. If Wait() times out, a
-// request may still sit in a socket queue and be sent later: its buffers must
-// then stay valid and unmodified until the Worker is destroyed. Every handle
-// must be waited on once, by one thread. Thread-safe: any thread may call
+// unmodified until Wait() (or the WaitAny that completes the handle) returns,
+// whatever it returns; after that nothing reads or writes them, a timed-out
+// request included. Every handle must be waited on once, by one thread. Thread-safe: any thread may call
 // any method; requests for one tensor go out in the order they were made.
 #ifndef SHARDPS_WORKER_WORKER_H_
 #define SHARDPS_WORKER_WORKER_H_

@@ -4,9 +4,8 @@ Buffers are contiguous and on the CPU: torch tensors, numpy arrays or writable
 buffer-protocol objects of format 'f' (push_pull_cuda takes CUDA tensors instead). They are float32,
 except that push_pull also takes the float16 or bfloat16 buffers of a tensor defined with that dtype
 (numpy float16, buffer format 'e'). They are passed to the library as they are (no copy)
-and borrowed until the request's handle is waited on; a Handle keeps them alive until then.
-After a wait that times out the request may still leave later, so its buffers are kept for
-the worker's lifetime.
+and borrowed until the request's handle is waited on (whatever the wait returns); a Handle
+keeps them alive until then.
 
 Thread safety: a Worker may be used from several threads (the C++ worker serialises what
 needs it); define() must complete before any data request.
@@ -154,10 +153,10 @@ class Completions:
         except ShardPSError as e:
             e.handle = self._take(index.value) if index.value < count else None
             if e.handle is not None:
-                worker._retire(e.handle, failed=True)
+                worker._retire(e.handle, released=True)
             raise
         done = self._take(index.value)
-        worker._retire(done, failed=False)
+        worker._retire(done, released=True)
         return done
 
     def _take(self, i):
@@ -480,7 +479,6 @@ class Worker:
         timeout, naming the tensor and the servers still owing an answer)."""
         self._check_outstanding(handle)
         deadline = time.monotonic() + self._timeout(timeout)
-        failed = True
         try:
             # Slices of wait_any, which leaves the handle outstanding when none answered, so
             # Python sees Ctrl-C in between; the last stretch is a wait, which releases it.
@@ -488,15 +486,19 @@ class Worker:
                 pass
             if not handle.done:
                 self._last_stretch(handle, deadline, timeout)
-            failed = False
         finally:
-            self._retire(handle, failed)
+            # done: the library released the handle (see _answered and _last_stretch).
+            self._retire(handle, handle.done)
 
     def _last_stretch(self, handle, deadline, timeout):
         """shardps_wait until `deadline`; its timeout error names the whole wait, not the stretch."""
         try:
             self._call("shardps_wait", self._live(), handle.id, max(deadline - time.monotonic(), 0.0))
-        except DeadlineExceededError as e:
+            handle.done = True
+        except ShardPSError as e:
+            handle.done = True  # shardps_wait releases the handle whatever it returns
+            if not isinstance(e, DeadlineExceededError):
+                raise
             total = self._timeout(timeout)
             if total <= _SLICE:
                 raise
@@ -536,12 +538,13 @@ class Worker:
         if handle.done:
             raise ValueError("%s was already waited on" % handle.what)
 
-    def _retire(self, handle, failed):
-        """`handle`'s wait is over. A failed request (a timeout: it may still leave later)
-        leaves its buffers to the worker's lifetime; a completed one lets them go."""
-        handle.done = True
-        if failed:
+    def _retire(self, handle, released):
+        """`handle`'s wait is over. Once the library released it (a wait of it returned, whatever
+        it returned, a timeout included) it reads and writes the buffers no more, so they go; a
+        wait cut short before that (Ctrl-C) leaves them to the worker's lifetime."""
+        if not released:
             self._orphans.append(handle._keep)
+        handle.done = True
         handle._keep = None
 
     def poll(self, handle):
@@ -554,10 +557,10 @@ class Worker:
                 return False
         except ShardPSError as e:
             if handle.done:  # the request's own error
-                self._retire(handle, failed=True)
+                self._retire(handle, released=True)
                 e.handle = handle
             raise
-        self._retire(handle, failed=False)
+        self._retire(handle, released=True)
         return True
 
     def _timeout(self, timeout):

@@ -3,6 +3,7 @@
 a float16 buffer where it is installed)."""
 
 import array
+import weakref
 
 import shardps
 from expect import expect
@@ -37,9 +38,14 @@ expect("size", shardps.InvalidArgumentError, lambda: worker.push_pull("w", five,
        lambda e: e.status == "INVALID_ARGUMENT" and "the buffers hold 20 bytes" in e.message)
 if worker.rank == 0:
     # Only rank 0 pushes: the sync round cannot complete, so the wait times out.
-    handle = worker.push_pull("lonely", array.array("f", [1.0] * 4), array.array("f", [0.0] * 4))
+    grad, weights = array.array("f", [1.0] * 4), array.array("f", [0.0] * 4)
+    buffers = [weakref.ref(grad), weakref.ref(weights)]
+    handle = worker.push_pull("lonely", grad, weights)
+    del grad, weights
     expect("timeout", shardps.DeadlineExceededError, lambda: handle.wait(timeout=0.5),
            lambda e: e.status == "DEADLINE_EXCEEDED" and "lonely" in e.message)
+    # The library reads and writes them no more: they are not kept for the worker's lifetime.
+    print("ok: a timed-out request's buffers go: %s" % all(b() is None for b in buffers))
     expect("second wait", ValueError, lambda: handle.wait())
     # wait_any: nothing done in time leaves the handle outstanding; poll() does not block.
     pending = worker.push_pull("lonely", array.array("f", [1.0] * 4), array.array("f", [0.0] * 4))
