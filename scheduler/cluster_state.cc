@@ -1446,7 +1446,21 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
   // asked its successor, which had never seen the pass (chaos15).
   uint64_t saved = 0;
   absl::Status entered = EnterBarrier(node_id, name, deadline, live, passes_seen, &saved);
-  if (!entered.ok() || !persist_) return entered;
+  if (!entered.ok()) return entered;
+  return AwaitWritten(saved, deadline, absl::StrCat("barrier '", name, "': passed"));
+}
+
+absl::Status ClusterState::Written(absl::Time deadline, absl::string_view what) {
+  uint64_t saved;
+  {
+    absl::MutexLock lock(&mu_);
+    saved = saves_;
+  }
+  return AwaitWritten(saved, deadline, what);
+}
+
+absl::Status ClusterState::AwaitWritten(uint64_t saved, absl::Time deadline, absl::string_view what) {
+  if (!persist_) return absl::OkStatus();
   // A failed write is tried again (WriteUnsaved paces the tries) until the
   // deadline.
   while (true) {
@@ -1461,14 +1475,13 @@ absl::Status ClusterState::Barrier(uint64_t node_id, const std::string& name, ab
     // only at the ranks' deadline, trying the refused write every 250 ms).
     if (absl::IsFailedPrecondition(last_write_)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("barrier '", name, "': passed, but its state's write was refused: ", last_write_.message()));
+          absl::StrCat(what, ", but its state's write was refused: ", last_write_.message()));
     }
     if (absl::Now() >= deadline) {
       // The write's own error (a full disk names its path): the log that
       // says it is the scheduler's, which the ranks' owners may not read.
-      return absl::DeadlineExceededError(absl::StrCat("barrier '", name,
-                                                      "': passed, but the scheduler could not write its state before "
-                                                      "the deadline: ", last_write_.ToString()));
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ", but the scheduler could not write its state before the deadline: ", last_write_.ToString()));
     }
   }
 }

@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
@@ -124,6 +125,13 @@ class ClusterState {
   // worker has seen; where it passed more often, answers at once.
   absl::Status Barrier(uint64_t node_id, const std::string& name, absl::Time deadline,
                        std::vector<uint32_t>* live = nullptr, std::optional<uint64_t> passes_seen = std::nullopt);
+
+  // Returns once every change made so far is written with the state (a
+  // failed write is tried again, paced); else fails, saying `what` (e.g.
+  // "worker rank 3: registered") and the write's own error: at once where
+  // the write was refused for good (deposed), else DEADLINE_EXCEEDED at
+  // `deadline`. OK at once without a store.
+  absl::Status Written(absl::Time deadline, absl::string_view what) ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
 
   // Asks every server for a checkpoint into `dir` (a new epoch whose map
   // carries the request) at a round no partition has completed yet: past the
@@ -380,6 +388,9 @@ class ClusterState {
   absl::Status DeclarationStored(const Node& node, const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the latest snapshot, if any (writes stay in order under write_mu_).
   void WriteUnsaved() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // Written for the changes up to Save() count `saved`.
+  absl::Status AwaitWritten(uint64_t saved, absl::Time deadline, absl::string_view what)
+      ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
   // Barrier without waiting for the write; `saved` gets the Save() count
   // once it passed.
   absl::Status EnterBarrier(uint64_t node_id, const std::string& name, absl::Time deadline,

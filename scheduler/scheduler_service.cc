@@ -160,20 +160,29 @@ class SchedulerService final : public Scheduler::Service {
     WaitingCall waiting(this, *state);
     if (!waiting.admitted()) return waiting.Refusal("Register");
     absl::StatusOr<RegisterResponse> r;
+    // A registration is answered once the state that holds it is written:
+    // before 2026-11-26 it was answered at once, and a scheduler restarted
+    // from what a full disk left behind knew neither a rank's new process
+    // (which failed at its next barrier) nor a server that had joined.
     if (req->role() == SERVER) {
       if (absl::Status s = CheckDataAddress(req->data_address()); !s.ok()) {
         r = s;
       } else {
         r = state->RegisterServer(*req);
       }
-      if (r.ok()) LOG(INFO) << "server " << r->server_index() << " registered at " << req->data_address();
+      if (r.ok()) {
+        LOG(INFO) << "server " << r->server_index() << " registered at " << req->data_address();
+        const std::string what = absl::StrCat("server ", r->server_index(), " at ", req->data_address(), ": registered");
+        if (absl::Status s = state->Written(Deadline(ctx), what); !s.ok()) r = s;
+      }
     } else if (req->role() == WORKER) {
       r = state->RegisterWorker(*req);
       if (r.ok()) {
         LOG(INFO) << "worker rank " << req->rank() << " registered from " << req->host();
-        absl::Time limit = absl::Now() + absl::Milliseconds(config_.rendezvous_timeout_ms());
-        absl::Status s = state->WaitForCluster(std::min(limit, Deadline(ctx)), r->node_id(),
-                                               [ctx] { return ctx->IsCancelled(); });
+        const absl::Time deadline =
+            std::min(absl::Now() + absl::Milliseconds(config_.rendezvous_timeout_ms()), Deadline(ctx));
+        absl::Status s = state->WaitForCluster(deadline, r->node_id(), [ctx] { return ctx->IsCancelled(); });
+        if (s.ok()) s = state->Written(deadline, absl::StrCat("worker rank ", req->rank(), ": registered"));
         if (!s.ok()) r = s;
       }
     } else {
