@@ -967,6 +967,17 @@ TEST(WorkerRejoinTest, ARankIsRefusedWhereTheWorkersHoldTheWeights) {
   EXPECT_THAT(RegisterAgainAfterRemoval(deltas).status().message(), HasSubstr("weight deltas"));
 }
 
+// A heartbeat from each node ids[i], i in `which`, serving shard map `epoch`.
+void BeatNodes(ClusterState& state, const std::vector<uint64_t>& ids, const std::vector<size_t>& which,
+               uint64_t epoch) {
+  for (size_t i : which) {
+    HeartbeatRequest h;
+    h.set_node_id(ids[i]);
+    h.set_applied_epoch(epoch);
+    ASSERT_TRUE(state.Heartbeat(h).ok());
+  }
+}
+
 TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
   absl::Time now = absl::FromUnixSeconds(1000);
   ClusterConfig config;
@@ -978,14 +989,7 @@ TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < 2; ++i) ids.push_back(state.RegisterServer(Node(SERVER, 0, "tcp://s:" + std::to_string(i + 1)))->node_id());
   ids.push_back(state.RegisterWorker(Node(WORKER, 0))->node_id());
-  auto beat = [&](std::vector<size_t> which, uint64_t epoch) {
-    for (size_t i : which) {
-      HeartbeatRequest h;
-      h.set_node_id(ids[i]);
-      h.set_applied_epoch(epoch);
-      ASSERT_TRUE(state.Heartbeat(h).ok());
-    }
-  };
+  auto beat = [&](std::vector<size_t> which, uint64_t epoch) { BeatNodes(state, ids, which, epoch); };
   beat({0, 1, 2}, 0);
   std::thread serve([&] {
     absl::SleepFor(absl::Milliseconds(50));
@@ -1005,6 +1009,67 @@ TEST(ReplacementServerTest, CannotTakeOverStateThatDiedWithoutAReplica) {
   EXPECT_EQ(replacement.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(replacement.status().message(), HasSubstr("state died with it"));
   EXPECT_THAT(replacement.status().message(), HasSubstr("replication 1"));
+}
+
+// Server 1 reported room for exactly what it holds. Server 2 dies: the
+// copy of its partition that server 0 holds is promoted, and the new
+// backup's only candidate is server 1. It was given the copy whatever it
+// could hold, and a server killed by its memory limit takes the last copies
+// of its partitions with it. The partition keeps one copy instead.
+TEST(RereplicateTest, ACopyIsNotRecreatedOnAServerThatReportedNoMemoryForIt) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  ClusterConfig config;
+  config.set_num_servers(3);
+  config.set_num_workers(1);
+  config.set_heartbeat_timeout_ms(1000);
+  config.set_partition_bytes(400 * sizeof(float));
+  const uint64_t per_element = ServerBytesPerElement(config);
+  const uint64_t room[] = {3000 * per_element, 800 * per_element, 3000 * per_element};
+  ClusterState state(config, [&now] { return now; });
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    RegisterRequest server = Node(SERVER, 0, "tcp://m:" + std::to_string(i + 1));
+    server.set_memory_bytes(room[i]);
+    ids.push_back(state.RegisterServer(server)->node_id());
+  }
+  ids.push_back(state.RegisterWorker(Node(WORKER, 0))->node_id());
+  auto beat = [&](std::vector<size_t> which, uint64_t epoch) { BeatNodes(state, ids, which, epoch); };
+  beat({0, 1, 2, 3}, 0);
+  std::thread serve([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    beat({0, 1, 2}, 1);
+  });
+  auto defined = state.DefineTensors({Tensor("w", 1200)}, absl::Now() + absl::Seconds(5));
+  serve.join();
+  ASSERT_TRUE(defined.ok()) << defined.status();
+  auto held = [&](const ShardMap& map) {
+    std::map<uint32_t, uint64_t> elements;
+    for (const PartitionInfo& p : map.partitions()) {
+      elements[p.server()] += p.num_elements();
+      for (uint32_t b : p.backups()) elements[b] += p.num_elements();
+    }
+    return elements;
+  };
+  // The layout the test is built on (a placement that changes it needs
+  // other memories here).
+  ASSERT_EQ(defined->partitions_size(), 3) << defined->ShortDebugString();
+  const PartitionInfo& on_two = defined->partitions(2);
+  ASSERT_TRUE(on_two.server() == 2 && on_two.backups_size() == 1 && on_two.backups(0) == 0)
+      << defined->ShortDebugString();
+  ASSERT_EQ(held(*defined)[1], 800u) << defined->ShortDebugString();
+  ASSERT_THAT(state.CheckLiveness(), IsEmpty());
+
+  for (int t = 0; t < 12; ++t) {  // server 2 falls silent
+    now += absl::Milliseconds(100);
+    beat({0, 1, 3}, 1);
+    state.CheckLiveness();
+  }
+  const ShardMap map = state.Status().shard_map();
+  ASSERT_TRUE(map.servers(2).dead()) << map.ShortDebugString();
+  EXPECT_EQ(map.partitions(2).server(), 0u) << map.ShortDebugString();
+  EXPECT_EQ(map.partitions(2).backups_size(), 0) << "server 1 was given a copy it reported it cannot hold: "
+                                                 << map.ShortDebugString();
+  for (const auto& [server, elements] : held(map)) EXPECT_LE(elements * per_element, room[server]) << server;
 }
 
 // Replication 3, three servers and one worker: server 0's partitions each

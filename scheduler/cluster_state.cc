@@ -915,23 +915,46 @@ std::map<uint32_t, uint64_t> ClusterState::LiveServerLoads() const {
 
 int ClusterState::Rereplicate() {
   const uint32_t copies = EffectiveReplication(config_);
+  const uint64_t per_element = ServerBytesPerElement(config_);
   std::map<uint32_t, uint64_t> held = LiveServerLoads();
   const std::set<uint32_t> draining = DrainingServers();  // given no new copy
-  int recreated = 0;
+  // A server that said what it can hold (0: not said) is given no copy past
+  // that: one it has no memory for kills it as it arrives (std::bad_alloc,
+  // its container's limit), and the copies it held with it. Before
+  // 2026-11-26 one server's death so took a second, and two of three lost
+  // partitions. The partition keeps fewer copies until a server joins.
+  auto has_room = [&](uint32_t index, uint64_t elements) {
+    const uint64_t memory = servers_.at(index).memory_bytes;
+    return memory == 0 || (held[index] + elements) * per_element <= memory;
+  };
+  int recreated = 0, short_of_memory = 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     if (!held.contains(p.server())) continue;  // lost: nothing to copy from
     while (p.backups_size() + 1 < static_cast<int>(copies)) {
       std::optional<uint32_t> best;
+      bool full = false;
       for (const auto& [index, load] : held) {
-        if (!HoldsCopy(p, index) && !draining.contains(index) && (!best || load < held[*best])) best = index;
+        if (HoldsCopy(p, index) || draining.contains(index)) continue;
+        if (!has_room(index, p.num_elements())) {
+          full = true;
+          continue;
+        }
+        if (!best || load < held[*best]) best = index;
       }
-      if (!best) break;  // fewer live servers than copies
+      if (!best) {  // fewer live servers than copies, or none with room
+        short_of_memory += full;
+        break;
+      }
       p.add_backups(*best);  // its primary sends it the whole state first
       (*p.mutable_listed_at())[*best] = map_.epoch();
       held[*best] += p.num_elements();
       ++recreated;
     }
   }
+  LOG_IF(WARNING, short_of_memory > 0)
+      << Counted(short_of_memory, "partition keeps", "partitions keep") << " fewer copies than the job's " << copies
+      << " (replication): every live server without one reported too little memory for another (weights, "
+         "optimizer state, accumulator); a server that joins with room takes it";
   return recreated;
 }
 
