@@ -25,14 +25,29 @@ std::optional<uint64_t> ReadBytes(const std::filesystem::path& path) {
   return value;
 }
 
+// The value of `key` in memory.stat file `path`; 0 when it is not there.
+uint64_t StatBytes(const std::filesystem::path& path, const char* key) {
+  std::ifstream in(path);
+  std::string name;
+  uint64_t value = 0;
+  while (in >> name >> value) {
+    if (name == key) return value;
+  }
+  return 0;
+}
+
 // The least `limit_file` less `usage_file` over `dir` and its ancestors up
-// to `top` (included).
+// to `top` (included). The usage counts the page cache of the files the
+// cgroup's processes read; its inactive part (`inactive_key` of memory.stat)
+// the kernel reclaims before it kills anything, so it is not taken as used
+// (as the kubelet's working set does).
 std::optional<uint64_t> LeftFrom(std::filesystem::path dir, const std::filesystem::path& top,
-                                 const char* limit_file, const char* usage_file) {
+                                 const char* limit_file, const char* usage_file, const char* inactive_key) {
   std::optional<uint64_t> left;
   for (;;) {
     if (std::optional<uint64_t> limit = ReadBytes(dir / limit_file); limit && *limit < kUnlimited) {
-      const uint64_t used = ReadBytes(dir / usage_file).value_or(0);
+      const uint64_t usage = ReadBytes(dir / usage_file).value_or(0);
+      const uint64_t used = usage - std::min(usage, StatBytes(dir / "memory.stat", inactive_key));
       const uint64_t here = *limit > used ? *limit - used : 0;
       left = left ? std::min(*left, here) : here;
     }
@@ -57,7 +72,7 @@ std::optional<uint64_t> CgroupMemoryLeft(const std::string& proc_cgroup, const s
     if (parts.size() != 3 || parts[2].empty() || parts[2][0] != '/') continue;
     const std::string path(absl::StripPrefix(parts[2], "/"));
     std::filesystem::path top;
-    const char *limit_file, *usage_file;
+    const char *limit_file, *usage_file, *inactive_key;
     if (parts[0] == "0" && parts[1].empty()) {  // v2
       top = std::filesystem::path(root);
       if (std::filesystem::exists(top / "unified" / "cgroup.controllers") &&
@@ -66,11 +81,13 @@ std::optional<uint64_t> CgroupMemoryLeft(const std::string& proc_cgroup, const s
       }
       limit_file = "memory.max";
       usage_file = "memory.current";
+      inactive_key = "inactive_file";
     } else if (std::vector<std::string> controllers = absl::StrSplit(parts[1], ',');
                std::find(controllers.begin(), controllers.end(), "memory") != controllers.end()) {
       top = std::filesystem::path(root) / "memory";
       limit_file = "memory.limit_in_bytes";
       usage_file = "memory.usage_in_bytes";
+      inactive_key = "total_inactive_file";  // with its descendants', as the usage
     } else {
       continue;
     }
@@ -78,7 +95,7 @@ std::optional<uint64_t> CgroupMemoryLeft(const std::string& proc_cgroup, const s
     // is mounted at the top: read the top then.
     std::filesystem::path dir = path.empty() ? top : top / path;
     if (!std::filesystem::exists(dir)) dir = top;
-    tighter(LeftFrom(dir.lexically_normal(), top.lexically_normal(), limit_file, usage_file));
+    tighter(LeftFrom(dir.lexically_normal(), top.lexically_normal(), limit_file, usage_file, inactive_key));
   }
   return left;
 }

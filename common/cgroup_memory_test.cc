@@ -73,6 +73,23 @@ TEST_F(CgroupMemoryTest, AContainerReadsItsOwnCgroupMountedAtTheTop) {
   EXPECT_EQ(Left(), 500000000u);
 }
 
+TEST_F(CgroupMemoryTest, InactivePageCacheTheKernelReclaimsCountsAsLeft) {
+  // A Slurm job's or a pod's cgroup is charged for the files its processes
+  // read (a data set staged next to the server): usage counts that cache,
+  // which the kernel reclaims before it kills anything.
+  ProcCgroup("0::/job\n");
+  Set("cgroup.controllers", "memory");
+  Set("job/memory.max", "1000");
+  Set("job/memory.current", "900");
+  Set("job/memory.stat", "anon 300\nfile 600\nactive_file 100\ninactive_file 500");
+  EXPECT_EQ(Left(), 600u);
+  ProcCgroup("4:memory:/job\n");
+  Set("memory/job/memory.limit_in_bytes", "1000");
+  Set("memory/job/memory.usage_in_bytes", "900");
+  Set("memory/job/memory.stat", "cache 600\ninactive_file 500\ntotal_cache 600\ntotal_inactive_file 500");
+  EXPECT_EQ(Left(), 600u) << "cgroup v1";
+}
+
 TEST_F(CgroupMemoryTest, UsageAboveTheLimitLeavesNothing) {
   ProcCgroup("0::/a\n");
   Set("cgroup.controllers", "memory");

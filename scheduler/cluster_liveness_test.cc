@@ -299,6 +299,30 @@ TEST_F(LivenessTest, ANodeIsNotToldItWasDeclaredDeadBeforeTheDeclarationIsStored
   EXPECT_TRUE(absl::IsUnavailable(barrier_after)) << "the declaration was never stored: " << barrier_after;
 }
 
+TEST_F(LivenessTest, ANodeIsToldItWasDeclaredDeadOnceTheMapThatFailedItOverWentOutThoughItsWriteFailed) {
+  // review21: a write that failed without deposing this scheduler (a full
+  // disk, etcd slow to answer) still sends its map to the servers
+  // (WaitForMap), which fail the node over; the node itself was told "ask
+  // again" until a write succeeded, and served on. A scheduler restarted
+  // meanwhile on the older state (or a standby taking over from etcd) found
+  // it alive and the primary of what it held before its pause, whose copies
+  // missed the rounds the failover's primaries served.
+  ASSERT_THAT(Advance(600), IsEmpty());
+  Beat({0}, {0, 1, 2}, 1);  // server 1 is silent from here on (paused)
+  write_result_ = absl::UnavailableError("disk full");
+  const uint64_t before = state_->Status().shard_map().epoch();
+  ASSERT_THAT(Advance(500), ElementsAre(HasSubstr("server 1")));
+  const std::optional<ShardMap> published = state_->WaitForMap(before, absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(published.has_value()) << "the failover's map went out to no server";
+  ASSERT_TRUE(published->servers(1).dead());
+  HeartbeatRequest resumed;  // server 1 resumes
+  resumed.set_node_id(server_ids_[1]);
+  resumed.set_applied_epoch(1);
+  const absl::Status told = state_->Heartbeat(resumed).status();
+  EXPECT_TRUE(IsDeclaredDeadRefusal(told.message())) << "the servers act on the declaration, the node is not told: "
+                                                     << told;
+}
+
 TEST_F(LivenessTest, ADeadServerIsMarkedInTheMapWithTheReason) {
   EXPECT_THAT(Advance(900), IsEmpty());
   Beat({0}, {0, 1, 2}, 1);

@@ -167,6 +167,7 @@ void ClusterState::WriteUnsaved() {
   // Tried: the map goes out (WaitForMap), a restored scheduler skips past
   // epochs the nodes hold.
   written_epoch_ = std::max(written_epoch_, state->shard_map().epoch());
+  if (!absl::IsFailedPrecondition(written)) saves_published_ = std::max(saves_published_, saves);
   if (written.ok()) {
     saves_written_ = std::max(saves_written_, saves);
     rewrite_after_ = absl::InfinitePast();
@@ -1515,12 +1516,16 @@ absl::Status ClusterState::DeclarationStored(const Node& node, const std::string
   // handled while the declaration's etcd write was under way was told at
   // once, and a write that then deposed this scheduler left the job (its
   // successor) without the declaration, and without the server (fix20).
+  // Nor, where that write failed without deposing this scheduler, is it
+  // kept waiting: the map that failed it over went out all the same, and a
+  // scheduler restarted on the older state found it alive and a primary
+  // again, its copies missing the failover's rounds (review21).
   const uint64_t declared = node.declared_in_save;  // `node` may move while mu_ is released
   auto stored = [this, declared]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return saves_written_ >= declared || absl::IsFailedPrecondition(last_write_);
+    return saves_published_ >= declared || absl::IsFailedPrecondition(last_write_);
   };
   mu_.AwaitWithDeadline(absl::Condition(&stored), absl::Now() + kRewriteAfterFailure);
-  if (saves_written_ >= declared) return absl::OkStatus();
+  if (saves_published_ >= declared) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("the scheduler has not stored its declaration that ", who,
                                              " is dead (its state's write: ",
                                              last_write_.ok() ? "under way" : last_write_.ToString(), "); ask again"));

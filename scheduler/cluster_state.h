@@ -78,9 +78,11 @@ class ClusterState {
 
   // NotFound for an unknown node id; FailedPrecondition for a node already
   // declared dead (it must not act as a member any more), once the state
-  // that declared it is written: Unavailable until then (waiting at most
-  // kRewriteAfterFailure), and for good where that write was refused (this
-  // scheduler was deposed, and the job never stored the declaration).
+  // that declared it is written, or its write failed without deposing this
+  // scheduler (its map goes out all the same, and the servers act on it):
+  // Unavailable until then (waiting at most kRewriteAfterFailure), and for
+  // good where that write was refused (this scheduler was deposed, and the
+  // job never stored the declaration).
   absl::StatusOr<HeartbeatResponse> Heartbeat(const HeartbeatRequest& request);
 
   // Declares dead every node silent for longer than heartbeat_timeout_ms and
@@ -382,9 +384,10 @@ class ClusterState {
   // so no heartbeat waits for a disk.
   void Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK once the state that declared dead node `node` (named `who`) is
-  // written, waiting at most kRewriteAfterFailure; UNAVAILABLE ("ask
-  // again") until then, and for good where that write was refused (the job
-  // never stored the declaration). Releases mu_ while it waits.
+  // written, or its map went out after a write that failed without deposing
+  // this scheduler (saves_published_), waiting at most kRewriteAfterFailure;
+  // UNAVAILABLE ("ask again") until then, and for good where that write was
+  // refused (the job never stored the declaration). Releases mu_ while it waits.
   absl::Status DeclarationStored(const Node& node, const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the latest snapshot, if any (writes stay in order under write_mu_).
   void WriteUnsaved() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
@@ -443,6 +446,9 @@ class ClusterState {
   std::optional<SchedulerState> unsaved_ ABSL_GUARDED_BY(mu_);  // changes not written yet
   uint64_t saves_ ABSL_GUARDED_BY(mu_) = 0;                     // Save() calls; unsaved_ is the last
   uint64_t saves_written_ ABSL_GUARDED_BY(mu_) = 0;             // the Save() count last written
+  // The Save() count last tried and not refused for good (written, or
+  // failed without deposing this scheduler): its map goes out (WaitForMap).
+  uint64_t saves_published_ ABSL_GUARDED_BY(mu_) = 0;
   // The last write failed (its state is unsaved_ again, unless a newer
   // one replaced it): the next is tried no sooner than this.
   absl::Time rewrite_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

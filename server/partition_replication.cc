@@ -348,7 +348,7 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   }
   ++stats_.snapshots_sent;
   LOG(WARNING) << "server " << server_index_ << ": re-creating a copy of partition " << p.id << " on server "
-               << server << " (" << bytes.size() << " bytes at update " << p.completed
+               << server << " (" << bytes.size() << " bytes at update " << p.sent << ", round " << p.completed
                << (open.empty() ? "" : absl::StrCat(", with ", open.size(), " pushes of open rounds")) << ")";
 }
 

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <regex>
 
+#include "common/warning_lines_test_util.h"
 #include "server/engine_test_util.h"
 
 namespace shardps {
@@ -859,6 +861,26 @@ TEST_F(ReplicationTest, AJoinedServerHoldsASnapshotThatArrivesBeforeItsFirstMap)
   Deliver();
   for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
   EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
+// The line that says a snapshot went and the one that probes it name the
+// same update, the one the backup confirms: before, the first named the
+// partition's round ("at update 313") and the probe its update count
+// ("update 315"), which read as two snapshots (review21's chaos run).
+TEST_F(ReplicationTest, TheSnapshotAndItsProbeNameTheSameUpdate) {
+  Make(SYNC);
+  WarningLines said;
+  ASSERT_NO_FATAL_FAILURE(ReplaceServerOneServingTheMap());
+  outbox_.clear();  // the snapshot, lost
+  engines_[0]->ProbeUnconfirmedSnapshots();
+  engines_[0]->ProbeUnconfirmedSnapshots();
+  const std::string lines = said.Joined();
+  std::smatch sent, probed;
+  ASSERT_TRUE(std::regex_search(lines, sent, std::regex("re-creating a copy of partition 5 .*update ([0-9]+)")))
+      << lines;
+  ASSERT_TRUE(std::regex_search(lines, probed, std::regex("the snapshot of partition 5 \\(update ([0-9]+)\\)")))
+      << lines;
+  EXPECT_EQ(sent[1], probed[1]) << lines;
 }
 
 // A snapshot lost on its way (a server that just joined holds sealed
