@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config.h"
+#include "common/names.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/copy_moves.h"
 #include "scheduler/model_limits.h"
@@ -229,9 +230,20 @@ void ClusterState::MaybeStartCopyMoves() {
   // Draining servers give their copies away first, and are given none.
   const std::set<uint32_t> live = StayingServers();
   const std::set<uint32_t> draining = DrainingServers();
-  std::vector<CopyMove> moves = PlanDrainMoves(map_, live, draining);
+  // No server is given a copy it reported no memory for (it would die
+  // receiving it).
+  const ServerRoom room = ServerRooms();
+  std::vector<CopyMove> moves = PlanDrainMoves(map_, live, draining, room);
   const bool draining_moves = !moves.empty();
-  if (moves.empty()) moves = PlanCopyMoves(map_, live);
+  if (moves.empty() && !draining.empty()) {
+    const auto left = absl::c_count_if(map_.partitions(), [&draining](const PartitionInfo& p) {
+      return absl::c_any_of(draining, [&p](uint32_t s) { return HoldsCopy(p, s); });
+    });
+    LOG_IF(WARNING, left > 0) << "the drain of server " << absl::StrJoin(draining, ", ") << " waits: "
+                              << Counted(left, "copy it holds fits", "copies it holds fit")
+                              << " on no staying server without one (the memory each reported); start another server";
+  }
+  if (moves.empty()) moves = PlanCopyMoves(map_, live, room);
   if (moves.empty()) {
     MaybeStartHandoffs(live);  // the copies are as balanced as they get: now the primaries
     return;

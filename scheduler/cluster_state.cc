@@ -914,20 +914,25 @@ std::map<uint32_t, uint64_t> ClusterState::LiveServerLoads() const {
   return held;
 }
 
+ServerRoom ClusterState::ServerRooms() const {
+  const uint64_t per_element = ServerBytesPerElement(config_);
+  ServerRoom room;
+  for (const auto& [index, node] : servers_) {
+    if (node.memory_bytes > 0) room[index] = std::max<uint64_t>(node.memory_bytes / per_element, 1);
+  }
+  return room;
+}
+
 int ClusterState::Rereplicate() {
   const uint32_t copies = EffectiveReplication(config_);
-  const uint64_t per_element = ServerBytesPerElement(config_);
   std::map<uint32_t, uint64_t> held = LiveServerLoads();
   const std::set<uint32_t> draining = DrainingServers();  // given no new copy
-  // A server that said what it can hold (0: not said) is given no copy past
-  // that: one it has no memory for kills it as it arrives (std::bad_alloc,
-  // its container's limit), and the copies it held with it. Before
-  // 2026-11-26 one server's death so took a second, and two of three lost
-  // partitions. The partition keeps fewer copies until a server joins.
-  auto has_room = [&](uint32_t index, uint64_t elements) {
-    const uint64_t memory = servers_.at(index).memory_bytes;
-    return memory == 0 || (held[index] + elements) * per_element <= memory;
-  };
+  // A server that said what it can hold is given no copy past that: one it
+  // has no memory for kills it as it arrives (std::bad_alloc, its
+  // container's limit), and the copies it held with it. Before 2026-11-26
+  // one server's death so took a second, and two of three lost partitions.
+  // The partition keeps fewer copies until a server joins.
+  const ServerRoom room = ServerRooms();
   int recreated = 0, short_of_memory = 0;
   for (PartitionInfo& p : *map_.mutable_partitions()) {
     if (!held.contains(p.server())) continue;  // lost: nothing to copy from
@@ -936,7 +941,7 @@ int ClusterState::Rereplicate() {
       bool full = false;
       for (const auto& [index, load] : held) {
         if (HoldsCopy(p, index) || draining.contains(index)) continue;
-        if (!has_room(index, p.num_elements())) {
+        if (p.num_elements() > RoomLeft(room, index, held[index])) {
           full = true;
           continue;
         }

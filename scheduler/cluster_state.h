@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/cluster.pb.h"
+#include "scheduler/copy_moves.h"  // ServerRoom
 
 namespace shardps {
 
@@ -281,8 +282,12 @@ class ClusterState {
   // and drops `dead` from every backup list. Says what moved.
   std::string FailOver(uint32_t dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives every partition short of `replication` copies new backups on the
-  // live servers holding the fewest elements; returns how many.
+  // live servers holding the fewest elements that have room for them (the
+  // memory they reported); returns how many.
   int Rereplicate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The elements each server can hold, from the memory it reported (none
+  // listed for a server that reported none).
+  ServerRoom ServerRooms() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Live server index -> elements of the copies (primary or backup) it holds.
   std::map<uint32_t, uint64_t> LiveServerLoads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<uint32_t> LiveServers() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

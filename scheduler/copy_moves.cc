@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 
 namespace shardps {
@@ -24,14 +25,18 @@ struct Step {
 // May `receiver` take partition p from `donor`?
 using Eligible = std::function<bool(const PartitionInfo& p, uint32_t donor, uint32_t receiver)>;
 
-// The largest partition of `donor` that `eligible` lets `receiver` take and
-// whose move narrows their gap; ties to the lower partition id.
+// The largest partition of `donor` that `eligible` lets `receiver` take,
+// of at most `limit` elements, and whose move narrows their gap; ties to the
+// lower partition id.
 std::optional<int> BestPartition(const ShardMap& map, const std::set<uint64_t>& fixed, const Eligible& eligible,
-                                 uint32_t donor, uint32_t receiver, uint64_t gap) {
+                                 uint32_t donor, uint32_t receiver, uint64_t gap, uint64_t limit) {
   std::optional<int> best;
   for (int i = 0; i < map.partitions_size(); ++i) {
     const PartitionInfo& p = map.partitions(i);
-    if (fixed.contains(p.id()) || !eligible(p, donor, receiver) || p.num_elements() >= gap) continue;
+    if (fixed.contains(p.id()) || !eligible(p, donor, receiver) || p.num_elements() >= gap ||
+        p.num_elements() > limit) {
+      continue;
+    }
     if (!best || p.num_elements() > map.partitions(*best).num_elements()) best = i;
   }
   return best;
@@ -49,14 +54,16 @@ using Loads = std::vector<std::pair<uint64_t, uint32_t>>;
 
 // The step that gives `receiver` (holding `receiver_load`) a partition from
 // the first of `donors` (heaviest first) with an eligible one that narrows
-// their gap; of donors as loaded as that one, the largest such partition.
+// their gap and fits its room; of donors as loaded as that one, the largest
+// such partition.
 std::optional<Step> StepTo(const ShardMap& planned, const std::set<uint64_t>& fixed, const Eligible& eligible,
-                           const Loads& donors, uint32_t receiver, uint64_t receiver_load) {
+                           const ServerRoom& room, const Loads& donors, uint32_t receiver, uint64_t receiver_load) {
   std::optional<Step> step;
   uint64_t step_load = 0;
+  const uint64_t limit = RoomLeft(room, receiver, receiver_load);
   for (const auto& [load, donor] : donors) {
     if (load <= receiver_load || (step && load < step_load)) break;
-    std::optional<int> i = BestPartition(planned, fixed, eligible, donor, receiver, load - receiver_load);
+    std::optional<int> i = BestPartition(planned, fixed, eligible, donor, receiver, load - receiver_load, limit);
     if (!i) continue;
     if (!step || planned.partitions(*i).num_elements() > planned.partitions(step->index).num_elements()) {
       step = Step{*i, donor, receiver};
@@ -71,12 +78,12 @@ std::optional<Step> StepTo(const ShardMap& planned, const std::set<uint64_t>& fi
 // share would leave a server that joined without a copy), the least loaded
 // server that can take one takes, from the most loaded one that has such a
 // partition, the largest eligible one whose move narrows the gap between the
-// two; `apply` changes `planned` accordingly. Every step lowers the sum of
-// squared loads, so the plan ends (and no later plan undoes it). A partition
-// moves at most once.
+// two, and fits the receiver's `room`; `apply` changes `planned`
+// accordingly. Every step lowers the sum of squared loads, so the plan ends
+// (and no later plan undoes it). A partition moves at most once.
 using ApplyStep = std::function<void(PartitionInfo& p, const Step& step)>;
 std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t> loads, std::set<uint64_t> fixed,
-                                  const Eligible& eligible, const ApplyStep& apply) {
+                                  const Eligible& eligible, const ApplyStep& apply, const ServerRoom& room = {}) {
   std::vector<Step> steps;
   while (!LoadsBalanced(planned, loads) || AnIdleServer(loads)) {
     // Receivers lightest first, donors heaviest first, ties to the lower
@@ -92,7 +99,7 @@ std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t
     // copies of everything the heavier ones could give).
     std::optional<Step> step;
     for (const auto& [receiver_load, receiver] : receivers) {
-      if ((step = StepTo(planned, fixed, eligible, donors, receiver, receiver_load))) break;
+      if ((step = StepTo(planned, fixed, eligible, room, donors, receiver, receiver_load))) break;
     }
     if (!step) break;  // nothing can narrow a gap: as balanced as these steps get
     PartitionInfo& p = *planned.mutable_partitions(step->index);
@@ -106,6 +113,12 @@ std::vector<Step> BalanceGreedily(ShardMap& planned, std::map<uint32_t, uint64_t
 }
 
 }  // namespace
+
+uint64_t RoomLeft(const ServerRoom& room, uint32_t server, uint64_t load) {
+  auto it = room.find(server);
+  if (it == room.end() || it->second == 0) return std::numeric_limits<uint64_t>::max();
+  return it->second > load ? it->second - load : 0;
+}
 
 std::map<uint32_t, uint64_t> ServerLoadsAfterMoves(const ShardMap& map, const std::set<uint32_t>& live) {
   std::map<uint32_t, uint64_t> loads;
@@ -135,7 +148,7 @@ bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& load
   return true;
 }
 
-std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live) {
+std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live, const ServerRoom& room) {
   std::set<uint64_t> fixed;
   for (const CopyMove& m : map.moves()) fixed.insert(m.partition());
   for (const PartitionInfo& p : map.partitions()) {
@@ -156,7 +169,7 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
   };
   std::vector<CopyMove> moves;
   const auto loads = ServerLoadsAfterMoves(map, live);
-  for (const Step& step : BalanceGreedily(planned, loads, fixed, copy_of_donor, move_copy)) {
+  for (const Step& step : BalanceGreedily(planned, loads, fixed, copy_of_donor, move_copy, room)) {
     CopyMove& move = moves.emplace_back();
     const PartitionInfo& p = map.partitions(step.index);
     move.set_partition(p.id());
@@ -168,7 +181,7 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
 }
 
 std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_t>& live,
-                                     const std::set<uint32_t>& draining) {
+                                     const std::set<uint32_t>& draining, const ServerRoom& room) {
   std::set<uint64_t> moving;
   for (const CopyMove& m : map.moves()) moving.insert(m.partition());
   std::vector<const PartitionInfo*> order;
@@ -192,9 +205,11 @@ std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_
     if (leaving.empty()) continue;
     std::optional<uint32_t> to;
     for (const auto& [s, load] : loads) {
-      if (!HoldsCopy(*p, s) && (!to || load < loads[*to])) to = s;
+      if (!HoldsCopy(*p, s) && p->num_elements() <= RoomLeft(room, s, load) && (!to || load < loads[*to])) to = s;
     }
-    if (!to) continue;  // every live server holds a copy already (Drain refuses such a cluster)
+    // Every live server holds a copy already (Drain refuses such a
+    // cluster), or has no room for one: the copy stays where it is.
+    if (!to) continue;
     CopyMove& move = moves.emplace_back();
     move.set_partition(p->id());
     move.set_from(leaving.front());

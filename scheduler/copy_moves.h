@@ -16,6 +16,13 @@
 
 namespace shardps {
 
+// Elements of partitions each server can hold, from the memory it reported
+// (ClusterState::ServerRooms); a server not listed, or listed with 0, is
+// not limited.
+using ServerRoom = std::map<uint32_t, uint64_t>;
+// The elements `server`, holding `load`, may still take within `room`.
+uint64_t RoomLeft(const ServerRoom& room, uint32_t server, uint64_t load);
+
 // Elements of the copies (primary or backup) each server in `live` holds
 // once the moves in `map.moves()` are done (their `from` copies gone).
 std::map<uint32_t, uint64_t> ServerLoadsAfterMoves(const ShardMap& map, const std::set<uint32_t>& live);
@@ -37,8 +44,9 @@ bool LoadsBalanced(const ShardMap& map, const std::map<uint32_t, uint64_t>& load
 // its partition's only copy (replication 1): that move is marked `primary`
 // and ends with a hand-off (ClusterState::FinishCopyMoves). A partition moves
 // at most once per plan, and partitions with a move under way, or whose
-// primary is not live, are left alone. Deterministic.
-std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live);
+// primary is not live, are left alone. No server is given a copy past its
+// `room`. Deterministic.
+std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t>& live, const ServerRoom& room = {});
 
 // The moves (epoch unset) that take every copy off the `draining` servers
 // (`shardps drain`): largest partitions first, each copy goes to the server
@@ -47,9 +55,11 @@ std::vector<CopyMove> PlanCopyMoves(const ShardMap& map, const std::set<uint32_t
 // primary's move is marked `primary`, backups or not: the role is handed to
 // its new copy once that is synced, then the old copy dropped. Partitions
 // with a move under way, or whose primary is neither live nor draining
-// (the failover's concern), are left alone. Deterministic.
+// (the failover's concern), are left alone, and so is a copy that fits the
+// `room` of no server without one (the drain then waits for a server that
+// joins). Deterministic.
 std::vector<CopyMove> PlanDrainMoves(const ShardMap& map, const std::set<uint32_t>& live,
-                                     const std::set<uint32_t>& draining);
+                                     const std::set<uint32_t>& draining, const ServerRoom& room = {});
 
 // Whether hand-off `h` is the second step of primary move `m` (the role
 // going to the move's new copy), not one balancing the primaries.

@@ -852,6 +852,37 @@ TEST(PlanDrainMovesTest, WithoutBackupsTheLargestPrimariesGoFirstToTheLightestSe
   for (const CopyMove& m : moves) EXPECT_TRUE(m.primary());
 }
 
+// Before 2026-11-26 the plans placed by load alone: a server with less
+// memory than the others (a smaller container) was given copies past what
+// it reported it can hold, and died receiving them.
+TEST(PlanDrainMovesTest, ACopyGoesOnlyWhereItFitsTheRoomItsServerReported) {
+  // Without backups: server 1 drains 500, 200 and 100; server 2 holds
+  // nothing but has room for 250, server 0 (300) for 2000.
+  const ShardMap map = MapOf({100, 500, 200, 300}, {{1}, {1}, {1}, {0}});
+  const ServerRoom room = {{0, 2000}, {2, 250}};
+  const std::vector<CopyMove> moves = PlanDrainMoves(map, {0, 2}, {1}, room);
+  ASSERT_THAT(moves, SizeIs(3));
+  EXPECT_EQ(moves[0].partition(), 1u);
+  EXPECT_EQ(moves[0].to(), 0u) << "500 fits server 0 only";
+  EXPECT_EQ(moves[1].partition(), 2u);
+  EXPECT_EQ(moves[1].to(), 2u);
+  EXPECT_EQ(moves[2].partition(), 0u);
+  EXPECT_EQ(moves[2].to(), 0u) << "server 2 has 50 left";
+  // Room for none: the copies stay, and the drain waits for a server.
+  EXPECT_THAT(PlanDrainMoves(map, {0, 2}, {1}, {{0, 300}, {2, 50}}), IsEmpty());
+}
+
+TEST(PlanCopyMovesTest, AServerThatJoinedTakesCopiesOnlyUpToTheRoomItReported) {
+  // As in the first test: server 2 would take 7 copies of 100, but
+  // reported room for 350.
+  std::vector<std::vector<uint32_t>> copies;
+  for (int i = 0; i < 12; ++i) copies.push_back(i % 2 == 0 ? std::vector<uint32_t>{0, 1} : std::vector<uint32_t>{1, 0});
+  const ShardMap map = MapOf(std::vector<uint64_t>(12, 100), copies);
+  const std::vector<CopyMove> moves = PlanCopyMoves(map, {0, 1, 2}, {{2, 350}});
+  EXPECT_THAT(moves, SizeIs(3));
+  for (const CopyMove& m : moves) EXPECT_EQ(m.to(), 2u);
+}
+
 TEST(PlanDrainMovesTest, PartitionsMovingAlreadyOrWithADeadPrimaryStay) {
   ShardMap map = MapOf({100, 100, 100}, {{2, 0}, {3, 2}, {2, 1, 0}});
   CopyMove* under_way = map.add_moves();
