@@ -131,8 +131,9 @@ std::unique_ptr<ClusterState> ClusterState::Restore(const SchedulerState& state,
   // the lines that say they are done count them, and the time, from here.
   cs->moves_planned_ = cs->map_.moves_size();
   // (A primary move's hand-off is part of its move, not a balancing one.)
-  cs->handoffs_planned_ = static_cast<int>(absl::c_count_if(cs->map_.handoffs(), [&](const Handoff& h) {
-    return absl::c_none_of(cs->map_.moves(), [&h](const CopyMove& m) { return IsPrimaryMoveHandoff(m, h); });
+  const auto& moves = cs->map_.moves();  // read under the lock: the lambda is analysed alone
+  cs->handoffs_planned_ = static_cast<int>(absl::c_count_if(cs->map_.handoffs(), [&moves](const Handoff& h) {
+    return absl::c_none_of(moves, [&h](const CopyMove& m) { return IsPrimaryMoveHandoff(m, h); });
   }));
   cs->moves_since_ = cs->handoffs_since_ = now;
   cs->moves_resumed_ = cs->moves_planned_ > 0;
