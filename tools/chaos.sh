@@ -69,6 +69,9 @@ flags:
   --subnet A.B.C         /24 of the fake hosts (default 10.78.0)
   --prefix P             prefix of namespace and link names (default ch)
   --workdir DIR          logs and results (default: a new temp dir, kept; printed)
+  --secure               secure both planes (README: Security): fresh credentials from
+                         `shardps certs` (the scheduler's certificate for its fake host's
+                         address), --security-config for every process
   --json                 one JSON object per scenario instead of the table
   --verbose              pass --verbose to every process
   -h, --help             this text
@@ -95,7 +98,7 @@ source "$(dirname "$0")/fakehosts.sh"
 RATE=1gbit WORKERS=3 EPOCHS=3 TRAIN_LIMIT=0 TEST_LIMIT=0 FAULT_AFTER=10 CUT_HOST=2 LOSS=0.1 LOSS_SECONDS=60
 PEER_HOST=3 CUT_RANK=1 PAIR_SECONDS=30
 HB_MS=10000 REQ_MS=60000 RUN_TIMEOUT=420 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.78.0 PREFIX=ch
-WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION=""
+WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION="" SECURE=0
 SCENARIOS=() CONFIG_SETS=()
 while (($#)); do
   case "$1" in
@@ -122,6 +125,7 @@ while (($#)); do
     --prefix) PREFIX=$2; shift 2 ;;
     --workdir) WORKDIR=$2; shift 2 ;;
     --json) JSON=1; shift ;;
+    --secure) SECURE=1; shift ;;
     --verbose) VERBOSE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --*) usage >&2; die "unknown flag $1" ;;
@@ -272,24 +276,29 @@ run_scenario() {
   mkdir -p "$dir"
   rm -f "$dir"/result.* "$dir"/progress.* "$dir"/info.* "$dir"/updates.*
   local v=(); ((VERBOSE)) && v=(--verbose)
+  local sched_sec=() node_sec=()
+  if ((SECURE)); then
+    sched_sec=(--security-config "$WORKDIR/credentials/scheduler.conf")
+    node_sec=(--security-config "$WORKDIR/credentials/node.conf")
+  fi
   local data=(); [[ -n $DATA_DIR ]] && data=(--data-dir "$DATA_DIR")
   local t0; t0=$(now)
   start 0 scheduler "$dir/h0.scheduler.log" "$SHARDPS_BIN" scheduler --listen "$SCHED_ADDR" \
     --set consistency=sync --set num_servers=3 --set "num_workers=$WORKERS" --set replication=2 \
     --set "heartbeat_timeout_ms=$HB_MS" --set "request_timeout_ms=$REQ_MS" \
-    --set rendezvous_timeout_ms=60000 "${JOB_SETS[@]}" "${v[@]}"
+    --set rendezvous_timeout_ms=60000 "${JOB_SETS[@]}" "${sched_sec[@]}" "${v[@]}"
   local h
   for h in 1 2 3; do
     start "$h" server "$dir/h$h.server.log" "$SHARDPS_BIN" server --scheduler "$SCHED_ADDR" \
       --listen "tcp://$(ip_of "$h"):7001" --advertise-host "$(ip_of "$h")" --info-file "$dir/info.h$h" \
-      --updates-file "$dir/updates.h$h" "${v[@]}"
+      --updates-file "$dir/updates.h$h" "${node_sec[@]}" "${v[@]}"
   done
   local nd=${#PIDS[@]}   # indices < nd are daemons
   for ((h = 4; h < NHOSTS; h++)); do
     start "$h" "worker rank $((h - 4))" "$dir/h$h.worker.log" "$SHARDPS_BIN" train --scheduler "$SCHED_ADDR" \
       --rank $((h - 4)) --result-file "$dir/result.$((h - 4))" --progress-file "$dir/progress.$((h - 4))" \
       --epochs "$EPOCHS" --train-limit "$TRAIN_LIMIT" --test-limit "$TEST_LIMIT" --log-every 100 \
-      --rendezvous-timeout 60 "${data[@]}" "${v[@]}"
+      --rendezvous-timeout 60 "${data[@]}" "${node_sec[@]}" "${v[@]}"
   done
 
   # The fault: starts FAULT_AFTER seconds after worker 0's first step.
@@ -444,9 +453,14 @@ fi
 cp "$SHARDPS_BIN" "$WORKDIR/shardps"   # a private copy: a rebuild during the run changes nothing
 log "binary: $SHARDPS_BIN (copied to $WORKDIR/shardps)"
 SHARDPS_BIN=$WORKDIR/shardps
+if ((SECURE)); then
+  "$SHARDPS_BIN" certs --out "$WORKDIR/credentials" --hosts "$(ip_of 0)" >"$WORKDIR/certs.log" 2>&1 ||
+    die "shardps certs failed: $(cat "$WORKDIR/certs.log")"
+fi
+SECURITY_LABEL=""; ((SECURE)) && SECURITY_LABEL=" (secured: TLS + token, sealed data)"
 setup_net
 check_net "links $RATE each way"
-log "$CONSISTENCY job: 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT;" \
+log "$CONSISTENCY job$SECURITY_LABEL: 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT;" \
   "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS${JOB_CONFIG:+; config $JOB_CONFIG}"
 
 for s in "${RUN_LIST[@]}"; do
@@ -486,7 +500,7 @@ if ((JSON)); then
   done
 else
   echo
-  echo "$CONSISTENCY, 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT, links $RATE;" \
+  echo "$CONSISTENCY$SECURITY_LABEL, 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT, links $RATE;" \
     "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS; fault $FAULT_AFTER s after the first step"
   [[ -n $JOB_CONFIG ]] && echo "config: $JOB_CONFIG"
   printf '%-8s %-34s %-8s %9s %8s %5s %5s %7s %8s %16s %4s  %s\n' scenario fault exit accuracy delta lost dup \
