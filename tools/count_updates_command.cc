@@ -44,7 +44,7 @@ int CountUpdatesCommand(const Args& args) {
   }
   if (absl::Status s = ApplyConfigSets(sets, &config); !s.ok()) return usage_error(s);
   std::map<int, std::map<uint64_t, uint64_t>> acked;
-  for (size_t rank = 0; rank < result_files.size(); ++rank) acked[rank] = ReadAckedPushes(result_files[rank]);
+  for (size_t r = 0; r < result_files.size(); ++r) acked[static_cast<int>(r)] = ReadAckedPushes(result_files[r]);
   const std::map<uint64_t, PartitionApplied> applied = ReadServerUpdates(updates_files);
   const bool round_based = RoundBased(config);
   const UpdateAccounting counted =
