@@ -167,7 +167,10 @@ RUN_LIST=(none)
 for s in "${SCENARIOS[@]}"; do
   case "$s" in
     none) ;;
-    cut5|cut30|loss|sched|repl|wsrv|ssched) RUN_LIST+=("$s") ;;
+    cut5|cut30|loss|sched|repl|wsrv|ssched)
+      # Results and logs are kept per name: a second run would overwrite the first's.
+      [[ " ${RUN_LIST[*]} " != *" $s "* ]] || die "scenario '$s' named twice (one run per name; run the tool again to repeat it)"
+      RUN_LIST+=("$s") ;;
     *) die "unknown scenario '$s' (none cut5 cut30 loss sched repl wsrv ssched)" ;;
   esac
 done
