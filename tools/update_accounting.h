@@ -19,7 +19,10 @@ namespace shardps {
 
 // Sync: a worker acknowledged more rounds than its partition's primary
 // completed lost some; a primary that completed more rounds than any worker
-// pushed applied one twice. Async: the same per worker and push.
+// pushed applied one twice. Async: the same per worker and push. These are
+// counts, not identities: one push of a worker lost and another of the same
+// worker and partition applied twice cancel, and a round completed without a
+// gradient it acknowledged still counts as complete.
 struct PartitionApplied {
   uint64_t completed = 0;
   std::vector<uint64_t> applied_by_worker;  // async
