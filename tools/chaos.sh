@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Chaos on fake hosts: a sync training job across network namespaces (one
-# scheduler, 3 servers, 2-3 workers, each its own host) while network faults
-# are injected with iptables, one scenario per run:
+# Chaos on fake hosts: a training job (sync, or as --set consistency= says)
+# across network namespaces (one scheduler, 3 servers, 2-3 workers, each its
+# own host) while network faults are injected with iptables, one scenario
+# per run:
 #   cut5    one server cut off (DROP both ways) for 5 s, shorter than the
 #           heartbeat timeout: the job should stall and go on, no failover
 #   cut30   the same for 30 s: the scheduler should declare it dead and its
@@ -68,6 +69,9 @@ flags:
   --subnet A.B.C         /24 of the fake hosts (default 10.78.0)
   --prefix P             prefix of namespace and link names (default ch)
   --workdir DIR          logs and results (default: a new temp dir, kept; printed)
+  --secure               secure both planes (README: Security): fresh credentials from
+                         `shardps certs` (the scheduler's certificate for its fake host's
+                         address), --security-config for every process
   --json                 one JSON object per scenario instead of the table
   --verbose              pass --verbose to every process
   -h, --help             this text
@@ -77,7 +81,11 @@ accuracy of worker 0), delta (against "none"), wall (seconds from the first
 process start to the last worker's exit), stall (the longest time worker 0's
 step count stood still), steps in fault (worker 0's steps taken while the fault
 was on, and its step at the fault's start and end: 0 means the job stalled),
-pass (the fault came, every worker exited 0 and |delta| <= 0.01), failover (the
+lost and dup (updates acknowledged to a worker that no surviving primary
+applied, and ones applied twice: `shardps count-updates` on the servers'
+--updates-file and the workers' results, as `shardps local` counts them; "?"
+when they could not be counted), pass (the fault came, every worker exited 0,
+|delta| <= 0.01 and no update was lost or duplicated), failover (the
 nodes the scheduler declared dead, from its log). Exit status 1 when a scenario
 fails.
 EOF
@@ -90,7 +98,7 @@ source "$(dirname "$0")/fakehosts.sh"
 RATE=1gbit WORKERS=3 EPOCHS=3 TRAIN_LIMIT=0 TEST_LIMIT=0 FAULT_AFTER=10 CUT_HOST=2 LOSS=0.1 LOSS_SECONDS=60
 PEER_HOST=3 CUT_RANK=1 PAIR_SECONDS=30
 HB_MS=10000 REQ_MS=60000 RUN_TIMEOUT=420 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.78.0 PREFIX=ch
-WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION=""
+WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION="" SECURE=0
 SCENARIOS=() CONFIG_SETS=()
 while (($#)); do
   case "$1" in
@@ -117,6 +125,7 @@ while (($#)); do
     --prefix) PREFIX=$2; shift 2 ;;
     --workdir) WORKDIR=$2; shift 2 ;;
     --json) JSON=1; shift ;;
+    --secure) SECURE=1; shift ;;
     --verbose) VERBOSE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --*) usage >&2; die "unknown flag $1" ;;
@@ -151,12 +160,17 @@ done
 JOB_CONFIG=""   # what JOB_SETS change, for the log and the table
 for ((i = 1; i < ${#JOB_SETS[@]}; i += 2)); do JOB_CONFIG+=" ${JOB_SETS[$i]}"; done
 JOB_CONFIG=${JOB_CONFIG# }
+CONSISTENCY=sync   # the job's, for the log and the table: the last --set consistency= wins
+for kv in "${CONFIG_SETS[@]}"; do [[ $kv == consistency=* ]] && CONSISTENCY=${kv#consistency=}; done
 ((${#SCENARIOS[@]})) || SCENARIOS=(cut5 cut30 loss sched)
 RUN_LIST=(none)
 for s in "${SCENARIOS[@]}"; do
   case "$s" in
     none) ;;
-    cut5|cut30|loss|sched|repl|wsrv|ssched) RUN_LIST+=("$s") ;;
+    cut5|cut30|loss|sched|repl|wsrv|ssched)
+      # Results and logs are kept per name: a second run would overwrite the first's.
+      [[ " ${RUN_LIST[*]} " != *" $s "* ]] || die "scenario '$s' named twice (one run per name; run the tool again to repeat it)"
+      RUN_LIST+=("$s") ;;
     *) die "unknown scenario '$s' (none cut5 cut30 loss sched repl wsrv ssched)" ;;
   esac
 done
@@ -223,31 +237,71 @@ result_value() { awk -v k="$2" '$1 == k { print $2 }' "$1" 2>/dev/null || true; 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
+# stop_servers NAME: SIGTERM to the servers (PIDS 1-3) still running, before
+# the scheduler, as `shardps local` stops them: each writes its
+# --updates-file as it exits. Waits up to 10 s, then kill_started ends them.
+stop_servers() {
+  local i
+  for i in 1 2 3; do kill -TERM "${PIDS[$i]}" 2>/dev/null || true; done
+  for _ in $(seq 100); do
+    local alive=0
+    for i in 1 2 3; do kill -0 "${PIDS[$i]}" 2>/dev/null && alive=1; done
+    ((alive)) || return 0
+    sleep 0.1
+  done
+  log "[$1] a server did not stop within 10 s of SIGTERM: it wrote no --updates-file, its partitions count as lost"
+}
+
+# count_updates NAME DIR: lost and duplicate updates of the run, as `shardps
+# local` counts them (`shardps count-updates`: the surviving servers'
+# --updates-file against the workers' acknowledged pushes).
+declare -A R_LOST R_DUP
+count_updates() {
+  local name=$1 dir=$2 args=(--set consistency=sync "${JOB_SETS[@]}") h r out rc=0
+  for h in 1 2 3; do args+=(--updates "$dir/updates.h$h"); done
+  for ((r = 0; r < WORKERS; r++)); do args+=(--result "$dir/result.$r"); done
+  out=$("$SHARDPS_BIN" count-updates "${args[@]}" 2>"$dir/count-updates.err") || rc=$?
+  echo "$out" >"$dir/count-updates.json"
+  if ((rc > 1)) || [[ $out != *lost_updates* ]]; then
+    log "[$name] count-updates failed (status $rc): $(cat "$dir/count-updates.err")"
+    R_LOST[$name]="?" R_DUP[$name]="?"
+    return
+  fi
+  R_LOST[$name]=$(echo "$out" | grep -oE '"lost_updates": [0-9]+' | grep -oE '[0-9]+$')
+  R_DUP[$name]=$(echo "$out" | grep -oE '"duplicate_updates": [0-9]+' | grep -oE '[0-9]+$')
+}
+
 # run_scenario NAME: one job (scheduler, 3 servers, WORKERS workers) with NAME's
 # fault; fills R_* for NAME.
 declare -A R_EXIT R_ACC R_WALL R_FAILOVER R_FAULT_STEPS R_FAULT_WINDOW R_PASS R_NOTE R_DROPPED R_DAEMONS R_STALL
 run_scenario() {
   local name=$1 dir=$WORKDIR/$1
   mkdir -p "$dir"
-  rm -f "$dir"/result.* "$dir"/progress.* "$dir"/info.*
+  rm -f "$dir"/result.* "$dir"/progress.* "$dir"/info.* "$dir"/updates.*
   local v=(); ((VERBOSE)) && v=(--verbose)
+  local sched_sec=() node_sec=()
+  if ((SECURE)); then
+    sched_sec=(--security-config "$WORKDIR/credentials/scheduler.conf")
+    node_sec=(--security-config "$WORKDIR/credentials/node.conf")
+  fi
   local data=(); [[ -n $DATA_DIR ]] && data=(--data-dir "$DATA_DIR")
   local t0; t0=$(now)
   start 0 scheduler "$dir/h0.scheduler.log" "$SHARDPS_BIN" scheduler --listen "$SCHED_ADDR" \
     --set consistency=sync --set num_servers=3 --set "num_workers=$WORKERS" --set replication=2 \
     --set "heartbeat_timeout_ms=$HB_MS" --set "request_timeout_ms=$REQ_MS" \
-    --set rendezvous_timeout_ms=60000 "${JOB_SETS[@]}" "${v[@]}"
+    --set rendezvous_timeout_ms=60000 "${JOB_SETS[@]}" "${sched_sec[@]}" "${v[@]}"
   local h
   for h in 1 2 3; do
     start "$h" server "$dir/h$h.server.log" "$SHARDPS_BIN" server --scheduler "$SCHED_ADDR" \
-      --listen "tcp://$(ip_of "$h"):7001" --advertise-host "$(ip_of "$h")" --info-file "$dir/info.h$h" "${v[@]}"
+      --listen "tcp://$(ip_of "$h"):7001" --advertise-host "$(ip_of "$h")" --info-file "$dir/info.h$h" \
+      --updates-file "$dir/updates.h$h" "${node_sec[@]}" "${v[@]}"
   done
   local nd=${#PIDS[@]}   # indices < nd are daemons
   for ((h = 4; h < NHOSTS; h++)); do
     start "$h" "worker rank $((h - 4))" "$dir/h$h.worker.log" "$SHARDPS_BIN" train --scheduler "$SCHED_ADDR" \
       --rank $((h - 4)) --result-file "$dir/result.$((h - 4))" --progress-file "$dir/progress.$((h - 4))" \
       --epochs "$EPOCHS" --train-limit "$TRAIN_LIMIT" --test-limit "$TEST_LIMIT" --log-every 100 \
-      --rendezvous-timeout 60 "${data[@]}" "${v[@]}"
+      --rendezvous-timeout 60 "${data[@]}" "${node_sec[@]}" "${v[@]}"
   done
 
   # The fault: starts FAULT_AFTER seconds after worker 0's first step.
@@ -338,7 +392,9 @@ run_scenario() {
     else rc=0; wait "${PIDS[$i]}" || rc=$?; daemons+=("${PNAMES[$i]}: exited $rc"); fi
   done
   R_DAEMONS[$name]=$(IFS=';'; echo "${daemons[*]}")
+  stop_servers "$name"
   kill_started
+  count_updates "$name" "$dir"
 
   local exits=() all_ok=1
   for ((i = nd; i < nd + WORKERS; i++)); do
@@ -375,6 +431,7 @@ run_scenario() {
   } >"$dir/events.txt" || true
   local pass=1
   ((all_ok)) || pass=0
+  [[ ${R_LOST[$name]} == 0 && ${R_DUP[$name]} == 0 ]] || pass=0   # an update lost or applied twice
   [[ $name != none && -z $t_fault ]] && pass=0   # the fault never came: nothing survived it
   if [[ -n ${R_ACC[$name]} && -n ${R_ACC[none]:-} ]]; then
     awk -v a="${R_ACC[$name]}" -v b="${R_ACC[none]}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' || pass=0
@@ -382,7 +439,7 @@ run_scenario() {
     pass=0
   fi
   R_PASS[$name]=$pass
-  log "[$name] workers ${R_EXIT[$name]}, accuracy ${R_ACC[$name]:-none}, wall $wall s, failover ${R_FAILOVER[$name]}, daemons at the end: ${R_DAEMONS[$name]}"
+  log "[$name] workers ${R_EXIT[$name]}, accuracy ${R_ACC[$name]:-none}, lost ${R_LOST[$name]}, duplicate ${R_DUP[$name]}, wall $wall s, failover ${R_FAILOVER[$name]}, daemons at the end: ${R_DAEMONS[$name]}"
   if ((failed)); then
     log "[$name] FAILED; what the nodes said ($dir/events.txt):"
     sed 's/^/    | /' "$dir/events.txt" | tail -n 40 >&2
@@ -399,9 +456,14 @@ fi
 cp "$SHARDPS_BIN" "$WORKDIR/shardps"   # a private copy: a rebuild during the run changes nothing
 log "binary: $SHARDPS_BIN (copied to $WORKDIR/shardps)"
 SHARDPS_BIN=$WORKDIR/shardps
+if ((SECURE)); then
+  "$SHARDPS_BIN" certs --out "$WORKDIR/credentials" --hosts "$(ip_of 0)" >"$WORKDIR/certs.log" 2>&1 ||
+    die "shardps certs failed: $(cat "$WORKDIR/certs.log")"
+fi
+SECURITY_LABEL=""; ((SECURE)) && SECURITY_LABEL=" (secured: TLS + token, sealed data)"
 setup_net
 check_net "links $RATE each way"
-log "sync job: 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT;" \
+log "$CONSISTENCY job$SECURITY_LABEL: 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT;" \
   "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS${JOB_CONFIG:+; config $JOB_CONFIG}"
 
 for s in "${RUN_LIST[@]}"; do
@@ -425,6 +487,7 @@ describe() {
     ssched) echo "server h$CUT_HOST cut from scheduler ${PAIR_SECONDS} s" ;;
   esac
 }
+json_count() { [[ $1 =~ ^[0-9]+$ ]] && echo "$1" || echo null; }   # "?": not counted
 ALL_PASS=1
 for s in "${RUN_LIST[@]}"; do ((R_PASS[$s])) || ALL_PASS=0; done
 if ((JSON)); then
@@ -434,19 +497,20 @@ if ((JSON)); then
       "$s" "$(describe "$s")" "${R_EXIT[$s]}" "${R_ACC[$s]:-null}" "${d:-null}"
     printf '"wall_seconds":%s,"failover":"%s","steps_during_fault":"%s","fault_steps":"%s","longest_stall_s":%s,' \
       "${R_WALL[$s]}" "${R_FAILOVER[$s]}" "${R_FAULT_STEPS[$s]}" "${R_FAULT_WINDOW[$s]}" "${R_STALL[$s]}"
+    printf '"lost_updates":%s,"duplicate_updates":%s,' "$(json_count "${R_LOST[$s]}")" "$(json_count "${R_DUP[$s]}")"
     printf '"packets_dropped":%s,"daemons":"%s","note":"%s","pass":%s}\n' "${R_DROPPED[$s]:-0}" \
       "${R_DAEMONS[$s]}" "${R_NOTE[$s]}" "$( ((R_PASS[$s])) && echo true || echo false)"
   done
 else
   echo
-  echo "sync, 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT, links $RATE;" \
+  echo "$CONSISTENCY$SECURITY_LABEL, 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT, links $RATE;" \
     "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS; fault $FAULT_AFTER s after the first step"
   [[ -n $JOB_CONFIG ]] && echo "config: $JOB_CONFIG"
-  printf '%-8s %-34s %-8s %9s %8s %7s %8s %16s %4s  %s\n' scenario fault exit accuracy delta "wall s" "stall s" \
-    "steps in fault" pass failover
+  printf '%-8s %-34s %-8s %9s %8s %5s %5s %7s %8s %16s %4s  %s\n' scenario fault exit accuracy delta lost dup \
+    "wall s" "stall s" "steps in fault" pass failover
   for s in "${RUN_LIST[@]}"; do
-    printf '%-8s %-34s %-8s %9s %8s %7s %8s %16s %4s  %s\n' "$s" "$(describe "$s")" "${R_EXIT[$s]}" \
-      "${R_ACC[$s]:--}" "$(delta "$s")" "${R_WALL[$s]}" "${R_STALL[$s]}" \
+    printf '%-8s %-34s %-8s %9s %8s %5s %5s %7s %8s %16s %4s  %s\n' "$s" "$(describe "$s")" "${R_EXIT[$s]}" \
+      "${R_ACC[$s]:--}" "$(delta "$s")" "${R_LOST[$s]}" "${R_DUP[$s]}" "${R_WALL[$s]}" "${R_STALL[$s]}" \
       "${R_FAULT_STEPS[$s]} (${R_FAULT_WINDOW[$s]})" "$( ((R_PASS[$s])) && echo yes || echo NO)" "${R_FAILOVER[$s]}"
     [[ -n ${R_NOTE[$s]} ]] && echo "       note: ${R_NOTE[$s]}"
   done

@@ -26,6 +26,7 @@ int BenchLocalCommand(const Args& args);
 int BenchCheckpointCommand(const Args& args);
 int FloodCommand(const Args& args);  // server memory under a push flood
 int RunCommand(const Args& args);  // role and addresses from DMLC_* (tools/run_plan.h)
+int CountUpdatesCommand(const Args& args);  // lost/duplicate updates of a finished job
 
 // Set by SIGTERM/SIGINT once InstallStopSignals() ran (SIGINT only when it
 // was not ignored at start: a background job's, or a launched daemon's).

@@ -193,38 +193,6 @@ void FaultInjector::Measure(int64_t step) {
   }
 }
 
-UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionApplied>& applied,
-                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker,
-                                uint64_t restored_rounds) {
-  // Sync: the rounds this run completed.
-  auto run_rounds = [restored_rounds](uint64_t completed) {
-    return completed > restored_rounds ? completed - restored_rounds : 0;
-  };
-  UpdateAccounting out;
-  std::map<uint64_t, uint64_t> most_acked;  // sync: per partition, the most rounds any worker pushed
-  for (const auto& [rank, acked] : acked_by_worker) {
-    for (const auto& [partition, n] : acked) {
-      most_acked[partition] = std::max(most_acked[partition], n);
-      auto it = applied.find(partition);
-      uint64_t done = 0;
-      if (it != applied.end()) {
-        done = !async ? run_rounds(it->second.completed)
-               : static_cast<size_t>(rank) < it->second.applied_by_worker.size() ? it->second.applied_by_worker[rank]
-                                                                                  : 0;
-      }
-      if (n > done) out.lost += n - done;
-      if (async && done > n) out.duplicates += done - n;
-    }
-  }
-  if (!async) {
-    for (const auto& [partition, a] : applied) {
-      const uint64_t pushed = most_acked[partition];
-      if (run_rounds(a.completed) > pushed) out.duplicates += run_rounds(a.completed) - pushed;
-    }
-  }
-  return out;
-}
-
 std::string FaultsJson(const std::vector<FaultRecord>& records) {
   auto seconds = [](double s) { return s < 0 ? std::string("null") : absl::StrFormat("%.3f", s); };
   std::vector<std::string> items;

@@ -114,26 +114,6 @@ class FaultInjector {
   absl::Time next_poll_ = absl::InfinitePast();
 };
 
-// Lost and duplicate updates, from the daemons' own counters: what the
-// surviving primaries applied per partition against what was acknowledged to
-// the surviving workers. Sync: a worker acknowledged more rounds than its
-// partition's primary completed lost some; a primary that completed more
-// rounds than any worker pushed applied one twice. Async: the same per worker
-// and push.
-struct PartitionApplied {
-  uint64_t completed = 0;
-  std::vector<uint64_t> applied_by_worker;  // async
-};
-struct UpdateAccounting {
-  uint64_t lost = 0, duplicates = 0;
-};
-// `restored_rounds`: sync rounds a restored job's servers began with
-// (checkpoint.restore_round), completed before any worker of this run
-// pushed.
-UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionApplied>& applied,
-                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker,
-                                uint64_t restored_rounds = 0);
-
 // `"faults": [...]`-ready JSON array of the records.
 std::string FaultsJson(const std::vector<FaultRecord>& records);
 

@@ -92,37 +92,5 @@ TEST(FaultInjectorTest, AKillOfAServerNotRegisteredYetWaitsForItsIndex) {
   EXPECT_NE(kill(added->pid, 0), 0) << "the process is gone";
 }
 
-TEST(AccountUpdatesTest, SyncComparesRoundsCompletedWithRoundsAcknowledged) {
-  std::map<uint64_t, PartitionApplied> applied = {{0, {10, {}}}, {1, {9, {}}}};
-  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}, {1, {{0, 10}, {1, 10}}}}).lost, 2u)
-      << "partition 1 lost a round each worker saw acknowledged";
-  applied[1].completed = 11;
-  UpdateAccounting twice = AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}});
-  EXPECT_EQ(twice.lost, 0u);
-  EXPECT_EQ(twice.duplicates, 1u);
-  applied[1].completed = 10;
-  UpdateAccounting clean = AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}});
-  EXPECT_EQ(clean.lost + clean.duplicates, 0u);
-}
-
-TEST(AccountUpdatesTest, SyncCountsOnlyTheRoundsPastARestore) {
-  // Restored at round 150, 250 rounds more: each worker saw 250 acknowledged.
-  const std::map<uint64_t, PartitionApplied> applied = {{0, {400, {}}}, {1, {400, {}}}};
-  const UpdateAccounting resumed = AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}, 150);
-  EXPECT_EQ(resumed.lost + resumed.duplicates, 0u) << "the restored rounds are no duplicates";
-  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}).duplicates, 300u) << "before";
-  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 251}, {1, 250}}}}, 150).lost, 1u);
-}
-
-TEST(AccountUpdatesTest, AsyncComparesEachWorkersPushes) {
-  std::map<uint64_t, PartitionApplied> applied = {{0, {7, {3, 4}}}};
-  UpdateAccounting a = AccountUpdates(true, applied, {{0, {{0, 3}}}, {1, {{0, 5}}}});
-  EXPECT_EQ(a.lost, 1u);
-  EXPECT_EQ(a.duplicates, 0u);
-  UpdateAccounting b = AccountUpdates(true, applied, {{0, {{0, 2}}}});
-  EXPECT_EQ(b.duplicates, 1u);
-  EXPECT_EQ(AccountUpdates(true, {}, {{0, {{5, 4}}}}).lost, 4u) << "a partition no survivor holds";
-}
-
 }  // namespace
 }  // namespace shardps

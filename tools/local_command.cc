@@ -31,6 +31,7 @@
 #include "tools/commands.h"
 #include "tools/process.h"
 #include "tools/train_job.h"
+#include "tools/update_accounting.h"
 
 namespace shardps {
 namespace {
@@ -157,37 +158,6 @@ struct Outcome {
   UpdateAccounting updates;
 };
 
-// The surviving servers' --updates-file lines: ID COMPLETED [APPLIED_BY...]
-// for primaries, "backup ID COMPLETED [APPLIED_BY...]" for synced backup
-// copies (into `backups`, when given: per partition, the copy that applied
-// the most).
-std::map<uint64_t, PartitionApplied> ReadApplied(const std::string& path,
-                                                 std::map<uint64_t, PartitionApplied>* backups = nullptr) {
-  std::map<uint64_t, PartitionApplied> out;
-  std::ifstream in(path);
-  std::string line;
-  auto total = [](const PartitionApplied& a) {
-    uint64_t sum = a.completed;
-    for (uint64_t n : a.applied_by_worker) sum += n;
-    return sum;
-  };
-  while (std::getline(in, line)) {
-    const bool backup = absl::StartsWith(line, "backup ");
-    std::istringstream fields(backup ? line.substr(7) : line);
-    uint64_t id;
-    PartitionApplied a;
-    if (!(fields >> id >> a.completed)) continue;
-    for (uint64_t n; fields >> n;) a.applied_by_worker.push_back(n);
-    if (!backup) {
-      out[id] = std::move(a);
-    } else if (backups != nullptr) {
-      auto [it, inserted] = backups->try_emplace(id, a);
-      if (!inserted && total(a) > total(it->second)) it->second = std::move(a);
-    }
-  }
-  return out;
-}
-
 // Rank 0's step count, written by `shardps train --progress-file`.
 int64_t ReadProgress(const std::string& path) {
   std::ifstream in(path);
@@ -263,28 +233,18 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
     out.bytes_pushed += result["bytes_pushed"];
     out.bytes_pulled += result["bytes_pulled"];
     out.samples += result["samples"];
-    for (const auto& [key, value] : result) {
-      uint64_t partition;
-      if (absl::StartsWith(key, "acked.") && absl::SimpleAtoi(key.substr(6), &partition)) {
-        acked[r][partition] = static_cast<uint64_t>(value);
-      }
-    }
+    acked[r] = ReadAckedPushes(absl::StrCat(dir, "/result.", r));
     if (r == 0) {
       out.rank0 = result;
       std::ifstream(absl::StrCat(dir, "/result.0.sha256")) >> out.weights_sha256;
     }
   }
-  // Each partition is reported by the server that is its primary at the end.
-  // One that none is (a hand-off switched as the job stopped: the old
-  // primary installed the switch, the new one was stopped before it) by the
-  // backup copy that applied the most: its state is the partition's.
-  std::map<uint64_t, PartitionApplied> applied, backups;
+  std::vector<std::string> updates_files;
   for (int i = 0; i < spawned_servers; ++i) {
-    applied.merge(ReadApplied(absl::StrCat(dir, "/updates.", i), &backups));
-    ReadStaleness(absl::StrCat(dir, "/updates.", i), &out.staleness);
+    updates_files.push_back(absl::StrCat(dir, "/updates.", i));
+    ReadStaleness(updates_files.back(), &out.staleness);
   }
-  applied.merge(backups);  // keeps every primary's report
-  out.updates = AccountUpdates(!RoundBased(config), applied, acked,
+  out.updates = AccountUpdates(!RoundBased(config), ReadServerUpdates(updates_files), acked,
                                RoundBased(config) ? config.checkpoint().restore_round() : 0);
   return out;
 }

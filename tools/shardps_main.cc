@@ -34,6 +34,7 @@ operations:
   drain         move a server's partitions to the others while training goes on, then stop it
   local         scheduler + servers + workers as processes on this machine, training Fashion-MNIST
   launch        scheduler + servers on this machine, and W copies of any command as the workers
+  count-updates lost and duplicate updates of a finished job, from its servers' and workers' files
   certs         a CA, TLS certificates, a cluster token and security configs for a test cluster
 benchmarks:
   bench         push/pull round trips against real servers vs raw ZeroMQ
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
       {"flood", shardps::FloodCommand},
       {"bench-codec", shardps::BenchCodecCommand}, {"bench-local", shardps::BenchLocalCommand},
       {"bench-checkpoint", shardps::BenchCheckpointCommand}, {"checkpoint", shardps::CheckpointCommand},
-      {"drain", shardps::DrainCommand},
+      {"drain", shardps::DrainCommand},           {"count-updates", shardps::CountUpdatesCommand},
       {"certs", shardps::CertsCommand},
       {"echo-server", shardps::EchoServerCommand}, {"run", shardps::RunCommand},
   };

@@ -1,0 +1,81 @@
+#include "tools/update_accounting.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardps {
+namespace {
+
+TEST(AccountUpdatesTest, SyncComparesRoundsCompletedWithRoundsAcknowledged) {
+  std::map<uint64_t, PartitionApplied> applied = {{0, {10, {}}}, {1, {9, {}}}};
+  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}, {1, {{0, 10}, {1, 10}}}}).lost, 2u)
+      << "partition 1 lost a round each worker saw acknowledged";
+  applied[1].completed = 11;
+  UpdateAccounting twice = AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}});
+  EXPECT_EQ(twice.lost, 0u);
+  EXPECT_EQ(twice.duplicates, 1u);
+  applied[1].completed = 10;
+  UpdateAccounting clean = AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}});
+  EXPECT_EQ(clean.lost + clean.duplicates, 0u);
+}
+
+TEST(AccountUpdatesTest, SyncCountsOnlyTheRoundsPastARestore) {
+  // Restored at round 150, 250 rounds more: each worker saw 250 acknowledged.
+  const std::map<uint64_t, PartitionApplied> applied = {{0, {400, {}}}, {1, {400, {}}}};
+  const UpdateAccounting resumed = AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}, 150);
+  EXPECT_EQ(resumed.lost + resumed.duplicates, 0u) << "the restored rounds are no duplicates";
+  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}).duplicates, 300u) << "before";
+  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 251}, {1, 250}}}}, 150).lost, 1u);
+}
+
+TEST(AccountUpdatesTest, AsyncComparesEachWorkersPushes) {
+  std::map<uint64_t, PartitionApplied> applied = {{0, {7, {3, 4}}}};
+  UpdateAccounting a = AccountUpdates(true, applied, {{0, {{0, 3}}}, {1, {{0, 5}}}});
+  EXPECT_EQ(a.lost, 1u);
+  EXPECT_EQ(a.duplicates, 0u);
+  UpdateAccounting b = AccountUpdates(true, applied, {{0, {{0, 2}}}});
+  EXPECT_EQ(b.duplicates, 1u);
+  EXPECT_EQ(AccountUpdates(true, {}, {{0, {{5, 4}}}}).lost, 4u) << "a partition no survivor holds";
+}
+
+// A file of `text` under the test's temporary directory; returns its path.
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/update_accounting_test.", getpid(), ".", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ReadServerUpdatesTest, APrimarysLineWinsOverEveryBackupCopy) {
+  const std::string a = WriteFile("a", "0 10 4 6\nbackup 1 12 5 7\nstaleness 3 1.5 1\n");
+  const std::string b = WriteFile("b", "1 11 5 6\nbackup 0 20 10 10\nbackup 2 8 4 4\n");
+  const std::string c = WriteFile("c", "backup 2 9 4 5\n");
+  const auto applied = ReadServerUpdates({a, b, c, absl::StrCat(::testing::TempDir(), "/no-such-updates-file")});
+  ASSERT_EQ(applied.size(), 3u);
+  EXPECT_EQ(applied.at(0).completed, 10u) << "primary, though its backup applied more";
+  EXPECT_THAT(applied.at(0).applied_by_worker, ::testing::ElementsAre(4, 6));
+  EXPECT_EQ(applied.at(1).completed, 11u) << "primary in a later file";
+  EXPECT_EQ(applied.at(2).completed, 9u) << "no primary: the backup copy that applied the most";
+}
+
+TEST(ReadAckedPushesTest, ReadsTheAcknowledgedPushesOfAResultFile) {
+  const std::string path = WriteFile("result", "test_accuracy 0.85\nsteps 120\nacked.0 60\nacked.7 61\n");
+  EXPECT_THAT(ReadAckedPushes(path), ::testing::ElementsAre(::testing::Pair(0, 60), ::testing::Pair(7, 61)));
+  EXPECT_THAT(ReadAckedPushes(path + ".missing"), ::testing::IsEmpty());
+}
+
+TEST(ReadServerUpdatesTest, AnAsyncUpdateMissingFromAServersFileCountsAsLost) {
+  const auto acked = std::map<int, std::map<uint64_t, uint64_t>>{{0, {{0, 4}, {1, 3}}}, {1, {{0, 6}, {1, 5}}}};
+  const std::string whole = WriteFile("whole", "0 10 4 6\n1 8 3 5\n");
+  const UpdateAccounting clean = AccountUpdates(true, ReadServerUpdates({whole}), acked);
+  EXPECT_EQ(clean.lost + clean.duplicates, 0u);
+  const std::string cut = WriteFile("cut", "0 10 4 6\n");
+  EXPECT_EQ(AccountUpdates(true, ReadServerUpdates({cut}), acked).lost, 8u) << "partition 1's 3 + 5 pushes";
+}
+
+}  // namespace
+}  // namespace shardps
