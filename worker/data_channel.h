@@ -228,23 +228,35 @@ class DataChannel {
   // are none (AwaitReleased). ZeroMQ lets a frame go once its last byte is
   // written, which is before its answer can come unless the frame was sent
   // twice (a re-route) or the wait ended first (a timeout, a failure).
+  // Reference-counted: by its handle, then by AwaitReleased, and by each
+  // frame (ZeroMQ's free function runs on its I/O thread, and may still be
+  // unlocking `mu` as the last wait for it ends).
   struct BorrowedFrames {
     absl::Mutex mu;
     int held ABSL_GUARDED_BY(mu) = 0;
     // The sockets they went out on (server index, socket).
     absl::InlinedVector<std::pair<uint32_t, void*>, 2> sockets ABSL_GUARDED_BY(mu);
     std::string what ABSL_GUARDED_BY(mu);  // the handle's, once released
+    std::atomic<int> refs{1};
   };
+  struct BorrowedFramesUnref {
+    void operator()(BorrowedFrames* b) const {
+      if (b->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete b;
+    }
+  };
+  using BorrowedFramesPtr = std::unique_ptr<BorrowedFrames, BorrowedFramesUnref>;
   // A frame of `bytes` from `payload`, counted in `borrowed` until ZeroMQ
-  // lets it go (ReleaseFrame).
-  zmq::message_t Borrow(const std::shared_ptr<BorrowedFrames>& borrowed, uint32_t server, const float* payload,
-                        size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // lets it go (ReleaseFrame, whose hint is `borrowed` itself: ZeroMQ hands
+  // it over through its own queue, which a thread sanitizer cannot see, so
+  // nothing but the atomic count and the mutex is read before the lock).
+  zmq::message_t Borrow(BorrowedFrames* borrowed, uint32_t server, const float* payload, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   static void ReleaseFrame(void* data, void* hint);
   // Returns once ZeroMQ holds none of `borrowed`'s frames: at once as a
   // rule; else, after a moment, the connections still sending them are made
   // again (what they held goes) and what waited for those servers is sent
   // again on the new ones. Takes io_mu_: called with no lock held.
-  void AwaitReleased(const std::shared_ptr<BorrowedFrames>& borrowed);
+  void AwaitReleased(BorrowedFramesPtr borrowed);
   // Holds every request waiting for `server`, to be sent again in request-id
   // order on its next connection; returns how many.
   size_t HoldWaiting(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_, mu_);
@@ -254,7 +266,7 @@ class DataChannel {
   // socket; false when the socket has no connection to take it. A raw
   // `payload` goes without a copy, counted in `borrowed`.
   bool SendRequest(uint32_t server, DataHeader& header, const float* payload, zmq::message_t* encoded,
-                   const std::shared_ptr<BorrowedFrames>& borrowed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+                   BorrowedFrames* borrowed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   struct HandleState {
     std::string what;
     size_t remaining = 0;
@@ -266,7 +278,7 @@ class DataChannel {
     // A WaitAny holds it: another thread's wait is refused, since the one
     // that completes it erases this state under the other's feet.
     bool waited = false;
-    std::shared_ptr<BorrowedFrames> borrowed;  // null: nothing sent from the caller's buffer
+    BorrowedFramesPtr borrowed;  // null: nothing sent from the caller's buffer
   };
 
   DataChannel(zmq::context_t context, uint32_t rank, ConnectionWatch watch);
@@ -282,8 +294,8 @@ class DataChannel {
   // Erases handle `it`, handed back to the caller with `status`: its answers'
   // versions become the partitions' weights_version when it succeeded.
   // Returns its borrowed frames, for AwaitReleased once mu_ is let go.
-  [[nodiscard]] std::shared_ptr<BorrowedFrames> HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it,
-                                                         const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] BorrowedFramesPtr HandBack(absl::node_hash_map<uint64_t, HandleState>::iterator it,
+                                           const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Polls the sockets' file descriptors (and the wake-up eventfd) for at most
   // `timeout`, without holding io_mu_.
   void PollFds(absl::Duration timeout);
