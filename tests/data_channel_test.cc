@@ -369,6 +369,14 @@ ShardMap PairMap(const std::string& primary, const std::string& backup, int part
   return map;
 }
 
+// What the pair tests push: borrowed by pushes never waited on, which the
+// worker may send again (a re-route) until it is destroyed (a temporary
+// freed at once was read after; TSan).
+const std::vector<float>& PairGradient() {
+  static const std::vector<float> gradient(8, 1.0f);
+  return gradient;
+}
+
 // An async worker on PairMap(primary, backup, 2) (tensor "w", 8 floats)
 // that has pushed once; `scheduler` publishes the later maps.
 std::unique_ptr<Worker> PairWorkerThatPushed(const std::string& primary, const std::string& backup,
@@ -378,7 +386,7 @@ std::unique_ptr<Worker> PairWorkerThatPushed(const std::string& primary, const s
   EXPECT_TRUE(worker.ok()) << worker.status();
   if (!worker.ok()) return nullptr;
   EXPECT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 8)}, absl::Seconds(10)).ok());
-  EXPECT_TRUE((*worker)->Push("w", std::vector<float>(8, 1.0f)).ok());
+  EXPECT_TRUE((*worker)->Push("w", PairGradient()).ok());
   return *std::move(worker);
 }
 
@@ -476,7 +484,7 @@ TEST(DataChannelTest, AWorkerThatSkippedTheDeathOfAServerSendsItsReplacementNoth
   std::unique_ptr<Worker> worker = PairWorkerThatPushed(address, backup.address, &scheduler);
   ASSERT_NE(worker, nullptr);
   const ShardMap map = PairMap(address, backup.address, 2);
-  std::vector<float> gradient(8, 1.0f);
+  const std::vector<float>& gradient = PairGradient();
   ASSERT_EQ(dead->Receive(2).size(), 2u) << "connected";
   dead.reset();  // SIGKILLed: its connection drops
   absl::SleepFor(absl::Milliseconds(300));
@@ -554,7 +562,7 @@ TEST(DataChannelTest, AWorkerSendsAServerThatJoinedThePartitionsHandedToItEvenIf
   std::unique_ptr<Worker> worker = PairWorkerThatPushed(primary.address, backup.address, &scheduler);
   ASSERT_NE(worker, nullptr);
   const ShardMap map = PairMap(primary.address, backup.address, 2);
-  std::vector<float> gradient(8, 1.0f);
+  const std::vector<float>& gradient = PairGradient();
   std::vector<DataHeader> first = primary.Receive(2);
   ASSERT_EQ(first.size(), 2u);
 
@@ -690,9 +698,10 @@ struct PushedThroughRelay {
   zmq::context_t context;
   FakeServer server{context};
   CuttableRelay relay{server.address};
-  std::unique_ptr<DataChannel> channel;
+  // Before the channel: borrowed by its pushes until it is destroyed.
   std::vector<float> small = std::vector<float>(4, 1.0f);
   std::vector<float> large = std::vector<float>(16 * 1024 * 1024, 1.0f);  // 64 MB
+  std::unique_ptr<DataChannel> channel;
   uint64_t first = 0, second = 0, third = 0;
   std::vector<DataHeader> got;
 };
