@@ -214,7 +214,9 @@ absl::StatusOr<std::unique_ptr<DataChannel>> QuicklyWatchedChannel(const std::st
 }
 
 // Submits a PUSH of `gradient` (borrowed) for `partition`, round `round`,
-// to server 0 at epoch 1; returns its handle.
+// to server 0 at epoch 1; returns its handle. The tests declare such buffers
+// before the channel or worker that borrows them: a push never waited on may
+// be sent again from its buffer until the channel is destroyed.
 uint64_t SubmitPush(DataChannel& channel, const std::vector<float>& gradient, uint64_t round,
                     uint64_t partition = 7) {
   DataChannel::Request r;
@@ -238,10 +240,10 @@ uint64_t SubmitPush(DataChannel& channel, const std::vector<float>& gradient, ui
 TEST(DataChannelTest, RerouteResendsAPartitionsWaitingRequestsInTheOrderTheyWereSent) {
   zmq::context_t context;
   FakeServer old_primary(context), new_primary(context);
+  std::vector<float> gradient(4, 1.0f);
   auto channel = DataChannel::Create({{old_primary.address, "", false}, {new_primary.address, "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
   constexpr int kPushes = 48;
-  std::vector<float> gradient(4, 1.0f);
   for (int i = 0; i < kPushes; ++i) (void)SubmitPush(**channel, gradient, i);
   std::vector<DataHeader> first = old_primary.Receive(kPushes);
   ASSERT_EQ(first.size(), static_cast<size_t>(kPushes));
@@ -265,9 +267,9 @@ TEST(DataChannelTest, APushQueuedForADeadServerIsNotSentToItsReplacementAfterIts
   auto dead = std::make_unique<FakeServer>(context);
   FakeServer new_primary(context);
   const std::string address = dead->address;
+  std::vector<float> gradient(4, 1.0f);
   auto channel = DataChannel::Create({{address, "", false}, {new_primary.address, "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  std::vector<float> gradient(4, 1.0f);
   (void)SubmitPush(**channel, gradient, 0);
   ASSERT_EQ(dead->Receive(1).size(), 1u) << "connected";
   dead.reset();  // SIGKILLed: its connection drops
@@ -432,10 +434,10 @@ TEST(DataChannelTest, AWorkerDropsWhatItQueuedForADeadServerWhilePushesGoOn) {
   constexpr int kPartitions = 256;
   const ShardMap map = PairMap(address, new_primary.address, kPartitions);
   auto scheduler = std::make_shared<FakeScheduler>(PairConfig(), map);
+  std::vector<float> gradient(4 * kPartitions, 1.0f);
   auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 4 * kPartitions)}, absl::Seconds(10)).ok());
-  std::vector<float> gradient(4 * kPartitions, 1.0f);
   ASSERT_TRUE((*worker)->Push("w", gradient).ok());
   ASSERT_EQ(dead->Receive(kPartitions).size(), static_cast<size_t>(kPartitions)) << "connected";
   dead.reset();  // SIGKILLed: its connection drops
@@ -516,12 +518,12 @@ TEST(DataChannelTest, AWorkerThatSkippedTheDeathOfAServerSendsItsReplacementNoth
 TEST(DataChannelTest, ReaddressOnePastTheLastServerConnectsToAServerThatJoined) {
   zmq::context_t context;
   FakeServer first(context), joined(context);
+  std::vector<float> out(4, 0.0f);
   auto channel = DataChannel::Create({{first.address, "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
   EXPECT_EQ((*channel)->servers(), 1u);
   const absl::Status gap = (*channel)->Readdress(2, {joined.address, "", false});
   EXPECT_EQ(gap.code(), absl::StatusCode::kInvalidArgument) << gap;
-  std::vector<float> out(4, 0.0f);
   auto pull = [&](const std::string& what) {
     DataChannel::Request r;
     r.server = 1;
@@ -603,10 +605,10 @@ TEST(DataChannelTest, APushMovedToAReplacedServerIsResentOnce) {
   FakeServer backup(context);
   const ShardMap map = PairMap(primary.address, backup.address, 1);
   auto scheduler = std::make_shared<FakeScheduler>(PairConfig(), map);
+  std::vector<float> gradient(4, 1.0f);
   auto worker = Worker::Create({.rank = 0, .scheduler_client = scheduler});
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 4)}, absl::Seconds(10)).ok());
-  std::vector<float> gradient(4, 1.0f);
   ASSERT_TRUE((*worker)->Push("w", gradient).ok());
   ASSERT_TRUE((*worker)->Push("w", gradient).ok());
   ASSERT_EQ(primary.Receive(2).size(), 2u) << "connected";
@@ -629,9 +631,9 @@ TEST(DataChannelTest, APushMovedToAReplacedServerIsResentOnce) {
 TEST(DataChannelTest, WeightsVersionIsThatOfTheAnswersHandedBackNotOfTheLatestArrival) {
   zmq::context_t context;
   FakeServer server(context);
+  std::vector<float> gradient(4, 1.0f), weights(4, 0.0f), later(4, 0.0f);
   auto channel = DataChannel::Create({{server.address, "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  std::vector<float> gradient(4, 1.0f), weights(4, 0.0f), later(4, 0.0f);
   auto push_pull = [&](float* out) {
     DataChannel::Request r;
     r.header.set_op(PUSH_PULL);
@@ -745,9 +747,9 @@ TEST(DataChannelTest, RequestsWaitingOnAConnectionACutBrokeAreSentAgainInOrderOn
 // a full connection limit) looped as fast as handshakes fail.
 TEST(DataChannelTest, AConnectionEndedBeforeItsHandshakeIsNotMadeAgainInAHotLoop) {
   ClosingListener listener;
+  std::vector<float> gradient(4, 1.0f);
   auto channel = QuicklyWatchedChannel(listener.address());
   ASSERT_TRUE(channel.ok()) << channel.status();
-  std::vector<float> gradient(4, 1.0f);
   const uint64_t push = SubmitPush(**channel, gradient, 0);
   absl::Status status;
   EXPECT_FALSE((*channel)->WaitAny(absl::MakeConstSpan(&push, 1), absl::Seconds(1), &status).ok());
@@ -801,9 +803,9 @@ TEST(DataChannelTest, ARequestSentAgainNeverReadsTheCallersBufferOnceItsWaitRetu
   zmq::context_t context;
   FakeServer old_primary(context), new_primary(context);
   CuttableRelay slow_link(new_primary.address);
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
   auto channel = DataChannel::Create({{old_primary.address, "", false}, {slow_link.address(), "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
   const uint64_t push = SubmitPush(**channel, gradient, 0);
   std::vector<DataHeader> got = old_primary.Receive(1);
   ASSERT_EQ(got.size(), 1u);
@@ -842,11 +844,11 @@ void PushHandedOverFromASlowLink(bool drop) {
   zmq::context_t context;
   FakeServer old_primary(context), new_primary(context);
   CuttableRelay slow_link(old_primary.address);
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
   auto channel = DataChannel::Create({{slow_link.address(), "", false}, {new_primary.address, "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
   absl::SleepFor(absl::Milliseconds(200));  // both connected
   slow_link.Slow(absl::Milliseconds(2));    // the push takes seconds to cross
-  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
   const uint64_t push = SubmitPush(**channel, gradient, 0);
   absl::SleepFor(absl::Milliseconds(200));  // part of it crossed
   if (drop) (*channel)->DropQueued(0);
@@ -887,11 +889,11 @@ TEST(DataChannelTest, APushThatTimedOutNeverSendsWhatTheCallerWroteAfterItsWaitR
   zmq::context_t context;
   FakeServer server(context);
   CuttableRelay slow_link(server.address);
+  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
   auto channel = DataChannel::Create({{slow_link.address(), "", false}}, 0);
   ASSERT_TRUE(channel.ok()) << channel.status();
   absl::SleepFor(absl::Milliseconds(200));  // connected
   slow_link.Slow(absl::Milliseconds(2));    // the push takes seconds to cross
-  std::vector<float> gradient(16 * 1024 * 1024, 1.0f);  // 64 MB: more than the TCP buffers hold
   const uint64_t push = SubmitPush(**channel, gradient, 0);
   const absl::Status waited = (*channel)->Wait(push, absl::Milliseconds(300));
   ASSERT_TRUE(absl::IsDeadlineExceeded(waited)) << waited;
@@ -969,11 +971,11 @@ TEST(DataChannelTest, AFrameSlowerThanTheHeartbeatTimeoutOnAHealthyLinkDoesNotBr
   FakeServer server(context);
   CuttableRelay relay(server.address);
   relay.Slow(absl::Milliseconds(20));  // about 3 MB/s
+  constexpr size_t kFloats = 2 * 1024 * 1024;  // 8 MB: seconds at that rate
+  std::vector<float> weights(kFloats, 0.0f);
   auto channel = DataChannel::Create({{relay.address(), "", false}}, 0, nullptr,
                                      ConnectionWatch{absl::Milliseconds(50), absl::Milliseconds(300), absl::Seconds(20)});
   ASSERT_TRUE(channel.ok()) << channel.status();
-  constexpr size_t kFloats = 2 * 1024 * 1024;  // 8 MB: seconds at that rate
-  std::vector<float> weights(kFloats, 0.0f);
   DataChannel::Request r;
   r.header.set_op(PULL);
   r.header.set_partition_id(7);
