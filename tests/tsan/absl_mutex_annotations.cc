@@ -10,8 +10,11 @@
 #include <dlfcn.h>
 #include <sanitizer/tsan_interface.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 
@@ -57,11 +60,31 @@ bool FromExecutable(void* caller) {
   return dladdr(caller, &info) != 0 && info.dli_fbase == base;
 }
 
+// The mutexes this thread holds by annotated locks, innermost last. An
+// unlock (or a wait, which releases and takes again) is annotated exactly
+// when its lock was, whoever calls it: a library function that locks and
+// then tail-calls Unlock (absl::Notification::WaitForNotification) has the
+// executable's return address on its Unlock alone, which was annotated
+// without its lock ("unlock of an unlocked mutex").
+thread_local std::vector<const void*> annotated_held;
+
+bool AnnotatedHeld(const void* mu) {
+  return std::find(annotated_held.rbegin(), annotated_held.rend(), mu) != annotated_held.rend();
+}
+
+// Removes `mu` from annotated_held; false when it was not there.
+bool TakeAnnotated(const void* mu) {
+  auto it = std::find(annotated_held.rbegin(), annotated_held.rend(), mu);
+  if (it == annotated_held.rend()) return false;
+  annotated_held.erase(std::next(it).base());
+  return true;
+}
+
 // The mutex is released for the wait and held again after it.
 template <typename Wait>
-auto Released(void* mu, void* caller, Wait wait) {
-  const bool annotate = !OutermostCall::Nested() && FromExecutable(caller);
-  OutermostCall call;  // nested calls, tail calls included, are never annotated
+auto Released(void* mu, void* /*caller*/, Wait wait) {
+  const bool annotate = !OutermostCall::Nested() && AnnotatedHeld(mu);
+  OutermostCall call;  // nested calls are never annotated
   if (!annotate) return wait();
   __tsan_mutex_pre_unlock(mu, 0);
   __tsan_mutex_post_unlock(mu, 0);
@@ -79,6 +102,7 @@ auto Locked(void* mu, unsigned flags, void* caller, Lock lock) {
   __tsan_mutex_pre_lock(mu, flags);
   auto result = lock();
   __tsan_mutex_post_lock(mu, flags, 0);
+  annotated_held.push_back(mu);
   return result;
 }
 
@@ -119,12 +143,13 @@ bool Mutex::TryLock() {
   __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
   const bool ok = real(this);
   __tsan_mutex_post_lock(this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed), 0);
+  if (ok) annotated_held.push_back(this);
   return ok;
 }
 
 void Mutex::Unlock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex6UnlockEv", void (*)(Mutex*));
-  const bool annotate = !OutermostCall::Nested() && FromExecutable(__builtin_return_address(0));
+  const bool annotate = !OutermostCall::Nested() && TakeAnnotated(this);
   OutermostCall call;
   if (!annotate) return real(this);
   __tsan_mutex_pre_unlock(this, 0);
@@ -134,7 +159,7 @@ void Mutex::Unlock() {
 
 void Mutex::ReaderUnlock() {
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex12ReaderUnlockEv", void (*)(Mutex*));
-  const bool annotate = !OutermostCall::Nested() && FromExecutable(__builtin_return_address(0));
+  const bool annotate = !OutermostCall::Nested() && TakeAnnotated(this);
   OutermostCall call;
   if (!annotate) return real(this);
   __tsan_mutex_pre_unlock(this, kRead);
