@@ -1141,6 +1141,15 @@ TEST_F(DrainTest, ADrainThatWaitsForRoomSaysWhyInTheStatus) {
   EXPECT_THAT(state_->Status().drain_waits(), HasSubstr("the drain of server 2 waits"));
   EXPECT_THAT(state_->Status().drain_waits(), HasSubstr("1 copy it holds fits on no staying server"));
   EXPECT_THAT(state_->Status().drain_waits(), HasSubstr("start another server"));
+  // A server joins (room not said: unlimited): the line goes with the epoch,
+  // and the last copy moves to it.
+  auto joined = state_->RegisterServer(Server("tcp://t:1"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ids_.push_back(joined->node_id());
+  EXPECT_THAT(state_->Status().drain_waits(), IsEmpty());
+  BeatUntilDrained({0, 1, 2, 3});
+  EXPECT_THAT(Held(2), IsEmpty()) << Map().ShortDebugString();
+  EXPECT_THAT(state_->Status().drain_waits(), IsEmpty());
 }
 
 TEST_F(DrainTest, ARestartedSchedulerStillKnowsWhatTheServersCanHold) {
