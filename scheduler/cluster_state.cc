@@ -1607,6 +1607,8 @@ StatusResponse ClusterState::Status() {
   response.set_copy_moves_planned(moves_planned_total_);
   response.set_handoffs_planned(handoffs_planned_total_);
   response.set_handoffs_made(handoffs_made_total_);
+  // Judged for this epoch's map: a join, a death or a cancel since makes it stale.
+  if (balance_checked_epoch_ == map_.epoch()) response.set_drain_waits(drain_waits_);
   const absl::Time now = clock_();
   for (auto* group : {&servers_, &workers_}) {
     for (auto& [k, node] : *group) {

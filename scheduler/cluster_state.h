@@ -463,6 +463,9 @@ class ClusterState {
   // The epoch whose balance MaybeStartCopyMoves judged last (0: none), so a
   // heartbeat costs no load computation once the epoch's copies are synced.
   uint64_t balance_checked_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Why the drain under way moves nothing more, as judged then (empty: it
+  // moves, or none is under way); StatusResponse.drain_waits.
+  std::string drain_waits_ ABSL_GUARDED_BY(mu_);
   // When the latest server joined (InfinitePast: none since the last plan),
   // when the moves under way began to be planned (the join, else the plan),
   // and how many were planned since, for the log line that says the loads

@@ -275,7 +275,9 @@ class CopyMovesTest : public ::testing::Test {
     std::vector<int> all;
     for (int i = 0; i < servers; ++i) {
       RegisterRequest server = Server("tcp://s:" + std::to_string(i + 1));
-      server.set_memory_bytes(memory_elements_ * ServerBytesPerElement(config_));
+      const auto memory = memory_elements_of_.find(i);
+      server.set_memory_bytes((memory != memory_elements_of_.end() ? memory->second : memory_elements_) *
+                              ServerBytesPerElement(config_));
       auto r = state_->RegisterServer(server);
       ASSERT_TRUE(r.ok()) << r.status();
       ids_.push_back(r->node_id());
@@ -403,6 +405,8 @@ class CopyMovesTest : public ::testing::Test {
 
   ClusterConfig config_;
   uint64_t memory_elements_ = 0;  // what StartJob's servers say they can hold (0: not said)
+  // Per server index, overriding memory_elements_ where listed.
+  std::map<int, uint64_t> memory_elements_of_;
   absl::Time now_ = absl::FromUnixSeconds(1000);
   std::optional<SchedulerState> saved_;
   std::unique_ptr<ClusterState> state_;
@@ -1110,6 +1114,42 @@ TEST_F(DrainTest, TheOthersReportedMemoryBoundsADrain) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(r.status().message(), HasSubstr("reported"));
   EXPECT_FALSE(Map().servers(2).draining());
+}
+
+// Between them servers 0 and 1 have room for every copy, but the copies of
+// server 2 whose other copy is on server 0 can go to server 1 only, which
+// has room for three of its four. The drain waits for a server with room:
+// `shardps drain` said only how many copies were left, never why, until its
+// timeout (review22).
+TEST_F(DrainTest, ADrainThatWaitsForRoomSaysWhyInTheStatus) {
+  memory_elements_of_ = {{0, 2000}, {1, 1100}, {2, 2000}};
+  StartJob(3, 2);
+  Beat({0, 1, 2});
+  const auto other_copy_on = [&](uint32_t s) {
+    return absl::c_count_if(Map().partitions(), [s](const PartitionInfo& p) {
+      return HoldsCopy(p, 2) && HoldsCopy(p, s);
+    });
+  };
+  // The layout the test is built on (a placement that changes it needs
+  // other memories here).
+  ASSERT_EQ(other_copy_on(0), 4) << Map().ShortDebugString();
+  ASSERT_EQ(other_copy_on(1), 4) << Map().ShortDebugString();
+  ASSERT_TRUE(state_->Drain(2).ok());
+  EXPECT_THAT(state_->Status().drain_waits(), IsEmpty());
+  BeatUntilDrained({0, 1, 2});
+  ASSERT_THAT(Held(2), SizeIs(1)) << Map().ShortDebugString();
+  EXPECT_THAT(state_->Status().drain_waits(), HasSubstr("the drain of server 2 waits"));
+  EXPECT_THAT(state_->Status().drain_waits(), HasSubstr("1 copy it holds fits on no staying server"));
+  EXPECT_THAT(state_->Status().drain_waits(), HasSubstr("start another server"));
+  // A server joins (room not said: unlimited): the line goes with the epoch,
+  // and the last copy moves to it.
+  auto joined = state_->RegisterServer(Server("tcp://t:1"));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ids_.push_back(joined->node_id());
+  EXPECT_THAT(state_->Status().drain_waits(), IsEmpty());
+  BeatUntilDrained({0, 1, 2, 3});
+  EXPECT_THAT(Held(2), IsEmpty()) << Map().ShortDebugString();
+  EXPECT_THAT(state_->Status().drain_waits(), IsEmpty());
 }
 
 TEST_F(DrainTest, ARestartedSchedulerStillKnowsWhatTheServersCanHold) {

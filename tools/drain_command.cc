@@ -111,6 +111,7 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
   if (wait_s <= 0) return absl::OkStatus();
   const absl::Time deadline = start + absl::Seconds(wait_s);
   std::string last = "no status yet";
+  std::string waits;  // StatusResponse.drain_waits last seen
   // The drained process died, or stopped before its drain was done; `after`
   // says what the status shows since (a process in its place).
   const std::string drained = absl::StrCat("server ", index, " (", node != nullptr ? node->address() : "?", ")");
@@ -162,6 +163,13 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
             "scheduler's log says so; start another server and ask again)"));
       }
       last = StillHeld(status->shard_map(), index);
+      // The scheduler moves nothing more until a server with room joins:
+      // said at once, and again at the deadline.
+      if (!status->drain_waits().empty()) {
+        if (status->drain_waits() != waits) std::cout << status->drain_waits() << std::endl;
+        absl::StrAppend(&last, "; ", status->drain_waits());
+      }
+      waits = status->drain_waits();
     } else {
       last = std::string(status.status().message());
     }

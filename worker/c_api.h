@@ -5,7 +5,8 @@
  * message buffer when one is given.
  * Same contracts as worker/worker.h: buffers stay valid and unmodified until
  * the matching shardps_wait (or the shardps_wait_any that completes it)
- * returns, whatever it returns; then nothing reads or writes them, a
+ * returns, whatever it returns (but SHARDPS_ABORTED: another thread waits
+ * on it, and that wait is the one); then nothing reads or writes them, a
  * timed-out request included. Every request is waited on once.
  * No C++ exception leaves these functions: one raised inside the library
  * (std::bad_alloc, a ZeroMQ error) is returned as SHARDPS_INTERNAL with its

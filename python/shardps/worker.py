@@ -97,6 +97,12 @@ def _name(name, what="tensor name"):
     return encoded
 
 
+def _refused(error, handle):
+    """Whether `error` is the library's refusal to wait on `handle`, which another thread waits
+    on (ABORTED): that thread's wait ends it; the refused call leaves it, and its buffers, alone."""
+    return error.status == "ABORTED" and not handle.done
+
+
 class Handle:
     """An outstanding request; wait() once."""
 
@@ -479,6 +485,7 @@ class Worker:
         timeout, naming the tensor and the servers still owing an answer)."""
         self._check_outstanding(handle)
         deadline = time.monotonic() + self._timeout(timeout)
+        refused = False
         try:
             # Slices of wait_any, which leaves the handle outstanding when none answered, so
             # Python sees Ctrl-C in between; the last stretch is a wait, which releases it.
@@ -486,9 +493,14 @@ class Worker:
                 pass
             if not handle.done:
                 self._last_stretch(handle, deadline, timeout)
+        except ShardPSError as e:
+            refused = _refused(e, handle)
+            raise
         finally:
             # done: the library released the handle (see _answered and _last_stretch).
-            self._retire(handle, handle.done)
+            # Refused: another thread's wait holds it, and ends it.
+            if not refused:
+                self._retire(handle, handle.done)
 
     def _last_stretch(self, handle, deadline, timeout):
         """shardps_wait until `deadline`; its timeout error names the whole wait, not the stretch."""
@@ -496,7 +508,8 @@ class Worker:
             self._call("shardps_wait", self._live(), handle.id, max(deadline - time.monotonic(), 0.0))
             handle.done = True
         except ShardPSError as e:
-            handle.done = True  # shardps_wait releases the handle whatever it returns
+            # shardps_wait releases the handle whatever it returns, but for a refusal.
+            handle.done = not _refused(e, handle)
             if not isinstance(e, DeadlineExceededError):
                 raise
             total = self._timeout(timeout)

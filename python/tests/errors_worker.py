@@ -3,6 +3,8 @@
 a float16 buffer where it is installed)."""
 
 import array
+import threading
+import time
 import weakref
 
 import shardps
@@ -14,10 +16,11 @@ expect("unknown codec", shardps.InvalidArgumentError,
        lambda: worker.define([("w", [2, 3], "float32", "zip"), ("lonely", [4])]),
        lambda e: "tensor 'w' declares codec 'zip'" in e.message and "zip" in e.message)
 expect("unknown dtype", ValueError, lambda: worker.define([("w", [2, 3], "int8")]))
-worker.define([("w", [2, 3]), ("lonely", [4])])  # a refused definition can be made again
+worker.define([("w", [2, 3]), ("lonely", [4]), ("shared", [4])])  # a refused definition can be made again
 if worker.rank == 0:
     worker.init_tensor("w", array.array("f", [0.0] * 6))
     worker.init_tensor("lonely", array.array("f", [0.0] * 4))
+    worker.init_tensor("shared", array.array("f", [0.0] * 4))
 worker.barrier("init")
 
 out = array.array("f", [0.0] * 6)
@@ -52,8 +55,30 @@ if worker.rank == 0:
     expect("wait_any timeout", shardps.DeadlineExceededError, lambda: worker.wait_any([pending], timeout=0.2),
            lambda e: e.handle is None and not pending.done)
     print("ok: poll outstanding: %s" % (worker.poll(pending) is False))
+    # Two threads wait on one handle: the library refuses the second (ABORTED) and leaves the
+    # handle to the first. The refused wait took it for done (review22): its buffers went while
+    # the request was out, and the first wait, finding it done, returned as if answered.
+    shared = worker.push_pull("shared", array.array("f", [1.0] * 4), array.array("f", [0.0] * 4))
+    first = []
+
+    def first_wait():
+        try:
+            shared.wait(timeout=1.5)
+            first.append("returned")
+        except shardps.DeadlineExceededError:
+            first.append("timed out")
+
+    waiter = threading.Thread(target=first_wait)
+    waiter.start()
+    time.sleep(0.3)
+    expect("a second waiter is refused", shardps.ShardPSError, lambda: shared.wait(timeout=0.1),
+           lambda e: e.status == "ABORTED")
+    print("ok: a refused wait leaves the handle outstanding: %s" % (not shared.done and shared._keep is not None))
+    waiter.join()
+    print("ok: the first wait says how it ended: %s" % first)
 worker.barrier("lonely pushed")
 if worker.rank == 1:
+    worker.wait(worker.push_pull("shared", array.array("f", [1.0] * 4), array.array("f", [0.0] * 4)))
     worker.wait(worker.push_pull("lonely", array.array("f", [1.0] * 4), array.array("f", [0.0] * 4)))
     worker.wait(worker.push_pull("lonely", array.array("f", [1.0] * 4), array.array("f", [0.0] * 4)))
 if worker.rank == 0:

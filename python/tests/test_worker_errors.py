@@ -16,7 +16,9 @@ class WorkerErrorsTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         for case in ("[0] ok: unknown codec", "[1] ok: unknown codec", "[0] ok: unknown dtype", "[0] ok: dtype", "[0] ok: shape", "[0] ok: name", "[0] ok: 16-bit dtype", "[0] ok: size",
                      "[0] ok: timeout", "[0] ok: a timed-out request's buffers go: True", "[0] ok: second wait", "[0] ok: wait_any timeout",
-                     "[0] ok: poll outstanding: True", "[0] ok: wait_any completes: True", "[0] ok: wait_any again",
+                     "[0] ok: poll outstanding: True", "[0] ok: a second waiter is refused",
+                     "[0] ok: a refused wait leaves the handle outstanding: True",
+                     "[0] ok: the first wait says how it ended: ['timed out']", "[0] ok: wait_any completes: True", "[0] ok: wait_any again",
                      "[0] ok: completions: True", "[1] ok: completions: True", "[0] ok: all", "[1] ok: all"):
             self.assertIn(case, run.stdout)
 
