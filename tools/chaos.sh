@@ -43,6 +43,9 @@ flags:
   --epochs N             training epochs (default 3)
   --train-limit N        training images used (default 0 = all 60000)
   --test-limit N         test images evaluated (default 0 = all 10000)
+  --tolerance T          largest |delta| that passes (default 0.01 on all 10000 test
+                         images, times sqrt(10000/N) with --test-limit N: fewer
+                         images measure accuracy less precisely)
   --rate R               tbf rate of every host link, each direction, so a step
                          takes network time as on a real cluster (default 1gbit;
                          "none": unshaped veths, about 120 steps/s here)
@@ -85,7 +88,7 @@ lost and dup (updates acknowledged to a worker that no surviving primary
 applied, and ones applied twice: `shardps count-updates` on the servers'
 --updates-file and the workers' results, as `shardps local` counts them; "?"
 when they could not be counted), pass (the fault came, every worker exited 0,
-|delta| <= 0.01 and no update was lost or duplicated), failover (the
+|delta| <= the tolerance and no update was lost or duplicated), failover (the
 nodes the scheduler declared dead, from its log). Exit status 1 when a scenario
 fails.
 EOF
@@ -98,7 +101,7 @@ source "$(dirname "$0")/fakehosts.sh"
 RATE=1gbit WORKERS=3 EPOCHS=3 TRAIN_LIMIT=0 TEST_LIMIT=0 FAULT_AFTER=10 CUT_HOST=2 LOSS=0.1 LOSS_SECONDS=60
 PEER_HOST=3 CUT_RANK=1 PAIR_SECONDS=30
 HB_MS=10000 REQ_MS=60000 RUN_TIMEOUT=420 SHARDPS_BIN=${SHARDPS:-} DATA_DIR="" SUBNET=10.78.0 PREFIX=ch
-WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION="" SECURE=0
+WORKDIR="" JSON=0 VERBOSE=0 COMPRESSION="" SECURE=0 TOLERANCE=""
 SCENARIOS=() CONFIG_SETS=()
 while (($#)); do
   case "$1" in
@@ -107,6 +110,7 @@ while (($#)); do
     --rate) RATE=$2; shift 2 ;;
     --train-limit) TRAIN_LIMIT=$2; shift 2 ;;
     --test-limit) TEST_LIMIT=$2; shift 2 ;;
+    --tolerance) TOLERANCE=$2; shift 2 ;;
     --fault-after) FAULT_AFTER=$2; shift 2 ;;
     --cut-host) CUT_HOST=$2; shift 2 ;;
     --peer-host) PEER_HOST=$2; shift 2 ;;
@@ -137,6 +141,13 @@ for v in WORKERS EPOCHS TRAIN_LIMIT TEST_LIMIT FAULT_AFTER CUT_HOST PEER_HOST CU
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer, got '${!v}'"
 done
 ((WORKERS == 2 || WORKERS == 3)) || die "--workers must be 2 or 3"
+# An accuracy on 2000 test images moves by about 0.008 between two models as
+# good as each other (async runs spread 0.8525-0.8640 fault-free, chaos21):
+# a fixed 0.01 failed runs that lost nothing.
+if [[ -z $TOLERANCE ]]; then
+  TOLERANCE=$(awk -v n="$TEST_LIMIT" 'BEGIN { if (n == 0 || n > 10000) n = 10000; printf "%.4f", 0.01 * sqrt(10000 / n) }')
+fi
+[[ $TOLERANCE =~ ^[0-9]*\.?[0-9]+$ ]] || die "--tolerance must be a non-negative number, got '$TOLERANCE'"
 ((CUT_HOST >= 1 && CUT_HOST <= 3)) || die "--cut-host must be 1, 2 or 3 (a server host)"
 ((PEER_HOST >= 1 && PEER_HOST <= 3 && PEER_HOST != CUT_HOST)) || die "--peer-host must be a server host (1-3) other than --cut-host"
 ((CUT_RANK < WORKERS)) || die "--cut-rank must be a worker rank below --workers"
@@ -434,7 +445,7 @@ run_scenario() {
   [[ ${R_LOST[$name]} == 0 && ${R_DUP[$name]} == 0 ]] || pass=0   # an update lost or applied twice
   [[ $name != none && -z $t_fault ]] && pass=0   # the fault never came: nothing survived it
   if [[ -n ${R_ACC[$name]} && -n ${R_ACC[none]:-} ]]; then
-    awk -v a="${R_ACC[$name]}" -v b="${R_ACC[none]}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }' || pass=0
+    awk -v a="${R_ACC[$name]}" -v b="${R_ACC[none]}" -v t="$TOLERANCE" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t) }' || pass=0
   elif [[ -z ${R_ACC[$name]} ]]; then
     pass=0
   fi
@@ -504,7 +515,7 @@ if ((JSON)); then
 else
   echo
   echo "$CONSISTENCY$SECURITY_LABEL, 3 servers (replication 2), $WORKERS workers, --epochs $EPOCHS --train-limit $TRAIN_LIMIT, links $RATE;" \
-    "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS; fault $FAULT_AFTER s after the first step"
+    "heartbeat_timeout_ms $HB_MS, request_timeout_ms $REQ_MS; fault $FAULT_AFTER s after the first step; accuracy tolerance $TOLERANCE"
   [[ -n $JOB_CONFIG ]] && echo "config: $JOB_CONFIG"
   printf '%-8s %-34s %-8s %9s %8s %5s %5s %7s %8s %16s %4s  %s\n' scenario fault exit accuracy delta lost dup \
     "wall s" "stall s" "steps in fault" pass failover
