@@ -942,7 +942,7 @@ int ClusterState::Rereplicate() {
       bool full = false;
       for (const auto& [index, load] : held) {
         if (HoldsCopy(p, index) || draining.contains(index)) continue;
-        if (p.num_elements() > RoomLeft(room, index, held[index])) {
+        if (p.num_elements() > RoomLeft(room, index, load)) {
           full = true;
           continue;
         }

@@ -620,8 +620,10 @@ class ParameterServerImpl : public ParameterServer {
   // is gone never returns, and stalls every socket of the context (review20,
   // seen in the worker's DataChannel).
   void ClosePeer(uint32_t server) {
-    if (server < peers_.size() && peers_[server]) (void)zmq_socket_monitor(peers_[server]->handle(), nullptr, 0);
-    if (server < peers_.size()) peers_[server].reset();
+    if (server < peers_.size() && peers_[server]) {
+      (void)zmq_socket_monitor(peers_[server]->handle(), nullptr, 0);
+      peers_[server].reset();
+    }
     if (server < peer_monitors_.size()) peer_monitors_[server].reset();
   }
 

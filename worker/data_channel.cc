@@ -219,17 +219,12 @@ void DataChannel::FailServer(uint32_t server, const absl::Status& status) {
 
 void DataChannel::DropQueued(uint32_t server) {
   absl::MutexLock io_lock(&io_mu_);
-  ServerEndpoint endpoint;
   {
     absl::MutexLock lock(&mu_);
     if (server >= failed_.size() || !failed_[server].ok()) return;  // failed already: dropped then
-    endpoint = EndpointOf(server);
   }
   unsent_[server].clear();
-  // What the connection's queue holds goes with its socket (linger 0).
-  if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) {
-    LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " again: " << s;
-  }
+  (void)RemakeSocket(server);
 }
 
 void DataChannel::FailAll(const absl::Status& status) {
@@ -269,6 +264,20 @@ absl::Status DataChannel::Readdress(uint32_t server, const ServerEndpoint& endpo
 
 DataChannel::ServerEndpoint DataChannel::EndpointOf(uint32_t server) const {
   return {addresses_[server], server_keys_[server], seal_of_server_[server] != nullptr};
+}
+
+bool DataChannel::RemakeSocket(uint32_t server) {
+  ServerEndpoint endpoint;
+  {
+    absl::MutexLock lock(&mu_);
+    endpoint = EndpointOf(server);
+  }
+  // What the connection's queue holds goes with its socket (linger 0).
+  if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) {
+    LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " again: " << s;
+    return false;
+  }
+  return true;
 }
 
 absl::Status DataChannel::ReplaceSocket(uint32_t server, const ServerEndpoint& endpoint) {
@@ -433,19 +442,11 @@ void DataChannel::AwaitReleased(BorrowedFramesPtr borrowed) {
     absl::MutexLock io_lock(&io_mu_);
     for (const auto& [server, socket] : sockets) {
       if (servers_[server].handle() != socket) continue;  // made anew since: what it held goes with the old one
-      ServerEndpoint endpoint;
-      {
-        absl::MutexLock lock(&mu_);
-        endpoint = EndpointOf(server);
-      }
-      if (absl::Status s = ReplaceSocket(server, endpoint); !s.ok()) {
-        LOG(ERROR) << "worker " << rank_ << ": cannot connect to server " << server << " again: " << s;
-        continue;
-      }
+      if (!RemakeSocket(server)) continue;
       absl::MutexLock lock(&mu_);
       const size_t waiting = HoldWaiting(server);
       requests_resent_.fetch_add(waiting, std::memory_order_relaxed);
-      LOG(WARNING) << "worker " << rank_ << ": the connection to server " << server << " (" << endpoint.address
+      LOG(WARNING) << "worker " << rank_ << ": the connection to server " << server << " (" << addresses_[server]
                    << ") was still sending " << what
                    << " from its caller's buffer when its wait ended; it is made again, and what waited for "
                       "the server ("

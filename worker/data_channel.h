@@ -210,6 +210,9 @@ class DataChannel {
   // was taken for the new one's, and what was sent then went to the closing
   // connection and was lost (review20).
   absl::Status ReplaceSocket(uint32_t server, const ServerEndpoint& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  // ReplaceSocket to where `server` is reached now (what its connection
+  // held goes); false, logged, where no new socket could be made.
+  bool RemakeSocket(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the connection watcher poll the monitors again (or stop).
   void WakeWatcher();
   // Handles what `server`'s connection monitor reports. A connection that
