@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/data_message.h"
+#include "common/protocol.h"
 
 namespace shardps {
 namespace {
@@ -185,6 +186,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     for (uint32_t w = 0; w < workers && w < join_incarnation_.size(); ++w) p->incarnation[w] = join_incarnation_[w];
     p->last_request.assign(workers, 0);
     p->applied_by.assign(workers, 0);
+    p->applied_digest.assign(workers, 0);
     p->clock.assign(workers, 0);
     const compression::Codec* push = p->codecs.push.get();
     if (RoundBased(config_)) {
@@ -364,6 +366,7 @@ void PartitionEngine::Rejoin(const WorkerRejoin& r) {
     // applied was acknowledged to no survivor).
     p.last_request[w] = 0;
     p.applied_by[w] = 0;
+    p.applied_digest[w] = 0;
     p.clock[w] = 0;  // known again from its first push
     if (!RoundBased(config_)) continue;
     p.next_round[w] = r.round();
@@ -489,8 +492,11 @@ std::vector<PartitionUpdates> PartitionEngine::UpdateCounts() const {
   std::vector<PartitionUpdates> out;
   for (const auto& [id, p] : partitions_) {
     if (!p->primary) continue;
-    PartitionUpdates u{id, p->completed, {}};
-    if (!RoundBased(config_)) u.applied_by_worker = p->applied_by;
+    PartitionUpdates u{id, p->completed, {}, {}};
+    if (!RoundBased(config_)) {
+      u.applied_by_worker = p->applied_by;
+      u.applied_digest_by_worker = p->applied_digest;
+    }
     out.push_back(std::move(u));
   }
   return out;
@@ -500,8 +506,11 @@ std::vector<PartitionUpdates> PartitionEngine::BackupUpdateCounts() const {
   std::vector<PartitionUpdates> out;
   for (const auto& [id, p] : partitions_) {
     if (p->primary || !p->synced) continue;
-    PartitionUpdates u{id, p->completed, {}};
-    if (!RoundBased(config_)) u.applied_by_worker = p->applied_by;
+    PartitionUpdates u{id, p->completed, {}, {}};
+    if (!RoundBased(config_)) {
+      u.applied_by_worker = p->applied_by;
+      u.applied_digest_by_worker = p->applied_digest;
+    }
     out.push_back(std::move(u));
   }
   return out;
@@ -1155,7 +1164,10 @@ void PartitionEngine::ApplyAsyncBatch(Partition& p) {
   optimizer_->Apply(p.completed, 1.0f / static_cast<float>(k), held ? p.first.data<float>() : p.batch_sum.data(),
                     WritableWeights(p), p.state.data(), p.n, lr_scale);
   p.first.rebuild();
-  for (const auto& [w, id] : p.batch_ids) ++p.applied_by[w];
+  for (const auto& [w, id] : p.batch_ids) {
+    ++p.applied_by[w];
+    p.applied_digest[w] += PushDigest(id);
+  }
   p.completed += k;
   ++stats_.updates;
   p.batch_count = 0;

@@ -87,6 +87,7 @@ struct PartitionUpdates {
   uint64_t partition = 0;
   uint64_t completed = 0;
   std::vector<uint64_t> applied_by_worker;  // async only
+  std::vector<uint64_t> applied_digest_by_worker;  // async only: PushDigest of those pushes summed
 };
 
 // One partition held here, as metrics report it (PartitionEngine::Reports).
@@ -397,6 +398,7 @@ class PartitionEngine {
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
     std::vector<uint64_t> applied_by;      // async: per worker, pushes applied
+    std::vector<uint64_t> applied_digest;  // async: per worker, PushDigest of those pushes summed
     // SSP applied on arrival: per worker, 1 + the last round of its pushes
     // applied here (0: not known here yet; see WithinBound).
     std::vector<uint64_t> clock;

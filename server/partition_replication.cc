@@ -257,7 +257,7 @@ bool PartitionEngine::CarriesEncodedAnswer(const Partition& p) const {
 size_t PartitionEngine::SnapshotBytes(const Partition& p) const {
   const size_t floats = p.n + p.state.size() + (p.delta_pulls ? p.n : 0) + (sum_only_ ? p.n : 0) +
                         (PullFeedback(p) != nullptr ? p.n : 0);
-  return floats * sizeof(float) + (3 * p.last_request.size() + 1) * sizeof(uint64_t) +
+  return floats * sizeof(float) + (4 * p.last_request.size() + 1) * sizeof(uint64_t) +
          (PullFeedback(p) != nullptr ? sizeof(uint64_t) : 0) + (CarriesEncodedAnswer(p) ? sizeof(uint64_t) : 0);
 }
 
@@ -270,7 +270,7 @@ size_t PartitionEngine::SnapshotStateBytes(const Partition& p, const zmq::messag
 }
 
 // Layout: weights, optimizer state, [mirror], [aggregate] as float32, then
-// per worker last request id, pushes applied and the registration of the
+// per worker last request id, pushes applied, their PushDigests summed and the registration of the
 // rejoin those follow (0: none) as uint64, whether an INIT
 // was applied as uint64 (0 or 1), then [the
 // aggregates' error feedback: encodings made as uint64, residual as float32
@@ -298,6 +298,7 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   if (sum_only_) put(p.aggregate->data(), p.n * sizeof(float));
   put(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   put(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  put(p.applied_digest.data(), p.applied_digest.size() * sizeof(uint64_t));
   std::vector<uint64_t> joined(p.last_request.size(), 0);
   std::copy_n(join_incarnation_.begin(), std::min(joined.size(), join_incarnation_.size()), joined.begin());
   put(joined.data(), joined.size() * sizeof(uint64_t));
@@ -414,6 +415,7 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
   }
   take(p.last_request.data(), p.last_request.size() * sizeof(uint64_t));
   take(p.applied_by.data(), p.applied_by.size() * sizeof(uint64_t));
+  take(p.applied_digest.data(), p.applied_digest.size() * sizeof(uint64_t));
   std::vector<uint64_t> joined(p.last_request.size());
   take(joined.data(), joined.size() * sizeof(uint64_t));
   for (size_t w = 0; w < joined.size() && w < join_incarnation_.size(); ++w) {
@@ -423,6 +425,7 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
     if (join_incarnation_[w] != 0 && join_incarnation_[w] != joined[w]) {
       p.last_request[w] = 0;
       p.applied_by[w] = 0;
+      p.applied_digest[w] = 0;
     }
   }
   uint64_t initialized = 0;
@@ -850,6 +853,7 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
       p.last_request[w] = std::max(p.last_request[w], h.batch_request_ids(i));
       worker_last_id_[w] = std::max(worker_last_id_[w], h.batch_request_ids(i));
       ++p.applied_by[w];
+      p.applied_digest[w] += PushDigest(h.batch_request_ids(i));
     }
     p.completed += k;
     ++stats_.updates;

@@ -267,6 +267,29 @@ TEST_F(ReplicationTest, ABackupReportsWhatItsCopyAppliedAsItsPrimaryDoes) {
   EXPECT_EQ(backup[0].completed, primary[0].completed);
   EXPECT_THAT(primary[0].applied_by_worker, ElementsAre(1, 2));
   EXPECT_EQ(backup[0].applied_by_worker, primary[0].applied_by_worker);
+  ASSERT_EQ(primary[0].applied_digest_by_worker.size(), 2u);
+  EXPECT_NE(primary[0].applied_digest_by_worker[1], 0u);
+  EXPECT_NE(primary[0].applied_digest_by_worker[0], primary[0].applied_digest_by_worker[1]);
+  EXPECT_EQ(backup[0].applied_digest_by_worker, primary[0].applied_digest_by_worker);
+}
+
+TEST_F(ReplicationTest, ACopyReCreatedFromASnapshotReportsThePushesItsPrimaryApplied) {
+  // Which pushes, not only how many: a copy that took another push's
+  // digest would hide a push lost and another applied twice.
+  Make(ASYNC);
+  Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
+  Send(0, PUSH, 0, 0, {1, 1}, 4);
+  Send(0, PUSH, 1, 0, {1, 1}, 4);
+  Send(0, PUSH, 1, 0, {1, 1}, 4);
+  Deliver();
+  Install(MapAt(5, 0, 1));  // and comes back: a snapshot re-creates it
+  Deliver();
+  const std::vector<PartitionUpdates> primary = engines_[0]->UpdateCounts();
+  const std::vector<PartitionUpdates> backup = engines_[1]->BackupUpdateCounts();
+  ASSERT_EQ(primary.size(), 1u);
+  ASSERT_EQ(backup.size(), 1u);
+  EXPECT_THAT(backup[0].applied_by_worker, ElementsAre(1, 2));
+  EXPECT_EQ(backup[0].applied_digest_by_worker, primary[0].applied_digest_by_worker);
 }
 
 TEST_F(ReplicationTest, CompressedRoundsReachTheBackupAsTheirPushesAndTheCopiesStayBitwiseEqual) {
@@ -829,13 +852,13 @@ TEST_F(ReplicationTest, ASnapshotDropsTheForwardedPushesOfTheRoundsItCovers) {
   }
   ASSERT_EQ(engines_[1]->Queues().forwarded, 8u);
   // Sync, SGD, no pull codec: the weights, then per worker its last request
-  // id, pushes applied and rejoin, then the INIT flag, then no pushes.
+  // id, pushes applied, their digest and rejoin, then the INIT flag, then no pushes.
   DataHeader snapshot;
   snapshot.set_replica_of(SNAPSHOT);
   snapshot.set_round(3);
   snapshot.set_contributors(2);
-  std::string state(n * sizeof(float) + 8 * sizeof(uint64_t), '\0');
-  state[n * sizeof(float) + 6 * sizeof(uint64_t)] = 1;
+  std::string state(n * sizeof(float) + 10 * sizeof(uint64_t), '\0');
+  state[n * sizeof(float) + 8 * sizeof(uint64_t)] = 1;
   ASSERT_EQ(ToBackup(snapshot, state).status_code(), 0);
   EXPECT_EQ(engines_[1]->Queues().forwarded, 2u) << "only round 3's pushes are of a round not applied";
 }

@@ -335,6 +335,8 @@ int ServerCommand(const Args& args) {
       for (const PartitionUpdates& u : updates) {
         absl::StrAppend(&text, prefix, u.partition, " ", u.completed);
         for (uint64_t n : u.applied_by_worker) absl::StrAppend(&text, " ", n);
+        if (!u.applied_digest_by_worker.empty()) text += " digests";
+        for (uint64_t d : u.applied_digest_by_worker) absl::StrAppend(&text, " ", d);
         text += "\n";
       }
     };
@@ -485,6 +487,9 @@ int TrainCommand(const Args& args) {
       result->test_accuracy, result->final_loss, result->steps, result->samples, result->wall_seconds,
       result->bytes_pushed, result->bytes_pulled, result->wait_seconds);
   for (const auto& [partition, n] : result->acked_pushes) absl::StrAppend(&text, "acked.", partition, " ", n, "\n");
+  for (const auto& [partition, d] : result->acked_push_digests) {
+    absl::StrAppend(&text, "acked_digest.", partition, " ", d, "\n");
+  }
   if (!result_file.empty()) {
     if (absl::Status s = WriteFileDurably(result_file + ".sha256", WeightsSha256(result->params)); !s.ok()) {
       return Fail("train", s);

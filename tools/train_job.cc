@@ -521,6 +521,7 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
   result.bytes_pushed = stats.bytes_pushed;
   result.bytes_pulled = stats.bytes_pulled;
   result.acked_pushes = stats.acked_pushes;
+  result.acked_push_digests = stats.acked_push_digests;
   return result;
 }
 
@@ -655,6 +656,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   result.bytes_pushed = stats.bytes_pushed;
   result.bytes_pulled = stats.bytes_pulled;
   result.acked_pushes = stats.acked_pushes;
+  result.acked_push_digests = stats.acked_push_digests;
   result.params = params;
   return result;
 }

@@ -12,7 +12,8 @@ namespace shardps {
 
 UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionApplied>& applied,
                                 const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker,
-                                uint64_t restored_rounds) {
+                                uint64_t restored_rounds,
+                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_digests_by_worker) {
   // Sync: the rounds this run completed.
   auto run_rounds = [restored_rounds](uint64_t completed) {
     return completed > restored_rounds ? completed - restored_rounds : 0;
@@ -31,6 +32,16 @@ UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionAp
       }
       if (n > done) out.lost += n - done;
       if (async && done > n) out.duplicates += done - n;
+      if (async && n == done && it != applied.end() &&
+          static_cast<size_t>(rank) < it->second.applied_digest_by_worker.size()) {
+        auto worker = acked_digests_by_worker.find(rank);
+        if (worker == acked_digests_by_worker.end()) continue;
+        auto digest = worker->second.find(partition);
+        if (digest != worker->second.end() && digest->second != it->second.applied_digest_by_worker[rank]) {
+          ++out.lost;
+          ++out.duplicates;
+        }
+      }
     }
   }
   if (!async) {
@@ -63,6 +74,10 @@ void ReadUpdatesFile(const std::string& path, std::map<uint64_t, PartitionApplie
     PartitionApplied a;
     if (!(fields >> id >> a.completed)) continue;  // the staleness line
     for (uint64_t n; fields >> n;) a.applied_by_worker.push_back(n);
+    fields.clear();
+    if (std::string word; fields >> word && word == "digests") {
+      for (uint64_t d; fields >> d;) a.applied_digest_by_worker.push_back(d);
+    }
     if (!backup) {
       primaries->try_emplace(id, std::move(a));  // two primaries of one id: the first file's, as ever
       continue;
@@ -81,18 +96,32 @@ std::map<uint64_t, PartitionApplied> ReadServerUpdates(const std::vector<std::st
   return primaries;
 }
 
-std::map<uint64_t, uint64_t> ReadAckedPushes(const std::string& result_file) {
-  std::map<uint64_t, uint64_t> acked;
+namespace {
+
+// The `PREFIX.PARTITION N` lines of a result file (whose other lines hold
+// fractions: read as words, not numbers).
+std::map<uint64_t, uint64_t> ReadPartitionLines(const std::string& result_file, absl::string_view prefix) {
+  std::map<uint64_t, uint64_t> out;
   std::ifstream in(result_file);
-  std::string key;
-  double value;  // the file's other lines hold fractions
+  std::string key, value;
   while (in >> key >> value) {
-    uint64_t partition;
-    if (absl::StartsWith(key, "acked.") && absl::SimpleAtoi(key.substr(6), &partition)) {
-      acked[partition] = static_cast<uint64_t>(value);
+    uint64_t partition, n;
+    if (absl::StartsWith(key, prefix) && absl::SimpleAtoi(key.substr(prefix.size()), &partition) &&
+        absl::SimpleAtoi(value, &n)) {
+      out[partition] = n;
     }
   }
-  return acked;
+  return out;
+}
+
+}  // namespace
+
+std::map<uint64_t, uint64_t> ReadAckedPushes(const std::string& result_file) {
+  return ReadPartitionLines(result_file, "acked.");
+}
+
+std::map<uint64_t, uint64_t> ReadAckedPushDigests(const std::string& result_file) {
+  return ReadPartitionLines(result_file, "acked_digest.");
 }
 
 }  // namespace shardps

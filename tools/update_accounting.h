@@ -19,26 +19,33 @@ namespace shardps {
 
 // Sync: a worker acknowledged more rounds than its partition's primary
 // completed lost some; a primary that completed more rounds than any worker
-// pushed applied one twice. Async: the same per worker and push. These are
-// counts, not identities: one push of a worker lost and another of the same
-// worker and partition applied twice cancel, and a round completed without a
-// gradient it acknowledged still counts as complete.
+// pushed applied one twice. Async: the same per worker and push, and where
+// the counts agree, which pushes (PushDigest sums, common/protocol.h): a
+// push of a worker lost and another of the same worker and partition
+// applied twice leave equal counts and unequal digests, counted as one lost
+// and one duplicate (at least that many). Sync rounds are counts only: a
+// round completed without a gradient it acknowledged still counts as
+// complete.
 struct PartitionApplied {
   uint64_t completed = 0;
-  std::vector<uint64_t> applied_by_worker;  // async
+  std::vector<uint64_t> applied_by_worker;         // async
+  std::vector<uint64_t> applied_digest_by_worker;  // async; empty where a file named none
 };
 struct UpdateAccounting {
   uint64_t lost = 0, duplicates = 0;
 };
 // `async`: !RoundBased(config). `restored_rounds`: sync rounds a restored
 // job's servers began with (checkpoint.restore_round), completed before any
-// worker of this run pushed.
+// worker of this run pushed. `acked_digests_by_worker`: per worker, what
+// ReadAckedPushDigests read (async; a partition it lacks is compared by
+// count only).
 UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionApplied>& applied,
                                 const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker,
-                                uint64_t restored_rounds = 0);
+                                uint64_t restored_rounds = 0,
+                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_digests_by_worker = {});
 
 // What the servers' `--updates-file`s say was applied, per partition: its
-// primary's line ("ID COMPLETED [APPLIED_BY_WORKER...]"); for a partition
+// primary's line ("ID COMPLETED [APPLIED_BY_WORKER... digests DIGEST...]"); for a partition
 // no file names a primary of (a hand-off switched as the job stopped: the
 // old primary installed the switch, the new one was stopped before it), the
 // synced backup copy ("backup ID ...") that applied the most: its state is
@@ -49,6 +56,8 @@ std::map<uint64_t, PartitionApplied> ReadServerUpdates(const std::vector<std::st
 // The `acked.PARTITION N` lines of a worker's `train --result-file`: pushes
 // answered OK per partition. Empty when the file does not exist.
 std::map<uint64_t, uint64_t> ReadAckedPushes(const std::string& result_file);
+// Its `acked_digest.PARTITION D` lines: those pushes' PushDigests summed.
+std::map<uint64_t, uint64_t> ReadAckedPushDigests(const std::string& result_file);
 
 }  // namespace shardps
 

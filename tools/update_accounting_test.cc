@@ -7,12 +7,13 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/protocol.h"
 
 namespace shardps {
 namespace {
 
 TEST(AccountUpdatesTest, SyncComparesRoundsCompletedWithRoundsAcknowledged) {
-  std::map<uint64_t, PartitionApplied> applied = {{0, {10, {}}}, {1, {9, {}}}};
+  std::map<uint64_t, PartitionApplied> applied = {{0, {10, {}, {}}}, {1, {9, {}, {}}}};
   EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}, {1, {{0, 10}, {1, 10}}}}).lost, 2u)
       << "partition 1 lost a round each worker saw acknowledged";
   applied[1].completed = 11;
@@ -26,7 +27,7 @@ TEST(AccountUpdatesTest, SyncComparesRoundsCompletedWithRoundsAcknowledged) {
 
 TEST(AccountUpdatesTest, SyncCountsOnlyTheRoundsPastARestore) {
   // Restored at round 150, 250 rounds more: each worker saw 250 acknowledged.
-  const std::map<uint64_t, PartitionApplied> applied = {{0, {400, {}}}, {1, {400, {}}}};
+  const std::map<uint64_t, PartitionApplied> applied = {{0, {400, {}, {}}}, {1, {400, {}, {}}}};
   const UpdateAccounting resumed = AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}, 150);
   EXPECT_EQ(resumed.lost + resumed.duplicates, 0u) << "the restored rounds are no duplicates";
   EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}).duplicates, 300u) << "before";
@@ -34,13 +35,32 @@ TEST(AccountUpdatesTest, SyncCountsOnlyTheRoundsPastARestore) {
 }
 
 TEST(AccountUpdatesTest, AsyncComparesEachWorkersPushes) {
-  std::map<uint64_t, PartitionApplied> applied = {{0, {7, {3, 4}}}};
+  std::map<uint64_t, PartitionApplied> applied = {{0, {7, {3, 4}, {}}}};
   UpdateAccounting a = AccountUpdates(true, applied, {{0, {{0, 3}}}, {1, {{0, 5}}}});
   EXPECT_EQ(a.lost, 1u);
   EXPECT_EQ(a.duplicates, 0u);
   UpdateAccounting b = AccountUpdates(true, applied, {{0, {{0, 2}}}});
   EXPECT_EQ(b.duplicates, 1u);
   EXPECT_EQ(AccountUpdates(true, {}, {{0, {{5, 4}}}}).lost, 4u) << "a partition no survivor holds";
+}
+
+TEST(AccountUpdatesTest, AsyncTellsWhichPushesWhereTheCountsAgree) {
+  // Worker 1 was acknowledged pushes 11, 12, 13 of partition 0; the server
+  // applied 11, 12 and 12 again: three each, one lost and one duplicate.
+  const uint64_t acked = PushDigest(11) + PushDigest(12) + PushDigest(13);
+  const uint64_t applied_twice = PushDigest(11) + 2 * PushDigest(12);
+  std::map<uint64_t, PartitionApplied> applied = {{0, {7, {4, 3}, {PushDigest(1), applied_twice}}}};
+  const std::map<int, std::map<uint64_t, uint64_t>> counts = {{0, {{0, 4}}}, {1, {{0, 3}}}};
+  const std::map<int, std::map<uint64_t, uint64_t>> digests = {{0, {{0, PushDigest(1)}}}, {1, {{0, acked}}}};
+  const UpdateAccounting swapped = AccountUpdates(true, applied, counts, 0, digests);
+  EXPECT_EQ(swapped.lost, 1u);
+  EXPECT_EQ(swapped.duplicates, 1u);
+  EXPECT_EQ(AccountUpdates(true, applied, counts).lost, 0u) << "counts alone cannot tell";
+  applied[0].applied_digest_by_worker[1] = acked;
+  const UpdateAccounting clean = AccountUpdates(true, applied, counts, 0, digests);
+  EXPECT_EQ(clean.lost + clean.duplicates, 0u);
+  applied[0].applied_digest_by_worker.clear();  // a file that named none: counts only
+  EXPECT_EQ(AccountUpdates(true, applied, counts, 0, {{1, {{0, applied_twice}}}}).lost, 0u);
 }
 
 // A file of `text` under the test's temporary directory; returns its path.
@@ -62,9 +82,23 @@ TEST(ReadServerUpdatesTest, APrimarysLineWinsOverEveryBackupCopy) {
   EXPECT_EQ(applied.at(2).completed, 9u) << "no primary: the backup copy that applied the most";
 }
 
+TEST(ReadServerUpdatesTest, ReadsEachWorkersDigestAfterItsCounts) {
+  const std::string a = WriteFile("digests", "0 10 4 6 digests 18446744073709551615 5\nbackup 1 12 5 7\n");
+  const auto applied = ReadServerUpdates({a});
+  ASSERT_EQ(applied.size(), 2u);
+  EXPECT_THAT(applied.at(0).applied_by_worker, ::testing::ElementsAre(4, 6));
+  EXPECT_THAT(applied.at(0).applied_digest_by_worker, ::testing::ElementsAre(UINT64_MAX, 5));
+  EXPECT_THAT(applied.at(1).applied_digest_by_worker, ::testing::IsEmpty());
+}
+
 TEST(ReadAckedPushesTest, ReadsTheAcknowledgedPushesOfAResultFile) {
-  const std::string path = WriteFile("result", "test_accuracy 0.85\nsteps 120\nacked.0 60\nacked.7 61\n");
+  const std::string path = WriteFile("result",
+                                     "test_accuracy 0.85\nsteps 120\nacked.0 60\nacked.7 61\n"
+                                     "acked_digest.0 18446744073709551615\nacked_digest.7 3\n");
   EXPECT_THAT(ReadAckedPushes(path), ::testing::ElementsAre(::testing::Pair(0, 60), ::testing::Pair(7, 61)));
+  EXPECT_THAT(ReadAckedPushDigests(path),
+              ::testing::ElementsAre(::testing::Pair(0, UINT64_MAX), ::testing::Pair(7, 3)))
+      << "all 64 bits, which a double would round";
   EXPECT_THAT(ReadAckedPushes(path + ".missing"), ::testing::IsEmpty());
 }
 

@@ -18,6 +18,7 @@
 #include "common/data_message.h"
 #include "common/file_descriptors.h"
 #include "common/names.h"
+#include "common/protocol.h"
 #include "common/security.h"
 
 namespace shardps {
@@ -665,7 +666,10 @@ void DataChannel::Complete(uint64_t request_id, const absl::Status& status, std:
   auto it = pending_.find(request_id);
   const Pending p = std::move(it->second);
   pending_.erase(it);
-  if (status.ok() && (p.header.op() == PUSH || p.header.op() == PUSH_PULL)) ++acked_pushes_[p.partition];
+  if (status.ok() && (p.header.op() == PUSH || p.header.op() == PUSH_PULL)) {
+    ++acked_pushes_[p.partition];
+    acked_push_digests_[p.partition] += PushDigest(request_id);
+  }
   HandleState& h = handles_[p.handle];
   if (!status.ok() && h.status.ok()) {
     h.status = absl::Status(status.code(), absl::StrCat(h.what, ": server ", p.server, " (",

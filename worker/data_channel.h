@@ -169,6 +169,11 @@ class DataChannel {
     absl::MutexLock lock(&mu_);
     return acked_pushes_;
   }
+  // Per partition id, the PushDigest of those pushes' request ids summed.
+  absl::flat_hash_map<uint64_t, uint64_t> acked_push_digests() const {
+    absl::MutexLock lock(&mu_);
+    return acked_push_digests_;
+  }
 
  private:
   struct Pending {
@@ -352,6 +357,7 @@ class DataChannel {
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // per server; ok = serving
   absl::Status removed_ ABSL_GUARDED_BY(mu_);  // FailAll's status: sticks
   absl::flat_hash_map<uint64_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, uint64_t> acked_push_digests_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint64_t> versions_ ABSL_GUARDED_BY(mu_);  // see weights_version
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};

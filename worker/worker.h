@@ -66,6 +66,9 @@ struct WorkerStats {
   // rejoined worker counts from the round it started at).
   uint64_t steps = 0;
   std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes answered OK
+  // partition id -> those pushes' request ids, each through PushDigest
+  // (common/protocol.h), summed: which pushes, where a count says how many.
+  std::map<uint64_t, uint64_t> acked_push_digests;
 };
 
 class Worker {

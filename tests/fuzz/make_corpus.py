@@ -218,9 +218,9 @@ def replica():
         seq += bytes([15, 1]) + worker_request(0, 1, 2, 0, n)
         write("replica", name, seq)
     # A re-created copy (variant2 bit 3) of a sync, sum-only, 2bit with pull codec partition:
-    # refused updates before its snapshot (weights, aggregate, ids and rejoins, INIT flag, feedback, answer).
+    # refused updates before its snapshot (weights, aggregate, ids, digests and rejoins, INIT flag, feedback, answer).
     n = 1024
-    snapshot = values(2 * n) + bytes(7) + bytes([1]) + values(n) + lv(b"")
+    snapshot = values(2 * n) + bytes(9) + bytes([1]) + values(n) + lv(b"")
     seq = bytes([0x50, 0x09, n_byte(n)]) + replica_update(R_PUSH, n, 0, contributors=2)
     seq += replica_update(R_SNAPSHOT, n, 0, mode=4, tail=snapshot) + replica_update(R_PUSH, n, 0, contributors=2)
     write("replica", "snapshot_sum_only", seq)
@@ -267,7 +267,7 @@ def replica():
     write("replica", "pair_sync_worker_removed_and_rejoined_in_one_map", seq)
     # This server's backup copy given back in maps it skipped (map byte bit 6), then its snapshot.
     n = 1024
-    snapshot = values(2 * n) + bytes(7) + bytes([1]) + values(n) + lv(b"")
+    snapshot = values(2 * n) + bytes(9) + bytes([1]) + values(n) + lv(b"")
     seq = bytes([0x50, 0x01, n_byte(n)]) + replica_update(R_INIT, n) + replica_update(R_PUSH, n, 0, contributors=2)
     seq += bytes([15, 0x40]) + replica_update(R_PUSH, n, 1, contributors=2)
     seq += replica_update(R_SNAPSHOT, n, 1, mode=4, tail=snapshot) + replica_update(R_PUSH, n, 1, contributors=2)

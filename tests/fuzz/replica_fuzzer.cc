@@ -220,7 +220,7 @@ std::string Encoded(const Cluster& c, const std::vector<float>& values, uint64_t
 
 // A snapshot as SendSnapshot lays it out (partition_replication.cc), its
 // values finite: weights, optimizer state (non-negative, as Adam's), mirror,
-// aggregate, per-worker request ids, pushes and rejoins, INIT flag, error
+// aggregate, per-worker request ids, pushes, their digests and rejoins, INIT flag, error
 // feedback, the last round's encoded answer, the open rounds' pushes (from
 // `round`).
 std::string Snapshot(FuzzInput& in, const Cluster& c, uint64_t round) {
@@ -231,7 +231,7 @@ std::string Snapshot(FuzzInput& in, const Cluster& c, uint64_t round) {
   std::vector<float> v = Values(in, floats);
   for (float& x : v) x = std::fabs(x);
   std::string s = FloatBytes(v);
-  std::vector<uint64_t> ids(3 * c.workers + 1);
+  std::vector<uint64_t> ids(4 * c.workers + 1);
   for (uint64_t& id : ids) id = in.Byte() % 4;
   s += std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint64_t));
   if (feedback) {
