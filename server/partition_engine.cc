@@ -493,10 +493,8 @@ std::vector<PartitionUpdates> PartitionEngine::UpdateCounts() const {
   for (const auto& [id, p] : partitions_) {
     if (!p->primary) continue;
     PartitionUpdates u{id, p->completed, {}, {}};
-    if (!RoundBased(config_)) {
-      u.applied_by_worker = p->applied_by;
-      u.applied_digest_by_worker = p->applied_digest;
-    }
+    u.applied_by_worker = p->applied_by;
+    if (!RoundBased(config_)) u.applied_digest_by_worker = p->applied_digest;
     out.push_back(std::move(u));
   }
   return out;
@@ -507,10 +505,8 @@ std::vector<PartitionUpdates> PartitionEngine::BackupUpdateCounts() const {
   for (const auto& [id, p] : partitions_) {
     if (p->primary || !p->synced) continue;
     PartitionUpdates u{id, p->completed, {}, {}};
-    if (!RoundBased(config_)) {
-      u.applied_by_worker = p->applied_by;
-      u.applied_digest_by_worker = p->applied_digest;
-    }
+    u.applied_by_worker = p->applied_by;
+    if (!RoundBased(config_)) u.applied_digest_by_worker = p->applied_digest;
     out.push_back(std::move(u));
   }
   return out;
@@ -1005,6 +1001,13 @@ void PartitionEngine::CompleteRound(Partition& p) {
   update.set_round(p.completed);
   update.set_contributors(p.contributors);
   update.set_lr_scale(p.lr_scale);
+  std::string round_workers((p.contributed.size() + 7) / 8, '\0');
+  for (uint32_t w = 0; w < p.contributed.size(); ++w) {
+    if (!p.contributed[w]) continue;
+    round_workers[w / 8] = static_cast<char>(round_workers[w / 8] | (1 << (w % 8)));
+    ++p.applied_by[w];
+  }
+  update.set_round_workers(std::move(round_workers));
   uint64_t sequence;
   if (p.forwarding_round && p.counted_order.size() == p.contributors) {
     // The backups hold this round's pushes: they sum them as this copy did.

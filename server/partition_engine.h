@@ -82,11 +82,12 @@ struct EngineQueues {
 };
 
 // What one partition's primary has applied, for the accounting of lost and
-// duplicate updates: sync rounds, and per worker the async pushes.
+// duplicate updates: sync rounds, and per worker the async pushes or the
+// gradients its completed rounds summed.
 struct PartitionUpdates {
   uint64_t partition = 0;
   uint64_t completed = 0;
-  std::vector<uint64_t> applied_by_worker;  // async only
+  std::vector<uint64_t> applied_by_worker;
   std::vector<uint64_t> applied_digest_by_worker;  // async only: PushDigest of those pushes summed
 };
 
@@ -397,7 +398,9 @@ class PartitionEngine {
     float lr_scale = 1.0f;                 // sync/ssp: learning-rate factor of the round being applied
     std::vector<zmq::message_t> held;      // deterministic: per-rank gradients
     std::vector<uint64_t> last_request;    // async: per worker, last applied request id
-    std::vector<uint64_t> applied_by;      // async: per worker, pushes applied
+    // Per worker since it (re)joined, pushes applied (async) or rounds
+    // completed with its gradient (in rounds).
+    std::vector<uint64_t> applied_by;
     std::vector<uint64_t> applied_digest;  // async: per worker, PushDigest of those pushes summed
     // SSP applied on arrival: per worker, 1 + the last round of its pushes
     // applied here (0: not known here yet; see WithinBound).

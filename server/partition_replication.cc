@@ -860,6 +860,11 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
   } else {
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
     p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
+    for (uint32_t w = 0; w < p.applied_by.size() && w / 8 < h.round_workers().size(); ++w) {
+      // As the primary counted it: a rejoin it had not installed yet when it
+      // sent this started the counters afresh after this round.
+      if ((h.round_workers()[w / 8] >> (w % 8) & 1) != 0 && h.epoch() >= JoinEpoch(w)) ++p.applied_by[w];
+    }
     // Applied from the message (aligned by Handle); a round summed from
     // forwarded pushes is in p.acc already (HandleReplica).
     ApplyRound(p, h.summed_workers_size() == 0 ? data : nullptr);

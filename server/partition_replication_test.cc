@@ -273,6 +273,29 @@ TEST_F(ReplicationTest, ABackupReportsWhatItsCopyAppliedAsItsPrimaryDoes) {
   EXPECT_EQ(backup[0].applied_digest_by_worker, primary[0].applied_digest_by_worker);
 }
 
+TEST_F(ReplicationTest, EveryCopyCountsPerWorkerTheRoundsThatSummedItsGradient) {
+  // Sync: a round that went on without a gradient its worker was told was
+  // applied must show in the accounting, on the primary and on a backup
+  // promoted in its place.
+  Make(SYNC);
+  Send(0, PUSH, 0, 0, {1, 1});
+  Send(0, PUSH, 1, 0, {1, 1});
+  Deliver();
+  ShardMap without_one = MapAt(4, 0, 1);
+  without_one.add_excluded_workers(1);
+  Install(without_one);
+  Send(0, PUSH, 0, 1, {1, 1}, 4);  // round 1: worker 0's alone
+  Deliver();
+  const std::vector<PartitionUpdates> primary = engines_[0]->UpdateCounts();
+  const std::vector<PartitionUpdates> backup = engines_[1]->BackupUpdateCounts();
+  ASSERT_EQ(primary.size(), 1u);
+  ASSERT_EQ(backup.size(), 1u);
+  EXPECT_EQ(primary[0].completed, 2u);
+  EXPECT_THAT(primary[0].applied_by_worker, ElementsAre(2, 1));
+  EXPECT_EQ(backup[0].applied_by_worker, primary[0].applied_by_worker);
+  EXPECT_THAT(primary[0].applied_digest_by_worker, IsEmpty()) << "async only";
+}
+
 TEST_F(ReplicationTest, ACopyReCreatedFromASnapshotReportsThePushesItsPrimaryApplied) {
   // Which pushes, not only how many: a copy that took another push's
   // digest would hide a push lost and another applied twice.

@@ -43,15 +43,12 @@ int CountUpdatesCommand(const Args& args) {
     config = *std::move(loaded);
   }
   if (absl::Status s = ApplyConfigSets(sets, &config); !s.ok()) return usage_error(s);
-  std::map<int, std::map<uint64_t, uint64_t>> acked, acked_digests;
-  for (size_t r = 0; r < result_files.size(); ++r) {
-    acked[static_cast<int>(r)] = ReadAckedPushes(result_files[r]);
-    acked_digests[static_cast<int>(r)] = ReadAckedPushDigests(result_files[r]);
-  }
+  std::map<int, WorkerAcks> acked;
+  for (size_t r = 0; r < result_files.size(); ++r) acked[static_cast<int>(r)] = ReadWorkerAcks(result_files[r]);
   const std::map<uint64_t, PartitionApplied> applied = ReadServerUpdates(updates_files);
   const bool round_based = RoundBased(config);
   const UpdateAccounting counted =
-      AccountUpdates(!round_based, applied, acked, round_based ? config.checkpoint().restore_round() : 0, acked_digests);
+      AccountUpdates(!round_based, applied, acked, round_based ? config.checkpoint().restore_round() : 0);
   std::cout << absl::StrFormat("{\"lost_updates\": %d, \"duplicate_updates\": %d, \"partitions_reported\": %d}\n",
                                counted.lost, counted.duplicates, applied.size());
   return counted.lost + counted.duplicates == 0 ? 0 : 1;

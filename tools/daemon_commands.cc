@@ -490,6 +490,7 @@ int TrainCommand(const Args& args) {
   for (const auto& [partition, d] : result->acked_push_digests) {
     absl::StrAppend(&text, "acked_digest.", partition, " ", d, "\n");
   }
+  absl::StrAppend(&text, "rejoin_round ", result->rejoin_round, "\n");
   if (!result_file.empty()) {
     if (absl::Status s = WriteFileDurably(result_file + ".sha256", WeightsSha256(result->params)); !s.ok()) {
       return Fail("train", s);

@@ -224,7 +224,7 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
     out.faults = injector->records();
     out.never_happened = injector->pending();
   }
-  std::map<int, std::map<uint64_t, uint64_t>> acked, acked_digests;
+  std::map<int, WorkerAcks> acked;
   for (int r = 0; r < o.workers; ++r) {
     // A killed worker reports nothing; one started again reports what its
     // new process was acknowledged.
@@ -233,8 +233,7 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
     out.bytes_pushed += result["bytes_pushed"];
     out.bytes_pulled += result["bytes_pulled"];
     out.samples += result["samples"];
-    acked[r] = ReadAckedPushes(absl::StrCat(dir, "/result.", r));
-    acked_digests[r] = ReadAckedPushDigests(absl::StrCat(dir, "/result.", r));
+    acked[r] = ReadWorkerAcks(absl::StrCat(dir, "/result.", r));
     if (r == 0) {
       out.rank0 = result;
       std::ifstream(absl::StrCat(dir, "/result.0.sha256")) >> out.weights_sha256;
@@ -246,7 +245,7 @@ Outcome CollectOutcome(const std::string& dir, const LocalOptions& o, int spawne
     ReadStaleness(updates_files.back(), &out.staleness);
   }
   out.updates = AccountUpdates(!RoundBased(config), ReadServerUpdates(updates_files), acked,
-                               RoundBased(config) ? config.checkpoint().restore_round() : 0, acked_digests);
+                               RoundBased(config) ? config.checkpoint().restore_round() : 0);
   return out;
 }
 

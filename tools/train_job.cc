@@ -522,6 +522,7 @@ absl::StatusOr<TrainResult> RunDeviceGroupWorker(Worker& worker, const TrainOpti
   result.bytes_pulled = stats.bytes_pulled;
   result.acked_pushes = stats.acked_pushes;
   result.acked_push_digests = stats.acked_push_digests;
+  result.rejoin_round = worker.rejoin().round;
   return result;
 }
 
@@ -657,6 +658,7 @@ absl::StatusOr<TrainResult> RunTrainingWorker(Worker& worker, const TrainOptions
   result.bytes_pulled = stats.bytes_pulled;
   result.acked_pushes = stats.acked_pushes;
   result.acked_push_digests = stats.acked_push_digests;
+  result.rejoin_round = worker.rejoin().round;
   result.params = params;
   return result;
 }

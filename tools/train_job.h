@@ -105,6 +105,7 @@ struct TrainResult {
   uint64_t bytes_pulled = 0;
   std::map<uint64_t, uint64_t> acked_pushes;  // partition id -> pushes acknowledged
   std::map<uint64_t, uint64_t> acked_push_digests;  // partition id -> WorkerStats::acked_push_digests
+  uint64_t rejoin_round = 0;  // Worker::rejoin().round: 0 for a process there from the start
   std::vector<AccuracyPoint> accuracy_points;  // TrainOptions::eval_every, in order
   std::vector<std::vector<float>> params;  // final weights
 };

@@ -11,36 +11,34 @@
 namespace shardps {
 
 UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionApplied>& applied,
-                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker,
-                                uint64_t restored_rounds,
-                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_digests_by_worker) {
+                                const std::map<int, WorkerAcks>& acked_by_worker, uint64_t restored_rounds) {
   // Sync: the rounds this run completed.
   auto run_rounds = [restored_rounds](uint64_t completed) {
     return completed > restored_rounds ? completed - restored_rounds : 0;
   };
   UpdateAccounting out;
   std::map<uint64_t, uint64_t> most_acked;  // sync: per partition, the most rounds any worker pushed
-  for (const auto& [rank, acked] : acked_by_worker) {
-    for (const auto& [partition, n] : acked) {
+  for (const auto& [rank, acks] : acked_by_worker) {
+    const size_t w = static_cast<size_t>(rank);
+    for (const auto& [partition, n] : acks.pushes) {
       most_acked[partition] = std::max(most_acked[partition], n);
       auto it = applied.find(partition);
-      uint64_t done = 0;
-      if (it != applied.end()) {
-        done = !async ? run_rounds(it->second.completed)
-               : static_cast<size_t>(rank) < it->second.applied_by_worker.size() ? it->second.applied_by_worker[rank]
-                                                                                  : 0;
+      const PartitionApplied* a = it == applied.end() ? nullptr : &it->second;
+      const bool per_worker = a != nullptr && w < a->applied_by_worker.size();
+      if (!async) {
+        uint64_t done = a != nullptr ? run_rounds(a->completed) : 0;
+        if (per_worker && !acks.rejoined) done = std::min(done, a->applied_by_worker[w]);
+        if (n > done) out.lost += n - done;
+        continue;
       }
+      const uint64_t done = per_worker ? a->applied_by_worker[w] : 0;
       if (n > done) out.lost += n - done;
-      if (async && done > n) out.duplicates += done - n;
-      if (async && n == done && it != applied.end() &&
-          static_cast<size_t>(rank) < it->second.applied_digest_by_worker.size()) {
-        auto worker = acked_digests_by_worker.find(rank);
-        if (worker == acked_digests_by_worker.end()) continue;
-        auto digest = worker->second.find(partition);
-        if (digest != worker->second.end() && digest->second != it->second.applied_digest_by_worker[rank]) {
-          ++out.lost;
-          ++out.duplicates;
-        }
+      if (done > n) out.duplicates += done - n;
+      auto digest = acks.digests.find(partition);
+      if (n == done && w < (a != nullptr ? a->applied_digest_by_worker.size() : 0) && digest != acks.digests.end() &&
+          digest->second != a->applied_digest_by_worker[w]) {
+        ++out.lost;
+        ++out.duplicates;
       }
     }
   }
@@ -96,32 +94,22 @@ std::map<uint64_t, PartitionApplied> ReadServerUpdates(const std::vector<std::st
   return primaries;
 }
 
-namespace {
-
-// The `PREFIX.PARTITION N` lines of a result file (whose other lines hold
-// fractions: read as words, not numbers).
-std::map<uint64_t, uint64_t> ReadPartitionLines(const std::string& result_file, absl::string_view prefix) {
-  std::map<uint64_t, uint64_t> out;
+WorkerAcks ReadWorkerAcks(const std::string& result_file) {
+  WorkerAcks acks;
   std::ifstream in(result_file);
-  std::string key, value;
+  std::string key, value;  // the file's other lines hold fractions: read as words
   while (in >> key >> value) {
     uint64_t partition, n;
-    if (absl::StartsWith(key, prefix) && absl::SimpleAtoi(key.substr(prefix.size()), &partition) &&
-        absl::SimpleAtoi(value, &n)) {
-      out[partition] = n;
+    if (!absl::SimpleAtoi(value, &n)) continue;
+    if (absl::StartsWith(key, "acked.") && absl::SimpleAtoi(key.substr(6), &partition)) {
+      acks.pushes[partition] = n;
+    } else if (absl::StartsWith(key, "acked_digest.") && absl::SimpleAtoi(key.substr(13), &partition)) {
+      acks.digests[partition] = n;
+    } else if (key == "rejoin_round") {
+      acks.rejoined = n > 0;
     }
   }
-  return out;
-}
-
-}  // namespace
-
-std::map<uint64_t, uint64_t> ReadAckedPushes(const std::string& result_file) {
-  return ReadPartitionLines(result_file, "acked.");
-}
-
-std::map<uint64_t, uint64_t> ReadAckedPushDigests(const std::string& result_file) {
-  return ReadPartitionLines(result_file, "acked_digest.");
+  return acks;
 }
 
 }  // namespace shardps

@@ -18,31 +18,36 @@
 namespace shardps {
 
 // Sync: a worker acknowledged more rounds than its partition's primary
-// completed lost some; a primary that completed more rounds than any worker
-// pushed applied one twice. Async: the same per worker and push, and where
-// the counts agree, which pushes (PushDigest sums, common/protocol.h): a
-// push of a worker lost and another of the same worker and partition
-// applied twice leave equal counts and unequal digests, counted as one lost
-// and one duplicate (at least that many). Sync rounds are counts only: a
-// round completed without a gradient it acknowledged still counts as
-// complete.
+// completed, or than the primary's rounds summed a gradient of it, lost
+// some; a primary that completed more rounds than any worker pushed applied
+// one twice. Async: the same per worker and push, and where the counts
+// agree, which pushes (PushDigest sums, common/protocol.h): a push of a
+// worker lost and another of the same worker and partition applied twice
+// leave equal counts and unequal digests, counted as one lost and one
+// duplicate (at least that many). A sync worker that rejoined is compared
+// with the rounds only: its pushes of rounds the job completed without it
+// (a rank that catches up) are answered as retries, by design.
 struct PartitionApplied {
   uint64_t completed = 0;
-  std::vector<uint64_t> applied_by_worker;         // async
+  // Async: pushes applied per worker; sync: rounds that summed its gradient.
+  // Empty where a file named none.
+  std::vector<uint64_t> applied_by_worker;
   std::vector<uint64_t> applied_digest_by_worker;  // async; empty where a file named none
+};
+// What one worker's result file says it was acknowledged.
+struct WorkerAcks {
+  std::map<uint64_t, uint64_t> pushes;   // partition id -> pushes answered OK
+  std::map<uint64_t, uint64_t> digests;  // partition id -> their PushDigests summed
+  bool rejoined = false;                 // a process that rejoined the job (rejoin_round > 0)
 };
 struct UpdateAccounting {
   uint64_t lost = 0, duplicates = 0;
 };
 // `async`: !RoundBased(config). `restored_rounds`: sync rounds a restored
 // job's servers began with (checkpoint.restore_round), completed before any
-// worker of this run pushed. `acked_digests_by_worker`: per worker, what
-// ReadAckedPushDigests read (async; a partition it lacks is compared by
-// count only).
+// worker of this run pushed.
 UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionApplied>& applied,
-                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_by_worker,
-                                uint64_t restored_rounds = 0,
-                                const std::map<int, std::map<uint64_t, uint64_t>>& acked_digests_by_worker = {});
+                                const std::map<int, WorkerAcks>& acked_by_worker, uint64_t restored_rounds = 0);
 
 // What the servers' `--updates-file`s say was applied, per partition: its
 // primary's line ("ID COMPLETED [APPLIED_BY_WORKER... digests DIGEST...]"); for a partition
@@ -53,11 +58,10 @@ UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionAp
 // survive) adds nothing.
 std::map<uint64_t, PartitionApplied> ReadServerUpdates(const std::vector<std::string>& updates_files);
 
-// The `acked.PARTITION N` lines of a worker's `train --result-file`: pushes
-// answered OK per partition. Empty when the file does not exist.
-std::map<uint64_t, uint64_t> ReadAckedPushes(const std::string& result_file);
-// Its `acked_digest.PARTITION D` lines: those pushes' PushDigests summed.
-std::map<uint64_t, uint64_t> ReadAckedPushDigests(const std::string& result_file);
+// The `acked.PARTITION N`, `acked_digest.PARTITION D` and `rejoin_round R`
+// lines of a worker's `train --result-file`. Empty when the file does not
+// exist.
+WorkerAcks ReadWorkerAcks(const std::string& result_file);
 
 }  // namespace shardps
 

@@ -12,36 +12,64 @@
 namespace shardps {
 namespace {
 
+using Pushes = std::map<int, std::map<uint64_t, uint64_t>>;
+
+// Per worker, the pushes acknowledged to it (no digests; there from the start).
+std::map<int, WorkerAcks> Acks(const Pushes& pushes) {
+  std::map<int, WorkerAcks> out;
+  for (const auto& [rank, p] : pushes) out[rank].pushes = p;
+  return out;
+}
+
 TEST(AccountUpdatesTest, SyncComparesRoundsCompletedWithRoundsAcknowledged) {
   std::map<uint64_t, PartitionApplied> applied = {{0, {10, {}, {}}}, {1, {9, {}, {}}}};
-  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}, {1, {{0, 10}, {1, 10}}}}).lost, 2u)
+  EXPECT_EQ(AccountUpdates(false, applied, Acks({{0, {{0, 10}, {1, 10}}}, {1, {{0, 10}, {1, 10}}}})).lost, 2u)
       << "partition 1 lost a round each worker saw acknowledged";
   applied[1].completed = 11;
-  UpdateAccounting twice = AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}});
+  UpdateAccounting twice = AccountUpdates(false, applied, Acks({{0, {{0, 10}, {1, 10}}}}));
   EXPECT_EQ(twice.lost, 0u);
   EXPECT_EQ(twice.duplicates, 1u);
   applied[1].completed = 10;
-  UpdateAccounting clean = AccountUpdates(false, applied, {{0, {{0, 10}, {1, 10}}}});
+  UpdateAccounting clean = AccountUpdates(false, applied, Acks({{0, {{0, 10}, {1, 10}}}}));
   EXPECT_EQ(clean.lost + clean.duplicates, 0u);
+}
+
+TEST(AccountUpdatesTest, SyncComparesEachWorkersGradientsWithTheRoundsThatSummedThem) {
+  // Partition 0 completed 10 rounds, 9 of them with worker 1's gradient,
+  // though worker 1 was acknowledged 10: a round went on without a gradient
+  // it acknowledged.
+  std::map<uint64_t, PartitionApplied> applied = {{0, {10, {10, 9}, {}}}};
+  const Pushes pushes = {{0, {{0, 10}}}, {1, {{0, 10}}}};
+  EXPECT_EQ(AccountUpdates(false, applied, Acks(pushes)).lost, 1u);
+  std::map<int, WorkerAcks> rejoined = Acks(pushes);
+  rejoined[1].rejoined = true;  // caught up: rounds completed without it were answered as retries
+  EXPECT_EQ(AccountUpdates(false, applied, rejoined).lost, 0u);
+  applied[0].applied_by_worker[1] = 10;
+  EXPECT_EQ(AccountUpdates(false, applied, Acks(pushes)).lost, 0u);
+  applied[0].applied_by_worker.clear();  // a file that named none: rounds only
+  EXPECT_EQ(AccountUpdates(false, applied, Acks(pushes)).lost, 0u);
+  // Restored at round 4: the counts are this run's, as the acknowledgements.
+  applied[0] = {14, {10, 10}, {}};
+  EXPECT_EQ(AccountUpdates(false, applied, Acks(pushes), 4).lost, 0u);
 }
 
 TEST(AccountUpdatesTest, SyncCountsOnlyTheRoundsPastARestore) {
   // Restored at round 150, 250 rounds more: each worker saw 250 acknowledged.
   const std::map<uint64_t, PartitionApplied> applied = {{0, {400, {}, {}}}, {1, {400, {}, {}}}};
-  const UpdateAccounting resumed = AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}, 150);
+  const UpdateAccounting resumed = AccountUpdates(false, applied, Acks({{0, {{0, 250}, {1, 250}}}}), 150);
   EXPECT_EQ(resumed.lost + resumed.duplicates, 0u) << "the restored rounds are no duplicates";
-  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 250}, {1, 250}}}}).duplicates, 300u) << "before";
-  EXPECT_EQ(AccountUpdates(false, applied, {{0, {{0, 251}, {1, 250}}}}, 150).lost, 1u);
+  EXPECT_EQ(AccountUpdates(false, applied, Acks({{0, {{0, 250}, {1, 250}}}})).duplicates, 300u) << "before";
+  EXPECT_EQ(AccountUpdates(false, applied, Acks({{0, {{0, 251}, {1, 250}}}}), 150).lost, 1u);
 }
 
 TEST(AccountUpdatesTest, AsyncComparesEachWorkersPushes) {
   std::map<uint64_t, PartitionApplied> applied = {{0, {7, {3, 4}, {}}}};
-  UpdateAccounting a = AccountUpdates(true, applied, {{0, {{0, 3}}}, {1, {{0, 5}}}});
+  UpdateAccounting a = AccountUpdates(true, applied, Acks({{0, {{0, 3}}}, {1, {{0, 5}}}}));
   EXPECT_EQ(a.lost, 1u);
   EXPECT_EQ(a.duplicates, 0u);
-  UpdateAccounting b = AccountUpdates(true, applied, {{0, {{0, 2}}}});
+  UpdateAccounting b = AccountUpdates(true, applied, Acks({{0, {{0, 2}}}}));
   EXPECT_EQ(b.duplicates, 1u);
-  EXPECT_EQ(AccountUpdates(true, {}, {{0, {{5, 4}}}}).lost, 4u) << "a partition no survivor holds";
+  EXPECT_EQ(AccountUpdates(true, {}, Acks({{0, {{5, 4}}}})).lost, 4u) << "a partition no survivor holds";
 }
 
 TEST(AccountUpdatesTest, AsyncTellsWhichPushesWhereTheCountsAgree) {
@@ -50,17 +78,19 @@ TEST(AccountUpdatesTest, AsyncTellsWhichPushesWhereTheCountsAgree) {
   const uint64_t acked = PushDigest(11) + PushDigest(12) + PushDigest(13);
   const uint64_t applied_twice = PushDigest(11) + 2 * PushDigest(12);
   std::map<uint64_t, PartitionApplied> applied = {{0, {7, {4, 3}, {PushDigest(1), applied_twice}}}};
-  const std::map<int, std::map<uint64_t, uint64_t>> counts = {{0, {{0, 4}}}, {1, {{0, 3}}}};
-  const std::map<int, std::map<uint64_t, uint64_t>> digests = {{0, {{0, PushDigest(1)}}}, {1, {{0, acked}}}};
-  const UpdateAccounting swapped = AccountUpdates(true, applied, counts, 0, digests);
+  std::map<int, WorkerAcks> acks = Acks({{0, {{0, 4}}}, {1, {{0, 3}}}});
+  EXPECT_EQ(AccountUpdates(true, applied, acks).lost, 0u) << "counts alone cannot tell";
+  acks[0].digests = {{0, PushDigest(1)}};
+  acks[1].digests = {{0, acked}};
+  const UpdateAccounting swapped = AccountUpdates(true, applied, acks);
   EXPECT_EQ(swapped.lost, 1u);
   EXPECT_EQ(swapped.duplicates, 1u);
-  EXPECT_EQ(AccountUpdates(true, applied, counts).lost, 0u) << "counts alone cannot tell";
   applied[0].applied_digest_by_worker[1] = acked;
-  const UpdateAccounting clean = AccountUpdates(true, applied, counts, 0, digests);
+  const UpdateAccounting clean = AccountUpdates(true, applied, acks);
   EXPECT_EQ(clean.lost + clean.duplicates, 0u);
   applied[0].applied_digest_by_worker.clear();  // a file that named none: counts only
-  EXPECT_EQ(AccountUpdates(true, applied, counts, 0, {{1, {{0, applied_twice}}}}).lost, 0u);
+  acks[1].digests = {{0, applied_twice}};
+  EXPECT_EQ(AccountUpdates(true, applied, acks).lost, 0u);
 }
 
 // A file of `text` under the test's temporary directory; returns its path.
@@ -91,19 +121,21 @@ TEST(ReadServerUpdatesTest, ReadsEachWorkersDigestAfterItsCounts) {
   EXPECT_THAT(applied.at(1).applied_digest_by_worker, ::testing::IsEmpty());
 }
 
-TEST(ReadAckedPushesTest, ReadsTheAcknowledgedPushesOfAResultFile) {
+TEST(ReadWorkerAcksTest, ReadsTheAcknowledgedPushesOfAResultFile) {
   const std::string path = WriteFile("result",
                                      "test_accuracy 0.85\nsteps 120\nacked.0 60\nacked.7 61\n"
-                                     "acked_digest.0 18446744073709551615\nacked_digest.7 3\n");
-  EXPECT_THAT(ReadAckedPushes(path), ::testing::ElementsAre(::testing::Pair(0, 60), ::testing::Pair(7, 61)));
-  EXPECT_THAT(ReadAckedPushDigests(path),
-              ::testing::ElementsAre(::testing::Pair(0, UINT64_MAX), ::testing::Pair(7, 3)))
+                                     "acked_digest.0 18446744073709551615\nacked_digest.7 3\nrejoin_round 0\n");
+  const WorkerAcks acks = ReadWorkerAcks(path);
+  EXPECT_THAT(acks.pushes, ::testing::ElementsAre(::testing::Pair(0, 60), ::testing::Pair(7, 61)));
+  EXPECT_THAT(acks.digests, ::testing::ElementsAre(::testing::Pair(0, UINT64_MAX), ::testing::Pair(7, 3)))
       << "all 64 bits, which a double would round";
-  EXPECT_THAT(ReadAckedPushes(path + ".missing"), ::testing::IsEmpty());
+  EXPECT_FALSE(acks.rejoined);
+  EXPECT_TRUE(ReadWorkerAcks(WriteFile("rejoined", "acked.0 60\nrejoin_round 12\n")).rejoined);
+  EXPECT_THAT(ReadWorkerAcks(path + ".missing").pushes, ::testing::IsEmpty());
 }
 
 TEST(ReadServerUpdatesTest, AnAsyncUpdateMissingFromAServersFileCountsAsLost) {
-  const auto acked = std::map<int, std::map<uint64_t, uint64_t>>{{0, {{0, 4}, {1, 3}}}, {1, {{0, 6}, {1, 5}}}};
+  const auto acked = Acks({{0, {{0, 4}, {1, 3}}}, {1, {{0, 6}, {1, 5}}}});
   const std::string whole = WriteFile("whole", "0 10 4 6\n1 8 3 5\n");
   const UpdateAccounting clean = AccountUpdates(true, ReadServerUpdates({whole}), acked);
   EXPECT_EQ(clean.lost + clean.duplicates, 0u);
