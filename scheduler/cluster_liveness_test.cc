@@ -1263,12 +1263,12 @@ TEST_F(TwoServersDieTest, TwoServersDeclaredInOneCheckLoseThePartitionsOnlyTheyH
 }
 
 TEST_F(TwoServersDieTest, AFailoversLineCountsOnePartitionInTheSingular) {
-  // fix20: "1 partitions fail over to their backups".
+  // fix20: "1 partitions fail over to their backups"; then "1 partition fails over to their backups".
   ASSERT_EQ(absl::c_count_if(first_.partitions(), [](const PartitionInfo& p) { return p.server() == 0; }), 1);
   Beat({0, 1, 2}, 1);
   const std::vector<std::string> lines = Run(1200, {1}, 1200);  // server 0 dies alone
   ASSERT_THAT(lines, ElementsAre(HasSubstr("server 0")));
-  EXPECT_THAT(lines[0], HasSubstr("; 1 partition fails over to their backups"));
+  EXPECT_THAT(lines[0], HasSubstr("; 1 partition fails over to its backup;"));
   EXPECT_THAT(lines[0], Not(HasSubstr(" partitions ")));
 }
 
@@ -1358,7 +1358,7 @@ TEST(RestartedFailoverTest, CopiesGivenToAReplacementAfterARestartAreNotPromoted
 TEST_F(FailoverTest, APartitionFailsOverToABackupItsServerReportedSyncedRatherThanTheFirst) {
   Beat({0, 1, 2}, 1);
   const std::string line = KillServerZero(1);
-  EXPECT_THAT(line, HasSubstr("over to their backups"));
+  EXPECT_THAT(line, HasSubstr("1 partition fails over to its backup"));
   EXPECT_THAT(line, ::testing::Not(HasSubstr("not reported synced")));
   const ShardMap after = state_->Status().shard_map();
   for (const PartitionInfo& p : after.partitions()) {

@@ -874,7 +874,8 @@ std::string ClusterState::FailOver(uint32_t dead) {
   const int recreated = Rereplicate();
   std::string out;
   if (promoted > 0) {
-    absl::StrAppend(&out, "; ", Counted(promoted, "partition fails", "partitions fail"), " over to their backups");
+    absl::StrAppend(&out, "; ",
+                    Counted(promoted, "partition fails over to its backup", "partitions fail over to their backups"));
   }
   if (unsynced > 0) {
     absl::StrAppend(&out, "; ", unsynced, " of them to a copy its server had not reported synced (no backup ",

@@ -734,8 +734,9 @@ class WorkerImpl : public Worker {
       }
     }
     if (!moved.empty() || resent > 0) {
-      LOG(WARNING) << "worker " << options_.rank << ": " << Counted(moved.size(), "partition", "partitions")
-                   << " moved to their backups at shard map epoch " << map.epoch() << "; re-sent "
+      LOG(WARNING) << "worker " << options_.rank << ": "
+                   << Counted(moved.size(), "partition moved to its backup", "partitions moved to their backups")
+                   << " at shard map epoch " << map.epoch() << "; re-sent "
                    << Counted(resent, "waiting request", "waiting requests");
     }
     for (const ServerInfo& s : map.servers()) {
