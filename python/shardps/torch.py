@@ -592,7 +592,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Pushes what no hook pushed (unused parameters: p.grad or zeros) and completes every
         request, landing the new weights in the parameters (sum-only: the mean gradient in
         p.grad, then the wrapped optimizer steps). With `model` in update mode on_server it
-        returns at once and the next forward completes them. Returns the closure's loss."""
+        returns at once and the next forward completes them; p.grad is then None, as the
+        gradients are still being sent from it. Returns the closure's loss."""
         if self._closed:
             raise RuntimeError("this DistributedOptimizer is closed (close(), or a newer one over the same "
                                "parameters took them over)")
@@ -619,6 +620,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._defers:
             for slot in self._slots:
                 slot.deferred = slot.handle is not None  # not a frozen one
+                if slot.deferred:
+                    # The library still reads it: a model.zero_grad() (in place on older torch) must
+                    # not reach it. The request keeps it alive.
+                    slot.param.grad = None
             self._next_round()
             return loss
         try:

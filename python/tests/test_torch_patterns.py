@@ -19,7 +19,7 @@ STEPS = 8  # torch_patterns_worker's
 
 def reference(case):
     """One process on the workers' combined batches, doing what the worker's case does."""
-    if case in ("parameter-list", "sparse"):
+    if case in ("parameter-list", "sparse", "model-zero"):
         return reference_of_model(case)
     model = torch_job.make_model(seed=1)
     if case == "frozen":
@@ -54,6 +54,8 @@ def reference_of_model(case):
     torch.manual_seed(1)
     if case == "sparse":
         model = nn.Sequential(nn.EmbeddingBag(50, 8, sparse=True), nn.Linear(8, 3))
+    elif case == "model-zero":
+        model = torch_patterns_job.wide_model()
     else:
         model = torch_patterns_job.ListNet()
         model.skip.requires_grad_(False)
@@ -178,6 +180,10 @@ class TorchPatternsTest(unittest.TestCase):
         out = self.run_case("parameter-list")
         self.assert_matches_reference("parameter-list")
         self.assertRegex(self.refusals(out)[0], r"^'skip.weight' was used by forward\(\) before its new weights landed")
+
+    def test_with_model_a_model_zero_grad_after_step_leaves_the_gradients_on_the_wire_alone(self):
+        self.run_case("model-zero", sets=["partition_bytes=4096"])
+        self.assert_matches_reference("model-zero")
 
     def test_sparse_gradients_train_as_dense_ones(self):
         self.run_case("sparse")

@@ -27,3 +27,8 @@ def sparse_batch(step, rank):
     bags = torch.randint(0, 50, (2 * torch_job.BATCH, 4), generator=torch.Generator().manual_seed(step))
     bags = bags[rank * torch_job.BATCH:(rank + 1) * torch_job.BATCH] if rank is not None else bags
     return bags, bags[:, 0] % 3
+
+
+def wide_model():
+    """Layers of many partitions, whose gradients stay on the wire a while after step()."""
+    return nn.Sequential(nn.Linear(20, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 3))

@@ -16,6 +16,7 @@ Usage: torch_patterns_worker.py CASE OUT_DIR
   parameter-list  with model=: parameters in an nn.ParameterList that the parent's forward uses,
             then a Linear's weight used by its parent without calling the Linear
   sparse    an nn.EmbeddingBag with sparse gradients
+  model-zero  with model=: model.zero_grad() (in place on torch < 2) instead of the optimizer's
   resume-1  Adam, then rank 0 saves model and optimizer state_dicts to OUT_DIR/checkpoint.pt
   resume-2  every rank loads it (load_state_dict, broadcast_optimizer_state) and trains on"""
 
@@ -29,7 +30,7 @@ from torch import nn
 import shardps
 import shardps.torch
 import torch_job
-from torch_patterns_job import ListNet, sparse_batch
+from torch_patterns_job import ListNet, sparse_batch, wide_model
 
 case, out_dir = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)
@@ -55,9 +56,22 @@ def loss_of(model, step):
     return nn.functional.cross_entropy(model(x), y)
 
 
-def distributed(model, optimizer, **options):
-    optimizer = shardps.torch.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **options)
-    shardps.torch.broadcast_parameters(model.named_parameters())
+def distributed(net, optimizer, **options):
+    optimizer = shardps.torch.DistributedOptimizer(optimizer, named_parameters=net.named_parameters(), **options)
+    shardps.torch.broadcast_parameters(net.named_parameters())
+    return optimizer
+
+
+def train_with_forward_waits(net, zero):
+    """With model=net: STEPS steps, each starting with zero(optimizer); rank 0 saves the
+    synchronized weights. Returns the optimizer."""
+    optimizer = distributed(net, torch.optim.SGD(net.parameters(), lr=0.1), model=net)
+    for step in range(STEPS):
+        zero(optimizer)
+        loss_of(net, step).backward()
+        optimizer.step()
+    optimizer.synchronize()
+    save(net)
     return optimizer
 
 
@@ -217,15 +231,7 @@ elif case == "parameter-list":
     torch.manual_seed(worker.rank + 1)
     model = ListNet()
     model.skip.requires_grad_(False)
-    optimizer = shardps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                                   named_parameters=model.named_parameters(), model=model)
-    shardps.torch.broadcast_parameters(model.named_parameters())
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        loss_of(model, step).backward()
-        optimizer.step()
-    optimizer.synchronize()
-    save(model)
+    optimizer = train_with_forward_waits(model, lambda optimizer: optimizer.zero_grad())
     model.skip.requires_grad_(True)
     optimizer.zero_grad()
     loss_of(lambda x: model(x, use_skip=True), 0).backward()
@@ -242,3 +248,7 @@ elif case == "sparse":
         nn.functional.cross_entropy(model(bags), classes).backward()
         optimizer.step()
     save(model)
+elif case == "model-zero":
+    torch.manual_seed(worker.rank + 1)
+    model = wide_model()
+    train_with_forward_waits(model, lambda _: model.zero_grad())
