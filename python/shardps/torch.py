@@ -281,6 +281,21 @@ def _refuse_compressed_momentum(config_field, codecs):
         "no frozen variance), e.g. `shardps launch --set update_mode=UPDATE_ON_SERVER`" % freeze)
 
 
+def _refuse_group_settings(param_groups):
+    """In update_mode on_server the servers apply one optimizer, the cluster config's, to every
+    tensor: param groups that differ (a lower learning rate for a backbone, no weight decay for
+    biases) would be ignored, so they are refused."""
+    first = param_groups[0]
+    for i, group in enumerate(param_groups[1:], 1):
+        for key in sorted((set(first) | set(group)) - {"params"}):
+            if repr(first.get(key)) != repr(group.get(key)):
+                raise ValueError("param_groups[%d] has %s=%r and param_groups[0] %r, but in update_mode on_server the "
+                                 "servers apply the cluster config's optimizer to every tensor alike, so settings per "
+                                 "group would be ignored: give every group the same settings, or use "
+                                 "update_mode=SUM_ONLY, where the torch optimizer steps with its groups"
+                                 % (i, key, group.get(key), first.get(key)))
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer; see the module's description. Attributes not defined here
     (param_groups, state, ...) are the wrapped optimizer's. An instance of torch.optim.Optimizer,
@@ -314,6 +329,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.timeout = timeout
         self.sum_only = self.worker.update_mode == "sum_only"
         named = _named(named_parameters, optimizer)
+        if not self.sum_only:
+            _refuse_group_settings(optimizer.param_groups)
         _claim_names(self.worker, self, named)
         codecs = _per_name(compression, named, "compression")
         if self.sum_only:
@@ -765,6 +782,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "creating it (a frozen one may be among them, and unfrozen later)"
                              % (len(missing), ", ".join(str(m) for m in missing[:5])))
         self.optimizer.add_param_group(param_group)
+        if not self.sum_only:
+            try:
+                _refuse_group_settings(self.optimizer.param_groups)
+            except ValueError:
+                self.optimizer.param_groups.pop()
+                raise
         self._learning_rates.append(self.optimizer.param_groups[-1].get("lr"))
 
     def __repr__(self):

@@ -154,10 +154,15 @@ class TorchPatternsTest(unittest.TestCase):
         self.assert_matches_reference("raised")
 
     def test_add_param_group_takes_named_parameters_and_refuses_others(self):
-        out = self.run_case("groups")
+        out = self.run_case("groups", sets=["update_mode=SUM_ONLY"])
         self.assertRegex(self.refusals(out)[0],
                          r"^add_param_group: 1 of the parameters \(shapes \(4,\)\) are not among")
         self.assertEqual(out.count("ok: "), 2, out)
+
+    def test_param_groups_of_their_own_learning_rate_are_refused_on_the_servers_optimizer(self):
+        out = self.run_case("groups")
+        self.assertRegex(self.refusals(out)[0], r"^param_groups\[1\] has lr=0.1 and param_groups\[0\] 0.05, but in "
+                                                r"update_mode on_server")
 
     def test_sum_only_resumes_adam_from_a_checkpoint_loaded_on_every_rank(self):
         with tempfile.TemporaryDirectory() as out:

@@ -12,7 +12,8 @@ Usage: torch_patterns_worker.py CASE OUT_DIR
   again     a second backward() before step(): without backward_passes_per_step, and after
             zero_grad() (a GAN's discriminator during the generator's step)
   raised    an exception inside backward() at step 2, caught; then step() and training go on
-  groups    add_param_group() with a named parameter, then with one that is not
+  groups    add_param_group() with a named parameter, then with one that is not (sum_only);
+            on the servers' optimizer, groups of different learning rates
   parameter-list  with model=: parameters in an nn.ParameterList that the parent's forward uses,
             then a Linear's weight used by its parent without calling the Linear
   sparse    an nn.EmbeddingBag with sparse gradients
@@ -198,6 +199,10 @@ elif case == "raised":
     save(model)
 elif case == "groups":
     head = list(model[4].parameters())
+    if worker.update_mode != "sum_only":
+        refused(lambda: distributed(model, torch.optim.SGD([{"params": head, "lr": 0.05},
+                                                            {"params": list(model[:4].parameters())}], lr=0.1)))
+        sys.exit(0)
     optimizer = distributed(model, torch.optim.SGD(list(model[:4].parameters()), lr=0.1))
     optimizer.add_param_group({"params": head, "lr": 0.05})
     stray = nn.Parameter(torch.zeros(4))
