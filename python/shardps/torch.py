@@ -123,6 +123,9 @@ class _Slot:
         # that (clip_grad_norm_) would not reach the servers, and could race the library's read.
         self.sent = None
         self.dropped = False  # zero_grad() came after its push, before step()
+        # The parameter's _version once the servers' weights were last in it (on_server): a
+        # change made here since (p.clamp_, load_state_dict) would be overwritten by the next answer.
+        self.landed_version = None
         self.deferred = False  # step() returned; the next forward waits for it
         self.on_device = not sum_only and _device_path(param)  # cleared if the library has no CUDA
         self.grad32 = self.weights32 = None
@@ -555,6 +558,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         elif slot.grad32 is not None:
             with torch.no_grad():
                 slot.param.copy_(slot.weights32)
+            slot.landed_version = slot.param._version
 
     def _complete(self, slots):
         """Completes the outstanding requests of `slots` in the order they finish."""
@@ -597,6 +601,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     slot.inflight.pop(0)
                     with torch.no_grad():
                         slot.param.copy_(pair[1])
+                    slot.landed_version = slot.param._version
         except shardps.ShardPSError:
             # The others stay in flight (this and later parameters may keep more than `depth`;
             # next_pair never hands out a pair one of them holds).
@@ -620,6 +625,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._check_learning_rates()
         self._check_gradients_unchanged()
+        self._check_weights_unchanged()
         self._hook_trainable()
         self._complete([s for s in self._slots if s.deferred])  # a step with no forward since
         self._release(final=True)
@@ -656,6 +662,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _next_round(self):
         for slot in self._slots:
             slot.passes, slot.sent, slot.dropped = 0, None, False
+            if not self.sum_only and slot.landed_version is None:
+                slot.landed_version = slot.param._version  # from the first step on
+
+    def _check_weights_unchanged(self):
+        """In update_mode on_server the weights are the servers': one changed in place here since
+        their last answer (weight clipping, load_state_dict) would be overwritten by the next one,
+        never reaching them. Seen through the parameter's version, which in-place changes under
+        torch.no_grad() count (changes through p.data do not)."""
+        for slot in self._slots:
+            if slot.landed_version is not None and slot.param._version != slot.landed_version:
+                raise RuntimeError(
+                    "the weights of %r were changed on this worker since the servers' last answer (an in-place "
+                    "change such as clamp_, or load_state_dict, after step()): in update_mode on_server the weights "
+                    "are the servers', and the next answer would overwrite the change. Change weights before "
+                    "broadcast_parameters(), or use update_mode=SUM_ONLY, where the torch optimizer steps the "
+                    "workers' own weights" % slot.name)
 
     def _check_learning_rates(self):
         """On the servers' optimizer, a learning rate set on the torch optimizer (an LR scheduler)

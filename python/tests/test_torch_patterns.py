@@ -44,6 +44,10 @@ def reference(case):
         if case == "clip-sync":
             nn.utils.clip_grad_norm_(model.parameters(), 0.05)
         optimizer.step()
+        if case == "clamp":
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.clamp_(-0.1, 0.1)
         if schedule:
             schedule.step()
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
@@ -116,6 +120,16 @@ class TorchPatternsTest(unittest.TestCase):
         out = self.run_case("clip", sets=["update_mode=SUM_ONLY"])
         self.assertIn("the servers average it as it was pushed; call synchronize() after backward()",
                       self.refusals(out)[0])
+
+    def test_weights_changed_in_place_between_steps_are_refused_on_the_servers_optimizer(self):
+        out = self.run_case("clamp")
+        self.assertRegex(self.refusals(out)[0], r"^the weights of '[0-9.a-z]+' were changed on this worker since the "
+                                                r"servers' last answer")
+        self.assertIn("[0] at step 1", out)
+
+    def test_sum_only_keeps_weights_clipped_in_place_as_one_process_does(self):
+        self.run_case("clamp", sets=["update_mode=SUM_ONLY"])
+        self.assert_matches_reference("clamp")
 
     def test_an_lr_scheduler_takes_the_optimizer_and_steps_the_torch_optimizer_in_sum_only(self):
         self.run_case("schedule", sets=["update_mode=SUM_ONLY"])

@@ -17,6 +17,7 @@ Usage: torch_patterns_worker.py CASE OUT_DIR
   parameter-list  with model=: parameters in an nn.ParameterList that the parent's forward uses,
             then a Linear's weight used by its parent without calling the Linear
   sparse    an nn.EmbeddingBag with sparse gradients
+  clamp     weights clipped in place after each step() (a WGAN's critic)
   model-zero  with model=: model.zero_grad() (in place on torch < 2) instead of the optimizer's
   resume-1  Adam, then rank 0 saves model and optimizer state_dicts to OUT_DIR/checkpoint.pt
   resume-2  every rank loads it (load_state_dict, broadcast_optimizer_state) and trains on"""
@@ -106,27 +107,25 @@ if case == "frozen":
     ok("the others trained throughout", all(not torch.equal(a["2.weight"], b["2.weight"])
                                             for a, b in zip(history, history[1:])))
     save(model)
-elif case in ("clip", "clip-sync"):
+elif case in ("clamp", "clip", "clip-sync", "schedule"):
     optimizer = distributed(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.1) if case == "schedule" else None
     for step in range(STEPS):
         optimizer.zero_grad()
         loss_of(model, step).backward()
         if case == "clip-sync":
             optimizer.synchronize()
-        nn.utils.clip_grad_norm_(model.parameters(), 0.05)
-        if refused(optimizer.step):
-            break
-    save(model)
-elif case == "schedule":
-    optimizer = distributed(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.1)
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        loss_of(model, step).backward()
+        if case.startswith("clip"):
+            nn.utils.clip_grad_norm_(model.parameters(), 0.05)
         if refused(optimizer.step):
             print("at step %d" % step, flush=True)
             break
-        schedule.step()
+        if schedule:
+            schedule.step()
+        if case == "clamp":
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.clamp_(-0.1, 0.1)
     save(model)
 elif case == "shapes":
     model.scale = nn.Parameter(torch.tensor(1.0))
