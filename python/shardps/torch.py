@@ -250,7 +250,9 @@ def _define_or_check(worker, named, codecs=None, sum_only=False):
                            "defined (by the first DistributedOptimizer, from its named_parameters, or "
                            "broadcast_parameters): pass the same tensors to both (a state_dict() adds buffers, "
                            "e.g. BatchNorm's running statistics: broadcast model.named_parameters(), or the "
-                           "state_dict before creating the DistributedOptimizer)" % n)
+                           "state_dict before creating the DistributedOptimizer); for several optimizers over "
+                           "different parameters, define them all first with one broadcast_parameters() of every "
+                           "one's" % n)
         if shape != defined[n]:
             raise ValueError("%r has shape %s; it was defined with %s" % (n, shape, defined[n]))
         if codec:

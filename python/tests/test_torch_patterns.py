@@ -149,9 +149,11 @@ class TorchPatternsTest(unittest.TestCase):
 
     def test_two_models_under_the_same_names_are_refused_and_prefixed_names_train(self):
         out = self.run_case("two")
-        first, second = self.refusals(out)
+        first, second, third = self.refusals(out)
         self.assertRegex(first, r"^'[0-9]\.(weight|bias)' names another parameter already.*prefix=\"g\"")
         self.assertRegex(second, r"^broadcast_parameters: duplicate names 0.bias, 0.weight")
+        self.assertRegex(third, r"^'d\.0\.weight' is not among the tensors defined on this worker.*for several "
+                                r"optimizers over different parameters, define them all first")
         out = self.run_case("two-prefixed")
         self.assertEqual(out.count("ok: "), 2, out)
 

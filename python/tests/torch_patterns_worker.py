@@ -8,7 +8,9 @@ Usage: torch_patterns_worker.py CASE OUT_DIR
   clip-sync synchronize(), then clip_grad_norm_ on the averaged gradient, then step() (sum_only)
   schedule  a StepLR scheduler over the DistributedOptimizer
   shapes    an empty parameter and a 0-dim one beside the model
-  two       two models with their own optimizers: same names, then prefixed names
+  two       two models with their own optimizers: same names, then the second's prefixed
+            but not defined first
+  two-prefixed  both prefixed and defined first by one broadcast_parameters()
   again     a second backward() before step(): without backward_passes_per_step, and after
             zero_grad() (a GAN's discriminator during the generator's step)
   raised    an exception inside backward() at step 2, caught; then step() and training go on
@@ -146,6 +148,8 @@ elif case == "two":
                                                        named_parameters=critic.named_parameters()))
     refused(lambda: shardps.torch.broadcast_parameters(list(model.named_parameters())
                                                        + list(critic.named_parameters())))
+    refused(lambda: shardps.torch.DistributedOptimizer(torch.optim.SGD(critic.parameters(), lr=0.1),
+                                                       named_parameters=critic.named_parameters("d")))
 elif case == "two-prefixed":
     critic = torch_job.make_model(seed=worker.rank + 10)
     shardps.torch.broadcast_parameters(list(model.named_parameters("g")) + list(critic.named_parameters("d")))
