@@ -286,6 +286,17 @@ def _refuse_compressed_momentum(config_field, codecs):
         "no frozen variance), e.g. `shardps launch --set update_mode=UPDATE_ON_SERVER`" % freeze)
 
 
+def _first_pre_hook(module, hook):
+    """Registers `hook` as module's first forward pre-hook: one registered earlier may read the
+    parameters (weight_norm computes weight from weight_g and weight_v in its own)."""
+    try:
+        return module.register_forward_pre_hook(hook, prepend=True)  # torch >= 2.0
+    except TypeError:
+        handle = module.register_forward_pre_hook(hook)
+        module._forward_pre_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+
 def _refuse_group_settings(param_groups):
     """In update_mode on_server the servers apply one optimizer, the cluster config's, to every
     tensor: param groups that differ (a lower learning rate for a backbone, no weight decay for
@@ -460,7 +471,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 module = parent_of[id(module)]
             if slots:
                 waits.setdefault(id(module), (module, []))[1].extend(slots)
-        return [module.register_forward_pre_hook(lambda *_, slots=slots: self._complete(slots))
+        return [_first_pre_hook(module, lambda *_, slots=slots: self._complete(slots))
                 for module, slots in waits.values()]
 
     def _on_gradient(self, slot):

@@ -206,6 +206,10 @@ class TorchPatternsTest(unittest.TestCase):
         self.run_case("model-zero", sets=["partition_bytes=4096"])
         self.assert_matches_reference("model-zero")
 
+    def test_with_model_the_weights_land_before_the_models_own_forward_pre_hooks(self):
+        out = self.run_case("hook-order")
+        self.assertEqual(out.count("[0] ok: "), 4, out)
+
     def test_sparse_gradients_train_as_dense_ones(self):
         self.run_case("sparse")
         self.assert_matches_reference("sparse")

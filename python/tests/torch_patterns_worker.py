@@ -20,6 +20,8 @@ Usage: torch_patterns_worker.py CASE OUT_DIR
             then a Linear's weight used by its parent without calling the Linear
   sparse    an nn.EmbeddingBag with sparse gradients
   clamp     weights clipped in place after each step() (a WGAN's critic)
+  hook-order  with model=: a forward pre-hook of the model's own (weight_norm's kind) sees the
+            new weights landed
   model-zero  with model=: model.zero_grad() (in place on torch < 2) instead of the optimizer's
   resume-1  Adam, then rank 0 saves model and optimizer state_dicts to OUT_DIR/checkpoint.pt
   resume-2  every rank loads it (load_state_dict, broadcast_optimizer_state) and trains on"""
@@ -260,3 +262,15 @@ elif case == "model-zero":
     torch.manual_seed(worker.rank + 1)
     model = wide_model()
     train_with_forward_waits(model, lambda _: model.zero_grad())
+elif case == "hook-order":
+    outstanding = []
+    model[2].register_forward_pre_hook(lambda *_: outstanding.append([n for n in optimizer.outstanding
+                                                                       if n.startswith("2.")]))
+    optimizer = distributed(model, torch.optim.SGD(model.parameters(), lr=0.1), model=model)
+    for step in range(3):
+        optimizer.zero_grad()
+        loss_of(model, step).backward()
+        optimizer.step()
+        ok("deferred", optimizer.outstanding)
+    model(torch_job.batch(3, worker.rank)[0])
+    ok("the earlier pre-hook saw its layer's weights landed", outstanding == [[]] * 4)
