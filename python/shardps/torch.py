@@ -368,7 +368,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self.pipeline:
                 slot.pipeline(self.pipeline)
         self._closed = False
-        self._warned_state = False
+        self._warned_state = self._warned_frozen = False
         self._take_over()
         self._hooks = []
         self._hook_trainable()
@@ -646,8 +646,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # Unused parameters (no gradient this step); not one synchronize() completed. A frozen
             # one is not pushed: the servers' optimizer (momentum, Adam, weight decay) would move
             # it on a zero gradient.
-            if slot.handle is None and slot.passes < self.backward_passes_per_step and slot.param.requires_grad:
-                self._push(slot)
+            if slot.handle is None and slot.passes < self.backward_passes_per_step:
+                if slot.param.requires_grad:
+                    self._push(slot)
+                else:
+                    self._warn_frozen(slot)
         if self.pipeline:
             self._file()
             self._next_round()
@@ -671,6 +674,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.sum_only:
             self.optimizer.step()
         return loss
+
+    def _warn_frozen(self, slot):
+        """A frozen tensor's partitions complete no rounds, and a sync cluster writes a
+        checkpoint's manifest once every partition has reached its round: warned once."""
+        if self._warned_frozen or self.worker.consistency == "async":
+            return
+        self._warned_frozen = True
+        if self.worker.config_field("checkpoint.dir"):
+            warnings.warn("shardps.torch: %r is frozen, so it is not pushed and its partitions complete no rounds: "
+                          "the cluster's checkpoints (checkpoint.dir) wait for every partition to reach their round "
+                          "and will not complete while it stays frozen" % slot.name, stacklevel=3)
 
     def _next_round(self):
         for slot in self._slots:

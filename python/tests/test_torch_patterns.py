@@ -105,7 +105,15 @@ class TorchPatternsTest(unittest.TestCase):
     def test_a_frozen_parameter_keeps_its_weights_on_the_servers_adam_and_trains_once_unfrozen(self):
         out = self.run_case("frozen", servers_optimizer=("optimizer.kind=ADAM", "optimizer.learning_rate=0.01"))
         self.assertEqual(out.count("ok: "), 8, out)
+        self.assertNotIn("warned", out)
         self.assert_matches_reference("frozen")
+
+    def test_a_frozen_parameter_in_a_cluster_that_checkpoints_is_warned_of_once(self):
+        with tempfile.TemporaryDirectory() as checkpoints:
+            out = self.run_case("frozen", sets=["checkpoint.dir=" + checkpoints, "checkpoint.every_rounds=2"])
+        self.assertEqual(out.count("[0] warned: "), 1, out)
+        self.assertIn("[0] warned: shardps.torch: '4.weight' is frozen, so it is not pushed and its partitions "
+                      "complete no rounds: the cluster's checkpoints (checkpoint.dir) wait", out)
 
     def test_a_gradient_clipped_after_backward_pushed_it_is_refused_on_the_servers_optimizer(self):
         out = self.run_case("clip")

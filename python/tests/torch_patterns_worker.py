@@ -100,7 +100,11 @@ if case == "frozen":
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
         optimizer.zero_grad(set_to_none=True)
         loss_of(model, step).backward()
-        optimizer.step()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            optimizer.step()
+        for warning in caught:
+            print("warned: %s" % warning.message, flush=True)
     history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     ok("frozen from the start, unchanged until unfrozen",
        all(torch.equal(history[0]["4.weight"], h["4.weight"]) for h in history[:7]))
