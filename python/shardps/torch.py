@@ -28,7 +28,9 @@ weights buffers (a copy each way per step), so the parameters only change inside
 Where the update happens is the cluster's update_mode:
 - on_server: the servers run the cluster config's optimizer; the pulled weights are the
   update and the wrapped torch optimizer's step() is not called (its param_groups,
-  zero_grad and state_dict are used as they are).
+  zero_grad and state_dict are used as they are; a learning rate changed on it, by an LR
+  scheduler, is refused at step(), and so is load_state_dict() where the servers' optimizer
+  keeps momenta no state_dict holds).
 - sum_only: the servers return the gradient averaged over the workers; it is written into
   p.grad and the wrapped torch optimizer steps (its kind and learning rate; the config's
   optimizer is not used).
@@ -59,12 +61,34 @@ import shardps
 _broadcasts = itertools.count()
 # id(parameter) -> (weakref to it, weakref to the DistributedOptimizer whose hooks it carries).
 _owners = {}
+# (id(worker), tensor name) -> (weakref to the parameter, weakref to the DistributedOptimizer
+# that pushes it under that name).
+_names = {}
 
 
 def _owner(param):
     """The DistributedOptimizer whose hooks `param` carries, or None."""
     entry = _owners.get(id(param))
     return entry[1]() if entry is not None and entry[0]() is param else None
+
+
+def _claim_names(worker, optimizer, named):
+    """Records that `optimizer` pushes each of `named` under its name. Two models' parameters
+    under one name (two nn.Sequential, each with a "0.weight") would be one tensor on the
+    servers, both trained into it: refused while the earlier optimizer is open."""
+    for name, param in named:
+        entry = _names.get((id(worker), name))
+        other = entry[0]() if entry is not None else None
+        owner = entry[1]() if entry is not None else None
+        # An optimizer whose construction failed has no _closed: it never pushed.
+        if other is not None and other is not param and not getattr(owner, "_closed", True):
+            raise ValueError("%r names another parameter already, one an earlier DistributedOptimizer still pushes: "
+                             "the two would be one tensor on the servers. Give each model's parameters names of "
+                             "their own (named_parameters=model.named_parameters(prefix=\"g\")), define them all "
+                             "first with one broadcast_parameters() of every model's, or close() the earlier "
+                             "optimizer if it is done" % name)
+    for name, param in named:
+        _names[(id(worker), name)] = (weakref.ref(param), weakref.ref(optimizer))
 
 
 _HALF = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -94,6 +118,14 @@ class _Slot:
         self.shape = tuple(param.shape)  # as defined on the cluster: fixed for the job's life
         self.passes = 0
         self.handle = None
+        self.hook = None  # registered once the parameter requires a gradient
+        # (p.grad, its _version) when the push took it from p.grad: an in-place change after
+        # that (clip_grad_norm_) would not reach the servers, and could race the library's read.
+        self.sent = None
+        self.dropped = False  # zero_grad() came after its push, before step()
+        # The parameter's _version once the servers' weights were last in it (on_server): a
+        # change made here since (p.clamp_, load_state_dict) would be overwritten by the next answer.
+        self.landed_version = None
         self.deferred = False  # step() returned; the next forward waits for it
         self.on_device = not sum_only and _device_path(param)  # cleared if the library has no CUDA
         self.grad32 = self.weights32 = None
@@ -103,7 +135,18 @@ class _Slot:
         self.buffers = []
         self.turn = 0
         self.pair = None
-        if sum_only:
+        self.sum_only, self.depth, self.allocated = sum_only, 0, False
+        if param.requires_grad:
+            self.allocate()
+
+    def allocate(self):
+        """The staging buffers, made once the parameter is trainable: a frozen one (a frozen
+        backbone) takes no memory until it is unfrozen."""
+        self.allocated = True
+        param = self.param
+        if self.depth:
+            self.buffers = [self.buffer_pair() for _ in range(self.depth + 1)]
+        elif self.sum_only:
             self.weights32 = torch.zeros(param.shape, dtype=torch.float32)  # the mean gradient lands here
             if not _zero_copy(param):  # 16-bit or CUDA gradients go out through a float32 buffer
                 self.grad32 = torch.zeros(param.shape, dtype=torch.float32)
@@ -117,8 +160,10 @@ class _Slot:
     def pipeline(self, depth):
         """Pipelined: depth + 1 (gradient, weights) buffer pairs of the wire dtype, one per
         request that may be in flight."""
-        self.buffers = [self.buffer_pair() for _ in range(depth + 1)]
+        self.depth = depth
         self.grad32 = self.weights32 = None  # the pairs replace the staging buffers
+        if self.allocated:
+            self.buffers = [self.buffer_pair() for _ in range(depth + 1)]
 
     def next_pair(self):
         """The next pair of the rotation. One still held by a request in flight (there are
@@ -144,7 +189,7 @@ class _Slot:
 def _named(named_parameters, optimizer):
     if named_parameters is None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        return [("param.%d" % i, p) for i, p in enumerate(params)]
+        return _nonempty([("param.%d" % i, p) for i, p in enumerate(params)])
     named = list(named_parameters)
     names = [n for n, _ in named]
     if len(set(names)) != len(names):
@@ -169,7 +214,13 @@ def _named(named_parameters, optimizer):
         raise ValueError("named_parameters leaves out %d of the optimizer's parameters (%s): they would not be "
                          "trained through ShardPS; pass every one (model.named_parameters()) or give the "
                          "optimizer only those named" % (len(unnamed), listed))
-    return named
+    return _nonempty(named)
+
+
+def _nonempty(named):
+    """`named` without its tensors of no elements: there is nothing of them to train or send,
+    and the cluster defines no tensor with a dimension of 0."""
+    return [(n, t) for n, t in named if t.numel() > 0]
 
 
 def _per_name(option, named, what):
@@ -199,7 +250,9 @@ def _define_or_check(worker, named, codecs=None, sum_only=False):
                            "defined (by the first DistributedOptimizer, from its named_parameters, or "
                            "broadcast_parameters): pass the same tensors to both (a state_dict() adds buffers, "
                            "e.g. BatchNorm's running statistics: broadcast model.named_parameters(), or the "
-                           "state_dict before creating the DistributedOptimizer)" % n)
+                           "state_dict before creating the DistributedOptimizer); for several optimizers over "
+                           "different parameters, define them all first with one broadcast_parameters() of every "
+                           "one's" % n)
         if shape != defined[n]:
             raise ValueError("%r has shape %s; it was defined with %s" % (n, shape, defined[n]))
         if codec:
@@ -233,9 +286,38 @@ def _refuse_compressed_momentum(config_field, codecs):
         "no frozen variance), e.g. `shardps launch --set update_mode=UPDATE_ON_SERVER`" % freeze)
 
 
-class DistributedOptimizer:
+def _first_pre_hook(module, hook):
+    """Registers `hook` as module's first forward pre-hook: one registered earlier may read the
+    parameters (weight_norm computes weight from weight_g and weight_v in its own)."""
+    try:
+        return module.register_forward_pre_hook(hook, prepend=True)  # torch >= 2.0
+    except TypeError:
+        handle = module.register_forward_pre_hook(hook)
+        module._forward_pre_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+
+def _refuse_group_settings(param_groups):
+    """In update_mode on_server the servers apply one optimizer, the cluster config's, to every
+    tensor: param groups that differ (a lower learning rate for a backbone, no weight decay for
+    biases) would be ignored, so they are refused."""
+    first = param_groups[0]
+    for i, group in enumerate(param_groups[1:], 1):
+        for key in sorted((set(first) | set(group)) - {"params"}):
+            if repr(first.get(key)) != repr(group.get(key)):
+                raise ValueError("param_groups[%d] has %s=%r and param_groups[0] %r, but in update_mode on_server the "
+                                 "servers apply the cluster config's optimizer to every tensor alike, so settings per "
+                                 "group would be ignored: give every group the same settings, or use "
+                                 "update_mode=SUM_ONLY, where the torch optimizer steps with its groups"
+                                 % (i, key, group.get(key), first.get(key)))
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer; see the module's description. Attributes not defined here
-    (param_groups, state, ...) are the wrapped optimizer's.
+    (param_groups, state, ...) are the wrapped optimizer's. An instance of torch.optim.Optimizer,
+    so LR schedulers take it (in update_mode on_server the servers' optimizer has its own
+    learning rate and schedule, and a changed one is refused at step()); Optimizer.__init__
+    is not run, its state is the wrapped optimizer's.
 
     backward_passes_per_step: gradients of that many backward passes are accumulated
     locally (in p.grad, as torch does) before one push; call step() after each such group.
@@ -249,6 +331,10 @@ class DistributedOptimizer:
     pipeline: how many steps a request may stay in flight behind step() (async and ssp;
     None: 1 where the cluster allows it, else 0). See the module's description."""
 
+    param_groups = property(lambda self: self.optimizer.param_groups)
+    state = property(lambda self: self.optimizer.state)
+    defaults = property(lambda self: self.optimizer.defaults)
+
     def __init__(self, optimizer, named_parameters=None, backward_passes_per_step=1, worker=None, timeout=None,
                  compression=None, priorities=None, model=None, pipeline=None):
         if backward_passes_per_step < 1:
@@ -259,12 +345,18 @@ class DistributedOptimizer:
         self.timeout = timeout
         self.sum_only = self.worker.update_mode == "sum_only"
         named = _named(named_parameters, optimizer)
+        if not self.sum_only:
+            _refuse_group_settings(optimizer.param_groups)
+        _claim_names(self.worker, self, named)
         codecs = _per_name(compression, named, "compression")
         if self.sum_only:
             _refuse_compressed_momentum(self.worker.config_field, codecs)
         _define_or_check(self.worker, named, codecs, self.sum_only)
         ranks = _per_name(priorities, named, "priorities")
-        self._slots = [_Slot(n, p, self.sum_only, ranks.get(n, 0)) for n, p in named if p.requires_grad]
+        # Frozen parameters too: one unfrozen later (requires_grad_(True)) is pushed from then on.
+        self._slots = [_Slot(n, p, self.sum_only, ranks.get(n, 0)) for n, p in named]
+        # What the servers' optimizer cannot follow: a learning rate set later (an LR scheduler).
+        self._learning_rates = [group.get("lr") for group in optimizer.param_groups]
         self._prioritised = bool(ranks)
         # Gradients produced but held back by a higher priority still to come (an ordered set).
         self._held = {}
@@ -276,8 +368,10 @@ class DistributedOptimizer:
             if self.pipeline:
                 slot.pipeline(self.pipeline)
         self._closed = False
+        self._warned_state = self._warned_frozen = False
         self._take_over()
-        self._hooks = [self._register(slot) for slot in self._slots]
+        self._hooks = []
+        self._hook_trainable()
         for slot in self._slots:
             _owners[id(slot.param)] = (weakref.ref(slot.param), weakref.ref(self))
         self._defers = model is not None and not self.sum_only and not self.pipeline
@@ -310,9 +404,11 @@ class DistributedOptimizer:
             self.synchronize()
         finally:
             self._closed = True
-            for hook in self._hooks:
+            for hook in self._hooks + [s.hook for s in self._slots if s.hook is not None]:
                 (hook[0] if isinstance(hook, tuple) else hook).remove()
             self._hooks = []
+            for slot in self._slots:
+                slot.hook = None
             for slot in self._slots:
                 if _owner(slot.param) is self:
                     del _owners[id(slot.param)]
@@ -342,6 +438,15 @@ class DistributedOptimizer:
                              % (requested, ", ".join(on_cuda)))
         return requested
 
+    def _hook_trainable(self):
+        """Hooks the parameters that require a gradient and have no hook yet (frozen ones get
+        theirs once unfrozen; until then step() pushes none of theirs)."""
+        if self._closed:
+            return
+        for slot in self._slots:
+            if slot.hook is None and slot.param.requires_grad:
+                slot.hook = self._register(slot)
+
     def _register(self, slot):
         p = slot.param
         if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
@@ -355,34 +460,57 @@ class DistributedOptimizer:
 
     def _register_forward(self, model):
         """A pre-hook per module with parameters of ours: it completes their requests, in
-        the order forward uses them."""
+        the order forward uses them. A module that is never called (nn.ParameterList,
+        nn.ParameterDict: its parent's forward uses the parameters) hands them to its parent."""
         by_param = {id(s.param): s for s in self._slots}
-        hooks = []
+        parent_of = {id(child): module for module in model.modules() for child in module.children()}
+        waits = {}  # id(module) -> (module, its slots)
         for module in model.modules():
             slots = [by_param[id(p)] for p in module.parameters(recurse=False) if id(p) in by_param]
+            while type(module).forward is torch.nn.Module.forward and id(module) in parent_of:
+                module = parent_of[id(module)]
             if slots:
-                hooks.append(module.register_forward_pre_hook(lambda *_, slots=slots: self._complete(slots)))
-        return hooks
+                waits.setdefault(id(module), (module, []))[1].extend(slots)
+        return [_first_pre_hook(module, lambda *_, slots=slots: self._complete(slots))
+                for module, slots in waits.values()]
 
     def _on_gradient(self, slot):
         slot.passes += 1
         if slot.passes < self.backward_passes_per_step:
             return
         if slot.deferred:
-            self._complete([slot])  # the previous step's answer, not used by forward since
+            # A gradient means forward used the parameter, yet no pre-hook waited for its new weights:
+            # forward computed with the old ones while the new ones were landing.
+            raise RuntimeError("%r was used by forward() before its new weights landed: no forward pre-hook of the "
+                               "DistributedOptimizer's model ran for it (a parameter used outside the forward of its "
+                               "own module in `model`). Call synchronize() before such a forward, or leave model= out"
+                               % slot.name)
         if slot.handle is not None or slot in self._held:
-            raise RuntimeError("the gradient of %r was produced again before step() (backward_passes_per_step=%d)"
-                               % (slot.name, self.backward_passes_per_step))
+            raise RuntimeError(self._produced_again(slot))
         if not self._prioritised:
             self._push(slot)
             return
         self._held[slot] = None
         self._release(final=False)
 
+    def _produced_again(self, slot):
+        """Why a second gradient of `slot` before step() is refused, and what to do."""
+        if slot.dropped:
+            return ("the gradient of %r was produced again, and its gradient of an earlier backward() still waits for "
+                    "step(): it was pushed as autograd produced it, and zero_grad() cannot take it back. Call step() "
+                    "after each backward() whose gradients count, also after a backward() that raised (the "
+                    "gradients it pushed are applied); a backward() whose gradients must not be applied (a GAN "
+                    "generator's loss through the discriminator) must not reach the parameter: "
+                    "requires_grad_(False) on it for that backward(), or detach()" % slot.name)
+        return ("the gradient of %r was produced again before step(): each backward() pushes the gradients it "
+                "produces; to accumulate several backward() passes into one step, pass "
+                "DistributedOptimizer(backward_passes_per_step=N) (now %d)"
+                % (slot.name, self.backward_passes_per_step))
+
     def _release(self, final):
         """Pushes the held gradients no higher priority still waits for (all when final)."""
-        waiting = [s.priority for s in self._slots
-                   if s.handle is None and s not in self._held and s.passes < self.backward_passes_per_step]
+        waiting = [s.priority for s in self._slots if s.handle is None and s not in self._held
+                   and s.passes < self.backward_passes_per_step and s.param.requires_grad]
         bar = max(waiting) if waiting and not final else None
         ready = sorted((s for s in self._held if bar is None or s.priority >= bar), key=lambda s: -s.priority)
         for slot in ready:
@@ -392,8 +520,13 @@ class DistributedOptimizer:
     def _push(self, slot):
         p = slot.param
         grad = p.grad
+        slot.sent = (grad, grad._version) if grad is not None else None
+        if not slot.allocated:
+            slot.allocate()
         if grad is None:
             grad = torch.zeros_like(p.data)
+        elif grad.is_sparse:  # nn.Embedding(sparse=True): the cluster's tensors are dense
+            grad = grad.to_dense()
         if self.pipeline:
             # Its own buffers: the parameter and p.grad may change while it is in flight.
             slot.pair = slot.next_pair()  # step() files the request with it
@@ -429,14 +562,16 @@ class DistributedOptimizer:
 
     def _land(self, slot):
         """After slot's request completed: its answer into the parameter."""
-        slot.handle, slot.deferred = None, False
+        slot.handle, slot.deferred, slot.dropped = None, False, False
         if self.sum_only:
-            if slot.param.grad is None:
+            slot.sent = None  # p.grad becomes the mean gradient
+            if slot.param.grad is None or slot.param.grad.is_sparse:
                 slot.param.grad = torch.zeros_like(slot.param)
             slot.param.grad.copy_(slot.weights32)
         elif slot.grad32 is not None:
             with torch.no_grad():
                 slot.param.copy_(slot.weights32)
+            slot.landed_version = slot.param._version
 
     def _complete(self, slots):
         """Completes the outstanding requests of `slots` in the order they finish."""
@@ -479,6 +614,7 @@ class DistributedOptimizer:
                     slot.inflight.pop(0)
                     with torch.no_grad():
                         slot.param.copy_(pair[1])
+                    slot.landed_version = slot.param._version
         except shardps.ShardPSError:
             # The others stay in flight (this and later parameters may keep more than `depth`;
             # next_pair never hands out a pair one of them holds).
@@ -491,7 +627,8 @@ class DistributedOptimizer:
         """Pushes what no hook pushed (unused parameters: p.grad or zeros) and completes every
         request, landing the new weights in the parameters (sum-only: the mean gradient in
         p.grad, then the wrapped optimizer steps). With `model` in update mode on_server it
-        returns at once and the next forward completes them. Returns the closure's loss."""
+        returns at once and the next forward completes them; p.grad is then None, as the
+        gradients are still being sent from it. Returns the closure's loss."""
         if self._closed:
             raise RuntimeError("this DistributedOptimizer is closed (close(), or a newer one over the same "
                                "parameters took them over)")
@@ -499,30 +636,107 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_learning_rates()
+        self._check_gradients_unchanged()
+        self._check_weights_unchanged()
+        self._hook_trainable()
         self._complete([s for s in self._slots if s.deferred])  # a step with no forward since
         self._release(final=True)
         for slot in self._slots:
-            # Unused parameters (no gradient this step); not one synchronize() completed.
+            # Unused parameters (no gradient this step); not one synchronize() completed. A frozen
+            # one is not pushed: the servers' optimizer (momentum, Adam, weight decay) would move
+            # it on a zero gradient.
             if slot.handle is None and slot.passes < self.backward_passes_per_step:
-                self._push(slot)
+                if slot.param.requires_grad:
+                    self._push(slot)
+                else:
+                    self._warn_frozen(slot)
         if self.pipeline:
             self._file()
-            for slot in self._slots:
-                slot.passes = 0
+            self._next_round()
             self._catch_up(self.pipeline)
             return loss
         if self._defers:
             for slot in self._slots:
-                slot.deferred, slot.passes = True, 0
+                slot.deferred = slot.handle is not None  # not a frozen one
+                if slot.deferred:
+                    # The library still reads it: a model.zero_grad() (in place on older torch) must
+                    # not reach it. The request keeps it alive.
+                    slot.param.grad = None
+            self._next_round()
             return loss
         try:
             self._complete(self._slots)
         finally:
             for slot in self._slots:
-                slot.handle, slot.passes = None, 0
+                slot.handle = None
+            self._next_round()
         if self.sum_only:
             self.optimizer.step()
         return loss
+
+    def _warn_frozen(self, slot):
+        """A frozen tensor's partitions complete no rounds, and a sync cluster writes a
+        checkpoint's manifest once every partition has reached its round: warned once."""
+        if self._warned_frozen or self.worker.consistency == "async":
+            return
+        self._warned_frozen = True
+        if self.worker.config_field("checkpoint.dir"):
+            warnings.warn("shardps.torch: %r is frozen, so it is not pushed and its partitions complete no rounds: "
+                          "the cluster's checkpoints (checkpoint.dir) wait for every partition to reach their round "
+                          "and will not complete while it stays frozen" % slot.name, stacklevel=3)
+
+    def _next_round(self):
+        for slot in self._slots:
+            slot.passes, slot.sent, slot.dropped = 0, None, False
+            if not self.sum_only and slot.landed_version is None:
+                slot.landed_version = slot.param._version  # from the first step on
+
+    def _check_weights_unchanged(self):
+        """In update_mode on_server the weights are the servers': one changed in place here since
+        their last answer (weight clipping, load_state_dict) would be overwritten by the next one,
+        never reaching them. Seen through the parameter's version, which in-place changes under
+        torch.no_grad() count (changes through p.data do not)."""
+        for slot in self._slots:
+            if slot.landed_version is not None and slot.param._version != slot.landed_version:
+                raise RuntimeError(
+                    "the weights of %r were changed on this worker since the servers' last answer (an in-place "
+                    "change such as clamp_, or load_state_dict, after step()): in update_mode on_server the weights "
+                    "are the servers', and the next answer would overwrite the change. Change weights before "
+                    "broadcast_parameters(), or use update_mode=SUM_ONLY, where the torch optimizer steps the "
+                    "workers' own weights" % slot.name)
+
+    def _check_learning_rates(self):
+        """On the servers' optimizer, a learning rate set on the torch optimizer (an LR scheduler)
+        would have no effect: refused when it changes rather than ignored."""
+        if self.sum_only:
+            return
+        for i, (group, was) in enumerate(zip(self.optimizer.param_groups, self._learning_rates)):
+            if group.get("lr") != was:
+                raise RuntimeError(
+                    "param_groups[%d]'s learning rate changed from %s to %s (an LR scheduler?), but in update_mode "
+                    "on_server the servers apply the cluster config's optimizer.learning_rate (%s) and "
+                    "optimizer.schedule, not the torch optimizer's: the change would have no effect. Schedule on the "
+                    "servers (--set optimizer.schedule.kind=STEP, optimizer.schedule.step_size, "
+                    "optimizer.schedule.gamma; or COSINE), or use update_mode=SUM_ONLY, where the torch optimizer "
+                    "and its scheduler step" % (i, was, group.get("lr"),
+                                                self.worker.config_field("optimizer.learning_rate")))
+
+    def _check_gradients_unchanged(self):
+        """A gradient changed in place after backward() pushed it (clip_grad_norm_, a scaler's
+        unscale_) reaches no one: the servers took it as it was, and may still be reading it."""
+        for slot in self._slots:
+            if slot.sent is None:
+                continue
+            grad, version = slot.sent
+            if slot.param.grad is grad and grad._version != version:
+                where = ("the servers average it as it was pushed; call synchronize() after backward(): the averaged "
+                         "gradient lands in p.grad, change that, then step()" if self.sum_only else
+                         "the servers apply it as it was pushed, so the change would be lost; to clip or scale the "
+                         "gradient use update_mode=SUM_ONLY and call synchronize() after backward(): the averaged "
+                         "gradient lands in p.grad, clip that, then step()")
+                raise RuntimeError("the gradient of %r changed after backward() pushed it (clip_grad_norm_, "
+                                   "unscale_ or another in-place change before step()): %s" % (slot.name, where))
 
     @property
     def outstanding(self):
@@ -538,14 +752,18 @@ class DistributedOptimizer:
 
     def synchronize(self):
         """Completes every outstanding request (after step() with `model`, or pipelined:
-        before reading or saving the weights outside a forward)."""
+        before reading or saving the weights outside a forward). In update_mode sum_only,
+        between backward() and step() it lands the averaged gradients in p.grad, where they may
+        be changed (clip_grad_norm_) before step() steps the torch optimizer with them."""
+        self._check_gradients_unchanged()
         if self.pipeline:
             self._file()
             self._catch_up(0)
             return
         self._complete([s for s in self._slots if s.handle is not None])
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none=None):
+        """The wrapped optimizer's zero_grad (set_to_none: its default when None)."""
         # A gradient still on the wire must not be zeroed in place (the library sends it
         # from p.grad without a copy, and may send it again after a fail-over): drop it
         # instead; its request keeps it alive. That includes one a backward hook pushed before
@@ -559,13 +777,70 @@ class DistributedOptimizer:
                                  % (slot.name, tuple(slot.param.shape), slot.shape))
             if slot.deferred or slot.handle is not None:
                 slot.param.grad = None
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+                slot.dropped = slot.handle is not None
+        self._hook_trainable()
+        if set_to_none is None:
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def _servers_state(self):
+        """The kind of the servers' optimizer when it keeps state per weight (momenta) that no
+        torch state_dict holds, else None."""
+        if self.sum_only:
+            return None
+        kind = self.worker.config_field("optimizer.kind")
+        return kind if kind in ("MOMENTUM", "ADAM", "ADAGRAD") else None
 
     def state_dict(self):
+        """The wrapped optimizer's state_dict: in update_mode on_server it holds no momenta, which
+        live on the servers (warned once)."""
+        kind = self._servers_state()
+        if kind and not self._warned_state:
+            self._warned_state = True
+            warnings.warn("shardps.torch: the servers run %s, whose state is on them: state_dict() holds only the "
+                          "torch optimizer's param_groups, and a job resumed from it starts %s afresh" % (kind, kind),
+                          stacklevel=2)
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state):
+        """The wrapped optimizer's load_state_dict; refused in update_mode on_server with a
+        servers' optimizer that keeps state, which a resumed job could not get back."""
+        kind = self._servers_state()
+        if kind:
+            raise NotImplementedError(
+                "load_state_dict: in update_mode on_server the servers run %s, whose state (momenta) is on them and in "
+                "no torch state_dict, so a job resumed from a checkpoint would start it afresh while looking resumed. "
+                "Leave load_state_dict out to accept that, or train in update_mode=SUM_ONLY, where the torch "
+                "optimizer's state_dict is the whole state (load it on every rank)" % kind)
         self.optimizer.load_state_dict(state)
+
+    def add_param_group(self, param_group):
+        """The wrapped optimizer's add_param_group, for parameters among named_parameters (a new
+        learning rate for some of them, or ones unfrozen later): no tensor can be added to the
+        cluster once they are defined, and a parameter not pushed would train on this worker's
+        gradients alone (sum_only) or not at all."""
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        ours = {id(s.param) for s in self._slots}
+        missing = [tuple(p.shape) for p in params if id(p) not in ours and p.numel() > 0]
+        if missing:
+            raise ValueError("add_param_group: %d of the parameters (shapes %s) are not among this "
+                             "DistributedOptimizer's named_parameters, and no tensor can be added to the cluster "
+                             "once they are defined: pass every parameter to be trained in named_parameters when "
+                             "creating it (a frozen one may be among them, and unfrozen later)"
+                             % (len(missing), ", ".join(str(m) for m in missing[:5])))
+        self.optimizer.add_param_group(param_group)
+        if not self.sum_only:
+            try:
+                _refuse_group_settings(self.optimizer.param_groups)
+            except ValueError:
+                self.optimizer.param_groups.pop()
+                raise
+        self._learning_rates.append(self.optimizer.param_groups[-1].get("lr"))
+
+    def __repr__(self):
+        return "DistributedOptimizer(%r)" % (self.optimizer,)
 
     def __getattr__(self, name):
         optimizer = self.__dict__.get("optimizer")
@@ -587,6 +862,12 @@ def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
     Its later calls meet the other ranks at the barrier like anyone's."""
     worker = worker if worker is not None else shardps.worker()
     named = list(params.items()) if isinstance(params, dict) else list(params)
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):  # two models' "0.weight": one would overwrite the other
+        raise ValueError("broadcast_parameters: duplicate names %s; give each model's tensors names of their own "
+                         "(model.named_parameters(prefix=\"g\"))"
+                         % ", ".join(sorted({n for n in names if names.count(n) > 1})))
+    named = _nonempty(named)
     _define_or_check(worker, named, sum_only=worker.update_mode == "sum_only")
     # Numbered in call order, on every rank alike: a rejoined process counts the calls it skips.
     barrier = "shardps.torch.broadcast_parameters.%d" % next(_broadcasts)
@@ -605,15 +886,24 @@ def broadcast_parameters(params, root_rank=0, worker=None, timeout=None):
                 tensor.copy_(staged)
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
+def broadcast_optimizer_state(optimizer, root_rank=0, worker=None):
     """The optimizer state that matters lives where updates are applied: on the servers
     (update mode on_server), or in the wrapped torch optimizer (sum_only), where it starts
     empty on every worker and every worker steps on the same averaged gradient, so it stays
-    equal: nothing to send. Resuming a torch optimizer's saved state into a
-    cluster is not supported, and a non-empty state is refused rather than ignored."""
+    equal: nothing to send. A non-empty state cannot be sent (the cluster's tensors are fixed
+    once defined), and is refused rather than ignored: in sum_only a checkpoint's state is
+    loaded on every rank instead."""
+    del root_rank  # nothing is sent
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
-    if any(len(s) for s in inner.state.values()):
-        raise NotImplementedError("the optimizer has local state; ShardPS applies updates with the cluster's "
-                                  "optimizer, whose state starts fresh on the servers, so loading local state "
-                                  "into it is not supported")
-    del root_rank  # every worker already agrees
+    if not any(len(s) for s in inner.state.values()):
+        return
+    worker = worker if worker is not None else shardps.worker()
+    if worker.update_mode == "sum_only":
+        raise NotImplementedError("the torch optimizer has state (a loaded checkpoint?), which "
+                                  "broadcast_optimizer_state cannot send: the cluster's tensors are fixed once "
+                                  "defined. Each worker steps its own torch optimizer in update_mode sum_only, so "
+                                  "load the same state_dict on every rank (each reads the checkpoint) and leave this "
+                                  "call out")
+    raise NotImplementedError("the optimizer has local state; ShardPS applies updates with the cluster's "
+                              "optimizer, whose state starts fresh on the servers, so loading local state "
+                              "into it is not supported")
