@@ -37,6 +37,15 @@ absl::Status CheckCurveKey(const RegisterRequest& r) {
                                                  " registered a bad data-plane public key: ", key.status().message()));
 }
 
+// The host and address a node registers are shown in status, logs and
+// errors and kept in the state: a node may not make them megabytes long
+// (1 MB hosts made every Status answer 1 MB, and each error echoing one
+// exceeded the client's metadata limit, hiding the reason).
+absl::Status CheckRegisteredStrings(const RegisterRequest& r) {
+  if (absl::Status s = CheckName("host", r.host()); !s.ok()) return s;
+  return CheckName("server data address", r.data_address());
+}
+
 absl::Status CheckVersion(const RegisterRequest& r) {
   if (r.protocol_version() == kProtocolVersion) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("protocol version ", r.protocol_version(), " of ",
@@ -239,6 +248,7 @@ std::string ClusterState::Ended(const Node& old) {
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequest& request) {
   const WriteOnReturn write(this);  // after mu_ is released
+  if (absl::Status s = CheckRegisteredStrings(request); !s.ok()) return s;
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.data_address().empty()) return absl::InvalidArgumentError("server registered without a data address");
   if (auto e = ParseTcpEndpoint(request.data_address(), "server data address"); !e.ok()) return e.status();
@@ -323,6 +333,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequest& request) {
   const WriteOnReturn write(this);  // after mu_ is released
+  if (absl::Status s = CheckRegisteredStrings(request); !s.ok()) return s;
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.rank() >= config_.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", request.rank(), " is outside [0, ",

@@ -23,6 +23,7 @@
 #include "common/config.h"
 #include "common/durable_file.h"
 #include "common/endpoint.h"
+#include "common/names.h"
 #include "common/scheduler_refusal.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
@@ -80,6 +81,7 @@ absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) 
 // resolves here and a port that accepts connections (a server binds before
 // it registers), so addresses no worker could reach do not take the slots.
 absl::Status CheckDataAddress(const std::string& address) {
+  if (absl::Status s = CheckName("server data address", address); !s.ok()) return s;
   auto endpoint = ParseTcpEndpoint(address, "server data address");
   if (!endpoint.ok()) return endpoint.status();
   if (absl::Status s = CheckResolvable(endpoint->host, "server data address"); !s.ok()) return s;
@@ -197,8 +199,10 @@ class SchedulerService final : public Scheduler::Service {
       // Nor a rejoin's call ended to be asked again (every few seconds while it waits): not a failure.
       if (IsRejoinAskAgainRefusal(r.status().message())) return ToGrpc(r.status());
       if (!IsRankStillHeldRefusal(r.status().message()) || still_held_refusals_.fetch_add(1) % 40 == 0) {
+        // The peer as gRPC saw it: host and address are what the caller says.
         LOG(WARNING) << "scheduler: Register failed (" << (req->role() == SERVER ? "server at " : "worker from ")
-                     << (req->role() == SERVER ? req->data_address() : req->host()) << "): " << r.status();
+                     << ToUtf8(req->role() == SERVER ? req->data_address() : req->host(), 256) << ", peer "
+                     << ctx->peer() << "): " << r.status();
       }
       return ToGrpc(r.status());
     }

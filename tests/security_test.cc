@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/peer_seal.h"
@@ -267,6 +268,45 @@ TEST_F(SecurityTest, NodeWithoutTheTokenIsRefusedWithALogLineNamingIt) {
   auto client = SchedulerClient::Create(scheduler_->address(), node_);
   ASSERT_TRUE(client.ok());
   EXPECT_TRUE((*client)->Status(absl::Seconds(5)).ok()) << "the right credentials must pass";
+}
+
+// A node holding the credentials is trusted with ranks and tensors, not
+// with the scheduler's logs and status: a 1 MB host was kept and shown in
+// every Status answer, and a refusal echoing it exceeded the client's
+// metadata limit, hiding the reason; the log named the host the caller
+// claimed, not the peer (an empty host named nobody).
+TEST_F(SecurityTest, ARegistrationWithAMegabyteFieldIsRefusedNamingItAndLoggedWithThePeer) {
+  WarningLines log;
+  auto client = SchedulerClient::Create(scheduler_->address(), node_);
+  ASSERT_TRUE(client.ok());
+  RegisterRequest worker;
+  worker.set_protocol_version(kProtocolVersion);
+  worker.set_role(WORKER);
+  worker.set_host(std::string(1 << 20, 'h'));
+  absl::Status s = (*client)->Register(worker, absl::Seconds(5)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.ToString().substr(0, 300);
+  EXPECT_THAT(s.message(), HasSubstr("is 1048576 bytes long; at most 4096"));
+  RegisterRequest server = worker;
+  server.set_role(SERVER);
+  server.set_host("h");
+  server.set_data_address(absl::StrCat("tcp://", std::string(1 << 20, 'a'), ":7001"));
+  s = (*client)->Register(server, absl::Seconds(5)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.ToString().substr(0, 300);
+  EXPECT_THAT(s.message(), HasSubstr("server data address"));
+  worker.set_host("");
+  worker.set_rank(uint32_t{1} << 31);
+  s = (*client)->Register(worker, absl::Seconds(5)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  const std::string lines = log.Joined();
+  EXPECT_THAT(lines, HasSubstr("worker rank 2147483648 is outside [0, 2)"));
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2) << lines.substr(0, 1000);
+  EXPECT_LT(lines.size(), 3000u) << "megabytes of a caller's field in the log";
+  for (absl::string_view line : absl::StrSplit(lines, '\n')) {
+    EXPECT_THAT(line, HasSubstr("peer ipv4:127.0.0.1:")) << line.substr(0, 300);
+  }
+  auto status = (*client)->Status(absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_LT(status->ByteSizeLong(), 10000u);
 }
 
 TEST_F(SecurityTest, WhileTheTokenIsRotatedTheSchedulerAcceptsTheNewOneAndStillNoOther) {
