@@ -611,6 +611,36 @@ TEST_F(SecurityTest, SealedServerRefusesARegisteredKeySpeakingForAnotherNode) {
   EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
 }
 
+// A message sealed by a node of the map whose header the server cannot
+// read (an unknown op, another protocol version) went unanswered, counted
+// and logged as "not sealed by a node of the cluster": the sender waited
+// out its timeout, and the operator looked for an intruder.
+TEST_F(SecurityTest, SealedServerAnswersARegisteredKeysUnreadableHeaderSayingWhy) {
+  ASSERT_NO_FATAL_FAILURE(StartJob());
+  auto registered = PeerSeal::Create(registered_, server_key_, SealEnd::kConnecting);
+  ASSERT_TRUE(registered.ok());
+  auto unreadable = [&](DataHeader h) {
+    zmq::message_t envelope, payload;
+    const std::string header = h.SerializeAsString();
+    const std::vector<float> ones(kN, 1.0f);
+    EXPECT_TRUE((*registered)->Seal(header, ones.data(), kN * sizeof(float), &envelope, &payload).ok());
+    return AnswerTo({envelope.to_string(), payload.to_string()}, {}, registered->get());
+  };
+  DataHeader op = ForgedPush().first;
+  op.set_protocol_version(kProtocolVersion);
+  op.set_op(static_cast<Op>(99));
+  std::optional<DataHeader> answer = unreadable(op);
+  ASSERT_TRUE(answer.has_value()) << "an unknown op from a registered key went unanswered";
+  EXPECT_EQ(answer->status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(answer->error(), "unknown op 99");
+  DataHeader version = ForgedPush().first;
+  version.set_protocol_version(kProtocolVersion + 1000);
+  answer = unreadable(version);
+  ASSERT_TRUE(answer.has_value()) << "another protocol version from a registered key went unanswered";
+  EXPECT_THAT(answer->error(), HasSubstr("is not supported"));
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
+}
+
 TEST_F(SecurityTest, CurveServerRefusesARegisteredKeySpeakingForAnotherNode) {
   ASSERT_NO_FATAL_FAILURE(StartJob(CURVE));
   const auto as_rank1 = [&](zmq::socket_t& s) { ASSERT_TRUE(MakeCurveClient(s, server_key_, &registered_).ok()); };
