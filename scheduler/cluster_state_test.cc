@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
 
@@ -150,6 +151,24 @@ TEST(ClusterStateTest, AModelOverTheLimitOrWhatServersHoldIsRefusedBeforeAnyMap)
 }
 
 TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
+
+// 100,000 one-element tensors made a 4.4 MB map: taken, then no server
+// could receive it (watching the shard map: "Received message larger than
+// max"), the definition timed out saying the map was "not served in time",
+// and every Status call failed the same way from then on.
+TEST(ClusterStateTest, AShardMapNoNodeCouldReceiveIsRefusedBeforeAnyServerSeesIt) {
+  ClusterState state(Config(1, 1));
+  ASSERT_TRUE(state.RegisterServer(Server("tcp://a:1")).ok());
+  std::vector<TensorSpec> tensors;
+  for (int i = 0; i < 100000; ++i) tensors.push_back(Float32Tensor(absl::StrCat("model.layer.", i, ".bias.x"), 1));
+  auto r = state.DefineTensors(tensors, Soon());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("the shard map of 100000 tensors in 100000 partitions would take"));
+  EXPECT_EQ(state.Status().shard_map().partitions_size(), 0) << "the refused map was kept";
+  tensors.resize(1000);
+  EXPECT_TRUE(state.DefineTensors(tensors, Soon()).status().code() != absl::StatusCode::kResourceExhausted);
+}
+
 
 TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   ClusterState state(Config(1, 1));
