@@ -275,7 +275,7 @@ class ParameterServerImpl : public ParameterServer {
       bool unknown_sender = false;
       s = OpenFromSender(peer, header_frame, frames == 3 ? &payload : nullptr, &sealed_by, &unknown_sender);
       if (!s.ok()) {
-        if (!unknown_sender || !Hold(peer, header_frame, payload, frames, held_since)) RefuseUnsealed(s);
+        if (!unknown_sender || !Hold(peer, header_frame, payload, frames, held_since)) RefuseUnsealed(header_frame, s);
         return;
       }
       // Sealed by a node of the map: a header it cannot read is answered
@@ -286,7 +286,8 @@ class ParameterServerImpl : public ParameterServer {
       s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
     }
     if (!s.ok()) {
-      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message whose header it cannot read"
+      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message from " << PeerAddress(header_frame)
+                                 << " whose header it cannot read"
                                  << (sealed_by.empty() ? "" : " (sealed by a node of its map)") << ": " << s << " ["
                                  << google::COUNTER << " so far]";
     }
@@ -389,12 +390,21 @@ class ParameterServerImpl : public ParameterServer {
     }
   }
 
-  // A sealed message dropped unanswered: counted, logged now and then.
-  void RefuseUnsealed(const absl::Status& s) {
+  // A sealed message (`frame`, as received) dropped unanswered: counted,
+  // logged now and then.
+  void RefuseUnsealed(const zmq::message_t& frame, const absl::Status& s) {
     ++refused_unsealed_;
     if (metrics_) metrics_->CountUnsealed();
-    LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message that is not sealed by a node of "
-                               << "the cluster: " << s << " [" << google::COUNTER << " so far]";
+    LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message from " << PeerAddress(frame)
+                               << " that is not sealed by a node of the cluster: " << s << " [" << google::COUNTER
+                               << " so far]";
+  }
+
+  // Where a received frame came from, as ZeroMQ saw it, for log lines: the
+  // envelope names a key, which says nothing of who sent a refused message.
+  static std::string PeerAddress(const zmq::message_t& frame) {
+    const char* address = zmq_msg_gets(frame.handle(), "Peer-Address");
+    return address != nullptr ? address : "an unknown address";
   }
 
   // After a map install: the held messages, in arrival order, once more.
@@ -497,8 +507,8 @@ class ParameterServerImpl : public ParameterServer {
     if (!s.ok()) {
       ++refused_roles_;
       if (metrics_) metrics_->CountWrongSender();
-      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message: " << s << " ["
-                                 << google::COUNTER << " so far]";
+      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message from " << PeerAddress(header_frame)
+                                 << ": " << s << " [" << google::COUNTER << " so far]";
     }
     return s;
   }

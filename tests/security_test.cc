@@ -71,8 +71,25 @@ class SecurityTest : public ::testing::Test {
 
   void TearDown() override {
     if (server_.running()) Stop(server_, absl::Seconds(5));
+    if (HasFailure()) std::cerr << "server log:\n" << ServerLog();
     scheduler_.reset();
     std::filesystem::remove_all(dir_);
+  }
+
+  // What the server process (StartJob) logged so far.
+  std::string ServerLog() {
+    std::ifstream in(dir_ + "/server.log");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+  // The server's log once it holds `text` (or after 5 s).
+  std::string ServerLogOnceItSays(const std::string& text) {
+    std::string log = ServerLog();
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
+         log.find(text) == std::string::npos && absl::Now() < deadline; log = ServerLog()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return log;
   }
 
   // Registers a worker with `security`; its error, or OK.
@@ -123,8 +140,15 @@ class SecurityTest : public ::testing::Test {
       request.set_curve_public_key(registered_.public_key);
       EXPECT_TRUE((*client)->Register(request, absl::Seconds(30)).ok());
     });
+    // Its log in a file, for tests that read what it says (TearDown shows
+    // it when a test failed).
+    const int log = open((dir_ + "/server.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(log, 0);
+    SpawnOptions spawn;
+    spawn.stdout_fd = spawn.stderr_fd = log;
     auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", scheduler_->address(), "--listen",
-                                   "tcp://127.0.0.1:0", "--security-config", server_config}, true);
+                                   "tcp://127.0.0.1:0", "--security-config", server_config}, spawn);
+    close(log);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *server;
     auto worker = Worker::Create({.scheduler_address = scheduler_->address(), .rank = 0, .security = node_});
@@ -508,6 +532,9 @@ TEST_F(SecurityTest, SealedServerAnswersOnlyMessagesItsNodesSealedOnceAndChanges
   ASSERT_EQ(server_key_.size(), 40u) << "the server published no key";
   ASSERT_TRUE(server_sealed_) << "a secured server seals by default";
   EXPECT_FALSE(ForgedPushAnswered({})) << "a plain client got an answer";
+  // Logged with where it came from: the envelope's key says nothing of that.
+  EXPECT_THAT(ServerLogOnceItSays("dropped a data message"),
+              HasSubstr("dropped a data message from 127.0.0.1 that is not sealed by a node of the cluster"));
   auto stranger_keys = NewCurveKeyPair();
   ASSERT_TRUE(stranger_keys.ok());
   auto stranger = PeerSeal::Create(*stranger_keys, server_key_, SealEnd::kConnecting);
@@ -604,6 +631,9 @@ TEST_F(SecurityTest, SealedServerRefusesARegisteredKeySpeakingForAnotherNode) {
   EXPECT_THAT(as_server->error(), ::testing::HasSubstr("from worker 1's key: only a partition's primary server sends them"));
   EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
   EXPECT_EQ(RefusedReaches(2), 2u) << "the refusals are counted where operators look";
+  EXPECT_THAT(ServerLogOnceItSays("refused a data message"),
+              HasSubstr("refused a data message from 127.0.0.1: PERMISSION_DENIED: a request naming worker 0 from "
+                        "worker 1's key"));
   // The same key pushing as its own rank is applied.
   std::optional<DataHeader> as_itself = AnswerTo(SealedPush(**registered), {}, registered->get());
   ASSERT_TRUE(as_itself.has_value());
