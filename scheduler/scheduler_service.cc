@@ -545,6 +545,8 @@ std::unique_ptr<grpc::Server> StartServer(const SchedulerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(options.handshake_timeout)));
   return builder.BuildAndStart();
 }
 
