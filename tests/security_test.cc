@@ -384,6 +384,40 @@ TEST_F(SecurityTest, AConnectionThatSendsNothingIsClosedAtTheHandshakeTimeout) {
   EXPECT_TRUE((*client)->Status(absl::Seconds(5)).ok()) << "a node's call after them";
 }
 
+// Each connection that fails the TLS handshake (here plain HTTP) made gRPC
+// write an ERROR line to stderr, whatever the rate: anyone who reaches the
+// port wrote the scheduler's log as fast as it opened connections.
+TEST_F(SecurityTest, FailedTlsHandshakesAreLoggedAtARateLimit) {
+  class HandshakeLines : public google::LogSink {
+   public:
+    HandshakeLines() { google::AddLogSink(this); }
+    ~HandshakeLines() override { google::RemoveLogSink(this); }
+    void send(google::LogSeverity, const char*, const char*, int, const google::LogMessageTime&, const char* message,
+              size_t length) override {
+      if (absl::string_view(message, length).find("Handshake failed") != absl::string_view::npos) ++count;
+    }
+    std::atomic<int> count{0};
+  } lines;
+  const std::string address = scheduler_->address();
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(std::stoi(address.substr(address.rfind(':') + 1)));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  // 1000: at least one is logged whatever earlier tests of this process failed.
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0) << strerror(errno);
+    const std::string http = "GET / HTTP/1.0\r\n\r\n";
+    (void)write(fd, http.data(), http.size());
+    char buf[256];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+    close(fd);
+  }
+  EXPECT_GE(lines.count.load(), 1) << "failed handshakes are not logged through glog";
+  EXPECT_LE(lines.count.load(), 22) << "every failed handshake logged";
+}
+
 TEST_F(SecurityTest, WhileTheTokenIsRotatedTheSchedulerAcceptsTheNewOneAndStillNoOther) {
   // Step 1 of a rotation (deploy/README.md): the scheduler restarted with
   // the new token accepted beside the old one, here from a file.
