@@ -160,7 +160,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> SchedulerCredentials(co
     auto store = TrustStore::Create(security.ca_pem);
     if (!store.ok()) return store.status();
     trust = *std::move(store);
-    tls.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_BUT_DONT_VERIFY;
+    // Requested, not required: a client without one completes the handshake
+    // and CallAuthenticator refuses each of its calls, logged as a refusal
+    // and telling the node why. Required, the handshake failed: gRPC logged
+    // one more failed handshake, and the node, taking it for a scheduler not
+    // up yet, waited out its deadline.
+    tls.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY;
   }
   tls.pem_key_cert_pairs.push_back({security.key_pem, security.cert_pem});
   auto creds = grpc::SslServerCredentials(tls);
