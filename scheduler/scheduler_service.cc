@@ -302,7 +302,7 @@ class SchedulerService final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status RequestCheckpoint(grpc::ServerContext*, const CheckpointRequest* req,
+  grpc::Status RequestCheckpoint(grpc::ServerContext* ctx, const CheckpointRequest* req,
                                  CheckpointResponse* resp) override {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
@@ -311,13 +311,17 @@ class SchedulerService final : public Scheduler::Service {
     // Its write deposed this scheduler: no server will be asked (the map
     // that asks goes to no watcher), and the successor knows of no request.
     if (Serving(&refused) != state) return refused;
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) {
+      LOG(WARNING) << "scheduler: checkpoint into " << ToUtf8(req->dir(), 256) << " refused (peer " << ctx->peer()
+                   << "): " << r.status();
+      return ToGrpc(r.status());
+    }
     LOG(INFO) << "checkpoint of round " << r->round() << " into " << r->dir() << " requested";
     *resp = *std::move(r);
     return grpc::Status::OK;
   }
 
-  grpc::Status Drain(grpc::ServerContext*, const DrainRequest* req, DrainResponse* resp) override {
+  grpc::Status Drain(grpc::ServerContext* ctx, const DrainRequest* req, DrainResponse* resp) override {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
@@ -325,7 +329,12 @@ class SchedulerService final : public Scheduler::Service {
     // Its write deposed this scheduler: no server is sent the map, and the
     // successor never heard of the drain (or its cancel).
     if (Serving(&refused) != state) return refused;
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) {
+      // Said to the caller, and here: a drain moves every copy of a server.
+      LOG(WARNING) << "scheduler: " << (req->cancel() ? "cancelling the drain of" : "drain of") << " server "
+                   << req->server() << " refused (peer " << ctx->peer() << "): " << r.status();
+      return ToGrpc(r.status());
+    }
     *resp = *std::move(r);
     return grpc::Status::OK;
   }

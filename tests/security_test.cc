@@ -418,6 +418,25 @@ TEST_F(SecurityTest, FailedTlsHandshakesAreLoggedAtARateLimit) {
   EXPECT_LE(lines.count.load(), 22) << "every failed handshake logged";
 }
 
+// A drain or checkpoint request the scheduler refuses was said to the
+// caller only: the scheduler's log held no trace of who asked for what.
+TEST_F(SecurityTest, ARefusedDrainOrCheckpointIsLoggedWithThePeer) {
+  WarningLines log;
+  auto client = SchedulerClient::Create(scheduler_->address(), node_);
+  ASSERT_TRUE(client.ok());
+  DrainRequest drain;
+  drain.set_server(99);
+  EXPECT_EQ((*client)->Drain(drain, absl::Seconds(5)).status().code(), absl::StatusCode::kNotFound);
+  CheckpointRequest checkpoint;
+  checkpoint.set_dir(dir_ + "/checkpoints");
+  EXPECT_FALSE((*client)->RequestCheckpoint(checkpoint, absl::Seconds(5)).ok());
+  const std::string lines = log.Joined();
+  EXPECT_THAT(lines, HasSubstr("drain of server 99 refused (peer ipv4:127.0.0.1:"));
+  EXPECT_THAT(lines, HasSubstr("there is no server 99 in the cluster"));
+  EXPECT_THAT(lines, HasSubstr(absl::StrCat("checkpoint into ", dir_, "/checkpoints refused (peer ipv4:127.0.0.1:")));
+  EXPECT_THAT(lines, HasSubstr("no tensors are defined yet"));
+}
+
 TEST_F(SecurityTest, WhileTheTokenIsRotatedTheSchedulerAcceptsTheNewOneAndStillNoOther) {
   // Step 1 of a rotation (deploy/README.md): the scheduler restarted with
   // the new token accepted beside the old one, here from a file.
