@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
+#include "common/security.h"
 
 namespace shardps {
 namespace {
@@ -121,6 +122,37 @@ TEST(ClusterStateTest, ALiveRankCannotRegisterTwice) {
   EXPECT_EQ(state.RegisterWorker(Worker(1)).status().code(), absl::StatusCode::kAlreadyExists);
   now += absl::Milliseconds(Config(1, 2).heartbeat_timeout_ms() + 1);
   EXPECT_TRUE(state.RegisterWorker(Worker(1)).ok());
+}
+
+// Servers tell nodes apart by key, and every key is in the map anyone
+// with the token can read: worker 1 registering worker 0's key had every
+// request of worker 0 refused as worker 1's speaking for another rank.
+TEST(ClusterStateTest, ANodeCannotRegisterAnotherNodesDataPlaneKey) {
+  ClusterState state(Config(1, 2));
+  auto server_keys = NewCurveKeyPair();
+  auto worker_keys = NewCurveKeyPair();
+  auto fresh = NewCurveKeyPair();
+  ASSERT_TRUE(server_keys.ok() && worker_keys.ok() && fresh.ok());
+  RegisterRequest server = Server("tcp://a:1");
+  server.set_curve_public_key(server_keys->public_key);
+  ASSERT_TRUE(state.RegisterServer(server).ok());
+  RegisterRequest worker0 = Worker(0);
+  worker0.set_curve_public_key(worker_keys->public_key);
+  ASSERT_TRUE(state.RegisterWorker(worker0).ok());
+  RegisterRequest worker1 = Worker(1);
+  worker1.set_curve_public_key(worker_keys->public_key);
+  auto r = state.RegisterWorker(worker1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("worker rank 1 registered the data-plane key of worker rank 0"));
+  worker1.set_curve_public_key(server_keys->public_key);
+  r = state.RegisterWorker(worker1);
+  EXPECT_THAT(r.status().message(), HasSubstr("worker rank 1 registered the data-plane key of server 0 (tcp://a:1)"));
+  RegisterRequest thief = Server("tcp://b:2");
+  thief.set_curve_public_key(worker_keys->public_key);
+  r = state.RegisterServer(thief);
+  EXPECT_THAT(r.status().message(), HasSubstr("server at tcp://b:2 registered the data-plane key of worker rank 0"));
+  worker1.set_curve_public_key(fresh->public_key);
+  EXPECT_TRUE(state.RegisterWorker(worker1).ok()) << "its own key";
 }
 
 TEST(ClusterStateTest, AModelOverTheLimitOrWhatServersHoldIsRefusedBeforeAnyMap) {
