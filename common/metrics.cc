@@ -110,8 +110,17 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(const std:
   // civetweb says only "Possible problem binding to port": name the likely causes.
   const std::string cannot = absl::StrCat("cannot serve metrics on ", listen,
                                           " (is the port in use, or the host not this machine's?)");
+  // civetweb gives each connection a thread until its request is in (30 s by
+  // default): with two threads, two idle connections from anyone held
+  // /healthz for 30 s at a time, and again as they reconnected, failing a
+  // liveness probe (deploy/k8s) until the kubelet killed a serving process.
+  // A scrape sends its request at once; more threads and a short deadline
+  // for it leave an attacker needing kHttpThreads connections made again
+  // every kRequestTimeoutMs instead (README, Security: not protected).
   try {
-    exposer = std::make_unique<prometheus::Exposer>(listen, 2);
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", absl::StrCat(kHttpThreads), "request_timeout_ms",
+        absl::StrCat(kRequestTimeoutMs)});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(cannot, ": ", e.what()));
   }

@@ -118,6 +118,13 @@ class MetricsExposer {
   // HOST:PORT actually bound.
   const std::string& address() const { return address_; }
 
+  // HTTP threads, each serving one connection at a time, and how long a
+  // connection may take to send its request before it is closed: fewer idle
+  // or slow connections than threads delay no scrape, more delay one by at
+  // most the timeout per round of them.
+  static constexpr int kHttpThreads = 8;
+  static constexpr int kRequestTimeoutMs = 2000;
+
  private:
   MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer, std::shared_ptr<prometheus::Registry> health,
                  std::string address);

@@ -37,6 +37,43 @@ absl::Status CheckCurveKey(const RegisterRequest& r) {
                                                  " registered a bad data-plane public key: ", key.status().message()));
 }
 
+// The host and address a node registers are shown in status, logs and
+// errors and kept in the state: a node may not make them megabytes long
+// (1 MB hosts made every Status answer 1 MB, and each error echoing one
+// exceeded the client's metadata limit, hiding the reason).
+absl::Status CheckRegisteredStrings(const RegisterRequest& r) {
+  if (absl::Status s = CheckName("host", r.host()); !s.ok()) return s;
+  return CheckName("server data address", r.data_address());
+}
+
+// Servers tell nodes apart by their data-plane keys (server/sender_roles.h),
+// which every node and `shardps status` can read in the map. A node that
+// registered another's public key (it cannot seal with it: the secret half
+// never leaves its process) had the servers take that node's requests for its
+// own, and refuse them all ("a request naming worker 0 from worker 1's key").
+// Keys are made fresh per process: the same key again is the same node.
+absl::Status CheckKeyNotAnothers(const RegisterRequest& r, const ShardMap& map) {
+  if (r.curve_public_key().empty()) return absl::OkStatus();
+  const std::string who =
+      r.role() == SERVER ? absl::StrCat("server at ", r.data_address()) : absl::StrCat("worker rank ", r.rank());
+  for (int rank = 0; rank < map.worker_curve_keys_size(); ++rank) {
+    if (map.worker_curve_keys(rank) != r.curve_public_key() ||
+        (r.role() == WORKER && static_cast<uint32_t>(rank) == r.rank())) {
+      continue;
+    }
+    return absl::AlreadyExistsError(
+        absl::StrCat(who, " registered the data-plane key of worker rank ", rank, ": a key speaks for one node"));
+  }
+  for (const ServerInfo& s : map.servers()) {
+    if (s.curve_public_key() != r.curve_public_key() || (r.role() == SERVER && s.data_address() == r.data_address())) {
+      continue;
+    }
+    return absl::AlreadyExistsError(absl::StrCat(who, " registered the data-plane key of server ", s.index(), " (",
+                                                 s.data_address(), "): a key speaks for one node"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckVersion(const RegisterRequest& r) {
   if (r.protocol_version() == kProtocolVersion) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("protocol version ", r.protocol_version(), " of ",
@@ -239,11 +276,13 @@ std::string ClusterState::Ended(const Node& old) {
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequest& request) {
   const WriteOnReturn write(this);  // after mu_ is released
+  if (absl::Status s = CheckRegisteredStrings(request); !s.ok()) return s;
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.data_address().empty()) return absl::InvalidArgumentError("server registered without a data address");
   if (auto e = ParseTcpEndpoint(request.data_address(), "server data address"); !e.ok()) return e.status();
   if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckKeyNotAnothers(request, map_); !s.ok()) return s;
   std::optional<uint32_t> index;
   for (auto& [i, node] : servers_) {
     if (node.address == request.data_address()) index = i;
@@ -323,6 +362,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterServer(const RegisterRequ
 
 absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequest& request) {
   const WriteOnReturn write(this);  // after mu_ is released
+  if (absl::Status s = CheckRegisteredStrings(request); !s.ok()) return s;
   if (absl::Status s = CheckVersion(request); !s.ok()) return s;
   if (request.rank() >= config_.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("worker rank ", request.rank(), " is outside [0, ",
@@ -330,6 +370,7 @@ absl::StatusOr<RegisterResponse> ClusterState::RegisterWorker(const RegisterRequ
   }
   if (absl::Status s = CheckCurveKey(request); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckKeyNotAnothers(request, map_); !s.ok()) return s;
   if (Excluded(request.rank()) && map_.partitions_size() > 0) {
     // The rejoin round allows for the age of every live server's report. A
     // server killed with the worker (or just before it) and not declared
@@ -1358,6 +1399,7 @@ absl::StatusOr<ShardMap> ClusterState::DefineTensors(const std::vector<TensorSpe
     absl::flat_hash_map<uint32_t, uint64_t> capacity;
     for (const auto& [i, node] : servers_) capacity[i] = node.memory_bytes;
     if (absl::Status s = CheckServerCapacity(*map, config_, capacity); !s.ok()) return s;
+    if (absl::Status s = CheckShardMapSize(*map); !s.ok()) return s;
     *map->mutable_excluded_workers() = map_.excluded_workers();  // removed before the map existed
     *map->mutable_worker_curve_keys() = map_.worker_curve_keys();
     map_ = *std::move(map);

@@ -12,8 +12,10 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
+#include "common/security.h"
 
 namespace shardps {
 namespace {
@@ -122,6 +124,37 @@ TEST(ClusterStateTest, ALiveRankCannotRegisterTwice) {
   EXPECT_TRUE(state.RegisterWorker(Worker(1)).ok());
 }
 
+// Servers tell nodes apart by key, and every key is in the map anyone
+// with the token can read: worker 1 registering worker 0's key had every
+// request of worker 0 refused as worker 1's speaking for another rank.
+TEST(ClusterStateTest, ANodeCannotRegisterAnotherNodesDataPlaneKey) {
+  ClusterState state(Config(1, 2));
+  auto server_keys = NewCurveKeyPair();
+  auto worker_keys = NewCurveKeyPair();
+  auto fresh = NewCurveKeyPair();
+  ASSERT_TRUE(server_keys.ok() && worker_keys.ok() && fresh.ok());
+  RegisterRequest server = Server("tcp://a:1");
+  server.set_curve_public_key(server_keys->public_key);
+  ASSERT_TRUE(state.RegisterServer(server).ok());
+  RegisterRequest worker0 = Worker(0);
+  worker0.set_curve_public_key(worker_keys->public_key);
+  ASSERT_TRUE(state.RegisterWorker(worker0).ok());
+  RegisterRequest worker1 = Worker(1);
+  worker1.set_curve_public_key(worker_keys->public_key);
+  auto r = state.RegisterWorker(worker1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("worker rank 1 registered the data-plane key of worker rank 0"));
+  worker1.set_curve_public_key(server_keys->public_key);
+  r = state.RegisterWorker(worker1);
+  EXPECT_THAT(r.status().message(), HasSubstr("worker rank 1 registered the data-plane key of server 0 (tcp://a:1)"));
+  RegisterRequest thief = Server("tcp://b:2");
+  thief.set_curve_public_key(worker_keys->public_key);
+  r = state.RegisterServer(thief);
+  EXPECT_THAT(r.status().message(), HasSubstr("server at tcp://b:2 registered the data-plane key of worker rank 0"));
+  worker1.set_curve_public_key(fresh->public_key);
+  EXPECT_TRUE(state.RegisterWorker(worker1).ok()) << "its own key";
+}
+
 TEST(ClusterStateTest, AModelOverTheLimitOrWhatServersHoldIsRefusedBeforeAnyMap) {
   ClusterConfig config = Config(1, 1);
   config.mutable_limits()->set_max_model_bytes(1 << 20);
@@ -150,6 +183,24 @@ TEST(ClusterStateTest, AModelOverTheLimitOrWhatServersHoldIsRefusedBeforeAnyMap)
 }
 
 TensorSpec Tensor(const std::string& name, int64_t n) { return Float32Tensor(name, n); }
+
+// 100,000 one-element tensors made a 4.4 MB map: taken, then no server
+// could receive it (watching the shard map: "Received message larger than
+// max"), the definition timed out saying the map was "not served in time",
+// and every Status call failed the same way from then on.
+TEST(ClusterStateTest, AShardMapNoNodeCouldReceiveIsRefusedBeforeAnyServerSeesIt) {
+  ClusterState state(Config(1, 1));
+  ASSERT_TRUE(state.RegisterServer(Server("tcp://a:1")).ok());
+  std::vector<TensorSpec> tensors;
+  for (int i = 0; i < 100000; ++i) tensors.push_back(Float32Tensor(absl::StrCat("model.layer.", i, ".bias.x"), 1));
+  auto r = state.DefineTensors(tensors, Soon());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("the shard map of 100000 tensors in 100000 partitions would take"));
+  EXPECT_EQ(state.Status().shard_map().partitions_size(), 0) << "the refused map was kept";
+  tensors.resize(1000);
+  EXPECT_TRUE(state.DefineTensors(tensors, Soon()).status().code() != absl::StatusCode::kResourceExhausted);
+}
+
 
 TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   ClusterState state(Config(1, 1));

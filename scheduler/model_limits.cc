@@ -22,6 +22,16 @@ absl::Status CheckModelSize(const std::vector<TensorSpec>& tensors, const Cluste
   return absl::OkStatus();
 }
 
+absl::Status CheckShardMapSize(const ShardMap& map) {
+  const size_t bytes = map.ByteSizeLong();
+  if (bytes <= kMaxShardMapBytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the shard map of ", map.tensors_size(), " tensors in ", map.partitions_size(), " partitions would take ",
+      bytes, " bytes, more than the ", kMaxShardMapBytes,
+      " a cluster sends its nodes (they receive at most 4 MiB a message, and a map grows as the job runs); "
+      "refused before any server sees it: fewer tensors (concatenate small ones) or a larger partition_bytes"));
+}
+
 uint64_t ServerBytesPerElement(const ClusterConfig& config) {
   auto optimizer = Optimizer::Create(config.optimizer());
   const uint64_t slots = optimizer.ok() ? (*optimizer)->state_slots() : 2;

@@ -6,6 +6,7 @@
 #ifndef SHARDPS_SCHEDULER_MODEL_LIMITS_H_
 #define SHARDPS_SCHEDULER_MODEL_LIMITS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +24,15 @@ absl::Status CheckModelSize(const std::vector<TensorSpec>& tensors, const Cluste
 // Bytes a server allocates per element it holds (primary or backup):
 // weights, optimizer state, the round accumulator.
 uint64_t ServerBytesPerElement(const ClusterConfig& config);
+
+// The most bytes a shard map may take when the tensors are defined. Nodes
+// receive it (the map watch, DefineTensors, Status) within gRPC's default
+// 4 MiB per message, and it grows after (worker keys, copy moves, where each
+// copy was listed; Status adds the nodes): half leaves room for that.
+inline constexpr size_t kMaxShardMapBytes = size_t{2} << 20;
+
+// Refuses `map` if it takes more than kMaxShardMapBytes serialised.
+absl::Status CheckShardMapSize(const ShardMap& map);
 
 // Refuses `map` if a server would hold more than it reported it can
 // (`capacity` by server index; missing or 0: unknown, not checked).

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/security.h"
 #include "proto/cluster.pb.h"
 #include "proto/config.pb.h"
@@ -51,6 +52,11 @@ struct SchedulerOptions {
   // The address other nodes reach this scheduler at, published in etcd;
   // empty (default): the bound address (a wildcard host as 127.0.0.1).
   std::string advertise_address{};
+  // How long a connection may take over its handshake (TCP to the first
+  // HTTP/2 frames, TLS included) before it is closed. gRPC's own is 120 s,
+  // in which anyone who reaches the port held about 27 KB of the
+  // scheduler's memory per connection that sent nothing. Default: 10 s.
+  absl::Duration handshake_timeout = absl::Seconds(10);
 };
 
 class SchedulerDaemon {

@@ -17,7 +17,8 @@
 namespace shardps {
 
 // Insecure credentials when `security` is off. Fails naming what is wrong
-// with the CA or certificate.
+// with the CA or certificate. Secured, it also routes gRPC's log lines
+// through glog for the whole process, its failed TLS handshakes rate-limited.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> SchedulerCredentials(const SecurityCredentials& security);
 
 }  // namespace shardps

@@ -23,6 +23,7 @@
 #include "common/config.h"
 #include "common/durable_file.h"
 #include "common/endpoint.h"
+#include "common/names.h"
 #include "common/scheduler_refusal.h"
 #include "proto/cluster.grpc.pb.h"
 #include "scheduler/cluster_state.h"
@@ -80,6 +81,7 @@ absl::StatusOr<std::optional<SchedulerState>> LoadState(const std::string& dir) 
 // resolves here and a port that accepts connections (a server binds before
 // it registers), so addresses no worker could reach do not take the slots.
 absl::Status CheckDataAddress(const std::string& address) {
+  if (absl::Status s = CheckName("server data address", address); !s.ok()) return s;
   auto endpoint = ParseTcpEndpoint(address, "server data address");
   if (!endpoint.ok()) return endpoint.status();
   if (absl::Status s = CheckResolvable(endpoint->host, "server data address"); !s.ok()) return s;
@@ -197,8 +199,10 @@ class SchedulerService final : public Scheduler::Service {
       // Nor a rejoin's call ended to be asked again (every few seconds while it waits): not a failure.
       if (IsRejoinAskAgainRefusal(r.status().message())) return ToGrpc(r.status());
       if (!IsRankStillHeldRefusal(r.status().message()) || still_held_refusals_.fetch_add(1) % 40 == 0) {
+        // The peer as gRPC saw it: host and address are what the caller says.
         LOG(WARNING) << "scheduler: Register failed (" << (req->role() == SERVER ? "server at " : "worker from ")
-                     << (req->role() == SERVER ? req->data_address() : req->host()) << "): " << r.status();
+                     << ToUtf8(req->role() == SERVER ? req->data_address() : req->host(), 256) << ", peer "
+                     << ctx->peer() << "): " << r.status();
       }
       return ToGrpc(r.status());
     }
@@ -298,7 +302,7 @@ class SchedulerService final : public Scheduler::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status RequestCheckpoint(grpc::ServerContext*, const CheckpointRequest* req,
+  grpc::Status RequestCheckpoint(grpc::ServerContext* ctx, const CheckpointRequest* req,
                                  CheckpointResponse* resp) override {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
@@ -307,13 +311,17 @@ class SchedulerService final : public Scheduler::Service {
     // Its write deposed this scheduler: no server will be asked (the map
     // that asks goes to no watcher), and the successor knows of no request.
     if (Serving(&refused) != state) return refused;
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) {
+      LOG(WARNING) << "scheduler: checkpoint into " << ToUtf8(req->dir(), 256) << " refused (peer " << ctx->peer()
+                   << "): " << r.status();
+      return ToGrpc(r.status());
+    }
     LOG(INFO) << "checkpoint of round " << r->round() << " into " << r->dir() << " requested";
     *resp = *std::move(r);
     return grpc::Status::OK;
   }
 
-  grpc::Status Drain(grpc::ServerContext*, const DrainRequest* req, DrainResponse* resp) override {
+  grpc::Status Drain(grpc::ServerContext* ctx, const DrainRequest* req, DrainResponse* resp) override {
     grpc::Status refused;
     ClusterState* state = Serving(&refused);
     if (state == nullptr) return refused;
@@ -321,7 +329,12 @@ class SchedulerService final : public Scheduler::Service {
     // Its write deposed this scheduler: no server is sent the map, and the
     // successor never heard of the drain (or its cancel).
     if (Serving(&refused) != state) return refused;
-    if (!r.ok()) return ToGrpc(r.status());
+    if (!r.ok()) {
+      // Said to the caller, and here: a drain moves every copy of a server.
+      LOG(WARNING) << "scheduler: " << (req->cancel() ? "cancelling the drain of" : "drain of") << " server "
+                   << req->server() << " refused (peer " << ctx->peer() << "): " << r.status();
+      return ToGrpc(r.status());
+    }
     *resp = *std::move(r);
     return grpc::Status::OK;
   }
@@ -541,6 +554,8 @@ std::unique_ptr<grpc::Server> StartServer(const SchedulerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(options.handshake_timeout)));
   return builder.BuildAndStart();
 }
 

@@ -275,11 +275,21 @@ class ParameterServerImpl : public ParameterServer {
       bool unknown_sender = false;
       s = OpenFromSender(peer, header_frame, frames == 3 ? &payload : nullptr, &sealed_by, &unknown_sender);
       if (!s.ok()) {
-        if (!unknown_sender || !Hold(peer, header_frame, payload, frames, held_since)) RefuseUnsealed(s);
+        if (!unknown_sender || !Hold(peer, header_frame, payload, frames, held_since)) RefuseUnsealed(header_frame, s);
         return;
       }
+      // Sealed by a node of the map: a header it cannot read is answered
+      // and logged as in the clear. Before, it went unanswered, counted and
+      // logged as a message "not sealed by a node of the cluster".
+      s = ParseDataHeaderInto(opened_header_.data(), opened_header_.size(), &header_);
     } else {
       s = ParseDataHeaderInto(header_frame.data(), header_frame.size(), &header_);
+    }
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message from " << PeerAddress(header_frame)
+                                 << " whose header it cannot read"
+                                 << (sealed_by.empty() ? "" : " (sealed by a node of its map)") << ": " << s << " ["
+                                 << google::COUNTER << " so far]";
     }
     if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
     if (s.ok()) s = Admit(peer);
@@ -380,12 +390,21 @@ class ParameterServerImpl : public ParameterServer {
     }
   }
 
-  // A sealed message dropped unanswered: counted, logged now and then.
-  void RefuseUnsealed(const absl::Status& s) {
+  // A sealed message (`frame`, as received) dropped unanswered: counted,
+  // logged now and then.
+  void RefuseUnsealed(const zmq::message_t& frame, const absl::Status& s) {
     ++refused_unsealed_;
     if (metrics_) metrics_->CountUnsealed();
-    LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message that is not sealed by a node of "
-                               << "the cluster: " << s << " [" << google::COUNTER << " so far]";
+    LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": dropped a data message from " << PeerAddress(frame)
+                               << " that is not sealed by a node of the cluster: " << s << " [" << google::COUNTER
+                               << " so far]";
+  }
+
+  // Where a received frame came from, as ZeroMQ saw it, for log lines: the
+  // envelope names a key, which says nothing of who sent a refused message.
+  static std::string PeerAddress(const zmq::message_t& frame) {
+    const char* address = zmq_msg_gets(frame.handle(), "Peer-Address");
+    return address != nullptr ? address : "an unknown address";
   }
 
   // After a map install: the held messages, in arrival order, once more.
@@ -398,8 +417,9 @@ class ParameterServerImpl : public ParameterServer {
     engine_->EndBatch();
   }
 
-  // Opens a sealed request from the sender named in its envelope, into
-  // header_, and remembers which seal answers that connection. `sender`:
+  // Opens a sealed request from the sender named in its envelope, its
+  // header's bytes into opened_header_, and remembers which seal answers
+  // that connection. `sender`:
   // the sender's raw key (a view into `envelope`); `*unknown_sender` set
   // when the map lists no such key.
   absl::Status OpenFromSender(const zmq::message_t& peer, const zmq::message_t& envelope, zmq::message_t* payload,
@@ -412,7 +432,7 @@ class ParameterServerImpl : public ParameterServer {
       s = absl::PermissionDeniedError("the sender's key is not in the shard map");
       *unknown_sender = true;
     } else {
-      s = OpenMessage(*seal, envelope, payload, &header_);
+      s = seal->Open(envelope, payload, &opened_header_);
     }
     if (!s.ok()) return s;
     const absl::string_view id(static_cast<const char*>(peer.data()), peer.size());
@@ -487,8 +507,8 @@ class ParameterServerImpl : public ParameterServer {
     if (!s.ok()) {
       ++refused_roles_;
       if (metrics_) metrics_->CountWrongSender();
-      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message: " << s << " ["
-                                 << google::COUNTER << " so far]";
+      LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": refused a data message from " << PeerAddress(header_frame)
+                                 << ": " << s << " [" << google::COUNTER << " so far]";
     }
     return s;
   }
@@ -976,6 +996,7 @@ class ParameterServerImpl : public ParameterServer {
   absl::flat_hash_map<std::string, PeerSeal*> seal_of_connection_;
   uint64_t refused_unsealed_ = 0;
   std::vector<HeldMessage> held_;  // from senders not in the map yet (Hold)
+  std::string opened_header_;  // the last sealed header opened (OpenFromSender), reused
   absl::Time next_snapshot_check_ = absl::InfinitePast();  // CheckSnapshots
   size_t held_bytes_ = 0;
   // Engine thread only, secured data plane: what each node's key may send.

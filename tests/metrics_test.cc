@@ -11,9 +11,11 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 
+#include <atomic>
 #include <optional>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,9 +33,9 @@
 namespace shardps {
 namespace {
 
-// GET `path` from `address` (HOST:PORT, IPv4); the whole answer, headers and
-// body, or an error.
-absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
+// A TCP connection to `address` (HOST:PORT, IPv4), its reads timing out
+// after 5 s; its descriptor, or an error.
+absl::StatusOr<int> Connect(const std::string& address) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) return absl::InvalidArgumentError(address);
@@ -48,12 +50,22 @@ absl::StatusOr<std::string> HttpGet(const std::string& address, const std::strin
     if (fd >= 0) close(fd);
     return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
   }
+  const timeval timeout{.tv_sec = 5, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  return fd;
+}
+
+// GET `path` from `address` (HOST:PORT, IPv4); the whole answer, headers and
+// body, or an error.
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
   const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
-  (void)write(fd, request.data(), request.size());
+  auto fd = Connect(address);
+  if (!fd.ok()) return fd.status();
+  (void)write(*fd, request.data(), request.size());
   std::string answer;
   char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) answer.append(buf, n);
-  close(fd);
+  for (ssize_t n; (n = read(*fd, buf, sizeof(buf))) > 0;) answer.append(buf, n);
+  close(*fd);
   return answer;
 }
 
@@ -414,6 +426,52 @@ TEST(PartitionMetricsTest, SeriesAreBoundedAndFollowPartitionsAndRoles) {
   EXPECT_EQ(Sample(*text, series(1, "backup")), 6);
   EXPECT_EQ(Sample(*text, series(2, "primary")), 1);
   EXPECT_EQ(Sample(*text, R"(shardps_server_partitions_unreported{server="3"})"), 0);
+}
+
+// /healthz is the kubelet's liveness probe (deploy/k8s, 1 s): anyone who
+// reaches the port must not hold it. Two idle connections used to take both
+// HTTP threads for 30 s each, and again as they reconnected.
+TEST(MetricsHttpTest, IdleOrTricklingConnectionsDoNotHoldTheHealthProbe) {
+  auto registry = MetricsRegistry::Create();
+  auto exposer = MetricsExposer::Start("127.0.0.1:0", *registry);
+  ASSERT_TRUE(exposer.ok()) << exposer.status();
+  const std::string address = (*exposer)->address();
+  auto probe = [&] {
+    const absl::Time start = absl::Now();
+    auto text = HttpGet(address, "/healthz");
+    EXPECT_TRUE(text.ok() && text->find("shardps_up 1") != std::string::npos) << (text.ok() ? *text : "");
+    return absl::Now() - start;
+  };
+  std::vector<int> idle;
+  for (int i = 0; i + 1 < MetricsExposer::kHttpThreads; ++i) {
+    auto fd = Connect(address);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    idle.push_back(*fd);
+  }
+  EXPECT_LT(probe(), absl::Milliseconds(500)) << "fewer idle connections than threads held the probe";
+  for (int fd : idle) close(fd);
+  // As many as the threads, each sending a byte of its request every 100 ms:
+  // closed at the request deadline, whatever they still send.
+  std::vector<int> trickling;
+  for (int i = 0; i < MetricsExposer::kHttpThreads; ++i) {
+    auto fd = Connect(address);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    trickling.push_back(*fd);
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    const std::string request = "GET /healthz HTTP/1.0\r\nX: ";  // never finished
+    for (size_t sent = 0; !done.load(); ++sent) {
+      for (int fd : trickling) (void)send(fd, &request[sent % request.size()], 1, MSG_NOSIGNAL);
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_LT(probe(), absl::Milliseconds(MetricsExposer::kRequestTimeoutMs + 1000))
+      << "trickling connections held the probe past the request deadline";
+  done.store(true);
+  trickle.join();
+  for (int fd : trickling) close(fd);
 }
 
 // A port that can be bound now, with the `count` - 1 after it too, for a

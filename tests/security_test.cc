@@ -5,13 +5,16 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -25,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/data_message.h"
 #include "common/peer_seal.h"
@@ -70,8 +74,25 @@ class SecurityTest : public ::testing::Test {
 
   void TearDown() override {
     if (server_.running()) Stop(server_, absl::Seconds(5));
+    if (HasFailure()) std::cerr << "server log:\n" << ServerLog();
     scheduler_.reset();
     std::filesystem::remove_all(dir_);
+  }
+
+  // What the server process (StartJob) logged so far.
+  std::string ServerLog() {
+    std::ifstream in(dir_ + "/server.log");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+  // The server's log once it holds `text` (or after 5 s).
+  std::string ServerLogOnceItSays(const std::string& text) {
+    std::string log = ServerLog();
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
+         log.find(text) == std::string::npos && absl::Now() < deadline; log = ServerLog()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return log;
   }
 
   // Registers a worker with `security`; its error, or OK.
@@ -122,8 +143,15 @@ class SecurityTest : public ::testing::Test {
       request.set_curve_public_key(registered_.public_key);
       EXPECT_TRUE((*client)->Register(request, absl::Seconds(30)).ok());
     });
+    // Its log in a file, for tests that read what it says (TearDown shows
+    // it when a test failed).
+    const int log = open((dir_ + "/server.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(log, 0);
+    SpawnOptions spawn;
+    spawn.stdout_fd = spawn.stderr_fd = log;
     auto server = Spawn("server", {SHARDPS_BINARY, "server", "--scheduler", scheduler_->address(), "--listen",
-                                   "tcp://127.0.0.1:0", "--security-config", server_config}, true);
+                                   "tcp://127.0.0.1:0", "--security-config", server_config}, spawn);
+    close(log);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *server;
     auto worker = Worker::Create({.scheduler_address = scheduler_->address(), .rank = 0, .security = node_});
@@ -269,6 +297,146 @@ TEST_F(SecurityTest, NodeWithoutTheTokenIsRefusedWithALogLineNamingIt) {
   EXPECT_TRUE((*client)->Status(absl::Seconds(5)).ok()) << "the right credentials must pass";
 }
 
+// A node holding the credentials is trusted with ranks and tensors, not
+// with the scheduler's logs and status: a 1 MB host was kept and shown in
+// every Status answer, and a refusal echoing it exceeded the client's
+// metadata limit, hiding the reason; the log named the host the caller
+// claimed, not the peer (an empty host named nobody).
+TEST_F(SecurityTest, ARegistrationWithAMegabyteFieldIsRefusedNamingItAndLoggedWithThePeer) {
+  WarningLines log;
+  auto client = SchedulerClient::Create(scheduler_->address(), node_);
+  ASSERT_TRUE(client.ok());
+  RegisterRequest worker;
+  worker.set_protocol_version(kProtocolVersion);
+  worker.set_role(WORKER);
+  worker.set_host(std::string(1 << 20, 'h'));
+  absl::Status s = (*client)->Register(worker, absl::Seconds(5)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.ToString().substr(0, 300);
+  EXPECT_THAT(s.message(), HasSubstr("is 1048576 bytes long; at most 4096"));
+  RegisterRequest server = worker;
+  server.set_role(SERVER);
+  server.set_host("h");
+  server.set_data_address(absl::StrCat("tcp://", std::string(1 << 20, 'a'), ":7001"));
+  s = (*client)->Register(server, absl::Seconds(5)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s.ToString().substr(0, 300);
+  EXPECT_THAT(s.message(), HasSubstr("server data address"));
+  worker.set_host("");
+  worker.set_rank(uint32_t{1} << 31);
+  s = (*client)->Register(worker, absl::Seconds(5)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  const std::string lines = log.Joined();
+  EXPECT_THAT(lines, HasSubstr("worker rank 2147483648 is outside [0, 2)"));
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2) << lines.substr(0, 1000);
+  EXPECT_LT(lines.size(), 3000u) << "megabytes of a caller's field in the log";
+  for (absl::string_view line : absl::StrSplit(lines, '\n')) {
+    EXPECT_THAT(line, HasSubstr("peer ipv4:127.0.0.1:")) << line.substr(0, 300);
+  }
+  auto status = (*client)->Status(absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_LT(status->ByteSizeLong(), 10000u);
+}
+
+// Anyone who reaches the scheduler's port can open connections and send
+// nothing: gRPC held each for 120 s, about 27 KB of the scheduler's memory
+// apiece (3,000 of them: 28 MB to 108 MB RSS).
+TEST_F(SecurityTest, AConnectionThatSendsNothingIsClosedAtTheHandshakeTimeout) {
+  auto security = LoadSecurityCredentialsFile(files_.scheduler_config, true);
+  ASSERT_TRUE(security.ok()) << security.status();
+  SchedulerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.config.set_num_servers(1);
+  options.config.set_num_workers(1);
+  options.security = *security;
+  options.handshake_timeout = absl::Seconds(1);
+  auto scheduler = SchedulerDaemon::Create(options);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  const std::string address = (*scheduler)->address();
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(std::stoi(address.substr(address.rfind(':') + 1)));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  std::vector<pollfd> idle;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0) << strerror(errno);
+    idle.push_back(pollfd{.fd = fd, .events = POLLIN, .revents = 0});
+  }
+  // Closed by the scheduler: readable, and the read finds the end (or a reset).
+  const absl::Time start = absl::Now();
+  int closed = 0;
+  while (closed < 20 && absl::Now() - start < absl::Seconds(5)) {
+    if (poll(idle.data(), idle.size(), 100) <= 0) continue;
+    for (pollfd& p : idle) {
+      char byte;
+      if (p.fd < 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) == 0 || read(p.fd, &byte, 1) > 0) continue;
+      close(p.fd);
+      p.fd = -1;  // poll skips it
+      ++closed;
+    }
+  }
+  for (const pollfd& p : idle) {
+    if (p.fd >= 0) close(p.fd);
+  }
+  EXPECT_EQ(closed, 20) << "connections that sent nothing still open after " << absl::Now() - start;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  auto client = SchedulerClient::Create(address, node_);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Status(absl::Seconds(5)).ok()) << "a node's call after them";
+}
+
+// Each connection that fails the TLS handshake (here plain HTTP) made gRPC
+// write an ERROR line to stderr, whatever the rate: anyone who reaches the
+// port wrote the scheduler's log as fast as it opened connections.
+TEST_F(SecurityTest, FailedTlsHandshakesAreLoggedAtARateLimit) {
+  class HandshakeLines : public google::LogSink {
+   public:
+    HandshakeLines() { google::AddLogSink(this); }
+    ~HandshakeLines() override { google::RemoveLogSink(this); }
+    void send(google::LogSeverity, const char*, const char*, int, const google::LogMessageTime&, const char* message,
+              size_t length) override {
+      if (absl::string_view(message, length).find("Handshake failed") != absl::string_view::npos) ++count;
+    }
+    std::atomic<int> count{0};
+  } lines;
+  const std::string address = scheduler_->address();
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(std::stoi(address.substr(address.rfind(':') + 1)));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  // 1000: at least one is logged whatever earlier tests of this process failed.
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0) << strerror(errno);
+    const std::string http = "GET / HTTP/1.0\r\n\r\n";
+    (void)write(fd, http.data(), http.size());
+    char buf[256];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+    close(fd);
+  }
+  EXPECT_GE(lines.count.load(), 1) << "failed handshakes are not logged through glog";
+  EXPECT_LE(lines.count.load(), 22) << "every failed handshake logged";
+}
+
+// A drain or checkpoint request the scheduler refuses was said to the
+// caller only: the scheduler's log held no trace of who asked for what.
+TEST_F(SecurityTest, ARefusedDrainOrCheckpointIsLoggedWithThePeer) {
+  WarningLines log;
+  auto client = SchedulerClient::Create(scheduler_->address(), node_);
+  ASSERT_TRUE(client.ok());
+  DrainRequest drain;
+  drain.set_server(99);
+  EXPECT_EQ((*client)->Drain(drain, absl::Seconds(5)).status().code(), absl::StatusCode::kNotFound);
+  CheckpointRequest checkpoint;
+  checkpoint.set_dir(dir_ + "/checkpoints");
+  EXPECT_FALSE((*client)->RequestCheckpoint(checkpoint, absl::Seconds(5)).ok());
+  const std::string lines = log.Joined();
+  EXPECT_THAT(lines, HasSubstr("drain of server 99 refused (peer ipv4:127.0.0.1:"));
+  EXPECT_THAT(lines, HasSubstr("there is no server 99 in the cluster"));
+  EXPECT_THAT(lines, HasSubstr(absl::StrCat("checkpoint into ", dir_, "/checkpoints refused (peer ipv4:127.0.0.1:")));
+  EXPECT_THAT(lines, HasSubstr("no tensors are defined yet"));
+}
+
 TEST_F(SecurityTest, WhileTheTokenIsRotatedTheSchedulerAcceptsTheNewOneAndStillNoOther) {
   // Step 1 of a rotation (deploy/README.md): the scheduler restarted with
   // the new token accepted beside the old one, here from a file.
@@ -395,12 +563,21 @@ TEST_F(SecurityTest, NodeCertificateOfAnotherCaIsRefusedWithALogLine) {
   EXPECT_THAT(log.Joined(), HasSubstr("refused: its certificate is not one of the cluster CA"));
 }
 
-TEST_F(SecurityTest, NodeWithoutACertificateIsRefusedUnderMutualTls) {
+// Refused in the TLS handshake, it was logged only by gRPC, as one more
+// failed handshake, and the node, taking the failure for a scheduler not up
+// yet, waited out its registration deadline to report a failed connection.
+TEST_F(SecurityTest, NodeWithoutACertificateIsRefusedUnderMutualTlsAtOnceWithALogLineNamingIt) {
   SecurityCredentials no_cert = node_;
   no_cert.cert_pem.clear();
   no_cert.key_pem.clear();
+  WarningLines log;
+  const absl::Time start = absl::Now();
   absl::Status s = RegisterWith(no_cert);
-  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  EXPECT_THAT(s.message(), HasSubstr("it showed no client certificate"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << s;
+  // gRPC 1.51's auth context holds no peer address: the line says what it can.
+  EXPECT_THAT(log.Joined(), HasSubstr("peer (no certificate, address unknown) refused: it showed no client certificate"));
 }
 
 // A CA that did not sign the scheduler's certificate fails every handshake
@@ -468,6 +645,9 @@ TEST_F(SecurityTest, SealedServerAnswersOnlyMessagesItsNodesSealedOnceAndChanges
   ASSERT_EQ(server_key_.size(), 40u) << "the server published no key";
   ASSERT_TRUE(server_sealed_) << "a secured server seals by default";
   EXPECT_FALSE(ForgedPushAnswered({})) << "a plain client got an answer";
+  // Logged with where it came from: the envelope's key says nothing of that.
+  EXPECT_THAT(ServerLogOnceItSays("dropped a data message"),
+              HasSubstr("dropped a data message from 127.0.0.1 that is not sealed by a node of the cluster"));
   auto stranger_keys = NewCurveKeyPair();
   ASSERT_TRUE(stranger_keys.ok());
   auto stranger = PeerSeal::Create(*stranger_keys, server_key_, SealEnd::kConnecting);
@@ -564,11 +744,44 @@ TEST_F(SecurityTest, SealedServerRefusesARegisteredKeySpeakingForAnotherNode) {
   EXPECT_THAT(as_server->error(), ::testing::HasSubstr("from worker 1's key: only a partition's primary server sends them"));
   EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
   EXPECT_EQ(RefusedReaches(2), 2u) << "the refusals are counted where operators look";
+  EXPECT_THAT(ServerLogOnceItSays("refused a data message"),
+              HasSubstr("refused a data message from 127.0.0.1: PERMISSION_DENIED: a request naming worker 0 from "
+                        "worker 1's key"));
   // The same key pushing as its own rank is applied.
   std::optional<DataHeader> as_itself = AnswerTo(SealedPush(**registered), {}, registered->get());
   ASSERT_TRUE(as_itself.has_value());
   EXPECT_EQ(as_itself->status_code(), 0) << as_itself->error();
   EXPECT_NE(Weights(), std::vector<float>(kN, 7.0f));
+}
+
+// A message sealed by a node of the map whose header the server cannot
+// read (an unknown op, another protocol version) went unanswered, counted
+// and logged as "not sealed by a node of the cluster": the sender waited
+// out its timeout, and the operator looked for an intruder.
+TEST_F(SecurityTest, SealedServerAnswersARegisteredKeysUnreadableHeaderSayingWhy) {
+  ASSERT_NO_FATAL_FAILURE(StartJob());
+  auto registered = PeerSeal::Create(registered_, server_key_, SealEnd::kConnecting);
+  ASSERT_TRUE(registered.ok());
+  auto unreadable = [&](DataHeader h) {
+    zmq::message_t envelope, payload;
+    const std::string header = h.SerializeAsString();
+    const std::vector<float> ones(kN, 1.0f);
+    EXPECT_TRUE((*registered)->Seal(header, ones.data(), kN * sizeof(float), &envelope, &payload).ok());
+    return AnswerTo({envelope.to_string(), payload.to_string()}, {}, registered->get());
+  };
+  DataHeader op = ForgedPush().first;
+  op.set_protocol_version(kProtocolVersion);
+  op.set_op(static_cast<Op>(99));
+  std::optional<DataHeader> answer = unreadable(op);
+  ASSERT_TRUE(answer.has_value()) << "an unknown op from a registered key went unanswered";
+  EXPECT_EQ(answer->status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(answer->error(), "unknown op 99");
+  DataHeader version = ForgedPush().first;
+  version.set_protocol_version(kProtocolVersion + 1000);
+  answer = unreadable(version);
+  ASSERT_TRUE(answer.has_value()) << "another protocol version from a registered key went unanswered";
+  EXPECT_THAT(answer->error(), HasSubstr("is not supported"));
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 7.0f));
 }
 
 TEST_F(SecurityTest, CurveServerRefusesARegisteredKeySpeakingForAnotherNode) {
