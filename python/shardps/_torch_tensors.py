@@ -1,6 +1,7 @@
 """The tensors a DistributedOptimizer pushes (shardps.torch): their names, buffers and wire dtypes,
 and the checks made once, as they are defined. Internal: shardps.torch is the interface."""
 
+import inspect
 import weakref
 
 import torch
@@ -256,3 +257,20 @@ def _refuse_group_settings(param_groups):
                                  "group would be ignored: give every group the same settings, or use "
                                  "update_mode=SUM_ONLY, where the torch optimizer steps with its groups"
                                  % (i, key, group.get(key), first.get(key)))
+
+
+def _refuse_closure_steps(optimizer):
+    """In update_mode sum_only the torch optimizer steps once per step(), on the gradient the
+    servers averaged. One whose step() needs its closure (LBFGS evaluates it several times a
+    step, each a forward and backward) would push each evaluation's gradient as another step's:
+    refused at once rather than at the second backward() or in torch's own TypeError."""
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ValueError("%s.step() needs a closure it evaluates several times a step (a forward and backward "
+                         "each), but in update_mode sum_only each backward() pushes its gradient for the servers "
+                         "to average once per step: use an optimizer that steps on one gradient (SGD, Adam, ...), "
+                         "or update_mode=UPDATE_ON_SERVER, where the servers' optimizer steps"
+                         % type(optimizer).__name__)

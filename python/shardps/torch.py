@@ -57,9 +57,10 @@ import weakref
 import torch
 
 import shardps
-# _named and _refuse_compressed_momentum: the tests' too.
+# _named, _refuse_closure_steps and _refuse_compressed_momentum: the tests' too.
 from shardps._torch_tensors import (_Slot, _claim_names, _define_or_check, _first_pre_hook, _named, _nonempty, _owner,
-                                    _owners, _per_name, _refuse_compressed_momentum, _refuse_group_settings, _zero_copy)
+                                    _owners, _per_name, _refuse_closure_steps, _refuse_compressed_momentum,
+                                    _refuse_group_settings, _zero_copy)
 
 _broadcasts = itertools.count()
 
@@ -97,7 +98,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.timeout = timeout
         self.sum_only = self.worker.update_mode == "sum_only"
         named = _named(named_parameters, optimizer)
-        if not self.sum_only:
+        if self.sum_only:
+            _refuse_closure_steps(optimizer)
+        else:
             _refuse_group_settings(optimizer.param_groups)
         _claim_names(self.worker, self, named)
         codecs = _per_name(compression, named, "compression")

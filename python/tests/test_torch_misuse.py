@@ -4,7 +4,7 @@ from cluster import has_torch, launch, python_worker
 
 if has_torch():
     import torch
-    from shardps.torch import _named, _refuse_compressed_momentum
+    from shardps.torch import _named, _refuse_closure_steps, _refuse_compressed_momentum
 
 
 @unittest.skipUnless(has_torch(), "torch is not installed")
@@ -33,6 +33,16 @@ class NamedParametersTest(unittest.TestCase):
         model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
         model[1].weight = model[0].weight
         self.assertEqual(len(_named(model.named_parameters(), None)), 3)
+
+
+@unittest.skipUnless(has_torch(), "torch is not installed")
+class ClosureStepTest(unittest.TestCase):
+    def test_an_optimizer_that_evaluates_its_closure_each_step_is_refused_naming_it(self):
+        a = torch.nn.Parameter(torch.zeros(2))
+        with self.assertRaisesRegex(ValueError, r"LBFGS.step\(\) needs a closure it evaluates several times"):
+            _refuse_closure_steps(torch.optim.LBFGS([a]))
+        for optimizer in (torch.optim.SGD([a], lr=0.1), torch.optim.Adam([a])):
+            _refuse_closure_steps(optimizer)  # steps on one gradient
 
 
 @unittest.skipUnless(has_torch(), "torch is not installed")
