@@ -489,25 +489,19 @@ absl::Status PartitionEngine::CheckIncarnation(Partition& p, const DataHeader& h
 }
 
 std::vector<PartitionUpdates> PartitionEngine::UpdateCounts() const {
-  std::vector<PartitionUpdates> out;
-  for (const auto& [id, p] : partitions_) {
-    if (!p->primary) continue;
-    PartitionUpdates u{id, p->completed, {}, {}};
-    u.applied_by_worker = p->applied_by;
-    if (!RoundBased(config_)) u.applied_digest_by_worker = p->applied_digest;
-    out.push_back(std::move(u));
-  }
-  return out;
+  return CountsOf([](const Partition& p) { return p.primary; });
 }
 
 std::vector<PartitionUpdates> PartitionEngine::BackupUpdateCounts() const {
+  return CountsOf([](const Partition& p) { return !p.primary && p.synced; });
+}
+
+std::vector<PartitionUpdates> PartitionEngine::CountsOf(absl::FunctionRef<bool(const Partition&)> which) const {
   std::vector<PartitionUpdates> out;
   for (const auto& [id, p] : partitions_) {
-    if (p->primary || !p->synced) continue;
-    PartitionUpdates u{id, p->completed, {}, {}};
-    u.applied_by_worker = p->applied_by;
-    if (!RoundBased(config_)) u.applied_digest_by_worker = p->applied_digest;
-    out.push_back(std::move(u));
+    if (!which(*p)) continue;
+    out.push_back(PartitionUpdates{id, p->completed, p->applied_by,
+                                   RoundBased(config_) ? std::vector<uint64_t>() : p->applied_digest});
   }
   return out;
 }

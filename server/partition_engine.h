@@ -508,6 +508,8 @@ class PartitionEngine {
   // moved past that round, so the answer could not be encoded again.
   bool CarriesEncodedAnswer(const Partition& p) const;
   bool Settled(const Partition& p) const;
+  // UpdateCounts and BackupUpdateCounts: the counts of the partitions `which` takes.
+  std::vector<PartitionUpdates> CountsOf(absl::FunctionRef<bool(const Partition&)> which) const;
   // Sends update `h` (op REPLICATE, replica_of and round set) to every backup;
   // returns its sequence number, or 0 if the partition has no backup.
   uint64_t Replicate(Partition& p, DataHeader h, const void* data, size_t bytes,

@@ -34,10 +34,10 @@ UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionAp
       const uint64_t done = per_worker ? a->applied_by_worker[w] : 0;
       if (n > done) out.lost += n - done;
       if (done > n) out.duplicates += done - n;
+      if (n != done || !per_worker || w >= a->applied_digest_by_worker.size()) continue;
       auto digest = acks.digests.find(partition);
-      if (n == done && w < (a != nullptr ? a->applied_digest_by_worker.size() : 0) && digest != acks.digests.end() &&
-          digest->second != a->applied_digest_by_worker[w]) {
-        ++out.lost;
+      if (digest != acks.digests.end() && digest->second != a->applied_digest_by_worker[w]) {
+        ++out.lost;  // equal counts, other pushes: at least one lost and one applied twice
         ++out.duplicates;
       }
     }

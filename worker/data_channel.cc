@@ -667,8 +667,9 @@ void DataChannel::Complete(uint64_t request_id, const absl::Status& status, std:
   const Pending p = std::move(it->second);
   pending_.erase(it);
   if (status.ok() && (p.header.op() == PUSH || p.header.op() == PUSH_PULL)) {
-    ++acked_pushes_[p.partition];
-    acked_push_digests_[p.partition] += PushDigest(request_id);
+    AckedPushes& acked = acked_pushes_[p.partition];
+    ++acked.count;
+    acked.digest += PushDigest(request_id);
   }
   HandleState& h = handles_[p.handle];
   if (!status.ok() && h.status.ok()) {

@@ -164,15 +164,15 @@ class DataChannel {
     auto it = versions_.find(partition);
     return it == versions_.end() ? 0 : it->second;
   }
-  // Per partition id, pushes (PUSH, PUSH_PULL) answered OK.
-  absl::flat_hash_map<uint64_t, uint64_t> acked_pushes() const {
+  // Per partition id, the pushes (PUSH, PUSH_PULL) answered OK: how many,
+  // and the PushDigest of their request ids summed.
+  struct AckedPushes {
+    uint64_t count = 0;
+    uint64_t digest = 0;
+  };
+  absl::flat_hash_map<uint64_t, AckedPushes> acked_pushes() const {
     absl::MutexLock lock(&mu_);
     return acked_pushes_;
-  }
-  // Per partition id, the PushDigest of those pushes' request ids summed.
-  absl::flat_hash_map<uint64_t, uint64_t> acked_push_digests() const {
-    absl::MutexLock lock(&mu_);
-    return acked_push_digests_;
   }
 
  private:
@@ -356,8 +356,7 @@ class DataChannel {
   bool poller_active_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> failed_ ABSL_GUARDED_BY(mu_);  // per server; ok = serving
   absl::Status removed_ ABSL_GUARDED_BY(mu_);  // FailAll's status: sticks
-  absl::flat_hash_map<uint64_t, uint64_t> acked_pushes_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, uint64_t> acked_push_digests_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, AckedPushes> acked_pushes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, uint64_t> versions_ ABSL_GUARDED_BY(mu_);  // see weights_version
 
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, requests_sent_{0};

@@ -281,8 +281,10 @@ class WorkerImpl : public Worker {
       s.requests = channel_->requests_sent();
       s.connection_breaks = channel_->connection_breaks();
       s.requests_resent = channel_->requests_resent();
-      for (const auto& [partition, n] : channel_->acked_pushes()) s.acked_pushes[partition] = n;
-      for (const auto& [partition, d] : channel_->acked_push_digests()) s.acked_push_digests[partition] = d;
+      for (const auto& [partition, acked] : channel_->acked_pushes()) {
+        s.acked_pushes[partition] = acked.count;
+        s.acked_push_digests[partition] = acked.digest;
+      }
     }
     for (const auto& [name, route] : routes_) {
       for (uint64_t rounds : route.rounds_pushed) s.steps = std::max(s.steps, rounds);
