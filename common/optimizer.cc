@@ -1,5 +1,6 @@
 #include "common/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -51,7 +52,8 @@ float Optimizer::LearningRate(uint64_t step) const {
 }
 
 void Optimizer::Apply(uint64_t step, float grad_scale, const float* __restrict grad,
-                      float* __restrict w, float* __restrict state, size_t n, float lr_scale) const {
+                      float* __restrict w, float* __restrict state, size_t n, float lr_scale,
+                      uint64_t skipped) const {
   // lr_scale 1 leaves lr's bits unchanged (x * 1.0f == x).
   const float lr = LearningRate(step) * lr_scale;
   const float wd = config_.weight_decay();
@@ -92,12 +94,13 @@ void Optimizer::Apply(uint64_t step, float grad_scale, const float* __restrict g
     }
     case OptimizerConfig::ADAM: {
       const float b1 = config_.beta1(), b2 = config_.beta2(), eps = config_.epsilon();
-      const float t = static_cast<float>(step + 1);
+      const uint64_t own = step - std::min(skipped, step);  // updates these weights took
+      const float t = static_cast<float>(own + 1);
       const float c1 = 1.0f - std::pow(b1, t);
       float* __restrict m = state;
       float* __restrict v = state + n;
       const uint64_t freeze = config_.freeze_variance_after();
-      if (freeze > 0 && step >= freeze) {
+      if (freeze > 0 && own >= freeze) {
         // v as it was after `freeze` updates, with that step's bias correction.
         // A weight whose gradient was exactly zero all along (v == 0, e.g.
         // fed by an always-blank input) stays put: a sign codec would

@@ -29,9 +29,13 @@ class Optimizer {
   // One update of `n` weights. `state` holds state_slots() * n floats laid
   // out slot by slot (slot k at state + k * n), zero before the first step.
   // `lr_scale` multiplies the step's learning rate (the staleness-aware
-  // rate of async and ssp updates); 1 changes no bit.
+  // rate of async and ssp updates); 1 changes no bit. `skipped`: of the
+  // `step` updates before this one, those that left these weights alone (a
+  // frozen parameter's rounds): the learning rate follows `step`, Adam's
+  // bias correction and variance freeze count step - skipped updates, as
+  // torch's per-parameter step count does.
   void Apply(uint64_t step, float grad_scale, const float* grad, float* weights, float* state,
-             size_t n, float lr_scale = 1.0f) const;
+             size_t n, float lr_scale = 1.0f, uint64_t skipped = 0) const;
 
   // Adam with freeze_variance_after = N: true from update N on, when the
   // update is linear in the gradient: w -= lr * mhat / d with a fixed d.

@@ -127,9 +127,14 @@ absl::Status PartitionEngine::RestorePartition(Partition& p) {
     return absl::FailedPreconditionError(absl::StrCat(where, " is an async checkpoint (partition at version ",
                                                       state->version(), "): restore it with consistency: async"));
   }
+  if (state->skipped_rounds() > state->round()) {
+    return absl::DataLossError(absl::StrCat(where, " says ", state->skipped_rounds(), " of its ", state->round(),
+                                            " rounds were completed without a gradient"));
+  }
   std::memcpy(WritableWeights(p), state->weights().data(), state->weights().size());
   std::memcpy(p.state.data(), state->optimizer_state().data(), state->optimizer_state().size());
   p.completed = state->has_version() ? state->version() : state->round();
+  p.skipped = state->skipped_rounds();
   max_completed_ = std::max(max_completed_, p.completed);
   p.initialized = state->initialized();
   // Every worker resumes at the checkpoint's round (worker.cc starts there).
@@ -159,6 +164,7 @@ bool PartitionEngine::WriteCheckpoint(Partition& p, const std::string& dir, uint
   state.set_num_elements(p.n);
   state.set_round(round);
   if (!RoundBased(config_)) state.set_version(p.completed);
+  state.set_skipped_rounds(p.skipped);
   state.set_initialized(p.initialized);
   state.set_weights(FloatBytes(p.weights->data(), p.n));
   state.set_optimizer_state(FloatBytes(p.state.data(), p.state.size()));

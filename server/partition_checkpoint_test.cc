@@ -124,6 +124,33 @@ TEST_F(PartitionCheckpointTest, RestoredEngineContinuesWithBitwiseTheSameWeights
   EXPECT_TRUE(errors_.empty()) << errors_.front();
 }
 
+TEST_F(PartitionCheckpointTest, ARestoredEngineKeepsTheRoundsCompletedWithNoGradientOutOfAdamsStepCount) {
+  auto original = Engine(config_);
+  Send(*original, INIT, 0, 0, {1.0f, 2.0f, 3.0f});
+  Round(*original, 0);
+  for (uint32_t rank : {0u, 1u}) {  // round 1 frozen: no gradient, and the checkpoint of round 2
+    DataHeader h;
+    h.set_op(PUSH);
+    h.set_worker_rank(rank);
+    h.set_round(1);
+    h.set_epoch(1);
+    h.set_partition_id(kPartition);
+    h.set_request_id(++next_id_);
+    h.set_no_gradient(true);
+    original->Handle(zmq::message_t(std::string("w")), h, nullptr);
+  }
+  Round(*original, 2);
+
+  ClusterConfig restore = config_;
+  ASSERT_TRUE(SetRestorePoint(CheckpointRoundDir(dir_, 2), &restore).ok());
+  restore.mutable_checkpoint()->clear_dir();
+  auto restored = Engine(restore);
+  Round(*restored, 2);
+  const std::vector<float> a = Weights(*original), b = Weights(*restored);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "Adam's bias correction differs";
+  EXPECT_TRUE(errors_.empty()) << errors_.front();
+}
+
 TEST_F(PartitionCheckpointTest, AFailedCheckpointIsNoLongerReportedOnceALaterOneOfItsDirectoryIsWritten) {
   // chaos17: a checkpoint directory on a disk that filled, then was freed:
   // later rounds were written, but the server reported the full disk's error

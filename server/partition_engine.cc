@@ -180,6 +180,7 @@ absl::Status PartitionEngine::InstallShardMap(const ShardMap& map, uint32_t serv
     p->state.assign(static_cast<size_t>(optimizer_->state_slots()) * p->n, 0.0f);
     p->next_round.assign(workers, 0);
     p->contributed.assign(workers, false);
+    p->no_gradient.assign(workers, false);
     p->incarnation.assign(workers, 0);
     // A rank that rejoined before this copy was made: its pushes name that
     // registration (Rejoin gave it to the copies held then only).
@@ -542,6 +543,20 @@ absl::Status PartitionEngine::Validate(const DataHeader& h, const zmq::message_t
                                                       " was declared dead and removed from the job (server ",
                                                       server_index_, ", shard map epoch ", epoch_, ")"));
   }
+  if (h.no_gradient()) {
+    if (h.op() != PUSH && h.op() != PUSH_PULL) return absl::InvalidArgumentError("only a push may carry no gradient");
+    if (!RoundBased(config_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a push of partition ", p.id, " with no gradient takes part in a round, and this cluster applies pushes on "
+          "arrival (consistency ", Consistency_Name(config_.consistency()), "): nothing waits for the pushes a "
+          "frozen parameter does not send"));
+    }
+    if (payload != nullptr && payload->size() > 0) {
+      return absl::InvalidArgumentError("a push with no gradient carries a payload");
+    }
+    *out = &p;
+    return absl::OkStatus();
+  }
   if (CarriesGradient(h.op())) {
     if (payload == nullptr) return absl::InvalidArgumentError("request has no payload frame");
     if (h.dtype() != FLOAT32) return absl::InvalidArgumentError(absl::StrCat("dtype ", h.dtype(), " is not float32"));
@@ -604,7 +619,7 @@ absl::Status PartitionEngine::CheckFinite16(const Partition& p, const DataHeader
 
 absl::Status PartitionEngine::CheckRawGradient(Partition& p, const DataHeader& h, const float* g, bool* staged) {
   const bool push = h.op() == PUSH || h.op() == PUSH_PULL;
-  if (push && RoundBased(config_) && !config_.deterministic() && h.round() == p.completed && p.arrivals == 1 &&
+  if (push && RoundBased(config_) && !config_.deterministic() && h.round() == p.completed && p.gradients == 1 &&
       HoldsFirstGradient(p)) {
     // The round's second gradient, summed with the first (Accumulate).
     // Scratch until the push is counted: a refused one leaves nothing behind.
@@ -778,6 +793,8 @@ void PartitionEngine::Init(Partition& p, const zmq::message_t& peer, const DataH
 
 void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const DataHeader& h,
                                zmq::message_t* payload, bool answer, bool staged) {
+  zmq::message_t none;  // a push with no gradient has no payload frame
+  if (payload == nullptr) payload = &none;
   const uint32_t w = h.worker_rank();
   const uint64_t round = h.round();
   if (round < JoinRound(w)) {
@@ -829,16 +846,20 @@ void PartitionEngine::PushSync(Partition& p, const zmq::message_t& peer, const D
   const size_t bytes = payload->size();  // a raw deterministic payload is moved away
   zmq::message_t kept;
   if (forwards_pushes_) kept.copy(*payload);  // shares the bytes: nothing changes them
-  if (absl::Status s = Accumulate(p, w, round, payload, staged); !s.ok()) {
+  if (h.no_gradient()) {
+    p.no_gradient[w] = true;
+  } else if (absl::Status s = Accumulate(p, w, round, payload, staged); !s.ok()) {
     Answer(peer, h, s);  // not counted: the worker may send it again
     return;
+  } else {
+    ++p.gradients;
+    p.round_staleness += MeasureStaleness(p, h, round, 1.0);
   }
   if (forwards_counted_) ForwardCounted(p, h, *payload, bytes);
   if (forwards_pushes_) p.open_pushes.push_back(ParkedPush{zmq::message_t(), h, std::move(kept), true});
   p.next_round[w] = round + 1;
   p.contributed[w] = true;
   ++p.arrivals;
-  p.round_staleness += MeasureStaleness(p, h, round, 1.0);
   // The round first: a push that completes it is answered with it.
   if (Settled(p) && RoundComplete(p)) CompleteRound(p);
   if (answer) AnswerPush(p, peer, h, round);
@@ -887,9 +908,9 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
   if (codec == nullptr) {
     if (config_.deterministic()) {
       p.held[w] = std::move(*payload);  // kept as received: no copy
-    } else if (p.arrivals == 0) {
+    } else if (p.gradients == 0) {
       p.first.copy(*payload);  // shares the bytes: nothing changes them
-    } else if (p.arrivals == 1 && HoldsFirstGradient(p)) {
+    } else if (p.gradients == 1 && HoldsFirstGradient(p)) {
       // Summed with the first already, by the pass that checked it, unless
       // it was replayed or forwarded since.
       if (!staged) (void)SumAndCheckFinite(StartSum(p), p.first.data<float>(), g, p.n);
@@ -917,14 +938,14 @@ absl::Status PartitionEngine::Accumulate(Partition& p, uint32_t w, uint64_t roun
       return absl::InvalidArgumentError(absl::StrCat("compressed payload of ", payload->size(), " bytes, expected ",
                                                      p.acc_encoded.size() * sizeof(float)));
     }
-    if (p.arrivals == 0) {
+    if (p.gradients == 0) {
       std::memcpy(p.acc_encoded.data(), g, payload->size());
     } else {
       AddInto(p.acc_encoded.data(), g, p.acc_encoded.size());
     }
     return absl::OkStatus();
   }
-  return p.arrivals == 0 ? codec->Decode(bytes, seed, absl::MakeSpan(StartSum(p), p.n))
+  return p.gradients == 0 ? codec->Decode(bytes, seed, absl::MakeSpan(StartSum(p), p.n))
                          : codec->DecodeAdd(bytes, seed, absl::MakeSpan(p.acc->data(), p.n));
 }
 
@@ -959,7 +980,8 @@ void PartitionEngine::SumRound(Partition& p) {
     auto rank = [&](uint32_t w) { return raw ? p.held[w].data<float>() : p.decoded[w].data(); };
     bool first = true;
     for (uint32_t w = 0; w < workers; ++w) {
-      if (!Contributed(p, w)) continue;  // removed before pushing this round, or not rejoined yet
+      // Removed before pushing this round, not rejoined yet, or no gradient.
+      if (!Contributed(p, w) || p.no_gradient[w]) continue;
       if (first) {
         std::memcpy(StartSum(p), rank(w), p.n * sizeof(float));
         first = false;
@@ -978,18 +1000,18 @@ void PartitionEngine::SumRound(Partition& p) {
 }
 
 void PartitionEngine::CompleteRound(Partition& p) {
-  // The mean over the gradients that are in: all W, or fewer once a worker
-  // was removed from the job.
+  // The mean over the workers that are in: all W, or fewer once a worker
+  // was removed from the job; one that pushed no gradient counts as a zero.
   p.contributors = p.arrivals;
-  SumRound(p);
+  if (p.gradients > 0) SumRound(p);
   // A round of one gradient is applied (and replicated) from the message
   // itself: the sum is never copied.
-  const bool first_only = p.arrivals == 1 && HoldsFirstGradient(p);
+  const bool first_only = p.gradients == 1 && HoldsFirstGradient(p);
   // Sent before applying here, so this copy's optimizer pass overlaps the
   // transfer and the backups' own pass.
   // Staleness-aware: the round's rate divided by its gradients' mean
   // staleness (1 in sync, where every gradient saw the round before).
-  p.lr_scale = StalenessLrScale(p.round_staleness / std::max<uint32_t>(p.contributors, 1));
+  p.lr_scale = StalenessLrScale(p.round_staleness / std::max<uint32_t>(p.gradients, 1));
   DataHeader update;
   update.set_replica_of(PUSH);
   update.set_round(p.completed);
@@ -1003,7 +1025,11 @@ void PartitionEngine::CompleteRound(Partition& p) {
   }
   update.set_round_workers(std::move(round_workers));
   uint64_t sequence;
-  if (p.forwarding_round && p.counted_order.size() == p.contributors) {
+  const bool skip = p.gradients == 0;  // every push without one (a frozen parameter)
+  if (skip) {
+    update.set_no_gradient(true);
+    sequence = Replicate(p, update, nullptr, 0);
+  } else if (p.forwarding_round && p.counted_order.size() == p.contributors) {
     // The backups hold this round's pushes: they sum them as this copy did.
     for (uint32_t w : p.counted_order) update.add_summed_workers(w);
     sequence = Replicate(p, update, nullptr, 0);
@@ -1012,7 +1038,11 @@ void PartitionEngine::CompleteRound(Partition& p) {
   } else {
     sequence = Replicate(p, update, *p.acc);
   }
-  ApplyRound(p, first_only ? p.first.data<float>() : nullptr);
+  if (skip) {
+    SkipRound(p);
+  } else {
+    ApplyRound(p, first_only ? p.first.data<float>() : nullptr);
+  }
   p.first.rebuild();
   MaybeCheckpoint(p);
   if (sequence > 0) return;  // FinishRound once confirmed
@@ -1031,17 +1061,34 @@ void PartitionEngine::ApplyRound(Partition& p, const float* sum) {
   } else {
     if (sum == nullptr) sum = p.acc->data();
     optimizer_->Apply(p.completed, 1.0f / static_cast<float>(p.contributors), sum, WritableWeights(p), p.state.data(),
-                      p.n, p.lr_scale);
+                      p.n, p.lr_scale, p.skipped);
   }
   ++stats_.updates;
+  p.last_skipped = false;
+  EndRound(p);
+}
+
+void PartitionEngine::SkipRound(Partition& p) {
+  // Weights, optimizer state and (sum only) the last aggregate stay as they
+  // are; answers of this round say it applied nothing.
+  ++p.skipped;
+  p.last_skipped = true;
+  EndRound(p);
+}
+
+void PartitionEngine::EndRound(Partition& p) {
   ++p.completed;
   p.arrivals = 0;
+  p.gradients = 0;
   p.round_staleness = 0;
   std::fill(p.contributed.begin(), p.contributed.end(), false);
+  std::fill(p.no_gradient.begin(), p.no_gradient.end(), false);
   p.forwarding_round = false;
   p.counted_order.clear();
   p.open_pushes.clear();
-  if (p.codecs.pull != nullptr && RoundBased(config_)) {
+  // A sum-only round with no gradient has no aggregate to encode (its
+  // answers carry none); weights are encoded as after any round.
+  if (p.codecs.pull != nullptr && RoundBased(config_) && !(sum_only_ && p.last_skipped)) {
     // Every copy encodes each round's answer once, right after the round, so
     // error feedback and the weight-delta mirror agree on every copy. With
     // replication 1 too: a primary move gives the partition a copy that
@@ -1242,6 +1289,13 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
   if (sum_only_) reply.set_contributors(p.contributors);
   reply.set_num_elements(p.n);
   reply.set_dtype(FLOAT32);
+  if (p.last_skipped && RoundBased(config_)) {
+    reply.set_no_gradient(true);
+    if (sum_only_ && request.op() == PUSH_PULL) {
+      sink_(peer, reply, nullptr);  // no aggregate: the workers apply no step
+      return;
+    }
+  }
   // Sum only: a plain PULL returns the weights the server holds (the initial
   // ones); a PUSH_PULL returns the aggregate of the round it completed.
   // Weight deltas: a plain PULL returns the whole weights, raw.

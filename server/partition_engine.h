@@ -371,6 +371,12 @@ class PartitionEngine {
     std::vector<float> delta;
     std::vector<float> state;
     uint64_t completed = 0;  // sync: rounds applied; async: pushes applied
+    // Sync: of `completed`, the rounds completed with no gradient (every push
+    // DataHeader.no_gradient): the optimizer's own step count is completed -
+    // skipped. And whether the last completed round was one (its answers say
+    // so: sum-only workers apply no step).
+    uint64_t skipped = 0;
+    bool last_skipped = false;
     bool initialized = false;
     // Sync: this round's sum; shared with the replica updates that carry it
     // (no copy), so a round's first write takes a fresh one if still sent.
@@ -381,12 +387,14 @@ class PartitionEngine {
     // batch is applied from it.
     zmq::message_t first;
     uint32_t arrivals = 0;                 // sync: pushes in for this round
+    uint32_t gradients = 0;                // sync: of those, the ones that carry a gradient
     // CheckRoundStalls: the open round and its arrivals at the last check
     // (no round checked: the round is past any).
     uint64_t stall_check_round = UINT64_MAX;
     uint32_t stall_check_arrivals = 0;
     std::vector<uint64_t> next_round;      // sync: per worker, next round it owes
     std::vector<bool> contributed;         // sync: per worker, counted in the open round
+    std::vector<bool> no_gradient;         // sync: per worker, counted in it without a gradient
     std::vector<uint64_t> incarnation;     // per worker: registration of its pushes
     uint32_t contributors = 0;             // sync: gradients in the last completed round
     double round_staleness = 0;            // sync/ssp: staleness summed over the open round's gradients
@@ -544,7 +552,7 @@ class PartitionEngine {
   // last round's sum is still being sent to the backups).
   static float* StartSum(Partition& p);
   // Whether p.first is the open raw round's first gradient (read only while
-  // p.arrivals is 1: a round's first push replaces it, and a completed round
+  // p.gradients is 1: a round's first gradient replaces it, and a completed round
   // releases it).
   bool HoldsFirstGradient(const Partition& p) const;
   // Async: whether the open batch is one raw push, held in p.first (a
@@ -555,6 +563,11 @@ class PartitionEngine {
   // null; then encodes its pull answer at once when replicated, so every
   // copy's encoder state agrees.
   void ApplyRound(Partition& p, const float* sum = nullptr);
+  // Completes a round that no push carried a gradient to, without an
+  // optimizer step (DataHeader.no_gradient).
+  void SkipRound(Partition& p);
+  // What ApplyRound and SkipRound share: the round is complete here.
+  void EndRound(Partition& p);
   // Answers the pulls a completed, confirmed round satisfies; replays pushes.
   void FinishRound(Partition& p);
   void RunDeferred();

@@ -86,9 +86,10 @@ void PartitionEngine::FollowHandoff(Partition& p, const ShardMap& map, const Par
   p.waiting.clear();
   p.ahead.clear();
   p.unconfirmed.clear();
-  p.arrivals = 0;
+  p.arrivals = p.gradients = 0;
   p.first.rebuild();  // the open round's first gradient, if held
   std::fill(p.contributed.begin(), p.contributed.end(), false);
+  std::fill(p.no_gradient.begin(), p.no_gradient.end(), false);
   p.open_pushes.clear();
   p.handed_off_at = map.epoch();
   LOG(WARNING) << "server " << server_index_ << ": primary of partition " << p.id << " handed off to server "

@@ -81,10 +81,11 @@ void PartitionEngine::UpdateRole(Partition& p, const PartitionInfo& info, bool c
     // SSP: paces are learned afresh from each worker's next push here.
     std::fill(p.clock.begin(), p.clock.end(), 0);
     p.handed_off_at = 0;
-    p.arrivals = 0;
+    p.arrivals = p.gradients = 0;
     p.first.rebuild();  // the open round's first gradient, if held
     p.round_staleness = 0;
     std::fill(p.contributed.begin(), p.contributed.end(), false);
+    std::fill(p.no_gradient.begin(), p.no_gradient.end(), false);
     p.forwarding_round = false;
     p.counted_order.clear();
     p.open_pushes.clear();
@@ -128,6 +129,7 @@ DataHeader PartitionEngine::ForwardedHeader(const DataHeader& h) {
   f.set_worker_rank(h.worker_rank());
   f.set_replica_request_id(h.request_id());
   f.set_codec(h.codec());
+  f.set_no_gradient(h.no_gradient());
   if (h.has_based_on()) f.set_based_on(h.based_on());
   return f;
 }
@@ -149,7 +151,7 @@ absl::Status PartitionEngine::CheckForwarded(const Partition& p, const DataHeade
                                                    ", more than ", max_ahead_ + 1, " rounds past this copy's ",
                                                    completed));
   }
-  if (h.codec() != PushCodec(p, h.round()).spec) {
+  if (!h.no_gradient() && h.codec() != PushCodec(p, h.round()).spec) {
     return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": forwarded push of round ", h.round(),
                                                    " in codec '", h.codec(), "', expected '",
                                                    PushCodec(p, h.round()).spec, "'"));
@@ -159,7 +161,8 @@ absl::Status PartitionEngine::CheckForwarded(const Partition& p, const DataHeade
 
 bool PartitionEngine::ForwardedPushFits(const Partition& p, const DataHeader& h, size_t bytes) const {
   // What the worker sent (Validate's bounds): a raw push n floats, which
-  // Accumulate reads.
+  // Accumulate reads; one with no gradient nothing.
+  if (h.no_gradient()) return bytes == 0;
   if (PushCodec(p, h.round()).raw()) return bytes == p.n * sizeof(float);
   return bytes > 0 && bytes <= p.n * 8 + 64;
 }
@@ -178,6 +181,7 @@ void PartitionEngine::HoldForwarded(Partition& p, const DataHeader& h, const voi
   push.set_codec(h.codec());
   push.set_num_elements(p.n);
   push.set_dtype(FLOAT32);
+  push.set_no_gradient(h.no_gradient());
   if (h.has_based_on()) push.set_based_on(h.based_on());
   ParkedPush forwarded{zmq::message_t(), push, zmq::message_t(data, bytes), true};
   if (ParkedPush* held = FindForwarded(p, h.worker_rank(), h.round())) {
@@ -207,18 +211,25 @@ PartitionEngine::ParkedPush* PartitionEngine::FindForwarded(Partition& p, uint32
 }
 
 absl::Status PartitionEngine::SumForwarded(Partition& p, const DataHeader& h) {
-  p.arrivals = 0;
-  std::fill(p.contributed.begin(), p.contributed.end(), false);
+  auto clear = [&p] {
+    p.arrivals = p.gradients = 0;
+    std::fill(p.contributed.begin(), p.contributed.end(), false);
+    std::fill(p.no_gradient.begin(), p.no_gradient.end(), false);
+  };
+  clear();
   for (uint32_t w : h.summed_workers()) {
     ParkedPush* held = FindForwarded(p, w, h.round());
-    // The primary decoded the same bytes: a failure here means a buggy or
-    // hostile primary. The update is refused; what was summed so far is
-    // scratch (p.acc and the per-rank buffers are a backup's scratch).
-    if (absl::Status s = Accumulate(p, w, h.round(), &held->payload); !s.ok()) {
-      p.arrivals = 0;
-      std::fill(p.contributed.begin(), p.contributed.end(), false);
+    if (held->header.no_gradient()) {
+      p.no_gradient[w] = true;
+    } else if (absl::Status s = Accumulate(p, w, h.round(), &held->payload); !s.ok()) {
+      // The primary decoded the same bytes: a failure here means a buggy or
+      // hostile primary. The update is refused; what was summed so far is
+      // scratch (p.acc and the per-rank buffers are a backup's scratch).
+      clear();
       return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": round ", h.round(), " sums worker ", w,
                                                      "'s forwarded push, which does not decode: ", s.message()));
+    } else {
+      ++p.gradients;
     }
     p.contributed[w] = true;
     ++p.arrivals;
@@ -341,6 +352,8 @@ void PartitionEngine::SendSnapshot(Partition& p, uint32_t server) {
   h.set_round(p.completed);
   // Answers name the last round's contributors (a retry of it, once promoted).
   h.set_contributors(p.contributors);
+  h.set_skipped_rounds(p.skipped);
+  h.set_no_gradient(p.last_skipped);
   Replicate(p, h, bytes.data(), bytes.size(), server);  // this one only; the others have the state
   for (Backup& b : p.backups) {
     if (b.server != server) continue;
@@ -460,6 +473,8 @@ void PartitionEngine::ApplySnapshot(Partition& p, const DataHeader& h, const zmq
     for (const SnapshotPush& push : *pushes) HoldForwarded(p, push.header, push.data, push.bytes);
   }
   p.contributors = h.contributors();
+  p.skipped = std::min(h.skipped_rounds(), p.completed);
+  p.last_skipped = h.no_gradient() && p.completed > 0;
   p.initialized = initialized != 0 || p.completed > 0;
   p.synced = true;
   p.applied_snapshot = SnapshotId{h.replica_from(), h.epoch(), h.request_id()};
@@ -718,6 +733,11 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
   } else if (h.summed_workers_size() > 0 && (h.replica_of() != PUSH || !RoundBased(config_))) {
     s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
                                                 " names summed workers, which only a sync round's update may"));
+  } else if (h.no_gradient() && (!RoundBased(config_) || (h.replica_of() != PUSH && h.replica_of() != PUSH_PULL &&
+                                                          h.replica_of() != SNAPSHOT))) {
+    s = absl::InvalidArgumentError(absl::StrCat("replica update of partition ", h.partition_id(),
+                                                " says it carries no gradient, which only a sync round's update, a "
+                                                "forwarded push or a snapshot may"));
   } else if (h.replica_of() == SNAPSHOT_PROBE) {
     s = AnswerProbe(*it->second, h);
   } else if (h.replica_of() == SNAPSHOT) {
@@ -729,7 +749,7 @@ void PartitionEngine::HandleReplica(const zmq::message_t& peer, const DataHeader
     // forwarded pushes carries nothing.
     const Partition& p = *it->second;
     const size_t got = payload != nullptr ? payload->size() : 0;
-    const size_t expected = h.summed_workers_size() > 0 ? 0 : p.n * sizeof(float);
+    const size_t expected = h.summed_workers_size() > 0 || h.no_gradient() ? 0 : p.n * sizeof(float);
     const bool fits = h.replica_of() == PUSH_PULL ? ForwardedPushFits(p, h, got) : got == expected;
     if (payload == nullptr || !fits) {
       s = absl::InvalidArgumentError(absl::StrCat(
@@ -867,7 +887,11 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
     }
     // Applied from the message (aligned by Handle); a round summed from
     // forwarded pushes is in p.acc already (HandleReplica).
-    ApplyRound(p, h.summed_workers_size() == 0 ? data : nullptr);
+    if (h.no_gradient()) {
+      SkipRound(p);
+    } else {
+      ApplyRound(p, h.summed_workers_size() == 0 ? data : nullptr);
+    }
     std::erase_if(p.forwarded, [&p](const ParkedPush& f) { return f.header.round() < p.completed; });
   }
 }

@@ -1,10 +1,12 @@
 // The C ABI's queries and per-partition calls against a real cluster (the
 // basic step is ClusterTest.CApiTrainsAStep).
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/optimizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/c_api_test_cluster.h"
@@ -206,6 +208,45 @@ TEST(CApiSumOnlyTest, MeanGradientIsTheWorkersAverageAndTouchesNoWeights) {
     EXPECT_EQ(mean0[i], 2.0f) << i;
     EXPECT_EQ(mean1[i], 2.0f) << i;
   }
+}
+
+TEST(CApiSumOnlyTest, ARoundNoWorkerPushedAGradientToStepsNoWeightsAndAdamCountsOnlyTheRoundsThatDid) {
+  // Adam on the workers (sum-only): a frozen parameter's round moves no
+  // weight, and its next step is Adam's second, as in one torch process.
+  ClusterConfig config = SyncSgd(0.5f);
+  config.set_update_mode(SUM_ONLY);
+  config.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+  config.mutable_optimizer()->set_learning_rate(0.1f);
+  TwoWorkers job(config);
+  ASSERT_TRUE(job.ok());
+  job.Define("w", 4);
+  char err[256] = "";
+  const float grad0[4] = {1, 2, 3, 4}, grad1[4] = {3, 2, 1, 0};
+  float weights[2][4] = {{1, 1, 1, 1}, {1, 1, 1, 1}};
+  auto round = [&](bool frozen) {
+    uint64_t h[2] = {};
+    for (int r = 0; r < 2; ++r) {
+      const float* g = r == 0 ? grad0 : grad1;
+      ASSERT_EQ(frozen ? shardps_skip_round(job.w[r], "w", &h[r], err, sizeof(err))
+                       : shardps_push_pull(job.w[r], "w", g, weights[r], 4, &h[r], err, sizeof(err)),
+                SHARDPS_OK)
+          << err;
+    }
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(shardps_wait(job.w[r], h[r], 10.0, err, sizeof(err)), SHARDPS_OK) << err;
+  };
+  round(false);
+  float after_first[4];
+  std::memcpy(after_first, weights[0], sizeof(after_first));
+  round(true);
+  EXPECT_EQ(std::memcmp(weights[0], after_first, sizeof(after_first)), 0);
+  round(false);
+  auto optimizer = Optimizer::Create(config.optimizer());
+  ASSERT_TRUE(optimizer.ok());
+  float expected[4] = {1, 1, 1, 1}, state[8] = {};
+  const float sum[4] = {4, 4, 4, 4};
+  for (uint64_t step = 0; step < 2; ++step) (*optimizer)->Apply(step, 0.5f, sum, expected, state, 4);
+  EXPECT_EQ(std::memcmp(weights[0], expected, sizeof(expected)), 0) << weights[0][0] << " vs " << expected[0];
+  EXPECT_EQ(std::memcmp(weights[1], expected, sizeof(expected)), 0);
 }
 
 TEST_F(CApiClusterTest, MeanGradientNeedsSumOnlyMode) {

@@ -69,6 +69,7 @@ TEST_F(CApiMisuseTest, EveryNullPointerIsRefusedByName) {
     const char* name = w == nullptr ? "w" : nullptr;
     EXPECT_EQ(shardps_push(w, name, buf, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
     EXPECT_EQ(shardps_pull(w, name, buf, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
+    EXPECT_EQ(shardps_skip_round(w, name, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
     EXPECT_EQ(shardps_push_pull(w, name, buf, buf, 8, &h, err_, sizeof(err_)), SHARDPS_INVALID_ARGUMENT);
     EXPECT_EQ(shardps_push_pull_typed(w, name, buf, buf, 32, SHARDPS_FLOAT32, &h, err_, sizeof(err_)),
               SHARDPS_INVALID_ARGUMENT);

@@ -565,6 +565,13 @@ int shardps_push(shardps_worker* w, const char* name, const float* grad, size_t 
   });
 }
 
+int shardps_skip_round(shardps_worker* w, const char* name, uint64_t* handle, char* err, size_t err_len) {
+  return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {
+    if (name == nullptr) return Null("name", err, err_len);
+    return StartRequest(handle, err, err_len, [&] { return live.worker->SkipRound(name); });
+  });
+}
+
 int shardps_pull(shardps_worker* w, const char* name, float* weights, size_t n, uint64_t* handle, char* err,
                  size_t err_len) {
   return WithWorker(__func__, w, err, err_len, [&](shardps_worker& live) {

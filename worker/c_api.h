@@ -154,6 +154,15 @@ int shardps_pull(shardps_worker* w, const char* name, float* weights, size_t n, 
                  size_t err_len);
 int shardps_push_pull(shardps_worker* w, const char* name, const float* grad, float* weights, size_t n,
                       uint64_t* handle, char* err, size_t err_len);
+/* Takes this worker's part in its next round of `name` without a gradient
+ * (a frozen parameter), so the tensor's rounds keep pace with the rest of the
+ * model's (sync checkpoints, a rejoin). A round no worker pushed a gradient
+ * to completes with no optimizer step; in one others pushed to, this worker
+ * counts as a zero. Wait on the handle as on shardps_push's.
+ * SHARDPS_FAILED_PRECONDITION where no round waits for pushes (async, ssp
+ * applied on arrival: push nothing for a frozen parameter there) and with
+ * sum-only 1-bit Adam on a compressed tensor. */
+int shardps_skip_round(shardps_worker* w, const char* name, uint64_t* handle, char* err, size_t err_len);
 int shardps_wait(shardps_worker* w, uint64_t handle, double timeout_s, char* err, size_t err_len);
 /* Waits until one of the n handles completes, so one thread can complete
  * many requests in the order they finish. *done_index is set to the index of

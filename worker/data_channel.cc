@@ -646,9 +646,12 @@ void DataChannel::Receive(size_t server) {
   const Pending& p = it->second;
   s = ResponseStatus(response_);
   if (has_payload) bytes_received_.fetch_add(payload.size(), std::memory_order_relaxed);
+  // A sum-only answer of a round no worker pushed a gradient to carries no
+  // aggregate (DataHeader.no_gradient): the weights stay as they are.
+  const bool answered = has_payload || (response_.no_gradient() && p.on_answer);
   if (s.ok() && p.on_answer) {
-    s = has_payload ? p.on_answer(response_, payload)
-                    : absl::DataLossError(absl::StrCat("answer for partition ", p.partition, " has no payload"));
+    s = answered ? p.on_answer(response_, payload)
+                 : absl::DataLossError(absl::StrCat("answer for partition ", p.partition, " has no payload"));
   } else if (s.ok() && p.out != nullptr) {
     const size_t bytes = p.num_elements * sizeof(float);
     if (!has_payload || !response_.codec().empty() || response_.num_elements() != p.num_elements ||
@@ -659,7 +662,16 @@ void DataChannel::Receive(size_t server) {
       std::memcpy(p.out, payload.data(), bytes);
     }
   }
-  Complete(response_.request_id(), s, has_payload ? std::optional(response_.completed_rounds()) : std::nullopt);
+  // A round this worker took no gradient to (SkipRound) leaves the weights it
+  // holds as they are: they are of the round after it, and its next gradient
+  // computed on them is no staler for the rounds no gradient moved.
+  std::optional<uint64_t> version;
+  if (answered) {
+    version = response_.completed_rounds();
+  } else if (p.header.no_gradient()) {
+    version = p.header.round() + 1;
+  }
+  Complete(response_.request_id(), s, version);
 }
 
 void DataChannel::Complete(uint64_t request_id, const absl::Status& status, std::optional<uint64_t> version) {

@@ -46,6 +46,10 @@ struct PartitionState {
   std::vector<float> divisor;
   std::vector<float> momentum;
   std::atomic<bool> divisor_ready{false};
+  // Sum-only: the rounds this worker took part in without a gradient
+  // (SkipRound); guarded by WorkerImpl::mu_. Its optimizer's own step count
+  // is the round less these, as on the servers.
+  uint64_t skipped = 0;
 };
 
 // How a tensor is cut and where its pieces live (from the shard map).
@@ -209,6 +213,16 @@ class WorkerImpl : public Worker {
     return Start(PUSH, name, gradient.data(), gradient.size(), nullptr, 0, "Push");
   }
 
+  absl::StatusOr<Handle> SkipRound(const std::string& name) override {
+    if (!RoundBased(config_)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SkipRound of '", name, "': this cluster (consistency ", Consistency_Name(config_.consistency()),
+          ") applies pushes on arrival, so no round waits for a frozen parameter: push nothing for it"));
+    }
+    return Start(PUSH, name, nullptr, 0, nullptr, 0, "SkipRound", std::nullopt, Answer::kWeights,
+                 /*no_gradient=*/true);
+  }
+
   absl::StatusOr<Handle> Pull(const std::string& name, absl::Span<float> weights) override {
     return Start(PULL, name, nullptr, 0, weights.data(), weights.size(), "Pull");
   }
@@ -301,7 +315,7 @@ class WorkerImpl : public Worker {
   // `only`, whose extent the spans then cover).
   absl::StatusOr<Handle> Start(Op op, const std::string& name, const float* in, size_t in_n, float* out,
                                size_t out_n, absl::string_view verb, std::optional<size_t> only = std::nullopt,
-                               Answer answer = Answer::kWeights) {
+                               Answer answer = Answer::kWeights, bool no_gradient = false) {
     // Rounds are numbered and sent under one lock, so two threads pushing
     // the same tensor cannot put round r+1 on the wire before round r.
     absl::MutexLock send_lock(&send_mu_);
@@ -346,6 +360,14 @@ class WorkerImpl : public Worker {
           }
         }
       }
+      if (no_gradient && sum_only() && config_.optimizer().freeze_variance_after() > 0) {
+        for (size_t i = first; i < last; ++i) {
+          if (route.states[i]->codecs.push == nullptr) continue;
+          return absl::FailedPreconditionError(absl::StrCat(
+              what, ": sum-only 1-bit Adam (optimizer.freeze_variance_after with a compressed tensor) counts "
+              "rounds to decide when a partition's pushes become momenta: push zeros for a frozen parameter"));
+        }
+      }
       requests.reserve(last - first);
       for (size_t i = first; i < last; ++i) {
         const PartitionInfo& p = route.partitions[i];
@@ -358,6 +380,7 @@ class WorkerImpl : public Worker {
         r.header.set_worker_incarnation(node_id_);
         r.header.set_dtype(FLOAT32);
         r.header.set_num_elements(p.num_elements());
+        r.header.set_no_gradient(no_gradient);
         PartitionState& state = *route.states[i];
         if (sends) {
           const float* grad = in + (p.offset() - base);
@@ -377,7 +400,10 @@ class WorkerImpl : public Worker {
       }
       // Only once every request is built: a failed encode owes no round.
       if (op == PUSH || op == PUSH_PULL) {
-        for (size_t i = first; i < last; ++i) ++route.rounds_pushed[i];
+        for (size_t i = first; i < last; ++i) {
+          ++route.rounds_pushed[i];
+          if (no_gradient) ++route.states[i]->skipped;
+        }
       }
     }
     if (op == PUSH || op == PUSH_PULL) {
@@ -484,8 +510,14 @@ class WorkerImpl : public Worker {
       return;
     }
     const bool mean = aggregate && kind == Answer::kMeanGradient;
-    r->on_answer = [this, &state, out, n, aggregate, delta, mean](const DataHeader& answer,
-                                                           const zmq::message_t& payload) -> absl::Status {
+    const uint64_t skipped = state.skipped;  // before this round
+    r->on_answer = [this, &state, out, n, aggregate, delta, mean, skipped](
+                       const DataHeader& answer, const zmq::message_t& payload) -> absl::Status {
+      if (aggregate && answer.no_gradient()) {
+        // No worker pushed a gradient to the round: no step, a zero mean.
+        if (mean) std::fill(out, out + n, 0.0f);
+        return absl::OkStatus();
+      }
       // The mean over the workers whose gradients the aggregate sums.
       const uint32_t contributors = answer.contributors() > 0 ? answer.contributors() : config_.num_workers();
       const float scale = 1.0f / static_cast<float>(contributors);
@@ -541,7 +573,7 @@ class WorkerImpl : public Worker {
           }
           return absl::OkStatus();
         }
-        optimizer_->Apply(round, scale, state.aggregate.data(), out, state.optimizer_state.data(), n);
+        optimizer_->Apply(round, scale, state.aggregate.data(), out, state.optimizer_state.data(), n, 1.0f, skipped);
         if (!state.divisor_ready.load(std::memory_order_relaxed) && Preconditioned(state, round + 1)) {
           // v is final and the next round is compressed: it needs d and the
           // momentum in units of d.

@@ -118,6 +118,19 @@ class Worker {
 
   // Sends this worker's gradient for its next round of `name`.
   virtual absl::StatusOr<Handle> Push(const std::string& name, absl::Span<const float> gradient) = 0;
+  // Takes this worker's part in its next round of `name` without a gradient
+  // (a frozen parameter): one push per partition with no payload, so the
+  // partitions' rounds keep pace with the rest of the model's (sync
+  // checkpoints wait for every partition's round; a rejoining worker starts
+  // every partition at one round). A round sums the gradients other workers
+  // pushed, this one counting as a zero; a round no worker pushed a gradient
+  // to completes with no optimizer step: weights and optimizer state stay
+  // as they are, and Adam's bias correction counts only the rounds that
+  // stepped, as torch's per-parameter step count does. Wait on the handle
+  // as on Push's. FAILED_PRECONDITION where no round waits for pushes (async,
+  // ssp applied on arrival: there a frozen parameter simply pushes nothing)
+  // or where the rounds' count decides the update (sum-only 1-bit Adam).
+  virtual absl::StatusOr<Handle> SkipRound(const std::string& name) = 0;
   // Fills `weights` once every round this worker pushed is applied (sync), or
   // with the latest weights (async).
   virtual absl::StatusOr<Handle> Pull(const std::string& name, absl::Span<float> weights) = 0;

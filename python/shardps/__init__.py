@@ -14,13 +14,14 @@ import sys
 
 from . import environment
 from ._library import LibraryNotFoundError
-from .errors import (DeadlineExceededError, InvalidArgumentError, NotFoundError, ShardPSError,
-                     UnavailableError, UnimplementedError)
+from .errors import (DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                     ShardPSError, UnavailableError, UnimplementedError)
 from .worker import Handle, Worker, describe_exception, ends_cleanly
 
 __all__ = ["init", "shutdown", "is_initialized", "worker", "rank", "size", "local_rank", "version",
            "Worker", "Handle", "ShardPSError", "InvalidArgumentError", "DeadlineExceededError",
-           "NotFoundError", "UnavailableError", "UnimplementedError", "LibraryNotFoundError"]
+           "NotFoundError", "UnavailableError", "FailedPreconditionError", "UnimplementedError",
+           "LibraryNotFoundError"]
 
 _worker = None
 

@@ -130,6 +130,7 @@ def _declare(lib):
         "shardps_barrier_timeout": ([w, c.c_char_p, c.c_double] + err, c.c_int),
         "shardps_push": ([w, c.c_char_p, c.c_void_p, c.c_size_t, c.POINTER(c.c_uint64)] + err, c.c_int),
         "shardps_pull": ([w, c.c_char_p, c.c_void_p, c.c_size_t, c.POINTER(c.c_uint64)] + err, c.c_int),
+        "shardps_skip_round": ([w, c.c_char_p, c.POINTER(c.c_uint64)] + err, c.c_int),
         "shardps_push_pull": ([w, c.c_char_p, c.c_void_p, c.c_void_p, c.c_size_t, c.POINTER(c.c_uint64)] + err,
                               c.c_int),
         "shardps_push_pull_cuda": ([w, c.c_char_p, c.c_void_p, c.c_void_p, c.c_size_t, c.c_int, c.c_void_p,

@@ -28,6 +28,10 @@ class UnavailableError(ShardPSError, ConnectionError):
     pass
 
 
+class FailedPreconditionError(ShardPSError):
+    """The call does not fit the cluster's state or configuration (the message says which)."""
+
+
 class UnimplementedError(ShardPSError, NotImplementedError):
     """E.g. push_pull_cuda on a library built without CUDA."""
 
@@ -37,6 +41,7 @@ _BY_NAME = {
     "DEADLINE_EXCEEDED": DeadlineExceededError,
     "NOT_FOUND": NotFoundError,
     "UNAVAILABLE": UnavailableError,
+    "FAILED_PRECONDITION": FailedPreconditionError,
     "UNIMPLEMENTED": UnimplementedError,
 }
 

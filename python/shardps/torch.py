@@ -124,6 +124,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 slot.pipeline(self.pipeline)
         self._closed = False
         self._warned_state = self._warned_frozen = False
+        # Whether frozen parameters take part in rounds without a gradient (Worker.skip_round);
+        # False once the cluster refused it (no rounds: async), with why.
+        self._skips, self._skip_refused = True, None
         self._take_over()
         self._hooks = []
         self._hook_trainable()
@@ -274,6 +277,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _push(self, slot):
         p = slot.param
+        slot.skipping = False
         grad = p.grad
         slot.sent = (grad, grad._version) if grad is not None else None
         if not slot.allocated:
@@ -318,7 +322,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _land(self, slot):
         """After slot's request completed: its answer into the parameter."""
         slot.handle, slot.deferred, slot.dropped = None, False, False
-        if self.sum_only:
+        if slot.skipping:  # frozen: no answer, and no gradient for the torch optimizer
+            slot.skipping = False
+        elif self.sum_only:
             slot.sent = None  # p.grad becomes the mean gradient
             if slot.param.grad is None or slot.param.grad.is_sparse:
                 slot.param.grad = torch.zeros_like(slot.param)
@@ -367,6 +373,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     elif not self.worker.poll(handle):
                         break
                     slot.inflight.pop(0)
+                    if pair is None:  # a frozen step's: no weights
+                        continue
                     with torch.no_grad():
                         slot.param.copy_(pair[1])
                     slot.landed_version = slot.param._version
@@ -399,13 +407,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._release(final=True)
         for slot in self._slots:
             # Unused parameters (no gradient this step); not one synchronize() completed. A frozen
-            # one is not pushed: the servers' optimizer (momentum, Adam, weight decay) would move
-            # it on a zero gradient.
+            # one pushes no zeros (the servers' optimizer, momentum, Adam or weight decay, would
+            # move it): it takes its part in the round without a gradient.
             if slot.handle is None and slot.passes < self.backward_passes_per_step:
                 if slot.param.requires_grad:
                     self._push(slot)
                 else:
-                    self._warn_frozen(slot)
+                    self._skip(slot)
         if self.pipeline:
             self._file()
             self._next_round()
@@ -430,16 +438,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.optimizer.step()
         return loss
 
+    def _skip(self, slot):
+        """A frozen parameter's part in the round: no gradient, so the round applies no step to
+        it, and its partitions keep pace with the rest of the model's (sync checkpoints wait for
+        every partition's round; a worker that rejoins starts every partition at one round).
+        Where no round waits for it (async), it sends nothing."""
+        if self._skips:
+            try:
+                slot.handle = self.worker.skip_round(slot.name)
+                slot.skipping = True
+                return
+            except shardps.FailedPreconditionError as e:
+                self._skips, self._skip_refused = False, str(e)
+        self._warn_frozen(slot)
+
     def _warn_frozen(self, slot):
-        """A frozen tensor's partitions complete no rounds, and a sync cluster writes a
-        checkpoint's manifest once every partition has reached its round: warned once."""
-        if self._warned_frozen or self.worker.consistency == "async":
+        """A frozen tensor that cannot take part in rounds (the cluster refused skip_round)
+        completes none, and a sync cluster writes a checkpoint's manifest once every partition
+        has reached its round: warned once."""
+        if self._warned_frozen or self.worker.consistency != "sync":
             return
         self._warned_frozen = True
         if self.worker.config_field("checkpoint.dir"):
-            warnings.warn("shardps.torch: %r is frozen, so it is not pushed and its partitions complete no rounds: "
-                          "the cluster's checkpoints (checkpoint.dir) wait for every partition to reach their round "
-                          "and will not complete while it stays frozen" % slot.name, stacklevel=3)
+            warnings.warn("shardps.torch: %r is frozen and cannot take part in rounds without a gradient (%s): its "
+                          "partitions complete no rounds, and the cluster's checkpoints (checkpoint.dir) wait for "
+                          "every partition to reach their round and will not complete while it stays frozen"
+                          % (slot.name, self._skip_refused), stacklevel=3)
 
     def _next_round(self):
         for slot in self._slots:
@@ -502,8 +526,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Pipelined: this step's requests join their parameters' in-flight lists."""
         for slot in self._slots:
             if slot.handle is not None:
-                slot.inflight.append((slot.handle, slot.pair))
-                slot.handle = None
+                slot.inflight.append((slot.handle, None if slot.skipping else slot.pair))
+                slot.handle, slot.skipping = None, False
 
     def synchronize(self):
         """Completes every outstanding request (after step() with `model`, or pipelined:

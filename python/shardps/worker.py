@@ -428,6 +428,16 @@ class Worker:
         g, n, keep = self._checked(name, grad, False, "gradient")
         return self._start("shardps_push", name, (g, n), keep)
 
+    def skip_round(self, name):
+        """Takes this worker's part in its next round of `name` without a gradient (a frozen
+        parameter), so the tensor's rounds keep pace with the rest of the model's: sync
+        checkpoints wait for every partition's round. A round no worker pushed a gradient to
+        applies no optimizer step; in one others pushed to, this worker counts as a zero.
+        Returns a handle to wait on. FailedPreconditionError where no round waits for pushes
+        (async; ssp applied on arrival): push nothing for a frozen parameter there."""
+        self._elements(name)
+        return self._start("shardps_skip_round", name, (), None)
+
     def pull(self, name, out):
         w, n, keep = self._checked(name, out, True, "weights")
         return self._start("shardps_pull", name, (w, n), keep)

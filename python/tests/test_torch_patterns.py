@@ -108,12 +108,31 @@ class TorchPatternsTest(unittest.TestCase):
         self.assertNotIn("warned", out)
         self.assert_matches_reference("frozen")
 
-    def test_a_frozen_parameter_in_a_cluster_that_checkpoints_is_warned_of_once(self):
+    def test_a_frozen_parameter_in_sum_only_keeps_its_weights_and_steps_as_one_process_does(self):
+        # The torch optimizer steps on the workers: a frozen step lands no mean gradient in p.grad.
+        out = self.run_case("frozen", sets=["update_mode=SUM_ONLY"])
+        self.assertEqual(out.count("ok: "), 8, out)
+        self.assert_matches_reference("frozen")
+
+    def test_a_frozen_parameter_in_async_sends_nothing_and_keeps_its_weights(self):
+        # No round waits for it there: the library refuses skip_round, and nothing is sent.
+        out = self.run_case("frozen-async", sets=["consistency=async"])
+        self.assertEqual(out.count("ok: "), 4, out)
+        self.assertNotIn("warned", out)
+
+    def test_a_frozen_parameter_keeps_pace_so_every_checkpoint_completes(self):
+        # Frozen steps take part in their rounds without a gradient: every partition reaches
+        # each checkpoint round, so the server writes each round's manifest (before, none from
+        # the first frozen step on).
         with tempfile.TemporaryDirectory() as checkpoints:
-            out = self.run_case("frozen", sets=["checkpoint.dir=" + checkpoints, "checkpoint.every_rounds=2"])
-        self.assertEqual(out.count("[0] warned: "), 1, out)
-        self.assertIn("[0] warned: shardps.torch: '4.weight' is frozen, so it is not pushed and its partitions "
-                      "complete no rounds: the cluster's checkpoints (checkpoint.dir) wait", out)
+            out = self.run_case("frozen", servers_optimizer=("optimizer.kind=ADAM", "optimizer.learning_rate=0.01"),
+                                sets=["checkpoint.dir=" + checkpoints, "checkpoint.every_rounds=2"])
+            manifests = sorted(r for r in os.listdir(checkpoints)
+                               if any(f.endswith(".manifest") for f in os.listdir(os.path.join(checkpoints, r))))
+        self.assertEqual(out.count("ok: "), 8, out)
+        self.assertNotIn("warned", out)
+        self.assertEqual(manifests, ["round-%012d" % r for r in (2, 4, 6, 8)])
+        self.assert_matches_reference("frozen")
 
     def test_a_gradient_clipped_after_backward_pushed_it_is_refused_on_the_servers_optimizer(self):
         out = self.run_case("clip")

@@ -59,6 +59,7 @@ class FakeWorker : public Worker {
   absl::StatusOr<Handle> Push(const std::string&, absl::Span<const float>) override {
     return absl::UnimplementedError("fake");
   }
+  absl::StatusOr<Handle> SkipRound(const std::string&) override { return absl::UnimplementedError("fake"); }
   absl::StatusOr<Handle> PushPull(const std::string&, absl::Span<const float>, absl::Span<float>) override {
     return absl::UnimplementedError("fake: DeviceGroup pushes per partition");
   }

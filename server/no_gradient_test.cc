@@ -1,0 +1,185 @@
+// Pushes that carry no gradient (DataHeader.no_gradient): a frozen
+// parameter's part in a round, so its partitions keep pace with the rest.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/optimizer.h"
+#include "server/engine_test_util.h"
+
+namespace shardps {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class NoGradientTest : public ReplicaPairTest {
+ protected:
+  // Worker `rank`'s push of `round` with no gradient (no payload frame).
+  void SendNone(uint32_t rank, uint64_t round, uint64_t epoch = 3) {
+    DataHeader h = RequestHeader(PUSH_PULL, rank, round, epoch, ++next_id_, n_);
+    h.set_no_gradient(true);
+    zmq::message_t peer("w" + std::to_string(rank));
+    engines_[0]->Handle(peer, h, nullptr);
+  }
+
+  static bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  }
+
+  // Adam at 0.01 on both copies.
+  static void Adam(ClusterConfig& c) {
+    c.mutable_optimizer()->set_kind(OptimizerConfig::ADAM);
+    c.mutable_optimizer()->set_learning_rate(0.01f);
+  }
+
+  // What one Adam process gives weights of 1 after the mean gradients `means`
+  // (one optimizer step each, no rounds skipped).
+  std::vector<float> AdamReference(const std::vector<std::vector<float>>& means) {
+    auto optimizer = Optimizer::Create(config_.optimizer());
+    EXPECT_TRUE(optimizer.ok());
+    std::vector<float> w(n_, 1.0f), state(2 * n_, 0.0f);
+    for (size_t step = 0; step < means.size(); ++step) {
+      (*optimizer)->Apply(step, 1.0f, means[step].data(), w.data(), state.data(), n_);
+    }
+    return w;
+  }
+
+  void ExpectAllAnsweredOk() {
+    for (const DataHeader& h : answers_) EXPECT_EQ(h.status_code(), 0) << h.error();
+  }
+};
+
+TEST_F(NoGradientTest, ARoundNoPushCarriesAGradientToCompletesWithoutAStepOnEveryCopy) {
+  Make(SYNC, Adam);
+  Send(0, PUSH_PULL, 0, 0, {1, 2});
+  Send(0, PUSH_PULL, 1, 0, {3, 2});
+  Deliver();
+  const std::vector<float> after_first = Weights(0);
+  SendNone(0, 1);
+  SendNone(1, 1);
+  Deliver();
+  EXPECT_TRUE(SameBits(Weights(0), after_first)) << "a round with no gradient moved the weights";
+  EXPECT_TRUE(SameBits(Weights(1), after_first)) << "the backup applied the round with no gradient";
+  Send(0, PUSH_PULL, 0, 2, {2, 2});
+  Send(0, PUSH_PULL, 1, 2, {4, 0});
+  Deliver();
+  ExpectAllAnsweredOk();
+  ASSERT_EQ(answers_.size(), 6u);
+  EXPECT_TRUE(answers_[2].no_gradient() && answers_[3].no_gradient()) << "the answers of round 1 say it";
+  EXPECT_FALSE(answers_[5].no_gradient());
+  // Adam's second step, as torch steps a parameter frozen for a step: its
+  // bias correction counts the two rounds that stepped.
+  EXPECT_TRUE(SameBits(Weights(0), AdamReference({{2, 2}, {3, 1}})));
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0))) << "the copies differ";
+  const std::vector<PartitionUpdates> counts = engines_[0]->UpdateCounts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].completed, 3u);
+  EXPECT_THAT(counts[0].applied_by_worker, ElementsAre(3, 3)) << "every push the workers were answered counts";
+}
+
+TEST_F(NoGradientTest, AWorkerWithNoGradientCountsAsAZeroInARoundTheOtherPushedTo) {
+  Make(SYNC);  // SGD at 1: the weights move by the mean gradient
+  Send(0, PUSH_PULL, 0, 0, {4, 2});
+  SendNone(1, 0);
+  Deliver();
+  ExpectAllAnsweredOk();
+  EXPECT_THAT(Weights(0), ElementsAre(-1.0f, 0.0f));
+  EXPECT_TRUE(SameBits(Weights(1), Weights(0)));
+}
+
+TEST_F(NoGradientTest, CompressedRoundsForwardedToTheBackupSkipThePushesWithNoGradient) {
+  const int n = 4096;
+  Make(
+      SYNC,
+      [](ClusterConfig& c) {
+        c.mutable_compression()->set_codec("2bit");
+        Adam(c);
+      },
+      n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> g(n);
+  for (float& x : g) x = normal(rng);
+  SendNone(1, 0);  // first: the round is forwarded from its first push on
+  SendBytes(0, PUSH_PULL, 0, 0, spec, EncodeForTest(spec, g, 5, 0));
+  Deliver();
+  SendNone(0, 1);
+  SendNone(1, 1);
+  Deliver();
+  ExpectAllAnsweredOk();
+  EXPECT_EQ(answers_.size(), 4u);
+  EXPECT_FALSE(SameBits(Weights(0), std::vector<float>(n, 1.0f))) << "round 0 was applied";
+  EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup's copy differs from the primary's";
+}
+
+TEST_F(NoGradientTest, ACopyReCreatedAndPromotedStepsAdamAsItsPrimaryWould) {
+  Make(SYNC, Adam);
+  SendNone(0, 0);
+  SendNone(1, 0);
+  Deliver();
+  Install(MapAt(4, 0, std::nullopt));  // server 1's copy goes away
+  Install(MapAt(5, 0, 1));             // and comes back: a snapshot re-creates it
+  Deliver();
+  Install(MapAt(6, 1, std::nullopt));  // server 0 dies: its copy is promoted
+  answers_.clear();
+  DataHeader h = RequestHeader(PUSH_PULL, 0, 1, 6, ++next_id_, n_);
+  std::vector<float> g0 = {1, 1}, g1 = {3, 1};
+  for (uint32_t rank : {0u, 1u}) {
+    h.set_worker_rank(rank);
+    h.set_request_id(++next_id_);
+    const std::vector<float>& g = rank == 0 ? g0 : g1;
+    zmq::message_t peer("w" + std::to_string(rank));
+    zmq::message_t payload(g.data(), g.size() * sizeof(float));
+    engines_[1]->Handle(peer, h, &payload);
+  }
+  ExpectAllAnsweredOk();
+  EXPECT_EQ(answers_.size(), 2u);
+  EXPECT_TRUE(SameBits(Weights(1), AdamReference({{2, 1}}))) << "Adam's first step, whatever the round";
+}
+
+TEST_F(NoGradientTest, SumOnlyAnswersOfARoundWithNoGradientCarryNoAggregate) {
+  Make(SYNC, [](ClusterConfig& c) { c.set_update_mode(SUM_ONLY); });
+  SendNone(0, 0);
+  SendNone(1, 0);
+  Deliver();
+  ExpectAllAnsweredOk();
+  ASSERT_EQ(answers_.size(), 2u);
+  for (size_t i = 0; i < answers_.size(); ++i) {
+    EXPECT_TRUE(answers_[i].no_gradient());
+    EXPECT_TRUE(answer_payloads_[i].empty()) << "a stale aggregate would be applied as this round's";
+  }
+}
+
+TEST_F(NoGradientTest, AsyncRefusesAPushWithNoGradientSayingNoRoundWaitsForIt) {
+  Make(ASYNC);
+  SendNone(0, 0);
+  ASSERT_EQ(answers_.size(), 1u);
+  EXPECT_EQ(answers_[0].status_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(answers_[0].error(), HasSubstr("applies pushes on arrival"));
+  EXPECT_THAT(Weights(0), ElementsAre(1.0f, 1.0f));
+}
+
+TEST_F(NoGradientTest, APushWithNoGradientAndAPayloadIsRefused) {
+  Make(SYNC);
+  DataHeader h = RequestHeader(PUSH_PULL, 0, 0, 3, ++next_id_, n_);
+  h.set_no_gradient(true);
+  const std::vector<float> g = {5, 5};
+  zmq::message_t peer(std::string("w0"));
+  zmq::message_t payload(g.data(), g.size() * sizeof(float));
+  engines_[0]->Handle(peer, h, &payload);
+  ASSERT_EQ(answers_.size(), 1u);
+  EXPECT_THAT(answers_[0].error(), HasSubstr("carries a payload"));
+  Send(0, PUSH_PULL, 0, 0, {2, 2});  // not counted: round 0 is still owed
+  Send(0, PUSH_PULL, 1, 0, {2, 2});
+  Deliver();
+  EXPECT_THAT(Weights(0), ElementsAre(-1.0f, -1.0f));
+}
+
+}  // namespace
+}  // namespace shardps
