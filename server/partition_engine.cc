@@ -996,12 +996,22 @@ void PartitionEngine::CompleteRound(Partition& p) {
   update.set_contributors(p.contributors);
   update.set_lr_scale(p.lr_scale);
   std::string round_workers((p.contributed.size() + 7) / 8, '\0');
+  std::vector<uint32_t> absent;
   for (uint32_t w = 0; w < p.contributed.size(); ++w) {
-    if (!p.contributed[w]) continue;
+    if (!p.contributed[w]) {
+      absent.push_back(w);
+      continue;
+    }
     round_workers[w / 8] = static_cast<char>(round_workers[w / 8] | (1 << (w % 8)));
     ++p.applied_by[w];
   }
-  update.set_round_workers(std::move(round_workers));
+  // The shorter (a rank below 2^21 takes at most 3 bytes): a header holds
+  // at most kMaxHeaderBytes, which a bitmap of over 32,000 workers exceeds.
+  if (absent.size() * 3 < round_workers.size()) {
+    update.mutable_round_absent_workers()->Add(absent.begin(), absent.end());
+  } else {
+    update.set_round_workers(std::move(round_workers));
+  }
   uint64_t sequence;
   if (p.forwarding_round && p.counted_order.size() == p.contributors) {
     // The backups hold this round's pushes: they sum them as this copy did.
