@@ -30,6 +30,12 @@ constexpr uint64_t kMaxRoundsAhead = 4;
 // requests to other servers between two of its own.
 constexpr uint64_t kRequestIdWindow = uint64_t{1} << 20;
 
+// The most async pushes one batch applies: its update names each push's
+// worker and request id (at most 3 + 10 bytes) in a header a backup refuses
+// over kMaxHeaderBytes; 256 leave more than 700 bytes for the rest. 1024
+// workers' pushes in one header took 5 KB, refused by every backup.
+constexpr uint32_t kMaxBatchPushes = 256;
+
 bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL; }
 
 // In async mode each push is one worker's share of what a sync round does
@@ -1147,7 +1153,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
   p.batch_ids.emplace_back(w, h.request_id());
   p.last_request[w] = h.request_id();
   p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
-  if (!batching_ || p.batch_count >= config_.num_workers()) ApplyAsyncBatch(p);
+  if (!batching_ || p.batch_count >= std::min(config_.num_workers(), kMaxBatchPushes)) ApplyAsyncBatch(p);
 }
 
 void PartitionEngine::ApplyAsyncBatch(Partition& p) {

@@ -309,6 +309,22 @@ TEST_F(ReplicationTest, ARoundOfTheMostWorkersAConfigAllowsReachesTheBackupInOne
   EXPECT_EQ(engines_[1]->BackupUpdateCounts().at(0).applied_by_worker, std::vector<uint64_t>(kWorkers, 1));
 }
 
+TEST_F(ReplicationTest, AnAsyncBatchOfManyWorkersReachesTheBackupInHeadersItTakes) {
+  // 1024 workers' pushes drained together, far into a job (request ids
+  // near 2^20, three bytes each): each update names its pushes' workers and
+  // request ids, and the backup refuses a header over kMaxHeaderBytes
+  // (ParseDataHeaderInto).
+  constexpr uint32_t kWorkers = 1024;
+  Make(ASYNC, [](ClusterConfig& c) { c.set_num_workers(kWorkers); });
+  engines_[0]->BeginBatch();
+  for (uint32_t w = 0; w < kWorkers; ++w) Send(0, PUSH, w, 0, {1, 1}, 3, (uint64_t{1} << 20) - w);
+  engines_[0]->EndBatch();
+  Deliver();
+  ASSERT_FALSE(replicated_.empty());
+  for (const Message& m : replicated_) EXPECT_LE(m.header.ByteSizeLong(), kMaxHeaderBytes);
+  EXPECT_EQ(engines_[1]->BackupUpdateCounts().at(0).applied_by_worker, std::vector<uint64_t>(kWorkers, 1));
+}
+
 TEST_F(ReplicationTest, ABackupCountsEveryWorkerButThoseARoundLeftOut) {
   // 100 workers, two of them (the last rank one) removed before round 1:
   // the update names the two rather than the 98.
