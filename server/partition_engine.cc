@@ -30,6 +30,12 @@ constexpr uint64_t kMaxRoundsAhead = 4;
 // requests to other servers between two of its own.
 constexpr uint64_t kRequestIdWindow = uint64_t{1} << 20;
 
+// The most async pushes one batch applies: its update names each push's
+// worker and request id (at most 3 + 10 bytes) in a header a backup refuses
+// over kMaxHeaderBytes; 256 leave more than 700 bytes for the rest. 1024
+// workers' pushes in one header took 5 KB, refused by every backup.
+constexpr uint32_t kMaxBatchPushes = 256;
+
 bool CarriesGradient(Op op) { return op == INIT || op == PUSH || op == PUSH_PULL; }
 
 // In async mode each push is one worker's share of what a sync round does
@@ -1018,12 +1024,22 @@ void PartitionEngine::CompleteRound(Partition& p) {
   update.set_contributors(p.contributors);
   update.set_lr_scale(p.lr_scale);
   std::string round_workers((p.contributed.size() + 7) / 8, '\0');
+  std::vector<uint32_t> absent;
   for (uint32_t w = 0; w < p.contributed.size(); ++w) {
-    if (!p.contributed[w]) continue;
+    if (!p.contributed[w]) {
+      absent.push_back(w);
+      continue;
+    }
     round_workers[w / 8] = static_cast<char>(round_workers[w / 8] | (1 << (w % 8)));
     ++p.applied_by[w];
   }
-  update.set_round_workers(std::move(round_workers));
+  // The shorter (a rank below 2^21 takes at most 3 bytes): a header holds
+  // at most kMaxHeaderBytes, which a bitmap of over 32,000 workers exceeds.
+  if (absent.size() * 3 < round_workers.size()) {
+    update.mutable_round_absent_workers()->Add(absent.begin(), absent.end());
+  } else {
+    update.set_round_workers(std::move(round_workers));
+  }
   uint64_t sequence;
   const bool skip = p.gradients == 0;  // every push without one (a frozen parameter)
   if (skip) {
@@ -1184,7 +1200,7 @@ void PartitionEngine::PushAsync(Partition& p, const zmq::message_t& peer, const 
   p.batch_ids.emplace_back(w, h.request_id());
   p.last_request[w] = h.request_id();
   p.batch_answers.push_back(Waiter{zmq::message_t(peer.data(), peer.size()), h});
-  if (!batching_ || p.batch_count >= config_.num_workers()) ApplyAsyncBatch(p);
+  if (!batching_ || p.batch_count >= std::min(config_.num_workers(), kMaxBatchPushes)) ApplyAsyncBatch(p);
 }
 
 void PartitionEngine::ApplyAsyncBatch(Partition& p) {

@@ -880,10 +880,19 @@ void PartitionEngine::ApplyReplica(Partition& p, const DataHeader& h, const zmq:
   } else {
     p.contributors = h.contributors() > 0 ? h.contributors() : config_.num_workers();
     p.lr_scale = h.lr_scale() > 0 ? h.lr_scale() : 1.0f;
-    for (uint32_t w = 0; w < p.applied_by.size() && w / 8 < h.round_workers().size(); ++w) {
+    // Named by a bitmap, or by the workers it leaves out (in rank order).
+    const auto& absent = h.round_absent_workers();
+    const bool all_but_absent =
+        h.round_workers().empty() && static_cast<uint64_t>(absent.size()) + h.contributors() == p.applied_by.size();
+    for (uint32_t w = 0, next_absent = 0; w < p.applied_by.size(); ++w) {
+      while (next_absent < static_cast<uint32_t>(absent.size()) && absent[next_absent] < w) ++next_absent;
+      const bool summed = w / 8 < h.round_workers().size()
+                              ? (h.round_workers()[w / 8] >> (w % 8) & 1) != 0
+                              : all_but_absent && !(next_absent < static_cast<uint32_t>(absent.size()) &&
+                                                    absent[next_absent] == w);
       // As the primary counted it: a rejoin it had not installed yet when it
       // sent this started the counters afresh after this round.
-      if ((h.round_workers()[w / 8] >> (w % 8) & 1) != 0 && h.epoch() >= JoinEpoch(w)) ++p.applied_by[w];
+      if (summed && h.epoch() >= JoinEpoch(w)) ++p.applied_by[w];
     }
     // Applied from the message (aligned by Handle); a round summed from
     // forwarded pushes is in p.acc already (HandleReplica).

@@ -10,6 +10,7 @@
 #include <random>
 #include <regex>
 
+#include "common/protocol.h"
 #include "common/warning_lines_test_util.h"
 #include "server/engine_test_util.h"
 
@@ -294,6 +295,55 @@ TEST_F(ReplicationTest, EveryCopyCountsPerWorkerTheRoundsThatSummedItsGradient) 
   EXPECT_THAT(primary[0].applied_by_worker, ElementsAre(2, 1));
   EXPECT_EQ(backup[0].applied_by_worker, primary[0].applied_by_worker);
   EXPECT_THAT(primary[0].applied_digest_by_worker, IsEmpty()) << "async only";
+}
+
+TEST_F(ReplicationTest, ARoundOfTheMostWorkersAConfigAllowsReachesTheBackupInOneHeader) {
+  // The backup refuses a header over kMaxHeaderBytes (ParseDataHeaderInto):
+  // the round's update must name whom it summed within that.
+  constexpr uint32_t kWorkers = 65536;
+  Make(SYNC, [](ClusterConfig& c) { c.set_num_workers(kWorkers); });
+  for (uint32_t w = 0; w < kWorkers; ++w) Send(0, PUSH, w, 0, {1, 1});
+  Deliver();
+  ASSERT_EQ(replicated_.size(), 1u);
+  EXPECT_LE(replicated_[0].header.ByteSizeLong(), kMaxHeaderBytes);
+  EXPECT_EQ(engines_[1]->BackupUpdateCounts().at(0).applied_by_worker, std::vector<uint64_t>(kWorkers, 1));
+}
+
+TEST_F(ReplicationTest, AnAsyncBatchOfManyWorkersReachesTheBackupInHeadersItTakes) {
+  // 1024 workers' pushes drained together, far into a job (request ids
+  // near 2^20, three bytes each): each update names its pushes' workers and
+  // request ids, and the backup refuses a header over kMaxHeaderBytes
+  // (ParseDataHeaderInto).
+  constexpr uint32_t kWorkers = 1024;
+  Make(ASYNC, [](ClusterConfig& c) { c.set_num_workers(kWorkers); });
+  engines_[0]->BeginBatch();
+  for (uint32_t w = 0; w < kWorkers; ++w) Send(0, PUSH, w, 0, {1, 1}, 3, (uint64_t{1} << 20) - w);
+  engines_[0]->EndBatch();
+  Deliver();
+  ASSERT_FALSE(replicated_.empty());
+  for (const Message& m : replicated_) EXPECT_LE(m.header.ByteSizeLong(), kMaxHeaderBytes);
+  EXPECT_EQ(engines_[1]->BackupUpdateCounts().at(0).applied_by_worker, std::vector<uint64_t>(kWorkers, 1));
+}
+
+TEST_F(ReplicationTest, ABackupCountsEveryWorkerButThoseARoundLeftOut) {
+  // 100 workers, two of them (the last rank one) removed before round 1:
+  // the update names the two rather than the 98.
+  constexpr uint32_t kWorkers = 100;
+  Make(SYNC, [](ClusterConfig& c) { c.set_num_workers(kWorkers); });
+  for (uint32_t w = 0; w < kWorkers; ++w) Send(0, PUSH, w, 0, {1, 1});
+  Deliver();
+  ShardMap without_two = MapAt(4, 0, 1);
+  without_two.add_excluded_workers(3);
+  without_two.add_excluded_workers(kWorkers - 1);
+  Install(without_two);
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    if (w != 3 && w != kWorkers - 1) Send(0, PUSH, w, 1, {1, 1}, 4);
+  }
+  Deliver();
+  std::vector<uint64_t> expected(kWorkers, 2);
+  expected[3] = expected[kWorkers - 1] = 1;
+  EXPECT_EQ(engines_[0]->UpdateCounts().at(0).applied_by_worker, expected);
+  EXPECT_EQ(engines_[1]->BackupUpdateCounts().at(0).applied_by_worker, expected);
 }
 
 TEST_F(ReplicationTest, ACopyReCreatedFromASnapshotReportsThePushesItsPrimaryApplied) {

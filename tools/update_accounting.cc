@@ -17,17 +17,20 @@ UpdateAccounting AccountUpdates(bool async, const std::map<uint64_t, PartitionAp
     return completed > restored_rounds ? completed - restored_rounds : 0;
   };
   UpdateAccounting out;
-  std::map<uint64_t, uint64_t> most_acked;  // sync: per partition, the most rounds any worker pushed
+  // Sync: per partition, the most rounds of this run any worker pushed. A
+  // rejoined process pushed from its rejoin round on: the rounds before it
+  // were pushed by the process it replaced, whose counts died with it.
+  std::map<uint64_t, uint64_t> most_acked;
   for (const auto& [rank, acks] : acked_by_worker) {
     const size_t w = static_cast<size_t>(rank);
     for (const auto& [partition, n] : acks.pushes) {
-      most_acked[partition] = std::max(most_acked[partition], n);
+      most_acked[partition] = std::max(most_acked[partition], run_rounds(acks.rejoin_round) + n);
       auto it = applied.find(partition);
       const PartitionApplied* a = it == applied.end() ? nullptr : &it->second;
       const bool per_worker = a != nullptr && w < a->applied_by_worker.size();
       if (!async) {
         uint64_t done = a != nullptr ? run_rounds(a->completed) : 0;
-        if (per_worker && !acks.rejoined) done = std::min(done, a->applied_by_worker[w]);
+        if (per_worker && acks.rejoin_round == 0) done = std::min(done, a->applied_by_worker[w]);
         if (n > done) out.lost += n - done;
         continue;
       }
@@ -106,7 +109,7 @@ WorkerAcks ReadWorkerAcks(const std::string& result_file) {
     } else if (absl::StartsWith(key, "acked_digest.") && absl::SimpleAtoi(key.substr(13), &partition)) {
       acks.digests[partition] = n;
     } else if (key == "rejoin_round") {
-      acks.rejoined = n > 0;
+      acks.rejoin_round = n;
     }
   }
   return acks;

@@ -19,8 +19,9 @@ namespace shardps {
 
 // Sync: a worker acknowledged more rounds than its partition's primary
 // completed, or than the primary's rounds summed a gradient of it, lost
-// some; a primary that completed more rounds than any worker pushed applied
-// one twice. Async: the same per worker and push, and where the counts
+// some; a primary that completed more rounds than any worker pushed (a
+// rejoined process: its rejoin round and those after it) applied one
+// twice. Async: the same per worker and push, and where the counts
 // agree, which pushes (PushDigest sums, common/protocol.h): a push of a
 // worker lost and another of the same worker and partition applied twice
 // leave equal counts and unequal digests, counted as one lost and one
@@ -38,7 +39,9 @@ struct PartitionApplied {
 struct WorkerAcks {
   std::map<uint64_t, uint64_t> pushes;   // partition id -> pushes answered OK
   std::map<uint64_t, uint64_t> digests;  // partition id -> their PushDigests summed
-  bool rejoined = false;                 // a process that rejoined the job (rejoin_round > 0)
+  // The round a process that rejoined the job was counted from (its
+  // `rejoin_round`); 0 for one there from the start.
+  uint64_t rejoin_round = 0;
 };
 struct UpdateAccounting {
   uint64_t lost = 0, duplicates = 0;

@@ -42,7 +42,7 @@ TEST(AccountUpdatesTest, SyncComparesEachWorkersGradientsWithTheRoundsThatSummed
   const Pushes pushes = {{0, {{0, 10}}}, {1, {{0, 10}}}};
   EXPECT_EQ(AccountUpdates(false, applied, Acks(pushes)).lost, 1u);
   std::map<int, WorkerAcks> rejoined = Acks(pushes);
-  rejoined[1].rejoined = true;  // caught up: rounds completed without it were answered as retries
+  rejoined[1].rejoin_round = 3;  // caught up: rounds completed without it were answered as retries
   EXPECT_EQ(AccountUpdates(false, applied, rejoined).lost, 0u);
   applied[0].applied_by_worker[1] = 10;
   EXPECT_EQ(AccountUpdates(false, applied, Acks(pushes)).lost, 0u);
@@ -51,6 +51,28 @@ TEST(AccountUpdatesTest, SyncComparesEachWorkersGradientsWithTheRoundsThatSummed
   // Restored at round 4: the counts are this run's, as the acknowledgements.
   applied[0] = {14, {10, 10}, {}};
   EXPECT_EQ(AccountUpdates(false, applied, Acks(pushes), 4).lost, 0u);
+}
+
+TEST(AccountUpdatesTest, SyncRoundsCompletedBeforeAWorkerRejoinedAreNoDuplicates) {
+  // Both workers were killed and started again: rank 0's new process
+  // rejoined at round 20 and was acknowledged 80 rounds, rank 1's at 40 and
+  // 60. The job completed 100 rounds, none of them twice, though no
+  // surviving process was acknowledged 100.
+  std::map<uint64_t, PartitionApplied> applied = {{0, {100, {80, 60}, {}}}};
+  std::map<int, WorkerAcks> acks = Acks({{0, {{0, 80}}}, {1, {{0, 60}}}});
+  acks[0].rejoin_round = 20;
+  acks[1].rejoin_round = 40;
+  const UpdateAccounting both = AccountUpdates(false, applied, acks);
+  EXPECT_EQ(both.lost + both.duplicates, 0u);
+  applied[0].completed = 101;
+  EXPECT_EQ(AccountUpdates(false, applied, acks).duplicates, 1u) << "a round past the last any worker pushed";
+  // Restored at round 10: the rejoin rounds are the job's, the restored
+  // ones none of this run's.
+  applied[0].completed = 110;
+  acks[0].rejoin_round = 30;
+  acks[1].rejoin_round = 50;
+  const UpdateAccounting resumed = AccountUpdates(false, applied, acks, 10);
+  EXPECT_EQ(resumed.lost + resumed.duplicates, 0u);
 }
 
 TEST(AccountUpdatesTest, SyncCountsOnlyTheRoundsPastARestore) {
@@ -129,8 +151,8 @@ TEST(ReadWorkerAcksTest, ReadsTheAcknowledgedPushesOfAResultFile) {
   EXPECT_THAT(acks.pushes, ::testing::ElementsAre(::testing::Pair(0, 60), ::testing::Pair(7, 61)));
   EXPECT_THAT(acks.digests, ::testing::ElementsAre(::testing::Pair(0, UINT64_MAX), ::testing::Pair(7, 3)))
       << "all 64 bits, which a double would round";
-  EXPECT_FALSE(acks.rejoined);
-  EXPECT_TRUE(ReadWorkerAcks(WriteFile("rejoined", "acked.0 60\nrejoin_round 12\n")).rejoined);
+  EXPECT_EQ(acks.rejoin_round, 0u);
+  EXPECT_EQ(ReadWorkerAcks(WriteFile("rejoined", "acked.0 60\nrejoin_round 12\n")).rejoin_round, 12u);
   EXPECT_THAT(ReadWorkerAcks(path + ".missing").pushes, ::testing::IsEmpty());
 }
 
