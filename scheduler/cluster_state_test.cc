@@ -7,15 +7,19 @@
 #include <sched.h>
 
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/protocol.h"
 #include "common/security.h"
+#include "scheduler/model_limits.h"
+#include "scheduler/shard_assignment.h"
 
 namespace shardps {
 namespace {
@@ -201,6 +205,45 @@ TEST(ClusterStateTest, AShardMapNoNodeCouldReceiveIsRefusedBeforeAnyServerSeesIt
   EXPECT_TRUE(state.DefineTensors(tensors, Soon()).status().code() != absl::StatusCode::kResourceExhausted);
 }
 
+// The map nodes receive holds every worker's data-plane key, about 42 bytes
+// each: measured before they were copied in, a map just under the limit
+// passed and went out larger (65,536 workers' keys alone take 2.75 MB).
+TEST(ClusterStateTest, TheShardMapIsMeasuredWithTheWorkersKeysItCarries) {
+  const int workers = 100;
+  ClusterState state(Config(1, workers));
+  ASSERT_TRUE(state.RegisterServer(Server("tcp://a:1")).ok());
+  for (int w = 0; w < workers; ++w) {
+    auto keys = NewCurveKeyPair();
+    ASSERT_TRUE(keys.ok());
+    RegisterRequest worker = Worker(w);
+    worker.set_curve_public_key(keys->public_key);
+    ASSERT_TRUE(state.RegisterWorker(worker).ok());
+  }
+  // Tensors whose map without the keys is 1 KiB under the limit.
+  const ShardMap before = state.Status().shard_map();
+  const std::vector<ServerInfo> servers(before.servers().begin(), before.servers().end());
+  ASSERT_EQ(servers.size(), 1u);
+  auto bytes_of = [&](int n) {
+    std::vector<TensorSpec> tensors;
+    for (int i = 0; i < n; ++i) tensors.push_back(Float32Tensor(absl::StrFormat("model.layer.%06d.bias", i), 1));
+    auto map = BuildShardMap(tensors, servers, Config(1, workers).partition_bytes(), 1);
+    EXPECT_TRUE(map.ok());
+    return std::make_pair(tensors, map.ok() ? map->ByteSizeLong() : 0);
+  };
+  const size_t target = kMaxShardMapBytes - 1024;
+  const double per_tensor = (bytes_of(2000).second - bytes_of(1000).second) / 1000.0;
+  int n = static_cast<int>(target / per_tensor);
+  auto [tensors, bytes] = bytes_of(n);
+  for (int tries = 0; tries < 8 && (bytes > target || bytes + 2 * per_tensor < target); ++tries) {
+    n += static_cast<int>(std::floor((static_cast<double>(target) - static_cast<double>(bytes)) / per_tensor));
+    std::tie(tensors, bytes) = bytes_of(n);
+  }
+  ASSERT_LE(bytes, target);
+  ASSERT_GT(bytes, target - 1024) << "the keys (4 KiB) must take it over the limit";
+  auto r = state.DefineTensors(tensors, Soon());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("and 100 workers' keys"));
+}
 
 TEST(ClusterStateTest, DefineTensorsWaitsUntilServersServeTheEpoch) {
   ClusterState state(Config(1, 1));

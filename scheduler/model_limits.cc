@@ -25,9 +25,13 @@ absl::Status CheckModelSize(const std::vector<TensorSpec>& tensors, const Cluste
 absl::Status CheckShardMapSize(const ShardMap& map) {
   const size_t bytes = map.ByteSizeLong();
   if (bytes <= kMaxShardMapBytes) return absl::OkStatus();
+  size_t key_bytes = 0;
+  for (const std::string& key : map.worker_curve_keys()) key_bytes += key.size() + 2;  // tag, length
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the shard map of ", map.tensors_size(), " tensors in ", map.partitions_size(), " partitions would take ",
-      bytes, " bytes, more than the ", kMaxShardMapBytes,
+      "the shard map of ", map.tensors_size(), " tensors in ", map.partitions_size(), " partitions",
+      key_bytes > 0 ? absl::StrCat(" and ", map.worker_curve_keys_size(), " workers' keys (", key_bytes, " bytes)")
+                    : "",
+      " would take ", bytes, " bytes, more than the ", kMaxShardMapBytes,
       " a cluster sends its nodes (they receive at most 4 MiB a message, and a map grows as the job runs); "
       "refused before any server sees it: fewer tensors (concatenate small ones) or a larger partition_bytes"));
 }
