@@ -79,6 +79,9 @@ std::string BuiltHeader(FuzzInput& in, const ClusterConfig& config) {
   if (bits & 0x40) h.set_replica_of(static_cast<Op>(in.Byte() % 8));
   if (bits & 0x80) h.set_worker_incarnation(in.Int(1));
   h.set_protocol_version(kProtocolVersion);
+  // A push with no gradient (a frozen parameter's), from bits already read,
+  // so the corpus and regressions keep their meaning.
+  h.set_no_gradient(h.request_id() % 8 == 5);
   return h.SerializeAsString();
 }
 

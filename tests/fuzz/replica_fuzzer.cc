@@ -336,6 +336,12 @@ DataHeader ReplicaHeader(FuzzInput& in, Cluster& c, uint64_t completed, std::str
     if (!(scale <= 1.0f) || std::isnan(scale)) c.clean = false;
   }
   if (bits & 0x80) h.set_based_on(in.Byte() % 8);
+  // A round or forwarded push with no gradient, a snapshot after one, from
+  // bytes already read (the corpus and regressions keep their meaning).
+  if (h.replica_request_id() == 7) {
+    h.set_no_gradient(true);
+    h.set_skipped_rounds(h.contributors() % 2 == 0 ? h.round() / 2 : h.round() + 1);
+  }
   // Adam's bias correction divides by zero at step 2^64 - 1: a snapshot
   // that far (no primary gets there) may make the weights infinite.
   if (kind == SNAPSHOT && h.round() > (uint64_t{1} << 32)) c.clean = false;
