@@ -12,6 +12,9 @@
 // - A connection on which no valid message arrived (Proven: sealed by a
 //   node of the map, under CURVE from a key the map admits, plain: a header
 //   that parses) within Limits::proof_deadline of being taken in is closed.
+//   So is a node's that has nothing to send for that long (a worker whose
+//   partitions are all on other servers): its socket connects again by
+//   itself, and nothing it waited for is lost.
 //
 // Closing is shutdown(2) of the descriptor, which libzmq's I/O thread owns:
 // its next read finds the end, and libzmq drops the connection, its pipe and

@@ -315,6 +315,43 @@ TEST_F(AttackedServerTest, AConnectionThatSendsNoValidMessageIsClosedAfterTheDea
   (void)zmq_socket_monitor(socket_.handle(), nullptr, 0);
 }
 
+// The deadline cannot tell a worker with nothing to send a server from an
+// attacker: its connection to a server that holds only a backup is closed
+// each deadline. Its socket connects again by itself, and once that server
+// becomes the primary (the other stopped) the worker's requests reach it.
+TEST(IdleConnectionTest, AWorkersConnectionClosedForCarryingNothingCarriesItsRequestsOnceItHasSome) {
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_heartbeat_interval_ms(500);
+  config.set_heartbeat_timeout_ms(2000);
+  config.set_request_timeout_ms(2000);  // the deadline: 2 s
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 64)}).ok());  // one partition
+  ASSERT_TRUE((*worker)->InitTensor("w", std::vector<float>(64, 1.0f), absl::Seconds(10)).ok());
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto status = (*client)->Status(absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->shard_map().partitions_size(), 1);
+  const uint32_t primary = status->shard_map().partitions(0).server();
+  // The connection to the backup is closed twice meanwhile.
+  absl::SleepFor(absl::Seconds(5));
+  std::vector<float> out(64);
+  auto pulled = (*worker)->Pull("w", absl::MakeSpan(out));
+  ASSERT_TRUE(pulled.ok());
+  ASSERT_TRUE((*worker)->Wait(*pulled, absl::Seconds(10)).ok());
+  ASSERT_EQ((*cluster)->StopServer(primary), 0);
+  std::vector<float> g(64, 0.5f);
+  auto pushed = (*worker)->PushPull("w", g, absl::MakeSpan(out));
+  ASSERT_TRUE(pushed.ok());
+  absl::Status s = (*worker)->Wait(*pushed, absl::Seconds(15));
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(RegisterTest, InvalidUnreachableAndStolenAddressesAndDuplicateRanksAreRefused) {
   ClusterConfig config;
   config.set_num_servers(1);
