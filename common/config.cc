@@ -298,6 +298,7 @@ absl::Status ValidateLimits(const ResourceLimits& l) {
     return Invalid("limits.socket_receive_hwm", "must be in [1, 1000000] messages");
   }
   if (l.max_connections_per_server() == 0) return Invalid("limits.max_connections_per_server", "must be > 0");
+  if (l.max_connections_per_address() == 0) return Invalid("limits.max_connections_per_address", "must be > 0");
   return absl::OkStatus();
 }
 

@@ -22,8 +22,8 @@ struct Charged {
 
 }  // namespace
 
-PeerAdmission::Verdict PeerAdmission::Admit(const zmq::message_t& peer, const std::string& who,
-                                            absl::Status* error) {
+PeerAdmission::Verdict PeerAdmission::Admit(const zmq::message_t& peer, const std::string& who, absl::Status* error,
+                                            bool* new_peer) {
   const auto now = std::chrono::steady_clock::now();
   auto it = peers_.find(Key(peer));
   if (it == peers_.end()) {
@@ -34,6 +34,7 @@ PeerAdmission::Verdict PeerAdmission::Admit(const zmq::message_t& peer, const st
       return Verdict::kOverPeers;
     }
     it = peers_.emplace(std::string(Key(peer)), std::make_shared<Peer>()).first;
+    if (new_peer != nullptr) *new_peer = true;
   }
   Peer& p = *it->second;
   p.last_seen = now;

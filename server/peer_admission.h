@@ -34,8 +34,11 @@ class PeerAdmission {
 
   enum class Verdict { kAdmitted, kOverInflight, kOverPeers };
   // Whether a request from `peer` may be handled; `error` then says why not,
-  // naming `who` (e.g. "worker 3").
-  Verdict Admit(const zmq::message_t& peer, const std::string& who, absl::Status* error);
+  // naming `who` (e.g. "worker 3"). `*new_peer` (if given) is set when
+  // `peer` was not tracked before this request: the first admitted request
+  // of a connection (or of one forgotten as idle), which the server's
+  // AcceptedConnections takes as the connection's proof.
+  Verdict Admit(const zmq::message_t& peer, const std::string& who, absl::Status* error, bool* new_peer = nullptr);
 
   // Returns a message with `payload`'s bytes that counts against `peer`
   // until ZeroMQ has sent it. REQUIRES: Admit(peer) was called.

@@ -30,11 +30,12 @@
 #include "common/protocol.h"
 #include "common/scheduler_refusal.h"
 #include "common/scheduler_client.h"
-#include "server/peer_admission.h"
 #include "common/peer_seal.h"
 #include "common/security.h"
 #include "common/shard_map.h"
+#include "server/accepted_connections.h"
 #include "server/curve_authenticator.h"
+#include "server/peer_admission.h"
 #include "server/sender_roles.h"
 #include "server/server_metrics.h"
 
@@ -68,13 +69,14 @@ uint64_t MemoryBytesForPartitions() {
 }
 
 // Descriptors a server of `config` needs besides those it holds when it
-// starts: its context and socket (kFirstSocketDescriptors), a connection from each worker,
+// starts: its context and socket (kFirstSocketDescriptors) and the monitor
+// of its connections (kWatchDescriptors), a connection from each worker,
 // and per other server a connection from it and a DEALER to it (mailbox and
 // connection, and its connection's monitor); a few for checkpoint files and
 // the scheduler's channel.
 int ServerDescriptors(const ClusterConfig& config) {
   const int others = std::max<int>(static_cast<int>(config.num_servers()) - 1, 0);
-  return kFirstSocketDescriptors + static_cast<int>(config.num_workers()) +
+  return kFirstSocketDescriptors + kWatchDescriptors + static_cast<int>(config.num_workers()) +
          (1 + kSocketDescriptors + kWatchDescriptors) * others + 4;
 }
 
@@ -87,6 +89,12 @@ void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
   socket.set(zmq::sockopt::sndhwm, static_cast<int>(config.limits().socket_send_hwm()));
   socket.set(zmq::sockopt::rcvhwm, static_cast<int>(config.limits().socket_receive_hwm()));
   socket.set(zmq::sockopt::maxmsgsize, PartitionEngine::MaxFrameBytes(config));
+}
+
+// What the data port lets connections no node has shown itself on hold
+// (server/accepted_connections.h).
+AcceptedConnections::Limits ConnectionLimits(const ClusterConfig& config) {
+  return {config.limits().max_connections_per_address(), std::chrono::milliseconds(SilentConnectionMs(config))};
 }
 
 bool SocketLimitsSet(zmq::socket_t& socket, const ClusterConfig& config) {
@@ -102,11 +110,13 @@ class ParameterServerImpl : public ParameterServer {
  public:
   ParameterServerImpl(std::shared_ptr<SchedulerClient> scheduler, zmq::context_t context,
                       std::unique_ptr<CurveAuthenticator> authenticator, zmq::socket_t socket,
-                      std::string data_address, CurveKeyPair curve_keys, bool seal_data)
+                      std::unique_ptr<AcceptedConnections> connections, std::string data_address,
+                      CurveKeyPair curve_keys, bool seal_data)
       : scheduler_(std::move(scheduler)),
         context_(std::move(context)),
         authenticator_(std::move(authenticator)),
         socket_(std::move(socket)),
+        connections_(std::move(connections)),
         data_address_(std::move(data_address)),
         curve_keys_(std::move(curve_keys)) {
     if (curve_keys_.public_key.empty()) return;
@@ -142,6 +152,7 @@ class ParameterServerImpl : public ParameterServer {
     if (absl::Status s = ApplySocketLimits(); !s.ok()) return s;
     admission_ = std::make_unique<PeerAdmission>(config_.limits().max_inflight_bytes_per_worker(),
                                                  config_.limits().max_connections_per_server());
+    connections_->SetLimits(ConnectionLimits(config_), absl::StrCat("server ", index_));
     auto engine = PartitionEngine::Create(
         config_, [this](const zmq::message_t& peer, DataHeader& h, zmq::message_t* payload) { Send(peer, h, payload); },
         [this](uint32_t server, DataHeader& h, zmq::message_t& payload) { SendToPeer(server, h, payload); });
@@ -184,6 +195,7 @@ class ParameterServerImpl : public ParameterServer {
         break;
       }
       items.assign(1, {socket_.handle(), 0, ZMQ_POLLIN, 0});
+      items.push_back({connections_->monitor().handle(), 0, ZMQ_POLLIN, 0});
       for (auto& peer : peers_) {
         if (peer) items.push_back({peer->handle(), 0, ZMQ_POLLIN, 0});
       }
@@ -199,6 +211,7 @@ class ParameterServerImpl : public ParameterServer {
       }
       engine_->EndBatch();
       ReceivePeerAnswers();
+      LimitConnections();
       CheckSnapshots();
       // A hand-off drains as its backups confirm: say so without waiting.
       if (engine_->copies_generation() != copies_generation_) PublishSyncedCopies();
@@ -217,6 +230,7 @@ class ParameterServerImpl : public ParameterServer {
       engine_->FailWaiting(absl::UnavailableError(absl::StrCat("server ", index_, " is shutting down")));
     }
     socket_.set(zmq::sockopt::linger, 2000);
+    connections_->Stop();
     socket_.close();
     for (uint32_t s = 0; s < peers_.size(); ++s) ClosePeer(s);
     if (metrics_) metrics_->MaybePublish(*engine_, /*force=*/true);
@@ -292,7 +306,7 @@ class ParameterServerImpl : public ParameterServer {
                                  << google::COUNTER << " so far]";
     }
     if (s.ok() && frames > 3) s = absl::InvalidArgumentError(absl::StrCat("message has ", frames - 1, " frames (at most 2)"));
-    if (s.ok()) s = Admit(peer);
+    if (s.ok()) s = Admit(peer, header_frame);
     if (s.ok() && (sender_seals_ || authenticator_)) s = CheckSenderRole(header_frame, sealed_by);
     if (!s.ok()) {
       DataHeader reply;
@@ -513,13 +527,17 @@ class ParameterServerImpl : public ParameterServer {
     return s;
   }
 
-  // Whether the sender of header_ may be served now (PeerAdmission).
-  absl::Status Admit(const zmq::message_t& peer) {
+  // Whether the sender of header_ may be served now (PeerAdmission). The
+  // first request admitted from a connection (`header_frame`, as received)
+  // proves it (AcceptedConnections): checked only then, not per request.
+  absl::Status Admit(const zmq::message_t& peer, const zmq::message_t& header_frame) {
     const std::string who = header_.op() == REPLICATE ? std::string("a primary server")
                                                       : absl::StrCat("worker ", header_.worker_rank());
     absl::Status error;
-    switch (admission_->Admit(peer, who, &error)) {
+    bool new_peer = false;
+    switch (admission_->Admit(peer, who, &error, &new_peer)) {
       case PeerAdmission::Verdict::kAdmitted:
+        if (new_peer) connections_->Proven(header_frame);
         return absl::OkStatus();
       case PeerAdmission::Verdict::kOverInflight:
         ++refused_by_limits_;
@@ -533,6 +551,14 @@ class ParameterServerImpl : public ParameterServer {
     LOG_EVERY_N(WARNING, 1000) << "server " << index_ << ": " << error << " [" << google::COUNTER
                                << " refused so far]";
     return error;
+  }
+
+  // Connections over the per-address limit, and those that carried no
+  // valid message in time, closed (AcceptedConnections); once per pass of
+  // the loop, after what was queued was handled.
+  void LimitConnections() {
+    const AcceptedConnections::Closed closed = connections_->Update(std::chrono::steady_clock::now());
+    if (metrics_) metrics_->CountClosedConnections(closed.over_address_limit, closed.no_message_in_time);
   }
 
   // The config's high-water marks and largest frame (limits), set on the
@@ -987,6 +1013,9 @@ class ParameterServerImpl : public ParameterServer {
   // destructor) before context_ goes.
   std::unique_ptr<CurveAuthenticator> authenticator_;
   zmq::socket_t socket_;
+  // The data socket's connections; destroyed (its monitor stopped) before
+  // socket_ closes.
+  std::unique_ptr<AcceptedConnections> connections_;
   const std::string data_address_;
   const CurveKeyPair curve_keys_;  // Z85; empty: the data socket is plain
   // Engine thread only. Sealed data socket (AES-256-GCM): the admitted
@@ -1096,6 +1125,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   if (!made.ok()) return made.status();
   zmq::socket_t socket = *std::move(made);
   SetSocketLimits(socket, config);
+  // Before it binds: no connection goes unseen.
+  auto connections = AcceptedConnections::Create(context, socket, ConnectionLimits(config), who);
+  if (!connections.ok()) return connections.status();
   CurveKeyPair keys;
   std::unique_ptr<CurveAuthenticator> authenticator;
   if (options.security.enabled) {
@@ -1119,9 +1151,9 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const S
   std::string endpoint = socket.get(zmq::sockopt::last_endpoint);
   std::string port = endpoint.substr(endpoint.rfind(':') + 1);
   std::string address = absl::StrCat("tcp://", options.advertise_host, ":", port);
-  auto server = std::make_unique<ParameterServerImpl>(std::move(scheduler), std::move(context), std::move(authenticator),
-                                                      std::move(socket), address, std::move(keys),
-                                                      options.security.seal_data);
+  auto server = std::make_unique<ParameterServerImpl>(
+      std::move(scheduler), std::move(context), std::move(authenticator), std::move(socket), *std::move(connections),
+      address, std::move(keys), options.security.seal_data);
   ServerOptions registering = options;  // within the deadline the status call began
   registering.register_timeout = std::max(register_deadline - absl::Now(), absl::Seconds(1));
   if (absl::Status s = server->Start(registering); !s.ok()) return s;

@@ -74,6 +74,11 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r, uint32_t server_index, size_t m
   unsealed_ = r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "unsealed"}});
   wrong_sender_ =
       r.Counter("shardps_server_refused_total", refused_help, {{"server", server}, {"reason", "wrong_sender"}});
+  const char* closed_help = "Data connections closed to protect the server, by reason";
+  closed_over_address_ = r.Counter("shardps_server_closed_connections_total", closed_help,
+                                   {{"server", server}, {"reason", "per_address"}});
+  closed_no_message_ =
+      r.Counter("shardps_server_closed_connections_total", closed_help, {{"server", server}, {"reason", "no_message"}});
   handling_ = r.Histogram("shardps_server_request_handling_seconds",
                           "Engine-thread time per request: validate, apply, answer or park (not time parked)",
                           {1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3, 64e-3, 256e-3}, l);

@@ -39,6 +39,12 @@ class ServerMetrics {
   // another node (server/sender_roles.h).
   void CountUnsealed() { unsealed_.Add(1); }
   void CountWrongSender() { wrong_sender_.Add(1); }
+  // Data connections closed (server/accepted_connections.h): over
+  // limits.max_connections_per_address, and no valid message in time.
+  void CountClosedConnections(uint64_t over_address_limit, uint64_t no_message_in_time) {
+    if (over_address_limit != 0) closed_over_address_.Add(over_address_limit);
+    if (no_message_in_time != 0) closed_no_message_.Add(no_message_in_time);
+  }
 
   void ObserveHandling(std::chrono::steady_clock::duration d) {
     handling_.Observe(std::chrono::duration<double>(d).count());
@@ -53,6 +59,8 @@ class ServerMetrics {
   MetricCounter snapshots_sent_, snapshot_probes_;
   // shardps_server_refused_total{reason}.
   MetricCounter non_finite_, bad_request_ids_, over_inflight_, over_connections_, unsealed_, wrong_sender_;
+  // shardps_server_closed_connections_total{reason}.
+  MetricCounter closed_over_address_, closed_no_message_;
   MetricCounter stale_gradients_, staleness_sum_;
   MetricGauge staleness_max_;
   MetricHistogram handling_;

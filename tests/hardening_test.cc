@@ -1,12 +1,19 @@
 // The defects an attacker found with an independent client (issue 12), each
 // against real scheduler and server processes: forged request ids, NaN
 // gradients, bad and stolen addresses, duplicate ranks, oversized models,
-// calls that block, bad ports, and a reader that never reads.
+// calls that block, bad ports, a reader that never reads, and connections
+// that send nothing.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +26,7 @@
 
 #include <zmq.hpp>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_message.h"
@@ -195,6 +203,153 @@ TEST_F(AttackedServerTest, AReaderThatNeverReadsCannotGrowTheServer) {
   // copy of the weights more than before, not 800 MiB of answers.
   const uint64_t after = ResidentBytes(cluster_->server_pid(0));
   EXPECT_LT(after, before + (120u << 20)) << "server RSS grew from " << before << " to " << after << " bytes";
+}
+
+// TCP connections to `address` (tcp://IP:PORT) from `source`, that send
+// nothing; -1 for one that could not connect.
+std::vector<int> OpenIdleConnections(const std::string& address, const char* source, int count) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(std::stoi(address.substr(colon + 1)));
+  inet_pton(AF_INET, address.substr(6, colon - 6).c_str(), &to.sin_addr);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  std::vector<int> fds;
+  for (int i = 0; i < count; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+        connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+      close(fd);
+      fd = -1;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+// How many of `fds` the other end closes within `wait` (each closed one is
+// closed here too, and set to -1).
+int ClosedByPeerWithin(std::vector<int>& fds, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  int closed = 0;
+  while (absl::Now() < deadline) {
+    std::vector<pollfd> open;
+    for (int fd : fds) {
+      if (fd >= 0) open.push_back(pollfd{.fd = fd, .events = POLLIN, .revents = 0});
+    }
+    if (open.empty() || poll(open.data(), open.size(), 100) <= 0) continue;
+    for (const pollfd& p : open) {
+      char byte[64];
+      // The server's ZeroMQ greeting arrives first: only the end counts.
+      if ((p.revents & (POLLIN | POLLHUP | POLLERR)) == 0 || read(p.fd, byte, sizeof(byte)) > 0) continue;
+      close(p.fd);
+      *std::find(fds.begin(), fds.end(), p.fd) = -1;
+      ++closed;
+    }
+  }
+  return closed;
+}
+
+// Anyone who reaches a server's data port could open connections and send
+// nothing: ZeroMQ kept each (about 35 KB and a descriptor) until the
+// server's RLIMIT_NOFILE refused the workers' own. A connection past
+// limits.max_connections_per_address from one address is closed at once.
+TEST_F(AttackedServerTest, IdleConnectionsPastThePerAddressLimitAreClosedAndTheWorkerTrainsOn) {
+  ClusterConfig config = AsyncSgd();
+  config.mutable_limits()->set_max_connections_per_address(8);
+  StartCluster(config);
+  auto addresses = cluster_->ServerAddresses();
+  ASSERT_TRUE(addresses.ok()) << addresses.status();
+  // From another loopback address than the worker's and the raw client's.
+  std::vector<int> idle = OpenIdleConnections((*addresses)[0], "127.0.0.2", 40);
+  ASSERT_EQ(absl::c_count(idle, -1), 0) << "connections the kernel refused";
+  // Well within ZeroMQ's own handshake timeout (10 s), which would close them too.
+  const int closed = ClosedByPeerWithin(idle, absl::Seconds(3));
+  EXPECT_EQ(closed, 40 - 8) << "connections from one address past the limit of 8 still open";
+  PushOnes();
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 6.0f));
+  for (int fd : idle) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+// A ZeroMQ client that completes its handshake and sends nothing answers
+// the server's heartbeats, so ZeroMQ never closed its connection. One that
+// carries no valid message within the longer of heartbeat_timeout_ms and
+// request_timeout_ms is closed; one that did stays.
+TEST_F(AttackedServerTest, AConnectionThatSendsNoValidMessageIsClosedAfterTheDeadline) {
+  ClusterConfig config = AsyncSgd();
+  config.set_heartbeat_interval_ms(500);
+  config.set_heartbeat_timeout_ms(2000);
+  config.set_request_timeout_ms(2000);
+  StartCluster(config);
+  auto addresses = cluster_->ServerAddresses();
+  ASSERT_TRUE(addresses.ok()) << addresses.status();
+  // The raw client's connection carries a valid (plain) request, answered.
+  (void)Exchange(Forged(PULL, 1), {});
+  auto watched = WatchConnections(context_, socket_, "inproc://raw-client", ZMQ_EVENT_DISCONNECTED);
+  ASSERT_TRUE(watched.ok()) << watched.status();
+  zmq::socket_t idle(context_, zmq::socket_type::dealer);
+  idle.set(zmq::sockopt::linger, 0);
+  idle.set(zmq::sockopt::reconnect_ivl, -1);  // one connection, not made again
+  auto idle_watched =
+      WatchConnections(context_, idle, "inproc://idle-client", ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED);
+  ASSERT_TRUE(idle_watched.ok()) << idle_watched.status();
+  const absl::Time start = absl::Now();
+  idle.connect((*addresses)[0]);
+  std::vector<uint16_t> events;
+  while (absl::c_count(events, ZMQ_EVENT_DISCONNECTED) == 0 && absl::Now() - start < absl::Seconds(8)) {
+    absl::SleepFor(absl::Milliseconds(50));
+    for (uint16_t e : TakeConnectionEvents(*idle_watched)) events.push_back(e);
+  }
+  ASSERT_THAT(events, ::testing::Contains(ZMQ_EVENT_HANDSHAKE_SUCCEEDED)) << "the idle client never got in";
+  EXPECT_THAT(events, ::testing::Contains(ZMQ_EVENT_DISCONNECTED)) << "an idle connection open after 8 s";
+  EXPECT_GE(absl::Now() - start, absl::Seconds(2)) << "closed before its deadline";
+  EXPECT_THAT(TakeConnectionEvents(*watched), Not(::testing::Contains(ZMQ_EVENT_DISCONNECTED)))
+      << "the connection that carried a valid request was closed";
+  PushOnes();
+  EXPECT_EQ(Weights(), std::vector<float>(kN, 6.0f));
+  (void)zmq_socket_monitor(idle.handle(), nullptr, 0);
+  (void)zmq_socket_monitor(socket_.handle(), nullptr, 0);
+}
+
+// The deadline cannot tell a worker with nothing to send a server from an
+// attacker: its connection to a server that holds only a backup is closed
+// each deadline. Its socket connects again by itself, and once that server
+// becomes the primary (the other stopped) the worker's requests reach it.
+TEST(IdleConnectionTest, AWorkersConnectionClosedForCarryingNothingCarriesItsRequestsOnceItHasSome) {
+  ClusterConfig config;
+  config.set_num_servers(2);
+  config.set_num_workers(1);
+  config.set_heartbeat_interval_ms(500);
+  config.set_heartbeat_timeout_ms(2000);
+  config.set_request_timeout_ms(2000);  // the deadline: 2 s
+  auto cluster = TestCluster::Start(config);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE((*worker)->DefineTensors({Float32Tensor("w", 64)}).ok());  // one partition
+  ASSERT_TRUE((*worker)->InitTensor("w", std::vector<float>(64, 1.0f), absl::Seconds(10)).ok());
+  auto client = SchedulerClient::Create((*cluster)->scheduler_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto status = (*client)->Status(absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->shard_map().partitions_size(), 1);
+  const uint32_t primary = status->shard_map().partitions(0).server();
+  // The connection to the backup is closed twice meanwhile.
+  absl::SleepFor(absl::Seconds(5));
+  std::vector<float> out(64);
+  auto pulled = (*worker)->Pull("w", absl::MakeSpan(out));
+  ASSERT_TRUE(pulled.ok());
+  ASSERT_TRUE((*worker)->Wait(*pulled, absl::Seconds(10)).ok());
+  ASSERT_EQ((*cluster)->StopServer(primary), 0);
+  std::vector<float> g(64, 0.5f);
+  auto pushed = (*worker)->PushPull("w", g, absl::MakeSpan(out));
+  ASSERT_TRUE(pushed.ok());
+  absl::Status s = (*worker)->Wait(*pushed, absl::Seconds(15));
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(RegisterTest, InvalidUnreachableAndStolenAddressesAndDuplicateRanksAreRefused) {

@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -41,6 +43,14 @@ absl::StatusOr<ClusterConfig> LoadLocalConfig(const std::string& path, int64_t s
   }
   config.set_num_servers(servers);
   config.set_num_workers(workers);
+  // Every process on 127.0.0.1: a server's data port takes a connection from
+  // each (two while one replaces a broken one), which the per-address limit
+  // (server/accepted_connections.h) would refuse past 32 processes; a few
+  // more for servers that join or replace a dead one. A config's own wins.
+  const auto one_host = static_cast<uint32_t>(2 * std::clamp<int64_t>(servers + workers, 0, 1 << 20) + 8);
+  if (!config.limits().has_max_connections_per_address() && one_host > config.limits().max_connections_per_address()) {
+    config.mutable_limits()->set_max_connections_per_address(one_host);
+  }
   return config;
 }
 
