@@ -87,7 +87,7 @@ void AcceptedConnections::Stop() {
 
 AcceptedConnections::Closed AcceptedConnections::Update(Clock::time_point now) {
   TakeEvents(now);
-  while (!deadlines_.empty() && now - deadlines_.front().second >= limits_.proof_deadline) {
+  while (!deadlines_.empty() && idle_ > limits_.max_idle && now - deadlines_.front().second >= limits_.proof_deadline) {
     const auto [fd, taken_in] = deadlines_.front();
     deadlines_.pop_front();
     auto it = connections_.find(fd);
@@ -98,7 +98,8 @@ AcceptedConnections::Closed AcceptedConnections::Update(Clock::time_point now) {
     ++closed_.no_message_in_time;
     Say(no_message_, c.address,
         absl::StrCat("it carried no valid message within ", limits_.proof_deadline.count(),
-                     " ms of being accepted (the longer of heartbeat_timeout_ms and request_timeout_ms)"),
+                     " ms of being accepted (the longer of heartbeat_timeout_ms and request_timeout_ms), and more "
+                     "than limits.max_idle_connections (", limits_.max_idle, ") such connections are open"),
         now);
   }
   Closed closed = closed_;
@@ -138,6 +139,7 @@ void AcceptedConnections::TakeEvents(Clock::time_point now) {
     if (it == connections_.end() || it->second.counted) continue;
     Connection& c = it->second;
     c.counted = true;
+    if (!c.proven) ++idle_;
     const uint32_t from_address = ++per_address_[c.address];
     if (from_address > limits_.max_per_address) {
       Close(fd, c);
@@ -155,6 +157,7 @@ void AcceptedConnections::TakeEvents(Clock::time_point now) {
 void AcceptedConnections::Disconnected(int fd) {
   auto it = connections_.find(fd);
   if (it == connections_.end()) return;
+  NoLongerIdle(it->second);
   if (it->second.counted) {
     auto count = per_address_.find(it->second.address);
     if (count != per_address_.end() && --count->second == 0) per_address_.erase(count);
@@ -173,10 +176,16 @@ void AcceptedConnections::Proven(const zmq::message_t& frame) {
     it = connections_.find(fd);
     if (it == connections_.end()) return;
   }
+  NoLongerIdle(it->second);
   it->second.proven = true;
 }
 
+void AcceptedConnections::NoLongerIdle(Connection& c) {
+  if (c.counted && !c.proven && !c.closing && idle_ > 0) --idle_;
+}
+
 void AcceptedConnections::Close(int fd, Connection& c) {
+  NoLongerIdle(c);
   c.closing = true;
   std::string address;
   uint16_t port = 0;

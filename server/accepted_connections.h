@@ -11,10 +11,14 @@
 //   a time; one more is closed as soon as its event is taken in.
 // - A connection on which no valid message arrived (Proven: sealed by a
 //   node of the map, under CURVE from a key the map admits, plain: a header
-//   that parses) within Limits::proof_deadline of being taken in is closed.
-//   So is a node's that has nothing to send for that long (a worker whose
-//   partitions are all on other servers): its socket connects again by
-//   itself, and nothing it waited for is lost.
+//   that parses) within Limits::proof_deadline of being taken in is closed
+//   while the server holds more than Limits::max_idle such connections,
+//   oldest first. The allowance keeps the job's own nodes that have nothing
+//   to send this server (a worker whose partitions are all on other
+//   servers, a server that just joined): a job has few of them, and before
+//   the allowance each was closed at every deadline (its socket connected
+//   again, a warning here and a connection break on the worker). One closed
+//   under pressure loses nothing: its socket connects again by itself.
 //
 // Closing is shutdown(2) of the descriptor, which libzmq's I/O thread owns:
 // its next read finds the end, and libzmq drops the connection, its pipe and
@@ -55,6 +59,9 @@ class AcceptedConnections {
     // request_timeout_ms, after which a connection that carries nothing is
     // taken for broken anyway).
     std::chrono::milliseconds proof_deadline{30000};
+    // Connections with no valid message yet left open past the deadline
+    // (limits.max_idle_connections).
+    uint32_t max_idle = 64;
   };
 
   // Connections closed by one Update, by reason.
@@ -112,6 +119,8 @@ class AcceptedConnections {
   // Takes the queued events in, closing connections over the address limit.
   void TakeEvents(Clock::time_point now);
   void Disconnected(int fd);
+  // `c` stops being idle (proven, closing or gone).
+  void NoLongerIdle(Connection& c);
   // shutdown(2) of `fd` if its peer is still `c`'s; marks it closing.
   void Close(int fd, Connection& c);
   void Say(Said& said, const std::string& address, const std::string& why, Clock::time_point now);
@@ -122,6 +131,7 @@ class AcceptedConnections {
   std::string name_;
   absl::flat_hash_map<int, Connection> connections_;  // by descriptor
   absl::flat_hash_map<std::string, uint32_t> per_address_;
+  uint32_t idle_ = 0;  // counted, not proven, not closing
   // Not proven when taken in, in the order taken in (so by deadline): a
   // descriptor, and when it was taken in (an entry whose connection has
   // gone, or was replaced on a reused descriptor, is skipped).

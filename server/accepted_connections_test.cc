@@ -115,8 +115,24 @@ TEST_F(AcceptedConnectionsTest, AConnectionThatEndsFreesItsPlace) {
   EXPECT_FALSE(ClosedByServer(third));
 }
 
+TEST_F(AcceptedConnectionsTest, PastTheirDeadlineIdleConnectionsBeyondTheAllowanceAreClosedOldestFirst) {
+  // A job's own nodes with nothing to send (within the allowance) keep their
+  // connections; a flood beyond it loses its oldest.
+  Watch({.max_per_address = 64, .proof_deadline = std::chrono::seconds(30), .max_idle = 2});
+  std::vector<size_t> idle;
+  for (int i = 0; i < 2; ++i) idle.push_back(Connect("127.0.0.2"));
+  EXPECT_EQ(Run(absl::Milliseconds(300)).no_message_in_time, 0u);  // taken in
+  EXPECT_EQ(Run(absl::Milliseconds(300), Clock::now() + std::chrono::seconds(31)).no_message_in_time, 0u);
+  EXPECT_FALSE(ClosedByServer(idle[0]) || ClosedByServer(idle[1])) << "closed within the allowance";
+  for (int i = 0; i < 3; ++i) idle.push_back(Connect("127.0.0.3"));
+  EXPECT_EQ(Run(absl::Milliseconds(300)).no_message_in_time, 0u);
+  EXPECT_EQ(Run(absl::Milliseconds(300), Clock::now() + std::chrono::seconds(31)).no_message_in_time, 3u);
+  EXPECT_TRUE(ClosedByServer(idle[0]) && ClosedByServer(idle[1]) && ClosedByServer(idle[2]));
+  EXPECT_FALSE(ClosedByServer(idle[3]) || ClosedByServer(idle[4]));
+}
+
 TEST_F(AcceptedConnectionsTest, OnlyAConnectionThatCarriedNoValidMessageIsClosedAtItsDeadline) {
-  Watch({.max_per_address = 64, .proof_deadline = std::chrono::seconds(30)});
+  Watch({.max_per_address = 64, .proof_deadline = std::chrono::seconds(30), .max_idle = 0});
   const size_t idle = Connect("127.0.0.2");
   zmq::socket_t dealer(context_, zmq::socket_type::dealer);
   dealer.set(zmq::sockopt::linger, 0);

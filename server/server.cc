@@ -94,7 +94,8 @@ void SetSocketLimits(zmq::socket_t& socket, const ClusterConfig& config) {
 // What the data port lets connections no node has shown itself on hold
 // (server/accepted_connections.h).
 AcceptedConnections::Limits ConnectionLimits(const ClusterConfig& config) {
-  return {config.limits().max_connections_per_address(), std::chrono::milliseconds(SilentConnectionMs(config))};
+  return {config.limits().max_connections_per_address(), std::chrono::milliseconds(SilentConnectionMs(config)),
+          config.limits().max_idle_connections()};
 }
 
 bool SocketLimitsSet(zmq::socket_t& socket, const ClusterConfig& config) {

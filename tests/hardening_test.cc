@@ -284,6 +284,7 @@ TEST_F(AttackedServerTest, AConnectionThatSendsNoValidMessageIsClosedAfterTheDea
   config.set_heartbeat_interval_ms(500);
   config.set_heartbeat_timeout_ms(2000);
   config.set_request_timeout_ms(2000);
+  config.mutable_limits()->set_max_idle_connections(0);  // the job's nodes all send: none is its
   StartCluster(config);
   auto addresses = cluster_->ServerAddresses();
   ASSERT_TRUE(addresses.ok()) << addresses.status();
@@ -316,9 +317,10 @@ TEST_F(AttackedServerTest, AConnectionThatSendsNoValidMessageIsClosedAfterTheDea
 }
 
 // The deadline cannot tell a worker with nothing to send a server from an
-// attacker: its connection to a server that holds only a backup is closed
-// each deadline. Its socket connects again by itself, and once that server
-// becomes the primary (the other stopped) the worker's requests reach it.
+// attacker: past limits.max_idle_connections (a flood of idle ones), its
+// connection to a server that holds only a backup is closed each deadline.
+// Its socket connects again by itself, and once that server becomes the
+// primary (the other stopped) the worker's requests reach it.
 TEST(IdleConnectionTest, AWorkersConnectionClosedForCarryingNothingCarriesItsRequestsOnceItHasSome) {
   ClusterConfig config;
   config.set_num_servers(2);
@@ -326,6 +328,7 @@ TEST(IdleConnectionTest, AWorkersConnectionClosedForCarryingNothingCarriesItsReq
   config.set_heartbeat_interval_ms(500);
   config.set_heartbeat_timeout_ms(2000);
   config.set_request_timeout_ms(2000);  // the deadline: 2 s
+  config.mutable_limits()->set_max_idle_connections(0);  // as under a flood of idle ones
   auto cluster = TestCluster::Start(config);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto worker = Worker::Create({.scheduler_address = (*cluster)->scheduler_address(), .rank = 0});
