@@ -156,6 +156,53 @@ TEST_F(NoGradientTest, SumOnlyAnswersOfARoundWithNoGradientCarryNoAggregate) {
   }
 }
 
+TEST_F(NoGradientTest, WeightDeltasLoseNothingAcrossARoundTheWorkersSkipped) {
+  // A frozen parameter's workers skip with plain PUSHes (Worker::SkipRound),
+  // which are acknowledged with no weights: a delta encoded for the skipped
+  // round (what quantisation dropped from the round before) would reach no
+  // worker while the mirror took it as sent.
+  const int n = 4096;  // compressed: smaller partitions go raw
+  Make(SYNC, [](ClusterConfig& c) { c.mutable_compression()->set_pull_codec("bf16"); }, n);
+  auto codec = compression::CreateCodec("bf16");
+  ASSERT_TRUE(codec.ok());
+  std::vector<float> held(n_, 1.0f);  // what a worker holds: INIT, then the deltas it is answered
+  auto land = [&](size_t answer) {
+    const std::string& bytes = answer_payloads_[answer];
+    ASSERT_EQ(answers_[answer].codec(), "bf16");
+    ASSERT_TRUE((*codec)
+                    ->DecodeAdd(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                                compression::CodecSeed(5, answers_[answer].completed_rounds()), absl::MakeSpan(held))
+                    .ok());
+  };
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> g(n);
+  for (uint32_t rank : {0u, 1u}) {
+    for (float& x : g) x = normal(rng);
+    Send(0, PUSH_PULL, rank, 0, g);
+  }
+  Deliver();
+  ASSERT_EQ(answers_.size(), 2u);
+  land(1);
+  for (uint32_t rank : {0u, 1u}) {
+    DataHeader h = RequestHeader(PUSH, rank, 1, 3, ++next_id_, n_);
+    h.set_no_gradient(true);
+    zmq::message_t peer("w" + std::to_string(rank));
+    engines_[0]->Handle(peer, h, nullptr);
+  }
+  Deliver();
+  for (uint64_t round = 2; round < 5; ++round) {
+    Send(0, PUSH_PULL, 0, round, std::vector<float>(n, 0.0f));
+    Send(0, PUSH_PULL, 1, round, std::vector<float>(n, 0.0f));
+    Deliver();
+    land(answers_.size() - 1);
+  }
+  ExpectAllAnsweredOk();
+  const std::vector<float> weights = Weights(0);
+  for (int i = 0; i < n; ++i) ASSERT_NEAR(held[i], weights[i], 1e-6) << "element " << i;
+  EXPECT_TRUE(SameBits(Weights(1), weights));
+}
+
 TEST_F(NoGradientTest, AsyncRefusesAPushWithNoGradientSayingNoRoundWaitsForIt) {
   Make(ASYNC);
   SendNone(0, 0);
