@@ -118,6 +118,37 @@ TEST_F(NoGradientTest, CompressedRoundsForwardedToTheBackupSkipThePushesWithNoGr
   EXPECT_TRUE(SameBits(Weights(0), Weights(1))) << "the backup's copy differs from the primary's";
 }
 
+TEST_F(NoGradientTest, ABackupRefusesARoundSummedFromPushesThatCarryNoGradient) {
+  // A buggy or hostile primary: the round's update names forwarded pushes
+  // none of which carries a gradient, and does not say it carries none. Summed,
+  // it would apply whatever the backup's sum buffer still held.
+  const int n = 4096;
+  Make(SYNC, [](ClusterConfig& c) { c.mutable_compression()->set_codec("2bit"); }, n);
+  const std::string spec = compression::ParseCodecSpec("2bit")->ToString();
+  std::vector<float> g(n, 0.5f);
+  SendBytes(0, PUSH_PULL, 0, 0, spec, EncodeForTest(spec, g, 5, 0));
+  SendBytes(0, PUSH_PULL, 1, 0, spec, EncodeForTest(spec, g, 5, 0));
+  Deliver();
+  ASSERT_TRUE(SameBits(Weights(0), Weights(1)));
+  SendNone(1, 1);  // first: the round is forwarded from its first push on
+  SendNone(0, 1);
+  // The forwarded pushes, confirmed: then the round completes.
+  while (outbox_.empty() || outbox_.back().header.replica_of() != PUSH) {
+    ASSERT_FALSE(outbox_.empty() && acks_.empty()) << "the round did not complete";
+    outbox_.empty() ? DeliverOneAck() : DeliverOneUpdate();
+  }
+  Message& update = outbox_.back();
+  ASSERT_TRUE(update.header.replica_of() == PUSH && update.header.no_gradient());
+  update.header.set_no_gradient(false);
+  update.header.add_summed_workers(1);
+  update.header.add_summed_workers(0);
+  const std::vector<float> before = Weights(1);
+  while (!outbox_.empty()) DeliverOneUpdate();
+  ASSERT_FALSE(acks_.empty());
+  EXPECT_NE(acks_.back().header.status_code(), 0) << "the backup confirmed the update";
+  EXPECT_TRUE(SameBits(Weights(1), before)) << "the backup applied a round no push carried a gradient to";
+}
+
 TEST_F(NoGradientTest, ACopyReCreatedAndPromotedStepsAdamAsItsPrimaryWould) {
   Make(SYNC, Adam);
   SendNone(0, 0);
