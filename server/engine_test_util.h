@@ -163,11 +163,16 @@ class ReplicaPairTest : public ::testing::Test {
       if (!outbox_.empty()) {
         DeliverOneUpdate();
       } else {
-        Message m = std::move(acks_.front());
-        acks_.pop_front();
-        engines_[m.to]->HandleReplicaAck(m.from, m.header);
+        DeliverOneAck();
       }
     }
+  }
+
+  // Hands the first confirmation waiting to the primary. REQUIRES: one is waiting.
+  void DeliverOneAck() {
+    Message m = std::move(acks_.front());
+    acks_.pop_front();
+    engines_[m.to]->HandleReplicaAck(m.from, m.header);
   }
 
   // Delivers the first replica update waiting (its confirmation is queued

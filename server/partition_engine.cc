@@ -1102,9 +1102,12 @@ void PartitionEngine::EndRound(Partition& p) {
   p.forwarding_round = false;
   p.counted_order.clear();
   p.open_pushes.clear();
-  // A sum-only round with no gradient has no aggregate to encode (its
-  // answers carry none); weights are encoded as after any round.
-  if (p.codecs.pull != nullptr && RoundBased(config_) && !(sum_only_ && p.last_skipped)) {
+  // A round with no gradient has no aggregate and no weight delta to encode
+  // (its answers carry none): its workers skipped with plain pushes, which
+  // no weights answer, so a delta encoded now (what quantisation dropped
+  // from the round before) would enter the mirror and reach no worker. It
+  // goes out with the next round that steps.
+  if (p.codecs.pull != nullptr && RoundBased(config_) && !(p.last_skipped && (sum_only_ || p.delta_pulls))) {
     // Every copy encodes each round's answer once, right after the round, so
     // error feedback and the weight-delta mirror agree on every copy. With
     // replication 1 too: a primary move gives the partition a copy that
@@ -1307,8 +1310,8 @@ void PartitionEngine::AnswerWeights(Partition& p, const zmq::message_t& peer, co
   reply.set_dtype(FLOAT32);
   if (p.last_skipped && RoundBased(config_)) {
     reply.set_no_gradient(true);
-    if (sum_only_ && request.op() == PUSH_PULL) {
-      sink_(peer, reply, nullptr);  // no aggregate: the workers apply no step
+    if ((sum_only_ || p.delta_pulls) && request.op() == PUSH_PULL) {
+      sink_(peer, reply, nullptr);  // no aggregate or delta: the workers apply no step
       return;
     }
   }

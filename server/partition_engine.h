@@ -727,7 +727,8 @@ class PartitionEngine {
   void ForwardCounted(Partition& p, const DataHeader& h, const zmq::message_t& payload, size_t bytes);
   // Backup: sums the forwarded pushes the round update `h` names into p.acc,
   // in its order, as the primary did; fails (leaving only scratch changed)
-  // if one does not decode. REQUIRES: ReplicaIsNew(p, h) returned true.
+  // if one does not decode, or if `h` says it carries no gradient and its
+  // pushes do (or the other way round). REQUIRES: ReplicaIsNew(p, h) returned true.
   absl::Status SumForwarded(Partition& p, const DataHeader& h);
   // Answers a counted or parked push of `round` once the weights it may use
   // are there: round + 1 - staleness complete (sync: its own round).

@@ -234,6 +234,16 @@ absl::Status PartitionEngine::SumForwarded(Partition& p, const DataHeader& h) {
     p.contributed[w] = true;
     ++p.arrivals;
   }
+  if (h.no_gradient() != (p.gradients == 0)) {
+    // The primary skips a round exactly when none of its pushes carries a
+    // gradient: else this copy would apply what its sum buffer still holds
+    // (or skip gradients the primary applied).
+    clear();
+    return absl::InvalidArgumentError(absl::StrCat("partition ", p.id, ": round ", h.round(), " sums ",
+                                                   h.summed_workers_size(), " forwarded pushes, ", p.gradients,
+                                                   " of them with a gradient, and says it ",
+                                                   h.no_gradient() ? "carries none" : "carries some"));
+  }
   SumRound(p);
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
 // The C ABI's queries and per-partition calls against a real cluster (the
 // basic step is ClusterTest.CApiTrainsAStep).
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -247,6 +248,43 @@ TEST(CApiSumOnlyTest, ARoundNoWorkerPushedAGradientToStepsNoWeightsAndAdamCounts
   for (uint64_t step = 0; step < 2; ++step) (*optimizer)->Apply(step, 0.5f, sum, expected, state, 4);
   EXPECT_EQ(std::memcmp(weights[0], expected, sizeof(expected)), 0) << weights[0][0] << " vs " << expected[0];
   EXPECT_EQ(std::memcmp(weights[1], expected, sizeof(expected)), 0);
+}
+
+TEST(CApiWeightDeltaTest, AWorkerThatSkippedARoundStillHoldsTheServersWeights) {
+  // Weight-delta pulls (bf16): a round both workers skipped is acknowledged
+  // with no weights, so it must send no delta either; what bf16 dropped from
+  // the round before goes out with the next round that steps.
+  ClusterConfig config = SyncSgd(0.5f);
+  config.mutable_compression()->set_pull_codec("bf16");
+  TwoWorkers job(config);
+  ASSERT_TRUE(job.ok());
+  constexpr int n = 256;  // the 16-bit codecs' minimum partition
+  job.Define("w", n);
+  char err[256] = "";
+  std::vector<float> grad(n), weights[2] = {std::vector<float>(n), std::vector<float>(n)};
+  auto round = [&](bool frozen) {
+    uint64_t h[2] = {};
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(frozen ? shardps_skip_round(job.w[r], "w", &h[r], err, sizeof(err))
+                       : shardps_push_pull(job.w[r], "w", grad.data(), weights[r].data(), n, &h[r], err, sizeof(err)),
+                SHARDPS_OK)
+          << err;
+    }
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(shardps_wait(job.w[r], h[r], 10.0, err, sizeof(err)), SHARDPS_OK) << err;
+  };
+  for (int i = 0; i < n; ++i) grad[i] = 0.1234567f * static_cast<float>(i + 1);
+  round(false);
+  round(true);
+  std::fill(grad.begin(), grad.end(), 0.0f);
+  for (int k = 0; k < 3; ++k) round(false);
+  std::vector<float> servers(n);  // a plain PULL returns the whole weights, raw
+  uint64_t h = 0;
+  ASSERT_EQ(shardps_pull(job.w[0], "w", servers.data(), n, &h, err, sizeof(err)), SHARDPS_OK) << err;
+  ASSERT_EQ(shardps_wait(job.w[0], h, 10.0, err, sizeof(err)), SHARDPS_OK) << err;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_NEAR(weights[0][i], servers[i], 1e-6f) << i;
+    ASSERT_EQ(weights[1][i], weights[0][i]) << i;
+  }
 }
 
 TEST_F(CApiClusterTest, MeanGradientNeedsSumOnlyMode) {

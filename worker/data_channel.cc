@@ -646,8 +646,9 @@ void DataChannel::Receive(size_t server) {
   const Pending& p = it->second;
   s = ResponseStatus(response_);
   if (has_payload) bytes_received_.fetch_add(payload.size(), std::memory_order_relaxed);
-  // A sum-only answer of a round no worker pushed a gradient to carries no
-  // aggregate (DataHeader.no_gradient): the weights stay as they are.
+  // A sum-only or weight-delta answer of a round no worker pushed a gradient
+  // to carries no aggregate or delta (DataHeader.no_gradient): the weights
+  // stay as they are.
   const bool answered = has_payload || (response_.no_gradient() && p.on_answer);
   if (s.ok() && p.on_answer) {
     s = answered ? p.on_answer(response_, payload)

@@ -518,6 +518,8 @@ class WorkerImpl : public Worker {
         if (mean) std::fill(out, out + n, 0.0f);
         return absl::OkStatus();
       }
+      // Nor a weight delta: the weights held in `out` are the round's.
+      if (delta && answer.no_gradient() && payload.size() == 0) return absl::OkStatus();
       // The mean over the workers whose gradients the aggregate sums.
       const uint32_t contributors = answer.contributors() > 0 ? answer.contributors() : config_.num_workers();
       const float scale = 1.0f / static_cast<float>(contributors);
