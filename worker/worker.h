@@ -127,7 +127,9 @@ class Worker {
   // to completes with no optimizer step: weights and optimizer state stay
   // as they are, and Adam's bias correction counts only the rounds that
   // stepped, as torch's per-parameter step count does. Wait on the handle
-  // as on Push's. FAILED_PRECONDITION where no round waits for pushes (async,
+  // as on Push's. Freeze a tensor on every worker alike: one that skips a
+  // round others pushed to gets no weights from it (weight-delta pulls and
+  // sum-only copies then differ for good). FAILED_PRECONDITION where no round waits for pushes (async,
   // ssp applied on arrival: there a frozen parameter simply pushes nothing)
   // or where the rounds' count decides the update (sum-only 1-bit Adam).
   virtual absl::StatusOr<Handle> SkipRound(const std::string& name) = 0;

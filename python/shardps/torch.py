@@ -421,7 +421,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return loss
         if self._defers:
             for slot in self._slots:
-                slot.deferred = slot.handle is not None  # not a frozen one
+                slot.deferred = slot.handle is not None  # a frozen one's skip_round too (no weights)
                 if slot.deferred:
                     # The library still reads it: a model.zero_grad() (in place on older torch) must
                     # not reach it. The request keeps it alive.
