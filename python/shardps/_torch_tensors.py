@@ -74,7 +74,9 @@ class _Slot:
         # change made here since (p.clamp_, load_state_dict) would be overwritten by the next answer.
         self.landed_version = None
         self.deferred = False  # step() returned; the next forward waits for it
-        self.skipping = False  # its request takes part in a round with no gradient (frozen)
+        # Frozen: the request of its last step's part in the round (skip_round), completed at
+        # the next step, so its round trip overlaps that step's forward and backward.
+        self.skip_handle = None
         self.on_device = not sum_only and _device_path(param)  # cleared if the library has no CUDA
         self.grad32 = self.weights32 = None
         # Pipelined: (handle, its (gradient, weights) buffer pair) of the requests of earlier

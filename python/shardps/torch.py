@@ -277,7 +277,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _push(self, slot):
         p = slot.param
-        slot.skipping = False
         grad = p.grad
         slot.sent = (grad, grad._version) if grad is not None else None
         if not slot.allocated:
@@ -322,9 +321,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _land(self, slot):
         """After slot's request completed: its answer into the parameter."""
         slot.handle, slot.deferred, slot.dropped = None, False, False
-        if slot.skipping:  # frozen: no answer, and no gradient for the torch optimizer
-            slot.skipping = False
-        elif self.sum_only:
+        if self.sum_only:
             slot.sent = None  # p.grad becomes the mean gradient
             if slot.param.grad is None or slot.param.grad.is_sparse:
                 slot.param.grad = torch.zeros_like(slot.param)
@@ -373,8 +370,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     elif not self.worker.poll(handle):
                         break
                     slot.inflight.pop(0)
-                    if pair is None:  # a frozen step's: no weights
-                        continue
                     with torch.no_grad():
                         slot.param.copy_(pair[1])
                     slot.landed_version = slot.param._version
@@ -402,6 +397,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._check_learning_rates()
         self._check_gradients_unchanged()
         self._check_weights_unchanged()
+        self._reap_skips()
         self._hook_trainable()
         self._complete([s for s in self._slots if s.deferred])  # a step with no forward since
         self._release(final=True)
@@ -421,7 +417,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return loss
         if self._defers:
             for slot in self._slots:
-                slot.deferred = slot.handle is not None  # a frozen one's skip_round too (no weights)
+                slot.deferred = slot.handle is not None  # not a frozen one
                 if slot.deferred:
                     # The library still reads it: a model.zero_grad() (in place on older torch) must
                     # not reach it. The request keeps it alive.
@@ -445,12 +441,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         Where no round waits for it (async), it sends nothing."""
         if self._skips:
             try:
-                slot.handle = self.worker.skip_round(slot.name)
-                slot.skipping = True
+                slot.skip_handle = self.worker.skip_round(slot.name)
                 return
             except shardps.FailedPreconditionError as e:
                 self._skips, self._skip_refused = False, str(e)
         self._warn_frozen(slot)
+
+    def _reap_skips(self):
+        """Completes the frozen parameters' requests of the last step (their answers carry
+        nothing; a failed one raises here, a step late)."""
+        for slot in self._slots:
+            handle, slot.skip_handle = slot.skip_handle, None
+            if handle is not None:
+                handle.wait(self.timeout)
 
     def _warn_frozen(self, slot):
         """A frozen tensor that cannot take part in rounds (the cluster refused skip_round)
@@ -520,14 +523,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @property
     def outstanding(self):
         """Names of the parameters whose requests are still on the wire."""
-        return [s.name for s in self._slots if s.handle is not None or s.inflight]
+        return [s.name for s in self._slots if s.handle is not None or s.inflight or s.skip_handle is not None]
 
     def _file(self):
         """Pipelined: this step's requests join their parameters' in-flight lists."""
         for slot in self._slots:
             if slot.handle is not None:
-                slot.inflight.append((slot.handle, None if slot.skipping else slot.pair))
-                slot.handle, slot.skipping = None, False
+                slot.inflight.append((slot.handle, slot.pair))
+                slot.handle = None
 
     def synchronize(self):
         """Completes every outstanding request (after step() with `model`, or pipelined:
@@ -535,6 +538,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         between backward() and step() it lands the averaged gradients in p.grad, where they may
         be changed (clip_grad_norm_) before step() steps the torch optimizer with them."""
         self._check_gradients_unchanged()
+        self._reap_skips()
         if self.pipeline:
             self._file()
             self._catch_up(0)
