@@ -33,6 +33,24 @@ class TorchRejoinTest(unittest.TestCase):
             self.assertTrue(torch.equal(ranks[1][name], weights), name + " differs between the ranks")
 
 
+    def test_a_rank_that_rejoins_while_a_layer_is_frozen_trains_it_in_step_once_unfrozen(self):
+        # The frozen layer's partitions keep pace with the rounds, so the new process's pull of it
+        # (the weights of the round before its join round) and its pushes, numbered from that
+        # round, are the job's. Before, the layer stayed at round 0: that pull waited for rounds it
+        # never completed, and both ranks failed 60 s on ("Pull of '4.weight' (round 32): no
+        # answer").
+        with tempfile.TemporaryDirectory() as out:
+            run = launch(1, 2, python_worker("torch_rejoin_worker.py", out, "first", "frozen"),
+                         sets=["consistency=sync", "optimizer.kind=SGD", "optimizer.learning_rate=0.1",
+                               "heartbeat_timeout_ms=3000"], timeout=150)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            join = int(re.search(r"\[1\] registered again at round (\d+)", run.stdout).group(1))
+            self.assertLess(join, 60, "the rank must rejoin while the layer is frozen")
+            ranks = [torch.load(os.path.join(out, "rank%d.pt" % r)) for r in range(2)]
+        for name, weights in ranks[0].items():
+            self.assertTrue(torch.equal(ranks[1][name], weights), name + " differs between the ranks")
+
+
 class _RejoinedWorker:
     """What broadcast_parameters asks of a worker, for a process that registered again after its
     job passed the barriers `passed`; records the calls that would reach the cluster."""
