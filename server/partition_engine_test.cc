@@ -592,7 +592,7 @@ TEST_F(EngineTest, NonFiniteGradientsAreRefusedAndCountedWeightsUnchanged) {
 // retry) are refused as before.
 TEST_F(EngineTest, RefusedNonFiniteGradientLeavesTheSumAsIfNeverSent) {
   const int n = 1031;  // not a multiple of any vector width
-  auto gradient = [n](int seed) {
+  auto gradient = [](int seed) {
     std::vector<float> g(n);
     for (int i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i * (seed + 2))) * (1.0f + seed);
     return g;
@@ -704,7 +704,7 @@ TEST_F(EngineTest, ARoundOfOneGradientIsAppliedFromItsMessageAndEachRoundStartsA
   // not copied into a sum: with one worker (or the others removed) it is the
   // round's sum, and the next round's first gradient replaces it.
   const int n = 1031;
-  auto gradient = [n](int seed) {
+  auto gradient = [](int seed) {
     std::vector<float> g(n);
     for (int i = 0; i < n; ++i) g[i] = std::sin(0.37f * static_cast<float>(i * (seed + 2))) * (1.0f + seed);
     return g;

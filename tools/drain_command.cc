@@ -140,7 +140,7 @@ absl::Status Drain(const std::string& address, const std::string& security_confi
       const bool replaced = n != nullptr && n->node_id() != node_id;
       const std::string in_place =
           replaced ? absl::StrCat(", and another server (", n->address(), ") has taken its place") : "";
-      absl::string_view why = n != nullptr ? n->replaced() : "";
+      absl::string_view why = n != nullptr ? absl::string_view(n->replaced()) : absl::string_view();
       if (replaced && why == "declared dead") return died(in_place);
       if (replaced && absl::ConsumePrefix(&why, "left: ")) return left_undrained(why, in_place);
       if (n == nullptr || replaced) {

@@ -106,16 +106,40 @@ auto Locked(void* mu, unsigned flags, void* caller, Lock lock) {
   return result;
 }
 
-// A Condition evaluated under `mu` on whichever thread Abseil picks.
-struct AnnotatedCondition {
-  const absl::Condition* condition;
-  void* mu;
-  static bool Eval(AnnotatedCondition* c) {
-    __tsan_acquire(c->mu);
-    const bool result = c->condition->Eval();
-    __tsan_release(c->mu);
+// A Condition evaluated under `mu` on whichever thread Abseil picks. The
+// waiter builds it on its own stack and the unlocking thread reads it, handed
+// over inside the library: `this` is released once built and acquired by
+// Eval before it reads a field, and the other way round when the waiter
+// leaves, or the stack's earlier and later contents look raced. `wrapped()`
+// is built by the library's own (uninstrumented) constructor, whose
+// evaluator reads it there, unseen; the header's templated one would read it
+// here before any acquire.
+class AnnotatedCondition {
+ public:
+  AnnotatedCondition(const absl::Condition& condition, void* mu)
+      : condition_(&condition), mu_(mu), wrapped_(&AnnotatedCondition::Eval, static_cast<void*>(this)) {
+    __tsan_release(this);
+  }
+  ~AnnotatedCondition() { __tsan_acquire(this); }
+  AnnotatedCondition(const AnnotatedCondition&) = delete;
+  AnnotatedCondition& operator=(const AnnotatedCondition&) = delete;
+
+  const absl::Condition& wrapped() const { return wrapped_; }
+
+ private:
+  static bool Eval(void* arg) {
+    __tsan_acquire(arg);
+    const auto* c = static_cast<const AnnotatedCondition*>(arg);
+    __tsan_acquire(c->mu_);
+    const bool result = c->condition_->Eval();
+    __tsan_release(c->mu_);
+    __tsan_release(arg);
     return result;
   }
+
+  const absl::Condition* const condition_;
+  void* const mu_;
+  const absl::Condition wrapped_;
 };
 
 #define SHIM_SYMBOL(name, mangled, type) static const auto name = Real<type>(mangled)
@@ -168,41 +192,36 @@ void Mutex::ReaderUnlock() {
 }
 
 void Mutex::LockWhen(const Condition& cond) {
-  AnnotatedCondition annotated{&cond, this};
-  const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
+  const AnnotatedCondition annotated(cond, this);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE", void (*)(Mutex*, const Condition&));
-  Locked(this, 0, __builtin_return_address(0), [&] { real(this, wrapped); return 0; });
+  Locked(this, 0, __builtin_return_address(0), [&] { real(this, annotated.wrapped()); return 0; });
 }
 
 bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
-  AnnotatedCondition annotated{&cond, this};
-  const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
+  const AnnotatedCondition annotated(cond, this);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE",
               bool (*)(Mutex*, const Condition&, absl::Duration));
-  return Locked(this, 0, __builtin_return_address(0), [&] { return real(this, wrapped, timeout); });
+  return Locked(this, 0, __builtin_return_address(0), [&] { return real(this, annotated.wrapped(), timeout); });
 }
 
 void Mutex::Await(const Condition& cond) {
-  AnnotatedCondition annotated{&cond, this};
-  const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
+  const AnnotatedCondition annotated(cond, this);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE", void (*)(Mutex*, const Condition&));
-  Released(this, __builtin_return_address(0), [&] { real(this, wrapped); return 0; });
+  Released(this, __builtin_return_address(0), [&] { real(this, annotated.wrapped()); return 0; });
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
-  AnnotatedCondition annotated{&cond, this};
-  const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
+  const AnnotatedCondition annotated(cond, this);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE",
               bool (*)(Mutex*, const Condition&, absl::Duration));
-  return Released(this, __builtin_return_address(0), [&] { return real(this, wrapped, timeout); });
+  return Released(this, __builtin_return_address(0), [&] { return real(this, annotated.wrapped(), timeout); });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
-  AnnotatedCondition annotated{&cond, this};
-  const Condition wrapped(&AnnotatedCondition::Eval, &annotated);
+  const AnnotatedCondition annotated(cond, this);
   SHIM_SYMBOL(real, "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE",
               bool (*)(Mutex*, const Condition&, absl::Time));
-  return Released(this, __builtin_return_address(0), [&] { return real(this, wrapped, deadline); });
+  return Released(this, __builtin_return_address(0), [&] { return real(this, annotated.wrapped(), deadline); });
 }
 
 void CondVar::Wait(Mutex* mu) {
