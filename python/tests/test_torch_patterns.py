@@ -22,15 +22,15 @@ def reference(case):
     if case in ("parameter-list", "sparse", "model-zero"):
         return reference_of_model(case)
     model = torch_job.make_model(seed=1)
-    if case == "frozen":
+    if case in ("frozen", "frozen-model"):
         model[4].requires_grad_(False)
-    if case in ("frozen", "resume"):
+    if case in ("frozen", "frozen-model", "resume"):
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.1) if case == "schedule" else None
     for step in range(2 * STEPS if case == "resume" else STEPS):
-        if case == "frozen" and step in (3, 6):
+        if case in ("frozen", "frozen-model") and step in (3, 6):
             model[0].requires_grad_(step == 6)
             model[4].requires_grad_(step == 6)
         parts = [torch_job.batch(step, r) for r in range(WORKERS)]
@@ -113,6 +113,13 @@ class TorchPatternsTest(unittest.TestCase):
         out = self.run_case("frozen", sets=["update_mode=SUM_ONLY"])
         self.assertEqual(out.count("ok: "), 8, out)
         self.assert_matches_reference("frozen")
+
+    def test_a_frozen_parameter_with_forward_waits_trains_as_one_process_does(self):
+        # With model=, step() returns at once: a frozen step's request is completed at the next
+        # step, apart from the landing the next forward does.
+        out = self.run_case("frozen-model", servers_optimizer=("optimizer.kind=ADAM", "optimizer.learning_rate=0.01"))
+        self.assertEqual(out.count("ok: "), 4, out)
+        self.assert_matches_reference("frozen-model")
 
     def test_a_frozen_parameter_in_async_sends_nothing_and_keeps_its_weights(self):
         # No round waits for it there: the library refuses skip_round, and nothing is sent.

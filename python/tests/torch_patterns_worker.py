@@ -4,6 +4,7 @@ rank 0 saves its final weights to OUT_DIR/rank0.pt where a case compares with on
 Usage: torch_patterns_worker.py CASE OUT_DIR
   frozen    a layer frozen (requires_grad_(False)) after step 2 and unfrozen after step 5, and
             one frozen from the start and unfrozen after step 5 (servers' Adam)
+  frozen-model  the same with model= (steps return at once; the next forward lands them)
   frozen-async  the same in an async cluster, checking what async keeps (it pipelines: the
             answers of the pushes before the freeze land in the steps after it)
   clip      clip_grad_norm_ between backward() and step()
@@ -89,9 +90,10 @@ def save(model):
 
 
 model = torch_job.make_model(seed=worker.rank + 1)
-if case in ("frozen", "frozen-async"):
+if case in ("frozen", "frozen-model", "frozen-async"):
     model[4].requires_grad_(False)
-    optimizer = distributed(model, torch.optim.Adam(model.parameters(), lr=0.01))
+    optimizer = distributed(model, torch.optim.Adam(model.parameters(), lr=0.01),
+                            **({"model": model} if case == "frozen-model" else {}))
     history = []
     for step in range(STEPS):
         if step == 3:
@@ -112,11 +114,13 @@ if case in ("frozen", "frozen-async"):
        all(torch.equal(history[0]["4.weight"], h["4.weight"]) for h in history[:7]))
     ok("both trained once unfrozen", not torch.equal(history[6]["4.weight"], history[8]["4.weight"])
        and not torch.equal(history[6]["0.weight"], history[8]["0.weight"]))
-    if case == "frozen":  # async pipelines: answers of pushes before the freeze land after it
+    # Weights that land at once: async pipelines, and with model= the next forward lands them.
+    if case == "frozen":
         ok("frozen at step 3, unchanged until unfrozen",
            all(torch.equal(history[3]["0.weight"], h["0.weight"]) for h in history[3:7]))
         ok("the others trained throughout", all(not torch.equal(a["2.weight"], b["2.weight"])
                                                 for a, b in zip(history, history[1:])))
+    optimizer.synchronize()
     save(model)
 elif case in ("clamp", "clip", "clip-sync", "schedule"):
     optimizer = distributed(model, torch.optim.SGD(model.parameters(), lr=0.1))
