@@ -41,16 +41,25 @@ absl::StatusOr<zmq::socket_t> WatchConnections(zmq::context_t& context, zmq::soc
   return monitor;
 }
 
-std::vector<uint16_t> TakeConnectionEvents(zmq::socket_t& monitor) {
-  std::vector<uint16_t> events;
+std::vector<ConnectionEvent> TakeConnectionEventValues(zmq::socket_t& monitor) {
+  std::vector<ConnectionEvent> events;
   zmq::message_t frame;
   // Each event: [uint16 event, uint32 value][endpoint].
   while (RecvRetrying(monitor, frame, zmq::recv_flags::dontwait)) {
-    uint16_t event = 0;
-    if (frame.size() >= sizeof(event)) std::memcpy(&event, frame.data(), sizeof(event));
-    events.push_back(event);
+    ConnectionEvent e;
+    if (frame.size() >= sizeof(e.event)) std::memcpy(&e.event, frame.data(), sizeof(e.event));
+    if (frame.size() >= sizeof(e.event) + sizeof(e.value)) {
+      std::memcpy(&e.value, static_cast<const char*>(frame.data()) + sizeof(e.event), sizeof(e.value));
+    }
+    events.push_back(e);
     while (frame.more()) (void)RecvRetrying(monitor, frame);
   }
+  return events;
+}
+
+std::vector<uint16_t> TakeConnectionEvents(zmq::socket_t& monitor) {
+  std::vector<uint16_t> events;
+  for (const ConnectionEvent& e : TakeConnectionEventValues(monitor)) events.push_back(e.event);
   return events;
 }
 

@@ -58,7 +58,15 @@ void SetHeartbeats(zmq::socket_t& socket, int interval_ms, int timeout_ms, int s
 // PAIR socket of `context` connected at `endpoint` (inproc://, unique).
 absl::StatusOr<zmq::socket_t> WatchConnections(zmq::context_t& context, zmq::socket_t& socket,
                                                const std::string& endpoint, int events);
-// The events `monitor` (from WatchConnections) has queued, in order.
+// The events `monitor` (from WatchConnections, or any zmq_socket_monitor
+// PAIR) has queued, in order, with each one's value (ZMQ_EVENT_ACCEPTED and
+// ZMQ_EVENT_DISCONNECTED: the connection's descriptor).
+struct ConnectionEvent {
+  uint16_t event = 0;
+  int32_t value = -1;
+};
+std::vector<ConnectionEvent> TakeConnectionEventValues(zmq::socket_t& monitor);
+// The same, the events alone.
 std::vector<uint16_t> TakeConnectionEvents(zmq::socket_t& monitor);
 
 // Descriptors a socket needs as it is made: its mailbox and a connection;

@@ -109,16 +109,7 @@ AcceptedConnections::Closed AcceptedConnections::Update(Clock::time_point now) {
 
 void AcceptedConnections::TakeEvents(Clock::time_point now) {
   std::vector<int> accepted;
-  zmq::message_t frame;
-  // Each event: [uint16 event, uint32 value (the descriptor)][endpoint].
-  while (RecvRetrying(monitor_, frame, zmq::recv_flags::dontwait)) {
-    uint16_t event = 0;
-    int32_t fd = -1;
-    if (frame.size() >= sizeof(event) + sizeof(fd)) {
-      std::memcpy(&event, frame.data(), sizeof(event));
-      std::memcpy(&fd, static_cast<const char*>(frame.data()) + sizeof(event), sizeof(fd));
-    }
-    while (frame.more()) (void)RecvRetrying(monitor_, frame);
+  for (const auto [event, fd] : TakeConnectionEventValues(monitor_)) {
     // An ACCEPTED on a descriptor still listed replaces the entry (its
     // DISCONNECTED never came).
     if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_ACCEPTED) Disconnected(fd);
